@@ -1,0 +1,304 @@
+//! [`Codec`] = width + compression, and the stateful [`Encoder`]/[`Decoder`] that reuse their
+//! scratch buffers and compressor contexts across blocks (allocating a zstd context per 1 MiB
+//! block would cost more than compressing it).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::bitpack;
+use crate::compress::Compression;
+use crate::error::CodecError;
+use crate::kernels::{self, first_over};
+use crate::width::Width;
+
+/// How a run of token ids is represented: a storage width, optionally compressed.
+///
+/// Text form: `WIDTH[+zstd:L|+lz4]`, e.g. `u16`, `bits:17`, `u16+zstd:3`, `u24+lz4`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Codec {
+    pub width: Width,
+    pub compression: Compression,
+}
+
+impl Codec {
+    pub const fn plain(width: Width) -> Self {
+        Codec {
+            width,
+            compression: Compression::None,
+        }
+    }
+
+    pub const fn new(width: Width, compression: Compression) -> Self {
+        Codec { width, compression }
+    }
+
+    /// Serialises the codec into 4 bytes: width kind, width bits, compression kind, level.
+    pub fn to_bytes(self) -> [u8; 4] {
+        let (wk, wb) = self.width.code();
+        let (ck, cl) = self.compression.code();
+        [wk, wb, ck, cl as u8]
+    }
+
+    /// Inverse of [`Codec::to_bytes`]; `None` for unknown codes.
+    pub fn from_bytes(b: [u8; 4]) -> Option<Self> {
+        Some(Codec {
+            width: Width::from_code(b[0], b[1])?,
+            compression: Compression::from_code(b[2], b[3] as i8)?,
+        })
+    }
+
+    /// Size of `n` tokens before compression.
+    pub fn raw_len(self, n: usize) -> usize {
+        self.width.encoded_len(n)
+    }
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.compression {
+            Compression::None => write!(f, "{}", self.width),
+            c => write!(f, "{}+{}", self.width, c),
+        }
+    }
+}
+
+impl FromStr for Codec {
+    type Err = CodecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (w, c) = match s.split_once('+') {
+            Some((w, c)) => (w, c.parse()?),
+            None => (s, Compression::None),
+        };
+        Ok(Codec::new(w.parse()?, c))
+    }
+}
+
+/// Stores tokens at `width` into `dst` (exactly `width.encoded_len(src.len())` bytes),
+/// validating every token.
+pub fn encode_width(width: Width, src: &[u32], dst: &mut [u8]) -> Result<(), CodecError> {
+    match width {
+        Width::Bits(b) => {
+            if let Some(i) = first_over(src, width.max_token()) {
+                return Err(kernels::out_of_range(width, &src[i..i + 1], i));
+            }
+            bitpack::pack(b, src, dst);
+            Ok(())
+        }
+        w => kernels::store_plain(w, src, dst),
+    }
+}
+
+/// Loads `dst.len()` tokens stored at `width` from `src` (exactly the encoded length).
+pub fn decode_width(width: Width, src: &[u8], dst: &mut [u32]) -> Result<(), CodecError> {
+    let expected = width.encoded_len(dst.len());
+    if src.len() != expected {
+        return Err(CodecError::LengthMismatch {
+            codec: width.to_string(),
+            tokens: dst.len(),
+            expected,
+            actual: src.len(),
+        });
+    }
+    match width {
+        Width::Bits(b) => {
+            bitpack::unpack(b, src, dst);
+            Ok(())
+        }
+        w => kernels::load_plain(w, src, dst),
+    }
+}
+
+fn backend(codec: Codec, e: std::io::Error) -> CodecError {
+    CodecError::Backend {
+        codec: codec.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// Encodes token slices with one codec, reusing buffers and compressor state.
+pub struct Encoder {
+    codec: Codec,
+    zstd: Option<zstd::bulk::Compressor<'static>>,
+    scratch: Vec<u8>,
+}
+
+impl Encoder {
+    pub fn new(codec: Codec) -> Result<Self, CodecError> {
+        let zstd = match codec.compression {
+            Compression::Zstd(level) => {
+                let mut c = zstd::bulk::Compressor::new(level).map_err(|e| backend(codec, e))?;
+                // The block layer knows every payload's size and checksums it; zstd's own
+                // frame fields would only repeat that.
+                c.include_contentsize(false)
+                    .map_err(|e| backend(codec, e))?;
+                c.include_checksum(false).map_err(|e| backend(codec, e))?;
+                c.include_dictid(false).map_err(|e| backend(codec, e))?;
+                Some(c)
+            }
+            _ => None,
+        };
+        Ok(Encoder {
+            codec,
+            zstd,
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// Appends the encoding of `tokens` to `out` and returns the number of bytes appended.
+    /// On error `out` is left as it was.
+    pub fn encode(&mut self, tokens: &[u32], out: &mut Vec<u8>) -> Result<usize, CodecError> {
+        let start = out.len();
+        let raw_len = self.codec.raw_len(tokens.len());
+        if self.codec.compression == Compression::None {
+            out.resize(start + raw_len, 0);
+            if let Err(e) = encode_width(self.codec.width, tokens, &mut out[start..]) {
+                out.truncate(start);
+                return Err(e);
+            }
+            return Ok(raw_len);
+        }
+        self.scratch.resize(raw_len, 0);
+        encode_width(self.codec.width, tokens, &mut self.scratch)?;
+        let written = match (&mut self.zstd, self.codec.compression) {
+            (Some(z), Compression::Zstd(_)) => {
+                out.resize(start + zstd::zstd_safe::compress_bound(raw_len), 0);
+                z.compress_to_buffer(&self.scratch, &mut out[start..])
+                    .map_err(|e| backend(self.codec, e))
+            }
+            (_, Compression::Lz4) => {
+                out.resize(start + lz4_flex::block::get_maximum_output_size(raw_len), 0);
+                lz4_flex::block::compress_into(&self.scratch, &mut out[start..]).map_err(|e| {
+                    CodecError::Backend {
+                        codec: self.codec.to_string(),
+                        reason: e.to_string(),
+                    }
+                })
+            }
+            _ => unreachable!("encoder state matches its codec"),
+        };
+        match written {
+            Ok(n) => {
+                out.truncate(start + n);
+                Ok(n)
+            }
+            Err(e) => {
+                out.truncate(start);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Decodes payloads of any codec, reusing buffers and the zstd context.
+pub struct Decoder {
+    zstd: Option<zstd::bulk::Decompressor<'static>>,
+    scratch: Vec<u8>,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Decoder {
+    pub fn new() -> Self {
+        Decoder {
+            zstd: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Decodes exactly `out.len()` tokens encoded with `codec` from `payload`.
+    pub fn decode(
+        &mut self,
+        codec: Codec,
+        payload: &[u8],
+        out: &mut [u32],
+    ) -> Result<(), CodecError> {
+        let raw_len = codec.raw_len(out.len());
+        let corrupt = |reason: String| CodecError::Corrupt {
+            codec: codec.to_string(),
+            reason,
+        };
+        let raw: &[u8] = match codec.compression {
+            Compression::None => payload,
+            Compression::Zstd(_) => {
+                let z = match &mut self.zstd {
+                    Some(z) => z,
+                    None => self
+                        .zstd
+                        .insert(zstd::bulk::Decompressor::new().map_err(|e| backend(codec, e))?),
+                };
+                self.scratch.resize(raw_len, 0);
+                let n = z
+                    .decompress_to_buffer(payload, &mut self.scratch[..])
+                    .map_err(|e| corrupt(e.to_string()))?;
+                if n != raw_len {
+                    return Err(corrupt(format!(
+                        "decompressed to {n} bytes, expected {raw_len}"
+                    )));
+                }
+                &self.scratch
+            }
+            Compression::Lz4 => {
+                self.scratch.resize(raw_len, 0);
+                let n = lz4_flex::block::decompress_into(payload, &mut self.scratch)
+                    .map_err(|e| corrupt(e.to_string()))?;
+                if n != raw_len {
+                    return Err(corrupt(format!(
+                        "decompressed to {n} bytes, expected {raw_len}"
+                    )));
+                }
+                &self.scratch
+            }
+        };
+        decode_width(codec.width, raw, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codec_text_round_trip() {
+        for s in [
+            "u16",
+            "bits:17",
+            "u16+zstd:3",
+            "u24+lz4",
+            "i64+zstd:-3",
+            "bits:1+zstd:19",
+        ] {
+            let c: Codec = s.parse().unwrap();
+            assert_eq!(c.to_string(), s);
+            assert_eq!(Codec::from_bytes(c.to_bytes()), Some(c));
+        }
+        assert_eq!(
+            "u16+gzip".parse::<Codec>().unwrap_err().to_string(),
+            "invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL"
+        );
+        assert_eq!(
+            "u16+zstd:99".parse::<Codec>().unwrap_err().to_string(),
+            "invalid codec 'zstd:99': zstd level must be in -131072..=22 and not 0"
+        );
+    }
+
+    #[test]
+    fn encode_failure_leaves_output_untouched() {
+        let mut enc = Encoder::new("u16+zstd:1".parse().unwrap()).unwrap();
+        let mut out = vec![1, 2, 3];
+        let e = enc.encode(&[1, 2, 70000, 4], &mut out).unwrap_err();
+        assert_eq!(out, vec![1, 2, 3]);
+        assert_eq!(
+            e.to_string(),
+            "token 70000 at offset 2 does not fit in u16 (max 65535); it needs 17 bits: use bits:17 or wider"
+        );
+    }
+}

@@ -1,0 +1,47 @@
+use crate::width::{bits_needed, Width};
+
+/// Errors of the codec layer. Offsets are token offsets within the slice handed to the codec;
+/// callers that know the file and the slice's position add that context.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CodecError {
+    /// A token id does not fit the requested width. Nothing was encoded.
+    #[error(
+        "token {value} at offset {offset} does not fit in {width} (max {max}); it needs {needed} bits: use bits:{needed} or wider",
+        max = width.max_token(),
+        needed = bits_needed(*value)
+    )]
+    OutOfRange {
+        offset: u64,
+        value: u32,
+        width: Width,
+    },
+
+    /// Stored data holds a value that is not a token id (negative, or above `u32::MAX`).
+    #[error("stored value {value} at offset {offset} is not a token id ({width} data must hold 0..=4294967295)")]
+    InvalidStoredValue {
+        offset: u64,
+        value: i64,
+        width: Width,
+    },
+
+    /// An encoded payload does not have the size its codec implies.
+    #[error("{codec} payload is {actual} bytes, but {tokens} tokens need {expected} bytes")]
+    LengthMismatch {
+        codec: String,
+        tokens: usize,
+        expected: usize,
+        actual: usize,
+    },
+
+    /// A compressed payload could not be decompressed.
+    #[error("{codec} payload is corrupt: {reason}")]
+    Corrupt { codec: String, reason: String },
+
+    /// A codec or width string could not be parsed.
+    #[error("invalid codec '{input}': {reason}")]
+    Parse { input: String, reason: String },
+
+    /// The compression library failed for a reason other than bad input (e.g. out of memory).
+    #[error("{codec} failed: {reason}")]
+    Backend { codec: String, reason: String },
+}
