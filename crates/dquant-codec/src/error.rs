@@ -45,3 +45,25 @@ pub enum CodecError {
     #[error("{codec} failed: {reason}")]
     Backend { codec: String, reason: String },
 }
+
+impl CodecError {
+    /// Shifts the token offset of a data error by `base`: codecs see one block or chunk, and
+    /// the caller knows where it starts in the whole stream.
+    pub fn at_base(self, base: u64) -> Self {
+        match self {
+            CodecError::OutOfRange { offset, value, width } => CodecError::OutOfRange {
+                offset: offset + base,
+                value,
+                width,
+            },
+            CodecError::InvalidStoredValue { offset, value, width } => {
+                CodecError::InvalidStoredValue {
+                    offset: offset + base,
+                    value,
+                    width,
+                }
+            }
+            e => e,
+        }
+    }
+}

@@ -26,7 +26,7 @@ mod hash;
 pub mod kernels;
 mod width;
 
-pub use codec::{Codec, Decoder, Encoder};
+pub use codec::{decode_width, encode_width, Codec, Decoder, Encoder};
 pub use compress::Compression;
 pub use error::CodecError;
 pub use hash::TokenHasher;

@@ -1,0 +1,741 @@
+//! The dquant block file (`.dqb`): a token stream in independently decodable, checksummed
+//! blocks, with a block table for random access by token offset.
+//!
+//! Why this shape: the agent and the S3 backend fetch token range `[a, b)` by reading only the
+//! blocks that cover it, in one contiguous byte range, so the table must map tokens to bytes
+//! without reading data. Every block but the last holds exactly `block_tokens` tokens, which
+//! makes the token → block step a division; the table maps blocks to byte offsets. The index
+//! (block table, boundaries, totals) sits in a footer written after the blocks, Parquet-style,
+//! so a converter streams with bounded memory and never seeks back.
+//!
+//! Layout, all integers little-endian:
+//!
+//! ```text
+//! file    = header(64) block* footer trailer(32)
+//! header  = "DQBLOCKS" version:u16=1 header_len:u16=64 codec:[u8;4] block_tokens:u32
+//!           vocab_size:u32 reserved:[u8;36]=0 crc32c(bytes 0..60):u32
+//! block   = "DQBK" codec:[u8;4] tokens:u32 payload_len:u32 first_token:u64
+//!           payload_crc32c:u32 crc32c(bytes 0..28):u32 payload[payload_len]
+//! footer  = token_count:u64 max_token:u32 reserved:u32=0 tokens_xxh3:u64 block_count:u64
+//!           sequence_count:u64 document_count:u64 block_offset:u64 * (block_count + 1)
+//!           sequence_length:varint * sequence_count
+//!           sequences_per_document:varint * document_count
+//! trailer = footer_offset:u64 footer_len:u64 footer_crc32c:u32 crc32c(bytes 0..20):u32
+//!           "DQBLOCKS"
+//! codec   = width_kind:u8 width_bits:u8 compression_kind:u8 compression_level:i8
+//! ```
+//!
+//! Each block names its own codec: a block that compression would grow is stored at its plain
+//! width, and the header's codec is the one the writer asked for.
+
+use std::ops::Range;
+
+use dquant_codec::{encode_width, Codec, Compression, Decoder, Encoder, TokenHasher, Width};
+
+use crate::content::ContentChecksum;
+use crate::error::FormatError;
+use crate::index::{DocIndex, DocIndexBuilder};
+use crate::varint;
+
+pub const FILE_MAGIC: [u8; 8] = *b"DQBLOCKS";
+pub const BLOCK_MAGIC: [u8; 4] = *b"DQBK";
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 64;
+pub const BLOCK_HEADER_LEN: usize = 32;
+pub const TRAILER_LEN: usize = 32;
+/// Fixed part of the footer, before the block table.
+pub const FOOTER_FIXED_LEN: usize = 48;
+/// Uncompressed payload per block by default: the DPU buffer size of the original design.
+pub const DEFAULT_BLOCK_BYTES: usize = 1 << 20;
+
+/// Tokens per block so that a block's uncompressed payload is at most `block_bytes`, rounded
+/// down to whole bit-packing groups of 256 tokens.
+pub fn block_tokens_for(width: Width, block_bytes: usize) -> u32 {
+    let t = block_bytes as u64 * 8 / width.bits_per_token() as u64;
+    (t / 256 * 256).clamp(256, u32::MAX as u64 / 256 * 256) as u32
+}
+
+fn crc(b: &[u8]) -> u32 {
+    crc32c::crc32c(b)
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn check_crc(what: impl FnOnce() -> String, stored: u32, data: &[u8]) -> Result<(), FormatError> {
+    let computed = crc(data);
+    if computed == stored {
+        Ok(())
+    } else {
+        Err(FormatError::Checksum {
+            what: what(),
+            stored,
+            computed,
+        })
+    }
+}
+
+fn codec_from(b: &[u8], what: &str) -> Result<Codec, FormatError> {
+    Codec::from_bytes([b[0], b[1], b[2], b[3]])
+        .ok_or_else(|| FormatError::corrupt(what, format!("unknown codec bytes {:02x?}", &b[..4])))
+}
+
+/// The fixed header at the start of a block file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileHeader {
+    /// The codec the writer was asked for (blocks may fall back to the plain width).
+    pub codec: Codec,
+    /// Tokens in every block but the last.
+    pub block_tokens: u32,
+    /// Vocabulary size the user declared, 0 if none.
+    pub vocab_size: u32,
+}
+
+impl FileHeader {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&FILE_MAGIC);
+        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        b[10..12].copy_from_slice(&(HEADER_LEN as u16).to_le_bytes());
+        b[12..16].copy_from_slice(&self.codec.to_bytes());
+        b[16..20].copy_from_slice(&self.block_tokens.to_le_bytes());
+        b[20..24].copy_from_slice(&self.vocab_size.to_le_bytes());
+        let c = crc(&b[..60]);
+        b[60..64].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    /// Parses the first [`HEADER_LEN`] bytes of a file.
+    pub fn parse(b: &[u8]) -> Result<Self, FormatError> {
+        if b.len() < 8 || b[..8] != FILE_MAGIC {
+            return Err(FormatError::BadMagic {
+                what: "dquant block file",
+                found: String::from_utf8_lossy(&b[..b.len().min(8)]).into_owned(),
+                expected: "DQBLOCKS".into(),
+            });
+        }
+        if b.len() < HEADER_LEN {
+            return Err(FormatError::truncated(
+                "block file header",
+                HEADER_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        let version = u16::from_le_bytes([b[8], b[9]]);
+        if version != VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: "dquant block file",
+                version: version as u64,
+                supported: VERSION as u64,
+            });
+        }
+        check_crc(|| "block file header".into(), u32_at(b, 60), &b[..60])?;
+        let header_len = u16::from_le_bytes([b[10], b[11]]);
+        if header_len as usize != HEADER_LEN {
+            return Err(FormatError::corrupt(
+                "block file header",
+                format!("header length {header_len}, expected {HEADER_LEN}"),
+            ));
+        }
+        let codec = codec_from(&b[12..16], "block file header")?;
+        let block_tokens = u32_at(b, 16);
+        if block_tokens == 0 || block_tokens % 256 != 0 {
+            return Err(FormatError::corrupt(
+                "block file header",
+                format!("block size {block_tokens} tokens is not a positive multiple of 256"),
+            ));
+        }
+        Ok(FileHeader {
+            codec,
+            block_tokens,
+            vocab_size: u32_at(b, 20),
+        })
+    }
+}
+
+/// The header in front of every block's payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub codec: Codec,
+    pub tokens: u32,
+    pub payload_len: u32,
+    pub first_token: u64,
+    pub payload_crc: u32,
+}
+
+impl BlockHeader {
+    pub fn encode(&self) -> [u8; BLOCK_HEADER_LEN] {
+        let mut b = [0u8; BLOCK_HEADER_LEN];
+        b[0..4].copy_from_slice(&BLOCK_MAGIC);
+        b[4..8].copy_from_slice(&self.codec.to_bytes());
+        b[8..12].copy_from_slice(&self.tokens.to_le_bytes());
+        b[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.first_token.to_le_bytes());
+        b[24..28].copy_from_slice(&self.payload_crc.to_le_bytes());
+        let c = crc(&b[..28]);
+        b[28..32].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    /// Parses a block header; `what` names the block in errors.
+    pub fn parse(b: &[u8], what: &str) -> Result<Self, FormatError> {
+        if b.len() < BLOCK_HEADER_LEN {
+            return Err(FormatError::truncated(
+                what,
+                BLOCK_HEADER_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        if b[..4] != BLOCK_MAGIC {
+            return Err(FormatError::corrupt(
+                what,
+                format!("bad block magic {:02x?}, expected \"DQBK\"", &b[..4]),
+            ));
+        }
+        check_crc(|| format!("{what} header"), u32_at(b, 28), &b[..28])?;
+        Ok(BlockHeader {
+            codec: codec_from(&b[4..8], what)?,
+            tokens: u32_at(b, 8),
+            payload_len: u32_at(b, 12),
+            first_token: u64_at(b, 16),
+            payload_crc: u32_at(b, 24),
+        })
+    }
+}
+
+/// The fixed trailer at the end of a block file, pointing at the footer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trailer {
+    pub footer_offset: u64,
+    pub footer_len: u64,
+    pub footer_crc: u32,
+}
+
+impl Trailer {
+    pub fn encode(&self) -> [u8; TRAILER_LEN] {
+        let mut b = [0u8; TRAILER_LEN];
+        b[0..8].copy_from_slice(&self.footer_offset.to_le_bytes());
+        b[8..16].copy_from_slice(&self.footer_len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.footer_crc.to_le_bytes());
+        let c = crc(&b[..20]);
+        b[20..24].copy_from_slice(&c.to_le_bytes());
+        b[24..32].copy_from_slice(&FILE_MAGIC);
+        b
+    }
+
+    /// Parses the last [`TRAILER_LEN`] bytes of a file of `file_len` bytes.
+    pub fn parse(b: &[u8], file_len: u64) -> Result<Self, FormatError> {
+        let min = (HEADER_LEN + FOOTER_FIXED_LEN + 8 + TRAILER_LEN) as u64;
+        if file_len < min || b.len() < TRAILER_LEN {
+            return Err(FormatError::truncated("block file", min, file_len));
+        }
+        if b[24..32] != FILE_MAGIC {
+            return Err(FormatError::corrupt(
+                "block file trailer",
+                "no end marker; the file is truncated or was not finished",
+            ));
+        }
+        check_crc(|| "block file trailer".into(), u32_at(b, 20), &b[..20])?;
+        let t = Trailer {
+            footer_offset: u64_at(b, 0),
+            footer_len: u64_at(b, 8),
+            footer_crc: u32_at(b, 16),
+        };
+        let end = t.footer_offset.checked_add(t.footer_len);
+        if t.footer_offset < HEADER_LEN as u64 || end != Some(file_len - TRAILER_LEN as u64) {
+            return Err(FormatError::corrupt(
+                "block file trailer",
+                format!(
+                    "footer at {}+{} does not end where the trailer starts ({})",
+                    t.footer_offset,
+                    t.footer_len,
+                    file_len - TRAILER_LEN as u64
+                ),
+            ));
+        }
+        Ok(t)
+    }
+}
+
+/// The footer: totals, the block table and the document index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Footer {
+    pub token_count: u64,
+    pub max_token: u32,
+    /// [`TokenHasher`] of all tokens.
+    pub tokens_checksum: u64,
+    /// Byte offset of every block, then the footer offset (`blocks + 1` entries).
+    pub block_offsets: Vec<u64>,
+    pub index: DocIndex,
+}
+
+impl Footer {
+    pub fn encode(&self) -> Vec<u8> {
+        let ix = &self.index;
+        let mut b = Vec::with_capacity(
+            FOOTER_FIXED_LEN + 8 * self.block_offsets.len() + ix.sequences() + ix.documents(),
+        );
+        b.extend_from_slice(&self.token_count.to_le_bytes());
+        b.extend_from_slice(&self.max_token.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.tokens_checksum.to_le_bytes());
+        b.extend_from_slice(&(self.block_offsets.len() as u64 - 1).to_le_bytes());
+        b.extend_from_slice(&(ix.sequences() as u64).to_le_bytes());
+        b.extend_from_slice(&(ix.documents() as u64).to_le_bytes());
+        for &o in &self.block_offsets {
+            b.extend_from_slice(&o.to_le_bytes());
+        }
+        for i in 0..ix.sequences() {
+            varint::put(&mut b, ix.sequence_len(i));
+        }
+        for w in ix.doc_seq().windows(2) {
+            varint::put(&mut b, w[1] - w[0]);
+        }
+        b
+    }
+
+    /// Parses and cross-checks a footer against the header and trailer.
+    pub fn parse(b: &[u8], header: &FileHeader, trailer: &Trailer) -> Result<Self, FormatError> {
+        const W: &str = "block file footer";
+        check_crc(|| W.into(), trailer.footer_crc, b)?;
+        if b.len() < FOOTER_FIXED_LEN {
+            return Err(FormatError::truncated(
+                W,
+                FOOTER_FIXED_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        let token_count = u64_at(b, 0);
+        let max_token = u32_at(b, 8);
+        let tokens_checksum = u64_at(b, 16);
+        let blocks = u64_at(b, 24);
+        let seqs = u64_at(b, 32);
+        let docs = u64_at(b, 40);
+        let expected_blocks = token_count.div_ceil(header.block_tokens as u64);
+        if blocks != expected_blocks {
+            return Err(FormatError::corrupt(
+                W,
+                format!(
+                    "{blocks} blocks for {token_count} tokens of {} per block (expected {expected_blocks})",
+                    header.block_tokens
+                ),
+            ));
+        }
+        // Every count is bounded by the bytes that must encode it, so a corrupt count cannot
+        // make us allocate more than the footer's own size.
+        let table_len = (blocks + 1).saturating_mul(8);
+        let rest = (b.len() - FOOTER_FIXED_LEN) as u64;
+        if table_len.saturating_add(seqs).saturating_add(docs) > rest {
+            return Err(FormatError::corrupt(
+                W,
+                format!(
+                    "{blocks} blocks, {seqs} sequences and {docs} documents do not fit in {} bytes",
+                    b.len()
+                ),
+            ));
+        }
+        let mut pos = FOOTER_FIXED_LEN;
+        let mut block_offsets = Vec::with_capacity(blocks as usize + 1);
+        for _ in 0..=blocks {
+            block_offsets.push(u64_at(b, pos));
+            pos += 8;
+        }
+        if block_offsets[0] != HEADER_LEN as u64 {
+            return Err(FormatError::corrupt(
+                W,
+                format!(
+                    "first block at byte {}, expected {HEADER_LEN}",
+                    block_offsets[0]
+                ),
+            ));
+        }
+        if let Some(i) = block_offsets
+            .windows(2)
+            .position(|w| w[1] < w[0].saturating_add(BLOCK_HEADER_LEN as u64))
+        {
+            return Err(FormatError::corrupt(
+                W,
+                format!(
+                    "block {} at byte {} overlaps block {i} at byte {}",
+                    i + 1,
+                    block_offsets[i + 1],
+                    block_offsets[i]
+                ),
+            ));
+        }
+        if block_offsets[blocks as usize] != trailer.footer_offset {
+            return Err(FormatError::corrupt(
+                W,
+                format!(
+                    "blocks end at byte {} but the footer starts at {}",
+                    block_offsets[blocks as usize], trailer.footer_offset
+                ),
+            ));
+        }
+        let mut ib = DocIndexBuilder::new();
+        for _ in 0..seqs {
+            let len = varint::get(b, &mut pos, W)?;
+            if ib.tokens().checked_add(len).is_none_or(|t| t > token_count) {
+                return Err(FormatError::corrupt(
+                    W,
+                    format!("sequence lengths exceed the {token_count} tokens"),
+                ));
+            }
+            ib.push_sequence(len);
+        }
+        if ib.tokens() != token_count {
+            return Err(FormatError::corrupt(
+                W,
+                format!(
+                    "sequences hold {} tokens, the file has {token_count}",
+                    ib.tokens()
+                ),
+            ));
+        }
+        let mut seq_pos = 0u64;
+        let mut doc_seq = Vec::with_capacity(docs as usize + 1);
+        doc_seq.push(0);
+        for _ in 0..docs {
+            seq_pos = seq_pos.saturating_add(varint::get(b, &mut pos, W)?);
+            doc_seq.push(seq_pos);
+        }
+        if pos != b.len() {
+            return Err(FormatError::corrupt(
+                W,
+                format!("{} unexpected trailing bytes", b.len() - pos),
+            ));
+        }
+        let seq_offsets = ib.finish().seq_offsets().to_vec();
+        let index = DocIndex::new(seq_offsets, doc_seq)?;
+        Ok(Footer {
+            token_count,
+            max_token,
+            tokens_checksum,
+            block_offsets,
+            index,
+        })
+    }
+}
+
+/// A parsed block file's metadata: everything needed to find and decode any token range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockFile {
+    pub header: FileHeader,
+    pub footer: Footer,
+}
+
+impl BlockFile {
+    /// Parses a file's metadata from its first [`HEADER_LEN`] bytes, its last [`TRAILER_LEN`]
+    /// bytes, and the footer bytes the trailer points at (see [`Trailer::parse`]).
+    pub fn parse(header: &[u8], trailer: &Trailer, footer: &[u8]) -> Result<Self, FormatError> {
+        let header = FileHeader::parse(header)?;
+        let footer = Footer::parse(footer, &header, trailer)?;
+        Ok(BlockFile { header, footer })
+    }
+
+    /// Parses the metadata of a whole file held in memory (tests, fuzzing, small files).
+    pub fn from_bytes(file: &[u8]) -> Result<Self, FormatError> {
+        let len = file.len() as u64;
+        if len < TRAILER_LEN as u64 {
+            FileHeader::parse(file)?;
+        }
+        let trailer = Trailer::parse(&file[file.len().saturating_sub(TRAILER_LEN)..], len)?;
+        let footer = &file
+            [trailer.footer_offset as usize..(trailer.footer_offset + trailer.footer_len) as usize];
+        BlockFile::parse(&file[..HEADER_LEN.min(file.len())], &trailer, footer)
+    }
+
+    /// Decodes every token of a whole file held in memory.
+    pub fn decode_all(&self, file: &[u8]) -> Result<Vec<u32>, FormatError> {
+        let mut dec = Decoder::new();
+        let mut out = vec![0; self.tokens() as usize];
+        for i in 0..self.blocks() {
+            let b = self.byte_range(i..i + 1);
+            let t = self.block_tokens(i);
+            self.decode_block(
+                i,
+                &file[b.start as usize..b.end as usize],
+                &mut dec,
+                &mut out[t.start as usize..t.end as usize],
+            )?;
+        }
+        Ok(out)
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.footer.block_offsets.len() - 1
+    }
+
+    pub fn tokens(&self) -> u64 {
+        self.footer.token_count
+    }
+
+    /// Token range held by block `i`.
+    pub fn block_tokens(&self, i: usize) -> Range<u64> {
+        let bt = self.header.block_tokens as u64;
+        let start = i as u64 * bt;
+        start..(start + bt).min(self.footer.token_count)
+    }
+
+    /// Blocks that hold any token of `tokens` (clamped to the file).
+    pub fn blocks_covering(&self, tokens: Range<u64>) -> Range<usize> {
+        let end = tokens.end.min(self.tokens());
+        if tokens.start >= end {
+            return 0..0;
+        }
+        let bt = self.header.block_tokens as u64;
+        (tokens.start / bt) as usize..end.div_ceil(bt) as usize
+    }
+
+    /// File byte range of a run of blocks: one contiguous read.
+    pub fn byte_range(&self, blocks: Range<usize>) -> Range<u64> {
+        self.footer.block_offsets[blocks.start]..self.footer.block_offsets[blocks.end]
+    }
+
+    /// The stored content checksum (as [`ContentChecksum`] would compute it from the data).
+    pub fn content_checksum(&self) -> ContentChecksum {
+        ContentChecksum::from_parts(self.footer.tokens_checksum, &self.footer.index)
+    }
+
+    /// Decodes block `i` from exactly its bytes (header and payload) into `out`, which must
+    /// hold `block_tokens(i)` tokens. Every field is checked against the block table.
+    pub fn decode_block(
+        &self,
+        i: usize,
+        bytes: &[u8],
+        dec: &mut Decoder,
+        out: &mut [u32],
+    ) -> Result<(), FormatError> {
+        let range = self.byte_range(i..i + 1);
+        let what = format!("block {i} (file bytes {}..{})", range.start, range.end);
+        if bytes.len() as u64 != range.end - range.start {
+            return Err(FormatError::truncated(
+                what,
+                range.end - range.start,
+                bytes.len() as u64,
+            ));
+        }
+        let h = BlockHeader::parse(bytes, &what)?;
+        let want = self.block_tokens(i);
+        if h.first_token != want.start || h.tokens as u64 != want.end - want.start {
+            return Err(FormatError::corrupt(
+                what,
+                format!(
+                    "holds tokens {}..{} but the block table says {}..{}",
+                    h.first_token,
+                    h.first_token + h.tokens as u64,
+                    want.start,
+                    want.end
+                ),
+            ));
+        }
+        if h.payload_len as usize != bytes.len() - BLOCK_HEADER_LEN {
+            return Err(FormatError::corrupt(
+                what,
+                format!(
+                    "payload of {} bytes in a {}-byte block",
+                    h.payload_len,
+                    bytes.len()
+                ),
+            ));
+        }
+        let payload = &bytes[BLOCK_HEADER_LEN..];
+        check_crc(|| format!("{what} payload"), h.payload_crc, payload)?;
+        assert_eq!(
+            out.len() as u64,
+            want.end - want.start,
+            "decode_block: wrong output length"
+        );
+        dec.decode(h.codec, payload, out)
+            .map_err(|e| FormatError::corrupt(what, e.at_base(want.start).to_string()))
+    }
+}
+
+/// Summary of a finished block file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteSummary {
+    pub tokens: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    pub max_token: u32,
+    pub content: ContentChecksum,
+}
+
+/// Streams tokens into a block file's bytes. Sans-I/O: every call appends the bytes to write
+/// next to `out`; the caller writes them wherever the file goes.
+pub struct BlockFileWriter {
+    header: FileHeader,
+    encoder: Encoder,
+    pending: Vec<u32>,
+    offsets: Vec<u64>,
+    pos: u64,
+    tokens: u64,
+    hasher: TokenHasher,
+    max_token: u32,
+    payload: Vec<u8>,
+    verify: Option<(Decoder, Vec<u32>)>,
+}
+
+impl BlockFileWriter {
+    /// Starts a file; the returned header bytes go first. With `verify`, every block is decoded
+    /// again right after encoding and compared with its input.
+    pub fn new(header: FileHeader, verify: bool) -> Result<(Self, [u8; HEADER_LEN]), FormatError> {
+        if header.block_tokens == 0 || header.block_tokens % 256 != 0 {
+            return Err(FormatError::corrupt(
+                "block file settings",
+                format!(
+                    "block size {} tokens is not a positive multiple of 256",
+                    header.block_tokens
+                ),
+            ));
+        }
+        let w = BlockFileWriter {
+            header,
+            encoder: Encoder::new(header.codec)?,
+            pending: Vec::new(),
+            offsets: Vec::new(),
+            pos: HEADER_LEN as u64,
+            tokens: 0,
+            hasher: TokenHasher::new(),
+            max_token: 0,
+            payload: Vec::new(),
+            verify: verify.then(|| (Decoder::new(), Vec::new())),
+        };
+        Ok((w, header.encode()))
+    }
+
+    /// Tokens accepted so far.
+    pub fn tokens(&self) -> u64 {
+        self.tokens + self.pending.len() as u64
+    }
+
+    /// Bytes produced so far (header included).
+    pub fn bytes(&self) -> u64 {
+        self.pos
+    }
+
+    /// Appends tokens; every completed block's bytes are appended to `out`. A token that does
+    /// not fit the codec fails with its absolute offset, and nothing of its block is emitted.
+    pub fn push(&mut self, mut tokens: &[u32], out: &mut Vec<u8>) -> Result<(), FormatError> {
+        let bt = self.header.block_tokens as usize;
+        if !self.pending.is_empty() {
+            let take = (bt - self.pending.len()).min(tokens.len());
+            self.pending.extend_from_slice(&tokens[..take]);
+            tokens = &tokens[take..];
+            if self.pending.len() == bt {
+                let block = std::mem::take(&mut self.pending);
+                let r = self.emit(&block, out);
+                self.pending = block;
+                self.pending.clear();
+                r?;
+            }
+        }
+        while tokens.len() >= bt {
+            self.emit(&tokens[..bt], out)?;
+            tokens = &tokens[bt..];
+        }
+        self.pending.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    fn emit(&mut self, tokens: &[u32], out: &mut Vec<u8>) -> Result<(), FormatError> {
+        let first = self.tokens;
+        self.payload.clear();
+        self.encoder
+            .encode(tokens, &mut self.payload)
+            .map_err(|e| e.at_base(first))?;
+        let mut codec = self.header.codec;
+        let plain = Codec::plain(codec.width);
+        if codec.compression != Compression::None
+            && self.payload.len() >= plain.raw_len(tokens.len())
+        {
+            // Compression would not shrink this block: store it at the plain width.
+            codec = plain;
+            self.payload.resize(plain.raw_len(tokens.len()), 0);
+            encode_width(plain.width, tokens, &mut self.payload).map_err(|e| e.at_base(first))?;
+        }
+        if let Some((dec, buf)) = &mut self.verify {
+            buf.resize(tokens.len(), 0);
+            dec.decode(codec, &self.payload, buf)?;
+            if buf != tokens {
+                return Err(FormatError::corrupt(
+                    format!("block at token {first}"),
+                    format!("{codec} did not decode to its input (verification after encoding)"),
+                ));
+            }
+        }
+        let payload_len = u32::try_from(self.payload.len()).map_err(|_| {
+            FormatError::corrupt(
+                "block",
+                format!("payload of {} bytes exceeds 4 GiB", self.payload.len()),
+            )
+        })?;
+        let h = BlockHeader {
+            codec,
+            tokens: tokens.len() as u32,
+            payload_len,
+            first_token: first,
+            payload_crc: crc(&self.payload),
+        };
+        out.extend_from_slice(&h.encode());
+        out.extend_from_slice(&self.payload);
+        self.offsets.push(self.pos);
+        self.pos += (BLOCK_HEADER_LEN + self.payload.len()) as u64;
+        self.tokens += tokens.len() as u64;
+        self.hasher.update(tokens);
+        self.max_token = self.max_token.max(dquant_codec::kernels::max_token(tokens));
+        Ok(())
+    }
+
+    /// Emits the last partial block, the footer and the trailer. `index` must describe exactly
+    /// the tokens pushed.
+    pub fn finish(
+        mut self,
+        index: &DocIndex,
+        out: &mut Vec<u8>,
+    ) -> Result<WriteSummary, FormatError> {
+        if !self.pending.is_empty() {
+            let block = std::mem::take(&mut self.pending);
+            self.emit(&block, out)?;
+        }
+        if index.tokens() != self.tokens {
+            return Err(FormatError::Index(format!(
+                "the index describes {} tokens but {} were written",
+                index.tokens(),
+                self.tokens
+            )));
+        }
+        let mut block_offsets = std::mem::take(&mut self.offsets);
+        block_offsets.push(self.pos);
+        let footer = Footer {
+            token_count: self.tokens,
+            max_token: self.max_token,
+            tokens_checksum: self.hasher.finish(),
+            block_offsets,
+            index: index.clone(),
+        };
+        let fb = footer.encode();
+        let trailer = Trailer {
+            footer_offset: self.pos,
+            footer_len: fb.len() as u64,
+            footer_crc: crc(&fb),
+        };
+        out.extend_from_slice(&fb);
+        out.extend_from_slice(&trailer.encode());
+        let bytes = self.pos + fb.len() as u64 + TRAILER_LEN as u64;
+        Ok(WriteSummary {
+            tokens: self.tokens,
+            blocks: (footer.block_offsets.len() - 1) as u64,
+            bytes,
+            max_token: self.max_token,
+            content: ContentChecksum::new(&self.hasher, index),
+        })
+    }
+}

@@ -1,0 +1,211 @@
+//! Sequence and document boundaries, the part of a dataset that is not token ids.
+//!
+//! We keep Megatron-Core's two-level model exactly, because a converted file must be
+//! byte-identical to one Megatron writes: a *sequence* is a contiguous run of tokens (one entry
+//! of `sequence_lengths`), and a *document* is a run of sequences (`document_indices`). Most
+//! datasets have one sequence per document; Megatron's `add_document(tokens, lengths)` can
+//! split a document into several.
+
+use std::ops::Range;
+
+use crate::error::FormatError;
+
+/// Boundaries of sequences and documents over a token stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DocIndex {
+    /// Token offset where each sequence starts, then the total token count
+    /// (`sequences() + 1` entries, starting at 0, non-decreasing).
+    seq_offsets: Vec<u64>,
+    /// Sequence index at which each document starts, then the sequence count
+    /// (`documents() + 1` entries; Megatron's `document_indices`).
+    doc_seq: Vec<u64>,
+}
+
+impl DocIndex {
+    /// Validates and builds an index.
+    pub fn new(seq_offsets: Vec<u64>, doc_seq: Vec<u64>) -> Result<Self, FormatError> {
+        let err = |m: String| Err(FormatError::Index(m));
+        if seq_offsets.first() != Some(&0) {
+            return err("sequence offsets must start at 0".into());
+        }
+        if let Some(i) = seq_offsets.windows(2).position(|w| w[1] < w[0]) {
+            return err(format!(
+                "sequence {} starts at token {} before sequence {} (token {})",
+                i + 1,
+                seq_offsets[i + 1],
+                i,
+                seq_offsets[i]
+            ));
+        }
+        let n_seq = seq_offsets.len() as u64 - 1;
+        if doc_seq.first() != Some(&0) {
+            return err("document indices must start at 0".into());
+        }
+        if let Some(i) = doc_seq.windows(2).position(|w| w[1] < w[0]) {
+            return err(format!(
+                "document {} starts at sequence {} before document {} (sequence {})",
+                i + 1,
+                doc_seq[i + 1],
+                i,
+                doc_seq[i]
+            ));
+        }
+        if doc_seq.last() != Some(&n_seq) {
+            return err(format!(
+                "document indices end at sequence {} but there are {n_seq} sequences",
+                doc_seq.last().copied().unwrap_or(0)
+            ));
+        }
+        Ok(DocIndex {
+            seq_offsets,
+            doc_seq,
+        })
+    }
+
+    /// One sequence and one document holding all `tokens` (none if `tokens` is 0): what a raw
+    /// token file without document markers means.
+    pub fn single(tokens: u64) -> Self {
+        let mut b = DocIndexBuilder::new();
+        if tokens > 0 {
+            b.push_document(tokens);
+        }
+        b.finish()
+    }
+
+    pub fn tokens(&self) -> u64 {
+        *self.seq_offsets.last().unwrap_or(&0)
+    }
+
+    pub fn sequences(&self) -> usize {
+        self.seq_offsets.len() - 1
+    }
+
+    pub fn documents(&self) -> usize {
+        self.doc_seq.len() - 1
+    }
+
+    /// Sequence start offsets plus the total (`sequences() + 1` entries).
+    pub fn seq_offsets(&self) -> &[u64] {
+        &self.seq_offsets
+    }
+
+    /// Megatron's `document_indices` (`documents() + 1` entries).
+    pub fn doc_seq(&self) -> &[u64] {
+        &self.doc_seq
+    }
+
+    /// Tokens of sequence `i`.
+    pub fn sequence_len(&self, i: usize) -> u64 {
+        self.seq_offsets[i + 1] - self.seq_offsets[i]
+    }
+
+    /// Token range of document `d`.
+    pub fn document(&self, d: usize) -> Range<u64> {
+        self.seq_offsets[self.doc_seq[d] as usize]..self.seq_offsets[self.doc_seq[d + 1] as usize]
+    }
+
+    /// The document holding token `t`, and `t`'s offset inside it. Empty documents are
+    /// skipped; `None` past the end.
+    pub fn locate(&self, t: u64) -> Option<(usize, u64)> {
+        if t >= self.tokens() {
+            return None;
+        }
+        let seq = self.seq_offsets.partition_point(|&o| o <= t) - 1;
+        let doc = self.doc_seq.partition_point(|&s| s <= seq as u64) - 1;
+        Some((doc, t - self.document(doc).start))
+    }
+}
+
+/// Builds a [`DocIndex`] incrementally while tokens stream past, in O(documents) memory.
+#[derive(Clone, Debug)]
+pub struct DocIndexBuilder {
+    seq_offsets: Vec<u64>,
+    doc_seq: Vec<u64>,
+}
+
+impl Default for DocIndexBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DocIndexBuilder {
+    pub fn new() -> Self {
+        DocIndexBuilder {
+            seq_offsets: vec![0],
+            doc_seq: vec![0],
+        }
+    }
+
+    /// Appends a sequence of `len` tokens to the current document.
+    pub fn push_sequence(&mut self, len: u64) {
+        let end = self.tokens() + len;
+        self.seq_offsets.push(end);
+    }
+
+    /// Ends the current document (after the sequences pushed since the last one).
+    pub fn end_document(&mut self) {
+        self.doc_seq.push(self.seq_offsets.len() as u64 - 1);
+    }
+
+    /// A document of one sequence.
+    pub fn push_document(&mut self, len: u64) {
+        self.push_sequence(len);
+        self.end_document();
+    }
+
+    pub fn tokens(&self) -> u64 {
+        *self.seq_offsets.last().unwrap_or(&0)
+    }
+
+    pub fn finish(self) -> DocIndex {
+        DocIndex {
+            seq_offsets: self.seq_offsets,
+            doc_seq: self.doc_seq,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_and_locate() {
+        let mut b = DocIndexBuilder::new();
+        b.push_sequence(3);
+        b.push_sequence(2);
+        b.end_document();
+        b.push_document(4);
+        let ix = b.finish();
+        assert_eq!(ix.seq_offsets(), &[0, 3, 5, 9]);
+        assert_eq!(ix.doc_seq(), &[0, 2, 3]);
+        assert_eq!(ix.documents(), 2);
+        assert_eq!(ix.document(1), 5..9);
+        assert_eq!(ix.locate(4), Some((0, 4)));
+        assert_eq!(ix.locate(5), Some((1, 0)));
+        assert_eq!(ix.locate(9), None);
+        assert_eq!(
+            DocIndex::new(ix.seq_offsets().to_vec(), ix.doc_seq().to_vec()).unwrap(),
+            ix
+        );
+        assert_eq!(DocIndex::single(0).documents(), 0);
+        assert_eq!(DocIndex::single(7).document(0), 0..7);
+    }
+
+    #[test]
+    fn invalid_indices_are_named() {
+        assert_eq!(
+            DocIndex::new(vec![0, 5, 3], vec![0, 2])
+                .unwrap_err()
+                .to_string(),
+            "invalid document index: sequence 2 starts at token 3 before sequence 1 (token 5)"
+        );
+        assert_eq!(
+            DocIndex::new(vec![0, 5], vec![0, 2])
+                .unwrap_err()
+                .to_string(),
+            "invalid document index: document indices end at sequence 2 but there are 1 sequences"
+        );
+    }
+}
