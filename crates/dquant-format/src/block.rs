@@ -442,14 +442,15 @@ impl BlockFile {
 
     /// Parses the metadata of a whole file held in memory (tests, fuzzing, small files).
     pub fn from_bytes(file: &[u8]) -> Result<Self, FormatError> {
-        let len = file.len() as u64;
-        if len < TRAILER_LEN as u64 {
-            FileHeader::parse(file)?;
-        }
-        let trailer = Trailer::parse(&file[file.len().saturating_sub(TRAILER_LEN)..], len)?;
-        let footer = &file
-            [trailer.footer_offset as usize..(trailer.footer_offset + trailer.footer_len) as usize];
-        BlockFile::parse(&file[..HEADER_LEN.min(file.len())], &trailer, footer)
+        let head = &file[..HEADER_LEN.min(file.len())];
+        FileHeader::parse(head)?;
+        let trailer = Trailer::parse(
+            &file[file.len().saturating_sub(TRAILER_LEN)..],
+            file.len() as u64,
+        )?;
+        let start = trailer.footer_offset as usize;
+        let footer = &file[start..start + trailer.footer_len as usize];
+        BlockFile::parse(head, &trailer, footer)
     }
 
     /// Decodes every token of a whole file held in memory.
