@@ -1,0 +1,168 @@
+//! `dquant bench codecs`: wire bytes per token and decode speed of every codec on real data,
+//! against `zstd -3` over the whole raw int32 stream, measured in the same run.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use dquant_codec::{kernels, Codec, Compression, Decoder, Width};
+use dquant_format::block::{
+    block_tokens_for, BlockFile, BlockFileWriter, FileHeader, DEFAULT_BLOCK_BYTES,
+};
+use serde_json::json;
+
+use crate::cmd::inspect::default_codecs;
+use crate::util::{self, InputOpts};
+
+/// Benchmarks (end-to-end kernels live in `cargo bench -p dquant-codec`).
+#[derive(clap::Subcommand, Debug)]
+pub enum Cmd {
+    Codecs(CodecsArgs),
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  dquant corpus real --encoding cl100k data/cl100k_int32
+  dquant bench codecs data/cl100k_int32
+  dquant bench codecs data/r50k_int32 data/o200k_int32 --codecs u16+zstd:3,bits:18 --json";
+
+/// For each dataset and codec: exact block-file bytes per token, the ratio to `zstd -3` over
+/// the whole raw int32 file (one frame, the baseline users get today), and single-thread encode
+/// and decode speed (best of --repeat runs, whole dataset in memory).
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct CodecsArgs {
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Codecs to measure (comma-separated); default: plain, byte-aligned and compressed forms.
+    #[arg(long, value_delimiter = ',')]
+    pub codecs: Option<Vec<Codec>>,
+    /// Timed decode repetitions (best is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: u32,
+    #[command(flatten)]
+    pub input: InputOpts,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn best_of<T>(n: u32, mut f: impl FnMut() -> Result<T>) -> Result<(T, f64)> {
+    let mut best = f64::INFINITY;
+    let mut out = None;
+    for _ in 0..n.max(1) {
+        let t = Instant::now();
+        let v = f()?;
+        best = best.min(t.elapsed().as_secs_f64());
+        out = Some(v);
+    }
+    Ok((out.ok_or_else(|| anyhow::anyhow!("no run"))?, best))
+}
+
+pub fn run(c: &Cmd) -> Result<()> {
+    let Cmd::Codecs(a) = c;
+    let mut reports = Vec::new();
+    for path in &a.paths {
+        let ds = util::open(path, &a.input)?;
+        let mut tokens = Vec::with_capacity(ds.tokens() as usize);
+        ds.scan(1 << 22, |_, t| {
+            tokens.extend_from_slice(t);
+            Ok::<_, anyhow::Error>(())
+        })?;
+        let n = tokens.len().max(1) as f64;
+        let max = kernels::max_token(&tokens);
+        // Baseline: the raw int32 file compressed whole by zstd at level 3.
+        let raw: Vec<u8> = tokens
+            .iter()
+            .flat_map(|t| (*t as i32).to_le_bytes())
+            .collect();
+        let (base, base_enc) = best_of(1, || Ok(zstd::bulk::compress(&raw, 3)?))?;
+        let (_, base_dec) = best_of(a.repeat, || Ok(zstd::bulk::decompress(&base, raw.len())?))?;
+        let base_bpt = base.len() as f64 / n;
+        let mut codecs = a.codecs.clone().unwrap_or_else(|| {
+            let mut v = default_codecs(max);
+            v.insert(0, Codec::plain(Width::I32));
+            v.push(Codec::new(
+                Width::narrowest(max, true),
+                Compression::Zstd(19),
+            ));
+            v
+        });
+        codecs.retain(|c| c.width.max_token() >= max);
+        let mut rows = Vec::new();
+        for codec in codecs {
+            if !a.quiet && !a.json {
+                eprintln!("  {}: {codec} ...", path.display());
+            }
+            let header = FileHeader {
+                codec,
+                block_tokens: block_tokens_for(codec.width, DEFAULT_BLOCK_BYTES),
+                vocab_size: 0,
+            };
+            let (file, enc) = best_of(1, || {
+                let (mut w, head) = BlockFileWriter::new(header, false)?;
+                let mut file = head.to_vec();
+                w.push(&tokens, &mut file)?;
+                w.finish(ds.index(), &mut file)?;
+                Ok(file)
+            })?;
+            let meta = BlockFile::from_bytes(&file)?;
+            let mut out = vec![0u32; tokens.len()];
+            let mut dec = Decoder::new();
+            let (_, dec_s) = best_of(a.repeat, || {
+                for i in 0..meta.blocks() {
+                    let b = meta.byte_range(i..i + 1);
+                    let t = meta.block_tokens(i);
+                    meta.decode_block(
+                        i,
+                        &file[b.start as usize..b.end as usize],
+                        &mut dec,
+                        &mut out[t.start as usize..t.end as usize],
+                    )?;
+                }
+                Ok(())
+            })?;
+            anyhow::ensure!(out == tokens, "{codec} did not round-trip");
+            rows.push((codec, file.len() as u64, enc, dec_s));
+        }
+        if a.json {
+            reports.push(json!({
+                "path": ds.path(), "tokens": tokens.len(), "max_token": max,
+                "baseline": {"name": "zstd -3 over raw int32 (whole file)", "bytes": base.len(), "bytes_per_token": base_bpt,
+                             "encode_mtok_s": n / base_enc / 1e6, "decode_mtok_s": n / base_dec / 1e6},
+                "codecs": rows.iter().map(|(c, b, e, d)| json!({
+                    "codec": c.to_string(), "bytes": b, "bytes_per_token": *b as f64 / n,
+                    "vs_zstd3_whole": *b as f64 / n / base_bpt, "encode_mtok_s": n / e / 1e6, "decode_mtok_s": n / d / 1e6,
+                })).collect::<Vec<_>>(),
+            }));
+            continue;
+        }
+        println!(
+            "{}: {} tokens, max id {max}; baseline zstd -3 over raw int32 (whole file): {:.3} bytes/token, decode {:.0} M tokens/s",
+            ds.path().display(),
+            util::thousands(tokens.len() as u64),
+            base_bpt,
+            n / base_dec / 1e6
+        );
+        println!(
+            "  {:<16} {:>14} {:>12} {:>14} {:>12} {:>12}",
+            "codec", "bytes", "bytes/token", "vs zstd -3", "enc Mtok/s", "dec Mtok/s"
+        );
+        for (c, b, e, d) in &rows {
+            println!(
+                "  {:<16} {:>14} {:>12.3} {:>13.3}x {:>12.1} {:>12.1}",
+                c.to_string(),
+                util::thousands(*b),
+                *b as f64 / n,
+                *b as f64 / n / base_bpt,
+                n / e / 1e6,
+                n / d / 1e6
+            );
+        }
+    }
+    if a.json {
+        util::write_json(&serde_json::Value::Array(reports))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,370 @@
+//! `dquant convert`: re-encode a dataset losslessly, streaming, verified, atomic.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use dquant_codec::{kernels, Codec, Compression, Width};
+use dquant_format::block::block_tokens_for;
+#[cfg(test)]
+use dquant_format::block::DEFAULT_BLOCK_BYTES;
+use dquant_format::DType;
+use dquant_storage::{Dataset, DatasetWriter, OutputFormat, WriteReport};
+use serde_json::json;
+
+use crate::util::{self, InputOpts};
+
+const EXAMPLES: &str = "\
+Examples:
+  # Megatron int32 -> Megatron uint16 (readable by unmodified Megatron-Core)
+  dquant convert data/web_int32 data/web_uint16 --codec u16
+  # -> dquant block file, narrowest width found in the data, zstd level 3
+  dquant convert data/web_int32 data/web.dqb --codec auto --zstd 3
+  # -> bit-packed to 17 bits (a 100k vocabulary), declared vocabulary checked
+  dquant convert data/cl100k_int32 data/cl100k.dqb --codec bits:17 --vocab 100277
+  # raw little-endian int32 tokens, documents split at token 50256
+  dquant convert tokens.i32 out.dqb --dtype i32 --eod 50256";
+
+/// Output format, when the destination's name does not say.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutKind {
+    /// Megatron-Core IndexedDataset (PREFIX.bin + PREFIX.idx).
+    Megatron,
+    /// dquant block file.
+    Dqb,
+    /// Bare little-endian tokens (document boundaries are dropped).
+    Raw,
+}
+
+/// Re-encode a token dataset losslessly (Megatron, raw or dquant block file) into another
+/// format or codec. Streams with bounded memory, verifies every block as it is written, and
+/// replaces DST atomically: a failed convert leaves no partial DST.
+#[derive(clap::Args, Debug, Clone)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// Input dataset: a Megatron prefix (or its .bin/.idx), a .dqb file, or a raw file with --dtype.
+    pub src: PathBuf,
+    /// Output: a .dqb file, a Megatron prefix, or a raw file with --format raw.
+    pub dst: PathBuf,
+    /// Width and compression: auto, u8, u16, u24, u32, i32, i64 or bits:N, optionally with
+    /// +zstd:L or +lz4 (e.g. u16+zstd:3). `auto` picks the narrowest lossless width from
+    /// --vocab or the data (byte-aligned when compressing, where zstd does best).
+    #[arg(long, default_value = "auto")]
+    pub codec: String,
+    /// Compress blocks with zstd at this level (dqb output only).
+    #[arg(long, value_name = "LEVEL", conflicts_with = "lz4")]
+    pub zstd: Option<i32>,
+    /// Compress blocks with LZ4 (dqb output only).
+    #[arg(long)]
+    pub lz4: bool,
+    /// Output format; by default .dqb means a block file and anything else a Megatron prefix.
+    #[arg(long, value_enum)]
+    pub format: Option<OutKind>,
+    /// Declared vocabulary size: every token must be below it; `auto` sizes the width from it.
+    #[arg(long, value_name = "SIZE")]
+    pub vocab: Option<u32>,
+    /// Uncompressed payload per block of a .dqb output.
+    #[arg(long, default_value = "1MiB", value_parser = util::parse_size)]
+    pub block_size: usize,
+    /// Replace DST if it exists.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub input: InputOpts,
+    /// Print a JSON report on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// The width requested on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WidthSpec {
+    Auto,
+    Fixed(Width),
+}
+
+/// Parses `--codec` together with `--zstd`/`--lz4`.
+pub fn parse_codec(codec: &str, zstd: Option<i32>, lz4: bool) -> Result<(WidthSpec, Compression)> {
+    let (w, c) = match codec.split_once('+') {
+        Some((w, c)) => (w, c.parse::<Compression>()?),
+        None => (codec, Compression::None),
+    };
+    let flag = match (zstd, lz4) {
+        (Some(l), _) => Some(Compression::zstd(l)?),
+        (None, true) => Some(Compression::Lz4),
+        (None, false) => None,
+    };
+    let comp = match (c, flag) {
+        (c, None) => c,
+        (Compression::None, Some(f)) => f,
+        (c, Some(f)) if c == f => c,
+        (c, Some(f)) => bail!("--codec says {c} but the flags say {f}; give one"),
+    };
+    let spec = if w == "auto" {
+        WidthSpec::Auto
+    } else {
+        WidthSpec::Fixed(w.parse()?)
+    };
+    Ok((spec, comp))
+}
+
+/// The output format for `dst`.
+pub fn out_kind(dst: &Path, explicit: Option<OutKind>) -> OutKind {
+    explicit.unwrap_or_else(|| match dst.extension().and_then(|e| e.to_str()) {
+        Some("dqb") => OutKind::Dqb,
+        _ => OutKind::Megatron,
+    })
+}
+
+/// Resolves the output format from the kind, the requested width and compression and the
+/// largest token id (`max_token`, from --vocab or the data).
+pub fn resolve_output(
+    kind: OutKind,
+    spec: WidthSpec,
+    comp: Compression,
+    max_token: u32,
+    block_size: usize,
+    vocab: Option<u32>,
+) -> Result<OutputFormat> {
+    match kind {
+        OutKind::Megatron | OutKind::Raw => {
+            let what = if kind == OutKind::Megatron {
+                "Megatron .bin files"
+            } else {
+                "raw token files"
+            };
+            if comp != Compression::None {
+                bail!("{what} cannot be compressed; write a .dqb block file for {comp}");
+            }
+            let width = match spec {
+                // Megatron-Core's own choice: uint16 when it fits, else int32.
+                WidthSpec::Auto if max_token <= u16::MAX as u32 => Width::U16,
+                WidthSpec::Auto => Width::I32,
+                WidthSpec::Fixed(w) => w,
+            };
+            let dtype = DType::from_width(width).with_context(|| {
+                format!("{what} store u8, u16, i32 or i64 (not {width}); write a .dqb block file for {width}")
+            })?;
+            Ok(if kind == OutKind::Megatron {
+                OutputFormat::Megatron { dtype }
+            } else {
+                OutputFormat::Raw { dtype }
+            })
+        }
+        OutKind::Dqb => {
+            let width = match spec {
+                WidthSpec::Auto => Width::narrowest(max_token, comp != Compression::None),
+                WidthSpec::Fixed(w) => w,
+            };
+            Ok(OutputFormat::Block {
+                codec: Codec::new(width, comp),
+                block_tokens: block_tokens_for(width, block_size),
+                vocab_size: vocab.unwrap_or(0),
+            })
+        }
+    }
+}
+
+/// Finds the largest token id by scanning (or from the file's own footer).
+pub fn max_token(ds: &Dataset, quiet: bool) -> Result<u32> {
+    if let Some(m) = ds.stored_max_token() {
+        return Ok(m);
+    }
+    let pb = util::bar(ds.tokens(), "scanning", quiet);
+    let mut max = 0;
+    ds.scan(1 << 22, |_, t| {
+        max = max.max(kernels::max_token(t));
+        pb.inc(t.len() as u64);
+        Ok::<_, anyhow::Error>(())
+    })?;
+    pb.finish_and_clear();
+    Ok(max)
+}
+
+pub fn describe(f: &OutputFormat) -> String {
+    match f {
+        OutputFormat::Megatron { dtype } => {
+            format!("Megatron IndexedDataset ({})", dtype.numpy_name())
+        }
+        OutputFormat::Raw { dtype } => format!("raw token file ({})", dtype.numpy_name()),
+        OutputFormat::Block {
+            codec,
+            block_tokens,
+            ..
+        } => {
+            format!("dquant block file ({codec}, {block_tokens} tokens per block)")
+        }
+    }
+}
+
+/// Converts and returns the report; prints unless `quiet`-and-`json` say otherwise.
+pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
+    let t0 = Instant::now();
+    let ds = util::open(&a.src, &a.input)?;
+    let kind = out_kind(&a.dst, a.format);
+    let (spec, comp) = parse_codec(&a.codec, a.zstd, a.lz4)?;
+    let dst_main = match kind {
+        OutKind::Megatron => PathBuf::from(format!(
+            "{}.idx",
+            dquant_storage::megatron_prefix_of(&a.dst).display()
+        )),
+        _ => a.dst.clone(),
+    };
+    if !a.force && dst_main.exists() {
+        bail!("{} exists; pass --force to replace it", dst_main.display());
+    }
+    if let Some(0) = a.vocab {
+        bail!("--vocab must be at least 1");
+    }
+    let max = match (spec, a.vocab) {
+        (WidthSpec::Auto, Some(v)) => v - 1,
+        (WidthSpec::Auto, None) => max_token(&ds, a.quiet || a.json)?,
+        (WidthSpec::Fixed(w), _) => w.max_token(),
+    };
+    let fmt = resolve_output(kind, spec, comp, max, a.block_size, a.vocab)?;
+    let quiet = a.quiet || a.json;
+    let pb = util::bar(ds.tokens(), "converting", quiet);
+    let mut w = DatasetWriter::create(&a.dst, fmt)?;
+    let src = ds.data_path().to_path_buf();
+    ds.scan(1 << 22, |start, t| {
+        if let Some(v) = a.vocab {
+            if kernels::max_token(t) >= v {
+                let i = t.iter().position(|&x| x >= v).unwrap_or(0);
+                bail!(
+                    "{}: token {} at offset {} is outside the declared vocabulary (--vocab {v})",
+                    src.display(),
+                    t[i],
+                    start + i as u64
+                );
+            }
+        }
+        w.push(t).map_err(util::in_input(&src))?;
+        pb.inc(t.len() as u64);
+        Ok(())
+    })?;
+    let rep = w.finish(ds.index())?;
+    pb.finish_and_clear();
+    Ok((ds, fmt, rep, t0.elapsed().as_secs_f64()))
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let (ds, fmt, rep, secs) = convert(a)?;
+    let src_bytes = ds.size_on_disk();
+    let per_token = |b: u64| {
+        if rep.tokens == 0 {
+            0.0
+        } else {
+            b as f64 / rep.tokens as f64
+        }
+    };
+    if a.json {
+        return util::write_json(&json!({
+            "src": ds.path(),
+            "src_format": ds.format().to_string(),
+            "dst": a.dst,
+            "dst_format": describe(&fmt),
+            "files": rep.files,
+            "tokens": rep.tokens,
+            "documents": ds.index().documents(),
+            "src_bytes": src_bytes,
+            "dst_bytes": rep.bytes,
+            "bytes_per_token": per_token(rep.bytes),
+            "checksum": rep.content.to_string(),
+            "verified": true,
+            "seconds": secs,
+        }));
+    }
+    println!("converted   {} -> {}", ds.path().display(), a.dst.display());
+    println!("from        {}", ds.format());
+    println!("to          {}", describe(&fmt));
+    println!(
+        "tokens      {} in {} documents",
+        util::thousands(rep.tokens),
+        util::thousands(ds.index().documents() as u64)
+    );
+    println!(
+        "size        {} B -> {} B ({:.2}x smaller; {:.3} -> {:.3} bytes/token)",
+        util::thousands(src_bytes),
+        util::thousands(rep.bytes),
+        src_bytes as f64 / rep.bytes.max(1) as f64,
+        per_token(src_bytes),
+        per_token(rep.bytes)
+    );
+    println!("checksum    {}", rep.content);
+    println!("verified    every block decoded and compared right after encoding");
+    for f in &rep.files {
+        println!("wrote       {}", f.display());
+    }
+    println!(
+        "time        {secs:.2} s ({:.1} M tokens/s)",
+        rep.tokens as f64 / secs.max(1e-9) / 1e6
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codec_flags() {
+        assert_eq!(
+            parse_codec("auto", Some(3), false).unwrap(),
+            (WidthSpec::Auto, Compression::Zstd(3))
+        );
+        assert_eq!(
+            parse_codec("bits:17+lz4", None, false).unwrap(),
+            (WidthSpec::Fixed(Width::Bits(17)), Compression::Lz4)
+        );
+        assert_eq!(
+            parse_codec("u16+zstd:3", Some(5), false)
+                .unwrap_err()
+                .to_string(),
+            "--codec says zstd:3 but the flags say zstd:5; give one"
+        );
+    }
+
+    #[test]
+    fn output_resolution() {
+        let r = |k, c: &str, max| {
+            let (s, comp) = parse_codec(c, None, false).unwrap();
+            resolve_output(k, s, comp, max, DEFAULT_BLOCK_BYTES, None)
+        };
+        assert_eq!(
+            r(OutKind::Megatron, "auto", 50256).unwrap(),
+            OutputFormat::Megatron { dtype: DType::U16 }
+        );
+        assert_eq!(
+            r(OutKind::Megatron, "auto", 100257).unwrap(),
+            OutputFormat::Megatron { dtype: DType::I32 }
+        );
+        assert_eq!(
+            r(OutKind::Megatron, "bits:17", 0).unwrap_err().to_string(),
+            "Megatron .bin files store u8, u16, i32 or i64 (not bits:17); write a .dqb block file for bits:17"
+        );
+        assert_eq!(
+            r(OutKind::Megatron, "u16+zstd:3", 0)
+                .unwrap_err()
+                .to_string(),
+            "Megatron .bin files cannot be compressed; write a .dqb block file for zstd:3"
+        );
+        match r(OutKind::Dqb, "auto+zstd:3", 100257).unwrap() {
+            OutputFormat::Block { codec, .. } => assert_eq!(codec.to_string(), "u24+zstd:3"),
+            f => panic!("{f:?}"),
+        }
+        match r(OutKind::Dqb, "auto", 100257).unwrap() {
+            OutputFormat::Block {
+                codec,
+                block_tokens,
+                ..
+            } => {
+                assert_eq!(codec.to_string(), "bits:17");
+                assert_eq!(block_tokens, 493312);
+            }
+            f => panic!("{f:?}"),
+        }
+    }
+}

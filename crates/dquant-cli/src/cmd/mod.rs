@@ -1,0 +1,6 @@
+pub mod bench;
+pub mod convert;
+pub mod corpus;
+pub mod demo;
+pub mod inspect;
+pub mod verify;

@@ -1,0 +1,98 @@
+//! Helpers shared by the subcommands: opening inputs, progress bars, number formatting.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dquant_format::DType;
+use dquant_storage::{Dataset, OpenOptions, StorageError};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Options for inputs that do not describe themselves (raw token files).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct InputOpts {
+    /// Element type of raw token inputs (u8, u16, i32, i64, ...; numpy names work too).
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<DType>,
+    /// End-of-document token of raw inputs: each occurrence ends a document.
+    #[arg(long, value_name = "ID")]
+    pub eod: Option<u32>,
+}
+
+pub fn open(path: &Path, o: &InputOpts) -> Result<Dataset> {
+    Dataset::open(
+        path,
+        &OpenOptions {
+            raw_dtype: o.dtype,
+            eod: o.eod,
+        },
+    )
+    .map_err(anyhow::Error::from)
+}
+
+/// Attaches the input's path to data errors (a token that does not fit the output, say), so
+/// the message names the file the bad token came from.
+pub fn in_input(path: &Path) -> impl Fn(StorageError) -> anyhow::Error + '_ {
+    move |e| match e {
+        StorageError::Data(e) => anyhow::anyhow!("{}: {e}", path.display()),
+        e => e.into(),
+    }
+}
+
+/// A token-count progress bar on stderr; hidden when `quiet` or when stderr is not a terminal.
+pub fn bar(len: u64, msg: &str, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg:>12} [{bar:30}] {human_pos}/{human_len} tokens {per_sec} eta {eta}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
+pub fn write_json(v: &serde_json::Value) -> Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).context("serialising JSON")?
+    );
+    Ok(())
+}
+
+/// 1234567 -> "1,234,567".
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Parses sizes like `1MiB`, `512KiB`, `65536`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = [
+        ("GiB", 1usize << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ]
+    .iter()
+    .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n.trim(), *m)))
+    .unwrap_or((s, 1));
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("invalid size '{s}' (examples: 1MiB, 256KiB, 1048576)"))
+}

@@ -1,0 +1,413 @@
+//! Opening token datasets of any supported format and reading token ranges from them.
+
+use std::fmt;
+use std::io::ErrorKind;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use dquant_codec::{Codec, Decoder};
+use dquant_format::block::{self, BlockFile, Trailer};
+use dquant_format::megatron::{self, MegatronIndex};
+use dquant_format::{ContentChecksum, DType, DocIndex, DocIndexBuilder, FormatError};
+
+use crate::backend::{LocalFile, ReadAt};
+use crate::error::StorageError;
+
+/// How to interpret files that do not describe themselves.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// Element type of a raw token file (required for raw files).
+    pub raw_dtype: Option<DType>,
+    /// End-of-document token of a raw file: each occurrence ends a document. Without it a raw
+    /// file is one document.
+    pub eod: Option<u32>,
+}
+
+/// The on-disk format of an opened dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Megatron { dtype: DType },
+    Raw { dtype: DType },
+    Block { codec: Codec, block_tokens: u32 },
+}
+
+impl Format {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Format::Megatron { .. } => "megatron",
+            Format::Raw { .. } => "raw",
+            Format::Block { .. } => "dqb",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Format::Megatron { dtype } => {
+                write!(f, "Megatron IndexedDataset ({})", dtype.numpy_name())
+            }
+            Format::Raw { dtype } => write!(f, "raw token file ({})", dtype.numpy_name()),
+            Format::Block {
+                codec,
+                block_tokens,
+            } => {
+                write!(
+                    f,
+                    "dquant block file ({codec}, {block_tokens} tokens per block)"
+                )
+            }
+        }
+    }
+}
+
+enum Source {
+    Plain {
+        file: LocalFile,
+        dtype: DType,
+    },
+    Block {
+        file: LocalFile,
+        meta: Box<BlockFile>,
+    },
+}
+
+/// An opened token dataset: its boundaries in memory, its tokens on storage.
+pub struct Dataset {
+    path: PathBuf,
+    data_path: PathBuf,
+    format: Format,
+    index: DocIndex,
+    source: Source,
+    size: u64,
+}
+
+/// If `path` names a Megatron dataset, its prefix (`x` for `x`, `x.idx` or `x.bin`).
+fn megatron_prefix(path: &Path) -> Option<PathBuf> {
+    let s = path.as_os_str().to_string_lossy();
+    if let Some(p) = s.strip_suffix(".idx").or_else(|| s.strip_suffix(".bin")) {
+        if Path::new(&format!("{p}.idx")).exists() {
+            return Some(PathBuf::from(p));
+        }
+    }
+    Path::new(&format!("{s}.idx"))
+        .exists()
+        .then(|| path.to_path_buf())
+}
+
+fn read_at(file: &LocalFile, buf: &mut [u8], off: u64) -> Result<(), StorageError> {
+    file.read_exact_at(buf, off).map_err(|e| {
+        if e.kind() == ErrorKind::UnexpectedEof {
+            StorageError::format(
+                file.path(),
+                FormatError::Truncated {
+                    what: "file".into(),
+                    needed: off + buf.len() as u64,
+                    have: file.len(),
+                },
+            )
+        } else {
+            StorageError::io(file.path(), e)
+        }
+    })
+}
+
+fn open_file(path: &Path) -> Result<LocalFile, StorageError> {
+    LocalFile::open(path).map_err(|e| StorageError::io(path, e))
+}
+
+impl Dataset {
+    /// Opens a dataset, recognising its format: a Megatron prefix (or its `.idx`/`.bin`), a
+    /// dquant block file (by its magic), or a raw token file when `opts.raw_dtype` is given.
+    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Self, StorageError> {
+        if let Some(prefix) = megatron_prefix(path) {
+            return Self::open_megatron(&prefix);
+        }
+        let file = open_file(path)?;
+        let mut magic = [0u8; 8];
+        if file.len() >= 8 {
+            read_at(&file, &mut magic, 0)?;
+        }
+        if magic == block::FILE_MAGIC {
+            return Self::open_block(path, file);
+        }
+        match opts.raw_dtype {
+            Some(dtype) => Self::open_raw(path, file, dtype, opts.eod),
+            None => Err(StorageError::Usage(format!(
+                "{}: unknown format: not a dquant block file, no Megatron .idx beside it; \
+                 for a raw token file give its dtype (--dtype u16|i32|...)",
+                path.display()
+            ))),
+        }
+    }
+
+    fn open_megatron(prefix: &Path) -> Result<Self, StorageError> {
+        let idx_path = PathBuf::from(format!("{}.idx", prefix.display()));
+        let bin_path = PathBuf::from(format!("{}.bin", prefix.display()));
+        let idx_bytes = std::fs::read(&idx_path).map_err(|e| StorageError::io(&idx_path, e))?;
+        let MegatronIndex { dtype, index, .. } =
+            megatron::parse_idx(&idx_bytes).map_err(|e| StorageError::format(&idx_path, e))?;
+        let file = open_file(&bin_path)?;
+        let want = megatron::bin_len(dtype, index.tokens());
+        if file.len() != want {
+            let mi = MegatronIndex {
+                dtype,
+                index,
+                multimodal: false,
+            };
+            return Err(match megatron::check_bin_len(&mi, file.len()) {
+                Err(e) => StorageError::format(&bin_path, e),
+                Ok(()) => unreachable!("lengths differ"),
+            });
+        }
+        Ok(Dataset {
+            path: prefix.to_path_buf(),
+            data_path: bin_path,
+            format: Format::Megatron { dtype },
+            index,
+            source: Source::Plain { file, dtype },
+            size: want + idx_bytes.len() as u64,
+        })
+    }
+
+    fn open_block(path: &Path, file: LocalFile) -> Result<Self, StorageError> {
+        let len = file.len();
+        let fe = |e: FormatError| StorageError::format(path, e);
+        let mut head = vec![0u8; block::HEADER_LEN.min(len as usize)];
+        read_at(&file, &mut head, 0)?;
+        block::FileHeader::parse(&head).map_err(fe)?;
+        let mut tail = [0u8; block::TRAILER_LEN];
+        if len < block::TRAILER_LEN as u64 {
+            return Err(fe(FormatError::truncated(
+                "block file",
+                block::TRAILER_LEN as u64,
+                len,
+            )));
+        }
+        read_at(&file, &mut tail, len - block::TRAILER_LEN as u64)?;
+        let trailer = Trailer::parse(&tail, len).map_err(fe)?;
+        let mut footer = vec![0u8; trailer.footer_len as usize];
+        read_at(&file, &mut footer, trailer.footer_offset)?;
+        let meta = BlockFile::parse(&head, &trailer, &footer).map_err(fe)?;
+        Ok(Dataset {
+            path: path.to_path_buf(),
+            data_path: path.to_path_buf(),
+            format: Format::Block {
+                codec: meta.header.codec,
+                block_tokens: meta.header.block_tokens,
+            },
+            index: meta.footer.index.clone(),
+            source: Source::Block {
+                file,
+                meta: Box::new(meta),
+            },
+            size: len,
+        })
+    }
+
+    fn open_raw(
+        path: &Path,
+        file: LocalFile,
+        dtype: DType,
+        eod: Option<u32>,
+    ) -> Result<Self, StorageError> {
+        let item = dtype.itemsize() as u64;
+        if file.len() % item != 0 {
+            return Err(StorageError::format(
+                path,
+                FormatError::corrupt(
+                    format!("raw {} file", dtype.numpy_name()),
+                    format!(
+                        "{} bytes is not a whole number of {item}-byte tokens",
+                        file.len()
+                    ),
+                ),
+            ));
+        }
+        let tokens = file.len() / item;
+        let size = file.len();
+        let mut ds = Dataset {
+            path: path.to_path_buf(),
+            data_path: path.to_path_buf(),
+            format: Format::Raw { dtype },
+            index: DocIndex::single(tokens),
+            source: Source::Plain { file, dtype },
+            size,
+        };
+        if let Some(eod) = eod {
+            // Documents end after each end-of-document token; a tail without one is a last
+            // document of its own.
+            let mut b = DocIndexBuilder::new();
+            let mut last = 0u64;
+            ds.scan(1 << 20, |start, chunk| {
+                for (i, _) in chunk.iter().enumerate().filter(|(_, &t)| t == eod) {
+                    let end = start + i as u64 + 1;
+                    b.push_document(end - last);
+                    last = end;
+                }
+                Ok::<_, StorageError>(())
+            })?;
+            if last < tokens {
+                b.push_document(tokens - last);
+            }
+            ds.index = b.finish();
+        }
+        Ok(ds)
+    }
+
+    /// The path the dataset was opened by (the prefix, for Megatron datasets).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file holding the token data (`.bin`, `.dqb` or the raw file).
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn index(&self) -> &DocIndex {
+        &self.index
+    }
+
+    pub fn tokens(&self) -> u64 {
+        self.index.tokens()
+    }
+
+    /// Bytes on storage, all files of the dataset together.
+    pub fn size_on_disk(&self) -> u64 {
+        self.size
+    }
+
+    /// The largest token id, when the format stores it (block files).
+    pub fn stored_max_token(&self) -> Option<u32> {
+        match &self.source {
+            Source::Block { meta, .. } => Some(meta.footer.max_token),
+            Source::Plain { .. } => None,
+        }
+    }
+
+    /// The content checksum, when the format stores it (block files).
+    pub fn stored_checksum(&self) -> Option<ContentChecksum> {
+        match &self.source {
+            Source::Block { meta, .. } => Some(meta.content_checksum()),
+            Source::Plain { .. } => None,
+        }
+    }
+
+    /// The block file's metadata, for block files.
+    pub fn block_file(&self) -> Option<&BlockFile> {
+        match &self.source {
+            Source::Block { meta, .. } => Some(meta),
+            Source::Plain { .. } => None,
+        }
+    }
+
+    /// A good read size in tokens: whole blocks for block files, 1 Mi tokens otherwise.
+    pub fn natural_chunk(&self) -> u64 {
+        match self.format {
+            Format::Block { block_tokens, .. } => block_tokens as u64,
+            _ => 1 << 20,
+        }
+    }
+
+    /// A reader with its own buffers.
+    pub fn reader(&self) -> TokenReader<'_> {
+        TokenReader {
+            ds: self,
+            bytes: Vec::new(),
+            dec: Decoder::new(),
+            block: Vec::new(),
+        }
+    }
+
+    /// Calls `f(start, tokens)` over the whole stream in chunks of about `chunk` tokens
+    /// (rounded to the natural chunk), in order, with bounded memory.
+    pub fn scan<E: From<StorageError>>(
+        &self,
+        chunk: u64,
+        mut f: impl FnMut(u64, &[u32]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let nat = self.natural_chunk();
+        let step = chunk.div_ceil(nat).max(1) * nat;
+        let mut r = self.reader();
+        let mut buf = Vec::new();
+        let mut start = 0;
+        while start < self.tokens() {
+            let end = (start + step).min(self.tokens());
+            r.read(start..end, &mut buf)?;
+            f(start, &buf)?;
+            start = end;
+        }
+        Ok(())
+    }
+}
+
+/// Reads token ranges of a [`Dataset`], reusing its buffers across calls.
+pub struct TokenReader<'a> {
+    ds: &'a Dataset,
+    bytes: Vec<u8>,
+    dec: Decoder,
+    block: Vec<u32>,
+}
+
+impl TokenReader<'_> {
+    /// Replaces `out` with the tokens of `range`. Only the bytes covering the range are read:
+    /// for block files, the covering blocks in one contiguous read.
+    pub fn read(&mut self, range: Range<u64>, out: &mut Vec<u32>) -> Result<(), StorageError> {
+        let ds = self.ds;
+        if range.start > range.end || range.end > ds.tokens() {
+            return Err(StorageError::Usage(format!(
+                "{}: token range {}..{} is outside the dataset's {} tokens",
+                ds.path.display(),
+                range.start,
+                range.end,
+                ds.tokens()
+            )));
+        }
+        out.clear();
+        out.resize((range.end - range.start) as usize, 0);
+        match &ds.source {
+            Source::Plain { file, dtype } => {
+                let item = dtype.itemsize() as u64;
+                self.bytes.resize(out.len() * item as usize, 0);
+                read_at(file, &mut self.bytes, range.start * item)?;
+                dtype
+                    .decode(&self.bytes, out, range.start)
+                    .map_err(|e| StorageError::format(&ds.data_path, e))
+            }
+            Source::Block { file, meta } => {
+                let blocks = meta.blocks_covering(range.clone());
+                let bytes = meta.byte_range(blocks.clone());
+                self.bytes.resize((bytes.end - bytes.start) as usize, 0);
+                read_at(file, &mut self.bytes, bytes.start)?;
+                for i in blocks {
+                    let br = meta.byte_range(i..i + 1);
+                    let raw = &self.bytes
+                        [(br.start - bytes.start) as usize..(br.end - bytes.start) as usize];
+                    let bt = meta.block_tokens(i);
+                    let fe = |e| StorageError::format(&ds.data_path, e);
+                    if bt.start >= range.start && bt.end <= range.end {
+                        let dst = &mut out
+                            [(bt.start - range.start) as usize..(bt.end - range.start) as usize];
+                        meta.decode_block(i, raw, &mut self.dec, dst).map_err(fe)?;
+                    } else {
+                        self.block.resize((bt.end - bt.start) as usize, 0);
+                        meta.decode_block(i, raw, &mut self.dec, &mut self.block)
+                            .map_err(fe)?;
+                        let s = range.start.max(bt.start);
+                        let e = range.end.min(bt.end);
+                        out[(s - range.start) as usize..(e - range.start) as usize]
+                            .copy_from_slice(
+                                &self.block[(s - bt.start) as usize..(e - bt.start) as usize],
+                            );
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
