@@ -18,6 +18,15 @@ Examples:
   dquant verify data/cl100k_int32 data/cl100k.dqb
   dquant bench codecs data/cl100k_int32";
 
+const CORPUS_EXAMPLES: &str = "\
+Examples:
+  dquant corpus real --encoding cl100k data/cl100k_int32
+  dquant corpus zipf data/zipf_int32 --tokens 100000000 --vocab 50257 --eod 50256";
+
+const BENCH_EXAMPLES: &str = "\
+Examples:
+  dquant bench codecs data/cl100k_int32";
+
 /// dquant: narrow, pack and compress LLM token datasets losslessly, next to the data.
 #[derive(Parser)]
 #[command(name = "dquant", version, after_help = EXAMPLES)]
@@ -31,9 +40,9 @@ enum Cmd {
     Convert(cmd::convert::Args),
     Inspect(cmd::inspect::Args),
     Verify(cmd::verify::Args),
-    #[command(subcommand)]
+    #[command(subcommand, after_help = CORPUS_EXAMPLES)]
     Corpus(cmd::corpus::Cmd),
-    #[command(subcommand)]
+    #[command(subcommand, after_help = BENCH_EXAMPLES)]
     Bench(cmd::bench::Cmd),
     Demo(cmd::demo::Args),
 }
@@ -58,8 +67,23 @@ fn main() {
     match r {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             std::process::exit(1);
         }
     }
+}
+
+/// The error and its causes, like `{e:#}` but without repeats: library errors such as
+/// `"{path}: {source}"` print their source and also return it from `source()`, so the plain
+/// chain would say the same thing two or three times.
+fn message(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
 }

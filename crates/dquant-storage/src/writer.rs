@@ -55,9 +55,12 @@ impl Staged {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        // Like any file the user creates (0o666 less the umask), not tempfile's private 0o600:
+        // the dataset is usually read by other users (the trainer, the agent).
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
             .suffix(".tmp")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
             .tempfile_in(dir)
             .map_err(|e| StorageError::io(dir, e))?;
         Ok(Staged {
@@ -257,9 +260,12 @@ impl DatasetWriter {
             }
             Sink::Block { mut file, writer } => {
                 let mut tail = Vec::new();
-                writer
-                    .finish(index, &mut tail)
-                    .map_err(|e| StorageError::format(&file.dst, e))?;
+                // The last block is encoded here: a token it cannot hold is a data error (the
+                // caller names the input it came from), as it is in `push`.
+                writer.finish(index, &mut tail).map_err(|e| match e {
+                    e @ FormatError::Codec(_) => StorageError::Data(e),
+                    e => StorageError::format(&file.dst, e),
+                })?;
                 file.write(&tail)?;
                 files.push(file.dst.clone());
                 bytes += file.commit()?;

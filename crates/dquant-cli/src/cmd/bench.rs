@@ -6,9 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use dquant_codec::{kernels, Codec, Compression, Decoder, Width};
-use dquant_format::block::{
-    block_tokens_for, BlockFile, BlockFileWriter, FileHeader, DEFAULT_BLOCK_BYTES,
-};
+use dquant_format::block::{block_tokens_for, BlockFile, BlockFileWriter, FileHeader};
 use serde_json::json;
 
 use crate::cmd::inspect::default_codecs;
@@ -37,6 +35,9 @@ pub struct CodecsArgs {
     /// Codecs to measure (comma-separated); default: plain, byte-aligned and compressed forms.
     #[arg(long, value_delimiter = ',')]
     pub codecs: Option<Vec<Codec>>,
+    /// Uncompressed payload per block.
+    #[arg(long, default_value = "1MiB", value_parser = util::parse_size)]
+    pub block_size: usize,
     /// Timed decode repetitions (best is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: u32,
@@ -97,7 +98,7 @@ pub fn run(c: &Cmd) -> Result<()> {
             }
             let header = FileHeader {
                 codec,
-                block_tokens: block_tokens_for(codec.width, DEFAULT_BLOCK_BYTES),
+                block_tokens: block_tokens_for(codec.width, a.block_size),
                 vocab_size: 0,
             };
             let (file, enc) = best_of(1, || {

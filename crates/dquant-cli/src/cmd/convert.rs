@@ -245,7 +245,7 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
         pb.inc(t.len() as u64);
         Ok(())
     })?;
-    let rep = w.finish(ds.index())?;
+    let rep = w.finish(ds.index()).map_err(util::in_input(&src))?;
     pb.finish_and_clear();
     Ok((ds, fmt, rep, t0.elapsed().as_secs_f64()))
 }
