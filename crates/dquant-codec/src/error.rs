@@ -51,18 +51,24 @@ impl CodecError {
     /// the caller knows where it starts in the whole stream.
     pub fn at_base(self, base: u64) -> Self {
         match self {
-            CodecError::OutOfRange { offset, value, width } => CodecError::OutOfRange {
+            CodecError::OutOfRange {
+                offset,
+                value,
+                width,
+            } => CodecError::OutOfRange {
                 offset: offset + base,
                 value,
                 width,
             },
-            CodecError::InvalidStoredValue { offset, value, width } => {
-                CodecError::InvalidStoredValue {
-                    offset: offset + base,
-                    value,
-                    width,
-                }
-            }
+            CodecError::InvalidStoredValue {
+                offset,
+                value,
+                width,
+            } => CodecError::InvalidStoredValue {
+                offset: offset + base,
+                value,
+                width,
+            },
             e => e,
         }
     }
