@@ -458,11 +458,15 @@ impl BlockFile {
         let mut dec = Decoder::new();
         let mut out = vec![0; self.tokens() as usize];
         for i in 0..self.blocks() {
+            // A file shorter than the block table says gives a short slice, and
+            // `decode_block` a truncation error naming the block.
             let b = self.byte_range(i..i + 1);
+            let len = file.len() as u64;
+            let bytes = &file[b.start.min(len) as usize..b.end.min(len) as usize];
             let t = self.block_tokens(i);
             self.decode_block(
                 i,
-                &file[b.start as usize..b.end as usize],
+                bytes,
                 &mut dec,
                 &mut out[t.start as usize..t.end as usize],
             )?;
@@ -531,7 +535,7 @@ impl BlockFile {
                 format!(
                     "holds tokens {}..{} but the block table says {}..{}",
                     h.first_token,
-                    h.first_token + h.tokens as u64,
+                    h.first_token.saturating_add(h.tokens as u64),
                     want.start,
                     want.end
                 ),

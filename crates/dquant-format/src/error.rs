@@ -54,14 +54,14 @@ pub enum FormatError {
 }
 
 impl FormatError {
-    pub(crate) fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> Self {
+    pub fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> Self {
         FormatError::Corrupt {
             what: what.into(),
             detail: detail.into(),
         }
     }
 
-    pub(crate) fn truncated(what: impl Into<String>, needed: u64, have: u64) -> Self {
+    pub fn truncated(what: impl Into<String>, needed: u64, have: u64) -> Self {
         FormatError::Truncated {
             what: what.into(),
             needed,

@@ -158,7 +158,13 @@ impl DocIndexBuilder {
         *self.seq_offsets.last().unwrap_or(&0)
     }
 
-    pub fn finish(self) -> DocIndex {
+    /// The index. Sequences pushed since the last [`end_document`](Self::end_document) form a
+    /// last document: every sequence belongs to a document (what [`DocIndex::new`] checks), so
+    /// what a writer stores can be read back.
+    pub fn finish(mut self) -> DocIndex {
+        if self.doc_seq.last() != Some(&(self.seq_offsets.len() as u64 - 1)) {
+            self.end_document();
+        }
         DocIndex {
             seq_offsets: self.seq_offsets,
             doc_seq: self.doc_seq,
