@@ -47,6 +47,28 @@ pub const TRAILER_LEN: usize = 32;
 pub const FOOTER_FIXED_LEN: usize = 48;
 /// Uncompressed payload per block by default: the DPU buffer size of the original design.
 pub const DEFAULT_BLOCK_BYTES: usize = 1 << 20;
+/// Largest uncompressed payload of one block. Readers allocate a block's decoded size before
+/// decompressing it, so a header may not ask for more than this.
+pub const MAX_BLOCK_BYTES: usize = 1 << 30;
+
+/// Checks a block size in tokens: a positive multiple of 256 whose payload at `codec`'s width
+/// is at most [`MAX_BLOCK_BYTES`].
+fn check_block_tokens(codec: Codec, block_tokens: u32, what: &str) -> Result<(), FormatError> {
+    if block_tokens == 0 || block_tokens % 256 != 0 {
+        return Err(FormatError::corrupt(
+            what,
+            format!("block size {block_tokens} tokens is not a positive multiple of 256"),
+        ));
+    }
+    let bytes = codec.raw_len(block_tokens as usize);
+    if bytes > MAX_BLOCK_BYTES {
+        return Err(FormatError::corrupt(
+            what,
+            format!("blocks of {block_tokens} tokens at {codec} hold {bytes} bytes, over the {MAX_BLOCK_BYTES}-byte limit"),
+        ));
+    }
+    Ok(())
+}
 
 /// Tokens per block so that a block's uncompressed payload is at most `block_bytes`, rounded
 /// down to whole bit-packing groups of 256 tokens.
@@ -146,12 +168,7 @@ impl FileHeader {
         }
         let codec = codec_from(&b[12..16], "block file header")?;
         let block_tokens = u32_at(b, 16);
-        if block_tokens == 0 || block_tokens % 256 != 0 {
-            return Err(FormatError::corrupt(
-                "block file header",
-                format!("block size {block_tokens} tokens is not a positive multiple of 256"),
-            ));
-        }
+        check_block_tokens(codec, block_tokens, "block file header")?;
         Ok(FileHeader {
             codec,
             block_tokens,
@@ -592,15 +609,7 @@ impl BlockFileWriter {
     /// Starts a file; the returned header bytes go first. With `verify`, every block is decoded
     /// again right after encoding and compared with its input.
     pub fn new(header: FileHeader, verify: bool) -> Result<(Self, [u8; HEADER_LEN]), FormatError> {
-        if header.block_tokens == 0 || header.block_tokens % 256 != 0 {
-            return Err(FormatError::corrupt(
-                "block file settings",
-                format!(
-                    "block size {} tokens is not a positive multiple of 256",
-                    header.block_tokens
-                ),
-            ));
-        }
+        check_block_tokens(header.codec, header.block_tokens, "block file settings")?;
         let w = BlockFileWriter {
             header,
             encoder: Encoder::new(header.codec)?,
@@ -742,5 +751,30 @@ impl BlockFileWriter {
             max_token: self.max_token,
             content: ContentChecksum::new(&self.hasher, index),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_may_not_ask_for_giant_blocks() {
+        let h = FileHeader {
+            codec: "u32+zstd:3".parse().unwrap(),
+            block_tokens: u32::MAX / 256 * 256,
+            vocab_size: 0,
+        };
+        let e = FileHeader::parse(&h.encode()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "corrupt block file header: blocks of 4294967040 tokens at u32+zstd:3 hold 17179868160 bytes, over the 1073741824-byte limit"
+        );
+        assert!(BlockFileWriter::new(h, false).is_err());
+        let ok = FileHeader {
+            block_tokens: (MAX_BLOCK_BYTES / 4) as u32,
+            ..h
+        };
+        assert_eq!(FileHeader::parse(&ok.encode()).unwrap(), ok);
     }
 }
