@@ -19,6 +19,24 @@ pub struct InputOpts {
     pub eod: Option<u32>,
 }
 
+/// How a command reports: text or JSON on stdout, with or without a progress bar on stderr.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct OutputOpts {
+    /// Print a JSON report on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl OutputOpts {
+    /// True when progress bars must stay off (asked for, or JSON on stdout).
+    pub fn quiet(&self) -> bool {
+        self.quiet || self.json
+    }
+}
+
 pub fn open(path: &Path, o: &InputOpts) -> Result<Dataset> {
     Dataset::open(
         path,

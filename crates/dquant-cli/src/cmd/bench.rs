@@ -10,7 +10,7 @@ use dquant_format::block::{block_tokens_for, BlockFile, BlockFileWriter, FileHea
 use serde_json::json;
 
 use crate::cmd::inspect::default_codecs;
-use crate::util::{self, InputOpts};
+use crate::util::{self, InputOpts, OutputOpts};
 
 /// Benchmarks (end-to-end kernels live in `cargo bench -p dquant-codec`).
 #[derive(clap::Subcommand, Debug)]
@@ -43,10 +43,8 @@ pub struct CodecsArgs {
     pub repeat: u32,
     #[command(flatten)]
     pub input: InputOpts,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputOpts,
 }
 
 fn best_of<T>(n: u32, mut f: impl FnMut() -> Result<T>) -> Result<(T, f64)> {
@@ -93,7 +91,7 @@ pub fn run(c: &Cmd) -> Result<()> {
         codecs.retain(|c| c.width.max_token() >= max);
         let mut rows = Vec::new();
         for codec in codecs {
-            if !a.quiet && !a.json {
+            if !a.output.quiet() {
                 eprintln!("  {}: {codec} ...", path.display());
             }
             let header = FileHeader {
@@ -127,7 +125,7 @@ pub fn run(c: &Cmd) -> Result<()> {
             anyhow::ensure!(out == tokens, "{codec} did not round-trip");
             rows.push((codec, file.len() as u64, enc, dec_s));
         }
-        if a.json {
+        if a.output.json {
             reports.push(json!({
                 "path": ds.path(), "tokens": tokens.len(), "max_token": max,
                 "baseline": {"name": "zstd -3 over raw int32 (whole file)", "bytes": base.len(), "bytes_per_token": base_bpt,
@@ -162,7 +160,7 @@ pub fn run(c: &Cmd) -> Result<()> {
             );
         }
     }
-    if a.json {
+    if a.output.json {
         util::write_json(&serde_json::Value::Array(reports))?;
     }
     Ok(())

@@ -12,7 +12,7 @@ use dquant_format::DType;
 use dquant_storage::{Dataset, DatasetWriter, OutputFormat, WriteReport};
 use serde_json::json;
 
-use crate::util::{self, InputOpts};
+use crate::util::{self, InputOpts, OutputOpts};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -71,12 +71,8 @@ pub struct Args {
     pub force: bool,
     #[command(flatten)]
     pub input: InputOpts,
-    /// Print a JSON report on stdout instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputOpts,
 }
 
 /// The width requested on the command line.
@@ -200,7 +196,7 @@ pub fn describe(f: &OutputFormat) -> String {
     }
 }
 
-/// Converts and returns the report; prints unless `quiet`-and-`json` say otherwise.
+/// Converts without printing a report; `run` prints it.
 pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
     let t0 = Instant::now();
     let ds = util::open(&a.src, &a.input)?;
@@ -221,11 +217,11 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
     }
     let max = match (spec, a.vocab) {
         (WidthSpec::Auto, Some(v)) => v - 1,
-        (WidthSpec::Auto, None) => max_token(&ds, a.quiet || a.json)?,
+        (WidthSpec::Auto, None) => max_token(&ds, a.output.quiet())?,
         (WidthSpec::Fixed(w), _) => w.max_token(),
     };
     let fmt = resolve_output(kind, spec, comp, max, a.block_size, a.vocab)?;
-    let quiet = a.quiet || a.json;
+    let quiet = a.output.quiet();
     let pb = util::bar(ds.tokens(), "converting", quiet);
     let mut w = DatasetWriter::create(&a.dst, fmt)?;
     let src = ds.data_path().to_path_buf();
@@ -260,7 +256,7 @@ pub fn run(a: &Args) -> Result<()> {
             b as f64 / rep.tokens as f64
         }
     };
-    if a.json {
+    if a.output.json {
         return util::write_json(&json!({
             "src": ds.path(),
             "src_format": ds.format().to_string(),

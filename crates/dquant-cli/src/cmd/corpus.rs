@@ -9,7 +9,7 @@ use dquant_storage::{DatasetWriter, OutputFormat, StorageError};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::util;
+use crate::util::{self, OutputOpts};
 
 /// Generate token corpora (Megatron int32 datasets, one document per source, each ending in
 /// the end-of-document token).
@@ -44,10 +44,8 @@ pub struct RealArgs {
     /// File extensions to tokenize.
     #[arg(long, value_delimiter = ',', default_value = "rs")]
     pub ext: Vec<String>,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputOpts,
 }
 
 const ZIPF_EXAMPLES: &str = "\
@@ -73,10 +71,8 @@ pub struct ZipfArgs {
     /// End-of-document token appended to each document.
     #[arg(long)]
     pub eod: Option<u32>,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputOpts,
 }
 
 #[derive(Debug)]
@@ -153,7 +149,7 @@ pub fn real(a: &RealArgs) -> Result<CorpusStats> {
     }
     c.max_bytes = Some(a.max_mb * 1_000_000);
     c.extensions = a.ext.clone();
-    let pb = if a.quiet || a.json {
+    let pb = if a.output.quiet() {
         ProgressBar::hidden()
     } else {
         let pb = ProgressBar::new(0);
@@ -181,7 +177,7 @@ pub fn run(c: &Cmd) -> Result<()> {
             report(
                 &a.out,
                 &s,
-                a.json,
+                a.output.json,
                 &format!(
                     "{} over {}",
                     a.encoding.name(),
@@ -205,7 +201,7 @@ pub fn run(c: &Cmd) -> Result<()> {
             report(
                 &a.out,
                 &s,
-                a.json,
+                a.output.json,
                 &format!("zipf(vocab {}, s={}, seed {})", a.vocab, a.exponent, a.seed),
             )
         }

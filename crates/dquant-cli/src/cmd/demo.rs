@@ -6,7 +6,7 @@ use anyhow::{ensure, Result};
 use dquant_corpus::Encoding;
 
 use crate::cmd::{convert, corpus, verify};
-use crate::util::{self, InputOpts};
+use crate::util::{self, InputOpts, OutputOpts};
 
 /// Build a real corpus from this machine's crate sources, convert it to every useful codec,
 /// verify each result token for token against the original, and read a token range from the
@@ -41,8 +41,10 @@ pub fn run(a: &Args) -> Result<()> {
         root: None,
         max_mb: a.max_mb,
         ext: vec!["rs".into()],
-        json: false,
-        quiet: a.quiet,
+        output: OutputOpts {
+            json: false,
+            quiet: a.quiet,
+        },
     })?;
     println!(
         "   {} documents, {} tokens, max id {}",
@@ -77,8 +79,10 @@ pub fn run(a: &Args) -> Result<()> {
             block_size: dquant_format::block::DEFAULT_BLOCK_BYTES,
             force: true,
             input: InputOpts::default(),
-            json: false,
-            quiet: true,
+            output: OutputOpts {
+                json: false,
+                quiet: true,
+            },
         };
         let (ds, fmt, rep, _) = convert::convert(&args)?;
         let src_bytes = ds.size_on_disk();

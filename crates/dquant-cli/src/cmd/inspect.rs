@@ -9,7 +9,7 @@ use dquant_format::{megatron, ContentChecksum, DType};
 use dquant_storage::Dataset;
 use serde_json::json;
 
-use crate::util::{self, InputOpts};
+use crate::util::{self, InputOpts, OutputOpts};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -32,10 +32,8 @@ pub struct Args {
     pub no_sizes: bool,
     #[command(flatten)]
     pub input: InputOpts,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputOpts,
 }
 
 /// Facts from one scan.
@@ -136,7 +134,7 @@ pub fn block_sizes(ds: &Dataset, codecs: &[Codec], quiet: bool) -> Result<Vec<u6
 
 pub fn run(a: &Args) -> Result<()> {
     let ds = util::open(&a.path, &a.input)?;
-    let quiet = a.quiet || a.json;
+    let quiet = a.output.quiet();
     let s = scan(&ds, quiet)?;
     if let Some(stored) = ds.stored_checksum() {
         anyhow::ensure!(
@@ -181,7 +179,7 @@ pub fn run(a: &Args) -> Result<()> {
             b as f64 / tokens as f64
         }
     };
-    if a.json {
+    if a.output.json {
         return util::write_json(&json!({
             "path": ds.path(),
             "format": ds.format().name(),

@@ -7,7 +7,7 @@ use dquant_format::DocIndex;
 use dquant_storage::Dataset;
 use serde_json::json;
 
-use crate::util::{self, InputOpts};
+use crate::util::{self, InputOpts, OutputOpts};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -24,10 +24,8 @@ pub struct Args {
     pub b: PathBuf,
     #[command(flatten)]
     pub input: InputOpts,
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputOpts,
 }
 
 /// The first way two datasets differ.
@@ -154,8 +152,8 @@ pub fn compare(a: &Dataset, b: &Dataset, quiet: bool) -> Result<Option<Differenc
 pub fn run(a: &Args) -> Result<i32> {
     let da = util::open(&a.a, &a.input)?;
     let db = util::open(&a.b, &a.input)?;
-    let diff = compare(&da, &db, a.quiet || a.json)?;
-    if a.json {
+    let diff = compare(&da, &db, a.output.quiet())?;
+    if a.output.json {
         util::write_json(&json!({
             "a": da.path(), "b": db.path(),
             "identical": diff.is_none(),
