@@ -1,0 +1,142 @@
+//! Blocking frame I/O over any byte stream.
+
+use std::io::{ErrorKind, Read, Write};
+
+use crate::frame::{FrameHeader, FrameKind, WireError, HEADER_LEN};
+use crate::pool::PooledBuf;
+
+/// Writes frames with consecutive sequence numbers.
+pub struct FrameWriter<W: Write> {
+    w: W,
+    seq: u64,
+}
+
+impl<W: Write> FrameWriter<W> {
+    pub fn new(w: W) -> Self {
+        FrameWriter { w, seq: 0 }
+    }
+
+    /// Frames sent so far.
+    pub fn frames(&self) -> u64 {
+        self.seq
+    }
+
+    pub fn send(&mut self, kind: FrameKind, payload: &[u8]) -> Result<(), WireError> {
+        let h = FrameHeader::for_payload(kind, self.seq, payload)?;
+        self.w.write_all(&h.encode())?;
+        self.w.write_all(payload)?;
+        self.seq += 1;
+        Ok(())
+    }
+
+    /// Sends an end frame and flushes.
+    pub fn finish(&mut self, summary: &[u8]) -> Result<(), WireError> {
+        self.send(FrameKind::End, summary)?;
+        self.w.flush()?;
+        Ok(())
+    }
+
+    /// Sends an error frame carrying `message` (truncated to the frame limit) and flushes.
+    pub fn fail(&mut self, message: &str) -> Result<(), WireError> {
+        let mut m = message.as_bytes();
+        if m.len() > crate::frame::MAX_PAYLOAD {
+            m = &m[..crate::frame::MAX_PAYLOAD];
+        }
+        self.send(FrameKind::Error, m)?;
+        self.w.flush()?;
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> Result<(), WireError> {
+        Ok(self.w.flush()?)
+    }
+
+    pub fn get_ref(&self) -> &W {
+        &self.w
+    }
+}
+
+/// Reads and checks frames: magic, header crc, sequence, size and payload crc.
+pub struct FrameReader<R: Read> {
+    r: R,
+    seq: u64,
+    ended: bool,
+}
+
+/// Fills `buf` completely; `Ok(false)` on a clean end of stream before the first byte.
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+impl<R: Read> FrameReader<R> {
+    pub fn new(r: R) -> Self {
+        FrameReader {
+            r,
+            seq: 0,
+            ended: false,
+        }
+    }
+
+    /// Frames received so far.
+    pub fn frames(&self) -> u64 {
+        self.seq
+    }
+
+    /// Fills `b`; a stream that ends early is [`WireError::Truncated`].
+    fn fill(&mut self, b: &mut [u8]) -> Result<(), WireError> {
+        let truncated = WireError::Truncated { frames: self.seq };
+        match read_full(&mut self.r, b) {
+            Ok(true) => Ok(()),
+            Ok(false) if b.is_empty() => Ok(()),
+            Ok(false) => Err(truncated),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(truncated),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads the next data frame's payload into `buf`. Returns `Ok(true)` for a data frame,
+    /// `Ok(false)` once the end frame has arrived (its payload, if any, is in `buf`), and the
+    /// sender's message as [`WireError::Remote`] for an error frame. A stream that stops
+    /// without an end frame is [`WireError::Truncated`].
+    pub fn next_into(&mut self, buf: &mut PooledBuf) -> Result<bool, WireError> {
+        if self.ended {
+            buf.set_len(0);
+            return Ok(false);
+        }
+        let mut hb = [0u8; HEADER_LEN];
+        self.fill(&mut hb)?;
+        let h = FrameHeader::parse(&hb, self.seq)?;
+        let len = h.len as usize;
+        if len > buf.capacity() {
+            return Err(WireError::TooLarge {
+                seq: h.seq,
+                len: h.len,
+            });
+        }
+        self.fill(&mut buf.spare()[..len])?;
+        buf.set_len(len);
+        h.check_payload(buf)?;
+        self.seq += 1;
+        match h.kind {
+            FrameKind::Data => Ok(true),
+            FrameKind::End => {
+                self.ended = true;
+                Ok(false)
+            }
+            FrameKind::Error => {
+                self.ended = true;
+                Err(WireError::Remote(String::from_utf8_lossy(buf).into_owned()))
+            }
+        }
+    }
+}
