@@ -1,0 +1,224 @@
+//! Megatron-Core's blending rule as a stream that never builds an index.
+//!
+//! Megatron-Core's `BlendedDataset` fills two arrays with one entry per sample
+//! (`build_blending_indices` in `megatron/core/datasets/helpers.cpp`): for sample `i` it picks
+//! the source whose count lags furthest behind its weight,
+//! `argmax_d (w_d * max(i, 1) - count_d)`, the first such source on ties, and records which
+//! sample of that source it is. We keep the rule (so a dquant blend draws its sources in the
+//! same order Megatron does) but not the arrays: [`Blender`] holds only the per-source counts,
+//! O(#sources) memory, and computes the next pick in O(#sources) time.
+//!
+//! The arithmetic is Megatron's, operation for operation in `f64`: weights normalized by their
+//! sum ([`normalize_weights`], numpy's `w / w.sum()`), `max(i, 1)` as a double (so samples 0
+//! and 1 both compare against one sample's worth of weight), errors `w_d * i - count_d`, and a
+//! strict `>` so the lowest index wins a tie. IEEE arithmetic without fused operations gives the
+//! same picks on every machine.
+//!
+//! The price of not storing the arrays is that jumping to sample `i` ([`Blender::seek`]) replays
+//! the rule from the start: O(i * #sources) time, O(#sources) memory. That is nanoseconds per
+//! sample (see the crate docs), so resuming at a billion samples costs seconds, once. A single
+//! source needs no replay.
+
+use crate::error::PlanError;
+
+/// Normalizes blend weights to sum to 1, as Megatron-Core's `normalize` does
+/// (`w / numpy.sum(w)`).
+///
+/// The sum is taken left to right, which is what numpy computes for up to 8 weights (above
+/// that numpy sums pairwise, and the last bit of a normalized weight may differ).
+pub fn normalize_weights(weights: &[f64]) -> Vec<f64> {
+    let sum: f64 = weights.iter().fold(0.0, |s, &w| s + w);
+    weights.iter().map(|&w| w / sum).collect()
+}
+
+/// The state of Megatron's blending loop after some number of samples: which source the next
+/// global sample comes from, and which of that source's samples it is.
+///
+/// As an [`Iterator`] it yields `(source, j)` forever: global sample `position()` is the `j`-th
+/// sample drawn from `source` (0-based).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blender {
+    /// Normalized weights.
+    weights: Vec<f64>,
+    /// Samples drawn from each source so far.
+    counts: Vec<u64>,
+    /// The next global sample index (the sum of `counts`).
+    position: u64,
+}
+
+impl Blender {
+    /// A blender at sample 0 over sources with these (unnormalized) weights.
+    ///
+    /// Every weight must be finite and positive; the error names the first that is not, as
+    /// `sources[d].weight`.
+    pub fn new(weights: &[f64]) -> Result<Self, PlanError> {
+        if weights.is_empty() {
+            return Err(PlanError::invalid(
+                "sources",
+                "at least one source is required",
+            ));
+        }
+        if let Some((d, w)) = weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
+        {
+            return Err(PlanError::invalid(
+                format!("sources[{d}].weight"),
+                format!("must be a finite number > 0 (got {w})"),
+            ));
+        }
+        let weights = normalize_weights(weights);
+        if let Some((d, w)) = weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
+        {
+            // Only reachable when the sum overflows or a weight underflows relative to it.
+            return Err(PlanError::invalid(
+                format!("sources[{d}].weight"),
+                format!("is out of proportion to the others (normalized to {w})"),
+            ));
+        }
+        Ok(Blender {
+            counts: vec![0; weights.len()],
+            weights,
+            position: 0,
+        })
+    }
+
+    /// The normalized weights.
+    pub fn weights(&self) -> &[f64] {
+        &self.weights
+    }
+
+    /// The global index of the next sample.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// How many of the samples `0..position()` came from each source.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
+    }
+
+    /// Draws global sample `position()`: its source and its index among that source's samples.
+    /// O(#sources).
+    #[inline]
+    pub fn next_pick(&mut self) -> (usize, u64) {
+        let d = self.pick();
+        let j = self.counts[d];
+        self.counts[d] += 1;
+        self.position += 1;
+        (d, j)
+    }
+
+    /// Megatron's argmax, without drawing.
+    #[inline]
+    fn pick(&self) -> usize {
+        if self.weights.len() == 1 {
+            return 0;
+        }
+        let i = (self.position as f64).max(1.0);
+        let mut best = 0;
+        let mut best_err = self.weights[0] * i - self.counts[0] as f64;
+        for (d, (&w, &c)) in self.weights.iter().zip(&self.counts).enumerate().skip(1) {
+            let err = w * i - c as f64;
+            if err > best_err {
+                best_err = err;
+                best = d;
+            }
+        }
+        best
+    }
+
+    /// Moves to global sample `i`, so that the next [`Blender::next_pick`] draws sample `i`.
+    ///
+    /// The counts at `i` have no closed form (they depend on every earlier tie-break), so this
+    /// replays the rule: from the current position when `i` is ahead of it, from 0 otherwise.
+    /// O(i * #sources) time, O(1) extra memory; O(1) with a single source.
+    pub fn seek(&mut self, i: u64) {
+        if self.weights.len() == 1 {
+            self.counts[0] = i;
+            self.position = i;
+            return;
+        }
+        if i < self.position {
+            self.counts.iter_mut().for_each(|c| *c = 0);
+            self.position = 0;
+        }
+        while self.position < i {
+            let d = self.pick();
+            self.counts[d] += 1;
+            self.position += 1;
+        }
+    }
+}
+
+impl Iterator for Blender {
+    type Item = (usize, u64);
+
+    #[inline]
+    fn next(&mut self) -> Option<(usize, u64)> {
+        Some(self.next_pick())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (usize::MAX, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatron_quirk_max_i_1() {
+        // Weights 0.5/0.5: at i = 0 both errors are 0.5 -> source 0. At i = 1 (max(1,1) = 1):
+        // errors -0.5 and 0.5 -> source 1. Then alternating.
+        let b = Blender::new(&[1.0, 1.0]).unwrap();
+        let picks: Vec<usize> = b.take(6).map(|(d, _)| d).collect();
+        assert_eq!(picks, [0, 1, 0, 1, 0, 1]);
+
+        // 0.25/0.75: i=0: .25 vs .75 -> 1; i=1 (as 1): .25 vs -.25 -> 0; i=2: .5-1 vs 1.5-1 -> 1;
+        // i=3: .75-1 vs 2.25-2 = -.25 vs .25 -> 1; i=4: 1-1 vs 3-3 -> tie -> 0.
+        let b = Blender::new(&[1.0, 3.0]).unwrap();
+        let picks: Vec<(usize, u64)> = b.take(5).collect();
+        assert_eq!(picks, [(1, 0), (0, 0), (1, 1), (1, 2), (0, 1)]);
+    }
+
+    #[test]
+    fn seek_forward_backward_and_single_source() {
+        let mut a = Blender::new(&[0.2, 0.3, 0.5]).unwrap();
+        let stream: Vec<(usize, u64)> = a.clone().take(1000).collect();
+        for i in [999, 0, 500, 17, 17, 18, 998] {
+            a.seek(i);
+            assert_eq!(a.position(), i);
+            assert_eq!(a.counts().iter().sum::<u64>(), i);
+            assert_eq!(a.next_pick(), stream[i as usize], "seek({i})");
+        }
+        let mut one = Blender::new(&[5.0]).unwrap();
+        one.seek(1 << 60);
+        assert_eq!(one.next_pick(), (0, 1 << 60));
+    }
+
+    #[test]
+    fn weight_errors_name_the_source() {
+        assert_eq!(
+            Blender::new(&[1.0, -0.5]).unwrap_err().to_string(),
+            "sources[1].weight: must be a finite number > 0 (got -0.5)"
+        );
+        assert_eq!(
+            Blender::new(&[f64::NAN]).unwrap_err().to_string(),
+            "sources[0].weight: must be a finite number > 0 (got NaN)"
+        );
+        assert_eq!(
+            Blender::new(&[]).unwrap_err().to_string(),
+            "sources: at least one source is required"
+        );
+        assert_eq!(
+            Blender::new(&[f64::MAX, f64::MAX]).unwrap_err().to_string(),
+            "sources[0].weight: is out of proportion to the others (normalized to 0)"
+        );
+    }
+}

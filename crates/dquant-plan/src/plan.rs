@@ -1,0 +1,343 @@
+//! The plan: what a consumer asks for, as data (JSON or TOML).
+
+use std::fmt;
+use std::str::FromStr;
+
+use dquant_codec::{Codec, Compression};
+use dquant_format::DType;
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlanError;
+
+/// A declarative description of the batches a consumer wants: which sources, blended how,
+/// packed into samples of which length, shuffled with which seed, for how long, for which
+/// data-parallel rank, delivered in which dtype.
+///
+/// The same plan, serialized, runs in-process, in a local agent or in a remote one, and gives
+/// the same bytes everywhere: it holds no paths to local state and no defaults that depend on
+/// the machine. Unknown fields are rejected, so a misspelled option is an error rather than a
+/// silently ignored setting.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// The token datasets to blend; at least one.
+    pub sources: Vec<Source>,
+    /// Tokens per sample, not counting the extra label token: a sample is `seq_len + 1`
+    /// tokens (inputs are its first `seq_len`, labels its last `seq_len`). At least 1.
+    pub seq_len: u32,
+    /// Samples per batch on each rank (Megatron's micro-batch size). At least 1.
+    pub batch_size: u32,
+    /// Seed of the shuffle. Default 0.
+    #[serde(default)]
+    pub seed: u64,
+    /// Whether each source's samples are shuffled within each of its epochs. Default `true`,
+    /// as Megatron's GPTDataset always shuffles; `false` reads every source in stored order.
+    #[serde(default = "default_shuffle")]
+    pub shuffle: bool,
+    /// How many times the blend goes over the sum of all sources' samples: the plan has
+    /// `epochs * Σ_d samples_per_epoch(d)` samples. At most one of `epochs` and `samples` may
+    /// be given; neither means one epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<u32>,
+    /// Exactly how many (global) samples the plan has, instead of `epochs` (Megatron's
+    /// `train_samples`). Sources wrap into further epochs as needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+    /// The dtype of the token ids in delivered batches. Default `i32`.
+    #[serde(default)]
+    pub output: OutputDType,
+    /// Codec of token blocks on the wire between agents: `auto` (default: the agent picks the
+    /// narrowest lossless width for the data), `auto+zstd:L`, `auto+lz4`, or any codec
+    /// (`u16`, `bits:17+zstd:3`, ...).
+    #[serde(default = "default_wire_codec")]
+    pub wire_codec: String,
+    /// This consumer's data-parallel rank, below `world`. Default 0.
+    #[serde(default)]
+    pub rank: u32,
+    /// Number of data-parallel ranks sharing the stream. Default 1.
+    #[serde(default = "default_world")]
+    pub world: u32,
+    /// Whether to drop the incomplete end of the stream. `true`: every rank stops after the
+    /// last batch that all ranks can fill, so all ranks get the same number of full batches.
+    /// `false` (default): every sample is delivered, a rank's last batch may be short, and
+    /// ranks may differ by one sample.
+    #[serde(default)]
+    pub drop_last: bool,
+}
+
+/// One token dataset of a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    /// Where the dataset is: a local path (Megatron prefix, `.dqb` block file, or raw token
+    /// file with `dtype`), or `dquant://host:port/dataset` on an agent.
+    pub uri: String,
+    /// Blend weight, relative to the other sources' (weights are normalized). Finite and
+    /// positive; default 1.
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// Element type of a raw token file (`u16`, `i32`, ... or numpy names like `uint16`);
+    /// only for raw files, which do not describe themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// End-of-document token of a raw token file: each occurrence ends a document. Only with
+    /// `dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eod: Option<u32>,
+}
+
+impl Source {
+    /// A source at `uri` with weight 1 and no raw-file options.
+    pub fn new(uri: impl Into<String>) -> Self {
+        Source {
+            uri: uri.into(),
+            weight: 1.0,
+            dtype: None,
+            eod: None,
+        }
+    }
+
+    /// The same source with another weight.
+    pub fn weight(self, weight: f64) -> Self {
+        Source { weight, ..self }
+    }
+}
+
+/// The dtype of token ids in delivered batches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputDType {
+    /// Unsigned 16-bit: vocabularies up to 65536 ids (an id that does not fit is an error,
+    /// never truncated).
+    U16,
+    /// Signed 32-bit (the default): what Megatron's GPTDataset hands to the model before
+    /// PyTorch widens it.
+    #[default]
+    I32,
+    /// Signed 64-bit: PyTorch's `torch.long`, ready for an embedding lookup.
+    I64,
+}
+
+impl OutputDType {
+    /// Bytes per token id.
+    pub fn itemsize(self) -> usize {
+        match self {
+            OutputDType::U16 => 2,
+            OutputDType::I32 => 4,
+            OutputDType::I64 => 8,
+        }
+    }
+
+    /// The name used in plans (`u16`, `i32`, `i64`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputDType::U16 => "u16",
+            OutputDType::I32 => "i32",
+            OutputDType::I64 => "i64",
+        }
+    }
+}
+
+impl fmt::Display for OutputDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a consumer is in a plan's stream: what a checkpoint stores, and what resuming starts
+/// from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    /// `consumed_samples / Σ_d samples_per_epoch(d)`: how many passes over all sources'
+    /// samples have been consumed. For reporting; resuming uses only `consumed_samples`.
+    #[serde(default)]
+    pub epoch: u64,
+    /// Global samples consumed by all ranks together (Megatron's `consumed_samples`). A
+    /// multiple of the plan's `world`, or the plan's total at its end.
+    pub consumed_samples: u64,
+}
+
+impl Cursor {
+    /// The start of the stream.
+    pub const START: Cursor = Cursor {
+        epoch: 0,
+        consumed_samples: 0,
+    };
+}
+
+fn default_shuffle() -> bool {
+    true
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+fn default_world() -> u32 {
+    1
+}
+
+fn default_wire_codec() -> String {
+    "auto".into()
+}
+
+impl Plan {
+    /// A plan over `sources` with every optional field at its default: seed 0, shuffled, one
+    /// epoch, `i32` output, `auto` wire codec, rank 0 of 1, last batch kept.
+    pub fn new(sources: Vec<Source>, seq_len: u32, batch_size: u32) -> Self {
+        Plan {
+            sources,
+            seq_len,
+            batch_size,
+            seed: 0,
+            shuffle: default_shuffle(),
+            epochs: None,
+            samples: None,
+            output: OutputDType::default(),
+            wire_codec: default_wire_codec(),
+            rank: 0,
+            world: default_world(),
+            drop_last: false,
+        }
+    }
+
+    /// Parses and validates a plan written in JSON.
+    pub fn from_json(text: &str) -> Result<Self, PlanError> {
+        let plan: Plan =
+            serde_json::from_str(text).map_err(|e| PlanError::Syntax(e.to_string()))?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Parses and validates a plan written in TOML.
+    pub fn from_toml(text: &str) -> Result<Self, PlanError> {
+        let plan: Plan = toml::from_str(text).map_err(|e| PlanError::Syntax(e.to_string()))?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// The plan as pretty-printed JSON (every field, defaults included, so the text is a
+    /// complete record of what ran).
+    pub fn to_json(&self) -> String {
+        // A struct of strings, numbers and bools always serializes; a non-finite weight would
+        // become `null`, which `from_json` then rejects by name.
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| unreachable!("plan to JSON: {e}"))
+    }
+
+    /// The plan as TOML. Fails only where TOML cannot say a value: an integer above
+    /// `i64::MAX` (`seed`, `samples`), which JSON can.
+    pub fn to_toml(&self) -> Result<String, PlanError> {
+        for (field, v) in [("seed", Some(self.seed)), ("samples", self.samples)] {
+            if let Some(v) = v.filter(|&v| v > i64::MAX as u64) {
+                return Err(PlanError::invalid(
+                    field,
+                    format!("{v} does not fit in a TOML integer (at most {})", i64::MAX),
+                ));
+            }
+        }
+        toml::to_string(self).map_err(|e| PlanError::Syntax(e.to_string()))
+    }
+
+    /// The `wire_codec` field, parsed; the error names the field.
+    pub fn parsed_wire_codec(&self) -> Result<WireCodec, PlanError> {
+        self.wire_codec
+            .parse()
+            .map_err(|e: dquant_codec::CodecError| PlanError::invalid("wire_codec", e.to_string()))
+    }
+
+    /// Checks every field, and names the first that is wrong.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        if self.sources.is_empty() {
+            return Err(PlanError::invalid(
+                "sources",
+                "at least one source is required",
+            ));
+        }
+        for (d, s) in self.sources.iter().enumerate() {
+            if s.uri.trim().is_empty() {
+                return Err(PlanError::invalid(
+                    format!("sources[{d}].uri"),
+                    "must not be empty",
+                ));
+            }
+            if !(s.weight.is_finite() && s.weight > 0.0) {
+                return Err(PlanError::invalid(
+                    format!("sources[{d}].weight"),
+                    format!("must be a finite number > 0 (got {})", s.weight),
+                ));
+            }
+            if let Some(dt) = &s.dtype {
+                DType::from_str(dt).map_err(|e| {
+                    PlanError::invalid(format!("sources[{d}].dtype"), e.to_string())
+                })?;
+            }
+            if s.eod.is_some() && s.dtype.is_none() {
+                return Err(PlanError::invalid(
+                    format!("sources[{d}].eod"),
+                    "only applies to raw token files, which need a dtype",
+                ));
+            }
+        }
+        if self.seq_len == 0 {
+            return Err(PlanError::invalid("seq_len", "must be at least 1"));
+        }
+        if self.batch_size == 0 {
+            return Err(PlanError::invalid("batch_size", "must be at least 1"));
+        }
+        match (self.epochs, self.samples) {
+            (Some(_), Some(_)) => {
+                return Err(PlanError::invalid("epochs and samples", "give at most one"))
+            }
+            (Some(0), None) => return Err(PlanError::invalid("epochs", "must be at least 1")),
+            (None, Some(0)) => return Err(PlanError::invalid("samples", "must be at least 1")),
+            _ => {}
+        }
+        self.parsed_wire_codec()?;
+        if self.world == 0 {
+            return Err(PlanError::invalid("world", "must be at least 1"));
+        }
+        if self.rank >= self.world {
+            return Err(PlanError::invalid(
+                "rank",
+                format!("{} is not below world {}", self.rank, self.world),
+            ));
+        }
+        // The blend's weights must also survive normalization.
+        let weights: Vec<f64> = self.sources.iter().map(|s| s.weight).collect();
+        crate::blend::Blender::new(&weights)?;
+        Ok(())
+    }
+}
+
+/// The plan's `wire_codec`, parsed: what an agent encodes token blocks with on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WireCodec {
+    /// `auto[+COMPRESSION]`: the agent picks the narrowest lossless width for the data, then
+    /// applies this compression (`Compression::None` for plain `auto`).
+    Auto(Compression),
+    /// A fixed codec, e.g. `u16+zstd:3`.
+    Fixed(Codec),
+}
+
+impl FromStr for WireCodec {
+    type Err = dquant_codec::CodecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.strip_prefix("auto") {
+            Some("") => Ok(WireCodec::Auto(Compression::None)),
+            Some(rest) if rest.starts_with('+') => Ok(WireCodec::Auto(rest[1..].parse()?)),
+            _ => Ok(WireCodec::Fixed(s.parse()?)),
+        }
+    }
+}
+
+impl fmt::Display for WireCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireCodec::Auto(Compression::None) => f.write_str("auto"),
+            WireCodec::Auto(c) => write!(f, "auto+{c}"),
+            WireCodec::Fixed(c) => write!(f, "{c}"),
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! A plan applied to its sources' sizes: which tokens each sample of each rank reads.
+
+use std::ops::Range;
+
+use crate::blend::Blender;
+use crate::error::PlanError;
+use crate::permute::{epoch_key, Permutation};
+use crate::plan::{Cursor, Plan};
+
+/// What the caller learned about source `d` by opening it: the schedule needs only its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SourceInfo {
+    /// Tokens in the source, all documents together.
+    pub tokens: u64,
+}
+
+/// One sample of the stream: which source it comes from and which of its tokens it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SampleRef {
+    /// Global sample index (the position in the stream of all ranks together).
+    pub global: u64,
+    /// Index of the source in the plan's `sources`.
+    pub source: usize,
+    /// Which epoch of that source the sample belongs to (0-based): a source drawn more often
+    /// than it has samples wraps into further epochs, each shuffled differently.
+    pub epoch: u64,
+    /// Which sample of the source's epoch it is, after shuffling: `tokens.start / seq_len`.
+    pub index: u64,
+    /// The tokens to read from the source: `[index * seq_len, index * seq_len + seq_len + 1)`,
+    /// always `seq_len + 1` of them and within the source.
+    pub tokens: Range<u64>,
+}
+
+/// One batch of a rank: `batch_size` consecutive samples of its local stream (fewer at the
+/// end when the plan keeps the last batch, or when resuming in the middle of a batch).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Batch {
+    /// The batch's index in the rank's stream: local samples
+    /// `[index * batch_size, (index + 1) * batch_size)`.
+    pub index: u64,
+    /// Its samples, in order.
+    pub samples: Vec<SampleRef>,
+}
+
+/// A validated plan bound to its sources' token counts. Holds O(#sources) numbers and answers
+/// every question about the stream without reading a token. Cheap to clone.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    seq_len: u64,
+    batch_size: u64,
+    rank: u64,
+    world: u64,
+    drop_last: bool,
+    shuffle: bool,
+    seed: u64,
+    /// Samples per epoch of each source (`S_d`).
+    per_epoch: Vec<u64>,
+    /// `Σ_d S_d`.
+    epoch_samples: u64,
+    /// Global samples in the plan.
+    total: u64,
+    /// Samples this plan's rank gets.
+    rank_samples: u64,
+    /// The blend at sample 0.
+    blender: Blender,
+}
+
+impl Schedule {
+    /// Validates `plan`, and binds it to the token counts of its sources (`sources[d]` for
+    /// `plan.sources[d]`). Fails if a source is too small for one sample, or if the plan's
+    /// length does not fit in 64 bits.
+    pub fn new(plan: &Plan, sources: &[SourceInfo]) -> Result<Self, PlanError> {
+        plan.validate()?;
+        if sources.len() != plan.sources.len() {
+            return Err(PlanError::invalid(
+                "sources",
+                format!(
+                    "the plan has {} sources but {} token counts were given",
+                    plan.sources.len(),
+                    sources.len()
+                ),
+            ));
+        }
+        let seq_len = u64::from(plan.seq_len);
+        let mut per_epoch = Vec::with_capacity(sources.len());
+        for (d, (info, src)) in sources.iter().zip(&plan.sources).enumerate() {
+            if info.tokens <= seq_len {
+                return Err(PlanError::invalid(
+                    format!("sources[{d}]"),
+                    format!(
+                        "{} has {} tokens, fewer than seq_len + 1 = {}",
+                        src.uri,
+                        info.tokens,
+                        seq_len + 1
+                    ),
+                ));
+            }
+            per_epoch.push((info.tokens - 1) / seq_len);
+        }
+        let epoch_samples = per_epoch
+            .iter()
+            .try_fold(0u64, |s, &n| s.checked_add(n))
+            .ok_or_else(|| {
+                PlanError::invalid("sources", "more than 2^64 - 1 samples in one epoch")
+            })?;
+        let total = match (plan.samples, plan.epochs) {
+            (Some(n), _) => n,
+            (None, e) => {
+                let e = e.unwrap_or(1);
+                epoch_samples.checked_mul(u64::from(e)).ok_or_else(|| {
+                    PlanError::invalid(
+                        "epochs",
+                        format!("{e} epochs of {epoch_samples} samples is more than 2^64 - 1"),
+                    )
+                })?
+            }
+        };
+        let weights: Vec<f64> = plan.sources.iter().map(|s| s.weight).collect();
+        let (rank, world, batch_size) = (
+            u64::from(plan.rank),
+            u64::from(plan.world),
+            u64::from(plan.batch_size),
+        );
+        let rank_samples = if plan.drop_last {
+            total / world / batch_size * batch_size
+        } else {
+            share(total, rank, world)
+        };
+        Ok(Schedule {
+            seq_len,
+            batch_size,
+            rank,
+            world,
+            drop_last: plan.drop_last,
+            shuffle: plan.shuffle,
+            seed: plan.seed,
+            per_epoch,
+            epoch_samples,
+            total,
+            rank_samples,
+            blender: Blender::new(&weights)?,
+        })
+    }
+
+    /// Global samples in the plan (all ranks together, before `drop_last`).
+    pub fn total_samples(&self) -> u64 {
+        self.total
+    }
+
+    /// Samples in one epoch of source `d`: `(tokens_d - 1) / seq_len`.
+    ///
+    /// # Panics
+    /// If `d` is not a source of the plan.
+    pub fn samples_per_epoch(&self, d: usize) -> u64 {
+        self.per_epoch[d]
+    }
+
+    /// Samples in one pass over every source: `Σ_d samples_per_epoch(d)`.
+    pub fn epoch_samples(&self) -> u64 {
+        self.epoch_samples
+    }
+
+    /// Number of sources.
+    pub fn sources(&self) -> usize {
+        self.per_epoch.len()
+    }
+
+    /// Tokens per sample minus one (the plan's `seq_len`).
+    pub fn seq_len(&self) -> u64 {
+        self.seq_len
+    }
+
+    /// Samples per batch per rank.
+    pub fn batch_size(&self) -> u64 {
+        self.batch_size
+    }
+
+    /// This plan's rank.
+    pub fn rank(&self) -> u64 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> u64 {
+        self.world
+    }
+
+    /// Whether the incomplete end of the stream is dropped (the plan's `drop_last`).
+    pub fn drop_last(&self) -> bool {
+        self.drop_last
+    }
+
+    /// Samples this plan's rank gets: with `drop_last`, as many full batches as every rank can
+    /// fill; without, every global sample `i` with `i % world == rank`.
+    pub fn rank_samples(&self) -> u64 {
+        self.rank_samples
+    }
+
+    /// Batches this plan's rank gets (the last one short when the plan keeps it).
+    pub fn rank_batches(&self) -> u64 {
+        self.rank_samples.div_ceil(self.batch_size)
+    }
+
+    /// The blend at global sample 0: an endless stream of `(source, j)`.
+    pub fn blender(&self) -> Blender {
+        self.blender.clone()
+    }
+
+    /// Where the `j`-th sample drawn from source `d` lies, for global sample `global`: epoch
+    /// `j / S_d`, position `j % S_d` shuffled within that epoch. O(1).
+    ///
+    /// # Panics
+    /// If `d` is not a source of the plan.
+    pub fn source_sample(&self, global: u64, d: usize, j: u64) -> SampleRef {
+        self.source_sample_cached(global, d, j, &mut None)
+    }
+
+    /// [`Schedule::source_sample`], reusing the permutation in `cache` when it is the one of
+    /// this sample's epoch (a stream stays in one epoch of a source for many samples, and
+    /// building a permutation costs as much as applying it).
+    fn source_sample_cached(
+        &self,
+        global: u64,
+        d: usize,
+        j: u64,
+        cache: &mut Option<(u64, Permutation)>,
+    ) -> SampleRef {
+        let n = self.per_epoch[d];
+        let (epoch, pos) = (j / n, j % n);
+        let index = if self.shuffle {
+            if cache.as_ref().is_some_and(|(e, _)| *e != epoch) {
+                *cache = None;
+            }
+            let (_, perm) = cache.get_or_insert_with(|| {
+                (
+                    epoch,
+                    Permutation::new(n, epoch_key(self.seed, d as u64, epoch)),
+                )
+            });
+            perm.apply(pos)
+        } else {
+            pos
+        };
+        let start = index * self.seq_len;
+        SampleRef {
+            global,
+            source: d,
+            epoch,
+            index,
+            tokens: start..start + self.seq_len + 1,
+        }
+    }
+
+    /// Global sample `i`, or `None` past the end of the plan. Replays the blend from sample 0,
+    /// O(i * #sources): for a stream, use [`Schedule::iter_rank`].
+    pub fn sample(&self, i: u64) -> Option<SampleRef> {
+        if i >= self.total {
+            return None;
+        }
+        let mut b = self.blender();
+        b.seek(i);
+        let (d, j) = b.next_pick();
+        Some(self.source_sample(i, d, j))
+    }
+
+    /// This plan's rank's samples from `cursor` on, to the end of its share.
+    ///
+    /// The cursor's `consumed_samples` must be a multiple of `world` (ranks consume in
+    /// lockstep, so a checkpoint taken between steps always is) or the plan's total; its
+    /// `epoch` is not used. Costs one [`Blender::seek`] to the cursor, then O(world * #sources)
+    /// per sample, O(#sources) memory.
+    pub fn iter_rank(&self, cursor: Cursor) -> Result<RankIter, PlanError> {
+        let c = cursor.consumed_samples;
+        if c > self.total {
+            return Err(PlanError::Cursor(format!(
+                "consumed_samples {c} is past the end of the plan ({} samples)",
+                self.total
+            )));
+        }
+        if c % self.world != 0 && c != self.total {
+            return Err(PlanError::Cursor(format!(
+                "consumed_samples {c} is not a multiple of world {}: all ranks resume from the \
+                 same step, after each consumed the same number of samples",
+                self.world
+            )));
+        }
+        let local = share(c, self.rank, self.world).min(self.rank_samples);
+        let mut blender = self.blender();
+        if local < self.rank_samples {
+            blender.seek(local * self.world + self.rank);
+        }
+        Ok(RankIter {
+            perms: vec![None; self.sources()],
+            schedule: self.clone(),
+            blender,
+            local,
+        })
+    }
+
+    /// The cursor after `consumed_samples` global samples (its `epoch` filled in).
+    pub fn cursor_at(&self, consumed_samples: u64) -> Cursor {
+        Cursor {
+            epoch: consumed_samples / self.epoch_samples,
+            consumed_samples,
+        }
+    }
+
+    /// The cursor after every rank consumed `local_samples_consumed` more samples from `from`:
+    /// `from.consumed_samples + local_samples_consumed * world`, capped at the plan's total.
+    pub fn cursor_after(&self, local_samples_consumed: u64, from: Cursor) -> Cursor {
+        let c = local_samples_consumed
+            .saturating_mul(self.world)
+            .saturating_add(from.consumed_samples)
+            .min(self.total);
+        self.cursor_at(c)
+    }
+}
+
+/// How many of the global samples `0..n` go to `rank`: those with `i % world == rank`.
+fn share(n: u64, rank: u64, world: u64) -> u64 {
+    if n > rank {
+        (n - rank - 1) / world + 1
+    } else {
+        0
+    }
+}
+
+/// One rank's samples in order, from a cursor to the end of its share (see
+/// [`Schedule::iter_rank`]). Owns what it needs (O(#sources)), so it can move to another
+/// thread or task.
+#[derive(Clone, Debug)]
+pub struct RankIter {
+    schedule: Schedule,
+    /// Positioned at global sample `local * world + rank` while samples remain.
+    blender: Blender,
+    /// Index of the next sample in this rank's stream.
+    local: u64,
+    /// Per source, the permutation of the epoch it was last read in.
+    perms: Vec<Option<(u64, Permutation)>>,
+}
+
+impl RankIter {
+    /// Index of the next sample in this rank's local stream (samples already yielded, counting
+    /// those before the cursor).
+    pub fn local_position(&self) -> u64 {
+        self.local
+    }
+
+    /// The cursor to checkpoint once every rank has consumed what this one has yielded.
+    pub fn cursor(&self) -> Cursor {
+        self.schedule.cursor_after(self.local, Cursor::START)
+    }
+
+    /// The rest of the current batch: the samples up to the next multiple of `batch_size` in
+    /// the local stream (a whole batch unless resumed mid-batch, or at a short last batch).
+    pub fn next_batch(&mut self) -> Option<Batch> {
+        let bs = self.schedule.batch_size;
+        let index = self.local / bs;
+        let n = (bs - self.local % bs).min(self.schedule.rank_samples - self.local);
+        if n == 0 {
+            return None;
+        }
+        let samples: Vec<SampleRef> = self.by_ref().take(n as usize).collect();
+        Some(Batch { index, samples })
+    }
+}
+
+impl Iterator for RankIter {
+    type Item = SampleRef;
+
+    #[inline]
+    fn next(&mut self) -> Option<SampleRef> {
+        let s = &self.schedule;
+        if self.local >= s.rank_samples {
+            return None;
+        }
+        let global = self.blender.position();
+        let (d, j) = self.blender.next_pick();
+        self.local += 1;
+        if self.local < s.rank_samples {
+            for _ in 1..s.world {
+                self.blender.next_pick();
+            }
+        }
+        Some(s.source_sample_cached(global, d, j, &mut self.perms[d]))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = usize::try_from(self.schedule.rank_samples - self.local).unwrap_or(usize::MAX);
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for RankIter {}

@@ -1,0 +1,354 @@
+//! Plans as text: JSON and TOML round trips, defaults, and the exact validation messages.
+
+mod common;
+
+use dquant_codec::{Codec, Compression, Width};
+use dquant_plan::{Cursor, OutputDType, Plan, PlanError, Schedule, Source, SourceInfo, WireCodec};
+
+fn full_plan() -> Plan {
+    Plan {
+        sources: vec![
+            Source {
+                uri: "/data/web_text_document".into(),
+                weight: 0.7,
+                dtype: None,
+                eod: None,
+            },
+            Source {
+                uri: "dquant://storage-1:7070/code".into(),
+                weight: 0.25,
+                dtype: None,
+                eod: None,
+            },
+            Source {
+                uri: "/data/raw.u16".into(),
+                weight: 0.05,
+                dtype: Some("uint16".into()),
+                eod: Some(50256),
+            },
+        ],
+        seq_len: 4096,
+        batch_size: 8,
+        seed: 1234,
+        shuffle: false,
+        epochs: None,
+        samples: Some(1_000_000),
+        output: OutputDType::I64,
+        wire_codec: "auto+zstd:3".into(),
+        rank: 3,
+        world: 8,
+        drop_last: true,
+    }
+}
+
+#[test]
+fn round_trips_json_toml_struct() {
+    let p = full_plan();
+    p.validate().unwrap();
+    let json = p.to_json();
+    assert_eq!(Plan::from_json(&json).unwrap(), p);
+    let toml = p.to_toml().unwrap();
+    assert_eq!(Plan::from_toml(&toml).unwrap(), p);
+    // JSON -> struct -> TOML -> struct -> JSON is the same text.
+    let again = Plan::from_toml(&Plan::from_json(&json).unwrap().to_toml().unwrap()).unwrap();
+    assert_eq!(again.to_json(), json);
+    // With epochs instead of samples, and defaults.
+    let mut q = common::plan(&[1.0], 2048, 4);
+    q.epochs = Some(3);
+    assert_eq!(Plan::from_toml(&q.to_toml().unwrap()).unwrap(), q);
+    assert_eq!(Plan::from_json(&q.to_json()).unwrap(), q);
+}
+
+#[test]
+fn toml_text_is_what_a_person_would_write() {
+    let toml = full_plan().to_toml().unwrap();
+    assert!(
+        toml.starts_with("seq_len = 4096\nbatch_size = 8\nseed = 1234\n"),
+        "{toml}"
+    );
+    assert!(toml.contains("\n[[sources]]\nuri = \"/data/raw.u16\"\nweight = 0.05\ndtype = \"uint16\"\neod = 50256\n"), "{toml}");
+    assert!(
+        !toml.contains("epochs"),
+        "absent options are left out: {toml}"
+    );
+}
+
+#[test]
+fn defaults() {
+    let p =
+        Plan::from_json(r#"{"sources": [{"uri": "a"}], "seq_len": 8, "batch_size": 2}"#).unwrap();
+    assert_eq!(p, Plan::new(vec![Source::new("a")], 8, 2));
+    assert_eq!(p.sources[0].weight, 1.0);
+    assert!(p.shuffle);
+    assert_eq!(p.seed, 0);
+    assert_eq!((p.epochs, p.samples), (None, None));
+    assert_eq!(p.output, OutputDType::I32);
+    assert_eq!(p.wire_codec, "auto");
+    assert_eq!((p.rank, p.world, p.drop_last), (0, 1, false));
+    let t = Plan::from_toml("seq_len = 8\nbatch_size = 2\n[[sources]]\nuri = \"a\"\n").unwrap();
+    assert_eq!(t, p);
+    // Neither epochs nor samples: one epoch.
+    let s = Schedule::new(&p, &[SourceInfo { tokens: 81 }]).unwrap();
+    assert_eq!(s.total_samples(), 10);
+}
+
+#[test]
+fn output_dtypes() {
+    for (name, d, size) in [
+        ("u16", OutputDType::U16, 2),
+        ("i32", OutputDType::I32, 4),
+        ("i64", OutputDType::I64, 8),
+    ] {
+        let json = format!(
+            r#"{{"sources": [{{"uri": "a"}}], "seq_len": 1, "batch_size": 1, "output": "{name}"}}"#
+        );
+        let p = Plan::from_json(&json).unwrap();
+        assert_eq!(p.output, d);
+        assert_eq!(d.itemsize(), size);
+        assert_eq!(d.to_string(), name);
+    }
+}
+
+#[test]
+fn cursor_serde() {
+    let c = Cursor {
+        epoch: 2,
+        consumed_samples: 4096,
+    };
+    let json = serde_json::to_string(&c).unwrap();
+    assert_eq!(json, r#"{"epoch":2,"consumed_samples":4096}"#);
+    assert_eq!(serde_json::from_str::<Cursor>(&json).unwrap(), c);
+    assert_eq!(
+        toml::from_str::<Cursor>(&toml::to_string(&c).unwrap()).unwrap(),
+        c
+    );
+    assert!(serde_json::from_str::<Cursor>(r#"{"consumed_samples":1,"step":3}"#).is_err());
+}
+
+fn json_err(body: &str) -> String {
+    let text = format!(r#"{{"sources": [{{"uri": "a"}}], "seq_len": 8, "batch_size": 2{body}}}"#);
+    Plan::from_json(&text).unwrap_err().to_string()
+}
+
+fn invalid(f: impl FnOnce(&mut Plan)) -> String {
+    let mut p = full_plan();
+    f(&mut p);
+    let e = p.validate().unwrap_err();
+    assert!(matches!(e, PlanError::Invalid { .. }));
+    e.to_string()
+}
+
+#[test]
+fn validation_names_the_field() {
+    assert_eq!(
+        invalid(|p| p.sources[1].weight = -0.5),
+        "sources[1].weight: must be a finite number > 0 (got -0.5)"
+    );
+    assert_eq!(
+        invalid(|p| p.sources[0].weight = 0.0),
+        "sources[0].weight: must be a finite number > 0 (got 0)"
+    );
+    assert_eq!(
+        invalid(|p| p.sources[2].weight = f64::INFINITY),
+        "sources[2].weight: must be a finite number > 0 (got inf)"
+    );
+    assert_eq!(
+        invalid(|p| p.sources.clear()),
+        "sources: at least one source is required"
+    );
+    assert_eq!(
+        invalid(|p| p.sources[1].uri = " ".into()),
+        "sources[1].uri: must not be empty"
+    );
+    assert_eq!(
+        invalid(|p| p.sources[2].dtype = Some("u17".into())),
+        "sources[2].dtype: unknown dtype 'u17' (expected one of u8, i8, i16, u16, i32, i64, f32, f64)"
+    );
+    assert_eq!(
+        invalid(|p| p.sources[0].eod = Some(0)),
+        "sources[0].eod: only applies to raw token files, which need a dtype"
+    );
+    assert_eq!(invalid(|p| p.seq_len = 0), "seq_len: must be at least 1");
+    assert_eq!(
+        invalid(|p| p.batch_size = 0),
+        "batch_size: must be at least 1"
+    );
+    assert_eq!(
+        invalid(|p| p.epochs = Some(2)),
+        "epochs and samples: give at most one"
+    );
+    assert_eq!(
+        invalid(|p| (p.epochs, p.samples) = (Some(0), None)),
+        "epochs: must be at least 1"
+    );
+    assert_eq!(
+        invalid(|p| p.samples = Some(0)),
+        "samples: must be at least 1"
+    );
+    assert_eq!(invalid(|p| p.rank = 8), "rank: 8 is not below world 8");
+    assert_eq!(
+        invalid(|p| (p.rank, p.world) = (4, 4)),
+        "rank: 4 is not below world 4"
+    );
+    assert_eq!(
+        invalid(|p| (p.rank, p.world) = (0, 0)),
+        "world: must be at least 1"
+    );
+    assert_eq!(
+        invalid(|p| p.wire_codec = "u17".into()),
+        "wire_codec: invalid codec 'u17': expected u8, u16, u24, u32, i32, i64 or bits:N (N in 1..=32)"
+    );
+    assert_eq!(
+        invalid(|p| p.wire_codec = "auto+gzip".into()),
+        "wire_codec: invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL"
+    );
+    assert_eq!(
+        invalid(|p| p.wire_codec = "bits:33".into()),
+        "wire_codec: invalid codec 'bits:33': N in bits:N must be an integer in 1..=32"
+    );
+}
+
+#[test]
+fn wire_codecs_accepted() {
+    // (as written, as displayed): `zstd` means zstd:3.
+    for (c, canonical) in [
+        ("auto", "auto"),
+        ("auto+zstd:3", "auto+zstd:3"),
+        ("auto+zstd:-5", "auto+zstd:-5"),
+        ("auto+lz4", "auto+lz4"),
+        ("auto+zstd", "auto+zstd:3"),
+        ("u16", "u16"),
+        ("bits:17", "bits:17"),
+        ("u24+zstd:19", "u24+zstd:19"),
+        ("i32+lz4", "i32+lz4"),
+    ] {
+        let mut p = full_plan();
+        p.wire_codec = c.into();
+        p.validate().unwrap_or_else(|e| panic!("{c}: {e}"));
+        let parsed = p.parsed_wire_codec().unwrap();
+        assert_eq!(parsed.to_string(), canonical);
+        assert_eq!(canonical.parse::<WireCodec>().unwrap(), parsed);
+    }
+    assert_eq!(
+        "auto+lz4".parse::<WireCodec>().unwrap(),
+        WireCodec::Auto(Compression::Lz4)
+    );
+    assert_eq!(
+        "auto".parse::<WireCodec>().unwrap(),
+        WireCodec::Auto(Compression::None)
+    );
+    assert_eq!(
+        "u16+zstd:3".parse::<WireCodec>().unwrap(),
+        WireCodec::Fixed(Codec::new(Width::U16, Compression::Zstd(3)))
+    );
+}
+
+#[test]
+fn text_errors_have_line_and_column() {
+    assert_eq!(
+        json_err(r#", "bogus": 1"#),
+        "plan: unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, \
+         `seed`, `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, \
+         `drop_last` at line 1 column 66"
+    );
+    assert_eq!(
+        Plan::from_json(r#"{"sources": [{"uri": "a", "wieght": 2}], "seq_len": 1, "batch_size": 1}"#)
+            .unwrap_err()
+            .to_string(),
+        "plan: unknown field `wieght`, expected one of `uri`, `weight`, `dtype`, `eod` at line 1 column 34"
+    );
+    assert_eq!(
+        Plan::from_json("{\n  \"seq_len\": 1,\n  \"batch_size\": 2 x}")
+            .unwrap_err()
+            .to_string(),
+        "plan: expected `,` or `}` at line 3 column 19"
+    );
+    assert_eq!(
+        Plan::from_json(r#"{"seq_len": 1, "batch_size": 1}"#)
+            .unwrap_err()
+            .to_string(),
+        "plan: missing field `sources` at line 1 column 31"
+    );
+    assert_eq!(
+        json_err(r#", "output": "u8""#),
+        "plan: unknown variant `u8`, expected one of `u16`, `i32`, `i64` at line 1 column 73"
+    );
+    assert_eq!(
+        json_err(r#", "seq_len": -1"#)
+            .split(" at line")
+            .next()
+            .unwrap(),
+        "plan: duplicate field `seq_len`"
+    );
+    // Validation runs after parsing.
+    assert_eq!(
+        json_err(r#", "world": 2, "rank": 2"#),
+        "rank: 2 is not below world 2"
+    );
+
+    assert_eq!(
+        Plan::from_toml("seq_len = 1\nbatch_size = 1\nbogus = 2\n[[sources]]\nuri = \"a\"\n")
+            .unwrap_err()
+            .to_string(),
+        "plan: TOML parse error at line 3, column 1\n  |\n3 | bogus = 2\n  | ^^^^^\n\
+         unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, `seed`, \
+         `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, `drop_last`\n"
+    );
+    assert_eq!(
+        Plan::from_toml("seq_len = 1\nbatch_size = 1\n[[sources]]\nuri = \"a\"\nwieght = 1\n")
+            .unwrap_err()
+            .to_string(),
+        "plan: TOML parse error at line 5, column 1\n  |\n5 | wieght = 1\n  | ^^^^^^\n\
+         unknown field `wieght`, expected one of `uri`, `weight`, `dtype`, `eod`\n"
+    );
+    assert_eq!(
+        Plan::from_toml("seq_len = \nbatch_size = 1\n")
+            .unwrap_err()
+            .to_string(),
+        "plan: TOML parse error at line 1, column 11\n  |\n1 | seq_len = \n  |           ^\n\
+         string values must be quoted, expected literal string\n"
+    );
+    assert_eq!(
+        Plan::from_toml("seq_len = 1\nbatch_size = 1\n[[sources]]\nuri = \"a\"\nweight = -0.5\n")
+            .unwrap_err()
+            .to_string(),
+        "sources[0].weight: must be a finite number > 0 (got -0.5)"
+    );
+}
+
+#[test]
+fn toml_cannot_hold_every_u64() {
+    let mut p = full_plan();
+    p.seed = u64::MAX;
+    assert_eq!(
+        p.to_toml().unwrap_err().to_string(),
+        "seed: 18446744073709551615 does not fit in a TOML integer (at most 9223372036854775807)"
+    );
+    assert_eq!(Plan::from_json(&p.to_json()).unwrap(), p);
+}
+
+#[test]
+fn token_counts_are_checked_by_name() {
+    let mut p = full_plan();
+    p.seq_len = 8;
+    let err = |p: &Plan, tokens: &[u64]| {
+        Schedule::new(p, &common::infos(tokens))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(&p, &[100, 8, 100]),
+        "sources[1]: dquant://storage-1:7070/code has 8 tokens, fewer than seq_len + 1 = 9"
+    );
+    assert_eq!(
+        err(&p, &[100, 100]),
+        "sources: the plan has 3 sources but 2 token counts were given"
+    );
+    assert!(Schedule::new(&p, &common::infos(&[9, 9, 9])).is_ok());
+    p.samples = None;
+    p.epochs = Some(u32::MAX);
+    assert_eq!(
+        err(&p, &[u64::MAX, u64::MAX / 2, 9]),
+        "epochs: 4294967295 epochs of 3458764513820540927 samples is more than 2^64 - 1"
+    );
+}
