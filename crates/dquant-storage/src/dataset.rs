@@ -74,6 +74,9 @@ enum Source {
 
 /// An opened token dataset: its boundaries in memory, its tokens on storage.
 pub struct Dataset {
+    /// Process-unique identity, so read buffers never serve one dataset's cached block for
+    /// another's.
+    id: u64,
     path: PathBuf,
     data_path: PathBuf,
     format: Format,
@@ -110,6 +113,11 @@ fn read_at(file: &LocalFile, buf: &mut [u8], off: u64) -> Result<(), StorageErro
             StorageError::io(file.path(), e)
         }
     })
+}
+
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn open_file(path: &Path) -> Result<LocalFile, StorageError> {
@@ -161,6 +169,7 @@ impl Dataset {
             });
         }
         Ok(Dataset {
+            id: next_id(),
             path: prefix.to_path_buf(),
             data_path: bin_path,
             format: Format::Megatron { dtype },
@@ -190,6 +199,7 @@ impl Dataset {
         read_at(&file, &mut footer, trailer.footer_offset)?;
         let meta = BlockFile::parse(&head, &trailer, &footer).map_err(fe)?;
         Ok(Dataset {
+            id: next_id(),
             path: path.to_path_buf(),
             data_path: path.to_path_buf(),
             format: Format::Block {
@@ -227,6 +237,7 @@ impl Dataset {
         let tokens = file.len() / item;
         let size = file.len();
         let mut ds = Dataset {
+            id: next_id(),
             path: path.to_path_buf(),
             data_path: path.to_path_buf(),
             format: Format::Raw { dtype },
@@ -318,9 +329,7 @@ impl Dataset {
     pub fn reader(&self) -> TokenReader<'_> {
         TokenReader {
             ds: self,
-            bytes: Vec::new(),
-            dec: Decoder::new(),
-            block: Vec::new(),
+            bufs: ReadBuffers::new(),
         }
     }
 
@@ -346,63 +355,101 @@ impl Dataset {
     }
 }
 
-/// Reads token ranges of a [`Dataset`], reusing its buffers across calls.
-pub struct TokenReader<'a> {
-    ds: &'a Dataset,
+/// Reusable read state: I/O and decode buffers, and the last decoded block of a block file (a
+/// run of small reads, one sample after another, decodes each block once). Owned by the
+/// caller, so long-lived readers need not borrow the [`Dataset`].
+#[derive(Default)]
+pub struct ReadBuffers {
     bytes: Vec<u8>,
     dec: Decoder,
     block: Vec<u32>,
+    /// (dataset id, block index) of the block held in `block`.
+    cached: Option<(u64, usize)>,
+}
+
+impl ReadBuffers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Reads token ranges of a [`Dataset`], reusing its buffers across calls.
+pub struct TokenReader<'a> {
+    ds: &'a Dataset,
+    bufs: ReadBuffers,
 }
 
 impl TokenReader<'_> {
-    /// Replaces `out` with the tokens of `range`. Only the bytes covering the range are read:
-    /// for block files, the covering blocks in one contiguous read.
+    /// Replaces `out` with the tokens of `range`; see [`Dataset::read`].
     pub fn read(&mut self, range: Range<u64>, out: &mut Vec<u32>) -> Result<(), StorageError> {
-        let ds = self.ds;
-        if range.start > range.end || range.end > ds.tokens() {
+        self.ds.read(range, out, &mut self.bufs)
+    }
+}
+
+impl Dataset {
+    /// Replaces `out` with the tokens of `range`. Only the bytes covering the range are read:
+    /// for block files, the covering blocks in one contiguous read, except that a range inside
+    /// the block decoded last is served from `bufs` without any I/O.
+    pub fn read(
+        &self,
+        range: Range<u64>,
+        out: &mut Vec<u32>,
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), StorageError> {
+        if range.start > range.end || range.end > self.tokens() {
             return Err(StorageError::Usage(format!(
                 "{}: token range {}..{} is outside the dataset's {} tokens",
-                ds.path.display(),
+                self.path.display(),
                 range.start,
                 range.end,
-                ds.tokens()
+                self.tokens()
             )));
         }
         out.clear();
         out.resize((range.end - range.start) as usize, 0);
-        match &ds.source {
+        match &self.source {
             Source::Plain { file, dtype } => {
                 let item = dtype.itemsize() as u64;
-                self.bytes.resize(out.len() * item as usize, 0);
-                read_at(file, &mut self.bytes, range.start * item)?;
+                bufs.bytes.resize(out.len() * item as usize, 0);
+                read_at(file, &mut bufs.bytes, range.start * item)?;
                 dtype
-                    .decode(&self.bytes, out, range.start)
-                    .map_err(|e| StorageError::format(&ds.data_path, e))
+                    .decode(&bufs.bytes, out, range.start)
+                    .map_err(|e| StorageError::format(&self.data_path, e))
             }
             Source::Block { file, meta } => {
                 let blocks = meta.blocks_covering(range.clone());
+                let fe = |e| StorageError::format(&self.data_path, e);
+                if blocks.len() == 1 && bufs.cached == Some((self.id, blocks.start)) {
+                    let bt = meta.block_tokens(blocks.start);
+                    out.copy_from_slice(
+                        &bufs.block
+                            [(range.start - bt.start) as usize..(range.end - bt.start) as usize],
+                    );
+                    return Ok(());
+                }
                 let bytes = meta.byte_range(blocks.clone());
-                self.bytes.resize((bytes.end - bytes.start) as usize, 0);
-                read_at(file, &mut self.bytes, bytes.start)?;
+                bufs.bytes.resize((bytes.end - bytes.start) as usize, 0);
+                read_at(file, &mut bufs.bytes, bytes.start)?;
                 for i in blocks {
                     let br = meta.byte_range(i..i + 1);
-                    let raw = &self.bytes
+                    let raw = &bufs.bytes
                         [(br.start - bytes.start) as usize..(br.end - bytes.start) as usize];
                     let bt = meta.block_tokens(i);
-                    let fe = |e| StorageError::format(&ds.data_path, e);
                     if bt.start >= range.start && bt.end <= range.end {
                         let dst = &mut out
                             [(bt.start - range.start) as usize..(bt.end - range.start) as usize];
-                        meta.decode_block(i, raw, &mut self.dec, dst).map_err(fe)?;
+                        meta.decode_block(i, raw, &mut bufs.dec, dst).map_err(fe)?;
                     } else {
-                        self.block.resize((bt.end - bt.start) as usize, 0);
-                        meta.decode_block(i, raw, &mut self.dec, &mut self.block)
+                        bufs.cached = None;
+                        bufs.block.resize((bt.end - bt.start) as usize, 0);
+                        meta.decode_block(i, raw, &mut bufs.dec, &mut bufs.block)
                             .map_err(fe)?;
+                        bufs.cached = Some((self.id, i));
                         let s = range.start.max(bt.start);
                         let e = range.end.min(bt.end);
                         out[(s - range.start) as usize..(e - range.start) as usize]
                             .copy_from_slice(
-                                &self.block[(s - bt.start) as usize..(e - bt.start) as usize],
+                                &bufs.block[(s - bt.start) as usize..(e - bt.start) as usize],
                             );
                     }
                 }

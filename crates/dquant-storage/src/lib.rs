@@ -16,6 +16,6 @@ mod error;
 mod writer;
 
 pub use backend::{LocalFile, ReadAt};
-pub use dataset::{Dataset, Format, OpenOptions, TokenReader};
+pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader};
 pub use error::StorageError;
 pub use writer::{megatron_prefix_of, DatasetWriter, OutputFormat, WriteReport};

@@ -1,0 +1,271 @@
+//! In-process reading of plans: every path to the bytes agrees, on real Megatron data.
+
+use std::path::{Path, PathBuf};
+
+use dquant_client::{ClientError, Reader, Tokens};
+use dquant_codec::Codec;
+use dquant_format::block::{block_tokens_for, DEFAULT_BLOCK_BYTES};
+use dquant_format::{DType, DocIndexBuilder};
+use dquant_plan::{Cursor, OutputDType, Plan, Source};
+use dquant_storage::{Dataset, DatasetWriter, OpenOptions, OutputFormat};
+
+fn fixtures() -> PathBuf {
+    let p = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/fixtures/megatron"
+    ));
+    assert!(p.is_dir(), "Megatron fixtures not found at {}", p.display());
+    p.to_path_buf()
+}
+
+fn fixture(name: &str) -> String {
+    fixtures().join(name).display().to_string()
+}
+
+fn plan(sources: Vec<Source>, output: OutputDType) -> Plan {
+    let mut p = Plan::new(sources, 127, 4);
+    p.seed = 7;
+    p.output = output;
+    p
+}
+
+/// The whole stream through `next_batch`, as bytes, with per-batch sample counts.
+fn batches(p: &Plan, from: Cursor) -> (Vec<u8>, Vec<usize>) {
+    let mut r = Reader::local(p, from).unwrap();
+    let mut bytes = Vec::new();
+    let mut sizes = Vec::new();
+    while let Some(b) = r.next_batch().unwrap() {
+        assert_eq!(b.tokens.len(), b.samples * b.sample_len);
+        bytes.extend_from_slice(b.tokens.as_bytes());
+        sizes.push(b.samples);
+    }
+    (bytes, sizes)
+}
+
+fn all_tokens(path: &str) -> Vec<u32> {
+    let ds = Dataset::open(Path::new(path), &OpenOptions::default()).unwrap();
+    let mut out = Vec::new();
+    ds.reader().read(0..ds.tokens(), &mut out).unwrap();
+    out
+}
+
+#[test]
+fn read_and_next_batch_deliver_the_planned_tokens() {
+    let p = plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::U16);
+    let (via_batches, sizes) = batches(&p, Cursor::START);
+    let mut r = Reader::local(&p, Cursor::START).unwrap();
+    let total = r.schedule().rank_samples() as usize;
+    assert_eq!(sizes.iter().sum::<usize>(), total);
+    assert_eq!(via_batches.len(), total * 128 * 2);
+    let mut via_read = Vec::new();
+    let mut buf = vec![0u8; 1000];
+    loop {
+        let n = r.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        via_read.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(via_read, via_batches);
+    // Every sample is exactly the source's tokens over the range the schedule names.
+    let src = all_tokens(&fixture("r50k_int32"));
+    let it = r.schedule().iter_rank(Cursor::START).unwrap();
+    let words: Vec<u16> = via_batches
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    for (k, s) in it.enumerate() {
+        let want: Vec<u16> = src[s.tokens.start as usize..s.tokens.end as usize]
+            .iter()
+            .map(|&t| t as u16)
+            .collect();
+        assert_eq!(&words[k * 128..(k + 1) * 128], &want[..], "sample {k}");
+    }
+}
+
+#[test]
+fn output_dtypes_hold_the_same_tokens() {
+    let src = vec![Source::new(fixture("r50k_int32"))];
+    let (u16s, _) = batches(&plan(src.clone(), OutputDType::U16), Cursor::START);
+    let (i64s, _) = batches(&plan(src, OutputDType::I64), Cursor::START);
+    let a: Vec<u64> = u16s
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
+        .collect();
+    let b: Vec<u64> = i64s
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u64)
+        .collect();
+    assert_eq!(a, b);
+    let mut r = Reader::local(
+        &plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::I32),
+        Cursor::START,
+    )
+    .unwrap();
+    assert!(matches!(
+        r.next_batch().unwrap().unwrap().tokens,
+        Tokens::I32(_)
+    ));
+}
+
+/// A `.dqb` copy of a Megatron dataset, written with `codec`.
+fn dqb_copy(src: &str, codec: &str, dir: &Path) -> String {
+    let ds = Dataset::open(Path::new(src), &OpenOptions::default()).unwrap();
+    let codec: Codec = codec.parse().unwrap();
+    let dst = dir.join(format!(
+        "copy-{}.dqb",
+        codec.to_string().replace([':', '+'], "_")
+    ));
+    let mut w = DatasetWriter::create(
+        &dst,
+        OutputFormat::Block {
+            codec,
+            block_tokens: block_tokens_for(codec.width, DEFAULT_BLOCK_BYTES / 16),
+            vocab_size: 0,
+        },
+    )
+    .unwrap();
+    ds.scan(1 << 16, |_, t| w.push(t)).unwrap();
+    w.finish(ds.index()).unwrap();
+    dst.display().to_string()
+}
+
+#[test]
+fn the_stream_does_not_depend_on_the_source_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = batches(
+        &plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::I32),
+        Cursor::START,
+    )
+    .0;
+    for src in [
+        fixture("r50k_uint16"),
+        dqb_copy(&fixture("r50k_int32"), "bits:16+zstd:3", dir.path()),
+        dqb_copy(&fixture("r50k_int32"), "u24+lz4", dir.path()),
+    ] {
+        let got = batches(
+            &plan(vec![Source::new(src.clone())], OutputDType::I32),
+            Cursor::START,
+        )
+        .0;
+        assert!(got == reference, "{src} gives a different stream");
+    }
+}
+
+#[test]
+fn resuming_from_a_cursor_gives_exactly_the_tail() {
+    let sources = vec![
+        Source::new(fixture("r50k_int32")).weight(0.7),
+        Source::new(fixture("r50k_int32_multiseq")).weight(0.3),
+    ];
+    let mut p = plan(sources, OutputDType::U16);
+    p.epochs = Some(2);
+    let (full, _) = batches(&p, Cursor::START);
+    let bytes_per_batch = 4 * 128 * 2;
+    for stop in [0usize, 1, 5, 17] {
+        let mut r = Reader::local(&p, Cursor::START).unwrap();
+        for _ in 0..stop {
+            r.next_batch().unwrap().unwrap();
+        }
+        let c = r.cursor();
+        assert_eq!(c.consumed_samples, stop as u64 * 4);
+        let (tail, _) = batches(&p, c);
+        assert!(
+            tail == full[stop * bytes_per_batch..],
+            "resume after {stop} batches"
+        );
+    }
+    // A cursor taken in the middle of a `read` covers whole batches only.
+    let mut r = Reader::local(&p, Cursor::START).unwrap();
+    let mut buf = vec![0u8; bytes_per_batch + 10];
+    assert_eq!(r.read(&mut buf).unwrap(), buf.len());
+    assert_eq!(r.cursor().consumed_samples, 4);
+}
+
+#[test]
+fn ranks_partition_the_global_stream() {
+    let sources = vec![
+        Source::new(fixture("r50k_int32")).weight(2.0),
+        Source::new(fixture("r50k_uint16")).weight(1.0),
+    ];
+    let global = batches(&plan(sources.clone(), OutputDType::U16), Cursor::START).0;
+    let sample = 128 * 2;
+    let world = 4;
+    let mut rebuilt = vec![0u8; global.len()];
+    let mut covered = 0;
+    for rank in 0..world {
+        let mut p = plan(sources.clone(), OutputDType::U16);
+        p.rank = rank;
+        p.world = world;
+        let (mine, _) = batches(&p, Cursor::START);
+        for (k, s) in mine.chunks_exact(sample).enumerate() {
+            let g = k * world as usize + rank as usize;
+            rebuilt[g * sample..(g + 1) * sample].copy_from_slice(s);
+            covered += 1;
+        }
+    }
+    assert_eq!(covered * sample, global.len());
+    assert!(
+        rebuilt == global,
+        "the ranks' samples, interleaved, are the global stream"
+    );
+}
+
+#[test]
+fn tokens_too_wide_for_the_output_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("wide");
+    let mut w =
+        DatasetWriter::create(&prefix, OutputFormat::Megatron { dtype: DType::I32 }).unwrap();
+    let mut toks: Vec<u32> = (0..1000).collect();
+    toks[700] = 70000;
+    w.push(&toks).unwrap();
+    let mut ix = DocIndexBuilder::new();
+    ix.push_document(1000);
+    w.finish(&ix.finish()).unwrap();
+    let mut p = plan(
+        vec![Source::new(prefix.display().to_string())],
+        OutputDType::U16,
+    );
+    p.shuffle = false;
+    let mut r = Reader::local(&p, Cursor::START).unwrap();
+    let e = loop {
+        match r.next_batch() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("no error"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "sources[0] ({}): token 70000 at offset 700 does not fit in u16 (max 65535); it needs 17 bits: use bits:17 or wider",
+            prefix.display()
+        )
+    );
+}
+
+#[test]
+fn bad_sources_are_named() {
+    let p = plan(
+        vec![
+            Source::new(fixture("r50k_int32")),
+            Source::new("/nonexistent/data"),
+        ],
+        OutputDType::U16,
+    );
+    let e = Reader::local(&p, Cursor::START).err().unwrap();
+    assert!(matches!(e, ClientError::Source { index: 1, .. }));
+    assert_eq!(
+        e.to_string(),
+        "sources[1] (/nonexistent/data): /nonexistent/data: No such file or directory (os error 2)"
+    );
+    let p = plan(
+        vec![Source::new("dquant://127.0.0.1:1/web")],
+        OutputDType::U16,
+    );
+    assert_eq!(
+        Reader::local(&p, Cursor::START).err().unwrap().to_string(),
+        "sources[0] (dquant://127.0.0.1:1/web): dquant:// sources are served by an agent; in-process mode reads local paths"
+    );
+}
