@@ -16,7 +16,8 @@ Examples:
   dquant inspect data/cl100k_int32
   dquant convert data/cl100k_int32 data/cl100k.dqb --codec auto --zstd 3
   dquant verify data/cl100k_int32 data/cl100k.dqb
-  dquant bench codecs data/cl100k_int32";
+  dquant bench codecs data/cl100k_int32
+  dquant read plan.toml --out batches.u16          # run a blend/pack/shuffle plan in-process";
 
 const CORPUS_EXAMPLES: &str = "\
 Examples:
@@ -44,6 +45,7 @@ enum Cmd {
     Corpus(cmd::corpus::Cmd),
     #[command(subcommand, after_help = BENCH_EXAMPLES)]
     Bench(cmd::bench::Cmd),
+    Read(cmd::read::Args),
     Demo(cmd::demo::Args),
 }
 
@@ -62,6 +64,7 @@ fn main() {
         Cmd::Verify(a) => cmd::verify::run(&a),
         Cmd::Corpus(c) => cmd::corpus::run(&c).map(|_| 0),
         Cmd::Bench(c) => cmd::bench::run(&c).map(|_| 0),
+        Cmd::Read(a) => cmd::read::run(&a).map(|_| 0),
         Cmd::Demo(a) => cmd::demo::run(&a).map(|_| 0),
     };
     match r {

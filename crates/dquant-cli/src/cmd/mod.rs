@@ -3,4 +3,5 @@ pub mod convert;
 pub mod corpus;
 pub mod demo;
 pub mod inspect;
+pub mod read;
 pub mod verify;

@@ -1,0 +1,120 @@
+//! `dquant read`: stream a plan's batches to a file or stdout.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use dquant_client::Reader;
+use dquant_plan::{Cursor, Plan};
+use serde_json::json;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::util::{self, OutputOpts};
+
+const EXAMPLES: &str = "\
+Examples:
+  # plan.toml:
+  #   seq_len = 2048
+  #   batch_size = 8
+  #   output = \"u16\"
+  #   [[sources]]
+  #   uri = \"data/web_int32\"
+  #   weight = 0.7
+  #   [[sources]]
+  #   uri = \"data/code.dqb\"
+  #   weight = 0.3
+  dquant read plan.toml --out batches.u16
+  dquant read plan.json --cursor 4096 | python3 train.py     # resume after 4096 samples";
+
+/// Run a plan (JSON or TOML) in this process and write its batches, back to back in the plan's
+/// output dtype, to a file or stdout. A summary (batches, tokens, stream checksum, the cursor
+/// to resume from) goes to stderr, or as JSON with --json.
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// Plan file: .json or .toml.
+    pub plan: PathBuf,
+    /// Output file (default: stdout).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Resume after this many consumed samples (global, all ranks together).
+    #[arg(long, default_value_t = 0)]
+    pub cursor: u64,
+    #[command(flatten)]
+    pub output: OutputOpts,
+}
+
+pub fn load_plan(path: &std::path::Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let plan = match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => Plan::from_toml(&text),
+        _ => Plan::from_json(&text),
+    };
+    plan.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let plan = load_plan(&a.plan)?;
+    let t0 = Instant::now();
+    let mut r = Reader::local(
+        &plan,
+        Cursor {
+            epoch: 0,
+            consumed_samples: a.cursor,
+        },
+    )?;
+    let sample_len = plan.seq_len as u64 + 1;
+    let remaining = r
+        .schedule()
+        .rank_samples()
+        .saturating_sub(a.cursor / plan.world as u64);
+    let pb = util::bar(
+        remaining * sample_len,
+        "reading",
+        a.output.quiet() || a.out.is_none(),
+    );
+    let mut sink: Box<dyn Write> = match &a.out {
+        Some(p) => Box::new(BufWriter::new(
+            File::create(p).with_context(|| format!("{}", p.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let (mut batches, mut tokens, mut bytes) = (0u64, 0u64, 0u64);
+    let mut h = Xxh3::new();
+    while let Some(b) = r.next_batch()? {
+        let data = b.tokens.as_bytes();
+        h.update(data);
+        sink.write_all(data).context("writing batches")?;
+        batches += 1;
+        tokens += b.tokens.len() as u64;
+        bytes += data.len() as u64;
+        pb.inc(b.tokens.len() as u64);
+    }
+    sink.flush().context("writing batches")?;
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let c = r.cursor();
+    let summary = json!({
+        "batches": batches, "tokens": tokens, "bytes": bytes, "output": plan.output.as_str(),
+        "stream_xxh3": format!("{:016x}", h.digest()),
+        "cursor": {"epoch": c.epoch, "consumed_samples": c.consumed_samples},
+        "seconds": secs,
+    });
+    if a.output.json {
+        eprintln!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        eprintln!(
+            "read {} batches, {} tokens ({} B of {}) in {secs:.2} s ({:.1} M tokens/s); stream xxh3:{:016x}; resume with --cursor {}",
+            util::thousands(batches),
+            util::thousands(tokens),
+            util::thousands(bytes),
+            plan.output.as_str(),
+            tokens as f64 / secs.max(1e-9) / 1e6,
+            h.digest(),
+            c.consumed_samples
+        );
+    }
+    Ok(())
+}
