@@ -58,22 +58,14 @@ impl Blender {
                 "at least one source is required",
             ));
         }
-        if let Some((d, w)) = weights
-            .iter()
-            .enumerate()
-            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
-        {
+        if let Some((d, w)) = first_non_positive(weights) {
             return Err(PlanError::invalid(
                 format!("sources[{d}].weight"),
                 format!("must be a finite number > 0 (got {w})"),
             ));
         }
         let weights = normalize_weights(weights);
-        if let Some((d, w)) = weights
-            .iter()
-            .enumerate()
-            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
-        {
+        if let Some((d, w)) = first_non_positive(&weights) {
             // Only reachable when the sum overflows or a weight underflows relative to it.
             return Err(PlanError::invalid(
                 format!("sources[{d}].weight"),
@@ -221,4 +213,13 @@ mod tests {
             "sources[0].weight: is out of proportion to the others (normalized to 0)"
         );
     }
+}
+
+/// The first weight that is not a finite number above zero, with its index.
+fn first_non_positive(weights: &[f64]) -> Option<(usize, f64)> {
+    weights
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|&(_, w)| !(w.is_finite() && w > 0.0))
 }
