@@ -160,6 +160,15 @@ impl Iterator for Blender {
     }
 }
 
+/// The first weight that is not a finite number above zero, with its index.
+fn first_non_positive(weights: &[f64]) -> Option<(usize, f64)> {
+    weights
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|&(_, w)| !(w.is_finite() && w > 0.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,13 +222,4 @@ mod tests {
             "sources[0].weight: is out of proportion to the others (normalized to 0)"
         );
     }
-}
-
-/// The first weight that is not a finite number above zero, with its index.
-fn first_non_positive(weights: &[f64]) -> Option<(usize, f64)> {
-    weights
-        .iter()
-        .copied()
-        .enumerate()
-        .find(|&(_, w)| !(w.is_finite() && w > 0.0))
 }
