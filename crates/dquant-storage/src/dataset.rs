@@ -153,21 +153,11 @@ impl Dataset {
         let idx_path = PathBuf::from(format!("{}.idx", prefix.display()));
         let bin_path = PathBuf::from(format!("{}.bin", prefix.display()));
         let idx_bytes = std::fs::read(&idx_path).map_err(|e| StorageError::io(&idx_path, e))?;
-        let MegatronIndex { dtype, index, .. } =
-            megatron::parse_idx(&idx_bytes).map_err(|e| StorageError::format(&idx_path, e))?;
+        let mi = megatron::parse_idx(&idx_bytes).map_err(|e| StorageError::format(&idx_path, e))?;
         let file = open_file(&bin_path)?;
+        megatron::check_bin_len(&mi, file.len()).map_err(|e| StorageError::format(&bin_path, e))?;
+        let MegatronIndex { dtype, index, .. } = mi;
         let want = megatron::bin_len(dtype, index.tokens());
-        if file.len() != want {
-            let mi = MegatronIndex {
-                dtype,
-                index,
-                multimodal: false,
-            };
-            return Err(match megatron::check_bin_len(&mi, file.len()) {
-                Err(e) => StorageError::format(&bin_path, e),
-                Ok(()) => unreachable!("lengths differ"),
-            });
-        }
         Ok(Dataset {
             id: next_id(),
             path: prefix.to_path_buf(),
