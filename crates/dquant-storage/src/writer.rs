@@ -120,6 +120,7 @@ enum Sink {
 pub struct DatasetWriter {
     sink: Sink,
     tokens: u64,
+    /// Hash of the tokens of plain (Megatron, raw) outputs.
     hasher: TokenHasher,
     buf: Vec<u8>,
     check: Vec<u32>,
@@ -216,6 +217,8 @@ impl DatasetWriter {
                     ));
                 }
                 file.write(&self.buf)?;
+                // Block files hash their tokens themselves (the footer stores the checksum).
+                self.hasher.update(tokens);
             }
             Sink::Block { file, writer } => {
                 writer
@@ -224,7 +227,6 @@ impl DatasetWriter {
                 file.write(&self.buf)?;
             }
         }
-        self.hasher.update(tokens);
         self.tokens += tokens.len() as u64;
         Ok(())
     }
@@ -233,7 +235,7 @@ impl DatasetWriter {
     /// pushed. For Megatron output the `.bin` is renamed before the `.idx`, so a reader that
     /// finds the `.idx` finds a complete `.bin`.
     pub fn finish(self, index: &DocIndex) -> Result<WriteReport, StorageError> {
-        let content = ContentChecksum::new(&self.hasher, index);
+        let mut content = ContentChecksum::new(&self.hasher, index);
         if index.tokens() != self.tokens {
             return Err(StorageError::Usage(format!(
                 "the document index describes {} tokens but {} were written",
@@ -262,10 +264,11 @@ impl DatasetWriter {
                 let mut tail = Vec::new();
                 // The last block is encoded here: a token it cannot hold is a data error (the
                 // caller names the input it came from), as it is in `push`.
-                writer.finish(index, &mut tail).map_err(|e| match e {
+                let summary = writer.finish(index, &mut tail).map_err(|e| match e {
                     e @ FormatError::Codec(_) => StorageError::Data(e),
                     e => StorageError::format(&file.dst, e),
                 })?;
+                content = summary.content;
                 file.write(&tail)?;
                 files.push(file.dst.clone());
                 bytes += file.commit()?;
