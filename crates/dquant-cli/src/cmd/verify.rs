@@ -124,29 +124,31 @@ pub fn compare(a: &Dataset, b: &Dataset, quiet: bool) -> Result<Option<Differenc
         return Ok(Some(d));
     }
     let pb = util::bar(a.tokens(), "comparing", quiet);
-    let mut rb = b.reader();
-    let mut other = Vec::new();
-    let mut found = None;
-    a.scan(1 << 22, |start, ta| {
-        rb.read(start..start + ta.len() as u64, &mut other)?;
-        if let Some(i) = ta.iter().zip(&other).position(|(x, y)| x != y) {
+    let (mut ra, mut rb) = (a.reader(), b.reader());
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    let step = a.natural_chunk().max(1 << 22);
+    let mut start = 0;
+    while start < a.tokens() {
+        let end = (start + step).min(a.tokens());
+        ra.read(start..end, &mut ta)?;
+        rb.read(start..end, &mut tb)?;
+        if let Some(i) = ta.iter().zip(&tb).position(|(x, y)| x != y) {
+            pb.finish_and_clear();
             let offset = start + i as u64;
             let (document, in_document) = a.index().locate(offset).unwrap_or((0, offset));
-            found = Some(Difference::Token {
+            return Ok(Some(Difference::Token {
                 offset,
                 document,
                 in_document,
                 a: ta[i],
-                b: other[i],
-            });
-            return Err(anyhow::anyhow!("stop"));
+                b: tb[i],
+            }));
         }
-        pb.inc(ta.len() as u64);
-        Ok(())
-    })
-    .or_else(|e| if found.is_some() { Ok(()) } else { Err(e) })?;
+        pb.inc(end - start);
+        start = end;
+    }
     pb.finish_and_clear();
-    Ok(found)
+    Ok(None)
 }
 
 pub fn run(a: &Args) -> Result<i32> {
