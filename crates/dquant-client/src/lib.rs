@@ -1,20 +1,33 @@
-//! The host API: a [`Reader`] that hands a plan's batches to the trainer.
+//! The host API: [`open`] a plan, then take its batches with [`Reader::next_batch`] (a typed,
+//! zero-copy view) or [`Reader::read`] (bytes into your buffer, as the original design's
+//! `read(fd, buf)`).
 //!
-//! This crate provides the original design's `open(path, action, offload=false)` half: the
-//! plan runs in-process ([`Reader::local`]), reading sources through `dquant-storage` and
-//! laying each batch out in the plan's output dtype in one reused, 8-byte-aligned buffer.
-//! [`Reader::next_batch`] lends that buffer as a typed slice (no copy); [`Reader::read`]
-//! streams the same bytes into a caller's buffer, as the original `read(fd, buf)` did. The
-//! offloaded path (an agent doing the same work near the data) produces byte-identical
-//! batches for the same plan; it is built on this crate's types.
+//! The original design's `open(path, action, offload)` maps to [`open`]`(uri, plan, offload)`:
+//! - [`Offload::Yes`]: the agent at `uri` (`dquant://HOST:PORT`) runs the plan near the data
+//!   and streams finished batches; this process only decodes the wire codec into its batch
+//!   buffer.
+//! - [`Offload::No`]: the same [`Pipeline`] runs in this process. Sources are local paths, or
+//!   datasets on an agent (relative names when `uri` names one, or full `dquant://` URIs),
+//!   whose tokens are pulled by range.
+//!
+//! Both produce byte-identical batches for the same plan and cursor; the tests check it.
 
+mod pipeline;
+pub mod remote;
+pub mod source;
+
+use std::net::TcpStream;
 use std::path::Path;
 
 use dquant_codec::kernels::store_plain;
-use dquant_codec::{CodecError, Width};
-use dquant_format::{DType, FormatError};
-use dquant_plan::{Cursor, OutputDType, Plan, PlanError, RankIter, Schedule, SourceInfo};
-use dquant_storage::{Dataset, OpenOptions, ReadBuffers, StorageError};
+use dquant_codec::{Codec, CodecError, Compression, Decoder};
+use dquant_plan::{Cursor, OutputDType, Plan, PlanError, Source};
+use dquant_proto::v1::{OpenRequest, StatRequest};
+use dquant_transport::{BatchHeader, RecordReader, WireError};
+
+pub use pipeline::{check_fits, output_width, Pipeline, TokenBatch};
+pub use remote::{AgentUri, Control, RemoteSource};
+pub use source::{LocalSource, SourceError, TokenSource};
 
 /// Errors of the host API.
 #[derive(Debug, thiserror::Error)]
@@ -26,16 +39,36 @@ pub enum ClientError {
         index: usize,
         uri: String,
         #[source]
-        source: StorageError,
+        source: SourceError,
     },
-    /// A token does not fit the plan's output dtype (e.g. `u16` for a 100k vocabulary).
-    #[error("sources[{index}] ({uri}): {source}")]
+    /// A token does not fit the plan's output dtype (e.g. `u16` for a 100k vocabulary), or
+    /// its wire codec (`context` then says which).
+    #[error("sources[{index}] ({uri}): {context}{source}")]
     Output {
         index: usize,
         uri: String,
+        context: String,
         #[source]
         source: CodecError,
     },
+    /// The agent refused or failed; its message, verbatim.
+    #[error("{0}")]
+    Agent(String),
+    #[error("{0}")]
+    Connect(SourceError),
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// Where a plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    /// On the agent named by the URI; batches arrive over its data plane.
+    Yes,
+    /// In this process.
+    No,
 }
 
 /// One batch, borrowed from the reader's buffer: `samples × sample_len` tokens, row-major.
@@ -80,94 +113,219 @@ impl Tokens<'_> {
     }
 }
 
-fn output_width(o: OutputDType) -> Width {
-    match o {
-        OutputDType::U16 => Width::U16,
-        OutputDType::I32 => Width::I32,
-        OutputDType::I64 => Width::I64,
+/// Opens `plan` from its start; see [`open_at`].
+pub fn open(uri: &str, plan: &Plan, offload: Offload) -> Result<Reader, ClientError> {
+    open_at(uri, plan, Cursor::START, offload)
+}
+
+/// Opens `plan` at `cursor`. `uri` is `dquant://HOST:PORT` for an agent, or empty for none
+/// (only with [`Offload::No`]; sources are then local paths or full `dquant://` URIs).
+pub fn open_at(
+    uri: &str,
+    plan: &Plan,
+    cursor: Cursor,
+    offload: Offload,
+) -> Result<Reader, ClientError> {
+    let agent = if uri.is_empty() {
+        None
+    } else {
+        Some(AgentUri::parse(uri).map_err(ClientError::Usage)?)
+    };
+    match (offload, agent) {
+        (Offload::Yes, None) => Err(ClientError::Usage(
+            "offload needs an agent: pass its URI, dquant://HOST:PORT".into(),
+        )),
+        (Offload::Yes, Some(a)) => Reader::remote(&a.authority, plan, cursor),
+        (Offload::No, a) => {
+            let control = match a {
+                Some(a) => Some(Control::connect(&a.authority).map_err(ClientError::Connect)?),
+                None => None,
+            };
+            Reader::local_with(plan, cursor, |_, s| open_source(s, control.as_ref(), ""))
+        }
     }
+}
+
+/// Opens one plan source: a local path, a full `dquant://HOST:PORT/DATASET` URI, or (when
+/// `agent` is given) a dataset name on that agent. `wire_codec` is what remote ranges travel
+/// in ("" for the agent's default).
+pub fn open_source(
+    s: &Source,
+    agent: Option<&Control>,
+    wire_codec: &str,
+) -> Result<Box<dyn TokenSource>, SourceError> {
+    let stat = |dataset: String| StatRequest {
+        dataset,
+        dtype: s.dtype.clone().unwrap_or_default(),
+        eod: s.eod,
+    };
+    if s.uri.starts_with(AgentUri::SCHEME) {
+        let u = AgentUri::parse(&s.uri).map_err(SourceError::Usage)?;
+        if u.dataset.is_empty() {
+            return Err(SourceError::Usage(
+                "the URI names an agent but no dataset (dquant://HOST:PORT/ROOT/PATH)".into(),
+            ));
+        }
+        let c = Control::connect(&u.authority)?;
+        return Ok(Box::new(RemoteSource::open(c, stat(u.dataset), wire_codec)?));
+    }
+    match agent {
+        Some(c) => Ok(Box::new(RemoteSource::open(
+            c.clone(),
+            stat(s.uri.clone()),
+            wire_codec,
+        )?)),
+        None => Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?)),
+    }
+}
+
+enum Engine {
+    Local {
+        pipeline: Box<Pipeline>,
+    },
+    Remote {
+        control: Control,
+        session: u64,
+        records: RecordReader<TcpStream>,
+        decoder: Decoder,
+        payload: Vec<u8>,
+        decoded: Vec<u32>,
+        batch_size: usize,
+        ended: bool,
+    },
 }
 
 /// Streams one rank's batches of a plan.
 pub struct Reader {
-    schedule: Schedule,
-    iter: RankIter,
-    uris: Vec<String>,
-    sources: Vec<Dataset>,
-    bufs: Vec<ReadBuffers>,
+    engine: Engine,
     output: OutputDType,
     sample_len: usize,
+    rank_batches: u64,
+    rank_samples: u64,
     /// Batch storage as u64 words, so every output dtype can be viewed without a copy.
     batch: Vec<u64>,
     batch_len: usize,
     batch_index: u64,
     samples_in_batch: usize,
+    /// The cursor once the buffered batch is consumed.
+    batch_cursor: Cursor,
     /// Bytes of the current batch already handed out by `read`.
     read_pos: usize,
-    tokens: Vec<u32>,
     /// Position after the last batch fully handed out.
     cursor: Cursor,
 }
 
 impl Reader {
     /// Runs `plan` in this process, starting at `cursor` ([`Cursor::START`] for the beginning).
-    /// Sources are local paths: Megatron prefixes, `.dqb` files, or raw files with a `dtype`.
+    /// Sources are local paths (Megatron prefixes, `.dqb` files, or raw files with a `dtype`)
+    /// or `dquant://` URIs of datasets on agents.
     pub fn local(plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
+        Self::local_with(plan, cursor, |_, s| open_source(s, None, ""))
+    }
+
+    /// Runs `plan` in this process over sources opened by `open`.
+    pub fn local_with(
+        plan: &Plan,
+        cursor: Cursor,
+        open: impl FnMut(usize, &Source) -> Result<Box<dyn TokenSource>, SourceError>,
+    ) -> Result<Self, ClientError> {
+        let pipeline = Pipeline::open(plan, cursor, open)?;
+        let start = pipeline.cursor();
+        let s = pipeline.schedule();
+        let (rank_batches, rank_samples) = (s.rank_batches(), s.rank_samples());
+        Ok(Self::new(
+            Engine::Local {
+                pipeline: Box::new(pipeline),
+            },
+            plan,
+            start,
+            rank_batches,
+            rank_samples,
+        ))
+    }
+
+    /// Opens `plan` on the agent at `authority` (`HOST:PORT`) and connects to its data plane.
+    pub fn remote(authority: &str, plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
         plan.validate()?;
-        let mut sources = Vec::new();
-        for (index, s) in plan.sources.iter().enumerate() {
-            let err = |source| ClientError::Source {
-                index,
-                uri: s.uri.clone(),
-                source,
-            };
-            if s.uri.starts_with("dquant://") {
-                return Err(err(StorageError::Usage(
-                    "dquant:// sources are served by an agent; in-process mode reads local paths"
-                        .into(),
-                )));
-            }
-            let raw_dtype = match &s.dtype {
-                Some(d) => Some(
-                    d.parse::<DType>()
-                        .map_err(|e: FormatError| err(StorageError::Usage(e.to_string())))?,
-                ),
-                None => None,
-            };
-            let opts = OpenOptions {
-                raw_dtype,
-                eod: s.eod,
-            };
-            sources.push(Dataset::open(Path::new(&s.uri), &opts).map_err(err)?);
-        }
-        let infos: Vec<SourceInfo> = sources
-            .iter()
-            .map(|d| SourceInfo { tokens: d.tokens() })
-            .collect();
-        let schedule = Schedule::new(plan, &infos)?;
-        let iter = schedule.iter_rank(cursor)?;
-        let start = iter.cursor();
-        Ok(Reader {
-            bufs: sources.iter().map(|_| ReadBuffers::new()).collect(),
-            uris: plan.sources.iter().map(|s| s.uri.clone()).collect(),
-            sources,
+        let control = Control::connect(authority).map_err(ClientError::Connect)?;
+        let agent_err = |e: SourceError| match e {
+            SourceError::Agent(m) => ClientError::Agent(m),
+            e => ClientError::Connect(e),
+        };
+        let reply = control
+            .open(OpenRequest {
+                plan_json: plan.to_json(),
+                epoch: cursor.epoch,
+                consumed_samples: cursor.consumed_samples,
+            })
+            .map_err(agent_err)?;
+        let (_writer, records) = control.connect_data(&reply).map_err(agent_err)?;
+        let start = Cursor {
+            epoch: reply.start_epoch,
+            consumed_samples: reply.start_consumed_samples,
+        };
+        Ok(Self::new(
+            Engine::Remote {
+                control,
+                session: reply.session,
+                records,
+                decoder: Decoder::new(),
+                payload: Vec::new(),
+                decoded: Vec::new(),
+                batch_size: plan.batch_size as usize,
+                ended: false,
+            },
+            plan,
+            start,
+            reply.rank_batches,
+            reply.rank_samples,
+        ))
+    }
+
+    fn new(
+        engine: Engine,
+        plan: &Plan,
+        start: Cursor,
+        rank_batches: u64,
+        rank_samples: u64,
+    ) -> Self {
+        Reader {
+            engine,
             output: plan.output,
             sample_len: plan.seq_len as usize + 1,
-            schedule,
-            iter,
+            rank_batches,
+            rank_samples,
             batch: Vec::new(),
             batch_len: 0,
             batch_index: 0,
             samples_in_batch: 0,
+            batch_cursor: start,
             read_pos: 0,
-            tokens: Vec::new(),
             cursor: start,
-        })
+        }
     }
 
-    /// The plan's resolved schedule (sizes, samples per epoch, ...).
-    pub fn schedule(&self) -> &Schedule {
-        &self.schedule
+    /// Batches in this rank's whole stream (from the start, not from the cursor).
+    pub fn rank_batches(&self) -> u64 {
+        self.rank_batches
+    }
+
+    /// Samples in this rank's whole stream.
+    pub fn rank_samples(&self) -> u64 {
+        self.rank_samples
+    }
+
+    /// The plan's resolved schedule, when it runs in this process.
+    pub fn schedule(&self) -> Option<&dquant_plan::Schedule> {
+        match &self.engine {
+            Engine::Local { pipeline } => Some(pipeline.schedule()),
+            Engine::Remote { .. } => None,
+        }
+    }
+
+    /// Whether the plan runs on an agent.
+    pub fn is_offloaded(&self) -> bool {
+        matches!(self.engine, Engine::Remote { .. })
     }
 
     /// Where a resumed reader would continue: after the last batch handed out whole.
@@ -177,38 +335,84 @@ impl Reader {
 
     /// Fills the batch buffer with the next batch; false at the end.
     fn fill(&mut self) -> Result<bool, ClientError> {
-        let Some(b) = self.iter.next_batch() else {
-            return Ok(false);
-        };
-        let width = output_width(self.output);
         let item = self.output.itemsize();
-        let sample_bytes = self.sample_len * item;
-        let bytes = b.samples.len() * sample_bytes;
-        self.batch.resize(bytes.div_ceil(8), 0);
-        let out: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut self.batch)[..bytes];
-        for (k, s) in b.samples.iter().enumerate() {
-            let d = s.source;
-            self.sources[d]
-                .read(s.tokens.clone(), &mut self.tokens, &mut self.bufs[d])
-                .map_err(|source| ClientError::Source {
-                    index: d,
-                    uri: self.uris[d].clone(),
-                    source,
+        let width = output_width(self.output);
+        let Reader {
+            engine,
+            batch,
+            sample_len,
+            ..
+        } = self;
+        let (bytes, index, samples, cursor) = match engine {
+            Engine::Local { pipeline } => {
+                let Some(b) = pipeline.next_batch()? else {
+                    return Ok(false);
+                };
+                check_fits(&b, *sample_len, width, "")?;
+                let bytes = b.tokens.len() * item;
+                store_plain(width, b.tokens, batch_bytes(batch, bytes))
+                    .expect("check_fits found every token in range");
+                (bytes, b.index, b.samples, b.cursor)
+            }
+            Engine::Remote {
+                records,
+                decoder,
+                payload,
+                decoded,
+                batch_size,
+                ended,
+                ..
+            } => {
+                if *ended {
+                    return Ok(false);
+                }
+                let Some(hb) = records.next_header()? else {
+                    *ended = true;
+                    return Ok(false);
+                };
+                let h = BatchHeader::parse(&hb).map_err(WireError::from)?;
+                if h.sample_len as usize != *sample_len
+                    || h.samples == 0
+                    || h.samples as usize > *batch_size
+                {
+                    return Err(ClientError::Agent(format!(
+                        "agent sent a batch of {} samples of {} tokens; the plan has batches of up to {} samples of {}",
+                        h.samples, h.sample_len, batch_size, sample_len
+                    )));
+                }
+                let n = h.tokens();
+                remote::check_payload_len(h.codec, n, h.payload_len).map_err(|e| match e {
+                    SourceError::Agent(m) => ClientError::Agent(m),
+                    e => ClientError::Connect(e),
                 })?;
-            store_plain(
-                width,
-                &self.tokens,
-                &mut out[k * sample_bytes..(k + 1) * sample_bytes],
-            )
-            .map_err(|e| ClientError::Output {
-                index: d,
-                uri: self.uris[d].clone(),
-                source: e.at_base(s.tokens.start),
-            })?;
-        }
+                let bytes = n * item;
+                let out = batch_bytes(batch, bytes);
+                let direct = h.codec.compression == Compression::None && h.codec.width == width;
+                if direct && h.payload_len as usize == bytes {
+                    // The wire already holds the output dtype: frames copy straight into
+                    // the batch buffer.
+                    records.read_exact(out, "batch payload")?;
+                } else {
+                    payload.resize(h.payload_len as usize, 0);
+                    records.read_exact(payload, "batch payload")?;
+                    decoded.resize(n, 0);
+                    decoder
+                        .decode(h.codec, payload, decoded)
+                        .map_err(|e| ClientError::Agent(format!("batch {}: {e}", h.index)))?;
+                    store_plain(width, decoded, out)
+                        .map_err(|e| ClientError::Agent(format!("batch {}: {e}", h.index)))?;
+                }
+                let cursor = Cursor {
+                    epoch: h.cursor_epoch,
+                    consumed_samples: h.cursor_consumed,
+                };
+                (bytes, h.index, h.samples as usize, cursor)
+            }
+        };
         self.batch_len = bytes;
-        self.batch_index = b.index;
-        self.samples_in_batch = b.samples.len();
+        self.batch_index = index;
+        self.samples_in_batch = samples;
+        self.batch_cursor = cursor;
         self.read_pos = 0;
         Ok(true)
     }
@@ -236,7 +440,7 @@ impl Reader {
             return Ok(None);
         }
         self.read_pos = self.batch_len;
-        self.cursor = self.iter.cursor();
+        self.cursor = self.batch_cursor;
         Ok(Some(self.view()))
     }
 
@@ -254,9 +458,45 @@ impl Reader {
             n += k;
             self.read_pos += k;
             if self.read_pos == self.batch_len {
-                self.cursor = self.iter.cursor();
+                self.cursor = self.batch_cursor;
             }
         }
         Ok(n)
+    }
+
+    /// Ends an offloaded session now (dropping the reader does too).
+    pub fn close(self) {}
+}
+
+/// The first `bytes` bytes of the 8-byte-aligned batch buffer, grown as needed.
+fn batch_bytes(batch: &mut Vec<u64>, bytes: usize) -> &mut [u8] {
+    batch.resize(bytes.div_ceil(8), 0);
+    &mut bytemuck::cast_slice_mut(batch)[..bytes]
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if let Engine::Remote {
+            control,
+            session,
+            records,
+            ended,
+            ..
+        } = &self.engine
+        {
+            let _ = records.get_ref().get_ref().shutdown(std::net::Shutdown::Both);
+            if !*ended {
+                let _ = control.close(*session);
+            }
+        }
+    }
+}
+
+/// The codec `auto` picks for tokens up to `max_token` under `compression`: the narrowest
+/// width, byte-aligned when compressing (bit-packed input compresses far worse).
+pub fn auto_codec(max_token: u32, compression: Compression) -> Codec {
+    Codec {
+        width: dquant_codec::Width::narrowest(max_token, compression != Compression::None),
+        compression,
     }
 }

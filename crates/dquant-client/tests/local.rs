@@ -54,7 +54,7 @@ fn read_and_next_batch_deliver_the_planned_tokens() {
     let p = plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::U16);
     let (via_batches, sizes) = batches(&p, Cursor::START);
     let mut r = Reader::local(&p, Cursor::START).unwrap();
-    let total = r.schedule().rank_samples() as usize;
+    let total = r.schedule().unwrap().rank_samples() as usize;
     assert_eq!(sizes.iter().sum::<usize>(), total);
     assert_eq!(via_batches.len(), total * 128 * 2);
     let mut via_read = Vec::new();
@@ -69,7 +69,7 @@ fn read_and_next_batch_deliver_the_planned_tokens() {
     assert_eq!(via_read, via_batches);
     // Every sample is exactly the source's tokens over the range the schedule names.
     let src = all_tokens(&fixture("r50k_int32"));
-    let it = r.schedule().iter_rank(Cursor::START).unwrap();
+    let it = r.schedule().unwrap().iter_rank(Cursor::START).unwrap();
     let words: Vec<u16> = via_batches
         .chunks_exact(2)
         .map(|b| u16::from_le_bytes([b[0], b[1]]))

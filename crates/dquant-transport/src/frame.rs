@@ -89,6 +89,10 @@ pub enum WireError {
     Remote(String),
     #[error("data stream: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Record(#[from] crate::record::RecordError),
+    #[error("data stream: the stream ended inside a record ({0})")]
+    EndInRecord(&'static str),
 }
 
 /// A decoded frame header.

@@ -92,6 +92,10 @@ impl<R: Read> FrameReader<R> {
         self.seq
     }
 
+    pub fn get_ref(&self) -> &R {
+        &self.r
+    }
+
     /// Fills `b`; a stream that ends early is [`WireError::Truncated`].
     fn fill(&mut self, b: &mut [u8]) -> Result<(), WireError> {
         let truncated = WireError::Truncated { frames: self.seq };

@@ -17,7 +17,11 @@
 pub mod frame;
 mod io;
 mod pool;
+pub mod record;
+mod stream;
 
 pub use frame::{FrameHeader, FrameKind, WireError};
 pub use io::{FrameReader, FrameWriter};
 pub use pool::{BufferPool, PooledBuf};
+pub use record::{BatchHeader, Hello, RangeHeader, RecordError};
+pub use stream::RecordReader;

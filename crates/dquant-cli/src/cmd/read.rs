@@ -67,7 +67,6 @@ pub fn run(a: &Args) -> Result<()> {
     )?;
     let sample_len = plan.seq_len as u64 + 1;
     let remaining = r
-        .schedule()
         .rank_samples()
         .saturating_sub(a.cursor / plan.world as u64);
     let pb = util::bar(

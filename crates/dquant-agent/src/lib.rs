@@ -1,0 +1,201 @@
+//! The offload agent (`dquant serve`): serves named dataset roots, runs plans near the data
+//! and streams finished batches to consumers.
+//!
+//! Two planes, as on a DPU:
+//! - **control** (gRPC, [`grpc`]): `List`, `Stat`, `Open` (a plan), `OpenSource` (one
+//!   dataset, for chaining) and `Close`. Requests are validated and their sources opened
+//!   before the reply, so errors arrive here, with the field or dataset they concern.
+//! - **data** (TCP, [`data`]): each session streams over one connection in 1 MiB
+//!   checksummed frames from a pool allocated when the session starts (its prefetch
+//!   budget); nothing is allocated per frame.
+//!
+//! The plan work itself is [`dquant_client::Pipeline`], the same code a client runs
+//! in-process, so offloaded and local batches are byte-identical by construction. A plan
+//! source may name another agent's dataset (`dquant://host:port/root/path`); the session then
+//! pulls token ranges from that agent — an agent near the host chained to one near storage.
+
+mod catalog;
+mod config;
+mod data;
+mod grpc;
+mod session;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use catalog::{Catalog, NameError};
+pub use config::{AgentConfig, DEFAULT_LISTEN, DEFAULT_PREFETCH};
+pub use session::MAX_RANGE_TOKENS;
+
+/// State every handler and connection shares.
+pub(crate) struct Shared {
+    pub config: AgentConfig,
+    pub catalog: Catalog,
+    pub sessions: session::Sessions,
+    pub data_port: u16,
+    pub stopping: AtomicBool,
+}
+
+/// Errors starting an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the agent: {0}")]
+    Start(String),
+}
+
+/// A running agent. Dropping it (or [`AgentHandle::shutdown`]) stops it.
+pub struct AgentHandle {
+    control_addr: SocketAddr,
+    data_addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl AgentHandle {
+    /// Where the control plane listens (the address clients put in `dquant://`).
+    pub fn control_addr(&self) -> SocketAddr {
+        self.control_addr
+    }
+
+    /// Where the data plane listens.
+    pub fn data_addr(&self) -> SocketAddr {
+        self.data_addr
+    }
+
+    /// `dquant://HOST:PORT` for this agent.
+    pub fn uri(&self) -> String {
+        format!("dquant://{}", self.control_addr)
+    }
+
+    /// (pending, active) sessions right now.
+    pub fn sessions(&self) -> (usize, usize) {
+        self.shared.sessions.counts()
+    }
+
+    /// Blocks until the control plane stops (it runs until shutdown or a fatal error).
+    pub fn wait(mut self) -> Result<(), String> {
+        match self.server.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| "the control plane thread panicked".to_string())?,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops accepting, cancels every session and waits for the control plane to stop.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        self.shared.sessions.close_all();
+        // Wake the accept loop so it sees `stopping`.
+        let _ = std::net::TcpStream::connect_timeout(&self.data_addr, Duration::from_secs(1));
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.server.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for AgentHandle {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+/// Starts an agent: binds both planes, then serves on background threads.
+pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
+    config.validate().map_err(AgentError::Config)?;
+    let catalog = Catalog::new(&config.roots).map_err(AgentError::Config)?;
+    let control = TcpListener::bind(config.listen).map_err(|source| AgentError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let control_addr = control
+        .local_addr()
+        .map_err(|e| AgentError::Start(e.to_string()))?;
+    let data_want = config.data_addr();
+    let data = TcpListener::bind(data_want).map_err(|source| AgentError::Bind {
+        addr: data_want,
+        source,
+    })?;
+    let data_addr = data
+        .local_addr()
+        .map_err(|e| AgentError::Start(e.to_string()))?;
+    let shared = Arc::new(Shared {
+        sessions: session::Sessions::new(
+            config.max_sessions,
+            Duration::from_secs(config.ticket_ttl_secs),
+        ),
+        catalog,
+        config,
+        data_port: data_addr.port(),
+        stopping: AtomicBool::new(false),
+    });
+    {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("dquant-accept".into())
+            .spawn(move || data::accept_loop(data, shared))
+            .map_err(|e| AgentError::Start(e.to_string()))?;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let svc = grpc::Service {
+        shared: shared.clone(),
+    };
+    control
+        .set_nonblocking(true)
+        .map_err(|e| AgentError::Start(e.to_string()))?;
+    let server = std::thread::Builder::new()
+        .name("dquant-control".into())
+        .spawn(move || -> Result<(), String> {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("dquant-grpc")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                let listener =
+                    tokio::net::TcpListener::from_std(control).map_err(|e| e.to_string())?;
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                tonic::transport::Server::builder()
+                    .add_service(dquant_proto::v1::agent_server::AgentServer::new(svc))
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .map_err(|e| AgentError::Start(e.to_string()))?;
+    tracing::info!(
+        control = %control_addr,
+        data = %data_addr,
+        roots = ?shared.catalog.roots().keys().collect::<Vec<_>>(),
+        prefetch_frames = shared.config.prefetch_frames,
+        "agent listening"
+    );
+    Ok(AgentHandle {
+        control_addr,
+        data_addr,
+        shared,
+        stop: Some(stop_tx),
+        server: Some(server),
+    })
+}

@@ -1,0 +1,535 @@
+//! Sessions: a plan (or one dataset) opened on the control plane, then streamed over one data
+//! connection.
+//!
+//! A session is *pending* from `Open` until its data connection presents the ticket, then
+//! *active* until the stream ends, the client disconnects or `Close` cancels it. Everything a
+//! session holds (its sources, its frame pool, its threads) belongs to it alone and is freed
+//! when it ends, however it ends; a failing session never touches another.
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use dquant_client::{auto_codec, check_fits, output_width, Pipeline, TokenSource};
+use dquant_codec::kernels::max_token;
+use dquant_codec::{Codec, Encoder};
+use dquant_plan::{OutputDType, WireCodec};
+use dquant_transport::frame::MAX_PAYLOAD;
+use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
+use dquant_transport::{
+    BatchHeader, BufferPool, FrameKind, FrameReader, FrameWriter, PooledBuf, RangeHeader,
+};
+
+/// What a session will stream once its data connection arrives.
+pub(crate) enum Work {
+    /// A plan's batches, in the plan's wire codec.
+    Plan {
+        pipeline: Box<Pipeline>,
+        output: OutputDType,
+        wire: WireCodec,
+        batch_size: usize,
+    },
+    /// Token ranges of one dataset, on request.
+    Source {
+        source: Box<dyn TokenSource>,
+        name: String,
+        wire: WireCodec,
+    },
+}
+
+struct Pending {
+    ticket: [u8; 16],
+    work: Work,
+    created: Instant,
+}
+
+struct Active {
+    cancel: Arc<AtomicBool>,
+    conn: TcpStream,
+}
+
+/// The agent's session table.
+pub(crate) struct Sessions {
+    next: AtomicU64,
+    pending: Mutex<HashMap<u64, Pending>>,
+    active: Mutex<HashMap<u64, Active>>,
+    max: usize,
+    ttl: Duration,
+}
+
+/// How a claim failed; the message goes to the connecting client.
+pub(crate) fn claim_error(session: u64) -> String {
+    format!("data stream: unknown session {session} or wrong ticket (sessions are claimed once, within the ticket's lifetime)")
+}
+
+impl Sessions {
+    pub fn new(max: usize, ttl: Duration) -> Self {
+        Sessions {
+            next: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            active: Mutex::new(HashMap::new()),
+            max,
+            ttl,
+        }
+    }
+
+    /// Registers `work` and returns its id and ticket.
+    pub fn add(&self, work: Work) -> Result<(u64, [u8; 16]), String> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        pending.retain(|id, p| {
+            let keep = now.duration_since(p.created) < self.ttl;
+            if !keep {
+                tracing::info!(session = id, "session expired before its data connection");
+            }
+            keep
+        });
+        let active = self.active.lock().unwrap_or_else(PoisonError::into_inner).len();
+        if pending.len() + active >= self.max {
+            return Err(format!(
+                "agent is at its limit of {} sessions; close finished readers or raise max_sessions",
+                self.max
+            ));
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let ticket: [u8; 16] = rand::random();
+        pending.insert(
+            id,
+            Pending {
+                ticket,
+                work,
+                created: now,
+            },
+        );
+        Ok((id, ticket))
+    }
+
+    /// Takes a pending session for the connection that presented `ticket`.
+    pub fn claim(
+        &self,
+        id: u64,
+        ticket: &[u8; 16],
+        conn: &TcpStream,
+    ) -> Option<(Work, Arc<AtomicBool>)> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let p = pending.get(&id)?;
+        // Constant-time compare: the ticket is the only secret on the data port.
+        let diff = p.ticket.iter().zip(ticket).fold(0u8, |a, (x, y)| a | (x ^ y));
+        if diff != 0 || p.created.elapsed() >= self.ttl {
+            return None;
+        }
+        let p = pending.remove(&id)?;
+        let cancel = Arc::new(AtomicBool::new(false));
+        let conn = conn.try_clone().ok()?;
+        self.active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                id,
+                Active {
+                    cancel: cancel.clone(),
+                    conn,
+                },
+            );
+        Some((p.work, cancel))
+    }
+
+    pub fn finish(&self, id: u64) {
+        self.active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// Cancels a session, pending or active. Returns whether it existed.
+    pub fn close(&self, id: u64) -> bool {
+        if self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id)
+            .is_some()
+        {
+            return true;
+        }
+        match self
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+        {
+            Some(a) => {
+                a.cancel.store(true, Ordering::Relaxed);
+                let _ = a.conn.shutdown(std::net::Shutdown::Both);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Cancels everything (agent shutdown).
+    pub fn close_all(&self) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        for a in self
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            a.cancel.store(true, Ordering::Relaxed);
+            let _ = a.conn.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// (pending, active) session counts.
+    pub fn counts(&self) -> (usize, usize) {
+        (
+            self.pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len(),
+            self.active
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len(),
+        )
+    }
+}
+
+/// What one session moved, for the log line at its end.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub records: u64,
+    pub tokens: u64,
+    pub wire_bytes: u64,
+}
+
+enum Msg {
+    Frame(PooledBuf),
+    End,
+    Error(String),
+}
+
+/// Packs record bytes into full 1 MiB frames from a fixed pool. A frame goes out when it is
+/// full or on `flush`; buffers come back to the pool once sent, so a consumer that stops
+/// reading stalls `write` (back-pressure) instead of growing memory.
+struct FrameSink<'a> {
+    pool: &'a BufferPool,
+    out: SinkOut<'a>,
+    cur: Option<PooledBuf>,
+    bytes: u64,
+}
+
+enum SinkOut<'a> {
+    /// To the sender thread (plan sessions: the producer runs ahead by the pool's size).
+    Channel(SyncSender<Msg>),
+    /// Straight to the socket (source sessions answer one request at a time).
+    Direct(&'a mut FrameWriter<TcpStream>),
+}
+
+/// The consumer went away; stop producing.
+struct Gone;
+
+impl FrameSink<'_> {
+    fn emit(&mut self, buf: PooledBuf) -> Result<(), Gone> {
+        self.bytes += buf.len() as u64;
+        match &mut self.out {
+            SinkOut::Channel(tx) => tx.send(Msg::Frame(buf)).map_err(|_| Gone),
+            SinkOut::Direct(w) => w.send(FrameKind::Data, &buf).map_err(|_| Gone),
+        }
+    }
+
+    fn write(&mut self, mut b: &[u8]) -> Result<(), Gone> {
+        while !b.is_empty() {
+            let cur = self.cur.get_or_insert_with(|| self.pool.get());
+            let len = cur.len();
+            let k = (cur.capacity() - len).min(b.len());
+            cur.spare()[len..len + k].copy_from_slice(&b[..k]);
+            cur.set_len(len + k);
+            b = &b[k..];
+            if cur.len() == cur.capacity() {
+                let full = self.cur.take().expect("just filled");
+                self.emit(full)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), Gone> {
+        match self.cur.take() {
+            Some(b) if !b.is_empty() => self.emit(b),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Picks the codec for `tokens`.
+fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
+    match wire {
+        WireCodec::Fixed(c) => c,
+        WireCodec::Auto(comp) => auto_codec(max_token(tokens), comp),
+    }
+}
+
+/// Encoders by codec (an `auto` wire codec may switch width between batches).
+#[derive(Default)]
+struct Encoders(HashMap<Codec, Encoder>);
+
+impl Encoders {
+    fn encode(&mut self, codec: Codec, tokens: &[u32], out: &mut Vec<u8>) -> Result<(), String> {
+        let e = match self.0.entry(codec) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Encoder::new(codec).map_err(|e| e.to_string())?)
+            }
+        };
+        out.clear();
+        e.encode(tokens, out).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// Streams a plan's batches over `conn` until the end, an error, a disconnect or `cancel`.
+pub(crate) fn stream_plan(
+    work: Work,
+    conn: TcpStream,
+    prefetch: usize,
+    cancel: Arc<AtomicBool>,
+) -> Result<Stats, String> {
+    let Work::Plan {
+        mut pipeline,
+        output,
+        wire,
+        batch_size,
+    } = work
+    else {
+        unreachable!("stream_plan gets plan work");
+    };
+    let pool = BufferPool::new(prefetch, MAX_PAYLOAD);
+    let (tx, rx) = sync_channel::<Msg>(prefetch + 2);
+    let producer_cancel = cancel.clone();
+    let producer = std::thread::Builder::new()
+        .name("dquant-produce".into())
+        .spawn(move || {
+            let mut sink = FrameSink {
+                pool: &pool,
+                out: SinkOut::Channel(tx.clone()),
+                cur: None,
+                bytes: 0,
+            };
+            let mut stats = Stats::default();
+            let r = produce(
+                &mut pipeline,
+                output,
+                wire,
+                batch_size,
+                &mut sink,
+                &mut stats,
+                &producer_cancel,
+            );
+            match r {
+                Ok(true) => {
+                    if sink.flush().is_ok() {
+                        let _ = tx.send(Msg::End);
+                    }
+                }
+                Ok(false) => {}
+                Err(m) => {
+                    // Batches before the failure are delivered; then the error, verbatim.
+                    let _ = sink.flush();
+                    let _ = tx.send(Msg::Error(m));
+                }
+            }
+            stats.wire_bytes = sink.bytes;
+            stats
+        })
+        .map_err(|e| format!("cannot start a producer thread: {e}"))?;
+    let sent = send_frames(conn, rx, &cancel);
+    let stats = producer
+        .join()
+        .map_err(|_| "the producer thread panicked".to_string())?;
+    sent.map(|_| stats)
+}
+
+/// Produces batch records; Ok(true) at the end of the stream, Ok(false) when the consumer
+/// went away or the session was cancelled.
+fn produce(
+    pipeline: &mut Pipeline,
+    output: OutputDType,
+    wire: WireCodec,
+    batch_size: usize,
+    sink: &mut FrameSink<'_>,
+    stats: &mut Stats,
+    cancel: &AtomicBool,
+) -> Result<bool, String> {
+    let sample_len = pipeline.sample_len();
+    let out_width = output_width(output);
+    let mut enc = Encoders::default();
+    let mut payload = Vec::new();
+    let _ = batch_size;
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let Some(b) = pipeline.next_batch().map_err(|e| e.to_string())? else {
+            return Ok(true);
+        };
+        // The output dtype is checked first, so an agent fails exactly where (and as) the
+        // in-process reader would; then the wire codec.
+        check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
+        let codec = codec_for(wire, b.tokens);
+        check_fits(&b, sample_len, codec.width, &format!("wire codec {codec}: "))
+            .map_err(|e| e.to_string())?;
+        enc.encode(codec, b.tokens, &mut payload)?;
+        let payload_len = u32::try_from(payload.len())
+            .map_err(|_| format!("batch {} encodes to {} bytes, over 4 GiB", b.index, payload.len()))?;
+        let h = BatchHeader {
+            codec,
+            index: b.index,
+            samples: b.samples as u32,
+            sample_len: sample_len as u32,
+            payload_len,
+            cursor_epoch: b.cursor.epoch,
+            cursor_consumed: b.cursor.consumed_samples,
+        };
+        stats.records += 1;
+        stats.tokens += b.tokens.len() as u64;
+        if sink.write(&h.encode()).is_err() || sink.write(&payload).is_err() {
+            return Ok(false);
+        }
+    }
+}
+
+/// The sender half of a plan session: frames from the producer to the socket.
+fn send_frames(conn: TcpStream, rx: Receiver<Msg>, cancel: &AtomicBool) -> Result<(), String> {
+    let mut w = FrameWriter::new(conn);
+    for msg in rx.iter() {
+        if cancel.load(Ordering::Relaxed) {
+            return Err("closed by the client".into());
+        }
+        let r = match msg {
+            Msg::Frame(buf) => w.send(FrameKind::Data, &buf),
+            Msg::End => return w.finish(&[]).map_err(|e| e.to_string()),
+            Msg::Error(m) => {
+                let _ = w.fail(&m);
+                return Err(m);
+            }
+        };
+        if let Err(e) = r {
+            // Dropping `rx` hands the queued buffers back and stops the producer.
+            return Err(format!("client went away: {e}"));
+        }
+    }
+    Err("producer stopped".into())
+}
+
+/// Longest token range one request may ask for (64 MiB of u32): a peer cannot make the agent
+/// allocate without bound.
+pub const MAX_RANGE_TOKENS: u64 = 1 << 24;
+
+/// Serves range requests for one dataset until the client hangs up.
+pub(crate) fn serve_ranges(
+    work: Work,
+    conn: TcpStream,
+    frames: &mut FrameReader<TcpStream>,
+    cancel: Arc<AtomicBool>,
+) -> Result<Stats, String> {
+    let Work::Source {
+        mut source,
+        name,
+        wire,
+    } = work
+    else {
+        unreachable!("serve_ranges gets source work");
+    };
+    let pool = BufferPool::new(2, MAX_PAYLOAD);
+    let mut req = pool.get();
+    let mut w = FrameWriter::new(conn);
+    let mut enc = Encoders::default();
+    let mut ranges = Vec::new();
+    let mut tokens = Vec::new();
+    let mut payload = Vec::new();
+    let mut stats = Stats::default();
+    let total = source.tokens();
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(stats);
+        }
+        match frames.next_into(&mut req) {
+            Ok(true) => {}
+            Ok(false) => return Ok(stats),
+            Err(dquant_transport::WireError::Truncated { .. }) => return Ok(stats),
+            Err(e) => {
+                let _ = w.fail(&e.to_string());
+                return Err(e.to_string());
+            }
+        }
+        let fail = |w: &mut FrameWriter<TcpStream>, m: String| {
+            let _ = w.fail(&m);
+            Err(m)
+        };
+        if let Err(e) = parse_request(&req, &mut ranges) {
+            return fail(&mut w, e.to_string());
+        }
+        let mut sink = FrameSink {
+            pool: &pool,
+            out: SinkOut::Direct(&mut w),
+            cur: None,
+            bytes: 0,
+        };
+        let mut error = None;
+        for &(start, len) in &ranges {
+            if len > MAX_RANGE_TOKENS {
+                error = Some(format!(
+                    "{name}: token range {start}+{len} is longer than the {MAX_RANGE_TOKENS}-token limit of one request"
+                ));
+                break;
+            }
+            let end = start.checked_add(len).filter(|&e| e <= total);
+            let Some(end) = end else {
+                error = Some(format!(
+                    "{name}: token range {start}+{len} is outside the dataset's {total} tokens"
+                ));
+                break;
+            };
+            if let Err(e) = source.read_ranges(&[start..end], &mut tokens) {
+                error = Some(format!("{name}: {e}"));
+                break;
+            }
+            let codec = codec_for(wire, &tokens);
+            if let Err(e) = enc.encode(codec, &tokens, &mut payload) {
+                error = Some(format!("{name}: {e}"));
+                break;
+            }
+            let h = RangeHeader {
+                codec,
+                start,
+                len,
+                payload_len: payload.len() as u32,
+            };
+            let mut hb = [0u8; RECORD_HEADER_LEN];
+            hb.copy_from_slice(&h.encode());
+            if sink.write(&hb).is_err() || sink.write(&payload).is_err() {
+                return Ok(stats);
+            }
+            stats.records += 1;
+            stats.tokens += len;
+        }
+        if sink.flush().is_err() {
+            return Ok(stats);
+        }
+        stats.wire_bytes += sink.bytes;
+        if let Some(m) = error {
+            return fail(&mut w, m);
+        }
+        if w.flush().is_err() {
+            return Ok(stats);
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Offload parity: for each plan, the stream through an agent is byte-identical to the plan
+//! run in-process — single and blended sources, shuffled or not, sharded over 4 ranks,
+//! resumed from a cursor in the middle, through a chain of two agents, and with the client
+//! pulling token ranges itself.
+
+mod common;
+
+use common::{drain, plan, xxh3, Corpus};
+use dquant_client::{open, open_at, Offload, Reader};
+use dquant_plan::{Cursor, OutputDType, Plan};
+
+/// The stream of `p` in-process (local paths) and through the agent at `uri`.
+fn both(c: &Corpus, uri: &str, p: &Plan, from: Cursor) -> ((Vec<u8>, Vec<usize>), (Vec<u8>, Vec<usize>)) {
+    let mut local = Reader::local(&c.localized(p), from).unwrap();
+    let mut remote = open_at(uri, p, from, Offload::Yes).unwrap();
+    assert!(remote.is_offloaded());
+    assert_eq!(remote.rank_batches(), local.rank_batches());
+    assert_eq!(remote.rank_samples(), local.rank_samples());
+    let l = drain(&mut local);
+    let r = drain(&mut remote);
+    assert_eq!(remote.cursor(), local.cursor(), "cursors agree at the end");
+    (l, r)
+}
+
+fn assert_parity(c: &Corpus, uri: &str, p: &Plan, from: Cursor) -> u64 {
+    let ((lb, ls), (rb, rs)) = both(c, uri, p, from);
+    assert!(!lb.is_empty(), "the plan yields data");
+    assert_eq!(ls, rs, "batch sizes agree");
+    assert_eq!(lb.len(), rb.len());
+    assert_eq!(xxh3(&lb), xxh3(&rb), "whole-stream checksums agree");
+    xxh3(&lb)
+}
+
+#[test]
+fn offloaded_streams_equal_local_ones() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let uri = agent.uri();
+
+    // Single source, shuffled (the default), in each output dtype.
+    for out in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
+        let mut p = plan(&[("r50k", 1.0)], 255, 8);
+        p.output = out;
+        assert_parity(&c, &uri, &p, Cursor::START);
+    }
+    // The block-file copy gives the very same stream as the Megatron original.
+    let mut p = plan(&[("r50k", 1.0)], 255, 8);
+    let a = assert_parity(&c, &uri, &p, Cursor::START);
+    p.sources[0].uri = "corpus/r50k.dqb".into();
+    assert_eq!(assert_parity(&c, &uri, &p, Cursor::START), a);
+
+    // Unshuffled, several epochs, compressed wire codecs.
+    for codec in ["u16+zstd:3", "auto+lz4", "bits:16", "auto"] {
+        let mut p = plan(&[("r50k.dqb", 1.0)], 100, 5);
+        p.shuffle = false;
+        p.epochs = Some(2);
+        p.wire_codec = codec.into();
+        assert_parity(&c, &uri, &p, Cursor::START);
+    }
+
+    // Blended 70/30: 16-bit and 18-bit vocabularies, wire codec picked per batch.
+    let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 511, 4);
+    p.wire_codec = "auto+zstd:1".into();
+    p.samples = Some(600);
+    assert_parity(&c, &uri, &p, Cursor::START);
+    drop(agent);
+}
+
+#[test]
+fn sharded_ranks_partition_the_global_stream_through_the_agent() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let uri = agent.uri();
+    let mut p = plan(&[("r50k.dqb", 0.6), ("wide", 0.4)], 63, 3);
+    p.samples = Some(500);
+    let sample = 64 * 4;
+    let (global, _) = drain(&mut open(&uri, &p, Offload::Yes).unwrap());
+    let mut ranks = Vec::new();
+    for rank in 0..4 {
+        let mut q = p.clone();
+        q.world = 4;
+        q.rank = rank;
+        assert_parity(&c, &uri, &q, Cursor::START);
+        ranks.push(drain(&mut open(&uri, &q, Offload::Yes).unwrap()).0);
+    }
+    // Global sample i is rank i % 4's local sample i / 4: interleaving the ranks' samples
+    // must give back the global stream exactly (no duplicates, no gaps).
+    let mut interleaved = Vec::new();
+    let n = global.len() / sample;
+    for i in 0..n {
+        let r = &ranks[i % 4];
+        let k = i / 4;
+        interleaved.extend_from_slice(&r[k * sample..(k + 1) * sample]);
+    }
+    assert_eq!(ranks.iter().map(|r| r.len()).sum::<usize>(), global.len());
+    assert_eq!(xxh3(&interleaved), xxh3(&global));
+
+    // Blend counts at every prefix stay within one sample of the weights.
+    let local = Reader::local(&c.localized(&p), Cursor::START).unwrap();
+    let s = local.schedule().unwrap();
+    let mut counts = [0u64; 2];
+    for i in 0..s.total_samples() {
+        counts[s.sample(i).unwrap().source] += 1;
+        let n = (i + 1) as f64;
+        assert!((counts[0] as f64 - 0.6 * n).abs() <= 1.0, "prefix {n}: {counts:?}");
+        assert!((counts[1] as f64 - 0.4 * n).abs() <= 1.0, "prefix {n}: {counts:?}");
+    }
+}
+
+#[test]
+fn a_resumed_stream_is_the_tail_of_the_uninterrupted_one() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let uri = agent.uri();
+    let mut p = plan(&[("r50k", 0.5), ("wide", 0.5)], 127, 4);
+    p.epochs = Some(2);
+    p.world = 2;
+    p.rank = 1;
+    let mut full = open(&uri, &p, Offload::Yes).unwrap();
+    let mut head = Vec::new();
+    for _ in 0..7 {
+        head.extend_from_slice(full.next_batch().unwrap().unwrap().tokens.as_bytes());
+    }
+    let cursor = full.cursor();
+    assert_eq!(cursor.consumed_samples, 7 * 4 * 2);
+    let (tail, _) = drain(&mut full);
+    drop(full);
+    // Resume through the agent and in-process: both equal the uninterrupted tail.
+    let resumed = assert_parity(&c, &uri, &p, cursor);
+    assert_eq!(resumed, xxh3(&tail));
+    assert!(!head.is_empty());
+}
+
+#[test]
+fn chained_agents_and_client_side_pulls_give_the_same_bytes() {
+    let c = Corpus::new();
+    let storage = c.agent();
+    // The agent near the host: serves nothing of its own, pulls from the storage agent.
+    let empty = tempfile::tempdir().unwrap();
+    let mut cfg = c.config();
+    cfg.roots.clear();
+    cfg.roots.insert("none".into(), empty.path().to_path_buf());
+    let near = dquant_agent::start(cfg).unwrap();
+
+    let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 255, 4);
+    p.samples = Some(300);
+    p.output = OutputDType::I32;
+    let expect = xxh3(&drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0);
+
+    // Offload::No against the storage agent: this process pulls token ranges and packs.
+    let got = xxh3(&drain(&mut open(&storage.uri(), &p, Offload::No).unwrap()).0);
+    assert_eq!(got, expect);
+
+    // A plan on the near agent whose sources live on the storage agent.
+    let mut chained = p.clone();
+    for s in &mut chained.sources {
+        s.uri = format!("{}/{}", storage.uri(), s.uri);
+    }
+    let mut r = open(&near.uri(), &chained, Offload::Yes).unwrap();
+    assert_eq!(xxh3(&drain(&mut r).0), expect);
+    // The same plan with full URIs also runs in-process.
+    let mut r = open("", &chained, Offload::No).unwrap();
+    assert_eq!(xxh3(&drain(&mut r).0), expect);
+}
+
+#[test]
+fn read_returns_the_same_bytes_as_next_batch() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let mut p = plan(&[("r50k.dqb", 1.0)], 1000, 3);
+    p.output = OutputDType::U16;
+    let (want, _) = drain(&mut open(&agent.uri(), &p, Offload::Yes).unwrap());
+    let mut r = open(&agent.uri(), &p, Offload::Yes).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 777];
+    loop {
+        let n = r.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(xxh3(&got), xxh3(&want));
+    assert_eq!(r.cursor().consumed_samples, r.rank_samples());
+}

@@ -1,0 +1,188 @@
+//! The plan pipeline: a plan's schedule driven over its sources, one batch of tokens at a time.
+//!
+//! This is the work an agent offloads, and the very same code runs it in-process: the local
+//! [`crate::Reader`] and the agent's sessions both pull batches from a [`Pipeline`], then
+//! differ only in what they do with the tokens (store them in the output dtype here, encode
+//! them with the wire codec there). That is why offloaded and local runs are byte-identical.
+
+use std::ops::Range;
+
+use dquant_codec::kernels::first_over;
+use dquant_codec::Width;
+use dquant_plan::{Cursor, OutputDType, Plan, RankIter, Schedule, Source, SourceInfo};
+
+use crate::source::{SourceError, TokenSource};
+use crate::ClientError;
+
+/// One batch of tokens, borrowed from the pipeline.
+pub struct TokenBatch<'a> {
+    /// Index of the batch in the rank's stream.
+    pub index: u64,
+    /// `samples × sample_len` tokens, row-major.
+    pub tokens: &'a [u32],
+    pub samples: usize,
+    /// The cursor once this batch is consumed.
+    pub cursor: Cursor,
+    /// For each sample: its source and the source offset of its first token.
+    pub provenance: &'a [(usize, u64)],
+    /// The plan's source URIs, as the plan spelled them (for error messages).
+    pub uris: &'a [String],
+}
+
+/// A plan bound to opened sources, positioned at a cursor.
+pub struct Pipeline {
+    schedule: Schedule,
+    iter: RankIter,
+    uris: Vec<String>,
+    sources: Vec<Box<dyn TokenSource>>,
+    sample_len: usize,
+    tokens: Vec<u32>,
+    provenance: Vec<(usize, u64)>,
+    /// Per source: the ranges of this batch's samples from it, and where each lands.
+    ranges: Vec<Vec<Range<u64>>>,
+    slots: Vec<Vec<usize>>,
+    read: Vec<u32>,
+}
+
+impl Pipeline {
+    /// Validates `plan`, opens each source with `open_source` and positions the stream at
+    /// `cursor`.
+    pub fn open(
+        plan: &Plan,
+        cursor: Cursor,
+        mut open_source: impl FnMut(usize, &Source) -> Result<Box<dyn TokenSource>, SourceError>,
+    ) -> Result<Self, ClientError> {
+        plan.validate()?;
+        let mut sources = Vec::with_capacity(plan.sources.len());
+        for (index, s) in plan.sources.iter().enumerate() {
+            sources.push(
+                open_source(index, s).map_err(|source| ClientError::Source {
+                    index,
+                    uri: s.uri.clone(),
+                    source,
+                })?,
+            );
+        }
+        let infos: Vec<SourceInfo> = sources
+            .iter()
+            .map(|d| SourceInfo { tokens: d.tokens() })
+            .collect();
+        let schedule = Schedule::new(plan, &infos)?;
+        let iter = schedule.iter_rank(cursor)?;
+        let n = sources.len();
+        Ok(Pipeline {
+            schedule,
+            iter,
+            uris: plan.sources.iter().map(|s| s.uri.clone()).collect(),
+            sources,
+            sample_len: plan.seq_len as usize + 1,
+            tokens: Vec::new(),
+            provenance: Vec::new(),
+            ranges: vec![Vec::new(); n],
+            slots: vec![Vec::new(); n],
+            read: Vec::new(),
+        })
+    }
+
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Where the stream stands: after the last batch returned.
+    pub fn cursor(&self) -> Cursor {
+        self.iter.cursor()
+    }
+
+    pub fn sample_len(&self) -> usize {
+        self.sample_len
+    }
+
+    /// The plan's source URI `d`, as the plan spelled it (for error messages).
+    pub fn uri(&self, d: usize) -> &str {
+        &self.uris[d]
+    }
+
+    /// The next batch's tokens; `None` at the end of the rank's stream.
+    pub fn next_batch(&mut self) -> Result<Option<TokenBatch<'_>>, ClientError> {
+        let Some(b) = self.iter.next_batch() else {
+            return Ok(None);
+        };
+        let l = self.sample_len;
+        self.provenance.clear();
+        for d in 0..self.sources.len() {
+            self.ranges[d].clear();
+            self.slots[d].clear();
+        }
+        for (k, s) in b.samples.iter().enumerate() {
+            self.provenance.push((s.source, s.tokens.start));
+            self.ranges[s.source].push(s.tokens.clone());
+            self.slots[s.source].push(k);
+        }
+        self.tokens.resize(b.samples.len() * l, 0);
+        // One request per source and batch: a remote source answers all its samples in one
+        // round trip.
+        for d in 0..self.sources.len() {
+            if self.ranges[d].is_empty() {
+                continue;
+            }
+            self.sources[d]
+                .read_ranges(&self.ranges[d], &mut self.read)
+                .map_err(|source| ClientError::Source {
+                    index: d,
+                    uri: self.uris[d].clone(),
+                    source,
+                })?;
+            for (i, &k) in self.slots[d].iter().enumerate() {
+                self.tokens[k * l..(k + 1) * l].copy_from_slice(&self.read[i * l..(i + 1) * l]);
+            }
+        }
+        Ok(Some(TokenBatch {
+            index: b.index,
+            tokens: &self.tokens,
+            samples: b.samples.len(),
+            cursor: self.iter.cursor(),
+            provenance: &self.provenance,
+            uris: &self.uris,
+        }))
+    }
+}
+
+/// The codec width of an output dtype.
+pub fn output_width(o: OutputDType) -> Width {
+    match o {
+        OutputDType::U16 => Width::U16,
+        OutputDType::I32 => Width::I32,
+        OutputDType::I64 => Width::I64,
+    }
+}
+
+/// The first token of `batch` that does not fit `width`, as the error the plan's users see:
+/// it names the source and the token's offset in it.
+pub fn check_fits(
+    batch: &TokenBatch<'_>,
+    sample_len: usize,
+    width: Width,
+    context: &str,
+) -> Result<(), ClientError> {
+    let max = width.max_token();
+    if max == u32::MAX {
+        return Ok(());
+    }
+    for (k, sample) in batch.tokens.chunks_exact(sample_len).enumerate() {
+        if let Some(i) = first_over(sample, max) {
+            let (d, start) = batch.provenance[k];
+            let source = dquant_codec::CodecError::OutOfRange {
+                value: sample[i],
+                offset: start + i as u64,
+                width,
+            };
+            return Err(ClientError::Output {
+                index: d,
+                uri: batch.uris[d].clone(),
+                context: context.to_string(),
+                source,
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,362 @@
+//! Talking to an agent: the control plane (gRPC, through a small shared runtime) and the data
+//! plane (a blocking TCP stream of frames).
+//!
+//! The host API is blocking (`read(fd, buf)`), and trainers call it from threads that may or
+//! may not run an async runtime of their own. Control calls therefore run on one private
+//! tokio runtime and the caller waits on a plain channel, which works from any thread; the
+//! data plane is plain blocking sockets, where the bytes are.
+
+use std::future::Future;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::ops::Range;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use dquant_codec::{Codec, Decoder};
+use dquant_proto::v1::agent_client::AgentClient;
+use dquant_proto::v1::{
+    CloseRequest, DatasetStat, ListEntry, ListRequest, OpenReply, OpenRequest, OpenSourceRequest,
+    StatRequest,
+};
+use dquant_transport::record::{encode_request, RECORD_HEADER_LEN};
+use dquant_transport::{FrameKind, FrameWriter, Hello, RangeHeader, RecordReader, WireError};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::source::{SourceError, TokenSource};
+
+/// Where an agent listens, from `dquant://HOST:PORT[/DATASET]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentUri {
+    /// `HOST:PORT`.
+    pub authority: String,
+    /// The dataset name after the authority (`root/path`), empty if none.
+    pub dataset: String,
+}
+
+impl AgentUri {
+    pub const SCHEME: &'static str = "dquant://";
+
+    /// Parses `dquant://HOST:PORT[/DATASET]`.
+    pub fn parse(uri: &str) -> Result<Self, String> {
+        let rest = uri.strip_prefix(Self::SCHEME).ok_or_else(|| {
+            format!("{uri:?} is not an agent URI (expected dquant://HOST:PORT[/DATASET])")
+        })?;
+        let (authority, dataset) = rest.split_once('/').unwrap_or((rest, ""));
+        let port_ok = authority
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(format!(
+                "{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
+            ));
+        }
+        Ok(AgentUri {
+            authority: authority.to_string(),
+            dataset: dataset.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// The host part, without the port (brackets kept for IPv6).
+    pub fn host(&self) -> &str {
+        self.authority
+            .rsplit_once(':')
+            .map_or(&self.authority[..], |(h, _)| h)
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("dquant-control")
+            .enable_all()
+            .build()
+            .expect("the control-plane runtime starts (threads and timers are available)")
+    })
+}
+
+/// Runs `f` on the control runtime and waits for it, from any thread.
+fn call<F>(f: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime().spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    rx.recv()
+        .expect("control calls complete: the runtime outlives them")
+}
+
+/// An error and every cause under it, joined: tonic's top-level transport errors alone say
+/// only "transport error".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+fn status_message(s: tonic::Status) -> String {
+    if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown {
+        chain(&s)
+    } else {
+        s.message().to_string()
+    }
+}
+
+/// A control-plane connection to one agent.
+#[derive(Clone)]
+pub struct Control {
+    authority: String,
+    client: AgentClient<Channel>,
+}
+
+impl Control {
+    /// Connects to the agent at `HOST:PORT`.
+    pub fn connect(authority: &str) -> Result<Self, SourceError> {
+        let url = format!("http://{authority}");
+        let err = |reason: String| SourceError::Connect {
+            addr: authority.to_string(),
+            source: std::io::Error::other(reason),
+        };
+        let ep = Endpoint::from_shared(url)
+            .map_err(|e| err(chain(&e)))?
+            .connect_timeout(Duration::from_secs(10));
+        let ch = call(async move { ep.connect().await }).map_err(|e| err(chain(&e)))?;
+        Ok(Control {
+            authority: authority.to_string(),
+            client: AgentClient::new(ch),
+        })
+    }
+
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    pub fn list(&self, root: &str) -> Result<Vec<ListEntry>, SourceError> {
+        let mut c = self.client.clone();
+        let req = ListRequest { root: root.into() };
+        call(async move { c.list(req).await })
+            .map(|r| r.into_inner().entries)
+            .map_err(|s| SourceError::Agent(status_message(s)))
+    }
+
+    pub fn stat(&self, req: StatRequest) -> Result<DatasetStat, SourceError> {
+        let mut c = self.client.clone();
+        call(async move { c.stat(req).await })
+            .map(|r| r.into_inner())
+            .map_err(|s| SourceError::Agent(status_message(s)))
+    }
+
+    pub fn open(&self, req: OpenRequest) -> Result<OpenReply, SourceError> {
+        let mut c = self.client.clone();
+        call(async move { c.open(req).await })
+            .map(|r| r.into_inner())
+            .map_err(|s| SourceError::Agent(status_message(s)))
+    }
+
+    pub fn open_source(&self, req: OpenSourceRequest) -> Result<OpenReply, SourceError> {
+        let mut c = self.client.clone();
+        call(async move { c.open_source(req).await })
+            .map(|r| r.into_inner())
+            .map_err(|s| SourceError::Agent(status_message(s)))
+    }
+
+    pub fn close(&self, session: u64) -> Result<bool, SourceError> {
+        let mut c = self.client.clone();
+        call(async move { c.close(CloseRequest { session }).await })
+            .map(|r| r.into_inner().existed)
+            .map_err(|s| SourceError::Agent(status_message(s)))
+    }
+
+    /// Opens the data connection for a session `Open`/`OpenSource` created and says hello.
+    pub fn connect_data(
+        &self,
+        reply: &OpenReply,
+    ) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), SourceError> {
+        let host = self
+            .authority
+            .rsplit_once(':')
+            .map_or(&self.authority[..], |(h, _)| h);
+        let addr = format!("{host}:{}", reply.data_port);
+        let err = |source| SourceError::Connect {
+            addr: addr.clone(),
+            source,
+        };
+        let sa = addr
+            .to_socket_addrs()
+            .map_err(err)?
+            .next()
+            .ok_or_else(|| err(std::io::ErrorKind::NotFound.into()))?;
+        let s = TcpStream::connect_timeout(&sa, Duration::from_secs(10)).map_err(err)?;
+        s.set_nodelay(true).map_err(err)?;
+        let ticket: [u8; 16] = reply.ticket.as_slice().try_into().map_err(|_| {
+            SourceError::Agent(format!(
+                "agent sent a {}-byte ticket, expected 16",
+                reply.ticket.len()
+            ))
+        })?;
+        let hello = Hello {
+            session: reply.session,
+            ticket,
+        };
+        let mut w = FrameWriter::new(s.try_clone().map_err(err)?);
+        w.send(FrameKind::Data, &hello.encode())?;
+        w.flush()?;
+        Ok((w, RecordReader::new(s)))
+    }
+}
+
+/// A dataset served by another agent, read by token ranges over its data plane. Requests
+/// carry every range of a batch at once, so a batch costs one round trip per source.
+pub struct RemoteSource {
+    control: Control,
+    session: u64,
+    tokens: u64,
+    writer: FrameWriter<TcpStream>,
+    reader: RecordReader<TcpStream>,
+    decoder: Decoder,
+    request: Vec<u8>,
+    pairs: Vec<(u64, u64)>,
+    payload: Vec<u8>,
+}
+
+impl RemoteSource {
+    /// Opens `dataset` (`root/path`) on the agent `control` talks to.
+    pub fn open(
+        control: Control,
+        dataset: StatRequest,
+        wire_codec: &str,
+    ) -> Result<Self, SourceError> {
+        let reply = control.open_source(OpenSourceRequest {
+            dataset: Some(dataset),
+            wire_codec: wire_codec.into(),
+        })?;
+        let tokens = reply.stat.as_ref().map_or(0, |s| s.tokens);
+        let (writer, reader) = control.connect_data(&reply)?;
+        Ok(RemoteSource {
+            session: reply.session,
+            control,
+            tokens,
+            writer,
+            reader,
+            decoder: Decoder::new(),
+            request: Vec::new(),
+            pairs: Vec::new(),
+            payload: Vec::new(),
+        })
+    }
+
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    pub fn control(&self) -> &Control {
+        &self.control
+    }
+}
+
+impl TokenSource for RemoteSource {
+    fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        out: &mut Vec<u32>,
+    ) -> Result<(), SourceError> {
+        out.clear();
+        let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        out.reserve(total as usize);
+        for chunk in ranges.chunks(dquant_transport::record::MAX_REQUEST_RANGES) {
+            self.pairs.clear();
+            self.pairs
+                .extend(chunk.iter().map(|r| (r.start, r.end - r.start)));
+            self.request.clear();
+            encode_request(&self.pairs, &mut self.request);
+            self.writer.send(FrameKind::Data, &self.request)?;
+            self.writer.flush()?;
+            for r in chunk {
+                let mut hb = [0u8; RECORD_HEADER_LEN];
+                match self.reader.next_header()? {
+                    Some(h) => hb.copy_from_slice(&h),
+                    None => return Err(WireError::EndInRecord("range response").into()),
+                }
+                let h = RangeHeader::parse(&hb).map_err(WireError::from)?;
+                if h.start != r.start || h.len != r.end - r.start {
+                    return Err(SourceError::Agent(format!(
+                        "agent answered range {}+{} for request {}..{}",
+                        h.start, h.len, r.start, r.end
+                    )));
+                }
+                check_payload_len(h.codec, h.len as usize, h.payload_len)?;
+                self.payload.resize(h.payload_len as usize, 0);
+                self.reader.read_exact(&mut self.payload, "range payload")?;
+                let at = out.len();
+                out.resize(at + h.len as usize, 0);
+                self.decoder
+                    .decode(h.codec, &self.payload, &mut out[at..])
+                    .map_err(|e| e.at_base(r.start))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RemoteSource {
+    fn drop(&mut self) {
+        // Closing the socket ends the session on the agent; say so explicitly too, but do not
+        // wait on an agent that may be gone.
+        let _ = self.writer.get_ref().shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Refuses a payload length no encoding of `tokens` tokens could have (a corrupt or hostile
+/// peer must not make us allocate gigabytes).
+pub(crate) fn check_payload_len(
+    codec: Codec,
+    tokens: usize,
+    payload_len: u32,
+) -> Result<(), SourceError> {
+    let raw = codec.raw_len(tokens);
+    let bound = raw + raw / 16 + 4096;
+    if payload_len as usize > bound {
+        return Err(SourceError::Agent(format!(
+            "agent sent a {payload_len}-byte payload for {tokens} tokens of {codec} (at most {bound} expected)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_uris_parse() {
+        assert_eq!(
+            AgentUri::parse("dquant://127.0.0.1:7878/corpus/a/b").unwrap(),
+            AgentUri {
+                authority: "127.0.0.1:7878".into(),
+                dataset: "corpus/a/b".into()
+            }
+        );
+        assert_eq!(AgentUri::parse("dquant://h:1").unwrap().dataset, "");
+        assert_eq!(
+            AgentUri::parse("dquant://nohost/x").unwrap_err(),
+            "\"dquant://nohost/x\": the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
+        );
+        assert!(AgentUri::parse("/data/x").is_err());
+    }
+}

@@ -1,0 +1,107 @@
+//! Token sources: where a plan's tokens come from.
+//!
+//! A plan's pipeline only needs two things of a source: how many tokens it has, and the tokens
+//! of a list of ranges. [`TokenSource`] is that, and nothing more, so a local file and a
+//! dataset on another agent ([`crate::remote::RemoteSource`]) are interchangeable: that is
+//! what lets an agent near the host chain to an agent near the storage.
+
+use std::ops::Range;
+use std::path::Path;
+
+use dquant_codec::CodecError;
+use dquant_format::{DType, FormatError};
+use dquant_plan::Source;
+use dquant_storage::{Dataset, OpenOptions, ReadBuffers, StorageError};
+use dquant_transport::WireError;
+
+/// Why a source could not be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{0}")]
+    Storage(#[from] StorageError),
+    /// The agent that serves the source refused or failed; its message, verbatim.
+    #[error("{0}")]
+    Agent(String),
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    #[error("{0}")]
+    Codec(#[from] CodecError),
+    #[error("cannot reach agent {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// A dataset a plan reads tokens from.
+pub trait TokenSource: Send {
+    /// Tokens in the dataset.
+    fn tokens(&self) -> u64;
+
+    /// Replaces `out` with the tokens of `ranges`, back to back.
+    fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut Vec<u32>)
+        -> Result<(), SourceError>;
+}
+
+/// A dataset on this machine.
+pub struct LocalSource {
+    ds: Dataset,
+    bufs: ReadBuffers,
+    tmp: Vec<u32>,
+}
+
+impl LocalSource {
+    pub fn new(ds: Dataset) -> Self {
+        LocalSource {
+            ds,
+            bufs: ReadBuffers::new(),
+            tmp: Vec::new(),
+        }
+    }
+
+    /// Opens `path` as a plan source says (its `dtype` and `eod` apply to raw files).
+    pub fn open(path: &Path, source: &Source) -> Result<Self, SourceError> {
+        Ok(LocalSource::new(Dataset::open(path, &open_options(source)?)?))
+    }
+
+    pub fn dataset(&self) -> &Dataset {
+        &self.ds
+    }
+}
+
+/// The storage options a plan source asks for.
+pub fn open_options(source: &Source) -> Result<OpenOptions, SourceError> {
+    let raw_dtype = match &source.dtype {
+        Some(d) => Some(
+            d.parse::<DType>()
+                .map_err(|e: FormatError| SourceError::Usage(e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok(OpenOptions {
+        raw_dtype,
+        eod: source.eod,
+    })
+}
+
+impl TokenSource for LocalSource {
+    fn tokens(&self) -> u64 {
+        self.ds.tokens()
+    }
+
+    fn read_ranges(
+        &mut self,
+        ranges: &[Range<u64>],
+        out: &mut Vec<u32>,
+    ) -> Result<(), SourceError> {
+        out.clear();
+        for r in ranges {
+            self.ds.read(r.clone(), &mut self.tmp, &mut self.bufs)?;
+            out.extend_from_slice(&self.tmp);
+        }
+        Ok(())
+    }
+}

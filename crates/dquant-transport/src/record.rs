@@ -1,0 +1,260 @@
+//! Records: what the frames of a data stream carry.
+//!
+//! A frame is a transport unit (at most 1 MiB, checksummed); a record is a unit of meaning (a
+//! batch, or a token range). Records are laid end to end in the frames' payloads and may
+//! span frames, so a 4 MiB batch and a 2 KiB batch both travel in full 1 MiB frames and the
+//! frame size stays the DMA/RDMA buffer size whatever the plan's batch size is.
+//!
+//! Every record starts with a fixed 48-byte header (integers little-endian):
+//!
+//! | offset | size | batch record (`DQBT`) | range record (`DQRG`) |
+//! |---|---|---|---|
+//! | 0 | 4 | magic `DQBT` | magic `DQRG` |
+//! | 4 | 4 | wire codec (`Codec::to_bytes`) | wire codec |
+//! | 8 | 8 | batch index in the rank's stream | first token of the range |
+//! | 16 | 4 | samples in the batch | tokens in the range (low 32 bits) |
+//! | 20 | 4 | tokens per sample (`seq_len + 1`) | tokens in the range (high 32 bits) |
+//! | 24 | 4 | payload bytes that follow | payload bytes that follow |
+//! | 28 | 4 | reserved, zero | reserved, zero |
+//! | 32 | 8 | cursor after this batch: epoch | reserved, zero |
+//! | 40 | 8 | cursor after this batch: consumed samples | reserved, zero |
+//!
+//! The data connection opens with a *hello*: one data frame from the client whose payload is
+//! `DQHELLO1`, the session id (u64) and the 16-byte ticket from the control plane's `Open`
+//! reply. A source session's client then sends *range requests*: one data frame each,
+//! `DQRQ`, a u32 count, then `count` pairs of (first token u64, token count u64); the agent
+//! answers with `count` range records, in order.
+
+use dquant_codec::Codec;
+
+pub const RECORD_HEADER_LEN: usize = 48;
+pub const BATCH_MAGIC: [u8; 4] = *b"DQBT";
+pub const RANGE_MAGIC: [u8; 4] = *b"DQRG";
+pub const HELLO_MAGIC: [u8; 8] = *b"DQHELLO1";
+pub const HELLO_LEN: usize = 32;
+pub const REQUEST_MAGIC: [u8; 4] = *b"DQRQ";
+/// Most ranges one request frame can carry.
+pub const MAX_REQUEST_RANGES: usize = (crate::frame::MAX_PAYLOAD - 8) / 16;
+
+/// Errors in record-level data (the frames around them were intact).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("data stream: bad record magic {0:02x?}")]
+    BadMagic([u8; 4]),
+    #[error("data stream: unknown wire codec bytes {0:02x?}")]
+    BadCodec([u8; 4]),
+    #[error("data stream: bad hello (expected {HELLO_LEN} bytes starting with DQHELLO1, got {got} bytes)")]
+    BadHello { got: usize },
+    #[error("data stream: bad range request ({0})")]
+    BadRequest(String),
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+
+/// Header of a batch record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchHeader {
+    pub codec: Codec,
+    pub index: u64,
+    pub samples: u32,
+    pub sample_len: u32,
+    pub payload_len: u32,
+    pub cursor_epoch: u64,
+    pub cursor_consumed: u64,
+}
+
+impl BatchHeader {
+    pub fn encode(&self) -> [u8; RECORD_HEADER_LEN] {
+        let mut b = [0u8; RECORD_HEADER_LEN];
+        b[0..4].copy_from_slice(&BATCH_MAGIC);
+        b[4..8].copy_from_slice(&self.codec.to_bytes());
+        b[8..16].copy_from_slice(&self.index.to_le_bytes());
+        b[16..20].copy_from_slice(&self.samples.to_le_bytes());
+        b[20..24].copy_from_slice(&self.sample_len.to_le_bytes());
+        b[24..28].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.cursor_epoch.to_le_bytes());
+        b[40..48].copy_from_slice(&self.cursor_consumed.to_le_bytes());
+        b
+    }
+
+    pub fn parse(b: &[u8; RECORD_HEADER_LEN]) -> Result<Self, RecordError> {
+        let magic: [u8; 4] = b[0..4].try_into().expect("4 bytes");
+        if magic != BATCH_MAGIC {
+            return Err(RecordError::BadMagic(magic));
+        }
+        let cb: [u8; 4] = b[4..8].try_into().expect("4 bytes");
+        Ok(BatchHeader {
+            codec: Codec::from_bytes(cb).ok_or(RecordError::BadCodec(cb))?,
+            index: u64_at(b, 8),
+            samples: u32_at(b, 16),
+            sample_len: u32_at(b, 20),
+            payload_len: u32_at(b, 24),
+            cursor_epoch: u64_at(b, 32),
+            cursor_consumed: u64_at(b, 40),
+        })
+    }
+
+    /// Tokens the payload decodes to.
+    pub fn tokens(&self) -> usize {
+        self.samples as usize * self.sample_len as usize
+    }
+}
+
+/// Header of a range record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeHeader {
+    pub codec: Codec,
+    pub start: u64,
+    pub len: u64,
+    pub payload_len: u32,
+}
+
+impl RangeHeader {
+    pub fn encode(&self) -> [u8; RECORD_HEADER_LEN] {
+        let mut b = [0u8; RECORD_HEADER_LEN];
+        b[0..4].copy_from_slice(&RANGE_MAGIC);
+        b[4..8].copy_from_slice(&self.codec.to_bytes());
+        b[8..16].copy_from_slice(&self.start.to_le_bytes());
+        b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b[24..28].copy_from_slice(&self.payload_len.to_le_bytes());
+        b
+    }
+
+    pub fn parse(b: &[u8; RECORD_HEADER_LEN]) -> Result<Self, RecordError> {
+        let magic: [u8; 4] = b[0..4].try_into().expect("4 bytes");
+        if magic != RANGE_MAGIC {
+            return Err(RecordError::BadMagic(magic));
+        }
+        let cb: [u8; 4] = b[4..8].try_into().expect("4 bytes");
+        Ok(RangeHeader {
+            codec: Codec::from_bytes(cb).ok_or(RecordError::BadCodec(cb))?,
+            start: u64_at(b, 8),
+            len: u64_at(b, 16),
+            payload_len: u32_at(b, 24),
+        })
+    }
+}
+
+/// The hello a data connection opens with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub session: u64,
+    pub ticket: [u8; 16],
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..8].copy_from_slice(&HELLO_MAGIC);
+        b[8..16].copy_from_slice(&self.session.to_le_bytes());
+        b[16..32].copy_from_slice(&self.ticket);
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Self, RecordError> {
+        if b.len() != HELLO_LEN || b[0..8] != HELLO_MAGIC {
+            return Err(RecordError::BadHello { got: b.len() });
+        }
+        Ok(Hello {
+            session: u64_at(b, 8),
+            ticket: b[16..32].try_into().expect("16 bytes"),
+        })
+    }
+}
+
+/// Appends a range request for `ranges` (at most [`MAX_REQUEST_RANGES`]) to `out`.
+pub fn encode_request(ranges: &[(u64, u64)], out: &mut Vec<u8>) {
+    assert!(ranges.len() <= MAX_REQUEST_RANGES, "too many ranges for one frame");
+    out.extend_from_slice(&REQUEST_MAGIC);
+    out.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+    for &(s, n) in ranges {
+        out.extend_from_slice(&s.to_le_bytes());
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+}
+
+/// Parses a range request into `out` (cleared first).
+pub fn parse_request(b: &[u8], out: &mut Vec<(u64, u64)>) -> Result<(), RecordError> {
+    out.clear();
+    if b.len() < 8 || b[0..4] != REQUEST_MAGIC {
+        return Err(RecordError::BadRequest(format!(
+            "expected DQRQ and a count, got {} bytes",
+            b.len()
+        )));
+    }
+    let n = u32_at(b, 4) as usize;
+    if b.len() != 8 + 16 * n {
+        return Err(RecordError::BadRequest(format!(
+            "{n} ranges need {} bytes, the frame has {}",
+            8 + 16 * n,
+            b.len()
+        )));
+    }
+    out.extend((0..n).map(|i| (u64_at(b, 8 + 16 * i), u64_at(b, 16 + 16 * i))));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dquant_codec::{Compression, Width};
+
+    #[test]
+    fn headers_round_trip() {
+        let codec = Codec {
+            width: Width::U16,
+            compression: Compression::Zstd(3),
+        };
+        let h = BatchHeader {
+            codec,
+            index: 7,
+            samples: 8,
+            sample_len: 4097,
+            payload_len: 1234,
+            cursor_epoch: 1,
+            cursor_consumed: 64,
+        };
+        assert_eq!(BatchHeader::parse(&h.encode()).unwrap(), h);
+        let r = RangeHeader {
+            codec,
+            start: 1 << 40,
+            len: 5 << 33,
+            payload_len: 99,
+        };
+        assert_eq!(RangeHeader::parse(&r.encode()).unwrap(), r);
+        assert_eq!(
+            BatchHeader::parse(&r.encode()).unwrap_err(),
+            RecordError::BadMagic(RANGE_MAGIC)
+        );
+        let hello = Hello {
+            session: 3,
+            ticket: [9; 16],
+        };
+        assert_eq!(Hello::parse(&hello.encode()).unwrap(), hello);
+        assert_eq!(
+            Hello::parse(b"GET / HTTP/1.1\r\n").unwrap_err().to_string(),
+            "data stream: bad hello (expected 32 bytes starting with DQHELLO1, got 16 bytes)"
+        );
+    }
+
+    #[test]
+    fn requests_round_trip_and_reject_bad_lengths() {
+        let mut b = Vec::new();
+        encode_request(&[(0, 10), (1 << 35, 4097)], &mut b);
+        let mut out = Vec::new();
+        parse_request(&b, &mut out).unwrap();
+        assert_eq!(out, vec![(0, 10), (1 << 35, 4097)]);
+        assert_eq!(
+            parse_request(&b[..b.len() - 1], &mut out)
+                .unwrap_err()
+                .to_string(),
+            "data stream: bad range request (2 ranges need 40 bytes, the frame has 39)"
+        );
+    }
+}
