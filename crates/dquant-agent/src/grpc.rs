@@ -145,7 +145,6 @@ impl Agent for Service {
                 pipeline: Box::new(pipeline),
                 output: plan.output,
                 wire,
-                batch_size: plan.batch_size as usize,
             };
             let (id, ticket) = shared
                 .sessions

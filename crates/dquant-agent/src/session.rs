@@ -30,7 +30,6 @@ pub(crate) enum Work {
         pipeline: Box<Pipeline>,
         output: OutputDType,
         wire: WireCodec,
-        batch_size: usize,
     },
     /// Token ranges of one dataset, on request.
     Source {
@@ -306,7 +305,6 @@ pub(crate) fn stream_plan(
         mut pipeline,
         output,
         wire,
-        batch_size,
     } = work
     else {
         unreachable!("stream_plan gets plan work");
@@ -328,7 +326,6 @@ pub(crate) fn stream_plan(
                 &mut pipeline,
                 output,
                 wire,
-                batch_size,
                 &mut sink,
                 &mut stats,
                 &producer_cancel,
@@ -363,7 +360,6 @@ fn produce(
     pipeline: &mut Pipeline,
     output: OutputDType,
     wire: WireCodec,
-    batch_size: usize,
     sink: &mut FrameSink<'_>,
     stats: &mut Stats,
     cancel: &AtomicBool,
@@ -372,7 +368,6 @@ fn produce(
     let out_width = output_width(output);
     let mut enc = Encoders::default();
     let mut payload = Vec::new();
-    let _ = batch_size;
     loop {
         if cancel.load(Ordering::Relaxed) {
             return Ok(false);
@@ -498,6 +493,7 @@ pub(crate) fn serve_ranges(
                 ));
                 break;
             };
+            tokens.resize(len as usize, 0);
             if let Err(e) = source.read_ranges(&[start..end], &mut tokens) {
                 error = Some(format!("{name}: {e}"));
                 break;

@@ -125,15 +125,29 @@ impl Pipeline {
             if self.ranges[d].is_empty() {
                 continue;
             }
-            self.sources[d]
-                .read_ranges(&self.ranges[d], &mut self.read)
-                .map_err(|source| ClientError::Source {
-                    index: d,
-                    uri: self.uris[d].clone(),
-                    source,
-                })?;
-            for (i, &k) in self.slots[d].iter().enumerate() {
-                self.tokens[k * l..(k + 1) * l].copy_from_slice(&self.read[i * l..(i + 1) * l]);
+            let slots = &self.slots[d];
+            let err = |source| ClientError::Source {
+                index: d,
+                uri: self.uris[d].clone(),
+                source,
+            };
+            let first = slots[0];
+            if slots.iter().enumerate().all(|(i, &k)| k == first + i) {
+                // The source's samples are adjacent in the batch (always so for one source):
+                // read them straight into place.
+                let dst = &mut self.tokens[first * l..(first + slots.len()) * l];
+                self.sources[d]
+                    .read_ranges(&self.ranges[d], dst)
+                    .map_err(err)?;
+            } else {
+                self.read.resize(slots.len() * l, 0);
+                self.sources[d]
+                    .read_ranges(&self.ranges[d], &mut self.read)
+                    .map_err(err)?;
+                for (i, &k) in slots.iter().enumerate() {
+                    self.tokens[k * l..(k + 1) * l]
+                        .copy_from_slice(&self.read[i * l..(i + 1) * l]);
+                }
             }
         }
         Ok(Some(TokenBatch {

@@ -172,11 +172,27 @@ impl Control {
             .map_err(|s| SourceError::Agent(status_message(s)))
     }
 
+    /// Ends `session` on the agent. Bounded by a short timeout: readers call this while
+    /// being dropped, and an unreachable agent must not hang them (it frees the session
+    /// anyway when the data connection closes).
     pub fn close(&self, session: u64) -> Result<bool, SourceError> {
         let mut c = self.client.clone();
-        call(async move { c.close(CloseRequest { session }).await })
-            .map(|r| r.into_inner().existed)
-            .map_err(|s| SourceError::Agent(status_message(s)))
+        let r = call(async move {
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                c.close(CloseRequest { session }),
+            )
+            .await
+        });
+        match r {
+            Ok(r) => r
+                .map(|r| r.into_inner().existed)
+                .map_err(|s| SourceError::Agent(status_message(s))),
+            Err(_) => Err(SourceError::Agent(format!(
+                "agent {}: no answer to Close within 2 s",
+                self.authority
+            ))),
+        }
     }
 
     /// Opens the data connection for a session `Open`/`OpenSource` created and says hello.
@@ -271,14 +287,14 @@ impl TokenSource for RemoteSource {
         self.tokens
     }
 
-    fn read_ranges(
-        &mut self,
-        ranges: &[Range<u64>],
-        out: &mut Vec<u32>,
-    ) -> Result<(), SourceError> {
-        out.clear();
-        let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-        out.reserve(total as usize);
+    fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
+        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+        if total != out.len() as u64 {
+            return Err(SourceError::Usage(
+                "read_ranges: the buffer does not match the ranges".into(),
+            ));
+        }
+        let mut at = 0;
         for chunk in ranges.chunks(dquant_transport::record::MAX_REQUEST_RANGES) {
             self.pairs.clear();
             self.pairs
@@ -303,11 +319,11 @@ impl TokenSource for RemoteSource {
                 check_payload_len(h.codec, h.len as usize, h.payload_len)?;
                 self.payload.resize(h.payload_len as usize, 0);
                 self.reader.read_exact(&mut self.payload, "range payload")?;
-                let at = out.len();
-                out.resize(at + h.len as usize, 0);
+                let n = h.len as usize;
                 self.decoder
-                    .decode(h.codec, &self.payload, &mut out[at..])
+                    .decode(h.codec, &self.payload, &mut out[at..at + n])
                     .map_err(|e| e.at_base(r.start))?;
+                at += n;
             }
         }
         Ok(())

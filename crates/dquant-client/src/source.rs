@@ -41,16 +41,15 @@ pub trait TokenSource: Send {
     /// Tokens in the dataset.
     fn tokens(&self) -> u64;
 
-    /// Replaces `out` with the tokens of `ranges`, back to back.
-    fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut Vec<u32>)
-        -> Result<(), SourceError>;
+    /// Fills `out` with the tokens of `ranges`, back to back; `out` holds exactly their
+    /// total length.
+    fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError>;
 }
 
 /// A dataset on this machine.
 pub struct LocalSource {
     ds: Dataset,
     bufs: ReadBuffers,
-    tmp: Vec<u32>,
 }
 
 impl LocalSource {
@@ -58,7 +57,6 @@ impl LocalSource {
         LocalSource {
             ds,
             bufs: ReadBuffers::new(),
-            tmp: Vec::new(),
         }
     }
 
@@ -92,15 +90,15 @@ impl TokenSource for LocalSource {
         self.ds.tokens()
     }
 
-    fn read_ranges(
-        &mut self,
-        ranges: &[Range<u64>],
-        out: &mut Vec<u32>,
-    ) -> Result<(), SourceError> {
-        out.clear();
+    fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
+        let mut at = 0;
         for r in ranges {
-            self.ds.read(r.clone(), &mut self.tmp, &mut self.bufs)?;
-            out.extend_from_slice(&self.tmp);
+            let n = r.end.saturating_sub(r.start) as usize;
+            let dst = out.get_mut(at..at + n).ok_or_else(|| {
+                SourceError::Usage("read_ranges: the buffer is shorter than the ranges".into())
+            })?;
+            self.ds.read_into(r.clone(), dst, &mut self.bufs)?;
+            at += n;
         }
         Ok(())
     }

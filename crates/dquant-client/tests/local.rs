@@ -260,12 +260,18 @@ fn bad_sources_are_named() {
         e.to_string(),
         "sources[1] (/nonexistent/data): /nonexistent/data: No such file or directory (os error 2)"
     );
+    // An agent source whose agent is not there (port 1 on loopback refuses at once).
     let p = plan(
         vec![Source::new("dquant://127.0.0.1:1/web")],
         OutputDType::U16,
     );
     assert_eq!(
         Reader::local(&p, Cursor::START).err().unwrap().to_string(),
-        "sources[0] (dquant://127.0.0.1:1/web): dquant:// sources are served by an agent; in-process mode reads local paths"
+        "sources[0] (dquant://127.0.0.1:1/web): cannot reach agent 127.0.0.1:1: transport error: tcp connect error: Connection refused (os error 111)"
+    );
+    let p = plan(vec![Source::new("dquant://127.0.0.1:1")], OutputDType::U16);
+    assert_eq!(
+        Reader::local(&p, Cursor::START).err().unwrap().to_string(),
+        "sources[0] (dquant://127.0.0.1:1): the URI names an agent but no dataset (dquant://HOST:PORT/ROOT/PATH)"
     );
 }

@@ -386,6 +386,22 @@ impl Dataset {
         out: &mut Vec<u32>,
         bufs: &mut ReadBuffers,
     ) -> Result<(), StorageError> {
+        out.clear();
+        out.resize(range.end.saturating_sub(range.start) as usize, 0);
+        self.read_into(range, out, bufs)
+    }
+
+    /// Fills `out` (exactly `range.end - range.start` long) with the tokens of `range`, as
+    /// [`Dataset::read`] does; for callers that assemble many ranges in one buffer.
+    ///
+    /// # Panics
+    /// If `out` has the wrong length.
+    pub fn read_into(
+        &self,
+        range: Range<u64>,
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), StorageError> {
         if range.start > range.end || range.end > self.tokens() {
             return Err(StorageError::Usage(format!(
                 "{}: token range {}..{} is outside the dataset's {} tokens",
@@ -395,8 +411,11 @@ impl Dataset {
                 self.tokens()
             )));
         }
-        out.clear();
-        out.resize((range.end - range.start) as usize, 0);
+        assert_eq!(
+            out.len() as u64,
+            range.end - range.start,
+            "read_into: the buffer must hold the range"
+        );
         match &self.source {
             Source::Plain { file, dtype } => {
                 let item = dtype.itemsize() as u64;
