@@ -79,7 +79,10 @@ impl AgentConfig {
             return Err("max_sessions: must be at least 1".into());
         }
         if self.roots.is_empty() {
-            return Err("roots: no dataset roots configured (give --root NAME=DIR or a [roots] table)".into());
+            return Err(
+                "roots: no dataset roots configured (give --root NAME=DIR or a [roots] table)"
+                    .into(),
+            );
         }
         Ok(())
     }

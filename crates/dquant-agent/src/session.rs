@@ -86,7 +86,11 @@ impl Sessions {
             }
             keep
         });
-        let active = self.active.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let active = self
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
         if pending.len() + active >= self.max {
             return Err(format!(
                 "agent is at its limit of {} sessions; close finished readers or raise max_sessions",
@@ -116,7 +120,11 @@ impl Sessions {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let p = pending.get(&id)?;
         // Constant-time compare: the ticket is the only secret on the data port.
-        let diff = p.ticket.iter().zip(ticket).fold(0u8, |a, (x, y)| a | (x ^ y));
+        let diff = p
+            .ticket
+            .iter()
+            .zip(ticket)
+            .fold(0u8, |a, (x, y)| a | (x ^ y));
         if diff != 0 || p.created.elapsed() >= self.ttl {
             return None;
         }
@@ -379,11 +387,21 @@ fn produce(
         // in-process reader would; then the wire codec.
         check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
         let codec = codec_for(wire, b.tokens);
-        check_fits(&b, sample_len, codec.width, &format!("wire codec {codec}: "))
-            .map_err(|e| e.to_string())?;
+        check_fits(
+            &b,
+            sample_len,
+            codec.width,
+            &format!("wire codec {codec}: "),
+        )
+        .map_err(|e| e.to_string())?;
         enc.encode(codec, b.tokens, &mut payload)?;
-        let payload_len = u32::try_from(payload.len())
-            .map_err(|_| format!("batch {} encodes to {} bytes, over 4 GiB", b.index, payload.len()))?;
+        let payload_len = u32::try_from(payload.len()).map_err(|_| {
+            format!(
+                "batch {} encodes to {} bytes, over 4 GiB",
+                b.index,
+                payload.len()
+            )
+        })?;
         let h = BatchHeader {
             codec,
             index: b.index,
@@ -494,7 +512,7 @@ pub(crate) fn serve_ranges(
                 break;
             };
             tokens.resize(len as usize, 0);
-            if let Err(e) = source.read_ranges(&[start..end], &mut tokens) {
+            if let Err(e) = source.read_ranges(std::slice::from_ref(&(start..end)), &mut tokens) {
                 error = Some(format!("{name}: {e}"));
                 break;
             }

@@ -73,9 +73,13 @@ fn unknown_datasets_and_path_escapes_are_refused() {
         "sources[0] (/etc/passwd): dataset \"/etc/passwd\": absolute paths are not allowed; name a dataset as ROOT/PATH"
     );
     // The same refusals on the source path (chaining, Offload::No with an agent).
-    let e = open(&agent.uri(), &plan(&[("../secret", 1.0)], 127, 4), Offload::No)
-        .err()
-        .unwrap();
+    let e = open(
+        &agent.uri(),
+        &plan(&[("../secret", 1.0)], 127, 4),
+        Offload::No,
+    )
+    .err()
+    .unwrap();
     assert_eq!(
         e.to_string(),
         "sources[0] (corpus/../secret): dataset \"corpus/../secret\": '..' is not allowed; names are relative to a root"
@@ -103,11 +107,17 @@ fn malformed_plans_name_what_is_wrong() {
         "plan: key must be a string at line 1 column 2"
     );
     assert_eq!(
-        open_json(r#"{"sources":[{"uri":"corpus/r50k","weight":-1}],"seq_len":16,"batch_size":2}"#, 0),
+        open_json(
+            r#"{"sources":[{"uri":"corpus/r50k","weight":-1}],"seq_len":16,"batch_size":2}"#,
+            0
+        ),
         "sources[0].weight: must be a finite number > 0 (got -1)"
     );
     assert_eq!(
-        open_json(r#"{"sources":[{"uri":"corpus/r50k"}],"seq_len":0,"batch_size":2}"#, 0),
+        open_json(
+            r#"{"sources":[{"uri":"corpus/r50k"}],"seq_len":0,"batch_size":2}"#,
+            0
+        ),
         "seq_len: must be at least 1"
     );
     assert_eq!(
@@ -146,7 +156,8 @@ fn garbage_on_the_data_port_gets_an_error_frame() {
 
     // An HTTP request is not a frame.
     let mut s = TcpStream::connect(agent.data_addr()).unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: dquant\r\nAccept: */*\r\n\r\n").unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: dquant\r\nAccept: */*\r\n\r\n")
+        .unwrap();
     let mut r = FrameReader::new(s);
     match r.next_into(&mut buf) {
         Err(WireError::Remote(m)) => assert_eq!(
@@ -304,7 +315,10 @@ fn tokens_too_wide_for_a_u16_wire_codec_are_an_exact_error() {
             Err(e) => break e,
         }
     };
-    assert!(matches!(e, ClientError::Wire(WireError::Remote(_))), "{e:?}");
+    assert!(
+        matches!(e, ClientError::Wire(WireError::Remote(_))),
+        "{e:?}"
+    );
     assert_eq!(e.to_string(), want);
     assert_eq!(good, expect_batches);
 

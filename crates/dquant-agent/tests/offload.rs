@@ -9,8 +9,11 @@ use common::{drain, plan, xxh3, Corpus};
 use dquant_client::{open, open_at, Offload, Reader};
 use dquant_plan::{Cursor, OutputDType, Plan};
 
+/// A stream's bytes and its batches' sample counts.
+type Stream = (Vec<u8>, Vec<usize>);
+
 /// The stream of `p` in-process (local paths) and through the agent at `uri`.
-fn both(c: &Corpus, uri: &str, p: &Plan, from: Cursor) -> ((Vec<u8>, Vec<usize>), (Vec<u8>, Vec<usize>)) {
+fn both(c: &Corpus, uri: &str, p: &Plan, from: Cursor) -> (Stream, Stream) {
     let mut local = Reader::local(&c.localized(p), from).unwrap();
     let mut remote = open_at(uri, p, from, Offload::Yes).unwrap();
     assert!(remote.is_offloaded());
@@ -102,8 +105,14 @@ fn sharded_ranks_partition_the_global_stream_through_the_agent() {
     for i in 0..s.total_samples() {
         counts[s.sample(i).unwrap().source] += 1;
         let n = (i + 1) as f64;
-        assert!((counts[0] as f64 - 0.6 * n).abs() <= 1.0, "prefix {n}: {counts:?}");
-        assert!((counts[1] as f64 - 0.4 * n).abs() <= 1.0, "prefix {n}: {counts:?}");
+        assert!(
+            (counts[0] as f64 - 0.6 * n).abs() <= 1.0,
+            "prefix {n}: {counts:?}"
+        );
+        assert!(
+            (counts[1] as f64 - 0.4 * n).abs() <= 1.0,
+            "prefix {n}: {counts:?}"
+        );
     }
 }
 

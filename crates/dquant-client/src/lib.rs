@@ -167,7 +167,11 @@ pub fn open_source(
             ));
         }
         let c = Control::connect(&u.authority)?;
-        return Ok(Box::new(RemoteSource::open(c, stat(u.dataset), wire_codec)?));
+        return Ok(Box::new(RemoteSource::open(
+            c,
+            stat(u.dataset),
+            wire_codec,
+        )?));
     }
     match agent {
         Some(c) => Ok(Box::new(RemoteSource::open(
@@ -179,6 +183,8 @@ pub fn open_source(
     }
 }
 
+// Both variants are big; a reader holds exactly one, for its whole life.
+#[allow(clippy::large_enum_variant)]
 enum Engine {
     Local {
         pipeline: Box<Pipeline>,
@@ -484,7 +490,10 @@ impl Drop for Reader {
             ..
         } = &self.engine
         {
-            let _ = records.get_ref().get_ref().shutdown(std::net::Shutdown::Both);
+            let _ = records
+                .get_ref()
+                .get_ref()
+                .shutdown(std::net::Shutdown::Both);
             if !*ended {
                 let _ = control.close(*session);
             }

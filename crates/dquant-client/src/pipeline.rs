@@ -55,13 +55,11 @@ impl Pipeline {
         plan.validate()?;
         let mut sources = Vec::with_capacity(plan.sources.len());
         for (index, s) in plan.sources.iter().enumerate() {
-            sources.push(
-                open_source(index, s).map_err(|source| ClientError::Source {
-                    index,
-                    uri: s.uri.clone(),
-                    source,
-                })?,
-            );
+            sources.push(open_source(index, s).map_err(|source| ClientError::Source {
+                index,
+                uri: s.uri.clone(),
+                source,
+            })?);
         }
         let infos: Vec<SourceInfo> = sources
             .iter()
@@ -145,8 +143,7 @@ impl Pipeline {
                     .read_ranges(&self.ranges[d], &mut self.read)
                     .map_err(err)?;
                 for (i, &k) in slots.iter().enumerate() {
-                    self.tokens[k * l..(k + 1) * l]
-                        .copy_from_slice(&self.read[i * l..(i + 1) * l]);
+                    self.tokens[k * l..(k + 1) * l].copy_from_slice(&self.read[i * l..(i + 1) * l]);
                 }
             }
         }

@@ -178,11 +178,7 @@ impl Control {
     pub fn close(&self, session: u64) -> Result<bool, SourceError> {
         let mut c = self.client.clone();
         let r = call(async move {
-            tokio::time::timeout(
-                Duration::from_secs(2),
-                c.close(CloseRequest { session }),
-            )
-            .await
+            tokio::time::timeout(Duration::from_secs(2), c.close(CloseRequest { session })).await
         });
         match r {
             Ok(r) => r

@@ -62,7 +62,10 @@ impl LocalSource {
 
     /// Opens `path` as a plan source says (its `dtype` and `eod` apply to raw files).
     pub fn open(path: &Path, source: &Source) -> Result<Self, SourceError> {
-        Ok(LocalSource::new(Dataset::open(path, &open_options(source)?)?))
+        Ok(LocalSource::new(Dataset::open(
+            path,
+            &open_options(source)?,
+        )?))
     }
 
     pub fn dataset(&self) -> &Dataset {

@@ -54,7 +54,7 @@ pub const MAX_BLOCK_BYTES: usize = 1 << 30;
 /// Checks a block size in tokens: a positive multiple of 256 whose payload at `codec`'s width
 /// is at most [`MAX_BLOCK_BYTES`].
 fn check_block_tokens(codec: Codec, block_tokens: u32, what: &str) -> Result<(), FormatError> {
-    if block_tokens == 0 || block_tokens % 256 != 0 {
+    if block_tokens == 0 || !block_tokens.is_multiple_of(256) {
         return Err(FormatError::corrupt(
             what,
             format!("block size {block_tokens} tokens is not a positive multiple of 256"),

@@ -27,7 +27,7 @@
 
 /// Feistel rounds (even, so the halves' widths are back in place at the end).
 const ROUNDS: usize = 10;
-const _: () = assert!(ROUNDS % 2 == 0);
+const _: () = assert!(ROUNDS.is_multiple_of(2));
 
 /// splitmix64's golden-ratio increment.
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;

@@ -277,7 +277,7 @@ impl Schedule {
                 self.total
             )));
         }
-        if c % self.world != 0 && c != self.total {
+        if !c.is_multiple_of(self.world) && c != self.total {
             return Err(PlanError::Cursor(format!(
                 "consumed_samples {c} is not a multiple of world {}: all ranks resume from the \
                  same step, after each consumed the same number of samples",

@@ -212,7 +212,7 @@ impl Dataset {
         eod: Option<u32>,
     ) -> Result<Self, StorageError> {
         let item = dtype.itemsize() as u64;
-        if file.len() % item != 0 {
+        if !file.len().is_multiple_of(item) {
             return Err(StorageError::format(
                 path,
                 FormatError::corrupt(

@@ -170,7 +170,10 @@ impl Hello {
 
 /// Appends a range request for `ranges` (at most [`MAX_REQUEST_RANGES`]) to `out`.
 pub fn encode_request(ranges: &[(u64, u64)], out: &mut Vec<u8>) {
-    assert!(ranges.len() <= MAX_REQUEST_RANGES, "too many ranges for one frame");
+    assert!(
+        ranges.len() <= MAX_REQUEST_RANGES,
+        "too many ranges for one frame"
+    );
     out.extend_from_slice(&REQUEST_MAGIC);
     out.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
     for &(s, n) in ranges {
