@@ -192,3 +192,44 @@ fn read_returns_the_same_bytes_as_next_batch() {
     assert_eq!(xxh3(&got), xxh3(&want));
     assert_eq!(r.cursor().consumed_samples, r.rank_samples());
 }
+
+#[test]
+fn many_clients_at_once_each_get_their_own_stream() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let uri = agent.uri();
+    let plans: Vec<Plan> = (0..8u64)
+        .map(|i| {
+            let mut p = plan(&[("r50k.dqb", 0.5 + i as f64), ("wide", 1.0)], 127, 4);
+            p.seed = i;
+            p.samples = Some(400);
+            p.output = if i % 2 == 0 {
+                OutputDType::I32
+            } else {
+                OutputDType::I64
+            };
+            p
+        })
+        .collect();
+    let want: Vec<u64> = plans
+        .iter()
+        .map(|p| xxh3(&drain(&mut Reader::local(&c.localized(p), Cursor::START).unwrap()).0))
+        .collect();
+    let got: Vec<u64> = std::thread::scope(|s| {
+        let hs: Vec<_> = plans
+            .iter()
+            .map(|p| {
+                let uri = &uri;
+                s.spawn(move || xxh3(&drain(&mut open(uri, p, Offload::Yes).unwrap()).0))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, want);
+    let distinct: std::collections::HashSet<_> = got.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        plans.len(),
+        "different plans, different streams"
+    );
+}
