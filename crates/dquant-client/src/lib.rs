@@ -311,6 +311,16 @@ impl Reader {
         }
     }
 
+    /// The dtype batches land in.
+    pub fn output(&self) -> OutputDType {
+        self.output
+    }
+
+    /// Tokens per sample: `seq_len + 1`.
+    pub fn sample_len(&self) -> usize {
+        self.sample_len
+    }
+
     /// Batches in this rank's whole stream (from the start, not from the cursor).
     pub fn rank_batches(&self) -> u64 {
         self.rank_batches
@@ -441,7 +451,16 @@ impl Reader {
 
     /// The next batch, borrowed from the reader (valid until the next call); `None` at the end.
     /// The cursor moves past it.
+    ///
+    /// A batch that [`Reader::read`] has only partly delivered must be finished with `read`
+    /// first: `next_batch` then fails rather than skip the rest of it.
     pub fn next_batch(&mut self) -> Result<Option<Batch<'_>>, ClientError> {
+        if self.read_pos < self.batch_len {
+            return Err(ClientError::Usage(format!(
+                "next_batch: batch {} is partly read ({} of {} bytes); finish it with read() first",
+                self.batch_index, self.read_pos, self.batch_len
+            )));
+        }
         if !self.fill()? {
             return Ok(None);
         }

@@ -275,3 +275,20 @@ fn bad_sources_are_named() {
         "sources[0] (dquant://127.0.0.1:1): the URI names an agent but no dataset (dquant://HOST:PORT/ROOT/PATH)"
     );
 }
+
+#[test]
+fn next_batch_refuses_to_skip_a_partly_read_batch() {
+    let p = plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::U16);
+    let mut r = Reader::local(&p, Cursor::START).unwrap();
+    assert_eq!(r.sample_len(), 128);
+    assert_eq!(r.output(), OutputDType::U16);
+    let mut buf = [0u8; 100];
+    assert_eq!(r.read(&mut buf).unwrap(), 100);
+    assert_eq!(
+        r.next_batch().err().unwrap().to_string(),
+        "next_batch: batch 0 is partly read (100 of 1024 bytes); finish it with read() first"
+    );
+    let mut rest = vec![0u8; 1024 - 100];
+    assert_eq!(r.read(&mut rest).unwrap(), rest.len());
+    assert_eq!(r.next_batch().unwrap().unwrap().index, 1);
+}
