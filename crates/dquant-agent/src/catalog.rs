@@ -148,16 +148,21 @@ impl Catalog {
                     continue;
                 }
                 if real.is_dir() {
-                    stack.push(p);
+                    // Descend into real directories only: a symlinked directory may lead back
+                    // up the tree and loop.
+                    if p.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+                        stack.push(p);
+                    }
                     continue;
                 }
                 let rel = p.strip_prefix(dir).unwrap_or(&p).display().to_string();
-                let bytes = real.metadata().map(|m| m.len()).unwrap_or(0);
+                let mut bytes = real.metadata().map(|m| m.len()).unwrap_or(0);
                 let (name, kind) = match rel.rsplit_once('.') {
                     Some((stem, "bin"))
                         if Path::new(&format!("{}.idx", p.with_extension("").display()))
                             .exists() =>
                     {
+                        bytes += std::fs::metadata(p.with_extension("idx")).map_or(0, |m| m.len());
                         (stem.to_string(), "megatron")
                     }
                     Some((_, "idx"))
@@ -195,6 +200,8 @@ mod tests {
         std::fs::write(t.path().join("secret"), b"x").unwrap();
         std::os::unix::fs::symlink(t.path().join("secret"), root.join("link")).unwrap();
         std::os::unix::fs::symlink(root.join("b.dqb"), root.join("inside")).unwrap();
+        // A directory link back up the tree must not make `list` loop.
+        std::os::unix::fs::symlink(&root, root.join("sub/loop")).unwrap();
         let roots = BTreeMap::from([("corpus".to_string(), root)]);
         let c = Catalog::new(&roots).unwrap();
         (t, c)

@@ -91,12 +91,13 @@ fn handle(conn: TcpStream, shared: Arc<Shared>) {
     match result {
         Ok(s) => tracing::info!(
             session = id,
+            kind,
             records = s.records,
             tokens = s.tokens,
             wire_bytes = s.wire_bytes,
             secs,
             "session ended"
         ),
-        Err(e) => tracing::warn!(session = id, error = %e, secs, "session ended early"),
+        Err(e) => tracing::warn!(session = id, kind, error = %e, secs, "session ended early"),
     }
 }

@@ -113,7 +113,9 @@ impl Agent for Service {
 
     async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
         let shared = self.shared.clone();
-        let peer = req.remote_addr();
+        let peer = req
+            .remote_addr()
+            .map_or_else(|| "?".to_string(), |a| a.to_string());
         let req = req.into_inner();
         blocking(move || {
             let plan = Plan::from_json(&req.plan_json)
@@ -154,7 +156,7 @@ impl Agent for Service {
             reply.ticket = ticket.to_vec();
             tracing::info!(
                 session = id,
-                peer = ?peer,
+                %peer,
                 sources = plan.sources.len(),
                 rank = plan.rank,
                 world = plan.world,

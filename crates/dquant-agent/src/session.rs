@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -234,8 +234,9 @@ struct FrameSink<'a> {
 }
 
 enum SinkOut<'a> {
-    /// To the sender thread (plan sessions: the producer runs ahead by the pool's size).
-    Channel(SyncSender<Msg>),
+    /// To the sender thread (plan sessions: the producer runs ahead by the pool's size). The
+    /// counter holds the frames queued and not yet written to the socket.
+    Channel(SyncSender<Msg>, Arc<AtomicUsize>),
     /// Straight to the socket (source sessions answer one request at a time).
     Direct(&'a mut FrameWriter<TcpStream>),
 }
@@ -247,7 +248,10 @@ impl FrameSink<'_> {
     fn emit(&mut self, buf: PooledBuf) -> Result<(), Gone> {
         self.bytes += buf.len() as u64;
         match &mut self.out {
-            SinkOut::Channel(tx) => tx.send(Msg::Frame(buf)).map_err(|_| Gone),
+            SinkOut::Channel(tx, queued) => {
+                queued.fetch_add(1, Ordering::AcqRel);
+                tx.send(Msg::Frame(buf)).map_err(|_| Gone)
+            }
             SinkOut::Direct(w) => w.send(FrameKind::Data, &buf).map_err(|_| Gone),
         }
     }
@@ -266,6 +270,17 @@ impl FrameSink<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Sends the partly filled frame if the sender has nothing queued: a consumer that
+    /// keeps up gets each record as soon as it is made, instead of waiting for a full frame
+    /// (with small compressed batches that could be dozens of batches). A consumer that lags
+    /// gets full frames.
+    fn flush_if_idle(&mut self) -> Result<(), Gone> {
+        match &self.out {
+            SinkOut::Channel(_, queued) if queued.load(Ordering::Acquire) == 0 => self.flush(),
+            _ => Ok(()),
+        }
     }
 
     fn flush(&mut self) -> Result<(), Gone> {
@@ -319,13 +334,15 @@ pub(crate) fn stream_plan(
     };
     let pool = BufferPool::new(prefetch, MAX_PAYLOAD);
     let (tx, rx) = sync_channel::<Msg>(prefetch + 2);
+    let queued = Arc::new(AtomicUsize::new(0));
+    let sender_queued = queued.clone();
     let producer_cancel = cancel.clone();
     let producer = std::thread::Builder::new()
         .name("dquant-produce".into())
         .spawn(move || {
             let mut sink = FrameSink {
                 pool: &pool,
-                out: SinkOut::Channel(tx.clone()),
+                out: SinkOut::Channel(tx.clone(), queued),
                 cur: None,
                 bytes: 0,
             };
@@ -355,7 +372,7 @@ pub(crate) fn stream_plan(
             stats
         })
         .map_err(|e| format!("cannot start a producer thread: {e}"))?;
-    let sent = send_frames(conn, rx, &cancel);
+    let sent = send_frames(conn, rx, &sender_queued, &cancel);
     let stats = producer
         .join()
         .map_err(|_| "the producer thread panicked".to_string())?;
@@ -413,21 +430,33 @@ fn produce(
         };
         stats.records += 1;
         stats.tokens += b.tokens.len() as u64;
-        if sink.write(&h.encode()).is_err() || sink.write(&payload).is_err() {
+        if sink.write(&h.encode()).is_err()
+            || sink.write(&payload).is_err()
+            || sink.flush_if_idle().is_err()
+        {
             return Ok(false);
         }
     }
 }
 
 /// The sender half of a plan session: frames from the producer to the socket.
-fn send_frames(conn: TcpStream, rx: Receiver<Msg>, cancel: &AtomicBool) -> Result<(), String> {
+fn send_frames(
+    conn: TcpStream,
+    rx: Receiver<Msg>,
+    queued: &AtomicUsize,
+    cancel: &AtomicBool,
+) -> Result<(), String> {
     let mut w = FrameWriter::new(conn);
     for msg in rx.iter() {
         if cancel.load(Ordering::Relaxed) {
             return Err("closed by the client".into());
         }
         let r = match msg {
-            Msg::Frame(buf) => w.send(FrameKind::Data, &buf),
+            Msg::Frame(buf) => {
+                let r = w.send(FrameKind::Data, &buf);
+                queued.fetch_sub(1, Ordering::AcqRel);
+                r
+            }
             Msg::End => return w.finish(&[]).map_err(|e| e.to_string()),
             Msg::Error(m) => {
                 let _ = w.fail(&m);

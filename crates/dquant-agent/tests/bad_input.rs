@@ -274,7 +274,9 @@ fn session_limit_is_enforced_with_a_clear_error() {
     let mut cfg = c.config();
     cfg.max_sessions = 2;
     let agent = dquant_agent::start(cfg).unwrap();
-    let p = plan(&[("r50k", 1.0)], 127, 4);
+    // Long enough that the first two stay active (stalled by back-pressure).
+    let mut p = plan(&[("r50k", 1.0)], 127, 4);
+    p.epochs = Some(500);
     let a = open(&agent.uri(), &p, Offload::Yes).unwrap();
     let b = open(&agent.uri(), &p, Offload::Yes).unwrap();
     let e = open(&agent.uri(), &p, Offload::Yes).err().unwrap();
