@@ -4,20 +4,30 @@
 //! errors to exit codes (1 for failures and for `verify` finding a difference, 2 for usage
 //! errors, as clap does).
 
+mod agentlog;
 mod cmd;
 mod util;
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 const EXAMPLES: &str = "\
 Examples:
-  dquant demo                                    # build a real corpus, convert, verify, report
+  dquant demo                                    # real corpus -> agent -> blended stream, measured
   dquant corpus real --encoding cl100k data/cl100k_int32
   dquant inspect data/cl100k_int32
   dquant convert data/cl100k_int32 data/cl100k.dqb --codec auto --zstd 3
   dquant verify data/cl100k_int32 data/cl100k.dqb
   dquant bench codecs data/cl100k_int32
-  dquant read plan.toml --out batches.u16          # run a blend/pack/shuffle plan in-process";
+  dquant read plan.toml --out batches.u16          # run a blend/pack/shuffle plan in-process
+  dquant serve --root corpus=/data/tokens          # the offload agent, on 127.0.0.1:7878
+  dquant ls dquant://127.0.0.1:7878/corpus         # what it serves
+  dquant stat dquant://127.0.0.1:7878/corpus/web_int32
+  dquant read plan.toml --agent dquant://127.0.0.1:7878 --out batches.u16   # the agent runs it
+
+Logs go to stderr; DQUANT_LOG sets the filter (e.g. DQUANT_LOG=debug; default warn, info for serve).";
 
 const CORPUS_EXAMPLES: &str = "\
 Examples:
@@ -46,18 +56,15 @@ enum Cmd {
     #[command(subcommand, after_help = BENCH_EXAMPLES)]
     Bench(cmd::bench::Cmd),
     Read(cmd::read::Args),
+    Serve(cmd::serve::Args),
+    Ls(cmd::remote::LsArgs),
+    Stat(cmd::remote::StatArgs),
     Demo(cmd::demo::Args),
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DQUANT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    logging(&cli.cmd);
     let r = match cli.cmd {
         Cmd::Convert(a) => cmd::convert::run(&a).map(|_| 0),
         Cmd::Inspect(a) => cmd::inspect::run(&a).map(|_| 0),
@@ -65,6 +72,9 @@ fn main() {
         Cmd::Corpus(c) => cmd::corpus::run(&c).map(|_| 0),
         Cmd::Bench(c) => cmd::bench::run(&c).map(|_| 0),
         Cmd::Read(a) => cmd::read::run(&a).map(|_| 0),
+        Cmd::Serve(a) => cmd::serve::run(&a).map(|_| 0),
+        Cmd::Ls(a) => cmd::remote::ls(&a).map(|_| 0),
+        Cmd::Stat(a) => cmd::remote::stat(&a).map(|_| 0),
         Cmd::Demo(a) => cmd::demo::run(&a).map(|_| 0),
     };
     match r {
@@ -74,6 +84,29 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// Logs to stderr, filtered by `DQUANT_LOG` (default `warn`; `info` for `serve`, whose log is
+/// its output). `demo` also reads its in-process agent's session reports ([`agentlog`]).
+fn logging(cmd: &Cmd) {
+    let default = match cmd {
+        Cmd::Serve(_) => "info",
+        _ => "warn",
+    };
+    let filter = EnvFilter::try_from_env("DQUANT_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter);
+    let sessions = matches!(cmd, Cmd::Demo(_)).then(|| {
+        agentlog::SessionLog.with_filter(tracing_subscriber::filter::filter_fn(|m| {
+            m.target().starts_with("dquant_agent") && *m.level() <= tracing::Level::INFO
+        }))
+    });
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(sessions)
+        .init();
 }
 
 /// The error and its causes, like `{e:#}` but without repeats: library errors such as

@@ -1312,6 +1312,10 @@ fn every_command_has_help_with_an_example() {
         &["corpus", "zipf"],
         &["bench"],
         &["bench", "codecs"],
+        &["read"],
+        &["serve"],
+        &["ls"],
+        &["stat"],
         &["demo"],
     ];
     for cmd in commands {

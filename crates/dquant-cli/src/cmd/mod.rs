@@ -4,4 +4,6 @@ pub mod corpus;
 pub mod demo;
 pub mod inspect;
 pub mod read;
+pub mod remote;
+pub mod serve;
 pub mod verify;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dquant_client::Reader;
+use dquant_client::Offload;
 use dquant_plan::{Cursor, Plan};
 use serde_json::json;
 use xxhash_rust::xxh3::Xxh3;
@@ -26,11 +26,17 @@ Examples:
   #   uri = \"data/code.dqb\"
   #   weight = 0.3
   dquant read plan.toml --out batches.u16
-  dquant read plan.json --cursor 4096 | python3 train.py     # resume after 4096 samples";
+  dquant read plan.json --cursor 4096 | python3 train.py     # resume after 4096 samples
 
-/// Run a plan (JSON or TOML) in this process and write its batches, back to back in the plan's
-/// output dtype, to a file or stdout. A summary (batches, tokens, stream checksum, the cursor
-/// to resume from) goes to stderr, or as JSON with --json.
+  # On an agent (dquant serve --root corpus=/data): plan sources are then dataset names,
+  # e.g. uri = \"corpus/web_int32\".
+  dquant read plan.toml --agent dquant://127.0.0.1:7878 --out batches.u16   # the agent runs the plan
+  dquant read plan.toml --agent dquant://127.0.0.1:7878 --no-offload        # pull token ranges, run here";
+
+/// Run a plan (JSON or TOML), in this process or on an agent, and write its batches, back to
+/// back in the plan's output dtype, to a file or stdout. A summary (batches, tokens, stream
+/// checksum, the cursor to resume from) goes to stderr, or as JSON with --json. The same plan
+/// gives the same bytes wherever it runs.
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
@@ -42,6 +48,19 @@ pub struct Args {
     /// Resume after this many consumed samples (global, all ranks together).
     #[arg(long, default_value_t = 0)]
     pub cursor: u64,
+    /// The epoch of the cursor to resume from (as a checkpoint stored it; for reporting,
+    /// the position is --cursor).
+    #[arg(long, default_value_t = 0, value_name = "E")]
+    pub epoch: u64,
+    /// The agent whose datasets the plan names: dquant://HOST:PORT.
+    #[arg(long, value_name = "URI")]
+    pub agent: Option<String>,
+    /// Run the plan on the agent, which streams finished batches (the default with --agent).
+    #[arg(long, requires = "agent", conflicts_with = "no_offload")]
+    pub offload: bool,
+    /// Run the plan in this process, pulling token ranges from the agent.
+    #[arg(long, requires = "agent")]
+    pub no_offload: bool,
     #[command(flatten)]
     pub output: OutputOpts,
 }
@@ -58,17 +77,24 @@ pub fn load_plan(path: &std::path::Path) -> Result<Plan> {
 pub fn run(a: &Args) -> Result<()> {
     let plan = load_plan(&a.plan)?;
     let t0 = Instant::now();
-    let mut r = Reader::local(
+    let offload = if a.agent.is_some() && !a.no_offload {
+        Offload::Yes
+    } else {
+        Offload::No
+    };
+    let mut r = dquant_client::open_at(
+        a.agent.as_deref().unwrap_or(""),
         &plan,
         Cursor {
-            epoch: 0,
+            epoch: a.epoch,
             consumed_samples: a.cursor,
         },
+        offload,
     )?;
     let sample_len = plan.seq_len as u64 + 1;
     let remaining = r
         .rank_samples()
-        .saturating_sub(a.cursor / plan.world as u64);
+        .saturating_sub(r.cursor().consumed_samples / plan.world as u64);
     let pb = util::bar(
         remaining * sample_len,
         "reading",
@@ -97,7 +123,7 @@ pub fn run(a: &Args) -> Result<()> {
     let c = r.cursor();
     let summary = json!({
         "batches": batches, "tokens": tokens, "bytes": bytes, "output": plan.output.as_str(),
-        "stream_xxh3": format!("{:016x}", h.digest()),
+        "stream_xxh3": format!("{:016x}", h.digest()), "offloaded": r.is_offloaded(),
         "cursor": {"epoch": c.epoch, "consumed_samples": c.consumed_samples},
         "seconds": secs,
     });

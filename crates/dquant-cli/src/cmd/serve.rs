@@ -1,0 +1,135 @@
+//! `dquant serve`: run the offload agent in the foreground.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use dquant_agent::{AgentConfig, AgentHandle};
+
+const EXAMPLES: &str = "\
+Examples:
+  dquant serve --root corpus=/data/tokens                 # loopback: 127.0.0.1:7878 (+ data :7879)
+  dquant serve --config agent.toml --listen 0.0.0.0:7878  # flags override the file
+  DQUANT_LOG=debug dquant serve --root corpus=data        # more log detail (default: info)
+
+  # agent.toml (every field but [roots] is optional):
+  #   listen = \"127.0.0.1:7878\"       # gRPC control plane
+  #   data_listen = \"127.0.0.1:7879\"  # data plane (default: control port + 1)
+  #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
+  #   max_sessions = 256
+  #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
+  #   [roots]                         # relative paths are relative to the config file
+  #   corpus = \"/data/tokens\"
+  #   web = \"/mnt/web\"
+
+  # then, from a client:
+  dquant ls dquant://127.0.0.1:7878/corpus
+  dquant read plan.toml --agent dquant://127.0.0.1:7878   # plan sources: corpus/PATH";
+
+/// Run the offload agent: serve named dataset roots, run plans near the data and stream
+/// batches to clients. Listens on loopback unless told otherwise. Prints one line to stderr
+/// when listening, then logs (DQUANT_LOG, default info) until killed (SIGINT/SIGTERM).
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// Agent config file (TOML; see the example below). Flags override its values.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A dataset root: clients name its datasets NAME/RELATIVE/PATH. Repeatable; replaces a
+    /// root of the same name from the config file.
+    #[arg(long = "root", value_name = "NAME=DIR", value_parser = parse_root)]
+    pub roots: Vec<(String, PathBuf)>,
+    /// Control plane (gRPC) address [default: 127.0.0.1:7878].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Data plane address; port 0 picks a free port [default: the control port + 1].
+    #[arg(long, value_name = "ADDR")]
+    pub data_listen: Option<SocketAddr>,
+    /// 1 MiB frames each session may prefetch ahead of its consumer [default: 8].
+    #[arg(long, value_name = "N")]
+    pub prefetch_frames: Option<usize>,
+    /// Sessions open at once [default: 256].
+    #[arg(long, value_name = "N")]
+    pub max_sessions: Option<usize>,
+}
+
+fn parse_root(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(dir)))
+        }
+        _ => Err(format!(
+            "expected NAME=DIR (e.g. corpus=/data/tokens), got {s:?}"
+        )),
+    }
+}
+
+/// The config file (if any) with the flags applied on top.
+pub fn config(a: &Args) -> Result<AgentConfig> {
+    let mut c = match &a.config {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            let mut c = AgentConfig::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            // Relative roots in a file mean "next to the file", wherever the agent starts.
+            let base = path.parent().unwrap_or(Path::new(""));
+            for dir in c.roots.values_mut() {
+                if dir.is_relative() {
+                    *dir = base.join(&*dir);
+                }
+            }
+            c
+        }
+        None => AgentConfig::default(),
+    };
+    if let Some(l) = a.listen {
+        c.listen = l;
+    }
+    if a.data_listen.is_some() {
+        c.data_listen = a.data_listen;
+    }
+    if let Some(n) = a.prefetch_frames {
+        c.prefetch_frames = n;
+    }
+    if let Some(n) = a.max_sessions {
+        c.max_sessions = n;
+    }
+    for (name, dir) in &a.roots {
+        c.roots.insert(name.clone(), dir.clone());
+    }
+    Ok(c)
+}
+
+/// Starts an agent, naming the config's problem when it cannot.
+pub fn start(c: AgentConfig) -> Result<AgentHandle> {
+    dquant_agent::start(c).map_err(|e| match e {
+        dquant_agent::AgentError::Config(m) => anyhow::anyhow!("agent config: {m}"),
+        e => e.into(),
+    })
+}
+
+/// The one line `serve` prints when it is listening (tests and scripts parse it).
+pub fn listening_line(h: &AgentHandle, roots: &BTreeMap<String, PathBuf>) -> String {
+    let roots: Vec<String> = roots
+        .iter()
+        .map(|(n, d)| format!("{n}={}", d.display()))
+        .collect();
+    format!(
+        "dquant agent listening: uri={} control={} data={} roots={}",
+        h.uri(),
+        h.control_addr(),
+        h.data_addr(),
+        roots.join(",")
+    )
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let c = config(a)?;
+    let roots = c.roots.clone();
+    let h = start(c)?;
+    eprintln!("{}", listening_line(&h, &roots));
+    h.wait()
+        .map_err(|e| anyhow::anyhow!("the agent stopped: {e}"))
+}

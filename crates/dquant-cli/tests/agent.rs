@@ -1,0 +1,507 @@
+//! `dquant serve`, `ls`, `stat`, `read --agent` and `demo`, end to end through the built binary:
+//! a real agent process on ephemeral loopback ports, real client processes.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dquant");
+
+fn dquant(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> Output {
+    let o = dquant(args);
+    assert!(
+        o.status.success(),
+        "dquant {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn fixtures() -> PathBuf {
+    let p = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/fixtures/megatron"
+    ));
+    assert!(p.is_dir(), "Megatron fixtures not found at {}", p.display());
+    p.to_path_buf()
+}
+
+/// A root directory holding copies of the r50k fixtures (int32 and uint16).
+fn root_with_fixtures(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    for name in ["r50k_int32", "r50k_uint16"] {
+        for ext in ["bin", "idx"] {
+            std::fs::copy(
+                fixtures().join(format!("{name}.{ext}")),
+                root.join(format!("{name}.{ext}")),
+            )
+            .unwrap();
+        }
+    }
+    root
+}
+
+/// A `dquant serve` process; killed when dropped.
+struct Agent {
+    child: Child,
+    uri: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Agent {
+    /// Starts `dquant serve` on ephemeral loopback ports with `args` and waits for its
+    /// listening line.
+    fn start(args: &[&str]) -> Agent {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-listen",
+                "127.0.0.1:0",
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Keep draining stderr (the agent logs every session) so the pipe never fills.
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("dquant agent listening: ") {
+                    let _ = tx.send(rest.to_string());
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let mut agent = Agent {
+            child,
+            uri: String::new(),
+            log,
+        };
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => panic!("the agent did not say it listens:\n{}", agent.log()),
+        };
+        // uri=dquant://127.0.0.1:PORT control=... data=... roots=...
+        let field = |k: &str| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix(k))
+                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+                .to_string()
+        };
+        agent.uri = field("uri=");
+        assert_eq!(agent.uri, format!("dquant://{}", field("control=")));
+        assert!(field("data=").starts_with("127.0.0.1:"), "{line}");
+        agent
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until the agent's log contains `what` (true) or `timeout` passes (false).
+    fn wait_log(&self, what: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(what) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    fn assert_running(&mut self) {
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the agent exited:\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes a plan over `sources` ((uri, weight)) with `extra` TOML lines.
+fn plan(path: &Path, sources: &[(&str, f64)], extra: &str) {
+    let mut s = format!("seq_len = 255\nbatch_size = 2\noutput = \"u16\"\nseed = 3\n{extra}\n");
+    for (uri, w) in sources {
+        s.push_str(&format!("[[sources]]\nuri = \"{uri}\"\nweight = {w}\n"));
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+fn summary(o: &Output) -> Value {
+    serde_json::from_slice(&o.stderr)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)))
+}
+
+/// A plan on the agent (`fx/...` names) and the same plan over the local copies.
+fn plans(dir: &Path, root: &Path, extra: &str) -> (PathBuf, PathBuf) {
+    let (on_agent, local) = (dir.join("agent.toml"), dir.join("local.toml"));
+    plan(
+        &on_agent,
+        &[("fx/r50k_int32", 3.0), ("fx/r50k_uint16", 1.0)],
+        extra,
+    );
+    let a = root.join("r50k_int32").display().to_string();
+    let b = root.join("r50k_uint16").display().to_string();
+    plan(&local, &[(&a, 3.0), (&b, 1.0)], extra);
+    (on_agent, local)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn read_on_an_agent_gives_the_local_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_fixtures(dir.path());
+    let agent = Agent::start(&["--root", &format!("fx={}", root.display())]);
+    let (on_agent, local) = plans(dir.path(), &root, "wire_codec = \"auto+zstd:1\"");
+    let out = |name: &str| dir.path().join(name);
+
+    let l = ok(&["read", s(&local), "--out", s(&out("local")), "--json"]);
+    let o = ok(&[
+        "read",
+        s(&on_agent),
+        "--agent",
+        &agent.uri,
+        "--out",
+        s(&out("offload")),
+        "--json",
+    ]);
+    let n = ok(&[
+        "read",
+        s(&on_agent),
+        "--agent",
+        &agent.uri,
+        "--no-offload",
+        "--out",
+        s(&out("no-offload")),
+        "--json",
+    ]);
+    let bytes = std::fs::read(out("local")).unwrap();
+    // Every sample of both sources ((161032 - 1) / 255 = 631 each), 256 u16 tokens each.
+    assert_eq!(bytes.len(), 2 * 631 * 256 * 2);
+    assert!(
+        std::fs::read(out("offload")).unwrap() == bytes,
+        "offloaded bytes differ"
+    );
+    assert!(
+        std::fs::read(out("no-offload")).unwrap() == bytes,
+        "no-offload bytes differ"
+    );
+    let (l, o, n) = (summary(&l), summary(&o), summary(&n));
+    assert_eq!(l["offloaded"], false);
+    assert_eq!(o["offloaded"], true);
+    assert_eq!(n["offloaded"], false);
+    for v in [&o, &n] {
+        assert_eq!(v["stream_xxh3"], l["stream_xxh3"]);
+        assert_eq!(v["cursor"], l["cursor"]);
+        assert_eq!(v["bytes"], bytes.len());
+    }
+
+    // Resuming on the agent writes exactly the rest, to stdout; the text summary names the
+    // cursor to resume from.
+    let r = ok(&[
+        "read",
+        s(&on_agent),
+        "--agent",
+        &agent.uri,
+        "--cursor",
+        "100",
+        "--epoch",
+        "0",
+    ]);
+    assert!(
+        r.stdout == bytes[100 * 256 * 2..],
+        "the resumed stream is the tail"
+    );
+    let text = String::from_utf8_lossy(&r.stderr);
+    assert!(text.contains("resume with --cursor 1262"), "{text}");
+
+    // --offload needs an agent; a bad plan name is the agent's clear error.
+    let e = dquant(&["read", s(&local), "--offload"]);
+    assert_eq!(e.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&e.stderr).contains("--agent"));
+    plan(&out("bad.toml"), &[("fx/missing", 1.0)], "");
+    let e = dquant(&["read", s(&out("bad.toml")), "--agent", &agent.uri]);
+    assert_eq!(e.status.code(), Some(1));
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        msg.starts_with("error: ") && msg.contains("fx/missing") && msg.contains("no such dataset"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn ls_and_stat_show_what_the_agent_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    root_with_fixtures(dir.path());
+    // A config file with a root relative to the file, and a flag that adds another root.
+    let conf = dir.path().join("agent.toml");
+    std::fs::write(&conf, "prefetch_frames = 2\n[roots]\nfx = \"root\"\n").unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&[
+        "--config",
+        s(&conf),
+        "--root",
+        &format!("empty={}", other.path().display()),
+    ]);
+    let u = &agent.uri;
+
+    let roots = String::from_utf8(ok(&["ls", u]).stdout).unwrap();
+    assert_eq!(roots, "empty\nfx\n");
+    let v: Value =
+        serde_json::from_slice(&ok(&["ls", &format!("{u}/fx"), "--json"]).stdout).unwrap();
+    let names: Vec<(&str, &str)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("fx/r50k_int32", "megatron"),
+            ("fx/r50k_uint16", "megatron")
+        ]
+    );
+    let table = String::from_utf8(ok(&["ls", &format!("{u}/fx")]).stdout).unwrap();
+    assert!(
+        table.contains("fx/r50k_int32") && table.contains("megatron"),
+        "{table}"
+    );
+
+    let st: Value =
+        serde_json::from_slice(&ok(&["stat", &format!("{u}/fx/r50k_int32"), "--json"]).stdout)
+            .unwrap();
+    assert_eq!(st["dataset"], "fx/r50k_int32");
+    assert_eq!(st["tokens"], 161032);
+    let local: Value = serde_json::from_slice(
+        &ok(&[
+            "inspect",
+            s(&dir.path().join("root/r50k_int32")),
+            "--json",
+            "--no-sizes",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(st["tokens"], local["tokens"]);
+    assert_eq!(st["documents"], local["documents"]);
+    let text = String::from_utf8(ok(&["stat", &format!("{u}/fx/r50k_uint16")]).stdout).unwrap();
+    assert!(text.contains("tokens      161,032"), "{text}");
+
+    for (args, want) in [
+        (
+            vec!["stat".to_string(), format!("{u}/nope/x")],
+            "unknown root \"nope\"",
+        ),
+        (
+            vec!["stat".to_string(), format!("{u}/fx/missing")],
+            "no such dataset",
+        ),
+        (
+            vec!["stat".to_string(), format!("{u}/fx/../etc")],
+            "'..' is not allowed",
+        ),
+        (
+            vec!["ls".to_string(), format!("{u}/nope")],
+            "unknown root \"nope\"",
+        ),
+        (
+            vec!["ls".to_string(), "127.0.0.1:1".to_string()],
+            "not an agent URI",
+        ),
+        (
+            vec!["ls".to_string(), "dquant://127.0.0.1:1".to_string()],
+            "cannot reach agent 127.0.0.1:1",
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = dquant(&args);
+        let msg = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {msg}");
+        assert!(
+            msg.starts_with("error: ") && msg.contains(want),
+            "{args:?}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn a_client_killed_mid_stream_leaves_the_agent_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_fixtures(dir.path());
+    let agent = Agent::start(&["--root", &format!("fx={}", root.display())]);
+    // 50 epochs: 32 MB of u16, far more than the pipe, the sockets and the prefetch hold.
+    let big = dir.path().join("big.toml");
+    plan(
+        &big,
+        &[("fx/r50k_int32", 3.0), ("fx/r50k_uint16", 1.0)],
+        "epochs = 50",
+    );
+    // stdout is a pipe nobody reads: the client stalls with the session mid-stream.
+    let mut client = Command::new(BIN)
+        .args(["read", s(&big), "--agent", &agent.uri])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        agent.wait_log("session streaming", Duration::from_secs(30)),
+        "no session started:\n{}",
+        agent.log()
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "the client finished already"
+    );
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert!(
+        agent.wait_log("session ended early", Duration::from_secs(30)),
+        "the agent did not end the killed client's session:\n{}",
+        agent.log()
+    );
+
+    let mut agent = agent;
+    agent.assert_running();
+    let (on_agent, local) = plans(dir.path(), &root, "");
+    let want = summary(&ok(&["read", s(&local), "--out", "/dev/null", "--json"]));
+    let got = summary(&ok(&[
+        "read",
+        s(&on_agent),
+        "--agent",
+        &agent.uri,
+        "--out",
+        s(&dir.path().join("after")),
+        "--json",
+    ]));
+    assert_eq!(got["stream_xxh3"], want["stream_xxh3"]);
+    assert_eq!(got["bytes"], 2 * 631 * 256 * 2);
+    agent.assert_running();
+}
+
+/// Runs `dquant args`, expecting it to exit on its own within a minute.
+fn exits(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("dquant {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn bad_agent_configs_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = ["--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"];
+    let missing = dir.path().join("missing");
+    let conf = dir.path().join("agent.toml");
+    std::fs::write(&conf, "prefetch = 3\n").unwrap();
+    let cases: Vec<(Vec<String>, String)> = vec![
+        (
+            vec!["--root".into(), format!("corpus={}", missing.display())],
+            format!("error: agent config: root \"corpus\" ({}): No such file or directory", missing.display()),
+        ),
+        (
+            vec![],
+            "error: agent config: roots: no dataset roots configured (give --root NAME=DIR or a [roots] table)".into(),
+        ),
+        (
+            vec!["--config".into(), conf.display().to_string()],
+            format!("error: {}: agent config: ", conf.display()),
+        ),
+        (
+            vec!["--root".into(), format!("x={}", dir.path().display()), "--prefetch-frames".into(), "0".into()],
+            "error: agent config: prefetch_frames: must be at least 1".into(),
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut args: Vec<&str> = vec!["serve"];
+        args.extend(ports);
+        args.extend(extra.iter().map(String::as_str));
+        let o = exits(&args);
+        let msg = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {msg}");
+        assert!(msg.starts_with(&want), "{args:?}:\n{msg}\nwanted: {want}");
+    }
+    // A malformed --root is a usage error.
+    let o = exits(&["serve", "--root", "nodir"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected NAME=DIR"));
+}
+
+#[test]
+fn demo_streams_through_an_agent_and_checks_parity() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let o = exits(&["demo", "--mb", "1", "-q", "--dir", s(dir.path())]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!(
+        "demo --mb 1 took {:.1} s:\n{out}",
+        t.elapsed().as_secs_f64()
+    );
+    for want in [
+        "offload == local: identical",
+        "wire: ",
+        "bytes as int32",
+        "consumer thread: ",
+        "(text, r50k, 2049 tokens)",
+        "(code, o200k, 2049 tokens)",
+    ] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+    // --dir keeps the datasets, ready to serve.
+    for f in [
+        "text_int32.bin",
+        "text_int32.idx",
+        "text.dqb",
+        "code_int32.bin",
+    ] {
+        assert!(dir.path().join(f).is_file(), "{f} missing");
+    }
+}
