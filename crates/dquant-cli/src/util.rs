@@ -22,7 +22,8 @@ pub struct InputOpts {
 /// How a command reports: text or JSON on stdout, with or without a progress bar on stderr.
 #[derive(clap::Args, Clone, Copy, Debug, Default)]
 pub struct OutputOpts {
-    /// Print a JSON report on stdout instead of text.
+    /// Print a JSON report instead of text (on stdout; `read` prints it on stderr, since its
+    /// stdout carries the batches).
     #[arg(long)]
     pub json: bool,
     /// No progress bar.
