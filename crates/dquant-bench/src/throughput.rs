@@ -1,0 +1,382 @@
+//! Throughput: batches from an agent over loopback TCP, against a plain socket copy of the
+//! same number of bytes, in the same run and the same process layout (a sender process, a
+//! receiving process). Also the plan in-process, for the consumer's CPU cost without offload.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use clap::ValueEnum;
+use dquant_client::{open, Offload};
+use serde_json::json;
+
+use crate::procs::{self, AgentProc, SendMode};
+use crate::report::{f, spread, Table};
+use crate::{DataSpec, PlanOpts};
+
+const EXAMPLES: &str = "\
+Examples:
+  dquant-offload-bench throughput /data/zipf1g_u16
+  dquant-offload-bench throughput /data/zipf1g_u16 --runs 5 --json > throughput.json
+  # Only the agent, unshuffled (e.g. to profile it with perf meanwhile):
+  dquant-offload-bench throughput /data/zipf1g_u16 --runs 1 --cases agent";
+
+/// Throughput of batches from an agent against a plain TCP copy, in the same run.
+///
+/// Batches from an agent in another process over loopback TCP against a plain TCP copy
+/// (a sender process writing 1 MiB buffers from memory, this process reading into a buffer)
+/// of the same number of bytes, in each run. Reports payload GB/s, tokens/s, the ratio to the
+/// plain copy, and CPU seconds per GB of payload on each side (getrusage, /proc/PID/stat).
+/// The `framed` and `threaded` cases send the same bytes through the agent's transport
+/// without any plan work, to tell the transport's cost from the pipeline's.
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// Megatron prefix of the dataset to stream (uint16 ids for the issue's target).
+    pub data: PathBuf,
+    #[command(flatten)]
+    pub plan: PlanOpts,
+    /// Rounds of all cases; each round has its own plain-copy baseline.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Which cases to run in each round, in this order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "plain,framed,threaded,agent,agent-shuffled,inproc,inproc-shuffled"
+    )]
+    pub cases: Vec<Case>,
+    /// The agent's prefetch frames (1 MiB each) per session.
+    #[arg(long, default_value_t = dquant_agent::DEFAULT_PREFETCH)]
+    pub prefetch_frames: usize,
+    /// Buffer size of the plain copy's writes and reads.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub copy_buf: usize,
+    /// Do not read the dataset once beforehand to bring it into the page cache.
+    #[arg(long)]
+    pub no_warm: bool,
+    #[command(flatten)]
+    pub out: crate::report::JsonOpts,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Case {
+    /// The baseline: a plain TCP copy from a sender process.
+    Plain,
+    /// Diagnostic: the same bytes in dquant frames (header + crc32c, TCP_NODELAY) from one
+    /// sender thread, received with FrameReader and copied out.
+    Framed,
+    /// Diagnostic: as `framed`, with the agent's producer-thread → sender-thread handoff
+    /// (pooled 1 MiB buffers over a bounded channel) and no plan work.
+    Threaded,
+    /// The plan on the agent (another process), unshuffled.
+    Agent,
+    /// The plan on the agent, shuffled.
+    AgentShuffled,
+    /// The plan in this process, unshuffled.
+    Inproc,
+    /// The plan in this process, shuffled.
+    InprocShuffled,
+}
+
+impl Case {
+    fn label(self) -> &'static str {
+        match self {
+            Case::Plain => "plain TCP copy (baseline)",
+            Case::Framed => "dquant frames, 1 thread",
+            Case::Threaded => "dquant frames, 2 threads",
+            Case::Agent => "agent, shuffle=false",
+            Case::AgentShuffled => "agent, shuffle=true",
+            Case::Inproc => "in-process, shuffle=false",
+            Case::InprocShuffled => "in-process, shuffle=true",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Case::Plain => "plain",
+            Case::Framed => "framed",
+            Case::Threaded => "threaded",
+            Case::Agent => "agent",
+            Case::AgentShuffled => "agent-shuffled",
+            Case::Inproc => "inproc",
+            Case::InprocShuffled => "inproc-shuffled",
+        }
+    }
+}
+
+struct M {
+    run: usize,
+    case: Case,
+    bytes: u64,
+    tokens: u64,
+    wall: Duration,
+    /// This (receiving) process's CPU.
+    consumer_cpu: Duration,
+    /// The other process's CPU: the sender or the agent.
+    peer_cpu: Option<Duration>,
+    load: String,
+}
+
+impl M {
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.wall.as_secs_f64() / 1e9
+    }
+    fn mtoks(&self) -> f64 {
+        self.tokens as f64 / self.wall.as_secs_f64() / 1e6
+    }
+    fn per_gb(&self, d: Duration) -> f64 {
+        d.as_secs_f64() / (self.bytes as f64 / 1e9)
+    }
+}
+
+fn plain(run: usize, case: Case, bytes: u64, buf: usize, itemsize: u64) -> Result<M> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let load = procs::loadavg();
+    let mode = match case {
+        Case::Framed => SendMode::Framed,
+        Case::Threaded => SendMode::Threaded,
+        _ => SendMode::Raw,
+    };
+    let child = procs::spawn_sender(listener.local_addr()?, bytes, buf, mode)?;
+    let (mut s, _) = listener.accept()?;
+    let cpu0 = procs::self_cpu();
+    let t0 = Instant::now();
+    let n = if mode == SendMode::Raw {
+        let mut b = vec![0u8; buf];
+        let mut n = 0u64;
+        loop {
+            let k = s.read(&mut b)?;
+            if k == 0 {
+                break;
+            }
+            n += k as u64;
+        }
+        n
+    } else {
+        procs::receive_frames(s)?
+    };
+    let wall = t0.elapsed();
+    let consumer_cpu = procs::self_cpu() - cpu0;
+    let (ok, sender_cpu) = procs::wait_with_cpu(child)?;
+    if !ok || n != bytes {
+        bail!(
+            "{}: the sender failed or sent {n} of {bytes} bytes",
+            case.key()
+        );
+    }
+    Ok(M {
+        run,
+        case,
+        bytes,
+        // The plan's tokens these bytes would carry, for the Mtok/s column.
+        tokens: bytes / itemsize,
+        wall,
+        consumer_cpu,
+        peer_cpu: Some(sender_cpu),
+        load,
+    })
+}
+
+fn stream(
+    run: usize,
+    case: Case,
+    a: &Args,
+    ds: &DataSpec,
+    agent: Option<&AgentProc>,
+    expect: u64,
+) -> Result<M> {
+    let shuffle = matches!(case, Case::AgentShuffled | Case::InprocShuffled);
+    let load = procs::loadavg();
+    let mut r = match agent {
+        Some(ag) => open(&ag.uri, &a.plan.plan(&ds.remote(), shuffle), Offload::Yes)?,
+        None => open("", &a.plan.plan(&ds.local(), shuffle), Offload::No)?,
+    };
+    let peer0 = agent.map(|ag| procs::proc_cpu(ag.pid())).transpose()?;
+    let cpu0 = procs::self_cpu();
+    let t0 = Instant::now();
+    let (mut bytes, mut tokens) = (0u64, 0u64);
+    while let Some(b) = r.next_batch()? {
+        bytes += b.tokens.as_bytes().len() as u64;
+        tokens += b.tokens.len() as u64;
+    }
+    let wall = t0.elapsed();
+    let consumer_cpu = procs::self_cpu() - cpu0;
+    let peer_cpu = match (agent, peer0) {
+        (Some(ag), Some(p0)) => Some(procs::proc_cpu(ag.pid())? - p0),
+        _ => None,
+    };
+    drop(r);
+    if bytes != expect {
+        bail!("{}: delivered {bytes} bytes, expected {expect}", case.key());
+    }
+    Ok(M {
+        run,
+        case,
+        bytes,
+        tokens,
+        wall,
+        consumer_cpu,
+        peer_cpu,
+        load,
+    })
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let ds = DataSpec::new(&a.data)?;
+    if a.runs == 0 || a.cases.is_empty() {
+        bail!("nothing to run: give --runs ≥ 1 and at least one case");
+    }
+    if a.copy_buf == 0 || a.copy_buf > dquant_transport::frame::MAX_PAYLOAD {
+        bail!("--copy-buf must be 1..=1048576 bytes (the frame payload limit)");
+    }
+    if !a.no_warm {
+        eprintln!("warming the page cache: {}", ds.bin().display());
+        procs::warm_file(&ds.bin())?;
+        procs::warm_file(&ds.idx())?;
+    }
+    // The stream's payload size, from the plan's schedule (nothing is read).
+    let expect = {
+        let r = open("", &a.plan.plan(&ds.local(), false), Offload::No)?;
+        r.rank_samples() * (u64::from(a.plan.seq_len) + 1) * a.plan.output_itemsize()
+    };
+    let needs_agent = a
+        .cases
+        .iter()
+        .any(|c| matches!(c, Case::Agent | Case::AgentShuffled));
+    let agent = if needs_agent {
+        Some(AgentProc::spawn(&ds.dir, a.prefetch_frames)?)
+    } else {
+        None
+    };
+    let mut ms: Vec<M> = Vec::new();
+    for run in 1..=a.runs {
+        for &case in &a.cases {
+            let m = match case {
+                Case::Plain | Case::Framed | Case::Threaded => {
+                    plain(run, case, expect, a.copy_buf, a.plan.output_itemsize())?
+                }
+                Case::Agent | Case::AgentShuffled => {
+                    stream(run, case, a, &ds, agent.as_ref(), expect)?
+                }
+                Case::Inproc | Case::InprocShuffled => stream(run, case, a, &ds, None, expect)?,
+            };
+            eprintln!(
+                "run {run}/{}: {:<27} {:>6.3} GB/s  (load {})",
+                a.runs,
+                case.label(),
+                m.gbps(),
+                m.load
+            );
+            ms.push(m);
+        }
+    }
+    drop(agent);
+
+    let base = |run: usize| {
+        ms.iter()
+            .find(|m| m.run == run && m.case == Case::Plain)
+            .map(M::gbps)
+    };
+    {
+        let rows: Vec<_> = ms
+            .iter()
+            .map(|m| {
+                json!({
+                    "run": m.run, "case": m.case.key(), "bytes": m.bytes, "tokens": m.tokens,
+                    "seconds": m.wall.as_secs_f64(), "gb_per_s": m.gbps(), "mtok_per_s": m.mtoks(),
+                    "ratio_to_plain": base(m.run).map(|b| m.gbps() / b),
+                    "consumer_cpu_s": m.consumer_cpu.as_secs_f64(),
+                    "consumer_cpu_s_per_gb": m.per_gb(m.consumer_cpu),
+                    "peer_cpu_s": m.peer_cpu.map(|d| d.as_secs_f64()),
+                    "peer_cpu_s_per_gb": m.peer_cpu.map(|d| m.per_gb(d)),
+                    "loadavg": m.load,
+                })
+            })
+            .collect();
+        let out = json!({
+            "bench": "throughput", "dataset": ds.local(), "dataset_bytes_on_disk": ds.bytes_on_disk(),
+            "plan": a.plan.describe(), "prefetch_frames": a.prefetch_frames, "copy_buf": a.copy_buf,
+            "payload_bytes_per_stream": expect, "measurements": rows,
+        });
+        if a.out.emit(&out)? {
+            return Ok(());
+        }
+    }
+    println!(
+        "dataset {} ({:.2} GB on disk); plan: {}; agent prefetch {} frames",
+        ds.local(),
+        ds.bytes_on_disk() as f64 / 1e9,
+        a.plan.describe(),
+        a.prefetch_frames
+    );
+    println!(
+        "each stream: {:.3} GB of batch payload; CPU is seconds per GB (1e9 bytes) of payload",
+        expect as f64 / 1e9
+    );
+    println!("'peer' is the sender process (plain copy) or the agent process; ratio is to the same run's plain copy\n");
+    let mut t = Table::new(&[
+        "run",
+        "case",
+        "GB/s",
+        "Mtok/s",
+        "ratio",
+        "consumer CPU s/GB",
+        "peer CPU s/GB",
+        "load",
+    ])
+    .left(2);
+    for m in &ms {
+        t.row(vec![
+            m.run.to_string(),
+            m.case.label().into(),
+            f(m.gbps(), 3),
+            f(m.mtoks(), 1),
+            base(m.run).map_or("-".into(), |b| f(m.gbps() / b, 2)),
+            f(m.per_gb(m.consumer_cpu), 3),
+            m.peer_cpu.map_or("-".into(), |d| f(m.per_gb(d), 3)),
+            m.load.clone(),
+        ]);
+    }
+    t.print();
+    println!();
+    let mut s = Table::new(&[
+        "case (over runs: min–max)",
+        "GB/s",
+        "ratio to plain",
+        "consumer CPU s/GB",
+        "peer CPU s/GB",
+    ]);
+    for &case in &a.cases {
+        let of: Vec<&M> = ms.iter().filter(|m| m.case == case).collect();
+        let range = |xs: Vec<f64>, d: usize| {
+            if xs.is_empty() {
+                return "-".to_string();
+            }
+            let (lo, _, hi) = spread(&xs);
+            format!("{}–{}", f(lo, d), f(hi, d))
+        };
+        s.row(vec![
+            case.label().into(),
+            range(of.iter().map(|m| m.gbps()).collect(), 3),
+            range(
+                of.iter()
+                    .filter_map(|m| base(m.run).map(|b| m.gbps() / b))
+                    .collect(),
+                2,
+            ),
+            range(of.iter().map(|m| m.per_gb(m.consumer_cpu)).collect(), 3),
+            range(
+                of.iter()
+                    .filter_map(|m| m.peer_cpu.map(|d| m.per_gb(d)))
+                    .collect(),
+                3,
+            ),
+        ]);
+    }
+    s.print();
+    Ok(())
+}
