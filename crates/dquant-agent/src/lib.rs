@@ -173,7 +173,10 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             rt.block_on(async move {
                 let listener =
                     tokio::net::TcpListener::from_std(control).map_err(|e| e.to_string())?;
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                // Nagle off on the control connections: an Open must not wait on a delayed ACK
+                // (that cost 40 ms of time-to-first-batch).
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
                 tonic::transport::Server::builder()
                     .add_service(dquant_proto::v1::agent_server::AgentServer::new(svc))
                     .serve_with_incoming_shutdown(incoming, async {

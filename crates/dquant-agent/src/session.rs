@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use dquant_client::{auto_codec, check_fits, output_width, Pipeline, TokenSource};
 use dquant_codec::kernels::max_token;
-use dquant_codec::{Codec, Encoder};
+use dquant_codec::{encode_width, Codec, Compression, Encoder, Width};
 use dquant_plan::{OutputDType, WireCodec};
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
@@ -230,7 +230,19 @@ struct FrameSink<'a> {
     pool: &'a BufferPool,
     out: SinkOut<'a>,
     cur: Option<PooledBuf>,
+    /// When the first record went into `cur` (for the idle flush's age limit).
+    frame_started: Option<Instant>,
     bytes: u64,
+}
+
+/// An idle sender gets a partly filled frame once it holds this much.
+const MIN_IDLE_FLUSH: usize = 256 << 10;
+/// ... or once its first record has waited this long.
+const MAX_FRAME_AGE: Duration = Duration::from_millis(2);
+
+enum SinkError {
+    Gone(Gone),
+    Codec(dquant_codec::CodecError),
 }
 
 enum SinkOut<'a> {
@@ -247,6 +259,7 @@ struct Gone;
 impl FrameSink<'_> {
     fn emit(&mut self, buf: PooledBuf) -> Result<(), Gone> {
         self.bytes += buf.len() as u64;
+        self.frame_started = None;
         match &mut self.out {
             SinkOut::Channel(tx, queued) => {
                 queued.fetch_add(1, Ordering::AcqRel);
@@ -254,6 +267,36 @@ impl FrameSink<'_> {
             }
             SinkOut::Direct(w) => w.send(FrameKind::Data, &buf).map_err(|_| Gone),
         }
+    }
+
+    /// Encodes `tokens` at the byte-aligned `width` directly into frames: no intermediate
+    /// buffer, one pass over the tokens.
+    fn write_encoded(&mut self, width: Width, mut tokens: &[u32]) -> Result<(), SinkError> {
+        let bw = width
+            .byte_width()
+            .expect("write_encoded takes byte-aligned widths");
+        while !tokens.is_empty() {
+            let cur = self.cur.get_or_insert_with(|| self.pool.get());
+            let len = cur.len();
+            let k = ((cur.capacity() - len) / bw).min(tokens.len());
+            if k == 0 {
+                // A token straddles two frames: encode it aside and split its bytes.
+                let mut one = [0u8; 8];
+                encode_width(width, &tokens[..1], &mut one[..bw]).map_err(SinkError::Codec)?;
+                self.write(&one[..bw]).map_err(SinkError::Gone)?;
+                tokens = &tokens[1..];
+                continue;
+            }
+            encode_width(width, &tokens[..k], &mut cur.spare()[len..len + k * bw])
+                .map_err(SinkError::Codec)?;
+            cur.set_len(len + k * bw);
+            tokens = &tokens[k..];
+            if cur.len() == cur.capacity() {
+                let full = self.cur.take().expect("just filled");
+                self.emit(full).map_err(SinkError::Gone)?;
+            }
+        }
+        Ok(())
     }
 
     fn write(&mut self, mut b: &[u8]) -> Result<(), Gone> {
@@ -276,14 +319,29 @@ impl FrameSink<'_> {
     /// keeps up gets each record as soon as it is made, instead of waiting for a full frame
     /// (with small compressed batches that could be dozens of batches). A consumer that lags
     /// gets full frames.
+    ///
+    /// Small writes cost the sender far more CPU per byte than 1 MiB ones, so an idle flush
+    /// sends at least [`MIN_IDLE_FLUSH`] bytes, except for the stream's first frame (time to
+    /// first batch) and a frame that has waited [`MAX_FRAME_AGE`].
     fn flush_if_idle(&mut self) -> Result<(), Gone> {
-        match &self.out {
-            SinkOut::Channel(_, queued) if queued.load(Ordering::Acquire) == 0 => self.flush(),
-            _ => Ok(()),
+        let SinkOut::Channel(_, queued) = &self.out else {
+            return Ok(());
+        };
+        if queued.load(Ordering::Acquire) != 0 {
+            return Ok(());
         }
+        let len = self.cur.as_ref().map_or(0, |c| c.len());
+        let now = Instant::now();
+        let started = *self.frame_started.get_or_insert(now);
+        if len >= MIN_IDLE_FLUSH || self.bytes == 0 || now.duration_since(started) >= MAX_FRAME_AGE
+        {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     fn flush(&mut self) -> Result<(), Gone> {
+        self.frame_started = None;
         match self.cur.take() {
             Some(b) if !b.is_empty() => self.emit(b),
             _ => Ok(()),
@@ -344,6 +402,7 @@ pub(crate) fn stream_plan(
                 pool: &pool,
                 out: SinkOut::Channel(tx.clone(), queued),
                 cur: None,
+                frame_started: None,
                 bytes: 0,
             };
             let mut stats = Stats::default();
@@ -391,6 +450,8 @@ fn produce(
 ) -> Result<bool, String> {
     let sample_len = pipeline.sample_len();
     let out_width = output_width(output);
+    // Checks that cannot fail are skipped: a u16 dataset always fits a u16 wire and output.
+    let bound = pipeline.max_token_bound();
     let mut enc = Encoders::default();
     let mut payload = Vec::new();
     loop {
@@ -402,21 +463,32 @@ fn produce(
         };
         // The output dtype is checked first, so an agent fails exactly where (and as) the
         // in-process reader would; then the wire codec.
-        check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
+        if bound > out_width.max_token() {
+            check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
+        }
         let codec = codec_for(wire, b.tokens);
-        check_fits(
-            &b,
-            sample_len,
-            codec.width,
-            &format!("wire codec {codec}: "),
-        )
-        .map_err(|e| e.to_string())?;
-        enc.encode(codec, b.tokens, &mut payload)?;
-        let payload_len = u32::try_from(payload.len()).map_err(|_| {
+        if bound > codec.width.max_token() {
+            check_fits(
+                &b,
+                sample_len,
+                codec.width,
+                &format!("wire codec {codec}: "),
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        // Plain byte-aligned codecs are encoded straight into the frames; others through
+        // the encoder's buffer.
+        let direct = codec.compression == Compression::None && codec.width.byte_width().is_some();
+        let payload_len = if direct {
+            codec.width.encoded_len(b.tokens.len())
+        } else {
+            enc.encode(codec, b.tokens, &mut payload)?;
+            payload.len()
+        };
+        let payload_len = u32::try_from(payload_len).map_err(|_| {
             format!(
-                "batch {} encodes to {} bytes, over 4 GiB",
-                b.index,
-                payload.len()
+                "batch {} encodes to {payload_len} bytes, over 4 GiB",
+                b.index
             )
         })?;
         let h = BatchHeader {
@@ -430,10 +502,20 @@ fn produce(
         };
         stats.records += 1;
         stats.tokens += b.tokens.len() as u64;
-        if sink.write(&h.encode()).is_err()
-            || sink.write(&payload).is_err()
-            || sink.flush_if_idle().is_err()
-        {
+        if sink.write(&h.encode()).is_err() {
+            return Ok(false);
+        }
+        let sent = if direct {
+            sink.write_encoded(codec.width, b.tokens)
+        } else {
+            sink.write(&payload).map_err(SinkError::Gone)
+        };
+        match sent {
+            Ok(()) => {}
+            Err(SinkError::Gone(Gone)) => return Ok(false),
+            Err(SinkError::Codec(e)) => return Err(format!("batch {}: {e}", b.index)),
+        }
+        if sink.flush_if_idle().is_err() {
             return Ok(false);
         }
     }
@@ -523,6 +605,7 @@ pub(crate) fn serve_ranges(
             pool: &pool,
             out: SinkOut::Direct(&mut w),
             cur: None,
+            frame_started: None,
             bytes: 0,
         };
         let mut error = None;
@@ -573,6 +656,51 @@ pub(crate) fn serve_ranges(
         }
         if w.flush().is_err() {
             return Ok(stats);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records encoded straight into frames equal the plain encoding, whatever the frame
+    /// size, including tokens split across two frames.
+    #[test]
+    fn direct_encoding_splits_tokens_across_frames_exactly() {
+        let tokens: Vec<u32> = (0..1000u32).map(|i| i * 16_411 % (1 << 24)).collect();
+        for width in [Width::U8, Width::U16, Width::U24, Width::U32, Width::I64] {
+            let tokens: Vec<u32> = tokens.iter().map(|&t| t.min(width.max_token())).collect();
+            let mut want = vec![0u8; width.encoded_len(tokens.len())];
+            encode_width(width, &tokens, &mut want).unwrap();
+            for frame in [7usize, 10, 64, 4096] {
+                let pool = BufferPool::new(4, frame);
+                let (tx, rx) = sync_channel(10_000);
+                let queued = Arc::new(AtomicUsize::new(0));
+                let mut sink = FrameSink {
+                    pool: &pool,
+                    out: SinkOut::Channel(tx, queued),
+                    cur: None,
+                    frame_started: None,
+                    bytes: 0,
+                };
+                let collect = std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for m in rx {
+                        if let Msg::Frame(b) = m {
+                            got.extend_from_slice(&b);
+                        }
+                    }
+                    got
+                });
+                sink.write(b"hdr").ok().unwrap();
+                assert!(sink.write_encoded(width, &tokens).is_ok());
+                sink.flush().ok().unwrap();
+                drop(sink);
+                let got = collect.join().unwrap();
+                assert_eq!(&got[..3], b"hdr");
+                assert_eq!(got[3..], want[..], "{width} in {frame}-byte frames");
+            }
         }
     }
 }

@@ -53,7 +53,8 @@ fn offloaded_streams_equal_local_ones() {
     assert_eq!(assert_parity(&c, &uri, &p, Cursor::START), a);
 
     // Unshuffled, several epochs, compressed wire codecs.
-    for codec in ["u16+zstd:3", "auto+lz4", "bits:16", "auto"] {
+    // u24 tokens straddle frame boundaries (3-byte tokens, 1 MiB frames).
+    for codec in ["u16+zstd:3", "auto+lz4", "bits:16", "auto", "u24", "i64"] {
         let mut p = plan(&[("r50k.dqb", 1.0)], 100, 5);
         p.shuffle = false;
         p.epochs = Some(2);

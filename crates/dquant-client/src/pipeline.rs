@@ -95,6 +95,16 @@ impl Pipeline {
         self.sample_len
     }
 
+    /// No token of any source exceeds this: checks against a width that holds it can be
+    /// skipped.
+    pub fn max_token_bound(&self) -> u32 {
+        self.sources
+            .iter()
+            .map(|s| s.max_token_bound())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The plan's source URI `d`, as the plan spelled it (for error messages).
     pub fn uri(&self, d: usize) -> &str {
         &self.uris[d]

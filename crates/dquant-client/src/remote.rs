@@ -235,6 +235,7 @@ pub struct RemoteSource {
     control: Control,
     session: u64,
     tokens: u64,
+    max_token: u32,
     writer: FrameWriter<TcpStream>,
     reader: RecordReader<TcpStream>,
     decoder: Decoder,
@@ -255,11 +256,17 @@ impl RemoteSource {
             wire_codec: wire_codec.into(),
         })?;
         let tokens = reply.stat.as_ref().map_or(0, |s| s.tokens);
+        let max_token = reply
+            .stat
+            .as_ref()
+            .and_then(|s| s.stored_max_token)
+            .unwrap_or(u32::MAX);
         let (writer, reader) = control.connect_data(&reply)?;
         Ok(RemoteSource {
             session: reply.session,
             control,
             tokens,
+            max_token,
             writer,
             reader,
             decoder: Decoder::new(),
@@ -281,6 +288,10 @@ impl RemoteSource {
 impl TokenSource for RemoteSource {
     fn tokens(&self) -> u64 {
         self.tokens
+    }
+
+    fn max_token_bound(&self) -> u32 {
+        self.max_token
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {

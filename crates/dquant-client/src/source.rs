@@ -11,7 +11,7 @@ use std::path::Path;
 use dquant_codec::CodecError;
 use dquant_format::{DType, FormatError};
 use dquant_plan::Source;
-use dquant_storage::{Dataset, OpenOptions, ReadBuffers, StorageError};
+use dquant_storage::{Dataset, Format, OpenOptions, ReadBuffers, StorageError};
 use dquant_transport::WireError;
 
 /// Why a source could not be opened or read.
@@ -40,6 +40,12 @@ pub enum SourceError {
 pub trait TokenSource: Send {
     /// Tokens in the dataset.
     fn tokens(&self) -> u64;
+
+    /// No token of the source is larger than this (from its stored dtype or recorded
+    /// maximum). Lets consumers skip range checks that cannot fail.
+    fn max_token_bound(&self) -> u32 {
+        u32::MAX
+    }
 
     /// Fills `out` with the tokens of `ranges`, back to back; `out` holds exactly their
     /// total length.
@@ -91,6 +97,17 @@ pub fn open_options(source: &Source) -> Result<OpenOptions, SourceError> {
 impl TokenSource for LocalSource {
     fn tokens(&self) -> u64 {
         self.ds.tokens()
+    }
+
+    fn max_token_bound(&self) -> u32 {
+        let by_format = match self.ds.format() {
+            Format::Megatron { dtype } | Format::Raw { dtype } => dtype.max_token(),
+            Format::Block { codec, .. } => codec.width.max_token(),
+        };
+        self.ds
+            .stored_max_token()
+            .unwrap_or(by_format)
+            .min(by_format)
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
