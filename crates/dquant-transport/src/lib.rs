@@ -18,6 +18,7 @@ pub mod frame;
 mod io;
 mod pool;
 pub mod record;
+pub mod ring;
 mod stream;
 
 pub use frame::{FrameHeader, FrameKind, WireError};
