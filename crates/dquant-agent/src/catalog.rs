@@ -158,19 +158,11 @@ impl Catalog {
                 let rel = p.strip_prefix(dir).unwrap_or(&p).display().to_string();
                 let mut bytes = real.metadata().map(|m| m.len()).unwrap_or(0);
                 let (name, kind) = match rel.rsplit_once('.') {
-                    Some((stem, "bin"))
-                        if Path::new(&format!("{}.idx", p.with_extension("").display()))
-                            .exists() =>
-                    {
+                    Some((stem, "bin")) if p.with_extension("idx").exists() => {
                         bytes += std::fs::metadata(p.with_extension("idx")).map_or(0, |m| m.len());
                         (stem.to_string(), "megatron")
                     }
-                    Some((_, "idx"))
-                        if Path::new(&format!("{}.bin", p.with_extension("").display()))
-                            .exists() =>
-                    {
-                        continue
-                    }
+                    Some((_, "idx")) if p.with_extension("bin").exists() => continue,
                     Some((_, "dqb")) => (rel.clone(), "dquant-blocks"),
                     _ => (rel.clone(), "raw"),
                 };

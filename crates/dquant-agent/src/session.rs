@@ -467,7 +467,8 @@ fn produce(
             check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
         }
         let codec = codec_for(wire, b.tokens);
-        if bound > codec.width.max_token() {
+        // An `auto` codec's width was chosen from this batch's largest token: it fits.
+        if matches!(wire, WireCodec::Fixed(_)) && bound > codec.width.max_token() {
             check_fits(
                 &b,
                 sample_len,

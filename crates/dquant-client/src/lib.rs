@@ -62,6 +62,17 @@ pub enum ClientError {
     Usage(String),
 }
 
+impl ClientError {
+    /// An error from talking to an agent: what the agent said, verbatim, or why it could not
+    /// be reached.
+    fn from_agent(e: SourceError) -> Self {
+        match e {
+            SourceError::Agent(m) => ClientError::Agent(m),
+            e => ClientError::Connect(e),
+        }
+    }
+}
+
 /// Where a plan runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Offload {
@@ -257,18 +268,16 @@ impl Reader {
     pub fn remote(authority: &str, plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
         plan.validate()?;
         let control = Control::connect(authority).map_err(ClientError::Connect)?;
-        let agent_err = |e: SourceError| match e {
-            SourceError::Agent(m) => ClientError::Agent(m),
-            e => ClientError::Connect(e),
-        };
         let reply = control
             .open(OpenRequest {
                 plan_json: plan.to_json(),
                 epoch: cursor.epoch,
                 consumed_samples: cursor.consumed_samples,
             })
-            .map_err(agent_err)?;
-        let (_writer, records) = control.connect_data(&reply).map_err(agent_err)?;
+            .map_err(ClientError::from_agent)?;
+        let (_writer, records) = control
+            .connect_data(&reply)
+            .map_err(ClientError::from_agent)?;
         let start = Cursor {
             epoch: reply.start_epoch,
             consumed_samples: reply.start_consumed_samples,
@@ -405,10 +414,8 @@ impl Reader {
                     )));
                 }
                 let n = h.tokens();
-                remote::check_payload_len(h.codec, n, h.payload_len).map_err(|e| match e {
-                    SourceError::Agent(m) => ClientError::Agent(m),
-                    e => ClientError::Connect(e),
-                })?;
+                remote::check_payload_len(h.codec, n, h.payload_len)
+                    .map_err(ClientError::from_agent)?;
                 let bytes = n * item;
                 let out = batch_bytes(batch, bytes);
                 let direct = h.codec.compression == Compression::None && h.codec.width == width;
