@@ -229,6 +229,10 @@ pub struct RingConsumer {
     peer: Option<OwnedFd>,
     /// Next batch to read (== the shared consumer index; only this side writes it).
     tail: u64,
+    /// The batch at `tail` when it has been acquired and not yet released: its slot and length.
+    held: Option<(u32, usize)>,
+    /// Check each batch's crc32c (on by default).
+    verify: bool,
 }
 
 impl RingConsumer {
@@ -266,6 +270,8 @@ impl RingConsumer {
             producer_wake,
             peer: None,
             tail: 0,
+            held: None,
+            verify: true,
         };
         Ok((consumer, fds))
     }
@@ -286,11 +292,38 @@ impl RingConsumer {
         self.tail
     }
 
-    /// The next batch, in order. `Ok(None)`: the producer closed the ring and every batch has
-    /// been read. Waits at most `timeout` ([`RingError::Timeout`]). A producer that went away
-    /// without closing is reported ([`RingError::ProducerGone`]) only after every batch it
-    /// published has been returned.
+    /// Whether [`acquire`](RingConsumer::acquire) checks each batch's crc32c (default: yes).
+    ///
+    /// The check reads every payload byte once more, about 0.05 CPU-s/GB: a consumer that
+    /// hands batches on without reading them (a GPU copy) pays that for nothing else. Without
+    /// it the sequence number and length are still checked, and the publish protocol alone
+    /// already rules out torn batches; the crc guards against a buggy or hostile producer.
+    pub fn set_verify(&mut self, verify: bool) {
+        self.verify = verify;
+    }
+
+    /// The next batch, in order, as a view that releases its slot when dropped. `Ok(None)`:
+    /// the producer closed the ring and every batch has been read. Waits at most `timeout`
+    /// ([`RingError::Timeout`]). A producer that went away without closing is reported
+    /// ([`RingError::ProducerGone`]) only after every batch it published has been returned.
     pub fn next(&mut self, timeout: Duration) -> Result<Option<SlotRef<'_>>, RingError> {
+        if self.acquire(timeout)?.is_none() {
+            return Ok(None);
+        }
+        let data = self.held_ptr();
+        // SAFETY: `held_ptr` points at the acquired slot's `len` bytes, which stay ours (the
+        // producer does not touch them) until `release`, called by `SlotRef::drop`; the
+        // borrow of `self` by the guard keeps the mapping alive and `release` uncallable.
+        let data = unsafe { std::slice::from_raw_parts(data.0, data.1) };
+        Ok(Some(SlotRef { ring: self, data }))
+    }
+
+    /// Takes the next batch without a guard (for owners that keep the batch across calls,
+    /// like the host API's reader): it stays readable through [`held`](RingConsumer::held)
+    /// until [`release`](RingConsumer::release). Returns its length, or `None` at the end.
+    /// A batch still held is released first.
+    pub fn acquire(&mut self, timeout: Duration) -> Result<Option<usize>, RingError> {
+        self.release();
         let until = Instant::now().checked_add(timeout);
         let hdr = self.map.header();
         let tail = self.tail;
@@ -353,22 +386,45 @@ impl RingConsumer {
                 self.layout.slot_size
             )));
         }
-        // SAFETY: the slot is inside the mapping and `len <= slot_size`; by the protocol (the
-        // Acquire load above saw `head > tail`) the producer finished writing it and will not
-        // touch it again until we advance the consumer index in `SlotRef::drop`.
-        let data = unsafe {
-            std::slice::from_raw_parts(self.map.slot_ptr(&self.layout, index), len as usize)
-        };
-        let actual = crc32c::crc32c(data);
-        if actual != crc {
-            return Err(corrupt(format!(
-                "crc32c {actual:#010x}, record says {crc:#010x}"
-            )));
+        if self.verify {
+            // SAFETY: the slot is inside the mapping and `len <= slot_size`; by the protocol
+            // (the Acquire load above saw `head > tail`) the producer finished writing it and
+            // will not touch it again until we advance the consumer index in `release`.
+            let data = unsafe {
+                std::slice::from_raw_parts(self.map.slot_ptr(&self.layout, index), len as usize)
+            };
+            let actual = crc32c::crc32c(data);
+            if actual != crc {
+                return Err(corrupt(format!(
+                    "crc32c {actual:#010x}, record says {crc:#010x}"
+                )));
+            }
         }
-        Ok(Some(SlotRef { ring: self, data }))
+        self.held = Some((index, len as usize));
+        Ok(Some(len as usize))
     }
 
-    fn release(&mut self) {
+    /// The acquired batch's bytes (empty when none is held).
+    pub fn held(&self) -> &[u8] {
+        let (ptr, len) = self.held_ptr();
+        // SAFETY: see `held_ptr`; the returned borrow of `self` keeps `release` (which needs
+        // `&mut self`) from running while the slice lives.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+
+    fn held_ptr(&self) -> (*const u8, usize) {
+        match self.held {
+            // The slot is inside the validated mapping and was acquired (see `acquire`).
+            Some((index, len)) => (self.map.slot_ptr(&self.layout, index).cast_const(), len),
+            None => (std::ptr::NonNull::<u8>::dangling().as_ptr().cast_const(), 0),
+        }
+    }
+
+    /// Hands the acquired batch's slot back to the producer (no-op when none is held).
+    pub fn release(&mut self) {
+        if self.held.take().is_none() {
+            return;
+        }
         self.tail += 1;
         let hdr = self.map.header();
         hdr.consumer.0.store(self.tail, Ordering::Release);
@@ -603,11 +659,33 @@ impl DerefMut for SlotMut<'_> {
     }
 }
 
-const HANDSHAKE: &[u8] = b"dquant-ring/1";
+/// Every fd handshake starts with this tag (a listener can tell it from other protocols on
+/// the same socket by its first bytes).
+pub const HANDSHAKE: &[u8] = b"dquant-ring/1";
+
+/// Most bytes a handshake may carry after the tag.
+pub const MAX_HANDSHAKE_EXTRA: usize = 240;
 
 impl RingFds {
-    /// Sends the three descriptors over `sock` (SCM_RIGHTS) with a short tag.
+    /// Sends the three descriptors over `sock` (SCM_RIGHTS) with the tag.
     pub fn send(&self, sock: &std::os::unix::net::UnixStream) -> Result<(), RingError> {
+        self.send_with(sock, &[])
+    }
+
+    /// As [`send`](RingFds::send), with `extra` bytes after the tag in the same message (at
+    /// most [`MAX_HANDSHAKE_EXTRA`]): e.g. the session and ticket that authorise the ring.
+    pub fn send_with(
+        &self,
+        sock: &std::os::unix::net::UnixStream,
+        extra: &[u8],
+    ) -> Result<(), RingError> {
+        if extra.len() > MAX_HANDSHAKE_EXTRA {
+            return Err(RingError::Handshake(format!(
+                "{} extra bytes, at most {MAX_HANDSHAKE_EXTRA}",
+                extra.len()
+            )));
+        }
+        let msg = [HANDSHAKE, extra].concat();
         send_fds(
             sock,
             &[
@@ -615,7 +693,7 @@ impl RingFds {
                 self.consumer_wake.as_fd(),
                 self.producer_wake.as_fd(),
             ],
-            HANDSHAKE,
+            &msg,
         )
         .map_err(|source| RingError::Io {
             op: "sendmsg",
@@ -625,26 +703,43 @@ impl RingFds {
 
     /// Receives what [`RingFds::send`] sent: exactly three descriptors and the tag.
     pub fn recv(sock: &std::os::unix::net::UnixStream) -> Result<RingFds, RingError> {
-        let mut buf = [0u8; 64];
+        let (fds, extra) = Self::recv_with(sock)?;
+        if !extra.is_empty() {
+            return Err(RingError::Handshake(format!(
+                "{} unexpected bytes after the tag",
+                extra.len()
+            )));
+        }
+        Ok(fds)
+    }
+
+    /// Receives what [`RingFds::send_with`] sent: the descriptors and the extra bytes.
+    pub fn recv_with(
+        sock: &std::os::unix::net::UnixStream,
+    ) -> Result<(RingFds, Vec<u8>), RingError> {
+        let mut buf = [0u8; HANDSHAKE.len() + MAX_HANDSHAKE_EXTRA];
         let (n, fds) = recv_fds(sock, &mut buf, 4).map_err(|source| RingError::Io {
             op: "recvmsg",
             source,
         })?;
-        if &buf[..n] != HANDSHAKE {
+        let Some(extra) = buf[..n].strip_prefix(HANDSHAKE) else {
             return Err(RingError::Handshake(format!(
                 "expected tag {:?}, got {:?}",
                 String::from_utf8_lossy(HANDSHAKE),
-                String::from_utf8_lossy(&buf[..n])
+                String::from_utf8_lossy(&buf[..n.min(HANDSHAKE.len())])
             )));
-        }
+        };
         let got = fds.len();
         let [memfd, consumer_wake, producer_wake]: [OwnedFd; 3] = fds
             .try_into()
             .map_err(|_| RingError::Handshake(format!("expected 3 descriptors, got {got}")))?;
-        Ok(RingFds {
-            memfd,
-            consumer_wake,
-            producer_wake,
-        })
+        Ok((
+            RingFds {
+                memfd,
+                consumer_wake,
+                producer_wake,
+            },
+            extra.to_vec(),
+        ))
     }
 }
