@@ -23,6 +23,11 @@ pub struct AgentConfig {
     /// absent: the control port + 1 (or a free port when the control port is 0).
     #[serde(default)]
     pub data_listen: Option<SocketAddr>,
+    /// A Unix socket for clients on this host: it serves the control plane too, and is where
+    /// they hand over shared-memory rings (`transport=shm`, the emulated DMA path). A stale
+    /// socket file left by a dead agent is replaced; a live one is an error.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
     /// Frames (1 MiB each) each session may fill ahead of its consumer. This is the
     /// prefetch budget: a session's memory is bounded by it, whatever the dataset size.
     #[serde(default = "default_prefetch")]
@@ -56,6 +61,7 @@ impl Default for AgentConfig {
         AgentConfig {
             listen: default_listen(),
             data_listen: None,
+            socket: None,
             prefetch_frames: default_prefetch(),
             max_sessions: default_max_sessions(),
             ticket_ttl_secs: default_ticket_ttl(),

@@ -6,6 +6,7 @@
 //! error frame saying why, and the connection is closed.
 
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,11 +14,11 @@ use std::time::{Duration, Instant};
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::{BufferPool, FrameReader, FrameWriter, Hello};
 
-use crate::session::{claim_error, serve_ranges, stream_plan, Work};
+use crate::session::{claim_error, serve_ranges, stream_plan, Stats, Work};
 use crate::Shared;
 
 /// How long a new connection has to send its hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     for conn in listener.incoming() {
@@ -71,7 +72,7 @@ fn handle(conn: TcpStream, shared: Arc<Shared>) {
         Ok(h) => h,
         Err(m) => return refuse(&conn, m),
     };
-    let Some((work, cancel)) = shared.sessions.claim(hello.session, &hello.ticket, &conn) else {
+    let Some((work, cancel)) = shared.sessions.claim(hello.session, &hello.ticket, conn.as_fd()) else {
         return refuse(&conn, claim_error(hello.session));
     };
     let _ = conn.set_read_timeout(None);
@@ -87,17 +88,29 @@ fn handle(conn: TcpStream, shared: Arc<Shared>) {
         w @ Work::Source { .. } => serve_ranges(w, conn, &mut frames, cancel),
     };
     shared.sessions.finish(id);
+    log_end(id, kind, "tcp", started, result);
+}
+
+/// The log line at a session's end.
+pub(crate) fn log_end(
+    id: u64,
+    kind: &str,
+    transport: &str,
+    started: Instant,
+    result: Result<Stats, String>,
+) {
     let secs = started.elapsed().as_secs_f64();
     match result {
         Ok(s) => tracing::info!(
             session = id,
             kind,
+            transport,
             records = s.records,
             tokens = s.tokens,
             wire_bytes = s.wire_bytes,
             secs,
             "session ended"
         ),
-        Err(e) => tracing::warn!(session = id, kind, error = %e, secs, "session ended early"),
+        Err(e) => tracing::warn!(session = id, kind, transport, error = %e, secs, "session ended early"),
     }
 }

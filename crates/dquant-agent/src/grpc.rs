@@ -136,6 +136,7 @@ impl Agent for Service {
             let sched = pipeline.schedule();
             let mut reply = OpenReply {
                 data_port: shared.data_port as u32,
+                socket_path: shared.socket_path(),
                 start_epoch: start.epoch,
                 start_consumed_samples: start.consumed_samples,
                 rank_batches: sched.rank_batches(),
@@ -201,6 +202,7 @@ impl Agent for Service {
                 session: id,
                 ticket: ticket.to_vec(),
                 data_port: shared.data_port as u32,
+                socket_path: shared.socket_path(),
                 stat: Some(stat),
                 ..Default::default()
             }))

@@ -8,6 +8,9 @@
 //! - **data** (TCP, [`data`]): each session streams over one connection in 1 MiB
 //!   checksummed frames from a pool allocated when the session starts (its prefetch
 //!   budget); nothing is allocated per frame.
+//! - **local** (a Unix socket, [`local`], when configured): the control plane again, for
+//!   clients on this host, and the hand-over of shared-memory rings: the session then writes
+//!   finished batches straight into the client's memory (the emulated DMA path).
 //!
 //! The plan work itself is [`dquant_client::Pipeline`], the same code a client runs
 //! in-process, so offloaded and local batches are byte-identical by construction. A plan
@@ -18,9 +21,12 @@ mod catalog;
 mod config;
 mod data;
 mod grpc;
+mod local;
 mod session;
 
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +44,17 @@ pub(crate) struct Shared {
     pub stopping: AtomicBool,
 }
 
+impl Shared {
+    /// The Unix socket path clients may hand rings to ("" when there is none).
+    pub fn socket_path(&self) -> String {
+        self.config
+            .socket
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+}
+
 /// Errors starting an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -49,6 +66,8 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot listen on {}: {reason}", path.display())]
+    BindUnix { path: PathBuf, reason: String },
     #[error("cannot start the agent: {0}")]
     Start(String),
 }
@@ -58,7 +77,7 @@ pub struct AgentHandle {
     control_addr: SocketAddr,
     data_addr: SocketAddr,
     shared: Arc<Shared>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
     server: Option<std::thread::JoinHandle<Result<(), String>>>,
 }
 
@@ -76,6 +95,12 @@ impl AgentHandle {
     /// `dquant://HOST:PORT` for this agent.
     pub fn uri(&self) -> String {
         format!("dquant://{}", self.control_addr)
+    }
+
+    /// The agent's Unix socket, when it has one (clients on this host may use the path as
+    /// the agent's address; batches then arrive through shared memory).
+    pub fn socket(&self) -> Option<&Path> {
+        self.shared.config.socket.as_deref()
     }
 
     /// (pending, active) sessions right now.
@@ -101,10 +126,14 @@ impl AgentHandle {
     fn stop_now(&mut self) {
         self.shared.stopping.store(true, Ordering::Relaxed);
         self.shared.sessions.close_all();
-        // Wake the accept loop so it sees `stopping`.
+        // Wake the accept loops so they see `stopping`.
         let _ = std::net::TcpStream::connect_timeout(&self.data_addr, Duration::from_secs(1));
         if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
+            let _ = tx.send(true);
+            if let Some(path) = &self.shared.config.socket {
+                let _ = UnixStream::connect(path);
+                let _ = std::fs::remove_file(path);
+            }
         }
         if let Some(h) = self.server.take() {
             let _ = h.join();
@@ -137,6 +166,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let data_addr = data
         .local_addr()
         .map_err(|e| AgentError::Start(e.to_string()))?;
+    let local = config.socket.as_deref().map(bind_unix).transpose()?;
     let shared = Arc::new(Shared {
         sessions: session::Sessions::new(
             config.max_sessions,
@@ -154,7 +184,19 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             .spawn(move || data::accept_loop(data, shared))
             .map_err(|e| AgentError::Start(e.to_string()))?;
     }
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let grpc_local = match local {
+        Some(listener) => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<UnixStream>();
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("dquant-accept-local".into())
+                .spawn(move || local::accept_loop(listener, shared, tx))
+                .map_err(|e| AgentError::Start(e.to_string()))?;
+            Some(rx)
+        }
+        None => None,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let svc = grpc::Service {
         shared: shared.clone(),
     };
@@ -177,12 +219,29 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
                 // (that cost 40 ms of time-to-first-batch).
                 let incoming =
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                tonic::transport::Server::builder()
-                    .add_service(dquant_proto::v1::agent_server::AgentServer::new(svc))
-                    .serve_with_incoming_shutdown(incoming, async {
-                        let _ = stop_rx.await;
-                    })
-                    .await
+                let svc = dquant_proto::v1::agent_server::AgentServer::new(svc);
+                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                };
+                let tcp = tonic::transport::Server::builder()
+                    .add_service(svc.clone())
+                    .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+                let Some(rx) = grpc_local else {
+                    return tcp.await.map_err(|e| e.to_string());
+                };
+                // Connections the Unix socket's router identified as gRPC.
+                let uds = tokio_stream::StreamExt::map(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                    |s| {
+                        s.set_nonblocking(true)?;
+                        tokio::net::UnixStream::from_std(s)
+                    },
+                );
+                let uds = tonic::transport::Server::builder()
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(uds, stopped(stop_rx));
+                tokio::try_join!(tcp, uds)
+                    .map(|_| ())
                     .map_err(|e| e.to_string())
             })
         })
@@ -190,6 +249,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     tracing::info!(
         control = %control_addr,
         data = %data_addr,
+        socket = %shared.socket_path(),
         roots = ?shared.catalog.roots().keys().collect::<Vec<_>>(),
         prefetch_frames = shared.config.prefetch_frames,
         "agent listening"
@@ -201,4 +261,31 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         stop: Some(stop_tx),
         server: Some(server),
     })
+}
+
+/// Binds the agent's Unix socket. A socket file nobody answers on is what a killed agent
+/// leaves behind: it is replaced. One that answers belongs to a running agent: an error.
+fn bind_unix(path: &Path) -> Result<UnixListener, AgentError> {
+    let err = |reason: String| AgentError::BindUnix {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match UnixListener::bind(path) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            use std::os::unix::fs::FileTypeExt;
+            let is_socket = std::fs::symlink_metadata(path)
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false);
+            if !is_socket {
+                return Err(err("the path exists and is not a socket".into()));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(err("another process is listening on it".into()));
+            }
+            std::fs::remove_file(path).map_err(|e| err(format!("removing a stale socket: {e}")))?;
+            UnixListener::bind(path).map_err(|e| err(e.to_string()))
+        }
+        Err(e) => Err(err(e.to_string())),
+    }
 }

@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 use std::net::TcpStream;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +21,7 @@ use dquant_codec::{encode_width, Codec, Compression, Encoder, Width};
 use dquant_plan::{OutputDType, WireCodec};
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
+use dquant_transport::ring::{RingError, RingProducer};
 use dquant_transport::{
     BatchHeader, BufferPool, FrameKind, FrameReader, FrameWriter, PooledBuf, RangeHeader,
 };
@@ -47,7 +50,13 @@ struct Pending {
 
 struct Active {
     cancel: Arc<AtomicBool>,
-    conn: TcpStream,
+    /// The session's socket (TCP data connection or Unix ring socket), shut down to cancel.
+    conn: OwnedFd,
+}
+
+/// Wakes whatever the session's threads are blocked on in that socket.
+fn shutdown(conn: &OwnedFd) {
+    let _ = rustix::net::shutdown(conn, rustix::net::Shutdown::Both);
 }
 
 /// The agent's session table.
@@ -115,7 +124,7 @@ impl Sessions {
         &self,
         id: u64,
         ticket: &[u8; 16],
-        conn: &TcpStream,
+        conn: BorrowedFd<'_>,
     ) -> Option<(Work, Arc<AtomicBool>)> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let p = pending.get(&id)?;
@@ -130,7 +139,7 @@ impl Sessions {
         }
         let p = pending.remove(&id)?;
         let cancel = Arc::new(AtomicBool::new(false));
-        let conn = conn.try_clone().ok()?;
+        let conn = conn.try_clone_to_owned().ok()?;
         self.active
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -170,7 +179,7 @@ impl Sessions {
         {
             Some(a) => {
                 a.cancel.store(true, Ordering::Relaxed);
-                let _ = a.conn.shutdown(std::net::Shutdown::Both);
+                shutdown(&a.conn);
                 true
             }
             None => false,
@@ -190,7 +199,7 @@ impl Sessions {
             .values()
         {
             a.cancel.store(true, Ordering::Relaxed);
-            let _ = a.conn.shutdown(std::net::Shutdown::Both);
+            shutdown(&a.conn);
         }
     }
 
@@ -438,6 +447,24 @@ pub(crate) fn stream_plan(
     sent.map(|_| stats)
 }
 
+/// The pipeline's next batch, checked against the output dtype, so an agent fails exactly
+/// where (and as) the in-process reader would. The check is skipped when the sources' bound
+/// proves it cannot fail (a u16 dataset always fits a u16 output).
+fn next_checked(
+    pipeline: &mut Pipeline,
+    out_width: Width,
+) -> Result<Option<dquant_client::TokenBatch<'_>>, String> {
+    let sample_len = pipeline.sample_len();
+    let bound = pipeline.max_token_bound();
+    let Some(b) = pipeline.next_batch().map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    if bound > out_width.max_token() {
+        check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
+    }
+    Ok(Some(b))
+}
+
 /// Produces batch records; Ok(true) at the end of the stream, Ok(false) when the consumer
 /// went away or the session was cancelled.
 fn produce(
@@ -458,14 +485,9 @@ fn produce(
         if cancel.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        let Some(b) = pipeline.next_batch().map_err(|e| e.to_string())? else {
+        let Some(b) = next_checked(pipeline, out_width)? else {
             return Ok(true);
         };
-        // The output dtype is checked first, so an agent fails exactly where (and as) the
-        // in-process reader would; then the wire codec.
-        if bound > out_width.max_token() {
-            check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
-        }
         let codec = codec_for(wire, b.tokens);
         // An `auto` codec's width was chosen from this batch's largest token: it fits.
         if matches!(wire, WireCodec::Fixed(_)) && bound > codec.width.max_token() {
@@ -552,6 +574,101 @@ fn send_frames(
         }
     }
     Err("producer stopped".into())
+}
+
+/// How often a producer waiting for a free slot checks whether its session was cancelled.
+const RING_POLL: Duration = Duration::from_millis(250);
+
+/// Streams a plan's batches into the client's shared-memory ring until the end, an error, a
+/// consumer that goes away, or `cancel`.
+///
+/// Each slot gets one batch record: the 48-byte [`BatchHeader`] then the tokens already in
+/// the plan's output dtype, so the consumer reads them in place and parses nothing else (the
+/// wire codec is for links; memory is not one). Errors go to the client as an error frame on
+/// `sock` *before* the ring is marked aborted, so the consumer finds the message when it sees
+/// the abort, after the last complete batch.
+pub(crate) fn stream_ring(
+    work: Work,
+    mut ring: RingProducer,
+    sock: &UnixStream,
+    cancel: Arc<AtomicBool>,
+) -> Result<Stats, String> {
+    let fail = |m: String| {
+        if let Ok(s) = sock.try_clone() {
+            let _ = FrameWriter::new(s).fail(&m);
+        }
+        Err(m)
+    };
+    let Work::Plan {
+        mut pipeline,
+        output,
+        ..
+    } = work
+    else {
+        return fail(
+            "shared-memory rings carry plan batches; open a source over the data port".into(),
+        );
+    };
+    let out_width = output_width(output);
+    let codec = Codec {
+        width: out_width,
+        compression: Compression::None,
+    };
+    let sample_len = pipeline.sample_len();
+    let slot_size = ring.layout().slot_size;
+    let mut stats = Stats::default();
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(stats);
+        }
+        let b = match next_checked(&mut pipeline, out_width) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                ring.close();
+                return Ok(stats);
+            }
+            // Dropping `ring` (on return) marks it aborted, after the message is on the socket.
+            Err(m) => return fail(m),
+        };
+        let payload_len = out_width.encoded_len(b.tokens.len());
+        let len = RECORD_HEADER_LEN + payload_len;
+        if len as u64 > slot_size {
+            return fail(format!(
+                "batch {} is {len} bytes in {output}; the ring's slots hold {slot_size}",
+                b.index
+            ));
+        }
+        let h = BatchHeader {
+            codec,
+            index: b.index,
+            samples: b.samples as u32,
+            sample_len: sample_len as u32,
+            payload_len: payload_len as u32,
+            cursor_epoch: b.cursor.epoch,
+            cursor_consumed: b.cursor.consumed_samples,
+        };
+        loop {
+            match ring.reserve_timeout(RING_POLL) {
+                Ok(mut slot) => {
+                    slot[..RECORD_HEADER_LEN].copy_from_slice(&h.encode());
+                    if let Err(e) =
+                        encode_width(out_width, b.tokens, &mut slot[RECORD_HEADER_LEN..len])
+                    {
+                        return fail(format!("batch {}: {e}", b.index));
+                    }
+                    slot.commit(len).map_err(|e| e.to_string())?;
+                    break;
+                }
+                Err(RingError::Timeout(_)) if !cancel.load(Ordering::Relaxed) => {}
+                Err(RingError::Timeout(_)) => return Ok(stats),
+                Err(RingError::ConsumerGone) => return Err("client went away".into()),
+                Err(e) => return fail(e.to_string()),
+            }
+        }
+        stats.records += 1;
+        stats.tokens += b.tokens.len() as u64;
+        stats.wire_bytes += len as u64;
+    }
 }
 
 /// Longest token range one request may ask for (64 MiB of u32): a peer cannot make the agent

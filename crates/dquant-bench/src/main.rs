@@ -8,6 +8,7 @@
 mod breakdown;
 mod procs;
 mod report;
+mod ring;
 mod rss;
 mod throughput;
 mod ttfb;
@@ -30,6 +31,7 @@ Examples:
   dquant-offload-bench rss /data/zipf1g_u16 --passes 2
   dquant-offload-bench ttfb /data/zipf10g --repeats 5 --cold
   dquant-offload-bench breakdown /data/zipf1g_u16 --json
+  dquant-offload-bench ring --gb 2 --runs 3
 
 Build with --release: debug builds measure the compiler, not the agent.";
 
@@ -49,6 +51,7 @@ enum Cmd {
     Rss(rss::Args),
     Ttfb(ttfb::Args),
     Breakdown(breakdown::Args),
+    Ring(ring::Args),
     /// (internal) Run an agent serving --root NAME=DIR on loopback; prints its URI, stops
     /// when stdin closes.
     #[command(hide = true)]
@@ -71,6 +74,17 @@ enum Cmd {
         mode: procs::SendMode,
         #[arg(long, default_value_t = dquant_agent::DEFAULT_PREFETCH)]
         prefetch_frames: usize,
+    },
+    /// (internal) The ring benchmark's producer: attaches to the ring whose descriptors
+    /// arrive on --socket and writes --batches batches of --batch-bytes.
+    #[command(hide = true)]
+    RingProduce {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        batch_bytes: usize,
+        #[arg(long)]
+        batches: u64,
     },
 }
 
@@ -226,6 +240,7 @@ fn main() -> Result<()> {
         Cmd::Rss(a) => rss::run(&a),
         Cmd::Ttfb(a) => ttfb::run(&a),
         Cmd::Breakdown(a) => breakdown::run(&a),
+        Cmd::Ring(a) => ring::run(&a),
         Cmd::Agent {
             root,
             prefetch_frames,
@@ -237,5 +252,10 @@ fn main() -> Result<()> {
             mode,
             prefetch_frames,
         } => procs::run_sender(addr, bytes, buf, mode, prefetch_frames),
+        Cmd::RingProduce {
+            socket,
+            batch_bytes,
+            batches,
+        } => ring::run_producer(&socket, batch_bytes, batches),
     }
 }

@@ -3,9 +3,11 @@
 //! `read(fd, buf)`).
 //!
 //! The original design's `open(path, action, offload)` maps to [`open`]`(uri, plan, offload)`:
-//! - [`Offload::Yes`]: the agent at `uri` (`dquant://HOST:PORT`) runs the plan near the data
-//!   and streams finished batches; this process only decodes the wire codec into its batch
-//!   buffer.
+//! - [`Offload::Yes`]: the agent at `uri` runs the plan near the data and sends finished
+//!   batches. From `dquant://HOST:PORT` they stream over TCP and this process decodes the
+//!   wire codec into its batch buffer; from the agent's Unix socket path they land in a
+//!   shared-memory ring this process created, already in the output dtype, and
+//!   [`Reader::next_batch`] views them in place ([`Transport`]).
 //! - [`Offload::No`]: the same [`Pipeline`] runs in this process. Sources are local paths, or
 //!   datasets on an agent (relative names when `uri` names one, or full `dquant://` URIs),
 //!   whose tokens are pulled by range.
@@ -14,6 +16,7 @@
 
 mod pipeline;
 pub mod remote;
+pub mod shm;
 pub mod source;
 
 use std::net::TcpStream;
@@ -26,7 +29,7 @@ use dquant_proto::v1::{OpenRequest, StatRequest};
 use dquant_transport::{BatchHeader, RecordReader, WireError};
 
 pub use pipeline::{check_fits, output_width, Pipeline, TokenBatch};
-pub use remote::{AgentUri, Control, RemoteSource};
+pub use remote::{AgentUri, Control, RemoteSource, Transport};
 pub use source::{LocalSource, SourceError, TokenSource};
 
 /// Errors of the host API.
@@ -129,8 +132,9 @@ pub fn open(uri: &str, plan: &Plan, offload: Offload) -> Result<Reader, ClientEr
     open_at(uri, plan, Cursor::START, offload)
 }
 
-/// Opens `plan` at `cursor`. `uri` is `dquant://HOST:PORT` for an agent, or empty for none
-/// (only with [`Offload::No`]; sources are then local paths or full `dquant://` URIs).
+/// Opens `plan` at `cursor`. `uri` is an agent's address ([`AgentUri`]: `dquant://HOST:PORT`,
+/// or its Unix socket path for shared memory), or empty for none (only with
+/// [`Offload::No`]; sources are then local paths or full `dquant://` URIs).
 pub fn open_at(
     uri: &str,
     plan: &Plan,
@@ -144,9 +148,9 @@ pub fn open_at(
     };
     match (offload, agent) {
         (Offload::Yes, None) => Err(ClientError::Usage(
-            "offload needs an agent: pass its URI, dquant://HOST:PORT".into(),
+            "offload needs an agent: pass its URI, dquant://HOST:PORT or a Unix socket path".into(),
         )),
-        (Offload::Yes, Some(a)) => Reader::remote(&a.authority, plan, cursor),
+        (Offload::Yes, Some(a)) => Reader::remote(&a, plan, cursor),
         (Offload::No, a) => {
             let control = match a {
                 Some(a) => Some(Control::connect(&a.authority).map_err(ClientError::Connect)?),
@@ -212,6 +216,13 @@ enum Engine {
         batch_size: usize,
         ended: bool,
     },
+    Shm {
+        control: Control,
+        session: u64,
+        shm: shm::Shm,
+        batch_size: usize,
+        ended: bool,
+    },
 }
 
 /// Streams one rank's batches of a plan.
@@ -264,10 +275,11 @@ impl Reader {
         ))
     }
 
-    /// Opens `plan` on the agent at `authority` (`HOST:PORT`) and connects to its data plane.
-    pub fn remote(authority: &str, plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
+    /// Opens `plan` on the agent at `agent` and connects its data plane: TCP frames or a
+    /// shared-memory ring, as [`AgentUri::transport`] says.
+    pub fn remote(agent: &AgentUri, plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
         plan.validate()?;
-        let control = Control::connect(authority).map_err(ClientError::Connect)?;
+        let control = Control::connect(&agent.authority).map_err(ClientError::Connect)?;
         let reply = control
             .open(OpenRequest {
                 plan_json: plan.to_json(),
@@ -275,24 +287,46 @@ impl Reader {
                 consumed_samples: cursor.consumed_samples,
             })
             .map_err(ClientError::from_agent)?;
-        let (_writer, records) = control
-            .connect_data(&reply)
-            .map_err(ClientError::from_agent)?;
         let start = Cursor {
             epoch: reply.start_epoch,
             consumed_samples: reply.start_consumed_samples,
         };
+        let batch_size = plan.batch_size as usize;
+        let engine = match agent.transport() {
+            Transport::Tcp => {
+                let (_writer, records) = control
+                    .connect_data(&reply)
+                    .map_err(ClientError::from_agent)?;
+                Engine::Remote {
+                    control,
+                    session: reply.session,
+                    records,
+                    decoder: Decoder::new(),
+                    payload: Vec::new(),
+                    decoded: Vec::new(),
+                    batch_size,
+                    ended: false,
+                }
+            }
+            Transport::Shm => {
+                let shm = match shm::Shm::connect(agent, plan, &reply) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = control.close(reply.session);
+                        return Err(e);
+                    }
+                };
+                Engine::Shm {
+                    control,
+                    session: reply.session,
+                    shm,
+                    batch_size,
+                    ended: false,
+                }
+            }
+        };
         Ok(Self::new(
-            Engine::Remote {
-                control,
-                session: reply.session,
-                records,
-                decoder: Decoder::new(),
-                payload: Vec::new(),
-                decoded: Vec::new(),
-                batch_size: plan.batch_size as usize,
-                ended: false,
-            },
+            engine,
             plan,
             start,
             reply.rank_batches,
@@ -347,13 +381,22 @@ impl Reader {
     pub fn schedule(&self) -> Option<&dquant_plan::Schedule> {
         match &self.engine {
             Engine::Local { pipeline, .. } => Some(pipeline.schedule()),
-            Engine::Remote { .. } => None,
+            Engine::Remote { .. } | Engine::Shm { .. } => None,
         }
     }
 
     /// Whether the plan runs on an agent.
     pub fn is_offloaded(&self) -> bool {
-        matches!(self.engine, Engine::Remote { .. })
+        !matches!(self.engine, Engine::Local { .. })
+    }
+
+    /// How batches arrive: `None` in-process, else the transport from the agent.
+    pub fn transport(&self) -> Option<Transport> {
+        match self.engine {
+            Engine::Local { .. } => None,
+            Engine::Remote { .. } => Some(Transport::Tcp),
+            Engine::Shm { .. } => Some(Transport::Shm),
+        }
     }
 
     /// Where a resumed reader would continue: after the last batch handed out whole.
@@ -439,6 +482,25 @@ impl Reader {
                 };
                 (bytes, h.index, h.samples as usize, cursor)
             }
+            Engine::Shm {
+                shm,
+                batch_size,
+                ended,
+                ..
+            } => {
+                if *ended {
+                    return Ok(false);
+                }
+                let Some(h) = shm.next(*sample_len, *batch_size, self.output)? else {
+                    *ended = true;
+                    return Ok(false);
+                };
+                let cursor = Cursor {
+                    epoch: h.cursor_epoch,
+                    consumed_samples: h.cursor_consumed,
+                };
+                (h.tokens() * item, h.index, h.samples as usize, cursor)
+            }
         };
         self.batch_len = bytes;
         self.batch_index = index;
@@ -448,13 +510,22 @@ impl Reader {
         Ok(true)
     }
 
+    /// The current batch's bytes: in the ring slot for shared memory, else in `batch`.
+    fn batch_bytes(&self) -> &[u8] {
+        match &self.engine {
+            Engine::Shm { shm, .. } => &shm.ring.held()[shm.payload.clone()],
+            _ => &bytemuck::cast_slice::<u64, u8>(&self.batch)[..self.batch_len],
+        }
+    }
+
     fn view(&self) -> Batch<'_> {
-        let n = self.batch_len / self.output.itemsize();
-        let words = &self.batch[..];
+        let bytes = self.batch_bytes();
+        // Both homes are 8-byte aligned: `batch` is u64 words, and ring payloads start 48
+        // bytes into page-aligned slots.
         let tokens = match self.output {
-            OutputDType::U16 => Tokens::U16(&bytemuck::cast_slice(words)[..n]),
-            OutputDType::I32 => Tokens::I32(&bytemuck::cast_slice(words)[..n]),
-            OutputDType::I64 => Tokens::I64(&bytemuck::cast_slice(words)[..n]),
+            OutputDType::U16 => Tokens::U16(bytemuck::cast_slice(bytes)),
+            OutputDType::I32 => Tokens::I32(bytemuck::cast_slice(bytes)),
+            OutputDType::I64 => Tokens::I64(bytemuck::cast_slice(bytes)),
         };
         Batch {
             index: self.batch_index,
@@ -465,7 +536,8 @@ impl Reader {
     }
 
     /// The next batch, borrowed from the reader (valid until the next call); `None` at the end.
-    /// The cursor moves past it.
+    /// The cursor moves past it. Over shared memory the view is the ring slot the agent wrote;
+    /// the slot goes back to the agent at the next call (or when the reader is dropped).
     ///
     /// A batch that [`Reader::read`] has only partly delivered must be finished with `read`
     /// first: `next_batch` then fails rather than skip the rest of it.
@@ -492,7 +564,7 @@ impl Reader {
             if self.read_pos == self.batch_len && !self.fill()? {
                 break;
             }
-            let src = &bytemuck::cast_slice::<u64, u8>(&self.batch)[self.read_pos..self.batch_len];
+            let src = &self.batch_bytes()[self.read_pos..];
             let k = src.len().min(buf.len() - n);
             buf[n..n + k].copy_from_slice(&src[..k]);
             n += k;
@@ -516,21 +588,34 @@ fn batch_bytes(batch: &mut Vec<u64>, bytes: usize) -> &mut [u8] {
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        if let Engine::Remote {
-            control,
-            session,
-            records,
-            ended,
-            ..
-        } = &self.engine
-        {
-            let _ = records
-                .get_ref()
-                .get_ref()
-                .shutdown(std::net::Shutdown::Both);
-            if !*ended {
-                let _ = control.close(*session);
+        let (control, session, ended) = match &self.engine {
+            Engine::Local { .. } => return,
+            Engine::Remote {
+                control,
+                session,
+                records,
+                ended,
+                ..
+            } => {
+                let _ = records
+                    .get_ref()
+                    .get_ref()
+                    .shutdown(std::net::Shutdown::Both);
+                (control, session, ended)
             }
+            Engine::Shm {
+                control,
+                session,
+                shm,
+                ended,
+                ..
+            } => {
+                shm.shutdown();
+                (control, session, ended)
+            }
+        };
+        if !*ended {
+            let _ = control.close(*session);
         }
     }
 }

@@ -24,44 +24,151 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::source::{SourceError, TokenSource};
 
-/// Where an agent listens, from `dquant://HOST:PORT[/DATASET]`.
+/// How batches of an offloaded plan reach this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Frames over the agent's TCP data port (any host).
+    Tcp,
+    /// A shared-memory ring this process creates and hands to the agent over its Unix socket
+    /// (same host only): batches land in the ring in the output dtype and are read in place.
+    Shm,
+}
+
+/// An agent's address, from one of:
+/// - `dquant://HOST:PORT[/DATASET]`, over TCP;
+/// - `unix:PATH`, `unix://PATH` or a plain path (`/run/dquant.sock`, `./agent.sock`): the
+///   agent's Unix socket, on this host; offloaded plans then use a shared-memory ring.
+///
+/// Either may end in options, `?transport=shm|tcp&verify=true|false&slots=N`:
+/// `transport` overrides the default above (`shm` with a TCP address needs the agent to
+/// have a Unix socket on this host; `tcp` with a path uses the agent's data port on
+/// loopback); `verify` checks each ring batch's crc32c (default false: see
+/// [`dquant_transport::ring::RingConsumer::set_verify`]); `slots` sizes the ring (default 8).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentUri {
-    /// `HOST:PORT`.
+    /// `HOST:PORT`, or the socket path for a Unix-socket agent.
     pub authority: String,
     /// The dataset name after the authority (`root/path`), empty if none.
     pub dataset: String,
+    /// The `transport` option, when given.
+    pub transport: Option<Transport>,
+    /// The `verify` option.
+    pub verify: bool,
+    /// The `slots` option, when given.
+    pub slots: Option<u32>,
 }
 
 impl AgentUri {
     pub const SCHEME: &'static str = "dquant://";
+    pub const UNIX_SCHEME: &'static str = "unix:";
 
-    /// Parses `dquant://HOST:PORT[/DATASET]`.
+    /// Parses an agent address (see the type's docs for the forms).
     pub fn parse(uri: &str) -> Result<Self, String> {
-        let rest = uri.strip_prefix(Self::SCHEME).ok_or_else(|| {
-            format!("{uri:?} is not an agent URI (expected dquant://HOST:PORT[/DATASET])")
-        })?;
-        let (authority, dataset) = rest.split_once('/').unwrap_or((rest, ""));
-        let port_ok = authority
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-        if !port_ok {
+        let (addr, query) = uri.split_once('?').unwrap_or((uri, ""));
+        let mut me = if let Some(rest) = addr.strip_prefix(Self::SCHEME) {
+            let (authority, dataset) = rest.split_once('/').unwrap_or((rest, ""));
+            let port_ok = authority
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !port_ok {
+                return Err(format!(
+                    "{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
+                ));
+            }
+            Self::new(authority, dataset.trim_end_matches('/'))
+        } else if let Some(rest) = addr.strip_prefix(Self::UNIX_SCHEME) {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(format!(
+                    "{uri:?}: the Unix socket path is empty (e.g. unix:/run/dquant.sock)"
+                ));
+            }
+            Self::new(path, "")
+        } else if addr.starts_with('/') || addr.starts_with("./") || addr.starts_with("../") {
+            Self::new(addr, "")
+        } else {
             return Err(format!(
-                "{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
+                "{uri:?} is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)"
             ));
+        };
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let bad = || format!("{uri:?}: option {k}={v:?} is not valid");
+            match k {
+                "transport" => {
+                    me.transport = Some(match v {
+                        "shm" => Transport::Shm,
+                        "tcp" => Transport::Tcp,
+                        _ => return Err(format!("{}; use shm or tcp", bad())),
+                    })
+                }
+                "verify" => {
+                    me.verify = match v {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(format!("{}; use true or false", bad())),
+                    }
+                }
+                "slots" => {
+                    me.slots = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|&n| (2..=4096).contains(&n))
+                            .ok_or_else(|| format!("{}; use 2 to 4096", bad()))?,
+                    )
+                }
+                _ => {
+                    return Err(format!(
+                        "{uri:?}: unknown option {k:?} (known: transport, verify, slots)"
+                    ))
+                }
+            }
         }
-        Ok(AgentUri {
+        Ok(me)
+    }
+
+    fn new(authority: &str, dataset: &str) -> Self {
+        AgentUri {
             authority: authority.to_string(),
-            dataset: dataset.trim_end_matches('/').to_string(),
+            dataset: dataset.to_string(),
+            transport: None,
+            verify: false,
+            slots: None,
+        }
+    }
+
+    /// Whether the agent is addressed by its Unix socket.
+    pub fn is_unix(&self) -> bool {
+        is_unix_authority(&self.authority)
+    }
+
+    /// The transport offloaded plans use: the `transport` option, else `shm` for a Unix
+    /// socket and `tcp` otherwise.
+    pub fn transport(&self) -> Transport {
+        self.transport.unwrap_or(if self.is_unix() {
+            Transport::Shm
+        } else {
+            Transport::Tcp
         })
     }
 
-    /// The host part, without the port (brackets kept for IPv6).
+    /// The host part, without the port (brackets kept for IPv6); loopback for a Unix-socket
+    /// agent (its TCP data port is on this host).
     pub fn host(&self) -> &str {
-        self.authority
-            .rsplit_once(':')
-            .map_or(&self.authority[..], |(h, _)| h)
+        host_of(&self.authority)
     }
+}
+
+/// Unix socket authorities are paths; TCP ones are `HOST:PORT`.
+fn is_unix_authority(authority: &str) -> bool {
+    authority.contains('/')
+}
+
+fn host_of(authority: &str) -> &str {
+    if is_unix_authority(authority) {
+        return "127.0.0.1";
+    }
+    authority.rsplit_once(':').map_or(authority, |(h, _)| h)
 }
 
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -122,17 +229,35 @@ pub struct Control {
 }
 
 impl Control {
-    /// Connects to the agent at `HOST:PORT`.
+    /// Connects to the agent at `HOST:PORT`, or at its Unix socket path (any authority
+    /// with a `/`).
     pub fn connect(authority: &str) -> Result<Self, SourceError> {
-        let url = format!("http://{authority}");
         let err = |reason: String| SourceError::Connect {
             addr: authority.to_string(),
             source: std::io::Error::other(reason),
         };
-        let ep = Endpoint::from_shared(url)
+        let ch = if is_unix_authority(authority) {
+            // tonic dials TCP itself; for a Unix socket it takes a connector, and the URI
+            // below is only the HTTP/2 :authority, never resolved.
+            let path = std::path::PathBuf::from(authority);
+            let ep = Endpoint::from_static("http://localhost").connect_timeout(Duration::from_secs(10));
+            call(async move {
+                ep.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let path = path.clone();
+                    async move {
+                        let s = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                    }
+                }))
+                .await
+            })
             .map_err(|e| err(chain(&e)))?
-            .connect_timeout(Duration::from_secs(10));
-        let ch = call(async move { ep.connect().await }).map_err(|e| err(chain(&e)))?;
+        } else {
+            let ep = Endpoint::from_shared(format!("http://{authority}"))
+                .map_err(|e| err(chain(&e)))?
+                .connect_timeout(Duration::from_secs(10));
+            call(async move { ep.connect().await }).map_err(|e| err(chain(&e)))?
+        };
         Ok(Control {
             authority: authority.to_string(),
             client: AgentClient::new(ch),
@@ -196,11 +321,7 @@ impl Control {
         &self,
         reply: &OpenReply,
     ) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), SourceError> {
-        let host = self
-            .authority
-            .rsplit_once(':')
-            .map_or(&self.authority[..], |(h, _)| h);
-        let addr = format!("{host}:{}", reply.data_port);
+        let addr = format!("{}:{}", host_of(&self.authority), reply.data_port);
         let err = |source| SourceError::Connect {
             addr: addr.clone(),
             source,
@@ -212,21 +333,26 @@ impl Control {
             .ok_or_else(|| err(std::io::ErrorKind::NotFound.into()))?;
         let s = TcpStream::connect_timeout(&sa, Duration::from_secs(10)).map_err(err)?;
         s.set_nodelay(true).map_err(err)?;
-        let ticket: [u8; 16] = reply.ticket.as_slice().try_into().map_err(|_| {
-            SourceError::Agent(format!(
-                "agent sent a {}-byte ticket, expected 16",
-                reply.ticket.len()
-            ))
-        })?;
-        let hello = Hello {
-            session: reply.session,
-            ticket,
-        };
+        let hello = hello_of(reply)?;
         let mut w = FrameWriter::new(s.try_clone().map_err(err)?);
         w.send(FrameKind::Data, &hello.encode())?;
         w.flush()?;
         Ok((w, RecordReader::new(s)))
     }
+}
+
+/// The hello a session's data connection (or ring hand-over) presents.
+pub(crate) fn hello_of(reply: &OpenReply) -> Result<Hello, SourceError> {
+    let ticket: [u8; 16] = reply.ticket.as_slice().try_into().map_err(|_| {
+        SourceError::Agent(format!(
+            "agent sent a {}-byte ticket, expected 16",
+            reply.ticket.len()
+        ))
+    })?;
+    Ok(Hello {
+        session: reply.session,
+        ticket,
+    })
 }
 
 /// A dataset served by another agent, read by token ranges over its data plane. Requests

@@ -31,7 +31,10 @@ Examples:
   # On an agent (dquant serve --root corpus=/data): plan sources are then dataset names,
   # e.g. uri = \"corpus/web_int32\".
   dquant read plan.toml --agent dquant://127.0.0.1:7878 --out batches.u16   # the agent runs the plan
-  dquant read plan.toml --agent dquant://127.0.0.1:7878 --no-offload        # pull token ranges, run here";
+  dquant read plan.toml --agent dquant://127.0.0.1:7878 --no-offload        # pull token ranges, run here
+  # An agent on this host with --socket: batches land in shared memory (transport=shm).
+  dquant read plan.toml --agent /run/dquant.sock --out batches.u16
+  dquant read plan.toml --agent 'dquant://127.0.0.1:7878?transport=shm&slots=16'";
 
 /// Run a plan (JSON or TOML), in this process or on an agent, and write its batches, back to
 /// back in the plan's output dtype, to a file or stdout. A summary (batches, tokens, stream
@@ -52,7 +55,9 @@ pub struct Args {
     /// the position is --cursor).
     #[arg(long, default_value_t = 0, value_name = "E")]
     pub epoch: u64,
-    /// The agent whose datasets the plan names: dquant://HOST:PORT.
+    /// The agent whose datasets the plan names: dquant://HOST:PORT, or its Unix socket path
+    /// (batches then arrive through a shared-memory ring). Options: ?transport=shm|tcp,
+    /// verify=true (check each ring batch's crc32c), slots=N.
     #[arg(long, value_name = "URI")]
     pub agent: Option<String>,
     /// Run the plan on the agent, which streams finished batches (the default with --agent).

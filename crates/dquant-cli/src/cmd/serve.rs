@@ -12,10 +12,12 @@ Examples:
   dquant serve --root corpus=/data/tokens                 # loopback: 127.0.0.1:7878 (+ data :7879)
   dquant serve --config agent.toml --listen 0.0.0.0:7878  # flags override the file
   DQUANT_LOG=debug dquant serve --root corpus=data        # more log detail (default: info)
+  dquant serve --root corpus=/data --socket /run/dquant.sock  # + a Unix socket: shared memory
 
   # agent.toml (every field but [roots] is optional):
   #   listen = \"127.0.0.1:7878\"       # gRPC control plane
   #   data_listen = \"127.0.0.1:7879\"  # data plane (default: control port + 1)
+  #   socket = \"/run/dquant.sock\"     # local clients: control plane + shared-memory rings
   #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
   #   max_sessions = 256
   #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
@@ -25,7 +27,8 @@ Examples:
 
   # then, from a client:
   dquant ls dquant://127.0.0.1:7878/corpus
-  dquant read plan.toml --agent dquant://127.0.0.1:7878   # plan sources: corpus/PATH";
+  dquant read plan.toml --agent dquant://127.0.0.1:7878   # plan sources: corpus/PATH
+  dquant read plan.toml --agent /run/dquant.sock          # batches through shared memory";
 
 /// Run the offload agent: serve named dataset roots, run plans near the data and stream
 /// batches to clients. Listens on loopback unless told otherwise. Prints one line to stderr
@@ -46,6 +49,10 @@ pub struct Args {
     /// Data plane address; port 0 picks a free port [default: the control port + 1].
     #[arg(long, value_name = "ADDR")]
     pub data_listen: Option<SocketAddr>,
+    /// Also listen on this Unix socket, for clients on this host: the control plane, and
+    /// shared-memory rings the agent writes batches into (their address is the path).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// 1 MiB frames each session may prefetch ahead of its consumer [default: 8].
     #[arg(long, value_name = "N")]
     pub prefetch_frames: Option<usize>,
@@ -90,6 +97,9 @@ pub fn config(a: &Args) -> Result<AgentConfig> {
     if a.data_listen.is_some() {
         c.data_listen = a.data_listen;
     }
+    if a.socket.is_some() {
+        c.socket = a.socket.clone();
+    }
     if let Some(n) = a.prefetch_frames {
         c.prefetch_frames = n;
     }
@@ -116,8 +126,12 @@ pub fn listening_line(h: &AgentHandle, roots: &BTreeMap<String, PathBuf>) -> Str
         .iter()
         .map(|(n, d)| format!("{n}={}", d.display()))
         .collect();
+    let socket = h
+        .socket()
+        .map(|p| format!(" socket={}", p.display()))
+        .unwrap_or_default();
     format!(
-        "dquant agent listening: uri={} control={} data={} roots={}",
+        "dquant agent listening: uri={} control={} data={}{socket} roots={}",
         h.uri(),
         h.control_addr(),
         h.data_addr(),

@@ -1,0 +1,277 @@
+//! The shared-memory transport end to end: an agent with a Unix socket, clients that hand it
+//! a ring. Streams through shm equal those over TCP and in-process, batch for batch; slow and
+//! vanishing consumers, and failing plans, behave as on TCP.
+
+mod common;
+
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use common::{drain, plan, xxh3, Corpus};
+use dquant_agent::AgentHandle;
+use dquant_client::{open, open_at, ClientError, Control, Offload, Reader, Transport};
+use dquant_plan::{Cursor, OutputDType, Plan};
+use dquant_proto::v1::OpenRequest;
+use dquant_transport::ring::RingConsumer;
+use dquant_transport::{BufferPool, FrameReader, Hello, WireError};
+
+/// An agent of `c` that also listens on a Unix socket in `c`'s directory.
+fn agent_with_socket(c: &Corpus) -> (AgentHandle, String) {
+    let mut cfg = c.config();
+    let sock = c.dir.path().join("agent.sock");
+    cfg.socket = Some(sock.clone());
+    let agent = dquant_agent::start(cfg).unwrap();
+    assert_eq!(agent.socket(), Some(sock.as_path()));
+    (agent, sock.display().to_string())
+}
+
+fn wait_idle(agent: &AgentHandle) {
+    let t = Instant::now();
+    while agent.sessions() != (0, 0) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "sessions still held: {:?}",
+            agent.sessions()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whole-stream checksum and batch sizes of `p` from `uri` (offloaded), checking that the
+/// reader uses `transport`.
+fn stream(uri: &str, p: &Plan, from: Cursor, transport: Transport) -> (u64, Vec<usize>, Cursor) {
+    let mut r = open_at(uri, p, from, Offload::Yes).unwrap();
+    assert_eq!(r.transport(), Some(transport), "{uri}");
+    let (bytes, sizes) = drain(&mut r);
+    (xxh3(&bytes), sizes, r.cursor())
+}
+
+/// The plan's stream is the same in-process, over TCP, over shm (with and without crc
+/// checks), and over shm reached through the TCP address.
+fn assert_parity(c: &Corpus, agent: &AgentHandle, sock: &str, p: &Plan, from: Cursor) {
+    let mut local = Reader::local(&c.localized(p), from).unwrap();
+    let (lb, ls) = drain(&mut local);
+    assert!(!lb.is_empty(), "the plan yields data");
+    let want = (xxh3(&lb), ls, local.cursor());
+    let tcp = agent.uri();
+    for (uri, t) in [
+        (tcp.clone(), Transport::Tcp),
+        (sock.to_string(), Transport::Shm),
+        (format!("unix:{sock}?verify=true&slots=3"), Transport::Shm),
+        (format!("{tcp}?transport=shm"), Transport::Shm),
+        (format!("{sock}?transport=tcp"), Transport::Tcp),
+    ] {
+        assert_eq!(stream(&uri, p, from, t), want, "{uri}");
+    }
+}
+
+#[test]
+fn shm_streams_equal_tcp_and_local_ones() {
+    let c = Corpus::new();
+    let (agent, sock) = agent_with_socket(&c);
+    for out in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
+        let mut p = plan(&[("r50k", 1.0)], 255, 8);
+        p.output = out;
+        assert_parity(&c, &agent, &sock, &p, Cursor::START);
+    }
+    // Several epochs, compressed wire codecs (used on TCP; shm carries the output dtype).
+    for codec in ["u16+zstd:3", "auto+lz4", "bits:16"] {
+        let mut p = plan(&[("r50k.dqb", 1.0)], 100, 5);
+        p.shuffle = false;
+        p.epochs = Some(2);
+        p.wire_codec = codec.into();
+        assert_parity(&c, &agent, &sock, &p, Cursor::START);
+    }
+    // A 70/30 blend of 16- and 18-bit vocabularies, a short last batch, resumed mid-stream
+    // and on one rank of four.
+    let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 511, 4);
+    p.samples = Some(601);
+    assert_parity(&c, &agent, &sock, &p, Cursor::START);
+    assert_parity(&c, &agent, &sock, &p, Cursor { epoch: 0, consumed_samples: 200 });
+    p.world = 4;
+    p.rank = 3;
+    assert_parity(&c, &agent, &sock, &p, Cursor::START);
+    // Batches bigger than the 1 MiB default slot: the ring is sized from the plan.
+    let mut p = plan(&[("r50k", 1.0)], 4095, 40);
+    p.output = OutputDType::I64;
+    p.samples = Some(200);
+    assert_parity(&c, &agent, &sock, &p, Cursor::START);
+    wait_idle(&agent);
+}
+
+#[test]
+fn read_over_shm_returns_the_bytes_of_next_batch() {
+    let c = Corpus::new();
+    let (_agent, sock) = agent_with_socket(&c);
+    let p = plan(&[("r50k", 0.5), ("wide", 0.5)], 127, 3);
+    let (want, _) = drain(&mut open(&sock, &p, Offload::Yes).unwrap());
+    let mut r = open(&sock, &p, Offload::Yes).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1001];
+    loop {
+        let n = r.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(xxh3(&got), xxh3(&want));
+    assert_eq!(got.len(), want.len());
+}
+
+#[test]
+fn a_consumer_that_stalls_for_two_seconds_loses_nothing() {
+    let c = Corpus::new();
+    let (agent, sock) = agent_with_socket(&c);
+    let mut p = plan(&[("r50k", 1.0)], 255, 8);
+    p.epochs = Some(3);
+    let want = xxh3(&drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0);
+    let mut r = open(&format!("{sock}?slots=2"), &p, Offload::Yes).unwrap();
+    let mut bytes = Vec::new();
+    for _ in 0..3 {
+        bytes.extend_from_slice(r.next_batch().unwrap().unwrap().tokens.as_bytes());
+    }
+    // The agent fills the two slots and waits; the session stays open meanwhile.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(agent.sessions(), (0, 1));
+    let (rest, _) = drain(&mut r);
+    bytes.extend_from_slice(&rest);
+    assert_eq!(xxh3(&bytes), want);
+    drop(r);
+    wait_idle(&agent);
+}
+
+/// Opens a plan session and hands the agent a ring for it, by hand.
+fn raw_ring(sock: &str, p: &Plan, ticket_flip: bool) -> (RingConsumer, UnixStream) {
+    let control = Control::connect(sock).unwrap();
+    let reply = control
+        .open(OpenRequest {
+            plan_json: p.to_json(),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut ticket: [u8; 16] = reply.ticket.as_slice().try_into().unwrap();
+    if ticket_flip {
+        ticket[0] ^= 1;
+    }
+    let hello = Hello {
+        session: reply.session,
+        ticket,
+    };
+    let (ring, fds) = RingConsumer::create(4, 1 << 20).unwrap();
+    let s = UnixStream::connect(sock).unwrap();
+    fds.send_with(&s, &hello.encode()).unwrap();
+    (ring, s)
+}
+
+#[test]
+fn a_consumer_that_goes_away_without_closing_frees_its_session() {
+    let c = Corpus::new();
+    let (agent, sock) = agent_with_socket(&c);
+    let mut p = plan(&[("r50k", 1.0)], 255, 8);
+    p.epochs = Some(50);
+    // Read one batch, then vanish: the socket and the ring go, no Close is sent.
+    let (mut ring, s) = raw_ring(&sock, &p, false);
+    assert!(ring.next(Duration::from_secs(10)).unwrap().is_some());
+    assert_eq!(agent.sessions(), (0, 1));
+    drop(ring);
+    drop(s);
+    wait_idle(&agent);
+    // Same with the socket alone closed (a process that died keeps no ring either, but the
+    // socket is what the agent watches).
+    let (ring, s) = raw_ring(&sock, &p, false);
+    drop(s);
+    wait_idle(&agent);
+    drop(ring);
+    // The agent serves on.
+    let p = plan(&[("r50k.dqb", 1.0)], 127, 4);
+    let want = xxh3(&drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0);
+    assert_eq!(stream(&sock, &p, Cursor::START, Transport::Shm).0, want);
+}
+
+#[test]
+fn bad_ring_handovers_get_exact_errors() {
+    let c = Corpus::new();
+    let (agent, sock) = agent_with_socket(&c);
+    let p = plan(&[("r50k", 1.0)], 255, 8);
+    // A wrong ticket: the agent says why on the socket and never touches the ring.
+    let (mut ring, s) = raw_ring(&sock, &p, true);
+    let pool = BufferPool::new(1, 1 << 20);
+    let mut buf = pool.get();
+    let e = FrameReader::new(s).next_into(&mut buf).unwrap_err();
+    assert!(matches!(e, WireError::Remote(_)), "{e:?}");
+    let m = e.to_string();
+    assert!(
+        m.starts_with("data stream: unknown session ") && m.ends_with(" or wrong ticket (sessions are claimed once, within the ticket's lifetime)"),
+        "{m}"
+    );
+    assert!(ring.next(Duration::from_millis(50)).is_err());
+    // Garbage that starts like a handshake.
+    let mut s = UnixStream::connect(&sock).unwrap();
+    std::io::Write::write_all(&mut s, b"dquant-nonsense").unwrap();
+    let e = FrameReader::new(s).next_into(&mut buf).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "ring: fd handshake: expected tag \"dquant-ring/1\", got \"dquant-nonsen\""
+    );
+    // shm through a TCP address of an agent without a socket.
+    let plain = c.agent();
+    let e = open(&format!("{}?transport=shm", plain.uri()), &p, Offload::Yes)
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "transport=shm: the agent at {} has no Unix socket; start it on this host with `dquant serve --socket PATH` and use that path as its address",
+            plain.control_addr()
+        )
+    );
+    wait_idle(&plain);
+    for (uri, want) in [
+        (
+            format!("{sock}?transport=dma"),
+            format!("{sock:?}: option transport=\"dma\" is not valid; use shm or tcp"),
+        ),
+        (
+            format!("{sock}?slots=1"),
+            format!("{sock:?}: option slots=\"1\" is not valid; use 2 to 4096"),
+        ),
+        (
+            format!("{sock}?zero_copy=1"),
+            format!("{sock:?}: unknown option \"zero_copy\" (known: transport, verify, slots)"),
+        ),
+    ] {
+        let uri_dbg = format!("{uri:?}");
+        let want = want.replace(&format!("{sock:?}"), &uri_dbg);
+        assert_eq!(open(&uri, &p, Offload::Yes).err().unwrap().to_string(), want);
+    }
+    wait_idle(&agent);
+}
+
+#[test]
+fn a_plan_that_fails_mid_stream_delivers_earlier_batches_then_the_error() {
+    let c = Corpus::new();
+    let (agent, sock) = agent_with_socket(&c);
+    let mut p = plan(&[("wide", 1.0)], 255, 4);
+    p.shuffle = false;
+    p.output = OutputDType::U16;
+    let run = |mut r: Reader| {
+        let mut good = 0;
+        loop {
+            match r.next_batch() {
+                Ok(Some(_)) => good += 1,
+                Ok(None) => panic!("no error"),
+                Err(e) => return (good, e),
+            }
+        }
+    };
+    let (lgood, le) = run(Reader::local(&c.localized(&p), Cursor::START).unwrap());
+    let (good, e) = run(open(&sock, &p, Offload::Yes).unwrap());
+    assert!(matches!(e, ClientError::Agent(_)), "{e:?}");
+    assert_eq!(good, lgood);
+    assert_eq!(
+        e.to_string(),
+        le.to_string().replace(&c.path("wide"), "corpus/wide")
+    );
+    wait_idle(&agent);
+}

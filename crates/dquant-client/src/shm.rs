@@ -1,0 +1,155 @@
+//! The shared-memory transport, host side: this process creates a ring
+//! ([`dquant_transport::ring`]), hands it to the agent over the agent's Unix socket, and reads
+//! each batch where the agent wrote it.
+//!
+//! The agent writes every batch record (a [`BatchHeader`] and the tokens in the plan's output
+//! dtype) into one slot, so a batch is viewed in place: no copy, no decode, and no syscall
+//! while the agent keeps the ring non-empty. The Unix socket stays open beside the ring: the
+//! agent's end closing is how a dead agent is noticed, and an agent that fails a session
+//! writes its message there before it marks the ring aborted.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dquant_codec::{Codec, Compression};
+use dquant_plan::Plan;
+use dquant_proto::v1::OpenReply;
+use dquant_transport::frame::MAX_PAYLOAD;
+use dquant_transport::record::RECORD_HEADER_LEN;
+use dquant_transport::ring::layout::{DEFAULT_SLOT_SIZE, PAGE};
+use dquant_transport::ring::{RingConsumer, RingError};
+use dquant_transport::{BatchHeader, BufferPool, FrameReader, WireError};
+
+use crate::remote::{hello_of, AgentUri};
+use crate::{output_width, ClientError};
+
+/// Slots in a ring unless the address says `slots=N`: the same prefetch depth as the TCP
+/// path's default of 8 frames.
+pub const DEFAULT_SLOTS: u32 = 8;
+
+/// The slot size for `plan`: one whole batch record, at least [`DEFAULT_SLOT_SIZE`], page
+/// aligned.
+pub fn slot_size(plan: &Plan) -> u64 {
+    let tokens = u64::from(plan.batch_size) * (u64::from(plan.seq_len) + 1);
+    let record = RECORD_HEADER_LEN as u64 + tokens * plan.output.itemsize() as u64;
+    record.max(DEFAULT_SLOT_SIZE).div_ceil(PAGE) * PAGE
+}
+
+/// A session's ring and the socket it was handed over on.
+pub(crate) struct Shm {
+    pub ring: RingConsumer,
+    sock: UnixStream,
+    /// Where the batch's tokens start and end in the held slot.
+    pub payload: std::ops::Range<usize>,
+}
+
+fn connect_err(path: &Path) -> impl Fn(std::io::Error) -> ClientError + '_ {
+    move |source| {
+        ClientError::Connect(crate::SourceError::Connect {
+            addr: path.display().to_string(),
+            source,
+        })
+    }
+}
+
+impl Shm {
+    /// Creates a ring for `plan`'s batches and hands it to the agent for the session in
+    /// `reply`.
+    pub fn connect(uri: &AgentUri, plan: &Plan, reply: &OpenReply) -> Result<Shm, ClientError> {
+        let path = if uri.is_unix() {
+            PathBuf::from(&uri.authority)
+        } else if !reply.socket_path.is_empty() {
+            PathBuf::from(&reply.socket_path)
+        } else {
+            return Err(ClientError::Usage(format!(
+                "transport=shm: the agent at {} has no Unix socket; start it on this host with `dquant serve --socket PATH` and use that path as its address",
+                uri.authority
+            )));
+        };
+        let hello = hello_of(reply).map_err(ClientError::from_agent)?;
+        let slots = uri.slots.unwrap_or(DEFAULT_SLOTS);
+        let ring_err = |e: RingError| ClientError::Agent(format!("shared-memory ring: {e}"));
+        let (mut ring, fds) = RingConsumer::create(slots, slot_size(plan)).map_err(ring_err)?;
+        ring.set_verify(uri.verify);
+        let sock = UnixStream::connect(&path).map_err(connect_err(&path))?;
+        fds.send_with(&sock, &hello.encode()).map_err(ring_err)?;
+        // Our copies of the descriptors go now: the agent holds its own.
+        drop(fds);
+        let peer = sock.try_clone().map_err(connect_err(&path))?;
+        ring.set_peer(OwnedFd::from(peer));
+        Ok(Shm {
+            ring,
+            sock,
+            payload: 0..0,
+        })
+    }
+
+    /// Takes the next batch (releasing the previous one): its header, or `None` at the end.
+    pub fn next(
+        &mut self,
+        plan_sample_len: usize,
+        batch_size: usize,
+        output: dquant_plan::OutputDType,
+    ) -> Result<Option<BatchHeader>, ClientError> {
+        let len = match self.ring.acquire(Duration::MAX) {
+            Ok(Some(len)) => len,
+            Ok(None) => return Ok(None),
+            Err(RingError::ProducerGone { complete }) => return Err(self.agent_gone(complete)),
+            Err(e) => return Err(ClientError::Agent(format!("shared-memory ring: {e}"))),
+        };
+        let slot = self.ring.held();
+        let bad = |what: String| ClientError::Agent(format!("shared-memory ring: {what}"));
+        if len < RECORD_HEADER_LEN {
+            return Err(bad(format!("a {len}-byte batch record is shorter than its header")));
+        }
+        let mut hb = [0u8; RECORD_HEADER_LEN];
+        hb.copy_from_slice(&slot[..RECORD_HEADER_LEN]);
+        let h = BatchHeader::parse(&hb).map_err(|e| ClientError::Wire(WireError::from(e)))?;
+        if h.sample_len as usize != plan_sample_len
+            || h.samples == 0
+            || h.samples as usize > batch_size
+        {
+            return Err(ClientError::Agent(format!(
+                "agent sent a batch of {} samples of {} tokens; the plan has batches of up to {} samples of {}",
+                h.samples, h.sample_len, batch_size, plan_sample_len
+            )));
+        }
+        let want = Codec {
+            width: output_width(output),
+            compression: Compression::None,
+        };
+        let bytes = h.tokens() * output.itemsize();
+        if h.codec != want || h.payload_len as usize != bytes || RECORD_HEADER_LEN + bytes != len
+        {
+            return Err(bad(format!(
+                "batch {} holds {} bytes of {} in a {len}-byte record; expected {bytes} bytes of {want}",
+                h.index, h.payload_len, h.codec
+            )));
+        }
+        self.payload = RECORD_HEADER_LEN..len;
+        Ok(Some(h))
+    }
+
+    /// The error for an agent that stopped without ending the stream: the message it left on
+    /// the socket, or, if it died, what was delivered.
+    fn agent_gone(&self, complete: u64) -> ClientError {
+        let _ = self.sock.set_read_timeout(Some(Duration::from_secs(1)));
+        if let Ok(s) = self.sock.try_clone() {
+            let pool = BufferPool::new(1, MAX_PAYLOAD);
+            let mut buf = pool.get();
+            if let Err(WireError::Remote(m)) = FrameReader::new(s).next_into(&mut buf) {
+                return ClientError::Agent(m);
+            }
+        }
+        ClientError::Agent(format!(
+            "agent went away after delivering {complete} complete batches through shared memory; resume from the reader's cursor"
+        ))
+    }
+
+    /// Stops the agent's side (dropping the ring tells it too).
+    pub fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
