@@ -72,7 +72,10 @@ fn handle(conn: TcpStream, shared: Arc<Shared>) {
         Ok(h) => h,
         Err(m) => return refuse(&conn, m),
     };
-    let Some((work, cancel)) = shared.sessions.claim(hello.session, &hello.ticket, conn.as_fd()) else {
+    let Some((work, cancel)) = shared
+        .sessions
+        .claim(hello.session, &hello.ticket, conn.as_fd())
+    else {
         return refuse(&conn, claim_error(hello.session));
     };
     let _ = conn.set_read_timeout(None);
@@ -111,6 +114,8 @@ pub(crate) fn log_end(
             secs,
             "session ended"
         ),
-        Err(e) => tracing::warn!(session = id, kind, transport, error = %e, secs, "session ended early"),
+        Err(e) => {
+            tracing::warn!(session = id, kind, transport, error = %e, secs, "session ended early")
+        }
     }
 }

@@ -53,7 +53,11 @@ pub(crate) fn accept_loop(
 }
 
 /// Peeks at the first byte and routes the connection.
-fn route(conn: UnixStream, shared: Arc<Shared>, grpc: tokio::sync::mpsc::UnboundedSender<UnixStream>) {
+fn route(
+    conn: UnixStream,
+    shared: Arc<Shared>,
+    grpc: tokio::sync::mpsc::UnboundedSender<UnixStream>,
+) {
     let _ = conn.set_read_timeout(Some(HELLO_TIMEOUT));
     let mut first = [0u8; 1];
     match rustix::net::recv(&conn, &mut first, RecvFlags::PEEK) {
@@ -95,9 +99,10 @@ fn ring_session(conn: UnixStream, shared: &Shared) {
     };
     let id = hello.session;
     let ring = RingProducer::attach(fds).and_then(|mut r| {
-        let peer = OwnedFd::from(conn.try_clone().map_err(|source| {
-            dquant_transport::ring::RingError::Io { op: "dup", source }
-        })?);
+        let peer = OwnedFd::from(
+            conn.try_clone()
+                .map_err(|source| dquant_transport::ring::RingError::Io { op: "dup", source })?,
+        );
         r.set_peer(peer);
         Ok(r)
     });

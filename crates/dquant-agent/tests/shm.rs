@@ -87,7 +87,16 @@ fn shm_streams_equal_tcp_and_local_ones() {
     let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 511, 4);
     p.samples = Some(601);
     assert_parity(&c, &agent, &sock, &p, Cursor::START);
-    assert_parity(&c, &agent, &sock, &p, Cursor { epoch: 0, consumed_samples: 200 });
+    assert_parity(
+        &c,
+        &agent,
+        &sock,
+        &p,
+        Cursor {
+            epoch: 0,
+            consumed_samples: 200,
+        },
+    );
     p.world = 4;
     p.rank = 3;
     assert_parity(&c, &agent, &sock, &p, Cursor::START);
@@ -202,7 +211,10 @@ fn bad_ring_handovers_get_exact_errors() {
     assert!(matches!(e, WireError::Remote(_)), "{e:?}");
     let m = e.to_string();
     assert!(
-        m.starts_with("data stream: unknown session ") && m.ends_with(" or wrong ticket (sessions are claimed once, within the ticket's lifetime)"),
+        m.starts_with("data stream: unknown session ")
+            && m.ends_with(
+                " or wrong ticket (sessions are claimed once, within the ticket's lifetime)"
+            ),
         "{m}"
     );
     assert!(ring.next(Duration::from_millis(50)).is_err());
@@ -243,7 +255,10 @@ fn bad_ring_handovers_get_exact_errors() {
     ] {
         let uri_dbg = format!("{uri:?}");
         let want = want.replace(&format!("{sock:?}"), &uri_dbg);
-        assert_eq!(open(&uri, &p, Offload::Yes).err().unwrap().to_string(), want);
+        assert_eq!(
+            open(&uri, &p, Offload::Yes).err().unwrap().to_string(),
+            want
+        );
     }
     // Only the session whose ticket was wrong is left, pending for its rightful owner until
     // the ticket expires (as on the TCP data port).

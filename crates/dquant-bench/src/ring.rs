@@ -95,7 +95,7 @@ pub struct Args {
     pub gb: f64,
     /// Bytes per batch; a comma-separated list measures each size (default: 16 × 4096 u16
     /// tokens + the 48-byte batch header).
-    #[arg(long, value_delimiter = ',', default_value_t = DEFAULT_BATCH)]
+    #[arg(long, value_delimiter = ',', default_values_t = [DEFAULT_BATCH])]
     pub batch_bytes: Vec<usize>,
     /// Slots in the ring (the agent's default prefetch is 8 frames).
     #[arg(long, default_value_t = 8)]

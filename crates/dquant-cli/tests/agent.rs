@@ -505,3 +505,216 @@ fn demo_streams_through_an_agent_and_checks_parity() {
         assert!(dir.path().join(f).is_file(), "{f} missing");
     }
 }
+
+/// The r50k plan of [`plans`], built in Rust, on the agent and locally.
+fn rust_plans(root: &Path, epochs: u32) -> (dquant_plan::Plan, dquant_plan::Plan) {
+    use dquant_plan::{OutputDType, Plan, Source};
+    let mk = |a: String, b: String| {
+        let mut p = Plan::new(
+            vec![Source::new(a).weight(3.0), Source::new(b).weight(1.0)],
+            255,
+            2,
+        );
+        p.output = OutputDType::U16;
+        p.seed = 3;
+        p.epochs = Some(epochs);
+        p
+    };
+    (
+        mk("fx/r50k_int32".into(), "fx/r50k_uint16".into()),
+        mk(
+            root.join("r50k_int32").display().to_string(),
+            root.join("r50k_uint16").display().to_string(),
+        ),
+    )
+}
+
+fn xxh3(b: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(b)
+}
+
+#[test]
+fn read_through_the_agents_unix_socket_uses_shared_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_fixtures(dir.path());
+    let sock = dir.path().join("agent.sock");
+    let agent = Agent::start(&[
+        "--root",
+        &format!("fx={}", root.display()),
+        "--socket",
+        s(&sock),
+    ]);
+    let (on_agent, local) = plans(dir.path(), &root, "epochs = 2");
+    let want = summary(&ok(&["read", s(&local), "--out", "/dev/null", "--json"]));
+    for addr in [
+        s(&sock).to_string(),
+        format!("unix:{}?verify=true", s(&sock)),
+    ] {
+        let got = summary(&ok(&[
+            "read",
+            s(&on_agent),
+            "--agent",
+            &addr,
+            "--out",
+            "/dev/null",
+            "--json",
+        ]));
+        assert_eq!(got["stream_xxh3"], want["stream_xxh3"], "{addr}");
+        assert_eq!(got["offloaded"], true);
+    }
+    assert!(agent.log().contains("transport=\"shm\""), "{}", agent.log());
+    // The control plane answers on the socket too.
+    let ls = String::from_utf8(ok(&["ls", s(&sock)]).stdout).unwrap();
+    assert!(ls.contains("fx"), "{ls}");
+
+    // A reader killed mid-stream (its stdout is a pipe nobody reads, so it stalls with the
+    // ring full): the agent sees its socket close and ends the session.
+    let big = dir.path().join("big.toml");
+    plan(
+        &big,
+        &[("fx/r50k_int32", 3.0), ("fx/r50k_uint16", 1.0)],
+        "epochs = 50",
+    );
+    let mut client = Command::new(BIN)
+        .args(["read", s(&big), "--agent", s(&sock)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        agent.wait_log("slot_size", Duration::from_secs(30)),
+        "no ring session started:\n{}",
+        agent.log()
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "the client finished already"
+    );
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert!(
+        agent.wait_log("client went away", Duration::from_secs(30)),
+        "the agent did not end the killed client's session:\n{}",
+        agent.log()
+    );
+    let mut agent = agent;
+    agent.assert_running();
+    let got = summary(&ok(&[
+        "read",
+        s(&on_agent),
+        "--agent",
+        s(&sock),
+        "--out",
+        "/dev/null",
+        "--json",
+    ]));
+    assert_eq!(got["stream_xxh3"], want["stream_xxh3"]);
+}
+
+/// SIGKILL the agent while a reader streams from it over shared memory: the reader gets every
+/// batch the agent completed, then a clear error; resuming from its cursor (on a new agent or
+/// in-process) gives the rest, and the whole is the uninterrupted stream, byte for byte.
+#[test]
+fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
+    use dquant_client::{open, open_at, Offload, Reader};
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_fixtures(dir.path());
+    let sock = dir.path().join("agent.sock");
+    let args = [
+        "--root".to_string(),
+        format!("fx={}", root.display()),
+        "--socket".into(),
+        s(&sock).into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (on_agent, local) = rust_plans(&root, 40);
+    let mut whole = Reader::local(&local, dquant_plan::Cursor::START).unwrap();
+    let mut want = Vec::new();
+    while let Some(b) = whole.next_batch().unwrap() {
+        want.extend_from_slice(b.tokens.as_bytes());
+    }
+
+    // Kill points: with the reader paused (the agent blocked on a full ring), and while it
+    // reads flat out (the agent mid-write).
+    for (trial, (read_first, kill_after)) in [
+        (5usize, None),
+        (0, Some(Duration::from_millis(3))),
+        (50, Some(Duration::from_millis(20))),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut agent = Agent::start(&args);
+        let mut r = open(s(&sock), &on_agent, Offload::Yes).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..read_first {
+            got.extend_from_slice(r.next_batch().unwrap().unwrap().tokens.as_bytes());
+        }
+        let pid = agent.child.id() as i32;
+        let killer = std::thread::spawn(move || {
+            if let Some(d) = kill_after {
+                std::thread::sleep(d);
+            }
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
+        let mut killer = Some(killer);
+        if kill_after.is_none() {
+            killer.take().unwrap().join().unwrap();
+            let _ = agent.child.wait();
+        }
+        let err = loop {
+            match r.next_batch() {
+                Ok(Some(b)) => got.extend_from_slice(b.tokens.as_bytes()),
+                Ok(None) => panic!("trial {trial}: the stream ended although the agent was killed"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        if let Some(k) = killer {
+            k.join().unwrap();
+        }
+        assert!(
+            err.starts_with("agent went away after delivering ")
+                && err.ends_with(
+                    " complete batches through shared memory; resume from the reader's cursor"
+                ),
+            "trial {trial}: {err}"
+        );
+        let cursor = r.cursor();
+        assert_eq!(
+            cursor.consumed_samples as usize * 256 * 2,
+            got.len(),
+            "trial {trial}"
+        );
+        drop(r);
+        drop(agent);
+
+        // Resume on a fresh agent (the dead one's socket file is stale and gets replaced)...
+        let _agent = Agent::start(&args);
+        let mut r = open_at(s(&sock), &on_agent, cursor, Offload::Yes).unwrap();
+        let mut rest = Vec::new();
+        while let Some(b) = r.next_batch().unwrap() {
+            rest.extend_from_slice(b.tokens.as_bytes());
+        }
+        let mut all = got.clone();
+        all.extend_from_slice(&rest);
+        assert_eq!(all.len(), want.len(), "trial {trial}");
+        assert_eq!(
+            xxh3(&all),
+            xxh3(&want),
+            "trial {trial}: resumed on a new agent"
+        );
+        // ... and in-process: the same tail.
+        let mut r = Reader::local(&local, cursor).unwrap();
+        let mut rest_local = Vec::new();
+        while let Some(b) = r.next_batch().unwrap() {
+            rest_local.extend_from_slice(b.tokens.as_bytes());
+        }
+        assert_eq!(
+            xxh3(&rest_local),
+            xxh3(&rest),
+            "trial {trial}: resumed in-process"
+        );
+    }
+}

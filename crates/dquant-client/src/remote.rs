@@ -240,7 +240,8 @@ impl Control {
             // tonic dials TCP itself; for a Unix socket it takes a connector, and the URI
             // below is only the HTTP/2 :authority, never resolved.
             let path = std::path::PathBuf::from(authority);
-            let ep = Endpoint::from_static("http://localhost").connect_timeout(Duration::from_secs(10));
+            let ep =
+                Endpoint::from_static("http://localhost").connect_timeout(Duration::from_secs(10));
             call(async move {
                 ep.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                     let path = path.clone();

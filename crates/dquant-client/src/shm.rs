@@ -102,7 +102,9 @@ impl Shm {
         let slot = self.ring.held();
         let bad = |what: String| ClientError::Agent(format!("shared-memory ring: {what}"));
         if len < RECORD_HEADER_LEN {
-            return Err(bad(format!("a {len}-byte batch record is shorter than its header")));
+            return Err(bad(format!(
+                "a {len}-byte batch record is shorter than its header"
+            )));
         }
         let mut hb = [0u8; RECORD_HEADER_LEN];
         hb.copy_from_slice(&slot[..RECORD_HEADER_LEN]);
@@ -121,8 +123,7 @@ impl Shm {
             compression: Compression::None,
         };
         let bytes = h.tokens() * output.itemsize();
-        if h.codec != want || h.payload_len as usize != bytes || RECORD_HEADER_LEN + bytes != len
-        {
+        if h.codec != want || h.payload_len as usize != bytes || RECORD_HEADER_LEN + bytes != len {
             return Err(bad(format!(
                 "batch {} holds {} bytes of {} in a {len}-byte record; expected {bytes} bytes of {want}",
                 h.index, h.payload_len, h.codec
