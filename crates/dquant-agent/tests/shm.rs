@@ -292,3 +292,58 @@ fn a_plan_that_fails_mid_stream_delivers_earlier_batches_then_the_error() {
     );
     wait_idle(&agent);
 }
+
+/// The address ranges of this process's mappings of ring memfds (`/proc/self/maps` names
+/// them `/memfd:dquant-ring (deleted)`).
+fn ring_mappings() -> Vec<(usize, usize)> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("memfd:dquant-ring"))
+        .map(|l| {
+            let (a, b) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn batches_are_viewed_in_the_ring_without_a_copy() {
+    let c = Corpus::new();
+    let (_agent, sock) = agent_with_socket(&c);
+    let p = plan(&[("r50k", 1.0)], 255, 8);
+    let mut r = open(&sock, &p, Offload::Yes).unwrap();
+    // (Other tests in this process may have rings of their own mapped meanwhile.)
+    let maps = ring_mappings();
+    assert!(!maps.is_empty());
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let b = r.next_batch().unwrap().unwrap();
+        let bytes = b.tokens.as_bytes();
+        let (start, end) = (
+            bytes.as_ptr() as usize,
+            bytes.as_ptr() as usize + bytes.len(),
+        );
+        assert!(
+            maps.iter().any(|&(a, z)| a <= start && end <= z),
+            "batch {} at {start:#x}..{end:#x} is not in a ring mapping {maps:?}",
+            b.index
+        );
+        seen.insert(start);
+    }
+    // The default 8 slots take turns.
+    assert_eq!(seen.len(), 8);
+    // Over TCP, batches are copied out of frames into the reader's buffer instead.
+    let mut t = open(&format!("{sock}?transport=tcp"), &p, Offload::Yes).unwrap();
+    let b = t.next_batch().unwrap().unwrap();
+    let at = b.tokens.as_bytes().as_ptr() as usize;
+    assert!(!maps.iter().any(|&(a, z)| a <= at && at < z));
+}

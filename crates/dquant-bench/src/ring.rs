@@ -24,11 +24,13 @@
 //! * **The consumer does by default what a trainer does with a batch it hands to a GPU copy:
 //!   nothing with the payload on the CPU.** It takes the view (`RingConsumer::next`) and drops
 //!   it, releasing the slot; on a real host the view would be the source of a
-//!   `cudaMemcpyAsync` from pinned memory. Note that `next` itself checks the record's crc32c,
-//!   which reads every payload byte, so "not touched" still reads the batch once while the
-//!   check is on. The `ring+touch` case additionally reads the whole payload (a wrapping sum
-//!   of u64 words, also checked against the expected sum) to show the cost of a consumer that
-//!   does look at the bytes.
+//!   `cudaMemcpyAsync` from pinned memory. Note that `next` itself checks the record's crc32c
+//!   unless `RingConsumer::set_verify(false)`, and that check reads every payload byte, so
+//!   "untouched" still reads the batch once while the check is on; every ring case is
+//!   therefore measured with the check on and off (`--verify`). The `ring-touch` case
+//!   additionally reads the whole payload (a wrapping sum of u64 words, checked against the
+//!   expected sum) to show the cost of a consumer that does look at the bytes. The producer
+//!   always computes the record's crc32c on commit (the ring has no switch for that side).
 //! * **The baseline is the copy the ring cannot avoid.** One thread copies the same number of
 //!   bytes, batch by batch, from a prebuilt source buffer into a destination buffer as large
 //!   as the ring's slot area, cycling through "slots" in the same order, so the destination's
@@ -83,8 +85,9 @@ const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// creates (descriptors passed over a Unix socket) and writes --gb of batches of
 /// --batch-bytes each: reserve a slot, copy_from_slice a prebuilt batch, commit. This
 /// process consumes them: by default without reading the payload (as a trainer handing the
-/// view to a GPU copy would), and in the `ring+touch` case reading every u64 word. The
-/// baseline copies the same bytes in the same batch size into a buffer the size of the ring.
+/// view to a GPU copy would), and in the `ring-touch` case reading every u64 word; each ring
+/// case with the consumer's crc32c check on and off (--verify). The baseline copies the same
+/// bytes in the same batch size into a buffer the size of the ring.
 /// Reports GB/s, the ratio to memcpy (the issue's target: at least 0.7), CPU seconds per GB
 /// (1e9 bytes) on each side, sleeps (voluntary context switches) and minor page faults.
 #[derive(clap::Args, Debug)]
@@ -114,6 +117,10 @@ pub struct Args {
         default_value = "memcpy,ring,ring-touch"
     )]
     pub cases: Vec<Case>,
+    /// The consumer's crc32c check (`RingConsumer::set_verify`) in the ring cases: each ring
+    /// case runs once per value given, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "off,on")]
+    pub verify: Vec<Verify>,
     #[command(flatten)]
     pub out: crate::report::JsonOpts,
 }
@@ -130,11 +137,16 @@ pub enum Case {
 }
 
 impl Case {
-    fn label(self) -> &'static str {
+    fn label(self, verify: Option<bool>) -> String {
+        let crc = match verify {
+            Some(true) => ", crc on",
+            Some(false) => ", crc off",
+            None => "",
+        };
         match self {
-            Case::Memcpy => "memcpy, 1 thread (baseline)",
-            Case::Ring => "ring, payload untouched",
-            Case::RingTouch => "ring, consumer reads payload",
+            Case::Memcpy => "memcpy, 1 thread (baseline)".into(),
+            Case::Ring => format!("ring, untouched{crc}"),
+            Case::RingTouch => format!("ring, consumer reads{crc}"),
         }
     }
 
@@ -145,6 +157,15 @@ impl Case {
             Case::RingTouch => "ring-touch",
         }
     }
+}
+
+/// The consumer's crc32c check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Verify {
+    /// Checked (the ring's default).
+    On,
+    /// Not checked: only sequence number and length.
+    Off,
 }
 
 /// `getrusage(RUSAGE_SELF)` figures this benchmark uses.
@@ -237,6 +258,8 @@ struct M {
     run: usize,
     batch_bytes: usize,
     case: Case,
+    /// The consumer's crc32c check; `None` for memcpy.
+    verify: Option<bool>,
     batches: u64,
     wall: Duration,
     /// This process: the memcpy thread, or the ring's consumer.
@@ -282,6 +305,7 @@ fn memcpy_case(run: usize, g: &Geometry) -> Result<M> {
         run,
         batch_bytes: g.batch_bytes,
         case: Case::Memcpy,
+        verify: None,
         batches: g.batches,
         wall,
         consumer,
@@ -352,7 +376,7 @@ fn spawn_producer(socket: &Path, batch_bytes: usize, batches: u64) -> Result<Chi
 }
 
 /// One stream through the ring from a producer child.
-fn ring_case(run: usize, case: Case, g: &Geometry) -> Result<M> {
+fn ring_case(run: usize, case: Case, verify: bool, g: &Geometry) -> Result<M> {
     let touch = case == Case::RingTouch;
     let load = procs::loadavg();
     let dir = TempDir::new()?;
@@ -360,6 +384,7 @@ fn ring_case(run: usize, case: Case, g: &Geometry) -> Result<M> {
     let listener = UnixListener::bind(&sock_path)
         .with_context(|| format!("listening on {}", sock_path.display()))?;
     let (mut consumer, fds) = RingConsumer::create(g.slots, g.slot_size as u64)?;
+    consumer.set_verify(verify);
     let mut child = ProducerChild(Some(spawn_producer(&sock_path, g.batch_bytes, g.batches)?));
     let (mut stream, _) = listener.accept().context("waiting for the producer")?;
     drop(listener);
@@ -416,6 +441,7 @@ fn ring_case(run: usize, case: Case, g: &Geometry) -> Result<M> {
         run,
         batch_bytes: g.batch_bytes,
         case,
+        verify: Some(verify),
         batches: n,
         wall,
         consumer: consumer_usage,
@@ -457,8 +483,10 @@ struct Geometry {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    if a.runs == 0 || a.cases.is_empty() || a.batch_bytes.is_empty() {
-        bail!("nothing to run: give --runs ≥ 1, at least one case and one batch size");
+    if a.runs == 0 || a.cases.is_empty() || a.batch_bytes.is_empty() || a.verify.is_empty() {
+        bail!(
+            "nothing to run: give --runs ≥ 1 and at least one case, batch size and --verify value"
+        );
     }
     if !(a.gb > 0.0 && a.gb.is_finite()) {
         bail!("--gb must be positive");
@@ -488,19 +516,27 @@ pub fn run(a: &Args) -> Result<()> {
     for run in 1..=a.runs {
         for g in &geoms {
             for &case in &a.cases {
-                let m = match case {
-                    Case::Memcpy => memcpy_case(run, g)?,
-                    Case::Ring | Case::RingTouch => ring_case(run, case, g)?,
+                let verifies = match case {
+                    Case::Memcpy => vec![None],
+                    Case::Ring | Case::RingTouch => {
+                        a.verify.iter().map(|&v| Some(v == Verify::On)).collect()
+                    }
                 };
-                eprintln!(
-                    "run {run}/{}: {:>8} B  {:<29} {:>7.3} GB/s  (load {})",
-                    a.runs,
-                    g.batch_bytes,
-                    case.label(),
-                    m.gbps(),
-                    m.load
-                );
-                ms.push(m);
+                for verify in verifies {
+                    let m = match verify {
+                        None => memcpy_case(run, g)?,
+                        Some(v) => ring_case(run, case, v, g)?,
+                    };
+                    eprintln!(
+                        "run {run}/{}: {:>8} B  {:<34} {:>7.3} GB/s  (load {})",
+                        a.runs,
+                        g.batch_bytes,
+                        case.label(verify),
+                        m.gbps(),
+                        m.load
+                    );
+                    ms.push(m);
+                }
             }
         }
     }
@@ -519,8 +555,7 @@ pub fn run(a: &Args) -> Result<()> {
                     "run": m.run, "case": m.case.key(), "batch_bytes": m.batch_bytes,
                     "batches": m.batches, "bytes": m.bytes(), "seconds": m.wall.as_secs_f64(),
                     "gb_per_s": m.gbps(), "ratio_to_memcpy": ratio(m),
-                    // The consumer-side crc32c check cannot be turned off in this ring yet.
-                    "consumer_verify": m.case != Case::Memcpy,
+                    "consumer_verify": m.verify,
                     "consumer_cpu_s": m.consumer.cpu.as_secs_f64(),
                     "consumer_cpu_s_per_gb": m.per_gb(m.consumer.cpu),
                     "consumer_sleeps": m.consumer.nvcsw,
@@ -560,7 +595,7 @@ pub fn run(a: &Args) -> Result<()> {
         "CPU is seconds per GB (1e9 bytes) of payload: 'cons' is this process (the memcpy \
          thread or the ring's consumer), 'prod' the producer process (wait4, whole process); \
          sleeps are voluntary context switches during the stream; ratio is to the same run's \
-         memcpy; the consumer's crc32c check is on (the ring has no switch for it yet)\n"
+         memcpy; 'crc' is the consumer's crc32c check (the producer always computes it)\n"
     );
     let mut t = Table::new(&[
         "run",
@@ -582,7 +617,7 @@ pub fn run(a: &Args) -> Result<()> {
         t.row(vec![
             m.run.to_string(),
             m.batch_bytes.to_string(),
-            m.case.label().into(),
+            m.case.label(m.verify),
             f(m.gbps(), 3),
             ratio(m).map_or("-".into(), |r| f(r, 2)),
             f(m.per_gb(m.consumer.cpu), 3),
@@ -618,32 +653,38 @@ pub fn run(a: &Args) -> Result<()> {
         let (lo, _, hi) = spread(&xs);
         format!("{}–{}", f(lo, d), f(hi, d))
     };
-    for g in &geoms {
-        for &case in &a.cases {
-            let of: Vec<&M> = ms
-                .iter()
-                .filter(|m| m.case == case && m.batch_bytes == g.batch_bytes)
-                .collect();
-            let ratios: Vec<f64> = of.iter().filter_map(|m| ratio(m)).collect();
-            s.row(vec![
-                g.batch_bytes.to_string(),
-                case.label().into(),
-                range(of.iter().map(|m| m.gbps()).collect(), 3),
-                range(ratios.clone(), 2),
-                if ratios.is_empty() {
-                    "-".into()
-                } else {
-                    f(spread(&ratios).1, 2)
-                },
-                range(of.iter().map(|m| m.per_gb(m.consumer.cpu)).collect(), 3),
-                range(
-                    of.iter()
-                        .filter_map(|m| m.producer_total_cpu.map(|d| m.per_gb(d)))
-                        .collect(),
-                    3,
-                ),
-            ]);
+    // Each (batch size, case, check) in the order measured.
+    let mut kinds: Vec<(usize, Case, Option<bool>)> = Vec::new();
+    for m in &ms {
+        let k = (m.batch_bytes, m.case, m.verify);
+        if !kinds.contains(&k) {
+            kinds.push(k);
         }
+    }
+    for (batch_bytes, case, verify) in kinds {
+        let of: Vec<&M> = ms
+            .iter()
+            .filter(|m| m.case == case && m.batch_bytes == batch_bytes && m.verify == verify)
+            .collect();
+        let ratios: Vec<f64> = of.iter().filter_map(|m| ratio(m)).collect();
+        s.row(vec![
+            batch_bytes.to_string(),
+            case.label(verify),
+            range(of.iter().map(|m| m.gbps()).collect(), 3),
+            range(ratios.clone(), 2),
+            if ratios.is_empty() {
+                "-".into()
+            } else {
+                f(spread(&ratios).1, 2)
+            },
+            range(of.iter().map(|m| m.per_gb(m.consumer.cpu)).collect(), 3),
+            range(
+                of.iter()
+                    .filter_map(|m| m.producer_total_cpu.map(|d| m.per_gb(d)))
+                    .collect(),
+                3,
+            ),
+        ]);
     }
     s.print();
     println!("\ntarget: ring ≥ 0.7 × memcpy");

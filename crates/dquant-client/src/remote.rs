@@ -495,18 +495,43 @@ mod tests {
 
     #[test]
     fn agent_uris_parse() {
-        assert_eq!(
-            AgentUri::parse("dquant://127.0.0.1:7878/corpus/a/b").unwrap(),
-            AgentUri {
-                authority: "127.0.0.1:7878".into(),
-                dataset: "corpus/a/b".into()
-            }
-        );
+        let u = AgentUri::parse("dquant://127.0.0.1:7878/corpus/a/b").unwrap();
+        assert_eq!(u.authority, "127.0.0.1:7878");
+        assert_eq!(u.dataset, "corpus/a/b");
+        assert_eq!(u.host(), "127.0.0.1");
+        assert_eq!(u.transport(), Transport::Tcp);
+        assert!(!u.verify);
         assert_eq!(AgentUri::parse("dquant://h:1").unwrap().dataset, "");
         assert_eq!(
             AgentUri::parse("dquant://nohost/x").unwrap_err(),
             "\"dquant://nohost/x\": the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
         );
-        assert!(AgentUri::parse("/data/x").is_err());
+        // Unix sockets, in each spelling: shared memory by default.
+        for s in ["/run/dq.sock", "unix:/run/dq.sock", "unix:///run/dq.sock"] {
+            let u = AgentUri::parse(s).unwrap();
+            assert_eq!(u.authority, "/run/dq.sock", "{s}");
+            assert_eq!(u.transport(), Transport::Shm, "{s}");
+            assert_eq!(u.host(), "127.0.0.1");
+        }
+        assert_eq!(AgentUri::parse("./a.sock").unwrap().authority, "./a.sock");
+        let u = AgentUri::parse("dquant://h:1?transport=shm&verify=true&slots=16").unwrap();
+        assert_eq!(
+            (u.transport(), u.verify, u.slots, u.authority.as_str()),
+            (Transport::Shm, true, Some(16), "h:1")
+        );
+        let u = AgentUri::parse("/s?transport=tcp&verify=0").unwrap();
+        assert_eq!((u.transport(), u.verify), (Transport::Tcp, false));
+        assert_eq!(
+            AgentUri::parse("data/x").unwrap_err(),
+            "\"data/x\" is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)"
+        );
+        assert_eq!(
+            AgentUri::parse("unix:").unwrap_err(),
+            "\"unix:\": the Unix socket path is empty (e.g. unix:/run/dquant.sock)"
+        );
+        assert_eq!(
+            AgentUri::parse("/s?verify=maybe").unwrap_err(),
+            "\"/s?verify=maybe\": option verify=\"maybe\" is not valid; use true or false"
+        );
     }
 }

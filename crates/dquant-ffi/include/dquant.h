@@ -8,7 +8,9 @@
  *     {"sources":[{"uri":"corpus/r50k"}],"seq_len":2048,"batch_size":8,"seed":7,"output":"i32"}
  *
  * A plan runs in this process (offload = 0) or on a dquant agent (offload = 1, uri =
- * "dquant://HOST:PORT"), and gives the same bytes either way.
+ * "dquant://HOST:PORT", or the agent's Unix socket path on this host, e.g.
+ * "/run/dquant.sock"), and gives the same bytes either way. Through a Unix socket the agent
+ * writes batches into shared memory this process created, and dq_next_batch points into it.
  *
  *     dq_reader *r = dq_open("dquant://10.0.0.5:7070", plan_json, 1);
  *     if (!r) { fprintf(stderr, "dquant: %s\n", dq_last_error()); exit(1); }
@@ -70,7 +72,9 @@ typedef struct dq_batch {
 
 /* Opens plan_json (a plan as JSON) from the start of its stream.
  *
- * uri: "dquant://HOST:PORT" of an agent, or NULL or "" for none. Without an agent, plan
+ * uri: "dquant://HOST:PORT" of an agent, its Unix socket path (batches then arrive through
+ *      a shared-memory ring: "/run/dquant.sock", "unix:PATH"; options "?transport=shm|tcp",
+ *      "&verify=true", "&slots=N"), or NULL or "" for none. Without an agent, plan
  *      sources are local paths (a Megatron .bin/.idx prefix, a .dqb block file, a raw token
  *      file with a "dtype"). With one, a relative source name ("corpus/r50k") is a dataset
  *      on that agent.

@@ -142,7 +142,7 @@ fn failures_set_the_errors_display_text_verbatim() {
     assert!(unsafe { dq_open(ptr::null(), json.as_ptr(), 1) }.is_null());
     assert_eq!(
         last_error().as_deref(),
-        Some("offload needs an agent: pass its URI, dquant://HOST:PORT")
+        Some("offload needs an agent: pass its URI, dquant://HOST:PORT or a Unix socket path")
     );
 
     // A missing local dataset: the client's message, naming the source.

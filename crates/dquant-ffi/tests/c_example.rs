@@ -254,7 +254,8 @@ fn c_example_reads_a_local_plan_like_rust() {
     assert_same(&got, &rust_summary(&plan, Cursor::START), "shared library");
 }
 
-/// An agent serving root `corpus`, holding `r50k` (a copy of the fixture).
+/// An agent serving root `corpus`, holding `r50k` (a copy of the fixture), with a Unix
+/// socket (`agent.socket()`) for shared-memory readers.
 fn agent() -> (AgentHandle, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("corpus");
@@ -268,6 +269,7 @@ fn agent() -> (AgentHandle, tempfile::TempDir) {
         ..Default::default()
     };
     cfg.roots.insert("corpus".into(), root);
+    cfg.socket = Some(dir.path().join("agent.sock"));
     (dquant_agent::start(cfg).unwrap(), dir)
 }
 
@@ -275,18 +277,21 @@ fn agent() -> (AgentHandle, tempfile::TempDir) {
 fn c_example_reads_through_an_agent_like_rust() {
     let ex = Example::build();
     let (agent, _data) = agent();
-    let uri = agent.uri();
-    for output in ["u16", "i64"] {
-        let want = rust_summary(&local_plan(output), Cursor::START);
-        let plan = plan_over("corpus/r50k", output);
-        for offload in [1, 0] {
-            for mode in ["batches", "read"] {
-                let got = ex.run(&uri, &plan, offload, mode);
-                assert_same(
-                    &got,
-                    &want,
-                    &format!("agent {output} offload={offload} {mode}"),
-                );
+    // Over TCP, and through shared memory (dq_next_batch then points into the ring).
+    let sock = agent.socket().unwrap().display().to_string();
+    for uri in [agent.uri(), sock] {
+        for output in ["u16", "i64"] {
+            let want = rust_summary(&local_plan(output), Cursor::START);
+            let plan = plan_over("corpus/r50k", output);
+            for offload in [1, 0] {
+                for mode in ["batches", "read"] {
+                    let got = ex.run(&uri, &plan, offload, mode);
+                    assert_same(
+                        &got,
+                        &want,
+                        &format!("agent {uri} {output} offload={offload} {mode}"),
+                    );
+                }
             }
         }
     }
@@ -305,7 +310,7 @@ fn c_example_reports_errors_verbatim() {
     let stderr = ex.fail("-", &local_plan("u16"), 1);
     assert_eq!(
         stderr,
-        "read_plan: dq_open failed: offload needs an agent: pass its URI, dquant://HOST:PORT\n"
+        "read_plan: dq_open failed: offload needs an agent: pass its URI, dquant://HOST:PORT or a Unix socket path\n"
     );
 
     let (agent, _data) = agent();
