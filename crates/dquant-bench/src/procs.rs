@@ -17,17 +17,27 @@ pub struct AgentProc {
     child: Child,
     stdin: Option<ChildStdin>,
     pub uri: String,
+    /// Its Unix socket (shared-memory clients), when asked for one; in a temp dir that
+    /// lives as long as the agent.
+    pub socket: Option<std::path::PathBuf>,
+    _socket_dir: Option<tempfile::TempDir>,
 }
 
 impl AgentProc {
-    pub fn spawn(root: &Path, prefetch_frames: usize) -> Result<Self> {
+    pub fn spawn(root: &Path, prefetch_frames: usize, with_socket: bool) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find this executable")?;
-        let mut child = Command::new(exe)
-            .arg("agent")
+        let socket_dir = with_socket.then(tempfile::tempdir).transpose()?;
+        let socket = socket_dir.as_ref().map(|d| d.path().join("agent.sock"));
+        let mut cmd = Command::new(exe);
+        cmd.arg("agent")
             .arg("--root")
             .arg(format!("bench={}", root.display()))
             .arg("--prefetch-frames")
-            .arg(prefetch_frames.to_string())
+            .arg(prefetch_frames.to_string());
+        if let Some(s) = &socket {
+            cmd.arg("--socket").arg(s);
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -40,7 +50,13 @@ impl AgentProc {
             .read_line(&mut line)
             .context("reading the agent's URI")?;
         let uri = line.trim().to_string();
-        let mut me = AgentProc { child, stdin, uri };
+        let mut me = AgentProc {
+            child,
+            stdin,
+            uri,
+            socket,
+            _socket_dir: socket_dir,
+        };
         if !me.uri.starts_with("dquant://") {
             me.stop();
             bail!("the agent process did not print its URI (got {line:?})");
@@ -75,10 +91,15 @@ impl Drop for AgentProc {
 
 /// The hidden `agent` subcommand: starts an agent on loopback, prints its URI, serves until
 /// stdin closes.
-pub fn run_agent(roots: &[String], prefetch_frames: usize) -> Result<()> {
+pub fn run_agent(
+    roots: &[String],
+    prefetch_frames: usize,
+    socket: Option<std::path::PathBuf>,
+) -> Result<()> {
     let mut cfg = dquant_agent::AgentConfig {
         listen: "127.0.0.1:0".parse()?,
         data_listen: Some("127.0.0.1:0".parse()?),
+        socket,
         prefetch_frames,
         ..Default::default()
     };

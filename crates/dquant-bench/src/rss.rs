@@ -55,7 +55,7 @@ pub fn run(a: &Args) -> Result<()> {
     if a.passes == 0 {
         bail!("--passes must be at least 1");
     }
-    let agent = AgentProc::spawn(&ds.dir, a.prefetch_frames)?;
+    let agent = AgentProc::spawn(&ds.dir, a.prefetch_frames, false)?;
     let pid = agent.pid();
     std::thread::sleep(Duration::from_millis(500));
     let start_kib = procs::status_kib(pid, "VmRSS")?;

@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use dquant_client::{open, Offload};
 use serde_json::json;
@@ -46,7 +46,7 @@ pub struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "plain,framed,threaded,agent,agent-shuffled,inproc,inproc-shuffled"
+        default_value = "plain,memcpy,framed,threaded,agent,agent-shuffled,agent-shm,agent-shm-shuffled,inproc,inproc-shuffled"
     )]
     pub cases: Vec<Case>,
     /// The agent's prefetch frames (1 MiB each) per session.
@@ -76,6 +76,13 @@ pub enum Case {
     Agent,
     /// The plan on the agent, shuffled.
     AgentShuffled,
+    /// The shared-memory baseline: one thread copying the same bytes, batch by batch, into a
+    /// ring-sized buffer (what delivering a batch into host memory costs at best).
+    Memcpy,
+    /// The plan on the agent, batches through a shared-memory ring, unshuffled.
+    AgentShm,
+    /// The plan on the agent, through a shared-memory ring, shuffled.
+    AgentShmShuffled,
     /// The plan in this process, unshuffled.
     Inproc,
     /// The plan in this process, shuffled.
@@ -86,6 +93,9 @@ impl Case {
     fn label(self) -> &'static str {
         match self {
             Case::Plain => "plain TCP copy (baseline)",
+            Case::Memcpy => "memcpy, 1 thread (shm baseline)",
+            Case::AgentShm => "agent shm, shuffle=false",
+            Case::AgentShmShuffled => "agent shm, shuffle=true",
             Case::Framed => "dquant frames, 1 thread",
             Case::Threaded => "dquant frames, 2 threads",
             Case::Agent => "agent, shuffle=false",
@@ -98,6 +108,9 @@ impl Case {
     fn key(self) -> &'static str {
         match self {
             Case::Plain => "plain",
+            Case::Memcpy => "memcpy",
+            Case::AgentShm => "agent-shm",
+            Case::AgentShmShuffled => "agent-shm-shuffled",
             Case::Framed => "framed",
             Case::Threaded => "threaded",
             Case::Agent => "agent",
@@ -189,10 +202,23 @@ fn stream(
     agent: Option<&AgentProc>,
     expect: u64,
 ) -> Result<M> {
-    let shuffle = matches!(case, Case::AgentShuffled | Case::InprocShuffled);
+    let shuffle = matches!(
+        case,
+        Case::AgentShuffled | Case::AgentShmShuffled | Case::InprocShuffled
+    );
     let load = procs::loadavg();
     let mut r = match agent {
-        Some(ag) => open(&ag.uri, &a.plan.plan(&ds.remote(), shuffle), Offload::Yes)?,
+        Some(ag) => {
+            let uri = match case {
+                Case::AgentShm | Case::AgentShmShuffled => ag
+                    .socket
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .context("the agent has no Unix socket")?,
+                _ => ag.uri.clone(),
+            };
+            open(&uri, &a.plan.plan(&ds.remote(), shuffle), Offload::Yes)?
+        }
         None => open("", &a.plan.plan(&ds.local(), shuffle), Offload::No)?,
     };
     let peer0 = agent.map(|ag| procs::proc_cpu(ag.pid())).transpose()?;
@@ -225,6 +251,37 @@ fn stream(
     })
 }
 
+/// The shared-memory baseline: `bytes` copied by one thread from a batch-sized source into a
+/// destination of `slots` batch-sized slots, cycling through them as a ring producer would.
+fn memcpy(run: usize, bytes: u64, batch: usize, itemsize: u64) -> Result<M> {
+    const SLOTS: usize = dquant_client::shm::DEFAULT_SLOTS as usize;
+    let load = procs::loadavg();
+    let src: Vec<u8> = (0..batch).map(|i| (i * 31) as u8).collect();
+    let mut dst = vec![0u8; batch * SLOTS];
+    let cpu0 = procs::self_cpu();
+    let t0 = Instant::now();
+    let (mut left, mut slot) = (bytes, 0usize);
+    while left > 0 {
+        let k = (batch as u64).min(left) as usize;
+        let d = &mut dst[slot * batch..slot * batch + k];
+        d.copy_from_slice(&src[..k]);
+        std::hint::black_box(d);
+        left -= k as u64;
+        slot = (slot + 1) % SLOTS;
+    }
+    let wall = t0.elapsed();
+    Ok(M {
+        run,
+        case: Case::Memcpy,
+        bytes,
+        tokens: bytes / itemsize,
+        wall,
+        consumer_cpu: procs::self_cpu() - cpu0,
+        peer_cpu: None,
+        load,
+    })
+}
+
 pub fn run(a: &Args) -> Result<()> {
     let ds = DataSpec::new(&a.data)?;
     if a.runs == 0 || a.cases.is_empty() {
@@ -243,15 +300,20 @@ pub fn run(a: &Args) -> Result<()> {
         let r = open("", &a.plan.plan(&ds.local(), false), Offload::No)?;
         r.rank_samples() * (u64::from(a.plan.seq_len) + 1) * a.plan.output_itemsize()
     };
-    let needs_agent = a
-        .cases
-        .iter()
-        .any(|c| matches!(c, Case::Agent | Case::AgentShuffled));
+    let needs_agent = a.cases.iter().any(|c| {
+        matches!(
+            c,
+            Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled
+        )
+    });
     let agent = if needs_agent {
-        Some(AgentProc::spawn(&ds.dir, a.prefetch_frames)?)
+        Some(AgentProc::spawn(&ds.dir, a.prefetch_frames, true)?)
     } else {
         None
     };
+    let batch_bytes = a.plan.batch_size as usize
+        * (a.plan.seq_len as usize + 1)
+        * a.plan.output_itemsize() as usize;
     let mut ms: Vec<M> = Vec::new();
     for run in 1..=a.runs {
         for &case in &a.cases {
@@ -259,7 +321,8 @@ pub fn run(a: &Args) -> Result<()> {
                 Case::Plain | Case::Framed | Case::Threaded => {
                     plain(run, case, expect, a.copy_buf, a.plan.output_itemsize())?
                 }
-                Case::Agent | Case::AgentShuffled => {
+                Case::Memcpy => memcpy(run, expect, batch_bytes, a.plan.output_itemsize())?,
+                Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled => {
                     stream(run, case, a, &ds, agent.as_ref(), expect)?
                 }
                 Case::Inproc | Case::InprocShuffled => stream(run, case, a, &ds, None, expect)?,
@@ -281,6 +344,22 @@ pub fn run(a: &Args) -> Result<()> {
             .find(|m| m.run == run && m.case == Case::Plain)
             .map(M::gbps)
     };
+    let base_memcpy = |run: usize| {
+        ms.iter()
+            .find(|m| m.run == run && m.case == Case::Memcpy)
+            .map(M::gbps)
+    };
+    // Consumer CPU per GB over shm against over TCP, same run, same shuffle.
+    let cpu_vs_tcp = |m: &M| {
+        let tcp = match m.case {
+            Case::AgentShm => Case::Agent,
+            Case::AgentShmShuffled => Case::AgentShuffled,
+            _ => return None,
+        };
+        ms.iter()
+            .find(|t| t.run == m.run && t.case == tcp)
+            .map(|t| m.per_gb(m.consumer_cpu) / t.per_gb(t.consumer_cpu))
+    };
     {
         let rows: Vec<_> = ms
             .iter()
@@ -289,6 +368,8 @@ pub fn run(a: &Args) -> Result<()> {
                     "run": m.run, "case": m.case.key(), "bytes": m.bytes, "tokens": m.tokens,
                     "seconds": m.wall.as_secs_f64(), "gb_per_s": m.gbps(), "mtok_per_s": m.mtoks(),
                     "ratio_to_plain": base(m.run).map(|b| m.gbps() / b),
+                    "ratio_to_memcpy": base_memcpy(m.run).map(|b| m.gbps() / b),
+                    "consumer_cpu_ratio_to_tcp": cpu_vs_tcp(m),
                     "consumer_cpu_s": m.consumer_cpu.as_secs_f64(),
                     "consumer_cpu_s_per_gb": m.per_gb(m.consumer_cpu),
                     "peer_cpu_s": m.peer_cpu.map(|d| d.as_secs_f64()),
@@ -324,7 +405,9 @@ pub fn run(a: &Args) -> Result<()> {
         "GB/s",
         "Mtok/s",
         "ratio",
+        "vs memcpy",
         "consumer CPU s/GB",
+        "vs TCP",
         "peer CPU s/GB",
         "load",
     ])
@@ -336,7 +419,9 @@ pub fn run(a: &Args) -> Result<()> {
             f(m.gbps(), 3),
             f(m.mtoks(), 1),
             base(m.run).map_or("-".into(), |b| f(m.gbps() / b, 2)),
+            base_memcpy(m.run).map_or("-".into(), |b| f(m.gbps() / b, 2)),
             f(m.per_gb(m.consumer_cpu), 3),
+            cpu_vs_tcp(m).map_or("-".into(), |r| f(r, 3)),
             m.peer_cpu.map_or("-".into(), |d| f(m.per_gb(d), 3)),
             m.load.clone(),
         ]);
@@ -347,7 +432,9 @@ pub fn run(a: &Args) -> Result<()> {
         "case (over runs: min–max)",
         "GB/s",
         "ratio to plain",
+        "ratio to memcpy",
         "consumer CPU s/GB",
+        "consumer CPU vs TCP",
         "peer CPU s/GB",
     ]);
     for &case in &a.cases {
@@ -368,7 +455,14 @@ pub fn run(a: &Args) -> Result<()> {
                     .collect(),
                 2,
             ),
+            range(
+                of.iter()
+                    .filter_map(|m| base_memcpy(m.run).map(|b| m.gbps() / b))
+                    .collect(),
+                2,
+            ),
             range(of.iter().map(|m| m.per_gb(m.consumer_cpu)).collect(), 3),
+            range(of.iter().filter_map(|m| cpu_vs_tcp(m)).collect(), 3),
             range(
                 of.iter()
                     .filter_map(|m| m.peer_cpu.map(|d| m.per_gb(d)))

@@ -149,7 +149,7 @@ pub fn run(a: &Args) -> Result<()> {
     if a.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
-    let agent = AgentProc::spawn(&ds.dir, a.prefetch_frames)?;
+    let agent = AgentProc::spawn(&ds.dir, a.prefetch_frames, false)?;
     // One of each first, not counted: starts the client's control runtime and brings the
     // dataset's index into the page cache.
     once(a, &ds, &agent, Case::Agent, false)?;
