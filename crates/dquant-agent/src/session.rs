@@ -479,6 +479,13 @@ fn produce(
     let out_width = output_width(output);
     // Checks that cannot fail are skipped: a u16 dataset always fits a u16 wire and output.
     let bound = pipeline.max_token_bound();
+    let plain_out = Codec {
+        width: out_width,
+        compression: Compression::None,
+    };
+    if wire == WireCodec::Fixed(plain_out) {
+        return produce_plain(pipeline, output, sink, stats, cancel);
+    }
     let mut enc = Encoders::default();
     let mut payload = Vec::new();
     loop {
@@ -539,6 +546,56 @@ fn produce(
             Err(SinkError::Codec(e)) => return Err(format!("batch {}: {e}", b.index)),
         }
         if sink.flush_if_idle().is_err() {
+            return Ok(false);
+        }
+    }
+}
+
+/// [`produce`] for a wire codec that is the output dtype itself: each batch comes from
+/// [`Pipeline::next_batch_into`] in its final form (from a dataset that stores that dtype,
+/// read straight from the page cache with no conversion), and its bytes go into frames as
+/// they are.
+fn produce_plain(
+    pipeline: &mut Pipeline,
+    output: OutputDType,
+    sink: &mut FrameSink<'_>,
+    stats: &mut Stats,
+    cancel: &AtomicBool,
+) -> Result<bool, String> {
+    let sample_len = pipeline.sample_len();
+    let width = output_width(output);
+    let codec = Codec {
+        width,
+        compression: Compression::None,
+    };
+    let full = pipeline.schedule().batch_size() as usize * sample_len * output.itemsize();
+    let mut batch = vec![0u8; full];
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let Some(b) = pipeline
+            .next_batch_into(width, &mut batch)
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(true);
+        };
+        let payload_len = b.samples * sample_len * output.itemsize();
+        let h = BatchHeader {
+            codec,
+            index: b.index,
+            samples: b.samples as u32,
+            sample_len: sample_len as u32,
+            payload_len: payload_len as u32,
+            cursor_epoch: b.cursor.epoch,
+            cursor_consumed: b.cursor.consumed_samples,
+        };
+        stats.records += 1;
+        stats.tokens += (b.samples * sample_len) as u64;
+        if sink.write(&h.encode()).is_err()
+            || sink.write(&batch[..payload_len]).is_err()
+            || sink.flush_if_idle().is_err()
+        {
             return Ok(false);
         }
     }
@@ -616,28 +673,41 @@ pub(crate) fn stream_ring(
     };
     let sample_len = pipeline.sample_len();
     let slot_size = ring.layout().slot_size;
+    let full = RECORD_HEADER_LEN as u64
+        + pipeline.schedule().batch_size() * sample_len as u64 * output.itemsize() as u64;
+    if full > slot_size {
+        return fail(format!(
+            "the ring's slots hold {slot_size} bytes; this plan's batches need {full} ({output})"
+        ));
+    }
     let mut stats = Stats::default();
     loop {
         if cancel.load(Ordering::Relaxed) {
             return Ok(stats);
         }
-        let b = match next_checked(&mut pipeline, out_width) {
+        // A free slot first, then the batch straight into it: from a dataset that stores the
+        // output dtype, that is one read from the page cache into the consumer's memory.
+        let mut slot = match ring.reserve_timeout(RING_POLL) {
+            Ok(slot) => slot,
+            Err(RingError::Timeout(_)) => continue,
+            Err(RingError::ConsumerGone) => return Err("client went away".into()),
+            Err(e) => return fail(e.to_string()),
+        };
+        let (head, body) = slot.split_at_mut(RECORD_HEADER_LEN);
+        let b = match pipeline
+            .next_batch_into(out_width, &mut body[..full as usize - RECORD_HEADER_LEN])
+        {
             Ok(Some(b)) => b,
             Ok(None) => {
+                // The reserved slot is simply never committed.
                 ring.close();
                 return Ok(stats);
             }
             // Dropping `ring` (on return) marks it aborted, after the message is on the socket.
-            Err(m) => return fail(m),
+            Err(e) => return fail(e.to_string()),
         };
-        let payload_len = out_width.encoded_len(b.tokens.len());
-        let len = RECORD_HEADER_LEN + payload_len;
-        if len as u64 > slot_size {
-            return fail(format!(
-                "batch {} is {len} bytes in {output}; the ring's slots hold {slot_size}",
-                b.index
-            ));
-        }
+        let tokens = b.samples * sample_len;
+        let payload_len = out_width.encoded_len(tokens);
         let h = BatchHeader {
             codec,
             index: b.index,
@@ -647,26 +717,11 @@ pub(crate) fn stream_ring(
             cursor_epoch: b.cursor.epoch,
             cursor_consumed: b.cursor.consumed_samples,
         };
-        loop {
-            match ring.reserve_timeout(RING_POLL) {
-                Ok(mut slot) => {
-                    slot[..RECORD_HEADER_LEN].copy_from_slice(&h.encode());
-                    if let Err(e) =
-                        encode_width(out_width, b.tokens, &mut slot[RECORD_HEADER_LEN..len])
-                    {
-                        return fail(format!("batch {}: {e}", b.index));
-                    }
-                    slot.commit(len).map_err(|e| e.to_string())?;
-                    break;
-                }
-                Err(RingError::Timeout(_)) if !cancel.load(Ordering::Relaxed) => {}
-                Err(RingError::Timeout(_)) => return Ok(stats),
-                Err(RingError::ConsumerGone) => return Err("client went away".into()),
-                Err(e) => return fail(e.to_string()),
-            }
-        }
+        head.copy_from_slice(&h.encode());
+        let len = RECORD_HEADER_LEN + payload_len;
+        slot.commit(len).map_err(|e| e.to_string())?;
         stats.records += 1;
-        stats.tokens += b.tokens.len() as u64;
+        stats.tokens += tokens as u64;
         stats.wire_bytes += len as u64;
     }
 }

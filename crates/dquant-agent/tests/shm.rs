@@ -320,7 +320,7 @@ fn batches_are_viewed_in_the_ring_without_a_copy() {
     let c = Corpus::new();
     let (_agent, sock) = agent_with_socket(&c);
     let p = plan(&[("r50k", 1.0)], 255, 8);
-    let mut r = open(&sock, &p, Offload::Yes).unwrap();
+    let mut r = open(&format!("{sock}?slots=8"), &p, Offload::Yes).unwrap();
     // (Other tests in this process may have rings of their own mapped meanwhile.)
     let maps = ring_mappings();
     assert!(!maps.is_empty());
@@ -339,7 +339,7 @@ fn batches_are_viewed_in_the_ring_without_a_copy() {
         );
         seen.insert(start);
     }
-    // The default 8 slots take turns.
+    // The 8 slots take turns.
     assert_eq!(seen.len(), 8);
     // Over TCP, batches are copied out of frames into the reader's buffer instead.
     let mut t = open(&format!("{sock}?transport=tcp"), &p, Offload::Yes).unwrap();

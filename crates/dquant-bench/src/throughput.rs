@@ -251,30 +251,45 @@ fn stream(
     })
 }
 
-/// The shared-memory baseline: `bytes` copied by one thread from a batch-sized source into a
-/// destination of `slots` batch-sized slots, cycling through them as a ring producer would.
-fn memcpy(run: usize, bytes: u64, batch: usize, itemsize: u64) -> Result<M> {
-    const SLOTS: usize = dquant_client::shm::DEFAULT_SLOTS as usize;
+/// Source bytes of the memcpy baseline: far beyond the last-level cache, so it measures
+/// memory bandwidth (as STREAM's copy does), not cache bandwidth. The agent's own source, the
+/// page cache of a 2 GiB dataset, is not cache resident either.
+const MEMCPY_SOURCE: usize = 512 << 20;
+
+/// The shared-memory baseline: `bytes` copied by one thread, batch by batch, from a large
+/// source into a destination laid out as the client's ring (its default slot count and
+/// size for this plan), cycling through the slots as a ring producer would.
+fn memcpy(run: usize, bytes: u64, a: &Args, ds: &DataSpec) -> Result<M> {
+    let plan = a.plan.plan(&ds.local(), false);
+    let slot = dquant_client::shm::slot_size(&plan) as usize;
+    let slots = dquant_client::shm::default_slots(slot as u64) as usize;
+    let batch = plan.batch_size as usize * (plan.seq_len as usize + 1) * plan.output.itemsize();
     let load = procs::loadavg();
-    let src: Vec<u8> = (0..batch).map(|i| (i * 31) as u8).collect();
-    let mut dst = vec![0u8; batch * SLOTS];
+    let src: Vec<u8> = (0..MEMCPY_SOURCE.max(batch))
+        .map(|i| (i * 31) as u8)
+        .collect();
+    let mut dst = vec![0u8; slot * slots];
     let cpu0 = procs::self_cpu();
     let t0 = Instant::now();
-    let (mut left, mut slot) = (bytes, 0usize);
+    let (mut left, mut at, mut i) = (bytes, 0usize, 0usize);
     while left > 0 {
         let k = (batch as u64).min(left) as usize;
-        let d = &mut dst[slot * batch..slot * batch + k];
-        d.copy_from_slice(&src[..k]);
+        if at + k > src.len() {
+            at = 0;
+        }
+        let d = &mut dst[(i % slots) * slot..][..k];
+        d.copy_from_slice(&src[at..at + k]);
         std::hint::black_box(d);
         left -= k as u64;
-        slot = (slot + 1) % SLOTS;
+        at += k;
+        i += 1;
     }
     let wall = t0.elapsed();
     Ok(M {
         run,
         case: Case::Memcpy,
         bytes,
-        tokens: bytes / itemsize,
+        tokens: bytes / a.plan.output_itemsize(),
         wall,
         consumer_cpu: procs::self_cpu() - cpu0,
         peer_cpu: None,
@@ -311,9 +326,6 @@ pub fn run(a: &Args) -> Result<()> {
     } else {
         None
     };
-    let batch_bytes = a.plan.batch_size as usize
-        * (a.plan.seq_len as usize + 1)
-        * a.plan.output_itemsize() as usize;
     let mut ms: Vec<M> = Vec::new();
     for run in 1..=a.runs {
         for &case in &a.cases {
@@ -321,7 +333,7 @@ pub fn run(a: &Args) -> Result<()> {
                 Case::Plain | Case::Framed | Case::Threaded => {
                     plain(run, case, expect, a.copy_buf, a.plan.output_itemsize())?
                 }
-                Case::Memcpy => memcpy(run, expect, batch_bytes, a.plan.output_itemsize())?,
+                Case::Memcpy => memcpy(run, expect, a, &ds)?,
                 Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled => {
                     stream(run, case, a, &ds, agent.as_ref(), expect)?
                 }

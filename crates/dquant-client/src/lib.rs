@@ -28,7 +28,7 @@ use dquant_plan::{Cursor, OutputDType, Plan, PlanError, Source};
 use dquant_proto::v1::{OpenRequest, StatRequest};
 use dquant_transport::{BatchHeader, RecordReader, WireError};
 
-pub use pipeline::{check_fits, output_width, Pipeline, TokenBatch};
+pub use pipeline::{check_fits, output_width, BatchInfo, Pipeline, TokenBatch};
 pub use remote::{AgentUri, Control, RemoteSource, Transport};
 pub use source::{LocalSource, SourceError, TokenSource};
 
@@ -203,8 +203,7 @@ pub fn open_source(
 enum Engine {
     Local {
         pipeline: Box<Pipeline>,
-        /// The sources' largest possible token (checks against wider outputs are skipped).
-        bound: u32,
+        batch_size: usize,
     },
     Remote {
         control: Control,
@@ -265,7 +264,7 @@ impl Reader {
         let (rank_batches, rank_samples) = (s.rank_batches(), s.rank_samples());
         Ok(Self::new(
             Engine::Local {
-                bound: pipeline.max_token_bound(),
+                batch_size: plan.batch_size as usize,
                 pipeline: Box::new(pipeline),
             },
             plan,
@@ -415,20 +414,15 @@ impl Reader {
             ..
         } = self;
         let (bytes, index, samples, cursor) = match engine {
-            Engine::Local { pipeline, bound } => {
-                let Some(b) = pipeline.next_batch()? else {
+            Engine::Local {
+                pipeline,
+                batch_size,
+            } => {
+                let full = *batch_size * *sample_len * item;
+                let Some(b) = pipeline.next_batch_into(width, batch_bytes(batch, full))? else {
                     return Ok(false);
                 };
-                if *bound > width.max_token() {
-                    check_fits(&b, *sample_len, width, "")?;
-                }
-                let bytes = b.tokens.len() * item;
-                if store_plain(width, b.tokens, batch_bytes(batch, bytes)).is_err() {
-                    // Only if a source holds a token above the maximum its metadata claims:
-                    // name it as the check would have.
-                    check_fits(&b, *sample_len, width, "")?;
-                }
-                (bytes, b.index, b.samples, b.cursor)
+                (b.samples * *sample_len * item, b.index, b.samples, b.cursor)
             }
             Engine::Remote {
                 records,

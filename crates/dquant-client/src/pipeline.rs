@@ -5,6 +5,7 @@
 //! differ only in what they do with the tokens (store them in the output dtype here, encode
 //! them with the wire codec there). That is why offloaded and local runs are byte-identical.
 
+use std::io::IoSliceMut;
 use std::ops::Range;
 
 use dquant_codec::kernels::first_over;
@@ -42,6 +43,18 @@ pub struct Pipeline {
     ranges: Vec<Vec<Range<u64>>>,
     slots: Vec<Vec<usize>>,
     read: Vec<u32>,
+    /// The width every source stores its tokens in, when they all store the same one
+    /// ([`TokenSource::stored_width`]): batches in that width are then copied, not converted.
+    stored: Option<Width>,
+}
+
+/// Where a batch written by [`Pipeline::next_batch_into`] sits in the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchInfo {
+    pub index: u64,
+    pub samples: usize,
+    /// The cursor once this batch is consumed.
+    pub cursor: Cursor,
 }
 
 impl Pipeline {
@@ -68,6 +81,8 @@ impl Pipeline {
         let schedule = Schedule::new(plan, &infos)?;
         let iter = schedule.iter_rank(cursor)?;
         let n = sources.len();
+        let stored = sources[0].stored_width();
+        let stored = stored.filter(|&w| sources.iter().all(|s| s.stored_width() == Some(w)));
         Ok(Pipeline {
             schedule,
             iter,
@@ -79,6 +94,7 @@ impl Pipeline {
             ranges: vec![Vec::new(); n],
             slots: vec![Vec::new(); n],
             read: Vec::new(),
+            stored,
         })
     }
 
@@ -108,6 +124,106 @@ impl Pipeline {
     /// The plan's source URI `d`, as the plan spelled it (for error messages).
     pub fn uri(&self, d: usize) -> &str {
         &self.uris[d]
+    }
+
+    /// The next batch written into `out` in `width` (byte-aligned), every token checked to
+    /// fit it exactly as [`check_fits`] reports; returns where the batch sits, or `None` at
+    /// the end. `out` must hold a full batch (`batch_size × sample_len` tokens); the batch
+    /// fills its first `samples × sample_len × width` bytes.
+    ///
+    /// When every source stores `width` itself (a uint16 dataset into a `u16` batch), each
+    /// sample is one read straight into `out`: no conversion, and no check, since a stored
+    /// value cannot exceed its own width. Otherwise tokens are read as u32 and encoded.
+    pub fn next_batch_into(
+        &mut self,
+        width: Width,
+        out: &mut [u8],
+    ) -> Result<Option<BatchInfo>, ClientError> {
+        let bw = width
+            .byte_width()
+            .expect("next_batch_into takes byte-aligned widths");
+        let l = self.sample_len;
+        if self.stored == Some(width) {
+            let Some(b) = self.iter.next_batch() else {
+                return Ok(None);
+            };
+            let need = b.samples.len() * l * bw;
+            if out.len() < need {
+                return Err(ClientError::Usage(format!(
+                    "next_batch_into: {} bytes for a batch of {need}",
+                    out.len()
+                )));
+            }
+            // Consecutive samples of one source that continue each other (packing makes a
+            // sample start on the last token of the one before) are one contiguous range of
+            // the file: one vectored read fills all their rows, each but the last one token
+            // short, and the shared tokens are copied after.
+            let row = l * bw;
+            let mut rows: Vec<&mut [u8]> = out[..need].chunks_exact_mut(row).collect();
+            let samples = &b.samples;
+            let mut k = 0;
+            while k < samples.len() {
+                let src = samples[k].source;
+                let mut end = k + 1;
+                while end < samples.len()
+                    && samples[end].source == src
+                    && samples[end].tokens.start + 1 == samples[end - 1].tokens.end
+                {
+                    end += 1;
+                }
+                let last = end - 1;
+                let mut bufs: Vec<IoSliceMut<'_>> = rows[k..end]
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let n = if k + i == last { row } else { row - bw };
+                        IoSliceMut::new(&mut r[..n])
+                    })
+                    .collect();
+                self.sources[src]
+                    .read_stored(samples[k].tokens.start, &mut bufs)
+                    .map_err(|source| ClientError::Source {
+                        index: src,
+                        uri: self.uris[src].clone(),
+                        source,
+                    })?;
+                drop(bufs);
+                for i in k..last {
+                    let (a, b) = rows.split_at_mut(i + 1);
+                    a[i][row - bw..].copy_from_slice(&b[0][..bw]);
+                }
+                k = end;
+            }
+            return Ok(Some(BatchInfo {
+                index: b.index,
+                samples: b.samples.len(),
+                cursor: self.iter.cursor(),
+            }));
+        }
+        let bound = self.max_token_bound();
+        let Some(b) = self.next_batch()? else {
+            return Ok(None);
+        };
+        if bound > width.max_token() {
+            check_fits(&b, l, width, "")?;
+        }
+        let need = b.tokens.len() * bw;
+        if out.len() < need {
+            return Err(ClientError::Usage(format!(
+                "next_batch_into: {} bytes for a batch of {need}",
+                out.len()
+            )));
+        }
+        if dquant_codec::encode_width(width, b.tokens, &mut out[..need]).is_err() {
+            // Only if a source holds a token above the maximum its metadata claims: name it
+            // as the check would have.
+            check_fits(&b, l, width, "")?;
+        }
+        Ok(Some(BatchInfo {
+            index: b.index,
+            samples: b.samples,
+            cursor: b.cursor,
+        }))
     }
 
     /// The next batch's tokens; `None` at the end of the rank's stream.

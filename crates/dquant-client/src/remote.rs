@@ -42,8 +42,10 @@ pub enum Transport {
 /// Either may end in options, `?transport=shm|tcp&verify=true|false&slots=N`:
 /// `transport` overrides the default above (`shm` with a TCP address needs the agent to
 /// have a Unix socket on this host; `tcp` with a path uses the agent's data port on
-/// loopback); `verify` checks each ring batch's crc32c (default false: see
-/// [`dquant_transport::ring::RingConsumer::set_verify`]); `slots` sizes the ring (default 8).
+/// loopback); `verify` has the agent compute, and this process check, each ring batch's
+/// crc32c (default false: see [`dquant_transport::ring::RingConsumer::create_with`]);
+/// `slots` sizes the ring (default:
+/// [`crate::shm::default_slots`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentUri {
     /// `HOST:PORT`, or the socket path for a Unix-socket agent.

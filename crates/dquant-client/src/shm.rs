@@ -18,23 +18,32 @@ use dquant_plan::Plan;
 use dquant_proto::v1::OpenReply;
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::RECORD_HEADER_LEN;
-use dquant_transport::ring::layout::{DEFAULT_SLOT_SIZE, PAGE};
+use dquant_transport::ring::layout::PAGE;
 use dquant_transport::ring::{RingConsumer, RingError};
 use dquant_transport::{BatchHeader, BufferPool, FrameReader, WireError};
 
 use crate::remote::{hello_of, AgentUri};
 use crate::{output_width, ClientError};
 
-/// Slots in a ring unless the address says `slots=N`: the same prefetch depth as the TCP
-/// path's default of 8 frames.
-pub const DEFAULT_SLOTS: u32 = 8;
+/// Bytes of batches a ring holds by default: the TCP path's default prefetch (8 frames of
+/// 1 MiB).
+pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 
-/// The slot size for `plan`: one whole batch record, at least [`DEFAULT_SLOT_SIZE`], page
-/// aligned.
+/// The slot size for `plan`: one whole batch record (header and tokens in the output
+/// dtype), page aligned. Slots are sized to the batch rather than fixed at 1 MiB: a slot
+/// holds exactly one batch, so a smaller one would not fit it and a larger one is memory
+/// the batch never uses.
 pub fn slot_size(plan: &Plan) -> u64 {
     let tokens = u64::from(plan.batch_size) * (u64::from(plan.seq_len) + 1);
     let record = RECORD_HEADER_LEN as u64 + tokens * plan.output.itemsize() as u64;
-    record.max(DEFAULT_SLOT_SIZE).div_ceil(PAGE) * PAGE
+    record.div_ceil(PAGE) * PAGE
+}
+
+/// Slots in a ring of `slot_size` slots unless the address says `slots=N`: enough for
+/// [`DEFAULT_RING_BYTES`], at least 4 (so the agent can run ahead while the consumer holds
+/// one and wakes are batched) and at most 1024.
+pub fn default_slots(slot_size: u64) -> u32 {
+    DEFAULT_RING_BYTES.div_ceil(slot_size).clamp(4, 1024) as u32
 }
 
 /// A session's ring and the socket it was handed over on.
@@ -69,10 +78,11 @@ impl Shm {
             )));
         };
         let hello = hello_of(reply).map_err(ClientError::from_agent)?;
-        let slots = uri.slots.unwrap_or(DEFAULT_SLOTS);
+        let size = slot_size(plan);
+        let slots = uri.slots.unwrap_or_else(|| default_slots(size));
         let ring_err = |e: RingError| ClientError::Agent(format!("shared-memory ring: {e}"));
-        let (mut ring, fds) = RingConsumer::create(slots, slot_size(plan)).map_err(ring_err)?;
-        ring.set_verify(uri.verify);
+        let (mut ring, fds) =
+            RingConsumer::create_with(slots, size, uri.verify).map_err(ring_err)?;
         let sock = UnixStream::connect(&path).map_err(connect_err(&path))?;
         fds.send_with(&sock, &hello.encode()).map_err(ring_err)?;
         // Our copies of the descriptors go now: the agent holds its own.

@@ -5,10 +5,11 @@
 //! dataset on another agent ([`crate::remote::RemoteSource`]) are interchangeable: that is
 //! what lets an agent near the host chain to an agent near the storage.
 
+use std::io::IoSliceMut;
 use std::ops::Range;
 use std::path::Path;
 
-use dquant_codec::CodecError;
+use dquant_codec::{CodecError, Width};
 use dquant_format::{DType, FormatError};
 use dquant_plan::Source;
 use dquant_storage::{Dataset, Format, OpenOptions, ReadBuffers, StorageError};
@@ -50,6 +51,24 @@ pub trait TokenSource: Send {
     /// Fills `out` with the tokens of `ranges`, back to back; `out` holds exactly their
     /// total length.
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError>;
+
+    /// The width the source stores its tokens in, when its stored bytes are exactly that
+    /// width's little-endian encoding and every stored value is a valid token of it (so
+    /// copying them needs no conversion and no check): e.g. `u16` for a Megatron uint16
+    /// dataset. `None` (the default) when tokens must be decoded.
+    fn stored_width(&self) -> Option<Width> {
+        None
+    }
+
+    /// Copies the stored bytes of the tokens from `start` into `bufs`, in order (each a whole
+    /// number of tokens of [`stored_width`](TokenSource::stored_width)). Only called when
+    /// that is `Some`.
+    fn read_stored(&mut self, start: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<(), SourceError> {
+        let _ = (start, bufs);
+        Err(SourceError::Usage(
+            "read_stored: this source has no stored width to copy".into(),
+        ))
+    }
 }
 
 /// A dataset on this machine.
@@ -108,6 +127,21 @@ impl TokenSource for LocalSource {
             .stored_max_token()
             .unwrap_or(by_format)
             .min(by_format)
+    }
+
+    fn stored_width(&self) -> Option<Width> {
+        match self.ds.format() {
+            // Only unsigned 16-bit: every stored value is a valid token. Signed stored
+            // dtypes may hold negative values, which decoding rejects.
+            Format::Megatron { dtype: DType::U16 } | Format::Raw { dtype: DType::U16 } => {
+                Some(Width::U16)
+            }
+            _ => None,
+        }
+    }
+
+    fn read_stored(&mut self, start: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<(), SourceError> {
+        Ok(self.ds.read_stored_vectored(start, bufs)?)
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {

@@ -292,3 +292,87 @@ fn next_batch_refuses_to_skip_a_partly_read_batch() {
     assert_eq!(r.read(&mut rest).unwrap(), rest.len());
     assert_eq!(r.next_batch().unwrap().unwrap().index, 1);
 }
+
+/// A uint16 dataset read into u16 batches takes the stored fast path (one vectored read per
+/// run of consecutive samples, no conversion). Its streams must equal the decoding path's
+/// (the same tokens stored as int32), byte for byte: unshuffled (long runs), shuffled (runs
+/// of one), blended across two stored sources, over epochs, on a rank, resumed, and through
+/// both `next_batch` and `read`.
+#[test]
+fn the_stored_fast_path_equals_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    // A second uint16 source (a raw file of the same tokens), so blends stay on the fast
+    // path, and its int32 twin for the reference.
+    let toks = all_tokens(&fixture("r50k_int32"));
+    let raw16 = dir.path().join("r50k.u16");
+    let raw32 = dir.path().join("r50k.i32");
+    std::fs::write(
+        &raw16,
+        toks.iter()
+            .flat_map(|&t| (t as u16).to_le_bytes())
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    std::fs::write(
+        &raw32,
+        toks.iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let raw = |p: &Path, dtype: &str| {
+        let mut s = Source::new(p.display().to_string());
+        s.dtype = Some(dtype.into());
+        s
+    };
+    let fast = vec![
+        Source::new(fixture("r50k_uint16")).weight(0.6),
+        raw(&raw16, "uint16").weight(0.4),
+    ];
+    let slow = vec![
+        Source::new(fixture("r50k_int32")).weight(0.6),
+        raw(&raw32, "int32").weight(0.4),
+    ];
+    for (shuffle, epochs, world, rank, sources) in [
+        (false, 3, 1, 0, 1),
+        (true, 2, 1, 0, 1),
+        (false, 2, 1, 0, 2),
+        (true, 1, 1, 0, 2),
+        (false, 2, 3, 2, 2),
+    ] {
+        let mk = |srcs: &Vec<Source>| {
+            let mut p = plan(srcs[..sources].to_vec(), OutputDType::U16);
+            p.shuffle = shuffle;
+            p.epochs = Some(epochs);
+            p.world = world;
+            p.rank = rank;
+            p
+        };
+        let (pf, ps) = (mk(&fast), mk(&slow));
+        let what =
+            format!("shuffle={shuffle} epochs={epochs} rank {rank}/{world} sources={sources}");
+        let (a, sa) = batches(&pf, Cursor::START);
+        let (b, sb) = batches(&ps, Cursor::START);
+        assert_eq!(sa, sb, "{what}");
+        assert!(a == b, "{what}: the fast path gives a different stream");
+        let mid = Cursor {
+            epoch: 0,
+            consumed_samples: (sa.len() as u64 / 2) * 4 * world as u64,
+        };
+        assert!(
+            batches(&pf, mid).0 == batches(&ps, mid).0,
+            "{what}: resumed"
+        );
+        let mut r = Reader::local(&pf, Cursor::START).unwrap();
+        let mut via_read = Vec::new();
+        let mut buf = vec![0u8; 777];
+        loop {
+            let n = r.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            via_read.extend_from_slice(&buf[..n]);
+        }
+        assert!(via_read == a, "{what}: read");
+    }
+}

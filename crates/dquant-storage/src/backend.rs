@@ -1,7 +1,7 @@
 //! Byte sources.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, IoSliceMut};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 /// This is the whole contract a storage backend must meet: local files implement it with
 /// `pread`; an S3-compatible store implements it with ranged GETs. Readers batch their
 /// requests into few large contiguous ranges (a block file's covering blocks), so the trait
-/// needs no vectored or async variant to be efficient.
+/// needs no async variant to be efficient. The one vectored call exists for copying stored
+/// tokens straight into a batch: consecutive samples of a stream are one contiguous range of
+/// the file, but land in separate rows of the batch, and one `preadv` fills them all.
 pub trait ReadAt: Send + Sync {
     /// Object length in bytes.
     fn len(&self) -> u64;
@@ -22,6 +24,18 @@ pub trait ReadAt: Send + Sync {
 
     /// Fills `buf` from `offset`; a short object is an `UnexpectedEof` error.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Fills `bufs` in order from the contiguous bytes at `offset`, as
+    /// [`read_exact_at`](ReadAt::read_exact_at) would one after the other (which is what
+    /// the default does).
+    fn read_exact_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for b in bufs.iter_mut() {
+            self.read_exact_at(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
 }
 
 /// A local file read with `pread`.
@@ -61,5 +75,34 @@ impl ReadAt for LocalFile {
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         FileExt::read_exact_at(&self.file, buf, offset)
+    }
+
+    /// One `preadv` per call (more only when the kernel returns short).
+    fn read_exact_vectored_at(
+        &self,
+        mut bufs: &mut [IoSliceMut<'_>],
+        mut offset: u64,
+    ) -> io::Result<()> {
+        // preadv takes at most IOV_MAX (1024) buffers.
+        const IOV_MAX: usize = 1024;
+        IoSliceMut::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            let n = bufs.len().min(IOV_MAX);
+            match rustix::io::preadv(&self.file, &mut bufs[..n], offset) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "failed to fill whole buffer",
+                    ))
+                }
+                Ok(k) => {
+                    offset += k as u64;
+                    IoSliceMut::advance_slices(&mut bufs, k);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 }

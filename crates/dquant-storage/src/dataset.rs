@@ -1,7 +1,7 @@
 //! Opening token datasets of any supported format and reading token ranges from them.
 
 use std::fmt;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, IoSliceMut};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -389,6 +389,49 @@ impl Dataset {
         out.clear();
         out.resize(range.end.saturating_sub(range.start) as usize, 0);
         self.read_into(range, out, bufs)
+    }
+
+    /// Copies the stored bytes of the tokens from `start` into `bufs`, in order, with one
+    /// read and no conversion: the fast path for a consumer that wants tokens in the very
+    /// dtype the file stores (each buffer a whole number of tokens). Only plain (Megatron and
+    /// raw) files have stored bytes to copy; block files are an error (their blocks must be
+    /// decoded).
+    pub fn read_stored_vectored(
+        &self,
+        start: u64,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> Result<(), StorageError> {
+        let Source::Plain { file, dtype } = &self.source else {
+            return Err(StorageError::Usage(format!(
+                "{}: a block file has no stored token bytes to copy; read tokens instead",
+                self.path.display()
+            )));
+        };
+        let item = dtype.itemsize() as u64;
+        let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let end = start.saturating_add(bytes / item);
+        if bufs.iter().any(|b| !(b.len() as u64).is_multiple_of(item)) || end > self.tokens() {
+            return Err(StorageError::Usage(format!(
+                "{}: stored read of {bytes} bytes at token {start}: not whole {item}-byte tokens inside the dataset's {}",
+                self.path.display(),
+                self.tokens()
+            )));
+        }
+        file.read_exact_vectored_at(bufs, start * item)
+            .map_err(|e| {
+                if e.kind() == ErrorKind::UnexpectedEof {
+                    StorageError::format(
+                        file.path(),
+                        FormatError::Truncated {
+                            what: "file".into(),
+                            needed: end * item,
+                            have: file.len(),
+                        },
+                    )
+                } else {
+                    StorageError::io(file.path(), e)
+                }
+            })
     }
 
     /// Fills `out` (exactly `range.end - range.start` long) with the tokens of `range`, as

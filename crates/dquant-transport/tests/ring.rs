@@ -228,7 +228,7 @@ fn meta_bytes(
     layout: &Layout,
     tweak: impl FnOnce(&mut dquant_transport::ring::layout::Meta),
 ) -> Vec<u8> {
-    let mut m = layout.meta();
+    let mut m = layout.meta(0);
     tweak(&mut m);
     let mut v = Vec::new();
     v.extend(m.magic.to_ne_bytes());
@@ -238,6 +238,8 @@ fn meta_bytes(
     v.extend(m.records_offset.to_ne_bytes());
     v.extend(m.slots_offset.to_ne_bytes());
     v.extend(m.total_len.to_ne_bytes());
+    v.extend(m.flags.to_ne_bytes());
+    v.extend(m.reserved.to_ne_bytes());
     v
 }
 
@@ -264,7 +266,15 @@ fn attach_rejects_bad_headers_and_sizes() {
             l.total_len,
             true
         )),
-        "ring header: version 9 not supported (expected 1)"
+        "ring header: version 9 not supported (expected 2)"
+    );
+    assert_eq!(
+        attach_err(memfd_with(
+            &meta_bytes(&l, |m| m.flags = 6),
+            l.total_len,
+            true
+        )),
+        "ring header: unknown flags 0x6 (known: 0x1)"
     );
     assert_eq!(
         attach_err(memfd_with(
@@ -280,7 +290,7 @@ fn attach_rejects_bad_headers_and_sizes() {
             l.total_len,
             true
         )),
-        "ring header: field slots_offset is 4096, expected 16384 for 1000 slots of 4096 bytes"
+        "ring header: field slots_offset is 4096, expected 20480 for 1000 slots of 4096 bytes"
     );
     assert_eq!(
         attach_err(memfd_with(
@@ -292,7 +302,7 @@ fn attach_rejects_bad_headers_and_sizes() {
     );
     assert_eq!(
         attach_err(memfd_with(&[], 100, true)),
-        "ring header: memfd is 100 bytes, smaller than the 384-byte header"
+        "ring header: memfd is 100 bytes, smaller than the 448-byte header"
     );
     let e = attach_err(memfd_with(&meta_bytes(&l, |_| {}), l.total_len, false));
     assert!(
@@ -319,4 +329,47 @@ fn commit_rejects_oversized_batches_and_consumer_drop_unblocks_producer() {
         t.join().unwrap().as_deref(),
         Some("ring: consumer went away")
     );
+}
+
+/// A batch changed after it was published (a buggy producer, or memory corruption): with
+/// checksums the consumer refuses it with an exact error; without, sequence and length are
+/// still checked but the bytes are delivered as they are.
+#[test]
+fn checksums_catch_a_batch_changed_after_publishing() {
+    for checksums in [true, false] {
+        let (mut consumer, fds) = RingConsumer::create_with(2, 4096, checksums).unwrap();
+        let spy = fds.memfd.try_clone().unwrap();
+        let slots_offset = consumer.layout().slots_offset as usize;
+        let total = consumer.layout().total_len as usize;
+        let mut producer = RingProducer::attach(fds).unwrap();
+        let mut slot = producer.reserve().unwrap();
+        slot[..4].copy_from_slice(b"good");
+        slot.commit(4).unwrap();
+        // SAFETY: a fresh shared mapping of the whole memfd (its size is sealed), unmapped
+        // below; the test is the only writer while the batch sits published.
+        unsafe {
+            let p = rustix::mm::mmap(
+                std::ptr::null_mut(),
+                total,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &spy,
+                0,
+            )
+            .unwrap();
+            *p.cast::<u8>().add(slots_offset) = b'b';
+            rustix::mm::munmap(p, total).unwrap();
+        }
+        let got = consumer.next(WAIT).map(|b| b.map(|b| b.to_vec()));
+        if checksums {
+            let e = got.err().unwrap().to_string();
+            assert!(
+                e.starts_with("ring: batch 0 is corrupt: crc32c 0x")
+                    && e.contains(", record says 0x"),
+                "{e}"
+            );
+        } else {
+            assert_eq!(got.unwrap().unwrap(), b"bood");
+        }
+    }
 }

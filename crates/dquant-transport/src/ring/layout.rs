@@ -7,7 +7,9 @@
 //! offset 192    consumer need-wakeup flag (set/cleared by the consumer, read by the producer)
 //! offset 256    producer need-wakeup flag (set/cleared by the producer, read by the consumer)
 //! offset 320    closed flags (PRODUCER_CLOSED / PRODUCER_ABORTED / CONSUMER_CLOSED)
-//! offset 384    completion records, one per slot: seq u64, len u32, crc32c u32
+//! offset 384    consumer wake threshold (the producer index at which a sleeping consumer
+//!               wants its eventfd written; written by the consumer, read by the producer)
+//! offset 448    completion records, one per slot: seq u64, len u32, crc32c u32
 //! page-aligned  slots: slot_count x slot_size bytes of payload
 //! ```
 //!
@@ -43,6 +45,16 @@
 //!   the flag and writes the eventfd. No wakeup is lost, and a side that keeps up (never finds
 //!   the ring empty/full) never sets the flag and the other side never makes a syscall for it.
 //!   `ring::model` checks this protocol exhaustively on a small state machine.
+//! * **Wake-up batching (interrupt moderation).** A consumer faster than its producer would
+//!   otherwise sleep and be woken once per batch. Before setting its flag it stores a
+//!   threshold `wake_at = consumer + k` (`1 <= k <= slot_count`), and the producer writes the
+//!   eventfd only once its index reaches it; the consumer's re-check uses the same condition.
+//!   The threshold is stored before the fence and read after the producer's, so the argument
+//!   above holds with "index >= wake_at" in place of "index moved". Nothing can wait forever
+//!   on it: a producer that publishes on reaches it, a full ring has `producer = consumer +
+//!   slot_count >= wake_at`, and closing the ring always writes the eventfd. The consumer also
+//!   bounds each such sleep with a short timeout, so a slow producer costs latency of at most
+//!   that, never a stall.
 //! * **Closing.** The producer sets `PRODUCER_CLOSED` with Release after its last publish; the
 //!   consumer, after seeing it (Acquire), re-reads the producer index before reporting the end,
 //!   so no published batch is lost behind the flag.
@@ -57,7 +69,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// `b"DQRING\0\x01"` read as little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"DQRING\0\x01");
 /// Layout version; bumped on any incompatible change.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Default slot size: 1 MiB, the frame payload size of the stream transport.
 pub const DEFAULT_SLOT_SIZE: u64 = 1 << 20;
 /// Slots are page aligned.
@@ -83,7 +95,15 @@ pub struct Meta {
     pub records_offset: u64,
     pub slots_offset: u64,
     pub total_len: u64,
+    /// [`FLAG_CRC`] or 0; no other bits are defined.
+    pub flags: u32,
+    pub reserved: u32,
 }
+
+/// Meta flag: the producer computes each batch's crc32c into its completion record and the
+/// consumer checks it. Without it the record's crc is 0 and unchecked (sequence number and
+/// length are always checked). The consumer chooses, when it creates the ring.
+pub const FLAG_CRC: u32 = 1;
 
 /// A value alone on a 64-byte cache line.
 #[repr(C, align(64))]
@@ -105,6 +125,8 @@ pub struct Header {
     pub producer_wakeup: CacheLine<AtomicU32>,
     /// `PRODUCER_CLOSED | PRODUCER_ABORTED | CONSUMER_CLOSED`.
     pub closed: CacheLine<AtomicU32>,
+    /// While the consumer sleeps: the producer index at which to wake it.
+    pub consumer_wake_at: CacheLine<AtomicU64>,
 }
 
 /// One per slot, written by the producer before it publishes the slot.
@@ -141,6 +163,8 @@ pub enum LayoutError {
     Magic { found: u64 },
     #[error("ring header: version {found} not supported (expected {VERSION})")]
     Version { found: u32 },
+    #[error("ring header: unknown flags {found:#x} (known: {FLAG_CRC:#x})")]
+    Flags { found: u32 },
     #[error("ring header: field {field} is {found}, expected {expected} for {slots} slots of {slot_size} bytes")]
     Field {
         field: &'static str,
@@ -155,7 +179,7 @@ pub enum LayoutError {
 
 const _: () = {
     assert!(size_of::<Meta>() == 64);
-    assert!(size_of::<Header>() == 6 * 64);
+    assert!(size_of::<Header>() == 7 * 64);
     assert!(align_of::<Header>() == 64);
     assert!(size_of::<Record>() == 16);
 };
@@ -194,9 +218,11 @@ impl Layout {
         })
     }
 
-    /// The header the creator writes.
-    pub fn meta(&self) -> Meta {
+    /// The header the creator writes, with `flags`.
+    pub fn meta(&self, flags: u32) -> Meta {
         Meta {
+            flags,
+            reserved: 0,
             magic: MAGIC,
             version: VERSION,
             slot_count: self.slot_count,
@@ -221,6 +247,9 @@ impl Layout {
             return Err(LayoutError::Version {
                 found: meta.version,
             });
+        }
+        if meta.flags & !FLAG_CRC != 0 {
+            return Err(LayoutError::Flags { found: meta.flags });
         }
         let layout = Layout::new(meta.slot_count, meta.slot_size)?;
         for (field, found, expected) in [
@@ -265,10 +294,10 @@ mod tests {
     #[test]
     fn default_layout() {
         let l = Layout::new(4, DEFAULT_SLOT_SIZE).unwrap();
-        assert_eq!(l.records_offset, 384);
+        assert_eq!(l.records_offset, 448);
         assert_eq!(l.slots_offset, 4096);
         assert_eq!(l.total_len, 4096 + 4 * (1 << 20));
-        assert_eq!(Layout::validate(&l.meta(), l.total_len), Ok(l));
+        assert_eq!(Layout::validate(&l.meta(FLAG_CRC), l.total_len), Ok(l));
     }
 
     #[test]
@@ -276,19 +305,19 @@ mod tests {
         assert_eq!(Layout::new(0, 1), Err(LayoutError::SlotCount(0)));
         assert_eq!(Layout::new(1, 0), Err(LayoutError::SlotSize(0)));
         let l = Layout::new(2, 100).unwrap();
-        let mut m = l.meta();
+        let mut m = l.meta(FLAG_CRC);
         m.slots_offset = 0;
         assert_eq!(
             Layout::validate(&m, l.total_len).unwrap_err().to_string(),
             "ring header: field slots_offset is 0, expected 4096 for 2 slots of 100 bytes"
         );
         assert_eq!(
-            Layout::validate(&l.meta(), l.total_len + 1)
+            Layout::validate(&l.meta(FLAG_CRC), l.total_len + 1)
                 .unwrap_err()
                 .to_string(),
             "ring header: memfd is 4297 bytes but the header describes 4296 bytes"
         );
-        m = l.meta();
+        m = l.meta(FLAG_CRC);
         m.magic = 7;
         assert_eq!(
             Layout::validate(&m, l.total_len).unwrap_err().to_string(),

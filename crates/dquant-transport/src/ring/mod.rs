@@ -114,7 +114,7 @@ impl Map {
     fn record(&self, layout: &Layout, index: u32) -> &Record {
         debug_assert!(index < layout.slot_count);
         // SAFETY: `record_offset(index)` plus 16 bytes lies inside the validated layout, is
-        // 16-byte aligned (384 + 16 i), and `Record` is valid for any bit pattern.
+        // 16-byte aligned (448 + 16 i), and `Record` is valid for any bit pattern.
         unsafe {
             &*self
                 .ptr
@@ -231,15 +231,41 @@ pub struct RingConsumer {
     tail: u64,
     /// The batch at `tail` when it has been acquired and not yet released: its slot and length.
     held: Option<(u32, usize)>,
-    /// Check each batch's crc32c (on by default).
+    /// The producer computes, and this side checks, each batch's crc32c ([`layout::FLAG_CRC`]).
     verify: bool,
+    /// Most batches to let accumulate before a sleeping consumer is woken (see `layout`).
+    batch_wakeups: u32,
+    /// Whether the last batched sleep ran out its timeout (the producer is slow: wake on the
+    /// next batch instead). A `Cell` because it changes while the header is borrowed.
+    slow_producer: std::cell::Cell<bool>,
 }
+
+/// Longest a consumer sleeps waiting for several batches when at least one may come sooner:
+/// the latency wake-up batching may add.
+pub const WAKE_BATCH_TIMEOUT: Duration = Duration::from_millis(1);
 
 impl RingConsumer {
     /// Creates a sealed memfd ring of `slots` slots of `slot_size` bytes (see
     /// [`layout::DEFAULT_SLOT_SIZE`]) and its eventfds. Returns the consumer and duplicates of
     /// the descriptors for the producer.
     pub fn create(slots: u32, slot_size: u64) -> Result<(RingConsumer, RingFds), RingError> {
+        Self::create_with(slots, slot_size, true)
+    }
+
+    /// As [`create`](RingConsumer::create), choosing whether batches carry a crc32c that
+    /// this side checks (`checksums`).
+    ///
+    /// Checksums cost both sides a pass over every byte, about 0.05 CPU-s/GB each: the
+    /// producer's core is busy writing batches, and a consumer that hands batches on without
+    /// reading them (a GPU copy) would otherwise never touch them. The sequence number and
+    /// length of each batch are checked either way, and the publish protocol alone already
+    /// rules out torn batches; a crc guards against a buggy or hostile producer, and against
+    /// memory corruption, not against the transport.
+    pub fn create_with(
+        slots: u32,
+        slot_size: u64,
+        checksums: bool,
+    ) -> Result<(RingConsumer, RingFds), RingError> {
         let layout = Layout::new(slots, slot_size)?;
         let memfd = rustix::fs::memfd_create(
             "dquant-ring",
@@ -255,7 +281,13 @@ impl RingConsumer {
         let map = Map::new(&memfd, layout.total_len)?;
         // SAFETY: the mapping is fresh, zero-filled, page aligned and nobody else has it yet;
         // `Meta` is plain data at offset 0.
-        unsafe { map.ptr.as_ptr().cast::<layout::Meta>().write(layout.meta()) };
+        let flags = if checksums { layout::FLAG_CRC } else { 0 };
+        unsafe {
+            map.ptr
+                .as_ptr()
+                .cast::<layout::Meta>()
+                .write(layout.meta(flags))
+        };
         let consumer_wake = new_eventfd()?;
         let producer_wake = new_eventfd()?;
         let fds = RingFds {
@@ -271,7 +303,9 @@ impl RingConsumer {
             peer: None,
             tail: 0,
             held: None,
-            verify: true,
+            verify: checksums,
+            batch_wakeups: (slots / 2).max(1),
+            slow_producer: std::cell::Cell::new(false),
         };
         Ok((consumer, fds))
     }
@@ -292,14 +326,12 @@ impl RingConsumer {
         self.tail
     }
 
-    /// Whether [`acquire`](RingConsumer::acquire) checks each batch's crc32c (default: yes).
-    ///
-    /// The check reads every payload byte once more, about 0.05 CPU-s/GB: a consumer that
-    /// hands batches on without reading them (a GPU copy) pays that for nothing else. Without
-    /// it the sequence number and length are still checked, and the publish protocol alone
-    /// already rules out torn batches; the crc guards against a buggy or hostile producer.
-    pub fn set_verify(&mut self, verify: bool) {
-        self.verify = verify;
+    /// Wake a sleeping consumer only once `k` batches are ready (clamped to `1..=slots`;
+    /// default: half the slots). 1 wakes it for every batch. Larger values trade up to
+    /// [`WAKE_BATCH_TIMEOUT`] of latency for fewer wake-ups when the consumer outruns the
+    /// producer; a consumer that keeps up never sleeps, whatever `k`.
+    pub fn set_batch_wakeups(&mut self, k: u32) {
+        self.batch_wakeups = k.clamp(1, self.layout.slot_count);
     }
 
     /// The next batch, in order, as a view that releases its slot when dropped. `Ok(None)`:
@@ -350,21 +382,46 @@ impl RingConsumer {
                 }
                 return Err(RingError::ProducerGone { complete: tail });
             }
+            // Sleep until `k` batches are ready (the first batch, and any after a slow one,
+            // wake at once), or for at most WAKE_BATCH_TIMEOUT when k > 1.
+            let k = if tail == 0 || self.slow_producer.get() {
+                1
+            } else {
+                self.batch_wakeups
+            };
+            let wake_at = tail + u64::from(k);
+            hdr.consumer_wake_at.0.store(wake_at, Ordering::Relaxed);
             let ready = || {
-                hdr.producer.0.load(Ordering::Acquire) != tail
+                hdr.producer.0.load(Ordering::Acquire) >= wake_at
                     || hdr.closed.0.load(Ordering::Acquire) != 0
+            };
+            let batch_until = (k > 1)
+                .then(|| Instant::now().checked_add(WAKE_BATCH_TIMEOUT))
+                .flatten();
+            let sleep_until = match (until, batch_until) {
+                (Some(u), Some(b)) => Some(u.min(b)),
+                (u, b) => u.or(b),
             };
             match wait(
                 &hdr.consumer_wakeup.0,
                 &self.consumer_wake,
                 self.peer.as_ref(),
-                until,
+                sleep_until,
                 ready,
             )? {
-                Woke::Recheck => {}
+                // Woken, or the batching timeout ran out: then take what is there, and wake
+                // on single batches until the producer catches up.
+                Woke::Recheck => self
+                    .slow_producer
+                    .set(batch_until.is_some_and(|b| Instant::now() >= b)),
+                Woke::Timeout if until.is_none_or(|u| Instant::now() < u) => {
+                    self.slow_producer.set(true)
+                }
                 Woke::Timeout => return Err(RingError::Timeout(timeout)),
                 Woke::PeerHup => {
-                    if ready() {
+                    if hdr.producer.0.load(Ordering::Acquire) != tail
+                        || hdr.closed.0.load(Ordering::Acquire) != 0
+                    {
                         continue;
                     }
                     return Err(RingError::ProducerGone { complete: tail });
@@ -482,6 +539,8 @@ pub struct RingProducer {
     /// Next batch to publish (== the shared producer index; only this side writes it).
     head: u64,
     closed: bool,
+    /// Compute each batch's crc32c ([`layout::FLAG_CRC`]).
+    checksums: bool,
 }
 
 impl RingProducer {
@@ -513,6 +572,7 @@ impl RingProducer {
             peer: None,
             head,
             closed: false,
+            checksums: meta.flags & layout::FLAG_CRC != 0,
         })
     }
 
@@ -588,11 +648,18 @@ impl RingProducer {
             unsafe { std::slice::from_raw_parts(self.map.slot_ptr(&self.layout, index), len) };
         rec.seq.store(self.head, Ordering::Relaxed);
         rec.len.store(len as u32, Ordering::Relaxed);
-        rec.crc.store(crc32c::crc32c(data), Ordering::Relaxed);
+        let crc = if self.checksums {
+            crc32c::crc32c(data)
+        } else {
+            0
+        };
+        rec.crc.store(crc, Ordering::Relaxed);
         self.head += 1;
         hdr.producer.0.store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
-        if hdr.consumer_wakeup.0.load(Ordering::Relaxed) != 0 {
+        if hdr.consumer_wakeup.0.load(Ordering::Relaxed) != 0
+            && self.head >= hdr.consumer_wake_at.0.load(Ordering::Relaxed)
+        {
             kick(&self.consumer_wake);
         }
     }

@@ -8,6 +8,12 @@
 //! nothing left to wake it) and the consumer never reads a slot that is not exactly the batch it
 //! expects (torn or overwritten). Mutants with a step removed must fail, which shows the
 //! checker can see each bug.
+//!
+//! Wake-up batching is modelled too: a consumer about to sleep picks any threshold
+//! `k` in `1..=N` (every choice is explored) and the producer wakes it only once its index
+//! reaches `tail + k`; the producer closes the ring after the last batch, which always wakes.
+//! The consumer's timeout on such sleeps is left out on purpose: the protocol must be live
+//! without it (the timeout only bounds latency).
 
 use std::collections::HashSet;
 
@@ -25,6 +31,8 @@ enum P {
     Publish,
     CheckFlag,
     Wake,
+    Close,
+    CloseWake,
     Done,
 }
 
@@ -50,6 +58,9 @@ struct S {
     pflag: bool,
     cev: bool,
     pev: bool,
+    /// The consumer's wake threshold (producer index).
+    wake_at: u8,
+    closed: bool,
     /// Each slot is written in two halves, so a read of a half-written slot is detectable.
     slots: [(Option<u8>, Option<u8>); N as usize],
     p: P,
@@ -69,6 +80,10 @@ enum Mutant {
     PublishEarly,
     /// Consumer releases before reading.
     ReleaseEarly,
+    /// Producer wakes only past the threshold (`>` for `>=`).
+    ThresholdOffByOne,
+    /// Closing the ring does not wake a sleeping consumer.
+    CloseWithoutWake,
 }
 
 fn slot(i: u8) -> usize {
@@ -84,7 +99,7 @@ fn step(s: &S, m: Mutant) -> Result<Vec<S>, String> {
     match s.p {
         P::CheckSpace => {
             t.p = if s.head == ITEMS {
-                P::Done
+                P::Close
             } else if s.head - s.tail < N {
                 P::WriteA
             } else {
@@ -146,10 +161,34 @@ fn step(s: &S, m: Mutant) -> Result<Vec<S>, String> {
                 P::CheckFlag
             };
         }
-        P::CheckFlag => t.p = if s.cflag { P::Wake } else { P::CheckSpace },
+        P::CheckFlag => {
+            let reached = if m == Mutant::ThresholdOffByOne {
+                s.head > s.wake_at
+            } else {
+                s.head >= s.wake_at
+            };
+            t.p = if s.cflag && reached {
+                P::Wake
+            } else {
+                P::CheckSpace
+            }
+        }
         P::Wake => {
             t.cev = true;
             t.p = P::CheckSpace;
+        }
+        P::Close => {
+            t.closed = true;
+            t.p = if m == Mutant::CloseWithoutWake {
+                P::Done
+            } else {
+                P::CloseWake
+            };
+        }
+        // The real producer writes the eventfd on close unconditionally.
+        P::CloseWake => {
+            t.cev = true;
+            t.p = P::Done;
         }
         P::Done => moved = false,
     }
@@ -174,17 +213,24 @@ fn step(s: &S, m: Mutant) -> Result<Vec<S>, String> {
             }
         }
         C::SetFlag => {
-            t.cflag = true;
-            t.c = if m == Mutant::NoConsumerRecheck {
-                C::Sleep
-            } else {
-                C::Recheck
-            };
+            // Every threshold the real consumer may pick: one successor per k.
+            for k in 1..=N {
+                let mut u = t;
+                u.wake_at = s.tail + k;
+                u.cflag = true;
+                u.c = if m == Mutant::NoConsumerRecheck {
+                    C::Sleep
+                } else {
+                    C::Recheck
+                };
+                out.push(u);
+            }
+            moved = false;
         }
         C::Recheck => {
-            if s.head != s.tail {
+            if s.head >= s.wake_at || s.closed {
                 t.cflag = false;
-                t.c = C::ReadA;
+                t.c = C::CheckAvail;
             } else {
                 t.c = C::Sleep;
             }
@@ -258,6 +304,8 @@ fn explore(m: Mutant) -> Result<usize, String> {
         pflag: false,
         cev: false,
         pev: false,
+        wake_at: 0,
+        closed: false,
         slots: [(None, None); N as usize],
         p: P::CheckSpace,
         c: C::CheckAvail,
@@ -303,4 +351,16 @@ fn checker_catches_publish_before_write() {
 fn checker_catches_release_before_read() {
     let e = explore(Mutant::ReleaseEarly).unwrap_err();
     assert!(e.starts_with("torn"), "{e}");
+}
+
+#[test]
+fn checker_catches_an_off_by_one_wake_threshold() {
+    let e = explore(Mutant::ThresholdOffByOne).unwrap_err();
+    assert!(e.starts_with("stuck"), "{e}");
+}
+
+#[test]
+fn checker_catches_a_close_that_does_not_wake() {
+    let e = explore(Mutant::CloseWithoutWake).unwrap_err();
+    assert!(e.starts_with("stuck"), "{e}");
 }
