@@ -338,7 +338,7 @@ fn ls_and_stat_show_what_the_agent_serves() {
         ),
         (
             vec!["ls".to_string(), "127.0.0.1:1".to_string()],
-            "not an agent URI",
+            "is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)",
         ),
         (
             vec!["ls".to_string(), "dquant://127.0.0.1:1".to_string()],
