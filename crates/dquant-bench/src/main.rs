@@ -60,6 +60,9 @@ enum Cmd {
         root: Vec<String>,
         #[arg(long, default_value_t = dquant_agent::DEFAULT_PREFETCH)]
         prefetch_frames: usize,
+        /// Also listen on this Unix socket (shared-memory clients).
+        #[arg(long)]
+        socket: Option<PathBuf>,
     },
     /// (internal) The plain-copy baseline's sender.
     #[command(hide = true)]
@@ -244,7 +247,8 @@ fn main() -> Result<()> {
         Cmd::Agent {
             root,
             prefetch_frames,
-        } => procs::run_agent(&root, prefetch_frames),
+            socket,
+        } => procs::run_agent(&root, prefetch_frames, socket),
         Cmd::Send {
             addr,
             bytes,

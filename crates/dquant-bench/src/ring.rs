@@ -17,26 +17,31 @@
 //!   between cores.
 //! * **The producer writes like the agent will.** For each batch it reserves a slot, copies a
 //!   prebuilt batch into it with `copy_from_slice` (the agent's last copy: decoded tokens into
-//!   the ring) and commits (which computes the record's crc32c). The batch is built before the
-//!   clock starts and stays hot in the producer's cache, so the number measures the ring, not
-//!   batch generation. The default batch is the issue's plan: 16 samples of 4096 u16 tokens
+//!   the ring) and commits (which computes the record's crc32c if the ring carries checksums).
+//!   The batch is built before the clock starts and stays hot in the producer's cache, so the
+//!   number measures the ring, not batch generation. The default batch is the issue's plan: 16 samples of 4096 u16 tokens
 //!   (128 KiB) plus the 48-byte batch record header.
 //! * **The consumer does by default what a trainer does with a batch it hands to a GPU copy:
 //!   nothing with the payload on the CPU.** It takes the view (`RingConsumer::next`) and drops
 //!   it, releasing the slot; on a real host the view would be the source of a
-//!   `cudaMemcpyAsync` from pinned memory. Note that `next` itself checks the record's crc32c
-//!   unless `RingConsumer::set_verify(false)`, and that check reads every payload byte, so
-//!   "untouched" still reads the batch once while the check is on; every ring case is
-//!   therefore measured with the check on and off (`--verify`). The `ring-touch` case
-//!   additionally reads the whole payload (a wrapping sum of u64 words, checked against the
-//!   expected sum) to show the cost of a consumer that does look at the bytes. The producer
-//!   always computes the record's crc32c on commit (the ring has no switch for that side).
+//!   `cudaMemcpyAsync` from pinned memory. Note that a ring created with checksums
+//!   (`RingConsumer::create_with(.., true)`, the default) has the producer compute and `next`
+//!   check a crc32c of every batch, a pass over every payload byte on each side, so
+//!   "untouched" still reads the batch once; every ring case is therefore measured with
+//!   checksums on and off (`--crc`). The `ring-touch` case additionally reads the whole
+//!   payload (a wrapping sum of u64 words, checked against the expected sum) to show the cost
+//!   of a consumer that does look at the bytes.
 //! * **The baseline is the copy the ring cannot avoid.** One thread copies the same number of
 //!   bytes, batch by batch, from a prebuilt source buffer into a destination buffer as large
 //!   as the ring's slot area, cycling through "slots" in the same order, so the destination's
 //!   cache footprint is the ring's. The ring's ideal is to run at the speed of this copy (the
-//!   producer's memcpy), with the rest (crc32c on both sides, index updates, wakeups)
-//!   overlapped on the second core.
+//!   producer's memcpy), with the rest (crc32c if on, index updates, wakeups) overlapped on
+//!   the second core.
+//! * **The ring is sized as the client sizes it.** By default 8 MiB of slots (63 slots of the
+//!   default batch, 8 of a 1 MiB one), like the client's shared-memory reader. The size
+//!   matters twice: a ring that fits the producer's L2 makes the baseline's copy cheaper, and
+//!   a ring of a few slots leaves the producer too little room to run ahead while a sleeping
+//!   consumer is being woken (try `--slots 8` against the default).
 //! * **Rounds.** The machines are shared and noisy, so every round (`--runs`) measures its own
 //!   baseline right before the ring cases, and ratios are taken within a round.
 //!
@@ -45,7 +50,9 @@
 //! including exec and startup; the child also reports the CPU of its write loop alone, in the
 //! JSON). Sleeps are voluntary context switches (`ru_nvcsw`) during the stream: with the
 //! ring's need-wakeup protocol a side sleeps (and costs the other side an eventfd write) only
-//! when it finds the ring empty (consumer) or full (producer), so they count wakeups.
+//! when it finds the ring empty (consumer; it then asks to be woken once several batches are
+//! ready, `--batch-wakeups`) or full (producer), so they count wakeups. Minor faults show the
+//! ring's first lap: the producer faults in every 4 KiB page of the memfd once.
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -68,13 +75,27 @@ const EXAMPLES: &str = "\
 Examples:
   dquant-offload-bench ring
   dquant-offload-bench ring --gb 2 --runs 3
-  # The issue's 128 KiB batches and 1 MiB ones, 16 slots, as JSON:
+  # The issue's 128 KiB batches and 1 MiB ones, in a 16-slot ring, as JSON:
   dquant-offload-bench ring --batch-bytes 131120,1048624 --slots 16 --json > ring.json
+  # A consumer woken for every batch (the ring's default batches wakeups):
+  dquant-offload-bench ring --batch-wakeups 1
   # Only the ring, to profile the producer with perf meanwhile:
   dquant-offload-bench ring --runs 1 --gb 20 --cases ring";
 
 /// Default batch: 16 samples × 4096 u16 tokens plus the batch record header.
 const DEFAULT_BATCH: usize = 16 * 4096 * 2 + RECORD_HEADER_LEN;
+
+/// What the table's columns mean.
+const TABLE_NOTES: &str = "\
+CPU is seconds per GB (1e9 bytes) of payload: 'cons' is this process (the memcpy thread or the
+ring's consumer), 'prod' the producer process (wait4, whole process). c/p columns are
+consumer/producer: sleeps and preempted are voluntary and involuntary context switches during
+the stream, minflt minor page faults. Ratio is to the same run's memcpy. 'crc' is the ring's
+per-batch crc32c (computed by the producer, checked by the consumer).";
+
+/// The default ring size: the client's shared-memory reader's default
+/// (`DEFAULT_RING_BYTES` in `dquant_client::shm`).
+const DEFAULT_RING_BYTES: u64 = 8 << 20;
 
 /// How long the consumer waits for one batch before calling the producer stuck.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -86,7 +107,7 @@ const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// --batch-bytes each: reserve a slot, copy_from_slice a prebuilt batch, commit. This
 /// process consumes them: by default without reading the payload (as a trainer handing the
 /// view to a GPU copy would), and in the `ring-touch` case reading every u64 word; each ring
-/// case with the consumer's crc32c check on and off (--verify). The baseline copies the same
+/// case with the ring's crc32c on and off (--crc). The baseline copies the same
 /// bytes in the same batch size into a buffer the size of the ring.
 /// Reports GB/s, the ratio to memcpy (the issue's target: at least 0.7), CPU seconds per GB
 /// (1e9 bytes) on each side, sleeps (voluntary context switches) and minor page faults.
@@ -100,9 +121,10 @@ pub struct Args {
     /// tokens + the 48-byte batch header).
     #[arg(long, value_delimiter = ',', default_values_t = [DEFAULT_BATCH])]
     pub batch_bytes: Vec<usize>,
-    /// Slots in the ring (the agent's default prefetch is 8 frames).
-    #[arg(long, default_value_t = 8)]
-    pub slots: u32,
+    /// Slots in the ring (default: enough for an 8 MiB ring, at least 4 and at most 1024, as
+    /// the client's shared-memory reader sizes its ring by default).
+    #[arg(long)]
+    pub slots: Option<u32>,
     /// Slot size in bytes (default: the batch size rounded up to a 4 KiB page).
     #[arg(long)]
     pub slot_size: Option<u64>,
@@ -117,10 +139,15 @@ pub struct Args {
         default_value = "memcpy,ring,ring-touch"
     )]
     pub cases: Vec<Case>,
-    /// The consumer's crc32c check (`RingConsumer::set_verify`) in the ring cases: each ring
-    /// case runs once per value given, in this order.
+    /// The ring's per-batch crc32c, computed by the producer and checked by the consumer
+    /// (`RingConsumer::create_with`): each ring case runs once per value given, in this order.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "off,on")]
-    pub verify: Vec<Verify>,
+    pub crc: Vec<Crc>,
+    /// Wake a sleeping consumer only once this many batches are ready
+    /// (`RingConsumer::set_batch_wakeups`; default: the ring's, half the slots). 1 wakes it
+    /// for every batch.
+    #[arg(long)]
+    pub batch_wakeups: Option<u32>,
     #[command(flatten)]
     pub out: crate::report::JsonOpts,
 }
@@ -130,15 +157,15 @@ pub enum Case {
     /// The baseline: one thread copies each batch into the next "slot" of a ring-sized buffer.
     Memcpy,
     /// Batches through the ring from a producer process; the consumer does not read them
-    /// (beyond the ring's own crc32c check).
+    /// (beyond the ring's own crc32c check, if on).
     Ring,
     /// As `ring`, and the consumer reads every u64 word of each batch.
     RingTouch,
 }
 
 impl Case {
-    fn label(self, verify: Option<bool>) -> String {
-        let crc = match verify {
+    fn label(self, crc: Option<bool>) -> String {
+        let crc = match crc {
             Some(true) => ", crc on",
             Some(false) => ", crc off",
             None => "",
@@ -159,12 +186,12 @@ impl Case {
     }
 }
 
-/// The consumer's crc32c check.
+/// The ring's per-batch crc32c.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Verify {
-    /// Checked (the ring's default).
+pub enum Crc {
+    /// Computed by the producer and checked by the consumer (the ring's default).
     On,
-    /// Not checked: only sequence number and length.
+    /// Neither: only sequence number and length are checked.
     Off,
 }
 
@@ -257,9 +284,11 @@ fn sum_words(b: &[u8]) -> u64 {
 struct M {
     run: usize,
     batch_bytes: usize,
+    slots: u32,
+    slot_size: usize,
     case: Case,
-    /// The consumer's crc32c check; `None` for memcpy.
-    verify: Option<bool>,
+    /// The ring's crc32c; `None` for memcpy.
+    crc: Option<bool>,
     batches: u64,
     wall: Duration,
     /// This process: the memcpy thread, or the ring's consumer.
@@ -304,8 +333,10 @@ fn memcpy_case(run: usize, g: &Geometry) -> Result<M> {
     Ok(M {
         run,
         batch_bytes: g.batch_bytes,
+        slots: g.slots,
+        slot_size: g.slot_size,
         case: Case::Memcpy,
-        verify: None,
+        crc: None,
         batches: g.batches,
         wall,
         consumer,
@@ -375,18 +406,49 @@ fn spawn_producer(socket: &Path, batch_bytes: usize, batches: u64) -> Result<Chi
         .context("cannot start the ring producer process")
 }
 
+/// Waits for the producer child to connect, failing (instead of hanging) if it exits first.
+fn accept_producer(listener: &UnixListener, child: &mut ProducerChild) -> Result<UnixStream> {
+    listener.set_nonblocking(true)?;
+    let t0 = Instant::now();
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e).context("waiting for the producer"),
+        }
+        if let Some(st) = child.0.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            bail!("ring: the producer process exited ({st}) before connecting");
+        }
+        if t0.elapsed() > BATCH_TIMEOUT {
+            bail!("ring: the producer did not connect within {BATCH_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// One stream through the ring from a producer child.
-fn ring_case(run: usize, case: Case, verify: bool, g: &Geometry) -> Result<M> {
+fn ring_case(
+    run: usize,
+    case: Case,
+    crc: bool,
+    batch_wakeups: Option<u32>,
+    g: &Geometry,
+) -> Result<M> {
     let touch = case == Case::RingTouch;
     let load = procs::loadavg();
     let dir = TempDir::new()?;
     let sock_path = dir.0.join("ring.sock");
     let listener = UnixListener::bind(&sock_path)
         .with_context(|| format!("listening on {}", sock_path.display()))?;
-    let (mut consumer, fds) = RingConsumer::create(g.slots, g.slot_size as u64)?;
-    consumer.set_verify(verify);
+    let (mut consumer, fds) = RingConsumer::create_with(g.slots, g.slot_size as u64, crc)?;
+    if let Some(k) = batch_wakeups {
+        consumer.set_batch_wakeups(k);
+    }
     let mut child = ProducerChild(Some(spawn_producer(&sock_path, g.batch_bytes, g.batches)?));
-    let (mut stream, _) = listener.accept().context("waiting for the producer")?;
+    let mut stream = accept_producer(&listener, &mut child)?;
     drop(listener);
     consumer.set_peer(OwnedFd::from(stream.try_clone()?));
     let expect_sum = sum_words(&batch_data(g.batch_bytes));
@@ -440,8 +502,10 @@ fn ring_case(run: usize, case: Case, verify: bool, g: &Geometry) -> Result<M> {
     Ok(M {
         run,
         batch_bytes: g.batch_bytes,
+        slots: g.slots,
+        slot_size: g.slot_size,
         case,
-        verify: Some(verify),
+        crc: Some(crc),
         batches: n,
         wall,
         consumer: consumer_usage,
@@ -483,10 +547,8 @@ struct Geometry {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    if a.runs == 0 || a.cases.is_empty() || a.batch_bytes.is_empty() || a.verify.is_empty() {
-        bail!(
-            "nothing to run: give --runs ≥ 1 and at least one case, batch size and --verify value"
-        );
+    if a.runs == 0 || a.cases.is_empty() || a.batch_bytes.is_empty() || a.crc.is_empty() {
+        bail!("nothing to run: give --runs ≥ 1 and at least one case, batch size and --crc value");
     }
     if !(a.gb > 0.0 && a.gb.is_finite()) {
         bail!("--gb must be positive");
@@ -503,11 +565,14 @@ pub fn run(a: &Args) -> Result<()> {
             bail!("--slot-size {slot_size} is smaller than a {b}-byte batch");
         }
         // Checks slot count and size the way the ring will.
-        layout::Layout::new(a.slots, slot_size)?;
+        let slots = a
+            .slots
+            .unwrap_or_else(|| DEFAULT_RING_BYTES.div_ceil(slot_size).clamp(4, 1024) as u32);
+        layout::Layout::new(slots, slot_size)?;
         geoms.push(Geometry {
             batch_bytes: b,
             slot_size: usize::try_from(slot_size)?,
-            slots: a.slots,
+            slots,
             batches: ((a.gb * 1e9) / b as f64).ceil() as u64,
         });
     }
@@ -516,22 +581,22 @@ pub fn run(a: &Args) -> Result<()> {
     for run in 1..=a.runs {
         for g in &geoms {
             for &case in &a.cases {
-                let verifies = match case {
+                let crcs = match case {
                     Case::Memcpy => vec![None],
                     Case::Ring | Case::RingTouch => {
-                        a.verify.iter().map(|&v| Some(v == Verify::On)).collect()
+                        a.crc.iter().map(|&c| Some(c == Crc::On)).collect()
                     }
                 };
-                for verify in verifies {
-                    let m = match verify {
+                for crc in crcs {
+                    let m = match crc {
                         None => memcpy_case(run, g)?,
-                        Some(v) => ring_case(run, case, v, g)?,
+                        Some(c) => ring_case(run, case, c, a.batch_wakeups, g)?,
                     };
                     eprintln!(
                         "run {run}/{}: {:>8} B  {:<34} {:>7.3} GB/s  (load {})",
                         a.runs,
                         g.batch_bytes,
-                        case.label(verify),
+                        case.label(crc),
                         m.gbps(),
                         m.load
                     );
@@ -553,9 +618,10 @@ pub fn run(a: &Args) -> Result<()> {
             .map(|m| {
                 json!({
                     "run": m.run, "case": m.case.key(), "batch_bytes": m.batch_bytes,
+                    "slots": m.slots, "slot_size": m.slot_size,
                     "batches": m.batches, "bytes": m.bytes(), "seconds": m.wall.as_secs_f64(),
                     "gb_per_s": m.gbps(), "ratio_to_memcpy": ratio(m),
-                    "consumer_verify": m.verify,
+                    "crc": m.crc,
                     "consumer_cpu_s": m.consumer.cpu.as_secs_f64(),
                     "consumer_cpu_s_per_gb": m.per_gb(m.consumer.cpu),
                     "consumer_sleeps": m.consumer.nvcsw,
@@ -572,7 +638,8 @@ pub fn run(a: &Args) -> Result<()> {
             })
             .collect();
         let out = json!({
-            "bench": "ring", "slots": a.slots, "gb_per_stream": a.gb,
+            "bench": "ring", "gb_per_stream": a.gb,
+            "batch_wakeups": a.batch_wakeups,
             "target_ratio_to_memcpy": 0.7, "measurements": rows,
         });
         if a.out.emit(&out)? {
@@ -592,11 +659,11 @@ pub fn run(a: &Args) -> Result<()> {
         );
     }
     println!(
-        "CPU is seconds per GB (1e9 bytes) of payload: 'cons' is this process (the memcpy \
-         thread or the ring's consumer), 'prod' the producer process (wait4, whole process); \
-         sleeps are voluntary context switches during the stream; ratio is to the same run's \
-         memcpy; 'crc' is the consumer's crc32c check (the producer always computes it)\n"
+        "consumer wakeups batched by {}\n",
+        a.batch_wakeups
+            .map_or_else(|| "the ring's default".to_string(), |k| k.to_string())
     );
+    println!("{TABLE_NOTES}\n");
     let mut t = Table::new(&[
         "run",
         "batch B",
@@ -605,32 +672,30 @@ pub fn run(a: &Args) -> Result<()> {
         "ratio",
         "cons CPU s/GB",
         "prod CPU s/GB",
-        "cons sleeps",
-        "prod sleeps",
-        "cons minflt",
-        "prod minflt",
+        "sleeps c/p",
+        "preempted c/p",
+        "minflt c/p",
         "load",
     ])
     .left(3);
     for m in &ms {
-        let opt = |x: Option<u64>| x.map_or("-".into(), |v| v.to_string());
+        // "consumer/producer"; the memcpy baseline has no producer.
+        let pair = |c: u64, p: Option<u64>| match p {
+            Some(p) => format!("{c}/{p}"),
+            None => format!("{c}/-"),
+        };
         t.row(vec![
             m.run.to_string(),
             m.batch_bytes.to_string(),
-            m.case.label(m.verify),
+            m.case.label(m.crc),
             f(m.gbps(), 3),
             ratio(m).map_or("-".into(), |r| f(r, 2)),
             f(m.per_gb(m.consumer.cpu), 3),
             m.producer_total_cpu
                 .map_or("-".into(), |d| f(m.per_gb(d), 3)),
-            if m.case == Case::Memcpy {
-                "-".into()
-            } else {
-                m.consumer.nvcsw.to_string()
-            },
-            opt(m.producer_loop.map(|u| u.nvcsw)),
-            m.consumer.minflt.to_string(),
-            opt(m.producer_loop.map(|u| u.minflt)),
+            pair(m.consumer.nvcsw, m.producer_loop.map(|u| u.nvcsw)),
+            pair(m.consumer.nivcsw, m.producer_loop.map(|u| u.nivcsw)),
+            pair(m.consumer.minflt, m.producer_loop.map(|u| u.minflt)),
             m.load.clone(),
         ]);
     }
@@ -656,20 +721,20 @@ pub fn run(a: &Args) -> Result<()> {
     // Each (batch size, case, check) in the order measured.
     let mut kinds: Vec<(usize, Case, Option<bool>)> = Vec::new();
     for m in &ms {
-        let k = (m.batch_bytes, m.case, m.verify);
+        let k = (m.batch_bytes, m.case, m.crc);
         if !kinds.contains(&k) {
             kinds.push(k);
         }
     }
-    for (batch_bytes, case, verify) in kinds {
+    for (batch_bytes, case, crc) in kinds {
         let of: Vec<&M> = ms
             .iter()
-            .filter(|m| m.case == case && m.batch_bytes == batch_bytes && m.verify == verify)
+            .filter(|m| m.case == case && m.batch_bytes == batch_bytes && m.crc == crc)
             .collect();
         let ratios: Vec<f64> = of.iter().filter_map(|m| ratio(m)).collect();
         s.row(vec![
             batch_bytes.to_string(),
-            case.label(verify),
+            case.label(crc),
             range(of.iter().map(|m| m.gbps()).collect(), 3),
             range(ratios.clone(), 2),
             if ratios.is_empty() {
