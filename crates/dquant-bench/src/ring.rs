@@ -92,11 +92,6 @@ ring's consumer), 'prod' the producer process (wait4, whole process). c/p column
 consumer/producer: sleeps and preempted are voluntary and involuntary context switches during
 the stream, minflt minor page faults. Ratio is to the same run's memcpy. 'crc' is the ring's
 per-batch crc32c (computed by the producer, checked by the consumer).";
-
-/// The default ring size: the client's shared-memory reader's default
-/// (`DEFAULT_RING_BYTES` in `dquant_client::shm`).
-const DEFAULT_RING_BYTES: u64 = 8 << 20;
-
 /// How long the consumer waits for one batch before calling the producer stuck.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -567,7 +562,7 @@ pub fn run(a: &Args) -> Result<()> {
         // Checks slot count and size the way the ring will.
         let slots = a
             .slots
-            .unwrap_or_else(|| DEFAULT_RING_BYTES.div_ceil(slot_size).clamp(4, 1024) as u32);
+            .unwrap_or_else(|| dquant_client::shm::default_slots(slot_size));
         layout::Layout::new(slots, slot_size)?;
         geoms.push(Geometry {
             batch_bytes: b,
