@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The offload agent's end-to-end benchmark: throughput against a plain TCP copy, agent memory
+# The offload agent's end-to-end benchmark: throughput against a plain TCP copy and (shared
+# memory) against memcpy, the shared-memory ring alone, agent memory
 # against its limit, and time to first batch on a 10 GiB dataset, each against a baseline
 # measured in the same run. Results go to bench/RESULTS.md by hand, from the files this writes.
 #
@@ -77,9 +78,12 @@ fi
 ls -l "$DATA"/zipf1g_u16.* "$DATA"/zipf10g.* | tee -a "$OUT/machine.txt"
 
 # -- measurements -----------------------------------------------------------------------------
-echo "== throughput ($RUNS runs)"
+echo "== throughput ($RUNS runs): TCP against a plain copy, shared memory against memcpy"
 "$BENCH" throughput "$DATA/zipf1g_u16" --runs "$RUNS" --json-out "$OUT/throughput.json" \
   | tee "$OUT/throughput.txt"
+
+echo "== the shared-memory ring alone ($RUNS runs)"
+"$BENCH" ring --gb 2 --runs "$RUNS" --json-out "$OUT/ring.json" | tee "$OUT/ring.txt"
 
 echo "== agent memory: 2 GiB u16 dataset, 3 passes, shuffled"
 "$BENCH" rss "$DATA/zipf1g_u16" --passes 3 --json-out "$OUT/rss_u16.json" | tee "$OUT/rss_u16.txt"
