@@ -487,6 +487,7 @@ fn demo_streams_through_an_agent_and_checks_parity() {
     );
     for want in [
         "offload == local: identical",
+        "shared memory == TCP: identical",
         "wire: ",
         "bytes as int32",
         "consumer thread: ",

@@ -3,12 +3,14 @@
 //! 1. Tokenize two small real datasets from the crate sources on this machine: prose
 //!    (`*.md`, r50k, 16-bit ids) and code (`*.rs`, o200k, 18-bit ids), as Megatron int32;
 //!    store the prose again as a compressed block file.
-//! 2. Start an agent in this process on loopback, serving the work dir as root `demo`.
+//! 2. Start an agent in this process on loopback (and a Unix socket), serving the work dir as
+//!    root `demo`.
 //! 3. Stream a blended, packed, shuffled plan through it (the agent runs the plan) and
 //!    measure: tokens/s, the bytes the agent put on the wire against int32, and the CPU the
 //!    consuming thread spent.
 //! 4. Run the same plan in-process (over the agent's token ranges, and over the local files)
-//!    and check the three streams are identical.
+//!    and through shared memory (the agent's Unix socket), and check the four streams are
+//!    identical.
 //! 5. Decode a sample of each source back to text with its tokenizer.
 
 use std::collections::BTreeMap;
@@ -146,18 +148,23 @@ pub fn run(a: &Args) -> Result<()> {
         (tokens * 4) as f64 / bytes.max(1) as f64
     );
 
-    // 2. The agent.
+    // 2. The agent, with a Unix socket for the shared-memory leg (in its own short temp dir:
+    // socket paths are limited to 108 bytes).
+    let socket_dir = tempfile::tempdir().context("a temporary directory for the agent's socket")?;
+    let socket = socket_dir.path().join("agent.sock");
     let config = AgentConfig {
         listen: "127.0.0.1:0".parse().expect("a constant address parses"),
         data_listen: Some("127.0.0.1:0".parse().expect("a constant address parses")),
+        socket: Some(socket.clone()),
         roots: BTreeMap::from([("demo".to_string(), dir.clone())]),
         ..AgentConfig::default()
     };
     let agent = serve::start(config)?;
     let uri = agent.uri();
     println!(
-        "2. agent {uri} (data plane {}), serving root demo = {}",
+        "2. agent {uri} (data plane {}, Unix socket {}), serving root demo = {}",
         agent.data_addr(),
+        socket.display(),
         dir.display()
     );
 
@@ -264,6 +271,23 @@ pub fn run(a: &Args) -> Result<()> {
         offloaded == over_ranges && offloaded == over_files,
         "streams differ: offloaded xxh3:{offloaded:016x}, in-process over the agent's ranges xxh3:{over_ranges:016x}, in-process over local files xxh3:{over_files:016x}"
     );
+    // The same plan through shared memory: the agent writes i32 batches into a ring this
+    // process created, and they are read where they land.
+    let cpu0 = thread_cpu();
+    let t0 = Instant::now();
+    let mut shm = dquant_client::open(&socket.display().to_string(), &plan, Offload::Yes)?;
+    ensure!(
+        shm.transport() == Some(dquant_client::Transport::Shm),
+        "the socket path should select shared memory"
+    );
+    let over_shm = checksum(&mut shm)?;
+    drop(shm);
+    let shm_wall = t0.elapsed().as_secs_f64();
+    let shm_cpu = thread_cpu().zip(cpu0).map(|(b, a)| b - a);
+    ensure!(
+        over_shm == offloaded,
+        "streams differ: over TCP xxh3:{offloaded:016x}, over shared memory xxh3:{over_shm:016x}"
+    );
     println!("4. parity: stream xxh3:{offloaded:016x}");
     println!("   offload == local: identical (agent ran the plan / this process ran it over the agent's token ranges / over the local files)");
     if ranges_wire > 0 {
@@ -272,6 +296,14 @@ pub fn run(a: &Args) -> Result<()> {
             util::thousands(ranges_wire)
         );
     }
+    println!(
+        "   shared memory == TCP: identical (agent at {}: batches written into this process's ring, {:.1} M tokens/s{})",
+        socket.display(),
+        n_tokens as f64 / shm_wall.max(1e-9) / 1e6,
+        shm_cpu.map_or(String::new(), |c| format!(
+            ", consumer thread {c:.3} s CPU with a checksum of every batch"
+        ))
+    );
 
     // 5. A sample of each source, decoded.
     println!("5. samples, decoded with their source's tokenizer:");
