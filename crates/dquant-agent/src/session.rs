@@ -551,6 +551,25 @@ fn produce(
     }
 }
 
+/// The record header of a batch from [`Pipeline::next_batch_into`] (its payload fits u32:
+/// it is at most one batch in the output dtype, and a frame or slot holds it).
+fn plain_header(
+    codec: Codec,
+    b: &dquant_client::BatchInfo,
+    sample_len: usize,
+    payload_len: usize,
+) -> BatchHeader {
+    BatchHeader {
+        codec,
+        index: b.index,
+        samples: b.samples as u32,
+        sample_len: sample_len as u32,
+        payload_len: payload_len as u32,
+        cursor_epoch: b.cursor.epoch,
+        cursor_consumed: b.cursor.consumed_samples,
+    }
+}
+
 /// [`produce`] for a wire codec that is the output dtype itself: each batch comes from
 /// [`Pipeline::next_batch_into`] in its final form (from a dataset that stores that dtype,
 /// read straight from the page cache with no conversion), and its bytes go into frames as
@@ -581,15 +600,7 @@ fn produce_plain(
             return Ok(true);
         };
         let payload_len = b.samples * sample_len * output.itemsize();
-        let h = BatchHeader {
-            codec,
-            index: b.index,
-            samples: b.samples as u32,
-            sample_len: sample_len as u32,
-            payload_len: payload_len as u32,
-            cursor_epoch: b.cursor.epoch,
-            cursor_consumed: b.cursor.consumed_samples,
-        };
+        let h = plain_header(codec, &b, sample_len, payload_len);
         stats.records += 1;
         stats.tokens += (b.samples * sample_len) as u64;
         if sink.write(&h.encode()).is_err()
@@ -708,15 +719,7 @@ pub(crate) fn stream_ring(
         };
         let tokens = b.samples * sample_len;
         let payload_len = out_width.encoded_len(tokens);
-        let h = BatchHeader {
-            codec,
-            index: b.index,
-            samples: b.samples as u32,
-            sample_len: sample_len as u32,
-            payload_len: payload_len as u32,
-            cursor_epoch: b.cursor.epoch,
-            cursor_consumed: b.cursor.consumed_samples,
-        };
+        let h = plain_header(codec, &b, sample_len, payload_len);
         head.copy_from_slice(&h.encode());
         let len = RECORD_HEADER_LEN + payload_len;
         slot.commit(len).map_err(|e| e.to_string())?;

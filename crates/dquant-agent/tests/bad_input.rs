@@ -5,9 +5,9 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{drain, plan, xxh3, Corpus};
+use common::{drain, plan, wait_idle, xxh3, Corpus};
 use dquant_agent::AgentHandle;
 use dquant_client::{open, ClientError, Control, Offload, Reader, SourceError};
 use dquant_codec::bits_needed;
@@ -28,18 +28,6 @@ fn open_err(agent: &AgentHandle, names: &[(&str, f64)]) -> String {
     match open(&agent.uri(), &plan(names, 127, 4), Offload::Yes) {
         Ok(_) => panic!("opening {names:?} succeeded"),
         Err(e) => e.to_string(),
-    }
-}
-
-fn wait_idle(agent: &AgentHandle) {
-    let t = Instant::now();
-    while agent.sessions() != (0, 0) {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "sessions still held: {:?}",
-            agent.sessions()
-        );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

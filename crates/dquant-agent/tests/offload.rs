@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{drain, plan, xxh3, Corpus};
+use common::{drain, plan, read_all, xxh3, Corpus};
 use dquant_client::{open, open_at, Offload, Reader};
 use dquant_plan::{Cursor, OutputDType, Plan};
 
@@ -181,15 +181,7 @@ fn read_returns_the_same_bytes_as_next_batch() {
     p.output = OutputDType::U16;
     let (want, _) = drain(&mut open(&agent.uri(), &p, Offload::Yes).unwrap());
     let mut r = open(&agent.uri(), &p, Offload::Yes).unwrap();
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 777];
-    loop {
-        let n = r.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
+    let got = read_all(&mut r, 777);
     assert_eq!(xxh3(&got), xxh3(&want));
     assert_eq!(r.cursor().consumed_samples, r.rank_samples());
 }

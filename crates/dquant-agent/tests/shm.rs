@@ -5,9 +5,9 @@
 mod common;
 
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{drain, plan, xxh3, Corpus};
+use common::{drain, plan, read_all, wait_idle, xxh3, Corpus};
 use dquant_agent::AgentHandle;
 use dquant_client::{open, open_at, ClientError, Control, Offload, Reader, Transport};
 use dquant_plan::{Cursor, OutputDType, Plan};
@@ -23,18 +23,6 @@ fn agent_with_socket(c: &Corpus) -> (AgentHandle, String) {
     let agent = dquant_agent::start(cfg).unwrap();
     assert_eq!(agent.socket(), Some(sock.as_path()));
     (agent, sock.display().to_string())
-}
-
-fn wait_idle(agent: &AgentHandle) {
-    let t = Instant::now();
-    while agent.sessions() != (0, 0) {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "sessions still held: {:?}",
-            agent.sessions()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Whole-stream checksum and batch sizes of `p` from `uri` (offloaded), checking that the
@@ -114,16 +102,7 @@ fn read_over_shm_returns_the_bytes_of_next_batch() {
     let (_agent, sock) = agent_with_socket(&c);
     let p = plan(&[("r50k", 0.5), ("wide", 0.5)], 127, 3);
     let (want, _) = drain(&mut open(&sock, &p, Offload::Yes).unwrap());
-    let mut r = open(&sock, &p, Offload::Yes).unwrap();
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 1001];
-    loop {
-        let n = r.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
+    let got = read_all(&mut open(&sock, &p, Offload::Yes).unwrap(), 1001);
     assert_eq!(xxh3(&got), xxh3(&want));
     assert_eq!(got.len(), want.len());
 }

@@ -151,3 +151,29 @@ pub fn drain(r: &mut Reader) -> (Vec<u8>, Vec<usize>) {
 pub fn xxh3(b: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(b)
 }
+
+/// Everything a reader yields through `read` in `buf_len`-byte calls.
+pub fn read_all(r: &mut Reader, buf_len: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; buf_len];
+    loop {
+        let n = r.read(&mut buf).unwrap();
+        if n == 0 {
+            return got;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Waits (up to 10 s) until `agent` holds no session, pending or active.
+pub fn wait_idle(agent: &AgentHandle) {
+    let t = std::time::Instant::now();
+    while agent.sessions() != (0, 0) {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "sessions still held: {:?}",
+            agent.sessions()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
