@@ -441,15 +441,7 @@ impl Reader {
                     return Ok(false);
                 };
                 let h = BatchHeader::parse(&hb).map_err(WireError::from)?;
-                if h.sample_len as usize != *sample_len
-                    || h.samples == 0
-                    || h.samples as usize > *batch_size
-                {
-                    return Err(ClientError::Agent(format!(
-                        "agent sent a batch of {} samples of {} tokens; the plan has batches of up to {} samples of {}",
-                        h.samples, h.sample_len, batch_size, sample_len
-                    )));
-                }
+                check_shape(&h, *sample_len, *batch_size)?;
                 let n = h.tokens();
                 remote::check_payload_len(h.codec, n, h.payload_len)
                     .map_err(ClientError::from_agent)?;
@@ -572,6 +564,21 @@ impl Reader {
 
     /// Ends an offloaded session now (dropping the reader does too).
     pub fn close(self) {}
+}
+
+/// Refuses a batch record whose shape the plan cannot produce (a corrupt or hostile agent).
+pub(crate) fn check_shape(
+    h: &BatchHeader,
+    sample_len: usize,
+    batch_size: usize,
+) -> Result<(), ClientError> {
+    if h.sample_len as usize != sample_len || h.samples == 0 || h.samples as usize > batch_size {
+        return Err(ClientError::Agent(format!(
+            "agent sent a batch of {} samples of {} tokens; the plan has batches of up to {batch_size} samples of {sample_len}",
+            h.samples, h.sample_len
+        )));
+    }
+    Ok(())
 }
 
 /// The first `bytes` bytes of the 8-byte-aligned batch buffer, grown as needed.

@@ -119,15 +119,7 @@ impl Shm {
         let mut hb = [0u8; RECORD_HEADER_LEN];
         hb.copy_from_slice(&slot[..RECORD_HEADER_LEN]);
         let h = BatchHeader::parse(&hb).map_err(|e| ClientError::Wire(WireError::from(e)))?;
-        if h.sample_len as usize != plan_sample_len
-            || h.samples == 0
-            || h.samples as usize > batch_size
-        {
-            return Err(ClientError::Agent(format!(
-                "agent sent a batch of {} samples of {} tokens; the plan has batches of up to {} samples of {}",
-                h.samples, h.sample_len, batch_size, plan_sample_len
-            )));
-        }
+        crate::check_shape(&h, plan_sample_len, batch_size)?;
         let want = Codec {
             width: output_width(output),
             compression: Compression::None,
