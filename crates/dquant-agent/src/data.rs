@@ -7,7 +7,7 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,24 +21,43 @@ use crate::Shared;
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stopping.load(Ordering::Relaxed) {
+    let stopping = shared.clone();
+    serve_each(
+        listener.incoming(),
+        &stopping.stopping,
+        "data plane",
+        "dquant-conn",
+        move |conn| handle(conn, shared.clone()),
+    );
+}
+
+/// Accepts connections until the agent is stopping, each handled on its own thread (shared
+/// by the TCP data plane and the Unix socket). A failed accept is logged and retried.
+pub(crate) fn serve_each<S: Send + 'static>(
+    incoming: impl Iterator<Item = std::io::Result<S>>,
+    stopping: &AtomicBool,
+    plane: &'static str,
+    thread: &'static str,
+    handle: impl Fn(S) + Clone + Send + 'static,
+) {
+    for conn in incoming {
+        if stopping.load(Ordering::Relaxed) {
             break;
         }
         let conn = match conn {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %e, "data plane: accept failed");
+                tracing::warn!(error = %e, "{plane}: accept failed");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
-        let shared = shared.clone();
+        let handle = handle.clone();
         let spawned = std::thread::Builder::new()
-            .name("dquant-conn".into())
-            .spawn(move || handle(conn, shared));
+            .name(thread.into())
+            .spawn(move || handle(conn));
         if let Err(e) = spawned {
-            tracing::error!(error = %e, "data plane: cannot start a connection thread");
+            tracing::error!(error = %e, "{plane}: cannot start a connection thread");
         }
     }
 }

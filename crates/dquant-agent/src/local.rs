@@ -10,15 +10,14 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use dquant_transport::ring::{RingFds, RingProducer, HANDSHAKE};
 use dquant_transport::{FrameWriter, Hello};
 use rustix::net::RecvFlags;
 
-use crate::data::{log_end, HELLO_TIMEOUT};
+use crate::data::{log_end, serve_each, HELLO_TIMEOUT};
 use crate::session::{claim_error, stream_ring};
 use crate::Shared;
 
@@ -29,27 +28,14 @@ pub(crate) fn accept_loop(
     shared: Arc<Shared>,
     grpc: tokio::sync::mpsc::UnboundedSender<UnixStream>,
 ) {
-    for conn in listener.incoming() {
-        if shared.stopping.load(Ordering::Relaxed) {
-            break;
-        }
-        let conn = match conn {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "unix socket: accept failed");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let shared = shared.clone();
-        let grpc = grpc.clone();
-        let spawned = std::thread::Builder::new()
-            .name("dquant-local".into())
-            .spawn(move || route(conn, shared, grpc));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "unix socket: cannot start a connection thread");
-        }
-    }
+    let stopping = shared.clone();
+    serve_each(
+        listener.incoming(),
+        &stopping.stopping,
+        "unix socket",
+        "dquant-local",
+        move |conn| route(conn, shared.clone(), grpc.clone()),
+    );
 }
 
 /// Peeks at the first byte and routes the connection.
