@@ -447,24 +447,6 @@ pub(crate) fn stream_plan(
     sent.map(|_| stats)
 }
 
-/// The pipeline's next batch, checked against the output dtype, so an agent fails exactly
-/// where (and as) the in-process reader would. The check is skipped when the sources' bound
-/// proves it cannot fail (a u16 dataset always fits a u16 output).
-fn next_checked(
-    pipeline: &mut Pipeline,
-    out_width: Width,
-) -> Result<Option<dquant_client::TokenBatch<'_>>, String> {
-    let sample_len = pipeline.sample_len();
-    let bound = pipeline.max_token_bound();
-    let Some(b) = pipeline.next_batch().map_err(|e| e.to_string())? else {
-        return Ok(None);
-    };
-    if bound > out_width.max_token() {
-        check_fits(&b, sample_len, out_width, "").map_err(|e| e.to_string())?;
-    }
-    Ok(Some(b))
-}
-
 /// Produces batch records; Ok(true) at the end of the stream, Ok(false) when the consumer
 /// went away or the session was cancelled.
 fn produce(
@@ -492,7 +474,10 @@ fn produce(
         if cancel.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        let Some(b) = next_checked(pipeline, out_width)? else {
+        let Some(b) = pipeline
+            .next_batch_checked(out_width)
+            .map_err(|e| e.to_string())?
+        else {
             return Ok(true);
         };
         let codec = codec_for(wire, b.tokens);

@@ -200,13 +200,9 @@ impl Pipeline {
                 cursor: self.iter.cursor(),
             }));
         }
-        let bound = self.max_token_bound();
-        let Some(b) = self.next_batch()? else {
+        let Some(b) = self.next_batch_checked(width)? else {
             return Ok(None);
         };
-        if bound > width.max_token() {
-            check_fits(&b, l, width, "")?;
-        }
         let need = b.tokens.len() * bw;
         if out.len() < need {
             return Err(ClientError::Usage(format!(
@@ -224,6 +220,24 @@ impl Pipeline {
             samples: b.samples,
             cursor: b.cursor,
         }))
+    }
+
+    /// [`next_batch`](Pipeline::next_batch), every token checked to fit `width` as
+    /// [`check_fits`] reports (so an agent fails exactly where, and as, the in-process reader
+    /// would). The check is skipped when the sources' bound proves it cannot fail.
+    pub fn next_batch_checked(
+        &mut self,
+        width: Width,
+    ) -> Result<Option<TokenBatch<'_>>, ClientError> {
+        let bound = self.max_token_bound();
+        let l = self.sample_len;
+        let Some(b) = self.next_batch()? else {
+            return Ok(None);
+        };
+        if bound > width.max_token() {
+            check_fits(&b, l, width, "")?;
+        }
+        Ok(Some(b))
     }
 
     /// The next batch's tokens; `None` at the end of the rank's stream.
