@@ -499,7 +499,7 @@ impl Reader {
     /// The current batch's bytes: in the ring slot for shared memory, else in `batch`.
     fn batch_bytes(&self) -> &[u8] {
         match &self.engine {
-            Engine::Shm { shm, .. } => &shm.ring.held()[shm.payload.clone()],
+            Engine::Shm { shm, .. } => shm.payload(self.batch_len),
             _ => &bytemuck::cast_slice::<u64, u8>(&self.batch)[..self.batch_len],
         }
     }

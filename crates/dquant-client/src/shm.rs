@@ -48,10 +48,8 @@ pub fn default_slots(slot_size: u64) -> u32 {
 
 /// A session's ring and the socket it was handed over on.
 pub(crate) struct Shm {
-    pub ring: RingConsumer,
+    ring: RingConsumer,
     sock: UnixStream,
-    /// Where the batch's tokens start and end in the held slot.
-    pub payload: std::ops::Range<usize>,
 }
 
 fn connect_err(path: &Path) -> impl Fn(std::io::Error) -> ClientError + '_ {
@@ -89,14 +87,12 @@ impl Shm {
         drop(fds);
         let peer = sock.try_clone().map_err(connect_err(&path))?;
         ring.set_peer(OwnedFd::from(peer));
-        Ok(Shm {
-            ring,
-            sock,
-            payload: 0..0,
-        })
+        Ok(Shm { ring, sock })
     }
 
     /// Takes the next batch (releasing the previous one): its header, or `None` at the end.
+    /// The record is checked to be exactly the header and `h.tokens()` tokens of `output`, so
+    /// the tokens are [`payload`](Shm::payload)`(bytes)`.
     pub fn next(
         &mut self,
         plan_sample_len: usize,
@@ -131,8 +127,12 @@ impl Shm {
                 h.index, h.payload_len, h.codec
             )));
         }
-        self.payload = RECORD_HEADER_LEN..len;
         Ok(Some(h))
+    }
+
+    /// The held batch's `bytes` payload bytes, after its record header.
+    pub fn payload(&self, bytes: usize) -> &[u8] {
+        &self.ring.held()[RECORD_HEADER_LEN..][..bytes]
     }
 
     /// The error for an agent that stopped without ending the stream: the message it left on
