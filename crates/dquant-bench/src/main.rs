@@ -6,6 +6,7 @@
 //! `bench/offload/run.sh` for the full run and `bench/RESULTS.md` for results.
 
 mod breakdown;
+mod lab;
 mod procs;
 mod report;
 mod ring;
@@ -32,6 +33,7 @@ Examples:
   dquant-offload-bench ttfb /data/zipf10g --repeats 5 --cold
   dquant-offload-bench breakdown /data/zipf1g_u16 --json
   dquant-offload-bench ring --gb 2 --runs 3
+  dquant-offload-bench lab --smoke          # as root: the NIC-bound lab (bench/lab/run.sh)
 
 Build with --release: debug builds measure the compiler, not the agent.";
 
@@ -52,6 +54,9 @@ enum Cmd {
     Ttfb(ttfb::Args),
     Breakdown(breakdown::Args),
     Ring(ring::Args),
+    Lab(lab::Args),
+    #[command(hide = true)]
+    LabConsume(lab::consume::Args),
     /// (internal) Run an agent serving --root NAME=DIR on loopback; prints its URI, stops
     /// when stdin closes.
     #[command(hide = true)]
@@ -244,6 +249,8 @@ fn main() -> Result<()> {
         Cmd::Ttfb(a) => ttfb::run(&a),
         Cmd::Breakdown(a) => breakdown::run(&a),
         Cmd::Ring(a) => ring::run(&a),
+        Cmd::Lab(a) => lab::run(&a),
+        Cmd::LabConsume(a) => lab::consume::run(&a),
         Cmd::Agent {
             root,
             prefetch_frames,

@@ -6,6 +6,7 @@
 //! tokio runtime and the caller waits on a plain channel, which works from any thread; the
 //! data plane is plain blocking sockets, where the bytes are.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::ops::Range;
@@ -18,7 +19,7 @@ use dquant_proto::v1::{
     CloseRequest, DatasetStat, ListEntry, ListRequest, OpenReply, OpenRequest, OpenSourceRequest,
     StatRequest,
 };
-use dquant_transport::record::{encode_request, RECORD_HEADER_LEN};
+use dquant_transport::record::encode_request;
 use dquant_transport::{FrameKind, FrameWriter, Hello, RangeHeader, RecordReader, WireError};
 use tonic::transport::{Channel, Endpoint};
 
@@ -358,19 +359,76 @@ pub(crate) fn hello_of(reply: &OpenReply) -> Result<Hello, SourceError> {
     })
 }
 
-/// A dataset served by another agent, read by token ranges over its data plane. Requests
-/// carry every range of a batch at once, so a batch costs one round trip per source.
+/// How a [`RemoteSource`] reads ahead of sequential reads (see `Window` for the mechanism).
+///
+/// Why these sizes ([`ReadaheadConfig::DEFAULT`]: 512 Ki-token chunks, 4 in flight):
+/// - Link: 4 × 512 Ki = 2 Mi tokens are asked for ahead of the reader, 4 MiB of a `u16`
+///   wire codec, about 34 ms of a 1 Gbit/s link. That covers the upstream agent producing a
+///   chunk (a few ms), the round trip, and the consumer's pauses, so the link never waits;
+///   and at 1+ MiB per answer the per-request cost (one 48-byte header, one flush) is noise.
+/// - Memory: this process holds the window, at most one chunk plus the range being served
+///   (512 Ki × 4 B = 2 MiB of decoded u32), and one chunk's payload (at most 2 MiB, often a
+///   quarter of that). Answers in flight wait in socket buffers (kernel, bounded by TCP's
+///   window whatever the count in flight) and on the upstream agent, which materialises one
+///   range at a time (tokens and payload of one chunk: at most 4 MiB). So about 4 MiB per
+///   remote source here and per session there: a blend of several remote sources stays far
+///   under an agent's ~72 MiB RSS target. 1 Mi-token chunks would double that, and 16 Mi
+///   (the agent's `MAX_RANGE_TOKENS`) would cost 128 MiB, for no more throughput.
+///
+/// The cost of being wrong is bounded too: at an epoch's end or any other jump, at most
+/// `chunk_tokens × in_flight` tokens were asked for and are drained unused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadaheadConfig {
+    /// Tokens per chunk request (at most [`MAX_CHUNK_TOKENS`]).
+    pub chunk_tokens: u64,
+    /// Chunk requests kept in flight ahead of the reader; 0 turns readahead off.
+    pub in_flight: usize,
+}
+
+/// The most tokens one chunk request may ask for: an agent refuses longer ranges
+/// (`dquant_agent::MAX_RANGE_TOKENS`).
+pub const MAX_CHUNK_TOKENS: u64 = 1 << 24;
+
+impl ReadaheadConfig {
+    /// 512 Ki-token chunks, 4 in flight (see the type's docs for why).
+    pub const DEFAULT: Self = ReadaheadConfig {
+        chunk_tokens: 512 << 10,
+        in_flight: 4,
+    };
+    /// Every read stop-and-wait.
+    pub const OFF: Self = ReadaheadConfig {
+        chunk_tokens: 512 << 10,
+        in_flight: 0,
+    };
+}
+
+impl Default for ReadaheadConfig {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// A dataset served by another agent, read by token ranges over its data plane.
+///
+/// Reads that jump around (shuffled plans) are stop-and-wait: one request carries every range
+/// of a read, so a batch costs one round trip per source. Reads that go on where the last one
+/// ended (unshuffled plans: each sample starts on the last token of the one before) are
+/// served from a readahead `Window` that keeps chunk requests in flight, so the link stays
+/// busy; see [`ReadaheadConfig`].
 pub struct RemoteSource {
     control: Control,
     session: u64,
     tokens: u64,
     max_token: u32,
-    writer: FrameWriter<TcpStream>,
-    reader: RecordReader<TcpStream>,
-    decoder: Decoder,
-    request: Vec<u8>,
+    stream: DataStream,
+    readahead: ReadaheadConfig,
+    seq: Sequence,
+    /// Present while reading ahead.
+    window: Option<Window>,
+    /// Why the data stream is unusable: after any failed read, the answers still on it are
+    /// unknown, so later reads refuse rather than return the wrong tokens.
+    failed: Option<String>,
     pairs: Vec<(u64, u64)>,
-    payload: Vec<u8>,
 }
 
 impl RemoteSource {
@@ -396,12 +454,20 @@ impl RemoteSource {
             control,
             tokens,
             max_token,
-            writer,
-            reader,
-            decoder: Decoder::new(),
-            request: Vec::new(),
+            stream: DataStream {
+                writer,
+                reader,
+                decoder: Decoder::new(),
+                request: Vec::new(),
+                payload: Vec::new(),
+                requests: 0,
+                requested_tokens: 0,
+            },
+            readahead: ReadaheadConfig::DEFAULT,
+            seq: Sequence::default(),
+            window: None,
+            failed: None,
             pairs: Vec::new(),
-            payload: Vec::new(),
         })
     }
 
@@ -411,6 +477,88 @@ impl RemoteSource {
 
     pub fn control(&self) -> &Control {
         &self.control
+    }
+
+    /// Sets how this source reads ahead, from the next read on (`chunk_tokens` is clamped
+    /// to 1..=[`MAX_CHUNK_TOKENS`]). With `in_flight` 0, the next read drains what is in
+    /// flight and every read after it is stop-and-wait.
+    pub fn set_readahead(&mut self, mut config: ReadaheadConfig) {
+        config.chunk_tokens = config.chunk_tokens.clamp(1, MAX_CHUNK_TOKENS);
+        self.readahead = config;
+    }
+
+    pub fn readahead(&self) -> ReadaheadConfig {
+        self.readahead
+    }
+
+    /// Range requests sent to the agent so far (one per round trip when stop-and-wait; one
+    /// per chunk when reading ahead).
+    pub fn requests(&self) -> u64 {
+        self.stream.requests
+    }
+
+    /// Tokens asked of the agent so far, read ahead or not (chunks drained unused included).
+    pub fn requested_tokens(&self) -> u64 {
+        self.stream.requested_tokens
+    }
+
+    fn read(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
+        let total = self.tokens;
+        let cfg = self.readahead;
+        let serves = |seq: &Sequence, r: &Range<u64>| {
+            cfg.in_flight > 0 && r.end <= total && seq.continues(r)
+        };
+        // Start reading ahead only when this read goes on from a range that itself went on
+        // from the one before: a shuffled plan's reads line up like that by chance about
+        // once in (samples per epoch)², and would pay for a whole window each time.
+        if self.window.is_none()
+            && self.seq.streak > 0
+            && ranges.first().is_some_and(|r| serves(&self.seq, r))
+        {
+            self.window = Some(Window::new(ranges[0].start));
+        }
+        let mut at = 0;
+        let mut done = 0;
+        if let Some(w) = &mut self.window {
+            while done < ranges.len() && serves(&self.seq, &ranges[done]) {
+                let r = &ranges[done];
+                let n = (r.end - r.start) as usize;
+                w.read(r, &mut out[at..at + n], &mut self.stream, cfg, total)?;
+                self.seq.note(r);
+                at += n;
+                done += 1;
+            }
+            if done == ranges.len() {
+                // Keep the pipeline full while the consumer works on these tokens.
+                w.top_up(&mut self.stream, cfg, total);
+            } else if let Some(w) = self.window.take() {
+                // The read left the sequence: what is in flight is of no use, but its
+                // answers are on the stream ahead of any new one.
+                w.drain(&mut self.stream)?;
+            }
+        }
+        // Stop-and-wait for the rest.
+        let mut ranges = &ranges[done..];
+        while !ranges.is_empty() {
+            let (chunk, rest) = ranges.split_at(
+                ranges
+                    .len()
+                    .min(dquant_transport::record::MAX_REQUEST_RANGES),
+            );
+            self.pairs.clear();
+            self.pairs
+                .extend(chunk.iter().map(|r| (r.start, r.end - r.start)));
+            self.stream.send(&self.pairs)?;
+            for r in chunk {
+                let n = (r.end - r.start) as usize;
+                self.stream
+                    .recv(r.start, r.end - r.start, Some(&mut out[at..at + n]))?;
+                self.seq.note(r);
+                at += n;
+            }
+            ranges = rest;
+        }
+        Ok(())
     }
 }
 
@@ -425,42 +573,212 @@ impl TokenSource for RemoteSource {
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
         let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
-        if total != out.len() as u64 {
+        if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
             return Err(SourceError::Usage(
                 "read_ranges: the buffer does not match the ranges".into(),
             ));
         }
-        let mut at = 0;
-        for chunk in ranges.chunks(dquant_transport::record::MAX_REQUEST_RANGES) {
-            self.pairs.clear();
-            self.pairs
-                .extend(chunk.iter().map(|r| (r.start, r.end - r.start)));
-            self.request.clear();
-            encode_request(&self.pairs, &mut self.request);
-            self.writer.send(FrameKind::Data, &self.request)?;
-            self.writer.flush()?;
-            for r in chunk {
-                let mut hb = [0u8; RECORD_HEADER_LEN];
-                match self.reader.next_header()? {
-                    Some(h) => hb.copy_from_slice(&h),
-                    None => return Err(WireError::EndInRecord("range response").into()),
+        if let Some(why) = &self.failed {
+            return Err(SourceError::Agent(format!(
+                "agent {}: the data stream of session {} failed earlier ({why}); reopen the source",
+                self.control.authority(),
+                self.session
+            )));
+        }
+        let r = self.read(ranges, out);
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
+            self.window = None;
+        }
+        r
+    }
+}
+
+/// The data connection of a source session: requests out, range records back, in order.
+struct DataStream {
+    writer: FrameWriter<TcpStream>,
+    reader: RecordReader<TcpStream>,
+    decoder: Decoder,
+    request: Vec<u8>,
+    payload: Vec<u8>,
+    requests: u64,
+    requested_tokens: u64,
+}
+
+impl DataStream {
+    /// Sends one request for `pairs` (first token, tokens), at most `MAX_REQUEST_RANGES`.
+    fn send(&mut self, pairs: &[(u64, u64)]) -> Result<(), SourceError> {
+        self.request.clear();
+        encode_request(pairs, &mut self.request);
+        self.writer.send(FrameKind::Data, &self.request)?;
+        self.writer.flush()?;
+        self.requests += 1;
+        self.requested_tokens += pairs.iter().map(|p| p.1).sum::<u64>();
+        Ok(())
+    }
+
+    /// Receives the next range record, which must be `len` tokens from `start`, and decodes
+    /// it into `out` (`len` tokens), or reads past it when `out` is `None`. An error frame
+    /// from the agent comes back as `WireError::Remote`, its message verbatim.
+    fn recv(&mut self, start: u64, len: u64, out: Option<&mut [u32]>) -> Result<(), SourceError> {
+        let Some(hb) = self.reader.next_header()? else {
+            return Err(WireError::EndInRecord("range response").into());
+        };
+        let h = RangeHeader::parse(&hb).map_err(WireError::from)?;
+        if h.start != start || h.len != len {
+            return Err(SourceError::Agent(format!(
+                "agent answered range {}+{} for request {}..{}",
+                h.start,
+                h.len,
+                start,
+                start + len
+            )));
+        }
+        check_payload_len(h.codec, h.len as usize, h.payload_len)?;
+        self.payload.resize(h.payload_len as usize, 0);
+        self.reader.read_exact(&mut self.payload, "range payload")?;
+        if let Some(out) = out {
+            self.decoder
+                .decode(h.codec, &self.payload, out)
+                .map_err(|e| e.at_base(start))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where the reads of a source stand, to tell sequential access from the rest.
+#[derive(Default)]
+struct Sequence {
+    /// End of the last range read.
+    last_end: Option<u64>,
+    /// How many ranges in a row, up to the last one, went on from the one before.
+    streak: u64,
+}
+
+impl Sequence {
+    /// Whether `r` goes on from the last range read: it starts on that range's last token
+    /// (packed samples share one: sample `i` is `[i * seq_len, (i + 1) * seq_len + 1)`) or
+    /// right after it.
+    fn continues(&self, r: &Range<u64>) -> bool {
+        r.start < r.end
+            && self
+                .last_end
+                .is_some_and(|e| r.start == e || r.start + 1 == e)
+    }
+
+    fn note(&mut self, r: &Range<u64>) {
+        self.streak = if self.continues(r) {
+            self.streak + 1
+        } else {
+            0
+        };
+        self.last_end = Some(r.end);
+    }
+}
+
+/// Sequential readahead: decoded tokens ahead of the reader, and the chunk requests in
+/// flight beyond them.
+///
+/// Why: stop-and-wait (one request per read, then wait for its answer) leaves the link idle
+/// while the agent produces each answer and while our consumer works on the last batch, so
+/// over a NIC-bound link a chained agent falls well short of link rate. While reads go on
+/// where the last one ended, this keeps up to `in_flight` requests of `chunk_tokens` queued
+/// on the agent ahead of the reader: the agent produces and sends the next chunks while this
+/// process decodes and its consumer packs, and the link never waits on either.
+///
+/// Bounded memory: `tokens` holds at most the range being served plus one chunk, since the
+/// tokens before the range being served are dropped before a chunk is appended (reads only
+/// go forward here). Answers not yet received wait in socket buffers, not in this process.
+///
+/// Why answers are drained: the agent answers requests strictly in order on one stream. A
+/// read that leaves the sequence cannot just forget the requests in flight: their answers
+/// come before the answer to anything asked next, so they are read and dropped first, or
+/// every later read would get the wrong tokens. An error frame met while draining is that
+/// read's error, as it would have been the read's own.
+struct Window {
+    /// The first token in `tokens`.
+    start: u64,
+    /// Decoded tokens from `start` on.
+    tokens: Vec<u32>,
+    /// Chunks asked for and not received yet, in request order: (first token, tokens).
+    in_flight: VecDeque<(u64, u64)>,
+    /// The first token not asked for yet.
+    next: u64,
+    /// A chunk request that could not be sent. Reported only when the reader needs that
+    /// chunk: the answers before it (often the agent's error frame, which says why the
+    /// connection broke) are read first.
+    send_error: Option<SourceError>,
+}
+
+impl Window {
+    fn new(at: u64) -> Self {
+        Window {
+            start: at,
+            tokens: Vec::new(),
+            in_flight: VecDeque::new(),
+            next: at,
+            send_error: None,
+        }
+    }
+
+    fn end(&self) -> u64 {
+        self.start + self.tokens.len() as u64
+    }
+
+    /// Asks for chunks until `in_flight` are outstanding or the dataset's end is asked for.
+    fn top_up(&mut self, s: &mut DataStream, cfg: ReadaheadConfig, total: u64) {
+        while self.send_error.is_none() && self.in_flight.len() < cfg.in_flight && self.next < total
+        {
+            let len = cfg.chunk_tokens.min(total - self.next);
+            match s.send(&[(self.next, len)]) {
+                Ok(()) => {
+                    self.in_flight.push_back((self.next, len));
+                    self.next += len;
                 }
-                let h = RangeHeader::parse(&hb).map_err(WireError::from)?;
-                if h.start != r.start || h.len != r.end - r.start {
-                    return Err(SourceError::Agent(format!(
-                        "agent answered range {}+{} for request {}..{}",
-                        h.start, h.len, r.start, r.end
-                    )));
-                }
-                check_payload_len(h.codec, h.len as usize, h.payload_len)?;
-                self.payload.resize(h.payload_len as usize, 0);
-                self.reader.read_exact(&mut self.payload, "range payload")?;
-                let n = h.len as usize;
-                self.decoder
-                    .decode(h.codec, &self.payload, &mut out[at..at + n])
-                    .map_err(|e| e.at_base(r.start))?;
-                at += n;
+                Err(e) => self.send_error = Some(e),
             }
+        }
+    }
+
+    /// Copies the tokens of `r` into `out`, receiving chunks until the window holds them.
+    /// `r` must not start before the window nor end past `total`.
+    fn read(
+        &mut self,
+        r: &Range<u64>,
+        out: &mut [u32],
+        s: &mut DataStream,
+        cfg: ReadaheadConfig,
+        total: u64,
+    ) -> Result<(), SourceError> {
+        debug_assert!(self.start <= r.start && r.start <= self.end() && r.end <= total);
+        while self.end() < r.end {
+            self.top_up(s, cfg, total);
+            let Some((start, len)) = self.in_flight.pop_front() else {
+                return Err(self.send_error.take().unwrap_or_else(|| {
+                    SourceError::Usage(format!(
+                        "readahead: nothing in flight for tokens {}..{}",
+                        r.start, r.end
+                    ))
+                }));
+            };
+            debug_assert_eq!(start, self.end());
+            // No later read needs the tokens before `r` (reads here only go forward).
+            let consumed = (r.start.saturating_sub(self.start) as usize).min(self.tokens.len());
+            self.tokens.drain(..consumed);
+            self.start += consumed as u64;
+            let at = self.tokens.len();
+            self.tokens.resize(at + len as usize, 0);
+            s.recv(start, len, Some(&mut self.tokens[at..]))?;
+        }
+        let a = (r.start - self.start) as usize;
+        out.copy_from_slice(&self.tokens[a..a + out.len()]);
+        Ok(())
+    }
+
+    /// Reads and drops the answers still in flight, leaving the stream at a request boundary.
+    fn drain(mut self, s: &mut DataStream) -> Result<(), SourceError> {
+        while let Some((start, len)) = self.in_flight.pop_front() {
+            s.recv(start, len, None)?;
         }
         Ok(())
     }
@@ -470,7 +788,11 @@ impl Drop for RemoteSource {
     fn drop(&mut self) {
         // Closing the socket ends the session on the agent; say so explicitly too, but do not
         // wait on an agent that may be gone.
-        let _ = self.writer.get_ref().shutdown(std::net::Shutdown::Both);
+        let _ = self
+            .stream
+            .writer
+            .get_ref()
+            .shutdown(std::net::Shutdown::Both);
     }
 }
 

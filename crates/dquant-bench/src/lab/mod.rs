@@ -1,0 +1,1002 @@
+//! The benchmark lab (`dquant-offload-bench lab`, run by `bench/lab/run.sh`): a NIC-bound
+//! link between a storage node and a training host, emulated with two network namespaces, a
+//! veth pair and `tc tbf` ([`netns`]), and the same real tokenized corpora read across it four
+//! ways:
+//!
+//! - **(a) baseline**, what users do today: an S3-compatible server (s3s-fs) in `storage`,
+//!   and the host pulling raw int32 with ranged GETs and narrowing and packing in-process
+//!   ([`s3`]);
+//! - **(b) near-storage agent**: `dquant serve` in `storage` ships `u16` / `bits:N` / zstd
+//!   batches, and the client in `host` decodes them;
+//! - **(c) DPU-style chain**: the storage agent → link → an agent in `host` (the DPU's role)
+//!   → shared-memory ring → the consumer process;
+//! - **(d) in-process** on local files: a ceiling, not link-bound.
+//!
+//! Why it is built this way: the product's claim is that data loading is NIC-bound, and that
+//! narrowing and compressing in the network path multiplies what the link delivers and frees
+//! the host's CPU. Every figure is therefore a ratio against the baseline measured in the
+//! same run on the same link and data, and every scenario must deliver the same stream
+//! (its xxh3 is compared) or the lab fails.
+
+pub mod chart;
+pub mod consume;
+pub mod netns;
+pub mod s3;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use dquant_corpus::Encoding;
+use dquant_plan::{OutputDType, Plan, Source};
+use serde::{Deserialize, Serialize};
+
+use netns::{Link, LinkSpec, HOST_NS, STORAGE_IP, STORAGE_NS};
+
+const EXAMPLES: &str = "\
+Examples (as root; bench/lab/run.sh builds everything first and passes these through):
+  dquant-offload-bench lab                          # 1 Gbit/s, ~200 MB per corpus, 3 runs
+  dquant-offload-bench lab --rate 10gbit --size 500
+  dquant-offload-bench lab --smoke                  # tiny data, one run, about 30 s (CI)
+  dquant-offload-bench lab --cleanup                # remove namespaces a killed lab left";
+
+/// The benchmark lab: storage → NIC-bound link → host, four ways, side by side.
+///
+/// Creates the network namespaces `storage` and `host` joined by a veth pair shaped with
+/// `tc tbf`, runs every scenario on the same real tokenized corpora, checks that all
+/// deliver the same stream, and writes a table, a JSON file and a PNG chart. Removes
+/// everything it created on exit, including on Ctrl-C. Needs root, iproute2 and s3s-fs.
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// Link rate, in tc syntax.
+    #[arg(long, default_value = "1gbit")]
+    pub rate: String,
+    /// MTU of the veth pair.
+    #[arg(long, default_value_t = 1500)]
+    pub mtu: u32,
+    /// MB of source text tokenized per corpus (bounded by the text on this machine); its
+    /// int32 file is 1.2–1.9× that. Default 200 (4 with --smoke).
+    #[arg(long)]
+    pub size: Option<u64>,
+    /// Corpora: tiktoken encodings of real text (16-, 17- and 18-bit ids).
+    #[arg(long, value_delimiter = ',', default_value = "r50k,cl100k,o200k")]
+    pub corpora: Vec<Encoding>,
+    /// Compressed wire codecs tried in (b) and (c).
+    #[arg(long, value_delimiter = ',', default_value = "auto+zstd:1,auto+lz4")]
+    pub compressed: Vec<String>,
+    /// Rounds over all scenarios (each round has its own baseline).
+    #[arg(long)]
+    pub runs: Option<u32>,
+    /// Tiny data (4 MB per corpus), one run, one compressed codec: checks that the lab works.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Where the corpora are generated once (DATA/sizeN/lab/) and reused.
+    #[arg(long, default_value = "/var/tmp/dquant-lab")]
+    pub data: PathBuf,
+    /// Where results go (results.json, table.md, lab.png); default DATA/out/<UTC time>.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also add the table to this results file (bench/RESULTS.md), newest first: before its
+    /// first `## ` section.
+    #[arg(long)]
+    pub append: Option<PathBuf>,
+    /// The s3s-fs binary (default: from PATH, then ~/.cargo/bin).
+    #[arg(long)]
+    pub s3s_fs: Option<PathBuf>,
+    /// The dquant binary (default: next to this one).
+    #[arg(long)]
+    pub dquant: Option<PathBuf>,
+    /// Tokens per sample (the plan's seq_len).
+    #[arg(long, default_value_t = 4095)]
+    pub seq_len: u32,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: u32,
+    /// Remove the namespaces a killed lab left behind, and exit.
+    #[arg(long)]
+    pub cleanup: bool,
+}
+
+/// How one scenario gets the corpus to the consumer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Way {
+    /// (a) s3s-fs in `storage`; the consumer reads int32 by ranged GETs and narrows.
+    Baseline,
+    /// (b) `dquant serve` in `storage`, batches over the link in `wire`.
+    Agent { wire: String },
+    /// (c) storage agent → link (ranges in `wire`) → host agent → shm ring → consumer.
+    Chain { wire: String },
+    /// (d) in-process on local files.
+    Local,
+}
+
+impl Way {
+    pub fn label(&self) -> String {
+        match self {
+            Way::Baseline => "(a) S3 int32, host narrows".into(),
+            Way::Agent { wire } => format!("(b) agent {wire}"),
+            Way::Chain { wire } => format!("(c) chain {wire} + shm"),
+            Way::Local => "(d) in-process, local".into(),
+        }
+    }
+
+    fn link_bound(&self) -> bool {
+        !matches!(self, Way::Local)
+    }
+}
+
+/// One scenario run's measurements.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Measure {
+    pub run: u32,
+    pub corpus: String,
+    pub way: Way,
+    pub consumer: consume::Consumed,
+    /// Bytes sent by the veth end in `storage` (towards the host) and in `host`.
+    pub link_down: u64,
+    pub link_up: u64,
+    /// Peak RSS of the servers: (name, bytes).
+    pub servers_rss: Vec<(String, u64)>,
+}
+
+impl Measure {
+    pub fn tokens_per_s(&self) -> f64 {
+        self.consumer.tokens as f64 / self.consumer.wall_s
+    }
+
+    /// Link bytes (towards the host) per delivered token.
+    pub fn wire_bytes_per_token(&self) -> f64 {
+        self.link_down as f64 / self.consumer.tokens as f64
+    }
+
+    /// Consumer CPU-seconds per 10⁹ tokens.
+    pub fn cpu_per_gtok(&self) -> f64 {
+        self.consumer.cpu_s / self.consumer.tokens as f64 * 1e9
+    }
+
+    /// Fraction of the link's rate this run's bytes used: tokens/s ÷ (rate ÷ wire bytes per
+    /// token), the issue's "link rate ÷ wire bytes per token" bound.
+    pub fn link_use(&self, link: &LinkSpec) -> f64 {
+        self.link_down as f64 / self.consumer.wall_s / link.bytes_per_s()
+    }
+}
+
+/// A corpus on disk: DATA/lab/NAME_int32.{bin,idx}.
+struct Corpus {
+    enc: Encoding,
+    prefix: PathBuf,
+    tokens: u64,
+}
+
+impl Corpus {
+    fn name(&self) -> String {
+        format!("{}_int32", self.enc.name())
+    }
+
+    fn output(&self) -> OutputDType {
+        if self.enc.bits() <= 16 {
+            OutputDType::U16
+        } else {
+            OutputDType::I32
+        }
+    }
+
+    fn narrow_codec(&self) -> String {
+        match self.enc.bits() {
+            16 => "u16".into(),
+            b => format!("bits:{b}"),
+        }
+    }
+}
+
+/// Files the lab needs besides itself.
+struct Tools {
+    dquant: PathBuf,
+    s3s_fs: PathBuf,
+    me: PathBuf,
+}
+
+fn find_tools(args: &Args) -> Result<Tools> {
+    let me = std::env::current_exe().context("cannot find this executable")?;
+    let dquant = match &args.dquant {
+        Some(p) => p.clone(),
+        None => me.with_file_name("dquant"),
+    };
+    ensure!(
+        dquant.is_file(),
+        "{} not found: build it (cargo build --release) or pass --dquant",
+        dquant.display()
+    );
+    let s3s_fs = match &args.s3s_fs {
+        Some(p) => p.clone(),
+        None => {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+            if let Some(home) = std::env::var_os("CARGO_HOME") {
+                dirs.push(PathBuf::from(home).join("bin"));
+            }
+            if let Some(home) = std::env::var_os("HOME") {
+                dirs.push(PathBuf::from(home).join(".cargo/bin"));
+            }
+            dirs.into_iter()
+                .map(|d| d.join("s3s-fs"))
+                .find(|p| p.is_file())
+                .context(
+                    "s3s-fs not found in PATH or ~/.cargo/bin: install it with \
+                     `cargo install s3s-fs --version 0.14.1 --locked --features binary` \
+                     (bench/lab/run.sh does), or pass --s3s-fs",
+                )?
+        }
+    };
+    Ok(Tools { dquant, s3s_fs, me })
+}
+
+/// Generates (once) the corpus of `enc` with about `size_mb` MB of int32 tokens.
+fn prepare_corpus(tools: &Tools, dir: &Path, enc: Encoding, size_mb: u64) -> Result<Corpus> {
+    let prefix = dir.join(format!("{}_int32", enc.name()));
+    let stamp = dir.join(format!("{}_int32.stamp", enc.name()));
+    let want = format!(
+        "dquant corpus real --encoding {} --max-mb {size_mb} --ext rs,md,txt,c,h",
+        enc.name()
+    );
+    let have = std::fs::read_to_string(&stamp).unwrap_or_default();
+    if have.trim() != want || !prefix.with_extension("bin").is_file() {
+        eprintln!(
+            "lab: tokenizing ~{size_mb} MB of source text with {} (once; kept in {})",
+            enc.name(),
+            dir.display()
+        );
+        let st = Command::new(&tools.dquant)
+            .args(["corpus", "real", "--encoding", enc.name(), "--max-mb"])
+            .arg(size_mb.to_string())
+            .args(["--ext", "rs,md,txt,c,h"])
+            .arg(&prefix)
+            .status()
+            .context("cannot run dquant corpus")?;
+        ensure!(st.success(), "dquant corpus real failed for {}", enc.name());
+        std::fs::write(&stamp, &want)?;
+    }
+    let bytes = std::fs::metadata(prefix.with_extension("bin"))?.len();
+    // Warm the page cache: the storage node serves from memory in every scenario alike.
+    crate::procs::warm_file(&prefix.with_extension("bin"))?;
+    Ok(Corpus {
+        enc,
+        prefix,
+        tokens: bytes / 4,
+    })
+}
+
+/// Settings shared by all scenario runs.
+struct Ctx<'a> {
+    tools: &'a Tools,
+    link: &'a Link,
+    bucket_root: PathBuf,
+    /// s3s-fs's root: the bucket `lab` with the int32 files, uploaded by PUT.
+    s3_root: PathBuf,
+    scratch: tempfile::TempDir,
+    seq_len: u32,
+    batch_size: u32,
+}
+
+const S3_PORT: u16 = 9000;
+const AGENT_PORT: u16 = 7878;
+const S3_KEY: &str = "lab";
+const S3_SECRET: &str = "lab-secret-key";
+const BUCKET: &str = "lab";
+
+impl Ctx<'_> {
+    fn plan(&self, c: &Corpus, uri: String, dtype: Option<&str>, wire: &str) -> Plan {
+        let mut s = Source::new(uri);
+        s.dtype = dtype.map(str::to_string);
+        let mut p = Plan::new(vec![s], self.seq_len, self.batch_size);
+        // Sequential reading: a shuffled baseline would pay one HTTP round trip per 16 KiB
+        // sample and measure latency, not the link (see bench/lab/README.md).
+        p.shuffle = false;
+        p.output = c.output();
+        p.wire_codec = wire.to_string();
+        p
+    }
+
+    fn dquant_serve(
+        &self,
+        ns: &str,
+        listen: &str,
+        socket: Option<&Path>,
+        what: &str,
+    ) -> Result<netns::NsChild> {
+        let mut cmd = Command::new(&self.tools.dquant);
+        cmd.arg("serve")
+            .arg("--root")
+            .arg(format!(
+                "{BUCKET}={}",
+                self.bucket_root.join(BUCKET).display()
+            ))
+            .args(["--listen", listen])
+            .env("DQUANT_LOG", "warn");
+        if let Some(s) = socket {
+            cmd.arg("--socket").arg(s);
+        }
+        let child = netns::spawn_in(ns, cmd, what)?;
+        netns::wait_listening(ns, listen, Duration::from_secs(20))
+            .with_context(|| format!("{what} did not start"))?;
+        Ok(child)
+    }
+
+    /// Runs one scenario on one corpus: servers up, consumer to the end, counters, servers
+    /// down.
+    fn run(&self, run: u32, c: &Corpus, way: &Way) -> Result<Measure> {
+        let storage_addr = format!("{STORAGE_IP}:{AGENT_PORT}");
+        let mut servers: Vec<(String, netns::NsChild)> = Vec::new();
+        let mut consumer = Command::new(&self.tools.me);
+        consumer.arg("lab-consume");
+        let plan = match way {
+            Way::Baseline => {
+                servers.push(("s3s-fs".into(), spawn_s3s_fs(self.tools, &self.s3_root)?));
+                let addr = format!("{STORAGE_IP}:{S3_PORT}");
+                consumer
+                    .arg("--s3-endpoint")
+                    .arg(format!("http://{addr}"))
+                    .args(["--s3-access-key", S3_KEY, "--s3-secret-key", S3_SECRET]);
+                self.plan(
+                    c,
+                    format!("s3://{BUCKET}/{}.bin", c.name()),
+                    Some("i32"),
+                    "auto",
+                )
+            }
+            Way::Agent { wire } => {
+                servers.push((
+                    "storage agent".into(),
+                    self.dquant_serve(STORAGE_NS, &storage_addr, None, "storage agent")?,
+                ));
+                consumer
+                    .arg("--agent")
+                    .arg(format!("dquant://{storage_addr}"));
+                self.plan(c, format!("{BUCKET}/{}", c.name()), None, wire)
+            }
+            Way::Chain { wire } => {
+                servers.push((
+                    "storage agent".into(),
+                    self.dquant_serve(STORAGE_NS, &storage_addr, None, "storage agent")?,
+                ));
+                let sock = self
+                    .scratch
+                    .path()
+                    .join(format!("host-{run}-{}.sock", c.name()));
+                servers.push((
+                    "host agent".into(),
+                    self.dquant_serve(HOST_NS, "127.0.0.1:7878", Some(&sock), "host agent")?,
+                ));
+                consumer.arg("--agent").arg(&sock);
+                self.plan(
+                    c,
+                    format!("dquant://{storage_addr}/{BUCKET}/{}", c.name()),
+                    None,
+                    wire,
+                )
+            }
+            Way::Local => self.plan(c, c.prefix.display().to_string(), None, "auto"),
+        };
+        consumer.arg("--plan").arg(serde_json::to_string(&plan)?);
+        let (down0, up0) = self.link.counters()?;
+        let child = netns::spawn_in(HOST_NS, consumer, "consumer")?;
+        // Generous: the baseline at 5% of the link rate, plus start-up.
+        let secs = c.tokens as f64 * 4.0 / (self.link.spec.bytes_per_s() * 0.05) + 60.0;
+        let (ok, out, err) = child.finish(Duration::from_secs_f64(secs))?;
+        let (down1, up1) = self.link.counters()?;
+        let mut servers_rss = Vec::new();
+        for (name, s) in &mut servers {
+            servers_rss.push((name.clone(), s.peak_rss().unwrap_or(0)));
+            if !s.running() {
+                let (_, e) = s.stop();
+                bail!("{name} exited during {}: {e}", way.label());
+            }
+        }
+        drop(servers);
+        if !ok {
+            bail!(
+                "the consumer failed in {} on {}: {}",
+                way.label(),
+                c.name(),
+                err.trim()
+            );
+        }
+        let consumer: consume::Consumed = serde_json::from_str(out.trim())
+            .with_context(|| format!("consumer printed {out:?}"))?;
+        Ok(Measure {
+            run,
+            corpus: c.enc.name().to_string(),
+            way: way.clone(),
+            consumer,
+            link_down: down1 - down0,
+            link_up: up1 - up0,
+            servers_rss,
+        })
+    }
+}
+
+/// Starts s3s-fs in `storage` on `root` and waits until it listens.
+fn spawn_s3s_fs(tools: &Tools, root: &Path) -> Result<netns::NsChild> {
+    let mut cmd = Command::new(&tools.s3s_fs);
+    cmd.args(["--host", STORAGE_IP, "--port", &S3_PORT.to_string()])
+        .args(["--access-key", S3_KEY, "--secret-key", S3_SECRET])
+        .arg(root);
+    let child = netns::spawn_in(STORAGE_NS, cmd, "s3s-fs")?;
+    let addr = format!("{STORAGE_IP}:{S3_PORT}");
+    netns::wait_listening(STORAGE_NS, &addr, Duration::from_secs(20))
+        .context("s3s-fs did not start")?;
+    Ok(child)
+}
+
+/// Uploads (once) each corpus's int32 file into s3s-fs's bucket by PUT, from inside the
+/// `storage` namespace (no link traffic). See [`s3::ensure_object`] for why not a copy.
+fn stage_s3(tools: &Tools, s3_root: &Path, corpora: &[Corpus]) -> Result<()> {
+    std::fs::create_dir_all(s3_root.join(BUCKET))
+        .with_context(|| format!("cannot create {}", s3_root.display()))?;
+    let _server = spawn_s3s_fs(tools, s3_root)?;
+    let store = s3::s3_store(&s3::S3Config {
+        endpoint: format!("http://{STORAGE_IP}:{S3_PORT}"),
+        bucket: BUCKET.into(),
+        access_key: S3_KEY.into(),
+        secret_key: S3_SECRET.into(),
+        region: "us-east-1".into(),
+    })?;
+    let files: Vec<(String, PathBuf)> = corpora
+        .iter()
+        .map(|c| (format!("{}.bin", c.name()), c.prefix.with_extension("bin")))
+        .collect();
+    netns::in_ns(STORAGE_NS, move || -> Result<()> {
+        for (key, file) in &files {
+            if s3::ensure_object(&store, key, file)? {
+                eprintln!("lab: uploaded s3://{BUCKET}/{key} to s3s-fs (once)");
+            }
+        }
+        Ok(())
+    })?
+}
+
+fn scenarios(c: &Corpus, compressed: &[String]) -> Vec<Way> {
+    let mut v = vec![
+        Way::Baseline,
+        Way::Agent {
+            wire: c.narrow_codec(),
+        },
+    ];
+    v.extend(compressed.iter().map(|w| Way::Agent { wire: w.clone() }));
+    v.extend(compressed.iter().map(|w| Way::Chain { wire: w.clone() }));
+    v.push(Way::Local);
+    v
+}
+
+/// The lab, end to end.
+pub fn run(args: &Args) -> Result<()> {
+    if args.cleanup {
+        let gone = netns::remove_leftovers()?;
+        if gone.is_empty() {
+            eprintln!("lab: nothing to remove");
+        } else {
+            eprintln!("lab: removed namespaces {}", gone.join(", "));
+        }
+        return Ok(());
+    }
+    let size = args.size.unwrap_or(if args.smoke { 4 } else { 200 });
+    let runs = args.runs.unwrap_or(if args.smoke { 1 } else { 3 });
+    ensure!(runs >= 1, "--runs must be at least 1");
+    ensure!(!args.corpora.is_empty(), "--corpora names no corpus");
+    let compressed: Vec<String> = if args.smoke {
+        args.compressed.iter().take(1).cloned().collect()
+    } else {
+        args.compressed.clone()
+    };
+    for w in &compressed {
+        w.parse::<dquant_plan::WireCodec>()
+            .map_err(|e| anyhow::anyhow!("--compressed {w:?}: {e}"))?;
+    }
+    let spec = LinkSpec::new(&args.rate, args.mtu)?;
+    let tools = find_tools(args)?;
+    // One directory per size, so that a smoke run does not replace the full corpora.
+    let bucket_root = args.data.join(format!("size{size}"));
+    let data = bucket_root.join(BUCKET);
+    std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+    let corpora: Vec<Corpus> = args
+        .corpora
+        .iter()
+        .map(|&e| prepare_corpus(&tools, &data, e, size))
+        .collect::<Result<_>>()?;
+    let out = match &args.out {
+        Some(o) => o.clone(),
+        None => args.data.join("out").join(utc_stamp()),
+    };
+    std::fs::create_dir_all(&out)?;
+
+    netns::install_signal_cleanup()?;
+    let link = Link::create(spec.clone())?;
+    eprintln!(
+        "lab: namespaces {STORAGE_NS} ({STORAGE_IP}) and {HOST_NS} ({}), veth shaped to {} (mtu {})",
+        netns::HOST_IP, spec.rate, spec.mtu
+    );
+    let s3_root = bucket_root.join("s3");
+    stage_s3(&tools, &s3_root, &corpora)?;
+    let ctx = Ctx {
+        tools: &tools,
+        link: &link,
+        bucket_root,
+        s3_root,
+        scratch: tempfile::tempdir()?,
+        seq_len: args.seq_len,
+        batch_size: args.batch_size,
+    };
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for run in 1..=runs {
+        for c in &corpora {
+            let mut baseline: Option<Measure> = None;
+            for way in scenarios(c, &compressed) {
+                let m = ctx
+                    .run(run, c, &way)
+                    .with_context(|| format!("run {run}, {}, {}", c.name(), way.label()))?;
+                let base = baseline.get_or_insert_with(|| m.clone());
+                ensure!(
+                    m.consumer.xxh3 == base.consumer.xxh3 && m.consumer.tokens == base.consumer.tokens,
+                    "{} on {} delivered a different stream than the baseline: {} tokens, xxh3 {} against {} tokens, xxh3 {}",
+                    way.label(), c.name(), m.consumer.tokens, m.consumer.xxh3, base.consumer.tokens, base.consumer.xxh3
+                );
+                eprintln!(
+                    "[run {run}/{runs}] {:<7} {:<32} {:>7.1} M tok/s  {:>5.2}× baseline  link {:>5.1}%  {:.2} B/tok  consumer {:>6.2} CPU-s/Gtok",
+                    c.enc.name(),
+                    way.label(),
+                    m.tokens_per_s() / 1e6,
+                    m.tokens_per_s() / base.tokens_per_s(),
+                    m.link_use(&spec) * 100.0,
+                    m.wire_bytes_per_token(),
+                    m.cpu_per_gtok()
+                );
+                all.push(m);
+            }
+        }
+    }
+    drop(ctx);
+    drop(link);
+    let elapsed = started.elapsed();
+
+    let summary = summarize(&all, &spec);
+    let goals = goals(&summary);
+    let meta = Meta::collect(args, &spec, size, runs, &corpora, elapsed);
+    let table = render_table(&meta, &summary, &goals);
+    std::fs::write(out.join("table.md"), &table)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(
+            &serde_json::json!({ "meta": meta, "runs": all, "summary": summary }),
+        )?,
+    )?;
+    chart::render_png(
+        &out.join("lab.png"),
+        &meta.chart_title(),
+        &meta.chart_subtitle(),
+        &panels(&summary),
+    )?;
+    if let Some(f) = &args.append {
+        add_to_results(f, &table)?;
+    }
+    println!("{table}");
+    eprintln!(
+        "lab: results in {} (table.md, results.json, lab.png); links and namespaces removed",
+        out.display()
+    );
+    Ok(())
+}
+
+/// Adds `section` to the results file `f` before its first `## ` heading (the file lists the
+/// newest results first), or at its end if it has none.
+fn add_to_results(f: &Path, section: &str) -> Result<()> {
+    let old = match std::fs::read_to_string(f) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", f.display())),
+    };
+    let at = old.find("\n## ").map_or(old.len(), |i| i + 1);
+    let new = format!(
+        "{}{}\n{}",
+        &old[..at],
+        section.trim_end(),
+        if at < old.len() { "\n" } else { "" }
+    ) + &old[at..];
+    std::fs::write(f, new).with_context(|| format!("cannot write {}", f.display()))
+}
+
+/// One (corpus, scenario) over all runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub corpus: String,
+    pub bits: u8,
+    pub way: Way,
+    pub label: String,
+    pub mtok_s: Vec<f64>,
+    /// tokens/s ÷ the same run's baseline.
+    pub ratio: Vec<f64>,
+    pub wire_bytes_per_token: f64,
+    pub link_use: Vec<f64>,
+    pub cpu_per_gtok: Vec<f64>,
+    /// Consumer CPU per token ÷ the same run's baseline's.
+    pub cpu_ratio: Vec<f64>,
+    pub stall: Vec<f64>,
+    pub consumer_rss: u64,
+    pub servers_rss: Vec<(String, u64)>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn span(v: &[f64], f: impl Fn(f64) -> String) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if v.len() == 1 || f(lo) == f(hi) {
+        f(lo)
+    } else {
+        format!("{}–{}", f(lo), f(hi))
+    }
+}
+
+fn summarize(all: &[Measure], spec: &LinkSpec) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::new();
+    for m in all {
+        let base = all
+            .iter()
+            .find(|b| b.run == m.run && b.corpus == m.corpus && b.way == Way::Baseline)
+            .expect("every run starts with its baseline");
+        let i = match rows
+            .iter()
+            .position(|r| r.corpus == m.corpus && r.way == m.way)
+        {
+            Some(i) => i,
+            None => {
+                let bits = match m.corpus.as_str() {
+                    "r50k" => 16,
+                    "cl100k" => 17,
+                    _ => 18,
+                };
+                rows.push(Row {
+                    corpus: m.corpus.clone(),
+                    bits,
+                    way: m.way.clone(),
+                    label: m.way.label(),
+                    mtok_s: vec![],
+                    ratio: vec![],
+                    wire_bytes_per_token: 0.0,
+                    link_use: vec![],
+                    cpu_per_gtok: vec![],
+                    cpu_ratio: vec![],
+                    stall: vec![],
+                    consumer_rss: 0,
+                    servers_rss: vec![],
+                });
+                rows.len() - 1
+            }
+        };
+        let r = &mut rows[i];
+        r.mtok_s.push(m.tokens_per_s() / 1e6);
+        r.ratio.push(m.tokens_per_s() / base.tokens_per_s());
+        r.wire_bytes_per_token = m.wire_bytes_per_token();
+        r.link_use.push(m.link_use(spec));
+        r.cpu_per_gtok.push(m.cpu_per_gtok());
+        r.cpu_ratio.push(m.cpu_per_gtok() / base.cpu_per_gtok());
+        r.stall.push(m.consumer.stall_s / m.consumer.wall_s);
+        r.consumer_rss = r.consumer_rss.max(m.consumer.peak_rss);
+        for (name, b) in &m.servers_rss {
+            match r.servers_rss.iter_mut().find(|(n, _)| n == name) {
+                Some((_, v)) => *v = (*v).max(*b),
+                None => r.servers_rss.push((name.clone(), *b)),
+            }
+        }
+    }
+    rows
+}
+
+/// One of the issue's goals, checked.
+#[derive(Clone, Debug, Serialize)]
+pub struct Goal {
+    pub what: String,
+    pub target: String,
+    pub got: String,
+    pub met: bool,
+}
+
+fn goals(rows: &[Row]) -> Vec<Goal> {
+    let mut g = Vec::new();
+    let find = |corpus: &str, way: &Way| rows.iter().find(|r| r.corpus == corpus && &r.way == way);
+    for (corpus, wire, target) in [("r50k", "u16", 1.9), ("o200k", "bits:18", 1.7)] {
+        if let Some(r) = find(corpus, &Way::Agent { wire: wire.into() }) {
+            let got = median(&r.ratio);
+            g.push(Goal {
+                what: format!("(b) {wire} on {corpus}: tokens/s vs baseline"),
+                target: format!("≥ {target}×"),
+                got: format!("{got:.2}× (runs {})", span(&r.ratio, |x| format!("{x:.2}"))),
+                met: got >= target,
+            });
+        }
+    }
+    for corpus in rows
+        .iter()
+        .map(|r| r.corpus.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        for chain in [false, true] {
+            let best = rows
+                .iter()
+                .filter(|r| r.corpus == corpus)
+                .filter(|r| match &r.way {
+                    Way::Agent { wire } if !chain => wire.contains('+'),
+                    Way::Chain { .. } => chain,
+                    _ => false,
+                })
+                .max_by(|a, b| median(&a.ratio).total_cmp(&median(&b.ratio)));
+            let Some(r) = best else { continue };
+            let (ratio, link) = (median(&r.ratio), median(&r.link_use));
+            g.push(Goal {
+                what: format!(
+                    "{} on {corpus}: tokens/s vs baseline, and link use",
+                    r.label
+                ),
+                target: "≥ 3×, ≥ 90%".into(),
+                got: format!("{ratio:.2}×, {:.1}%", link * 100.0),
+                met: ratio >= 3.0 && link >= 0.9,
+            });
+        }
+    }
+    for r in rows.iter().filter(|r| matches!(r.way, Way::Chain { .. })) {
+        let got = median(&r.cpu_ratio);
+        g.push(Goal {
+            what: format!(
+                "{} on {}: consumer CPU per token vs baseline",
+                r.label, r.corpus
+            ),
+            target: "≤ 0.2×".into(),
+            got: format!("{got:.3}×"),
+            met: got <= 0.2,
+        });
+    }
+    g
+}
+
+/// Where and how the run was made.
+#[derive(Clone, Debug, Serialize)]
+pub struct Meta {
+    pub date: String,
+    pub machine: String,
+    pub command: String,
+    pub commit: String,
+    pub link: String,
+    pub plan: String,
+    pub data: String,
+    pub runs: u32,
+    pub elapsed_s: f64,
+    pub loadavg: String,
+}
+
+impl Meta {
+    fn collect(
+        args: &Args,
+        spec: &LinkSpec,
+        size: u64,
+        runs: u32,
+        corpora: &[Corpus],
+        elapsed: Duration,
+    ) -> Meta {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown CPU".into());
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mem_gib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                let l = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+                l.split_whitespace().nth(1)?.parse::<f64>().ok()
+            })
+            .map_or(0.0, |kib| kib / (1 << 20) as f64);
+        let commit = Command::new("git")
+            .args(["describe", "--always", "--dirty", "--abbrev=9"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let command = std::env::var("DQUANT_LAB_COMMAND")
+            .unwrap_or_else(|_| std::env::args().collect::<Vec<_>>().join(" "));
+        let data = corpora
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} ({}-bit ids) {:.1} M tokens = {:.0} MB int32",
+                    c.enc.name(),
+                    c.enc.bits(),
+                    c.tokens as f64 / 1e6,
+                    c.tokens as f64 * 4.0 / 1e6
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        Meta {
+            date: utc_human(),
+            machine: format!("{cores} vCPU {cpu}, {mem_gib:.0} GiB, Linux {}", kernel.trim()),
+            command,
+            commit,
+            link: format!("veth + tc tbf {} (mtu {}), namespaces {STORAGE_NS} → {HOST_NS}", spec.rate, spec.mtu),
+            plan: format!("seq_len {}, batch {}, unshuffled, 1 epoch; output u16 (16-bit) or i32; --size {size}", args.seq_len, args.batch_size),
+            data,
+            runs,
+            elapsed_s: elapsed.as_secs_f64(),
+            loadavg: crate::procs::loadavg(),
+        }
+    }
+
+    fn chart_title(&self) -> String {
+        format!(
+            "dquant lab: storage → {} link → host",
+            self.link.split_whitespace().nth(4).unwrap_or("?")
+        )
+    }
+
+    fn chart_subtitle(&self) -> String {
+        format!(
+            "{} · {} · commit {} · {} run(s)",
+            self.date, self.machine, self.commit, self.runs
+        )
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0}", b as f64 / (1 << 20) as f64)
+}
+
+fn render_table(meta: &Meta, rows: &[Row], goals: &[Goal]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "## Benchmark lab: storage → NIC-bound link → host ({})",
+        meta.date
+    );
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "- Command: `{}` (commit {}, {} run(s), {:.0} s)",
+        meta.command, meta.commit, meta.runs, meta.elapsed_s
+    );
+    let _ = writeln!(t, "- Machine: {}; load {}", meta.machine, meta.loadavg);
+    let _ = writeln!(t, "- Link: {}", meta.link);
+    let _ = writeln!(t, "- Data: {}", meta.data);
+    let _ = writeln!(t, "- Plan: {}", meta.plan);
+    let _ = writeln!(t, "- Ratios are against the baseline (a) of the same run and corpus; ranges are min–max over runs, single figures medians. Link use = bytes the storage veth sent ÷ (rate × wall time); stall = time the consumer spent inside open/next_batch ÷ wall time.");
+    let _ = writeln!(t);
+    let _ = writeln!(t, "| corpus | scenario | M tokens/s | vs baseline | link B/token | link use | consumer CPU-s / 10⁹ tok | CPU vs baseline | stall | peak RSS MiB (consumer; servers) |");
+    let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    for r in rows {
+        let servers = r
+            .servers_rss
+            .iter()
+            .map(|(n, b)| format!("{n} {}", mib(*b)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            t,
+            "| {} ({}-bit) | {} | {} | {} | {:.2} | {} | {} | {} | {} | {}{}{} |",
+            r.corpus,
+            r.bits,
+            r.label,
+            span(&r.mtok_s, |x| format!("{x:.1}")),
+            span(&r.ratio, |x| format!("{x:.2}×")),
+            r.wire_bytes_per_token,
+            if r.way.link_bound() {
+                span(&r.link_use, |x| format!("{:.0}%", x * 100.0))
+            } else {
+                "—".into()
+            },
+            span(&r.cpu_per_gtok, |x| format!("{x:.1}")),
+            span(&r.cpu_ratio, |x| format!("{x:.3}×")),
+            span(&r.stall, |x| format!("{:.0}%", x * 100.0)),
+            mib(r.consumer_rss),
+            if servers.is_empty() { "" } else { "; " },
+            servers
+        );
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(t, "| goal | target | got | |");
+    let _ = writeln!(t, "|---|---|---|---|");
+    for g in goals {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} |",
+            g.what,
+            g.target,
+            g.got,
+            if g.met { "✅" } else { "❌" }
+        );
+    }
+    t
+}
+
+fn panels(rows: &[Row]) -> Vec<chart::Panel> {
+    let group = |r: &Row| format!("{} ({}-bit)", r.corpus, r.bits);
+    let speed = rows
+        .iter()
+        .map(|r| chart::Bar {
+            group: group(r),
+            label: r.label.clone(),
+            value: median(&r.ratio),
+            note: format!("{:.2}×", median(&r.ratio)),
+        })
+        .collect();
+    let cpu = rows
+        .iter()
+        .map(|r| chart::Bar {
+            group: group(r),
+            label: r.label.clone(),
+            value: median(&r.cpu_per_gtok),
+            note: format!("{:.0}", median(&r.cpu_per_gtok)),
+        })
+        .collect();
+    vec![
+        chart::Panel {
+            title: "Tokens/s delivered to the consumer, × baseline (a)".into(),
+            y_label: "× baseline".into(),
+            bars: speed,
+            reference: Some((1.0, "baseline".into())),
+        },
+        chart::Panel {
+            title: "Consumer CPU-seconds per 10⁹ tokens (lower is better)".into(),
+            y_label: "CPU-s / 10⁹ tokens".into(),
+            bars: cpu,
+            reference: None,
+        },
+    ]
+}
+
+fn utc_now() -> (i64, u32, u32, u32, u32, u32) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400) as u32;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+fn utc_stamp() -> String {
+    let (y, m, d, h, mi, s) = utc_now();
+    format!("{y:04}{m:02}{d:02}T{h:02}{mi:02}{s:02}Z")
+}
+
+fn utc_human() -> String {
+    let (y, m, d, h, mi, _) = utc_now();
+    format!("{y:04}-{m:02}-{d:02} {h:02}:{mi:02} UTC")
+}

@@ -1,0 +1,484 @@
+//! The emulated NIC-bound link: two network namespaces joined by a veth pair whose both ends
+//! are shaped by `tc tbf`.
+//!
+//! Why namespaces and not loopback: loopback has no rate and no device counters of its own,
+//! and every process on it shares one stack. Here the storage node's processes live in
+//! `storage`, the training host's in `host`, and the only way between them is the veth pair,
+//! so the bytes a scenario moves are read off the veth counters and its speed is bounded by
+//! the token bucket, as a real NIC bounds it.
+//!
+//! Everything created here is removed when the [`Link`] drops, and also on Ctrl-C / SIGTERM
+//! (the handler kills the processes started in the namespaces, then deletes the namespaces,
+//! which deletes the veth pair with them). Processes started in a namespace also get
+//! `PR_SET_PDEATHSIG`, so a lab killed by SIGKILL does not leave servers running; only the
+//! namespaces themselves can then be left behind, and `--cleanup` removes them.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The storage node's namespace.
+pub const STORAGE_NS: &str = "storage";
+/// The training host's namespace.
+pub const HOST_NS: &str = "host";
+/// The veth end in `storage`, and its address.
+pub const STORAGE_DEV: &str = "dqlab-st";
+pub const STORAGE_IP: &str = "10.77.0.1";
+/// The veth end in `host`, and its address.
+pub const HOST_DEV: &str = "dqlab-host";
+pub const HOST_IP: &str = "10.77.0.2";
+
+/// What the lab has created and not yet removed: what the signal handler must undo.
+#[derive(Default)]
+struct Live {
+    namespaces: Vec<String>,
+    pids: BTreeSet<u32>,
+}
+
+static LIVE: Mutex<Option<Live>> = Mutex::new(None);
+
+fn live<R>(f: impl FnOnce(&mut Live) -> R) -> R {
+    let mut g = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(Live::default))
+}
+
+/// Kills every process the lab started and deletes its namespaces. Idempotent.
+fn undo_all() {
+    let (pids, namespaces) = live(|l| {
+        (
+            std::mem::take(&mut l.pids),
+            std::mem::take(&mut l.namespaces),
+        )
+    });
+    for pid in &pids {
+        // SAFETY: plain kill(2) on pids we started and have not reaped (reaping removes them
+        // from the set first), so none can have been reused.
+        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+    }
+    for pid in &pids {
+        let mut status = 0;
+        // SAFETY: waitpid on our own children; a pid already reaped just returns -1.
+        unsafe { libc::waitpid(*pid as libc::pid_t, &mut status, 0) };
+    }
+    for ns in namespaces.iter().rev() {
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Installs the Ctrl-C / SIGTERM / SIGHUP handler that undoes the lab, then exits 130.
+pub fn install_signal_cleanup() -> Result<()> {
+    ctrlc::set_handler(|| {
+        eprintln!("\ninterrupted: removing the lab's processes and namespaces");
+        undo_all();
+        std::process::exit(130);
+    })
+    .context("cannot install the Ctrl-C handler")
+}
+
+/// Runs `ip`/`tc` and fails with its stderr.
+fn run(program: &str, args: &[&str]) -> Result<()> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {program} (iproute2 is needed)"))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn netns_exists(name: &str) -> bool {
+    std::path::Path::new("/var/run/netns").join(name).exists()
+}
+
+/// Removes namespaces a lab killed by SIGKILL left behind (`--cleanup`). Returns their names.
+pub fn remove_leftovers() -> Result<Vec<String>> {
+    let mut gone = Vec::new();
+    for ns in [STORAGE_NS, HOST_NS] {
+        if netns_exists(ns) {
+            run("ip", &["netns", "del", ns])?;
+            gone.push(ns.to_string());
+        }
+    }
+    Ok(gone)
+}
+
+/// The link's shape.
+#[derive(Clone, Debug)]
+pub struct LinkSpec {
+    /// `tc` rate, e.g. `1gbit`.
+    pub rate: String,
+    /// The rate in bits per second, parsed from `rate`.
+    pub bits_per_s: f64,
+    pub mtu: u32,
+}
+
+impl LinkSpec {
+    pub fn new(rate: &str, mtu: u32) -> Result<Self> {
+        Ok(LinkSpec {
+            rate: rate.to_string(),
+            bits_per_s: parse_rate(rate)?,
+            mtu,
+        })
+    }
+
+    /// Bytes per second the link carries (at layer 2, headers included).
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bits_per_s / 8.0
+    }
+
+    /// The token bucket: 2 ms at the rate, at least 64 KiB so that a GSO burst of one
+    /// 64 KiB segment passes whole. Measured here: a bulk TCP stream gets 0.956 of 1 Gbit/s
+    /// with MTU 1500 (the rest is TCP/IP/Ethernet headers), 0.988 with MTU 9000.
+    fn burst_bytes(&self) -> u64 {
+        ((self.bytes_per_s() * 0.002) as u64).max(64 << 10)
+    }
+}
+
+/// Parses a `tc` rate: a number with an optional `k`/`m`/`g` prefix and `bit` or `bps`
+/// (bytes) unit, e.g. `1gbit`, `500mbit`, `10gbit`, `125mbps`.
+pub fn parse_rate(s: &str) -> Result<f64> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, unit) = t.split_at(
+        t.find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len()),
+    );
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| *n > 0.0 && n.is_finite())
+        .with_context(|| {
+            format!("--rate {s:?}: expected a tc rate such as 1gbit, 500mbit or 10gbit")
+        })?;
+    let (mult, bits) = match unit {
+        "bit" => (1.0, true),
+        "kbit" => (1e3, true),
+        "mbit" => (1e6, true),
+        "gbit" => (1e9, true),
+        "bps" => (1.0, false),
+        "kbps" => (1e3, false),
+        "mbps" => (1e6, false),
+        "gbps" => (1e9, false),
+        _ => bail!("--rate {s:?}: expected a tc rate such as 1gbit, 500mbit or 10gbit"),
+    };
+    Ok(n * mult * if bits { 1.0 } else { 8.0 })
+}
+
+/// The two namespaces and the shaped veth pair between them. Dropping it removes them.
+pub struct Link {
+    pub spec: LinkSpec,
+}
+
+impl Link {
+    /// Creates `storage` and `host`, the veth pair, addresses and both `tbf` qdiscs.
+    pub fn create(spec: LinkSpec) -> Result<Link> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!(
+                "the lab creates network namespaces and must run as root (sudo bench/lab/run.sh)"
+            );
+        }
+        for ns in [STORAGE_NS, HOST_NS] {
+            if netns_exists(ns) {
+                bail!(
+                    "network namespace {ns:?} already exists (left by a lab that was killed?); \
+                     remove it with `ip netns del {ns}` or run the lab with --cleanup"
+                );
+            }
+        }
+        let link = Link { spec };
+        for ns in [STORAGE_NS, HOST_NS] {
+            run("ip", &["netns", "add", ns])?;
+            live(|l| l.namespaces.push(ns.to_string()));
+        }
+        // Created in the host's root namespace, then moved: the pair is deleted with either
+        // namespace.
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                STORAGE_DEV,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                HOST_DEV,
+            ],
+        )?;
+        let mtu = link.spec.mtu.to_string();
+        let burst = link.spec.burst_bytes().to_string();
+        for (ns, dev, ip) in [
+            (STORAGE_NS, STORAGE_DEV, STORAGE_IP),
+            (HOST_NS, HOST_DEV, HOST_IP),
+        ] {
+            run("ip", &["link", "set", dev, "netns", ns])?;
+            run(
+                "ip",
+                &["-n", ns, "addr", "add", &format!("{ip}/24"), "dev", dev],
+            )?;
+            run("ip", &["-n", ns, "link", "set", dev, "mtu", &mtu, "up"])?;
+            run("ip", &["-n", ns, "link", "set", "lo", "up"])?;
+            run(
+                "tc",
+                &[
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    &link.spec.rate,
+                    "burst",
+                    &burst,
+                    "latency",
+                    "20ms",
+                ],
+            )?;
+        }
+        Ok(link)
+    }
+
+    /// Bytes sent by each veth end so far: (storage → host, host → storage).
+    pub fn counters(&self) -> Result<(u64, u64)> {
+        Ok((
+            tx_bytes(STORAGE_NS, STORAGE_DEV)?,
+            tx_bytes(HOST_NS, HOST_DEV)?,
+        ))
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        undo_all();
+    }
+}
+
+/// A veth end's transmitted bytes, from `ip -s -j link` (the kernel's device counters).
+fn tx_bytes(ns: &str, dev: &str) -> Result<u64> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .output()
+        .context("cannot run ip")?;
+    if !out.status.success() {
+        bail!(
+            "reading {dev}'s counters in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("`ip -s -j link show dev {dev}` printed no JSON"))?;
+    v[0]["stats64"]["tx"]["bytes"]
+        .as_u64()
+        .with_context(|| format!("no tx byte counter for {dev} in {ns}"))
+}
+
+/// An open handle on a namespace, for `setns`.
+fn ns_fd(ns: &str) -> Result<OwnedFd> {
+    let f = File::open(format!("/var/run/netns/{ns}"))
+        .with_context(|| format!("network namespace {ns:?} is gone"))?;
+    Ok(f.into())
+}
+
+/// A process the lab started in a namespace; killed and reaped on drop. Its stdout and
+/// stderr are drained by threads from the start (a chatty server must never block on a full
+/// pipe); stdout is kept whole, stderr's last 64 KiB.
+pub struct NsChild {
+    child: Child,
+    stdout: Option<std::thread::JoinHandle<Vec<u8>>>,
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
+}
+
+/// Reads `r` to its end on a thread, keeping at most `keep` trailing bytes.
+fn drain(
+    mut r: impl std::io::Read + Send + 'static,
+    keep: usize,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = r.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+            if all.len() > 2 * keep {
+                all.drain(..all.len() - keep);
+            }
+        }
+        if all.len() > keep {
+            all.drain(..all.len() - keep);
+        }
+        all
+    })
+}
+
+impl NsChild {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak RSS so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> Result<u64> {
+        Ok(crate::procs::status_kib(self.pid(), "VmHWM")? * 1024)
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits for the process to exit by itself, at most `timeout` (then kills it); returns
+    /// its exit success, stdout and the tail of its stderr.
+    pub fn finish(mut self, timeout: Duration) -> Result<(bool, String, String)> {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = self.child.try_wait()? {
+                break Some(st);
+            }
+            if start.elapsed() > timeout {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let (out, err) = self.stop();
+        match status {
+            Some(st) => Ok((st.success(), out, err)),
+            None => bail!("timed out after {timeout:?}; its stderr ends:\n{err}"),
+        }
+    }
+
+    /// Kills the process (if still running), reaps it, and returns its output.
+    pub fn stop(&mut self) -> (String, String) {
+        let pid = self.pid();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        live(|l| l.pids.remove(&pid));
+        let text = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+            h.and_then(|h| h.join().ok())
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default()
+        };
+        (text(self.stdout.take()), text(self.stderr.take()))
+    }
+}
+
+impl Drop for NsChild {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts `cmd` inside namespace `ns`, with stdout and stderr captured.
+pub fn spawn_in(ns: &str, mut cmd: Command, what: &str) -> Result<NsChild> {
+    let fd = ns_fd(ns)?;
+    let raw = fd.as_raw_fd();
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+    // syscalls (prctl, setns) on an fd that stays open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                || libc::setns(raw, libc::CLONE_NEWNET) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {what} in namespace {ns}"))?;
+    drop(fd);
+    live(|l| l.pids.insert(child.id()));
+    let stdout = child.stdout.take().map(|o| drain(o, usize::MAX / 4));
+    let stderr = child.stderr.take().map(|e| drain(e, 64 << 10));
+    Ok(NsChild {
+        child,
+        stdout,
+        stderr,
+    })
+}
+
+/// Runs `f` on a thread that has joined namespace `ns` (sockets it opens live there): how the
+/// lab probes servers inside the namespaces.
+pub fn in_ns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static) -> Result<R> {
+    let fd = ns_fd(ns)?;
+    let ns = ns.to_string();
+    std::thread::spawn(move || -> Result<R> {
+        // SAFETY: setns on this thread only; fd is a valid namespace handle.
+        if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("setns({ns}): {}", std::io::Error::last_os_error());
+        }
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("probe thread panicked"))?
+}
+
+/// Waits until something accepts TCP connections at `addr` inside `ns`.
+pub fn wait_listening(ns: &str, addr: &str, timeout: Duration) -> Result<()> {
+    let a: std::net::SocketAddr = addr.parse().context("probe address")?;
+    let ok = in_ns(ns, move || {
+        let t = Instant::now();
+        while t.elapsed() < timeout {
+            if std::net::TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    })?;
+    if !ok {
+        bail!("nothing listens on {addr} in namespace {ns} after {timeout:?}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_like_tc() {
+        assert_eq!(parse_rate("1gbit").unwrap(), 1e9);
+        assert_eq!(parse_rate("500mbit").unwrap(), 5e8);
+        assert_eq!(parse_rate("2.5Gbit").unwrap(), 2.5e9);
+        assert_eq!(parse_rate("125mbps").unwrap(), 1e9);
+        assert_eq!(
+            parse_rate("fast").unwrap_err().to_string(),
+            "--rate \"fast\": expected a tc rate such as 1gbit, 500mbit or 10gbit"
+        );
+        assert_eq!(
+            parse_rate("1gib").unwrap_err().to_string(),
+            "--rate \"1gib\": expected a tc rate such as 1gbit, 500mbit or 10gbit"
+        );
+    }
+
+    #[test]
+    fn the_bucket_holds_a_gso_segment_and_two_ms() {
+        assert_eq!(LinkSpec::new("1gbit", 1500).unwrap().burst_bytes(), 250_000);
+        assert_eq!(
+            LinkSpec::new("10mbit", 1500).unwrap().burst_bytes(),
+            64 << 10
+        );
+    }
+}
