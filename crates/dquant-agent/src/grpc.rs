@@ -42,10 +42,14 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Opens a plan source on this agent: a dataset under a root, or (chaining) a dataset on
-/// another agent.
-fn open_plan_source(shared: &Shared, s: &Source) -> Result<Box<dyn TokenSource>, SourceError> {
+/// another agent, whose token ranges then travel in the plan's wire codec.
+fn open_plan_source(
+    shared: &Shared,
+    s: &Source,
+    wire_codec: &str,
+) -> Result<Box<dyn TokenSource>, SourceError> {
     if s.uri.starts_with(dquant_client::AgentUri::SCHEME) {
-        return open_source(s, None, "");
+        return open_source(s, None, wire_codec);
     }
     let path = shared
         .catalog
@@ -127,11 +131,13 @@ impl Agent for Service {
                 epoch: req.epoch,
                 consumed_samples: req.consumed_samples,
             };
-            let pipeline = Pipeline::open(&plan, cursor, |_, s| open_plan_source(&shared, s))
-                .map_err(|e| match e {
-                    ClientError::Plan(_) => Status::invalid_argument(e.to_string()),
-                    _ => Status::failed_precondition(e.to_string()),
-                })?;
+            let pipeline = Pipeline::open(&plan, cursor, |_, s| {
+                open_plan_source(&shared, s, &plan.wire_codec)
+            })
+            .map_err(|e| match e {
+                ClientError::Plan(_) => Status::invalid_argument(e.to_string()),
+                _ => Status::failed_precondition(e.to_string()),
+            })?;
             let start = pipeline.cursor();
             let sched = pipeline.schedule();
             let mut reply = OpenReply {

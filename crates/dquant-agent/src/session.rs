@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use dquant_client::{auto_codec, check_fits, output_width, Pipeline, TokenSource};
 use dquant_codec::kernels::max_token;
-use dquant_codec::{encode_width, Codec, Compression, Encoder, Width};
+use dquant_codec::{encode_width, Codec, CodecError, Compression, Encoder, Width};
 use dquant_plan::{OutputDType, WireCodec};
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
@@ -371,16 +371,18 @@ fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
 struct Encoders(HashMap<Codec, Encoder>);
 
 impl Encoders {
-    fn encode(&mut self, codec: Codec, tokens: &[u32], out: &mut Vec<u8>) -> Result<(), String> {
+    fn encode(
+        &mut self,
+        codec: Codec,
+        tokens: &[u32],
+        out: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
         let e = match self.0.entry(codec) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Encoder::new(codec).map_err(|e| e.to_string())?)
-            }
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(Encoder::new(codec)?),
         };
         out.clear();
-        e.encode(tokens, out).map_err(|e| e.to_string())?;
-        Ok(())
+        e.encode(tokens, out).map(|_| ())
     }
 }
 
@@ -497,7 +499,8 @@ fn produce(
         let payload_len = if direct {
             codec.width.encoded_len(b.tokens.len())
         } else {
-            enc.encode(codec, b.tokens, &mut payload)?;
+            enc.encode(codec, b.tokens, &mut payload)
+                .map_err(|e| e.to_string())?;
             payload.len()
         };
         let payload_len = u32::try_from(payload_len).map_err(|_| {
@@ -791,7 +794,7 @@ pub(crate) fn serve_ranges(
             }
             let codec = codec_for(wire, &tokens);
             if let Err(e) = enc.encode(codec, &tokens, &mut payload) {
-                error = Some(format!("{name}: {e}"));
+                error = Some(format!("{name}: {}", e.at_base(start)));
                 break;
             }
             let h = RangeHeader {

@@ -226,3 +226,55 @@ fn many_clients_at_once_each_get_their_own_stream() {
         "different plans, different streams"
     );
 }
+
+/// Chained token ranges travel in the plan's wire codec (not an agent default): a `u16` wire
+/// codec over 18-bit tokens fails upstream, naming the token's offset in the whole dataset.
+#[test]
+fn chained_ranges_travel_in_the_plans_wire_codec() {
+    let c = Corpus::new();
+    let storage = c.agent();
+    let empty = tempfile::tempdir().unwrap();
+    let mut cfg = c.config();
+    cfg.roots.clear();
+    cfg.roots.insert("none".into(), empty.path().to_path_buf());
+    let near = dquant_agent::start(cfg).unwrap();
+
+    let ds = dquant_storage::Dataset::open(
+        &c.root().join("wide"),
+        &dquant_storage::OpenOptions::default(),
+    )
+    .unwrap();
+    let mut toks = Vec::new();
+    ds.reader().read(0..ds.tokens(), &mut toks).unwrap();
+    let o = toks.iter().position(|&t| t > 65535).unwrap();
+    let v = toks[o];
+
+    let mut p = plan(&[("wide", 1.0)], 255, 4);
+    p.shuffle = false;
+    p.output = OutputDType::I32;
+    p.wire_codec = "u16".into();
+    p.sources[0].uri = format!("{}/{}", storage.uri(), p.sources[0].uri);
+    let upstream = format!(
+        "sources[0] ({}): corpus/wide: token {v} at offset {o} does not fit in u16 (max 65535); it needs 18 bits: use bits:18 or wider",
+        p.sources[0].uri
+    );
+    for (agent, offload) in [(near.uri(), Offload::Yes), (String::new(), Offload::No)] {
+        let mut r = open(&agent, &p, offload).unwrap();
+        let e = loop {
+            match r.next_batch() {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("a u16 wire codec carried 18-bit tokens"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert_eq!(e, upstream, "{offload:?}");
+    }
+
+    // With a codec that fits, the chain carries the plan's compressed codec and equals local.
+    p.wire_codec = "bits:18+zstd:1".into();
+    let mut local = p.clone();
+    local.sources[0].uri = c.path("wide");
+    let expect = xxh3(&drain(&mut Reader::local(&local, Cursor::START).unwrap()).0);
+    let mut r = open(&near.uri(), &p, Offload::Yes).unwrap();
+    assert_eq!(xxh3(&drain(&mut r).0), expect);
+}

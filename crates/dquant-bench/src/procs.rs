@@ -289,7 +289,12 @@ pub fn self_minflt() -> u64 {
 
 /// User + system CPU time of process `pid` so far, all threads (clock-tick resolution).
 pub fn proc_cpu(pid: u32) -> Result<Duration> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    proc_cpu_path(&format!("/proc/{pid}/stat"))
+}
+
+/// User + system CPU time from a `/proc/PID/stat` or `/proc/PID/task/TID/stat` file.
+pub fn proc_cpu_path(path: &str) -> Result<Duration> {
+    let s = std::fs::read_to_string(path)?;
     // Fields after "(comm) ": state is field 3; utime and stime are fields 14 and 15.
     let rest = s
         .rsplit_once(") ")

@@ -156,7 +156,9 @@ pub fn open_at(
                 Some(a) => Some(Control::connect(&a.authority).map_err(ClientError::Connect)?),
                 None => None,
             };
-            Reader::local_with(plan, cursor, |_, s| open_source(s, control.as_ref(), ""))
+            Reader::local_with(plan, cursor, |_, s| {
+                open_source(s, control.as_ref(), &plan.wire_codec)
+            })
         }
     }
 }

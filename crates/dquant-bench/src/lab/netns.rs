@@ -305,6 +305,21 @@ pub struct NsChild {
     stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
 }
 
+/// CPU seconds per thread id, with the thread's name.
+pub type ThreadCpu = std::collections::HashMap<String, (String, f64)>;
+
+/// A server process's resource use over a scenario run.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ProcStats {
+    pub name: String,
+    pub peak_rss: u64,
+    /// User + system CPU of all its threads.
+    pub cpu_s: f64,
+    /// Name and CPU time of the thread that used the most.
+    pub busiest_thread: String,
+    pub busiest_cpu_s: f64,
+}
+
 /// Reads `r` to its end on a thread, keeping at most `keep` trailing bytes.
 fn drain(
     mut r: impl std::io::Read + Send + 'static,
@@ -339,6 +354,47 @@ impl NsChild {
         Ok(crate::procs::status_kib(self.pid(), "VmHWM")? * 1024)
     }
 
+    /// Records the CPU time of each of its live threads into `threads` (by thread id): a
+    /// server's per-session threads end with their session, so they are sampled while the
+    /// consumer runs.
+    pub fn sample_threads(&self, threads: &mut ThreadCpu) {
+        let pid = self.pid();
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        for t in dir.flatten() {
+            let tid = t.file_name().to_string_lossy().into_owned();
+            let Ok(cpu) = crate::procs::proc_cpu_path(&format!("/proc/{pid}/task/{tid}/stat"))
+            else {
+                continue;
+            };
+            let e = threads.entry(tid.clone()).or_insert_with(|| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                    .unwrap_or_default();
+                (comm.trim().to_string(), 0.0)
+            });
+            e.1 = e.1.max(cpu.as_secs_f64());
+        }
+    }
+
+    /// Its peak RSS and CPU time so far, and the busiest thread seen by
+    /// [`Self::sample_threads`]: tells whether a server was bound by one thread (a share
+    /// near 100% of the wall time) or waited.
+    pub fn stats(&self, name: &str, threads: &ThreadCpu) -> Result<ProcStats> {
+        let (busiest_thread, busiest_cpu_s) = threads
+            .values()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .cloned()
+            .unwrap_or_default();
+        Ok(ProcStats {
+            name: name.to_string(),
+            peak_rss: self.peak_rss()?,
+            cpu_s: crate::procs::proc_cpu(self.pid())?.as_secs_f64(),
+            busiest_thread,
+            busiest_cpu_s,
+        })
+    }
+
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -346,14 +402,24 @@ impl NsChild {
 
     /// Waits for the process to exit by itself, at most `timeout` (then kills it); returns
     /// its exit success, stdout and the tail of its stderr.
-    pub fn finish(mut self, timeout: Duration) -> Result<(bool, String, String)> {
+    /// `tick` runs about every 50 ms meanwhile.
+    pub fn finish(
+        mut self,
+        timeout: Duration,
+        mut tick: impl FnMut(),
+    ) -> Result<(bool, String, String)> {
         let start = Instant::now();
+        let mut last_tick = start;
         let status = loop {
             if let Some(st) = self.child.try_wait()? {
                 break Some(st);
             }
             if start.elapsed() > timeout {
                 break None;
+            }
+            if last_tick.elapsed() >= Duration::from_millis(50) {
+                tick();
+                last_tick = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(5));
         };
