@@ -67,7 +67,7 @@ if [[ $HELP == 0 ]]; then
   EXTRA+=(--out "$OUT")
   if [[ $SMOKE == 0 && $APPEND == 1 ]]; then EXTRA+=(--append "$REPO/bench/RESULTS.md"); fi
 fi
-export DQUANT_LAB_COMMAND="bench/lab/run.sh $*"
+export DQUANT_LAB_COMMAND="bench/lab/run.sh${*:+ $*}"
 target/release/dquant-offload-bench lab "${ARGS[@]}" "${EXTRA[@]}"
 if [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && -f "$OUT/lab.png" ]]; then
   cp "$OUT/lab.png" "$REPO/bench/lab/latest.png"

@@ -1042,3 +1042,98 @@ fn utc_human() -> String {
     let (y, m, d, h, mi, _) = utc_now();
     format!("{y:04}-{m:02}-{d:02} {h:02}:{mi:02} UTC")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measure(run: u32, corpus: &str, way: Way, tokens: u64, wall_s: f64, cpu_s: f64) -> Measure {
+        Measure {
+            run,
+            corpus: corpus.into(),
+            way,
+            consumer: consume::Consumed {
+                tokens,
+                batches: 1,
+                wall_s,
+                stall_s: wall_s / 2.0,
+                first_batch_s: 0.0,
+                cpu_s,
+                peak_rss: 1 << 20,
+                xxh3: "0".into(),
+            },
+            link_down: tokens * 2,
+            link_up: 0,
+            servers: vec![],
+        }
+    }
+
+    #[test]
+    fn results_go_before_the_newest_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("RESULTS.md");
+        std::fs::write(&f, "# Results\n\nintro\n\n## older\n\nold\n").unwrap();
+        add_to_results(&f, "## lab\n\n| t |\n").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "# Results\n\nintro\n\n## lab\n\n| t |\n\n## older\n\nold\n"
+        );
+        let g = dir.path().join("new.md");
+        add_to_results(&g, "## lab\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&g).unwrap(), "## lab\n");
+    }
+
+    #[test]
+    fn ratios_are_against_the_same_runs_baseline_and_goals_follow_them() {
+        let spec = LinkSpec::new("1gbit", 1500).unwrap();
+        let u16 = Way::Agent { wire: "u16".into() };
+        let zstd = Way::Agent {
+            wire: "auto+zstd:1".into(),
+        };
+        let chain = Way::Chain {
+            wire: "auto+lz4".into(),
+        };
+        // Run 2's baseline is twice as fast as run 1's: each run is compared with its own.
+        let all = vec![
+            measure(1, "r50k", Way::Baseline, 1_000_000, 1.0, 0.010),
+            measure(1, "r50k", u16.clone(), 1_950_000, 1.0, 0.002),
+            measure(1, "r50k", zstd.clone(), 3_500_000, 1.0, 0.004),
+            measure(1, "r50k", chain.clone(), 3_100_000, 1.0, 0.001),
+            measure(2, "r50k", Way::Baseline, 2_000_000, 1.0, 0.020),
+            measure(2, "r50k", u16.clone(), 3_800_000, 1.0, 0.004),
+            measure(2, "r50k", zstd.clone(), 7_000_000, 1.0, 0.008),
+            measure(2, "r50k", chain.clone(), 6_000_000, 1.0, 0.005),
+        ];
+        let rows = summarize(&all, &spec);
+        let row = |w: &Way| rows.iter().find(|r| &r.way == w).unwrap();
+        assert_eq!(row(&u16).ratio, vec![1.95, 1.9]);
+        assert_eq!(row(&zstd).ratio, vec![3.5, 3.5]);
+        assert_eq!(row(&chain).mtok_s, vec![3.1, 6.0]);
+        // 2 link bytes per token; 1.95 M tokens/s = 3.9 MB/s of a 125 MB/s link.
+        assert!((row(&u16).link_use[0] - 3.9e6 / 125e6).abs() < 1e-12);
+        let g = goals(&rows);
+        let got: Vec<(&str, bool)> = g.iter().map(|g| (g.what.as_str(), g.met)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("(b) u16 on r50k: tokens/s vs baseline", true),
+                (
+                    "(b) agent auto+zstd:1 on r50k: tokens/s vs baseline, and link use",
+                    false
+                ),
+                (
+                    "(c) chain auto+lz4 + shm on r50k: tokens/s vs baseline, and link use",
+                    false
+                ),
+                (
+                    "(c) chain auto+lz4 + shm on r50k: consumer CPU per token vs baseline",
+                    true
+                ),
+            ]
+        );
+        // The chain's CPU per token: 0.001/3.1M against 0.01/1M, and 0.005/6M against 0.02/2M.
+        let c = &row(&chain).cpu_ratio;
+        assert!((c[0] - 0.1 / 3.1).abs() < 1e-9 && (c[1] - 0.25 / 3.0).abs() < 1e-9);
+        assert!(g[3].got.starts_with("0.058×"), "{}", g[3].got);
+    }
+}

@@ -649,7 +649,7 @@ impl TokenSource for ObjectSource {
 mod tests {
     use super::*;
     use object_store::memory::InMemory;
-    use object_store::{ObjectStoreExt as _, PutPayload};
+    use object_store::PutPayload;
 
     const MIB: usize = 1 << 20;
 
