@@ -113,6 +113,16 @@ impl Corpus {
         dquant_agent::start(self.config()).unwrap()
     }
 
+    /// An agent near the host: it serves nothing of its own (one empty root, kept alive by
+    /// the returned directory) and pulls from others when a plan names them.
+    pub fn near_agent(&self) -> (AgentHandle, tempfile::TempDir) {
+        let empty = tempfile::tempdir().unwrap();
+        let mut cfg = self.config();
+        cfg.roots.clear();
+        cfg.roots.insert("none".into(), empty.path().to_path_buf());
+        (dquant_agent::start(cfg).unwrap(), empty)
+    }
+
     /// `plan` with its `corpus/NAME` sources replaced by local paths.
     pub fn localized(&self, plan: &Plan) -> Plan {
         let mut p = plan.clone();
