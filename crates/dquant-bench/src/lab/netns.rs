@@ -43,6 +43,15 @@ struct Live {
 
 static LIVE: Mutex<Option<Live>> = Mutex::new(None);
 
+/// Set by the Ctrl-C handler before it tears the lab down: errors that follow (a namespace
+/// vanishing under a running scenario) are the interruption's, not failures to report.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the lab was interrupted by Ctrl-C / SIGTERM / SIGHUP.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 fn live<R>(f: impl FnOnce(&mut Live) -> R) -> R {
     let mut g = LIVE.lock().unwrap_or_else(|p| p.into_inner());
     f(g.get_or_insert_with(Live::default))
@@ -77,6 +86,7 @@ fn undo_all() {
 /// Installs the Ctrl-C / SIGTERM / SIGHUP handler that undoes the lab, then exits 130.
 pub fn install_signal_cleanup() -> Result<()> {
     ctrlc::set_handler(|| {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         eprintln!("\ninterrupted: removing the lab's processes and namespaces");
         undo_all();
         std::process::exit(130);
