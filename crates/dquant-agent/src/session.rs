@@ -717,6 +717,38 @@ pub(crate) fn stream_ring(
     }
 }
 
+/// Sends the error frame, then half-closes and reads what the client still sends until it
+/// hangs up (at most 2 s). A client that reads ahead has requests in flight when an error
+/// stops us; closing with them unread would make the kernel reset the connection, and a
+/// reset can overtake the error frame, so the client would see a truncated stream instead of
+/// the message.
+fn fail_and_linger(w: &mut FrameWriter<TcpStream>, message: &str) {
+    use std::io::Read;
+    if w.fail(message).is_err() {
+        return;
+    }
+    let s = w.get_ref();
+    if s.shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+    let mut sink = [0u8; 16 << 10];
+    while std::time::Instant::now() < deadline {
+        match (&*s).read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+}
+
 /// Longest token range one request may ask for (64 MiB of u32): a peer cannot make the agent
 /// allocate without bound.
 pub const MAX_RANGE_TOKENS: u64 = 1 << 24;
@@ -754,12 +786,12 @@ pub(crate) fn serve_ranges(
             Ok(false) => return Ok(stats),
             Err(dquant_transport::WireError::Truncated { .. }) => return Ok(stats),
             Err(e) => {
-                let _ = w.fail(&e.to_string());
+                fail_and_linger(&mut w, &e.to_string());
                 return Err(e.to_string());
             }
         }
         let fail = |w: &mut FrameWriter<TcpStream>, m: String| {
-            let _ = w.fail(&m);
+            fail_and_linger(w, &m);
             Err(m)
         };
         if let Err(e) = parse_request(&req, &mut ranges) {
