@@ -151,8 +151,9 @@ impl LinkSpec {
     }
 
     /// The token bucket: 2 ms at the rate, at least 64 KiB so that a GSO burst of one
-    /// 64 KiB segment passes whole. Measured here: a bulk TCP stream gets 0.956 of 1 Gbit/s
-    /// with MTU 1500 (the rest is TCP/IP/Ethernet headers), 0.988 with MTU 9000.
+    /// 64 KiB segment passes whole. With it, a bulk TCP stream got 0.956 of 1 Gbit/s at MTU
+    /// 1500 (the rest is TCP/IP/Ethernet headers) and 0.988 at MTU 9000, measured by hand
+    /// with a Python sender and receiver (see bench/lab/README.md).
     fn burst_bytes(&self) -> u64 {
         ((self.bytes_per_s() * 0.002) as u64).max(64 << 10)
     }
