@@ -723,7 +723,7 @@ pub(crate) fn stream_ring(
 /// reset can overtake the error frame, so the client would see a truncated stream instead of
 /// the message.
 fn fail_and_linger(w: &mut FrameWriter<TcpStream>, message: &str) {
-    use std::io::Read;
+    use std::io::{ErrorKind, Read};
     if w.fail(message).is_err() {
         return;
     }
@@ -731,27 +731,24 @@ fn fail_and_linger(w: &mut FrameWriter<TcpStream>, message: &str) {
     if s.shutdown(std::net::Shutdown::Write).is_err() {
         return;
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
     let mut sink = [0u8; 16 << 10];
-    while std::time::Instant::now() < deadline {
+    while Instant::now() < deadline {
         match (&*s).read(&mut sink) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e)
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut
                 ) => {}
             Err(_) => break,
         }
     }
 }
 
-/// Longest token range one request may ask for (64 MiB of u32): a peer cannot make the agent
-/// allocate without bound.
-pub const MAX_RANGE_TOKENS: u64 = 1 << 24;
+pub use dquant_transport::record::MAX_RANGE_TOKENS;
 
 /// Serves range requests for one dataset until the client hangs up.
 pub(crate) fn serve_ranges(

@@ -13,7 +13,7 @@ use std::slice::from_ref;
 
 use common::{drain, xxh3};
 use dquant_agent::{AgentConfig, AgentHandle};
-use dquant_client::remote::{ReadaheadConfig, MAX_CHUNK_TOKENS};
+use dquant_client::remote::ReadaheadConfig;
 use dquant_client::{
     open_at, Control, LocalSource, Offload, Reader, RemoteSource, SourceError, TokenSource,
 };
@@ -24,8 +24,7 @@ use dquant_storage::{Dataset, DatasetWriter, OpenOptions, OutputFormat};
 use dquant_transport::WireError;
 
 // Chunk requests stay within what an agent serves in one range.
-const _: () = assert!(MAX_CHUNK_TOKENS <= dquant_agent::MAX_RANGE_TOKENS);
-const _: () = assert!(ReadaheadConfig::DEFAULT.chunk_tokens <= MAX_CHUNK_TOKENS);
+const _: () = assert!(ReadaheadConfig::DEFAULT.chunk_tokens <= dquant_agent::MAX_RANGE_TOKENS);
 
 /// Where the one out-of-`u16` token of `late` sits.
 const LATE_BAD: u64 = 1_250_000;

@@ -19,7 +19,7 @@ use dquant_proto::v1::{
     CloseRequest, DatasetStat, ListEntry, ListRequest, OpenReply, OpenRequest, OpenSourceRequest,
     StatRequest,
 };
-use dquant_transport::record::encode_request;
+use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
 use dquant_transport::{FrameKind, FrameWriter, Hello, RangeHeader, RecordReader, WireError};
 use tonic::transport::{Channel, Endpoint};
 
@@ -379,15 +379,12 @@ pub(crate) fn hello_of(reply: &OpenReply) -> Result<Hello, SourceError> {
 /// `chunk_tokens × in_flight` tokens were asked for and are drained unused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadaheadConfig {
-    /// Tokens per chunk request (at most [`MAX_CHUNK_TOKENS`]).
+    /// Tokens per chunk request (at most [`MAX_RANGE_TOKENS`], what an agent serves in one
+    /// range).
     pub chunk_tokens: u64,
     /// Chunk requests kept in flight ahead of the reader; 0 turns readahead off.
     pub in_flight: usize,
 }
-
-/// The most tokens one chunk request may ask for: an agent refuses longer ranges
-/// (`dquant_agent::MAX_RANGE_TOKENS`).
-pub const MAX_CHUNK_TOKENS: u64 = 1 << 24;
 
 impl ReadaheadConfig {
     /// 512 Ki-token chunks, 4 in flight (see the type's docs for why).
@@ -397,8 +394,8 @@ impl ReadaheadConfig {
     };
     /// Every read stop-and-wait.
     pub const OFF: Self = ReadaheadConfig {
-        chunk_tokens: 512 << 10,
         in_flight: 0,
+        ..Self::DEFAULT
     };
 }
 
@@ -480,10 +477,10 @@ impl RemoteSource {
     }
 
     /// Sets how this source reads ahead, from the next read on (`chunk_tokens` is clamped
-    /// to 1..=[`MAX_CHUNK_TOKENS`]). With `in_flight` 0, the next read drains what is in
+    /// to 1..=[`MAX_RANGE_TOKENS`]). With `in_flight` 0, the next read drains what is in
     /// flight and every read after it is stop-and-wait.
     pub fn set_readahead(&mut self, mut config: ReadaheadConfig) {
-        config.chunk_tokens = config.chunk_tokens.clamp(1, MAX_CHUNK_TOKENS);
+        config.chunk_tokens = config.chunk_tokens.clamp(1, MAX_RANGE_TOKENS);
         self.readahead = config;
     }
 

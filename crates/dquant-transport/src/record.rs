@@ -35,6 +35,9 @@ pub const HELLO_LEN: usize = 32;
 pub const REQUEST_MAGIC: [u8; 4] = *b"DQRQ";
 /// Most ranges one request frame can carry.
 pub const MAX_REQUEST_RANGES: usize = (crate::frame::MAX_PAYLOAD - 8) / 16;
+/// Longest token range one request may ask for (64 MiB of u32): an agent refuses longer ones,
+/// so a peer cannot make it allocate without bound, and readers split what they ask for.
+pub const MAX_RANGE_TOKENS: u64 = 1 << 24;
 
 /// Errors in record-level data (the frames around them were intact).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
