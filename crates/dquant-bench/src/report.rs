@@ -108,7 +108,20 @@ pub fn ms(s: f64) -> String {
     format!("{:.1}", s * 1e3)
 }
 
-/// Min, median and max of `xs` (which must not be empty).
+/// The median of `xs`: the middle value, or the mean of the two middle values for an even
+/// count; NaN for none.
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Min, median and max of `xs` (which must not be empty). The middle value is the upper of
+/// the two middle values for an even count.
 pub fn spread(xs: &[f64]) -> (f64, f64, f64) {
     let mut v = xs.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));

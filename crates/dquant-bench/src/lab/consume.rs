@@ -17,7 +17,7 @@ use dquant_plan::{Cursor, Plan};
 use serde_json::json;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::s3::{s3_store, ObjectSource, Readahead, S3Config};
+use super::s3::{s3_store, ObjectSource, Readahead};
 
 /// Scheme of plan sources the consumer reads from the lab's S3 server (`s3://BUCKET/KEY`).
 pub const S3_SCHEME: &str = "s3://";
@@ -33,10 +33,6 @@ pub struct Args {
     /// S3 endpoint for `s3://` plan sources (e.g. http://10.77.0.1:9000).
     #[arg(long)]
     pub s3_endpoint: Option<String>,
-    #[arg(long, default_value = "lab")]
-    pub s3_access_key: String,
-    #[arg(long, default_value = "lab-secret-key")]
-    pub s3_secret_key: String,
 }
 
 /// What one consumer run measured.
@@ -55,15 +51,26 @@ pub struct Consumed {
     pub xxh3: String,
 }
 
+/// `(bucket, key)` of an `s3://BUCKET/KEY` source.
+fn s3_parts(uri: &str) -> Result<(&str, &str), SourceError> {
+    uri.strip_prefix(S3_SCHEME)
+        .and_then(|r| r.split_once('/'))
+        .ok_or_else(|| SourceError::Usage(format!("{uri}: expected s3://BUCKET/KEY")))
+}
+
+/// Opens an `s3://BUCKET/KEY` source on `store`, which serves `bucket`.
 fn s3_source(
     store: &Arc<dyn object_store::ObjectStore>,
+    bucket: &str,
     uri: &str,
     dtype: Option<&str>,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
-    let rest = uri.strip_prefix(S3_SCHEME).unwrap_or(uri);
-    let (_bucket, key) = rest
-        .split_once('/')
-        .ok_or_else(|| SourceError::Usage(format!("{uri}: expected s3://BUCKET/KEY")))?;
+    let (b, key) = s3_parts(uri)?;
+    if b != bucket {
+        return Err(SourceError::Usage(format!(
+            "{uri}: every s3:// source must be in bucket {bucket}, the first source's"
+        )));
+    }
     let dtype: DType = dtype
         .unwrap_or("i32")
         .parse()
@@ -89,21 +96,10 @@ fn open(args: &Args, plan: &Plan) -> Result<Reader> {
         .s3_endpoint
         .as_deref()
         .context("s3:// sources need --s3-endpoint")?;
-    let bucket = plan.sources[0]
-        .uri
-        .strip_prefix(S3_SCHEME)
-        .and_then(|r| r.split_once('/'))
-        .map(|(b, _)| b.to_string())
-        .context("expected s3://BUCKET/KEY sources")?;
-    let store = s3_store(&S3Config {
-        endpoint: endpoint.to_string(),
-        bucket,
-        access_key: args.s3_access_key.clone(),
-        secret_key: args.s3_secret_key.clone(),
-        region: "us-east-1".into(),
-    })?;
+    let (bucket, _) = s3_parts(&plan.sources[0].uri)?;
+    let store = s3_store(&super::s3_config(endpoint, bucket))?;
     Ok(Reader::local_with(plan, Cursor::START, |_, s| {
-        s3_source(&store, &s.uri, s.dtype.as_deref())
+        s3_source(&store, bucket, &s.uri, s.dtype.as_deref())
     })?)
 }
 

@@ -33,6 +33,7 @@ use dquant_corpus::Encoding;
 use dquant_plan::{OutputDType, Plan, Source};
 use serde::{Deserialize, Serialize};
 
+use crate::report::{median, spread};
 use netns::{Link, LinkSpec, HOST_NS, STORAGE_IP, STORAGE_NS};
 
 const EXAMPLES: &str = "\
@@ -235,12 +236,15 @@ fn find_tools(args: &Args) -> Result<Tools> {
     Ok(Tools { dquant, s3s_fs, me })
 }
 
+/// The kinds of source file tokenized into the corpora.
+const TEXT_EXT: &str = "rs,md,txt,c,h";
+
 /// Generates (once) the corpus of `enc` with about `size_mb` MB of int32 tokens.
 fn prepare_corpus(tools: &Tools, dir: &Path, enc: Encoding, size_mb: u64) -> Result<Corpus> {
     let prefix = dir.join(format!("{}_int32", enc.name()));
     let stamp = dir.join(format!("{}_int32.stamp", enc.name()));
     let want = format!(
-        "dquant corpus real --encoding {} --max-mb {size_mb} --ext rs,md,txt,c,h",
+        "dquant corpus real --encoding {} --max-mb {size_mb} --ext {TEXT_EXT}",
         enc.name()
     );
     let have = std::fs::read_to_string(&stamp).unwrap_or_default();
@@ -253,7 +257,7 @@ fn prepare_corpus(tools: &Tools, dir: &Path, enc: Encoding, size_mb: u64) -> Res
         let st = Command::new(&tools.dquant)
             .args(["corpus", "real", "--encoding", enc.name(), "--max-mb"])
             .arg(size_mb.to_string())
-            .args(["--ext", "rs,md,txt,c,h"])
+            .args(["--ext", TEXT_EXT])
             .arg(&prefix)
             .status()
             .context("cannot run dquant corpus")?;
@@ -287,6 +291,17 @@ const AGENT_PORT: u16 = 7878;
 const S3_KEY: &str = "lab";
 const S3_SECRET: &str = "lab-secret-key";
 const BUCKET: &str = "lab";
+
+/// The lab's S3 client settings: its s3s-fs's credentials, for `bucket` at `endpoint`.
+fn s3_config(endpoint: &str, bucket: &str) -> s3::S3Config {
+    s3::S3Config {
+        endpoint: endpoint.to_string(),
+        bucket: bucket.to_string(),
+        access_key: S3_KEY.into(),
+        secret_key: S3_SECRET.into(),
+        region: "us-east-1".into(),
+    }
+}
 
 impl Ctx<'_> {
     fn plan(&self, c: &Corpus, uri: String, dtype: Option<&str>, wire: &str) -> Plan {
@@ -337,10 +352,7 @@ impl Ctx<'_> {
             Way::Baseline => {
                 servers.push(("s3s-fs".into(), spawn_s3s_fs(self.tools, &self.s3_root)?));
                 let addr = format!("{STORAGE_IP}:{S3_PORT}");
-                consumer
-                    .arg("--s3-endpoint")
-                    .arg(format!("http://{addr}"))
-                    .args(["--s3-access-key", S3_KEY, "--s3-secret-key", S3_SECRET]);
+                consumer.arg("--s3-endpoint").arg(format!("http://{addr}"));
                 self.plan(
                     c,
                     format!("s3://{BUCKET}/{}.bin", c.name()),
@@ -444,13 +456,10 @@ fn stage_s3(tools: &Tools, s3_root: &Path, corpora: &[Corpus]) -> Result<()> {
     std::fs::create_dir_all(s3_root.join(BUCKET))
         .with_context(|| format!("cannot create {}", s3_root.display()))?;
     let _server = spawn_s3s_fs(tools, s3_root)?;
-    let store = s3::s3_store(&s3::S3Config {
-        endpoint: format!("http://{STORAGE_IP}:{S3_PORT}"),
-        bucket: BUCKET.into(),
-        access_key: S3_KEY.into(),
-        secret_key: S3_SECRET.into(),
-        region: "us-east-1".into(),
-    })?;
+    let store = s3::s3_store(&s3_config(
+        &format!("http://{STORAGE_IP}:{S3_PORT}"),
+        BUCKET,
+    ))?;
     let files: Vec<(String, PathBuf)> = corpora
         .iter()
         .map(|c| (format!("{}.bin", c.name()), c.prefix.with_extension("bin")))
@@ -653,24 +662,10 @@ pub struct ServerRow {
     pub busiest_share: Vec<f64>,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
+/// `v`'s min–max range through `f`, or one figure when they print alike.
 fn span(v: &[f64], f: impl Fn(f64) -> String) -> String {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if v.len() == 1 || f(lo) == f(hi) {
+    let (lo, _, hi) = spread(v);
+    if f(lo) == f(hi) {
         f(lo)
     } else {
         format!("{}–{}", f(lo), f(hi))
@@ -690,11 +685,7 @@ fn summarize(all: &[Measure], spec: &LinkSpec) -> Vec<Row> {
         {
             Some(i) => i,
             None => {
-                let bits = match m.corpus.as_str() {
-                    "r50k" => 16,
-                    "cl100k" => 17,
-                    _ => 18,
-                };
+                let bits = m.corpus.parse::<Encoding>().map_or(0, |e| e.bits());
                 rows.push(Row {
                     corpus: m.corpus.clone(),
                     bits,
@@ -810,6 +801,8 @@ pub struct Meta {
     pub command: String,
     pub commit: String,
     pub link: String,
+    /// The link's rate, as given (`1gbit`).
+    pub rate: String,
     pub plan: String,
     pub data: String,
     pub runs: u32,
@@ -871,6 +864,7 @@ impl Meta {
             command,
             commit,
             link: format!("veth + tc tbf {} (mtu {}), namespaces {STORAGE_NS} → {HOST_NS}", spec.rate, spec.mtu),
+            rate: spec.rate.clone(),
             plan: format!("seq_len {}, batch {}, unshuffled, 1 epoch; output u16 (16-bit) or i32; --size {size}", args.seq_len, args.batch_size),
             data,
             runs,
@@ -880,10 +874,7 @@ impl Meta {
     }
 
     fn chart_title(&self) -> String {
-        format!(
-            "dquant lab: storage → {} link → host",
-            self.link.split_whitespace().nth(4).unwrap_or("?")
-        )
+        format!("dquant lab: storage → {} link → host", self.rate)
     }
 
     fn chart_subtitle(&self) -> String {

@@ -33,6 +33,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bytes::Bytes;
 use dquant_client::{SourceError, TokenSource};
+use dquant_codec::kernels::load_plain;
 use dquant_format::DType;
 use dquant_storage::StorageError;
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -388,13 +389,18 @@ impl ObjectSource {
     fn cancel_stream(&mut self) {
         if let Some(w) = self.stream.take() {
             for c in w.chunks {
-                if let ChunkState::Pending(h) = c.state {
-                    if !h.is_finished() {
-                        self.cancelled += 1;
-                    }
-                    h.abort();
-                }
+                self.abandon(c);
             }
+        }
+    }
+
+    /// Drops a chunk no read will need, aborting its GET if still running (counted).
+    fn abandon(&mut self, c: Chunk) {
+        if let ChunkState::Pending(h) = c.state {
+            if !h.is_finished() {
+                self.cancelled += 1;
+            }
+            h.abort();
         }
     }
 
@@ -425,12 +431,8 @@ impl ObjectSource {
         let mut w = self.stream.take().expect("window set above");
         // Chunks wholly before the read are consumed (or skipped).
         while w.chunks.front().is_some_and(|c| c.range.end <= b.start) {
-            if let ChunkState::Pending(h) = w.chunks.pop_front().expect("front exists").state {
-                if !h.is_finished() {
-                    self.cancelled += 1;
-                }
-                h.abort();
-            }
+            let c = w.chunks.pop_front().expect("front exists");
+            self.abandon(c);
         }
         // Request what the read needs, and `inflight` chunks that end beyond it.
         loop {
@@ -524,41 +526,21 @@ impl ObjectSource {
         Ok(())
     }
 
-    /// Decodes little-endian tokens of the source's dtype; `first` is the token offset of
-    /// `src[0]` in the object.
+    /// Decodes little-endian tokens of the source's dtype with the codec crate's plain
+    /// loader, which also refuses stored values that are not token ids (a negative int32);
+    /// `first` is the token offset of `src[0]` in the object.
     fn decode(&self, src: &[u8], out: &mut [u32], first: u64) -> Result<(), SourceError> {
-        match self.dtype {
-            DType::U16 => {
-                for (d, s) in out.iter_mut().zip(src.chunks_exact(2)) {
-                    *d = u16::from_le_bytes([s[0], s[1]]) as u32;
-                }
-            }
-            _ => {
-                // Branch-free copy (vectorizes), then one check of the sign bits.
-                let mut any = 0u32;
-                for (d, s) in out.iter_mut().zip(src.chunks_exact(4)) {
-                    let v = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-                    any |= v;
-                    *d = v;
-                }
-                if any & 0x8000_0000 != 0 {
-                    let i = out
-                        .iter()
-                        .position(|&v| v >= 0x8000_0000)
-                        .expect("sign seen");
-                    return Err(storage_error(
-                        &self.name,
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "token {} is {}, not a valid token id",
-                            first + i as u64,
-                            out[i] as i32
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
+        let width = self
+            .dtype
+            .width()
+            .expect("open accepts only int32 and uint16, both plain widths");
+        load_plain(width, src, out).map_err(|e| {
+            storage_error(
+                &self.name,
+                io::ErrorKind::InvalidData,
+                e.at_base(first).to_string(),
+            )
+        })
     }
 }
 
@@ -916,7 +898,7 @@ mod tests {
             let err = read(&mut src, &[100..200]).unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "memory:///neg.bin: token 123 is -5, not a valid token id"
+                "memory:///neg.bin: stored value -5 at offset 123 is not a token id (i32 data must hold 0..=4294967295)"
             );
         }
     }
