@@ -326,3 +326,64 @@ fn batches_are_viewed_in_the_ring_without_a_copy() {
     let at = b.tokens.as_bytes().as_ptr() as usize;
     assert!(!maps.iter().any(|&(a, z)| a <= at && at < z));
 }
+
+/// `next_owned` batches may be kept past later ones, dropped in any order, outlive the reader
+/// and move to other threads: in-process, over TCP and over shm (views of ring slots, with
+/// slots detached when kept batches would stall the ring), every kept batch still holds its
+/// bytes, and the kept stream equals the `next_batch` stream.
+#[test]
+fn owned_batches_outlive_later_batches_and_the_reader() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+    assert_send_sync::<dquant_client::OwnedBatch>();
+    assert_send::<Reader>();
+    let c = Corpus::new();
+    let (agent, sock) = agent_with_socket(&c);
+    let mut p = plan(&[("r50k", 0.6), ("wide", 0.4)], 255, 4);
+    p.epochs = Some(2);
+    let want = drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0;
+    let readers: Vec<(Reader, bool)> = vec![
+        (
+            Reader::local(&c.localized(&p), Cursor::START).unwrap(),
+            false,
+        ),
+        (open(&agent.uri(), &p, Offload::Yes).unwrap(), false),
+        (
+            open(&format!("{sock}?slots=4"), &p, Offload::Yes).unwrap(),
+            true,
+        ),
+    ];
+    for (mut r, ring) in readers {
+        let mut kept = Vec::new();
+        let mut n = 0usize;
+        while let Some(b) = r.next_owned().unwrap() {
+            assert_eq!(b.in_ring(), ring);
+            assert_eq!(b.index, n as u64);
+            assert_eq!(b.cursor, r.cursor());
+            // Keep every third batch to the end; drop the others a few batches later, out of
+            // order.
+            kept.push(b);
+            if kept.len() > 3 && n % 3 != 0 {
+                let i = kept.len() - 3;
+                if kept[i].index % 3 != 0 {
+                    kept.remove(i);
+                }
+            }
+            n += 1;
+        }
+        drop(r);
+        let bytes = std::thread::spawn(move || {
+            kept.retain(|b| b.index % 3 == 0);
+            kept.iter().map(|b| b.bytes().to_vec()).collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap();
+        let per_batch = 4 * 256 * 4;
+        let expect: Vec<&[u8]> = want.chunks(per_batch).step_by(3).collect();
+        assert_eq!(bytes.len(), expect.len());
+        for (i, (got, want)) in bytes.iter().zip(expect).enumerate() {
+            assert!(got.as_slice() == want, "batch {} (ring: {ring})", i * 3);
+        }
+    }
+    wait_idle(&agent);
+}

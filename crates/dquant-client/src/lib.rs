@@ -127,6 +127,100 @@ impl Tokens<'_> {
     }
 }
 
+/// A batch that owns its memory: unlike [`Batch`], it may outlive later batches and the
+/// reader, move to other threads, and be dropped in any order (a Python array is one). Its
+/// tokens are where the batch was made, never copied for the hand-over: the ring slot the
+/// agent wrote over shared memory (see [`dquant_transport::ring::RingConsumer`] on how long
+/// kept views pin it), or the buffer the batch was assembled or decoded into, which goes back
+/// to the reader's pool when the batch is dropped.
+pub struct OwnedBatch {
+    /// Index of this batch in the rank's stream.
+    pub index: u64,
+    pub samples: usize,
+    /// `seq_len + 1`.
+    pub sample_len: usize,
+    pub output: OutputDType,
+    /// Where a resumed reader continues after this batch.
+    pub cursor: Cursor,
+    mem: BatchMem,
+}
+
+enum BatchMem {
+    /// u64 words, so that every output dtype is aligned; returned to `pool` on drop.
+    Heap {
+        words: Vec<u64>,
+        len: usize,
+        pool: BufferPool,
+    },
+    /// A ring slot: the payload follows the record header.
+    Ring {
+        view: dquant_transport::ring::RingView,
+        len: usize,
+    },
+}
+
+/// Batch buffers handed out with [`OwnedBatch`]es and given back when they drop, so a reader
+/// reuses a few buffers rather than allocating one per batch.
+type BufferPool = std::sync::Arc<std::sync::Mutex<Vec<Vec<u64>>>>;
+
+/// Buffers a reader's pool keeps for reuse.
+const POOL_KEEP: usize = 4;
+
+impl OwnedBatch {
+    /// The tokens' little-endian bytes (`samples × sample_len × itemsize`).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.mem {
+            BatchMem::Heap { words, len, .. } => &bytemuck::cast_slice::<u64, u8>(words)[..*len],
+            BatchMem::Ring { view, len } => {
+                &view[dquant_transport::record::RECORD_HEADER_LEN..][..*len]
+            }
+        }
+    }
+
+    /// The tokens in the plan's output dtype, row-major.
+    pub fn tokens(&self) -> Tokens<'_> {
+        tokens_of(self.output, self.bytes())
+    }
+
+    /// Whether the tokens live in a shared-memory ring slot (else in a heap buffer).
+    pub fn in_ring(&self) -> bool {
+        matches!(self.mem, BatchMem::Ring { .. })
+    }
+}
+
+impl Drop for OwnedBatch {
+    fn drop(&mut self) {
+        if let BatchMem::Heap { words, pool, .. } = &mut self.mem {
+            let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
+            if p.len() < POOL_KEEP {
+                p.push(std::mem::take(words));
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for OwnedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedBatch")
+            .field("index", &self.index)
+            .field("samples", &self.samples)
+            .field("sample_len", &self.sample_len)
+            .field("output", &self.output)
+            .field("cursor", &self.cursor)
+            .field("in_ring", &self.in_ring())
+            .finish()
+    }
+}
+
+/// Views `bytes` (8-byte aligned) as tokens of `output`.
+fn tokens_of(output: OutputDType, bytes: &[u8]) -> Tokens<'_> {
+    match output {
+        OutputDType::U16 => Tokens::U16(bytemuck::cast_slice(bytes)),
+        OutputDType::I32 => Tokens::I32(bytemuck::cast_slice(bytes)),
+        OutputDType::I64 => Tokens::I64(bytemuck::cast_slice(bytes)),
+    }
+}
+
 /// Opens `plan` from its start; see [`open_at`].
 pub fn open(uri: &str, plan: &Plan, offload: Offload) -> Result<Reader, ClientError> {
     open_at(uri, plan, Cursor::START, offload)
@@ -244,6 +338,8 @@ pub struct Reader {
     read_pos: usize,
     /// Position after the last batch fully handed out.
     cursor: Cursor,
+    /// Buffers of dropped [`OwnedBatch`]es, for the next batches.
+    pool: BufferPool,
 }
 
 impl Reader {
@@ -355,6 +451,7 @@ impl Reader {
             batch_cursor: start,
             read_pos: 0,
             cursor: start,
+            pool: BufferPool::default(),
         }
     }
 
@@ -507,14 +604,9 @@ impl Reader {
     }
 
     fn view(&self) -> Batch<'_> {
-        let bytes = self.batch_bytes();
         // Both homes are 8-byte aligned: `batch` is u64 words, and ring payloads start 48
         // bytes into page-aligned slots.
-        let tokens = match self.output {
-            OutputDType::U16 => Tokens::U16(bytemuck::cast_slice(bytes)),
-            OutputDType::I32 => Tokens::I32(bytemuck::cast_slice(bytes)),
-            OutputDType::I64 => Tokens::I64(bytemuck::cast_slice(bytes)),
-        };
+        let tokens = tokens_of(self.output, self.batch_bytes());
         Batch {
             index: self.batch_index,
             samples: self.samples_in_batch,
@@ -542,6 +634,90 @@ impl Reader {
         self.read_pos = self.batch_len;
         self.cursor = self.batch_cursor;
         Ok(Some(self.view()))
+    }
+
+    /// The next batch as an [`OwnedBatch`], which may outlive later batches and the reader;
+    /// `None` at the end. The cursor moves past it. Nothing is copied to hand it over: over
+    /// shared memory it is a view of the ring slot, else the buffer the batch was made in
+    /// (the reader takes a fresh or recycled one for the next batch).
+    pub fn next_owned(&mut self) -> Result<Option<OwnedBatch>, ClientError> {
+        if self.read_pos < self.batch_len {
+            return Err(ClientError::Usage(format!(
+                "next_owned: batch {} is partly read ({} of {} bytes); finish it with read() first",
+                self.batch_index, self.read_pos, self.batch_len
+            )));
+        }
+        let (sample_len, output) = (self.sample_len, self.output);
+        if let Engine::Shm {
+            shm,
+            batch_size,
+            ended,
+            ..
+        } = &mut self.engine
+        {
+            if *ended {
+                return Ok(None);
+            }
+            // Whatever `next_batch` held goes back first.
+            self.batch_len = 0;
+            self.read_pos = 0;
+            let Some((h, view)) = shm.take(sample_len, *batch_size, output)? else {
+                *ended = true;
+                return Ok(None);
+            };
+            self.cursor = Cursor {
+                epoch: h.cursor_epoch,
+                consumed_samples: h.cursor_consumed,
+            };
+            self.batch_cursor = self.cursor;
+            return Ok(Some(OwnedBatch {
+                index: h.index,
+                samples: h.samples as usize,
+                sample_len,
+                output,
+                cursor: self.cursor,
+                mem: BatchMem::Ring {
+                    view,
+                    len: h.tokens() * output.itemsize(),
+                },
+            }));
+        }
+        if !self.fill()? {
+            return Ok(None);
+        }
+        self.cursor = self.batch_cursor;
+        let recycled = self
+            .pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let words = std::mem::replace(&mut self.batch, recycled);
+        let len = std::mem::take(&mut self.batch_len);
+        self.read_pos = 0;
+        Ok(Some(OwnedBatch {
+            index: self.batch_index,
+            samples: self.samples_in_batch,
+            sample_len,
+            output,
+            cursor: self.cursor,
+            mem: BatchMem::Heap {
+                words,
+                len,
+                pool: self.pool.clone(),
+            },
+        }))
+    }
+
+    /// Over shared memory, copies out the batches that [`OwnedBatch`]es have kept for long
+    /// now, rather than in the next [`next_owned`](Reader::next_owned) (see
+    /// [`dquant_transport::ring::RingConsumer::make_room`]); a no-op otherwise. A caller
+    /// whose batches other threads may write (an interpreter) calls this while they cannot.
+    pub fn make_room(&mut self) -> Result<(), ClientError> {
+        match &mut self.engine {
+            Engine::Shm { shm, .. } => shm.make_room(),
+            _ => Ok(()),
+        }
     }
 
     /// Copies the next bytes of the stream (batches back to back, in the output dtype) into

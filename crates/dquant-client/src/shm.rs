@@ -19,7 +19,7 @@ use dquant_proto::v1::OpenReply;
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::ring::layout::PAGE;
-use dquant_transport::ring::{RingConsumer, RingError};
+use dquant_transport::ring::{RingConsumer, RingError, RingView};
 use dquant_transport::{BatchHeader, BufferPool, FrameReader, WireError};
 
 use crate::remote::{hello_of, AgentUri};
@@ -99,35 +99,44 @@ impl Shm {
         batch_size: usize,
         output: dquant_plan::OutputDType,
     ) -> Result<Option<BatchHeader>, ClientError> {
-        let len = match self.ring.acquire(Duration::MAX) {
-            Ok(Some(len)) => len,
+        match self.ring.acquire(Duration::MAX) {
+            Ok(Some(_)) => {}
             Ok(None) => return Ok(None),
-            Err(RingError::ProducerGone { complete }) => return Err(self.agent_gone(complete)),
-            Err(e) => return Err(ClientError::Agent(format!("shared-memory ring: {e}"))),
+            Err(e) => return Err(self.ring_error(e)),
         };
-        let slot = self.ring.held();
-        let bad = |what: String| ClientError::Agent(format!("shared-memory ring: {what}"));
-        if len < RECORD_HEADER_LEN {
-            return Err(bad(format!(
-                "a {len}-byte batch record is shorter than its header"
-            )));
-        }
-        let mut hb = [0u8; RECORD_HEADER_LEN];
-        hb.copy_from_slice(&slot[..RECORD_HEADER_LEN]);
-        let h = BatchHeader::parse(&hb).map_err(|e| ClientError::Wire(WireError::from(e)))?;
-        crate::check_shape(&h, plan_sample_len, batch_size)?;
-        let want = Codec {
-            width: output_width(output),
-            compression: Compression::None,
+        check_record(self.ring.held(), plan_sample_len, batch_size, output).map(Some)
+    }
+
+    /// As [`next`](Shm::next), but the batch is a view of its own that may outlive later
+    /// batches and the reader ([`RingConsumer::take`]); the record header is its first
+    /// [`RECORD_HEADER_LEN`] bytes.
+    pub fn take(
+        &mut self,
+        plan_sample_len: usize,
+        batch_size: usize,
+        output: dquant_plan::OutputDType,
+    ) -> Result<Option<(BatchHeader, RingView)>, ClientError> {
+        self.ring.release();
+        let view = match self.ring.take(Duration::MAX) {
+            Ok(Some(v)) => v,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(self.ring_error(e)),
         };
-        let bytes = h.tokens() * output.itemsize();
-        if h.codec != want || h.payload_len as usize != bytes || RECORD_HEADER_LEN + bytes != len {
-            return Err(bad(format!(
-                "batch {} holds {} bytes of {} in a {len}-byte record; expected {bytes} bytes of {want}",
-                h.index, h.payload_len, h.codec
-            )));
+        let h = check_record(&view, plan_sample_len, batch_size, output)?;
+        Ok(Some((h, view)))
+    }
+
+    /// Detaches batches that views have kept for long, now rather than in the next
+    /// [`take`](Shm::take) ([`RingConsumer::make_room`]).
+    pub fn make_room(&mut self) -> Result<(), ClientError> {
+        self.ring.make_room().map_err(|e| self.ring_error(e))
+    }
+
+    fn ring_error(&self, e: RingError) -> ClientError {
+        match e {
+            RingError::ProducerGone { complete } => self.agent_gone(complete),
+            e => ClientError::Agent(format!("shared-memory ring: {e}")),
         }
-        Ok(Some(h))
     }
 
     /// The held batch's `bytes` payload bytes, after its record header.
@@ -155,4 +164,37 @@ impl Shm {
     pub fn shutdown(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// Checks that a ring record is exactly a batch header and `h.tokens()` tokens of `output`
+/// for this plan; returns the header.
+fn check_record(
+    record: &[u8],
+    plan_sample_len: usize,
+    batch_size: usize,
+    output: dquant_plan::OutputDType,
+) -> Result<BatchHeader, ClientError> {
+    let len = record.len();
+    let bad = |what: String| ClientError::Agent(format!("shared-memory ring: {what}"));
+    if len < RECORD_HEADER_LEN {
+        return Err(bad(format!(
+            "a {len}-byte batch record is shorter than its header"
+        )));
+    }
+    let mut hb = [0u8; RECORD_HEADER_LEN];
+    hb.copy_from_slice(&record[..RECORD_HEADER_LEN]);
+    let h = BatchHeader::parse(&hb).map_err(|e| ClientError::Wire(WireError::from(e)))?;
+    crate::check_shape(&h, plan_sample_len, batch_size)?;
+    let want = Codec {
+        width: output_width(output),
+        compression: Compression::None,
+    };
+    let bytes = h.tokens() * output.itemsize();
+    if h.codec != want || h.payload_len as usize != bytes || RECORD_HEADER_LEN + bytes != len {
+        return Err(bad(format!(
+            "batch {} holds {} bytes of {} in a {len}-byte record; expected {bytes} bytes of {want}",
+            h.index, h.payload_len, h.codec
+        )));
+    }
+    Ok(h)
 }

@@ -373,3 +373,106 @@ fn checksums_catch_a_batch_changed_after_publishing() {
         }
     }
 }
+
+/// Views kept past later batches and dropped in any order: every batch reads back exactly,
+/// whether its slot was reused or its view was detached.
+#[test]
+fn views_outlive_later_batches_and_drop_in_any_order() {
+    const BATCHES: u64 = 2_000;
+    const SLOT: usize = 8192;
+    let (mut consumer, fds) = RingConsumer::create(8, SLOT as u64).unwrap();
+    let producer = thread::spawn(move || {
+        let mut p = RingProducer::attach(fds).unwrap();
+        for i in 0..BATCHES {
+            produce(&mut p, i);
+        }
+        p.close();
+    });
+    // Keep a varying window of views, drop them in a scrambled order, and keep every 97th
+    // view to the very end (they pin slots until detached).
+    let mut live = Vec::new();
+    let mut forever = Vec::new();
+    let mut n = 0u64;
+    while let Some(v) = consumer.take(WAIT).unwrap() {
+        assert_eq!(v.seq(), n);
+        if n % 97 == 0 {
+            forever.push(v);
+        } else {
+            live.push(v);
+        }
+        if live.len() > (n % 5) as usize {
+            let k = (n as usize * 31) % live.len();
+            let v = live.swap_remove(k);
+            assert!(*v == *batch(v.seq(), SLOT), "batch {} changed", v.seq());
+        }
+        n += 1;
+    }
+    assert_eq!(n, BATCHES);
+    for v in live.iter().chain(&forever) {
+        assert!(**v == *batch(v.seq(), SLOT), "batch {} changed", v.seq());
+    }
+    assert!(consumer.detached() >= forever.len() as u64 - 1);
+    producer.join().unwrap();
+    // Views outlive the consumer, and can be read on other threads.
+    drop(consumer);
+    thread::spawn(move || {
+        for v in &forever {
+            assert!(**v == *batch(v.seq(), SLOT), "batch {} changed", v.seq());
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// A consumer that keeps every view: each batch is detached once, when the producer needs its
+/// slot, and no batch changes.
+#[test]
+fn keeping_every_view_detaches_each_batch_once() {
+    const BATCHES: u64 = 300;
+    const SLOT: usize = 4096;
+    let (mut consumer, fds) = RingConsumer::create(4, SLOT as u64).unwrap();
+    let producer = thread::spawn(move || {
+        let mut p = RingProducer::attach(fds).unwrap();
+        for i in 0..BATCHES {
+            produce(&mut p, i);
+        }
+        p.close();
+    });
+    let mut kept = Vec::new();
+    while let Some(v) = consumer.take(WAIT).unwrap() {
+        kept.push(v);
+    }
+    assert_eq!(kept.len() as u64, BATCHES);
+    // Half the ring may stay pinned at the end; everything before it was detached.
+    assert_eq!(consumer.detached(), BATCHES - 1);
+    for v in &kept {
+        assert!(**v == *batch(v.seq(), SLOT), "batch {} changed", v.seq());
+    }
+    producer.join().unwrap();
+}
+
+/// Slots that are not page aligned cannot be detached: a consumer that pins them all gets an
+/// error, not a hang.
+#[test]
+fn pinning_every_unaligned_slot_is_an_error() {
+    let (mut consumer, fds) = RingConsumer::create(2, 100).unwrap();
+    let producer = thread::spawn(move || {
+        let mut p = RingProducer::attach(fds).unwrap();
+        for i in 0..3 {
+            produce(&mut p, i);
+        }
+        p.close();
+    });
+    let a = consumer.take(WAIT).unwrap().unwrap();
+    let b = consumer.take(WAIT).unwrap().unwrap();
+    let e = consumer.take(WAIT).err().unwrap();
+    assert_eq!(
+        e.to_string(),
+        "ring: live views hold all 2 slots and this ring's slots are not page aligned, so none can be detached; drop a batch view first"
+    );
+    drop(a);
+    assert_eq!(consumer.take(WAIT).unwrap().unwrap().seq(), 2);
+    drop(b);
+    assert!(consumer.take(WAIT).unwrap().is_none());
+    producer.join().unwrap();
+}

@@ -1,10 +1,11 @@
-//! Shared-memory ring transport: the emulated DMA path (not yet wired into agent or client).
+//! Shared-memory ring transport: the emulated DMA path into host memory.
 //!
 //! The host ([`RingConsumer`]) creates a sealed memfd holding a ring of slots plus two eventfds
 //! and hands all three to the agent ([`RingProducer`]) over a Unix socket ([`RingFds::send`],
 //! [`RingFds::recv`]). The producer [reserves](RingProducer::reserve) a free slot, writes a batch
 //! and [commits](SlotMut::commit) it; the consumer's [`RingConsumer::next`] returns a
-//! [`SlotRef`] view that releases the slot when dropped. See [`layout`] for the byte layout and
+//! [`SlotRef`] view that releases the slot when dropped, and [`RingConsumer::take`] a
+//! [`RingView`] that may outlive later batches and be dropped in any order. See [`layout`] for the byte layout and
 //! the memory-ordering argument. A side that keeps up makes no syscall per batch: eventfds are
 //! written only when the other side set its need-wakeup flag.
 
@@ -13,11 +14,13 @@ pub mod layout;
 #[cfg(test)]
 mod model;
 
+use std::collections::HashMap;
 use std::io;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
@@ -50,6 +53,8 @@ pub enum RingError {
     TooLarge { len: usize, slot_size: u64 },
     #[error("ring: fd handshake: {0}")]
     Handshake(String),
+    #[error("ring: live views hold all {held} slots and this ring's slots are not page aligned, so none can be detached; drop a batch view first")]
+    AllHeld { held: u64 },
 }
 
 fn io_err(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> RingError {
@@ -82,10 +87,12 @@ unsafe impl Send for Map {}
 unsafe impl Sync for Map {}
 
 impl Map {
-    fn new(fd: &OwnedFd, len: u64) -> Result<Map, RingError> {
+    /// Maps `len` bytes of `fd` from `offset` (page aligned).
+    fn new(fd: &OwnedFd, offset: u64, len: u64) -> Result<Map, RingError> {
         let len = usize::try_from(len).map_err(|_| LayoutError::TooSmall(len))?;
-        // SAFETY: a fresh mapping (null hint, no MAP_FIXED) replaces nothing; `len` is the
-        // file's size, which the seals keep from shrinking, so no access can fault.
+        // SAFETY: a fresh mapping (null hint, no MAP_FIXED) replaces nothing; `offset + len`
+        // is within the file's size, which the seals keep from shrinking, so no access can
+        // fault.
         let ptr = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
@@ -93,7 +100,7 @@ impl Map {
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::SHARED,
                 fd,
-                0,
+                offset,
             )
         }
         .map_err(io_err("mmap"))?;
@@ -220,17 +227,124 @@ fn wait(
     Ok(Woke::Recheck)
 }
 
-/// The host side: owns the ring, reads batches.
-pub struct RingConsumer {
-    map: Map,
+/// A batch's status on the consumer side, kept per slot as `seq << 2 | status`, so that the
+/// view of an old batch can never be taken for a newer batch in the same slot.
+const VIEW_HELD: u64 = 1;
+const VIEW_RELEASED: u64 = 2;
+const VIEW_DETACHED: u64 = 3;
+
+fn view_state(seq: u64, status: u64) -> u64 {
+    seq << 2 | status
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing under these locks can panic half-way through an update.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Memory a detached view owns: a private copy of its batch at the address the view has
+/// always read (see [`RingConsumer`] on detaching).
+struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The address lies inside the consumer's mapping of the whole file. Freeing it then
+    /// maps inaccessible pages over it instead of unmapping: a hole could be reused by an
+    /// unrelated mapping, which unmapping the whole file would later destroy.
+    in_file_map: bool,
+}
+
+// SAFETY: a region is plain private memory; whoever holds it (the map of detached copies,
+// behind a mutex) is the only one to free it.
+unsafe impl Send for Region {}
+
+impl Region {
+    fn free(self) {
+        // SAFETY: the region is exactly one private mapping this consumer created, and its
+        // only reader (the view) is gone. Failure leaves the pages mapped: a leak, not a fault.
+        unsafe {
+            if self.in_file_map {
+                let _ = rustix::mm::mmap_anonymous(
+                    self.ptr.as_ptr().cast(),
+                    self.len,
+                    ProtFlags::empty(),
+                    MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::NORESERVE,
+                );
+            } else {
+                let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len);
+            }
+        }
+    }
+}
+
+/// The consumer's mappings, shared with every [`RingView`] so that a view keeps its memory
+/// after the consumer is gone.
+struct ConsumerMem {
+    /// The whole file, mapped once: header, records and, at first, every slot.
+    file: Map,
     layout: Layout,
+    /// A duplicate of the memfd, to map a slot afresh after a detach.
+    memfd: OwnedFd,
+    /// Where the ring reads each slot now: `None` in `file`, else a mapping of its own.
+    slots: Mutex<Vec<Option<Map>>>,
+    /// Per slot, the status of the batch last taken from it ([`view_state`]).
+    state: Box<[AtomicU64]>,
+    /// The copies that detached views read, by sequence number.
+    detached: Mutex<HashMap<u64, Region>>,
+}
+
+impl ConsumerMem {
+    fn slot_ptr(&self, index: u32) -> *mut u8 {
+        match &lock(&self.slots)[index as usize] {
+            Some(m) => m.ptr.as_ptr(),
+            None => self.file.slot_ptr(&self.layout, index),
+        }
+    }
+
+    fn state(&self, seq: u64) -> &AtomicU64 {
+        &self.state[(seq % u64::from(self.layout.slot_count)) as usize]
+    }
+}
+
+impl Drop for ConsumerMem {
+    fn drop(&mut self) {
+        // Every view holds this memory, so none is left; this frees what a race left behind.
+        for (_, r) in lock(&self.detached).drain() {
+            if !r.in_file_map {
+                r.free();
+            }
+        }
+    }
+}
+
+/// The host side: owns the ring, reads batches.
+///
+/// # Views that outlive the next batch
+///
+/// [`take`](RingConsumer::take) hands out [`RingView`]s that may be kept, sent to other
+/// threads and dropped in any order (Python arrays over the ring need this: the language
+/// decides when they die). The shared consumer index still moves in order: past every batch
+/// whose view is gone. A view kept for long would therefore pin its slot and, once the
+/// producer wraps around to it, stop the ring. So the consumer lets views pin at most
+/// [`hold_limit`](RingConsumer::set_hold_limit) slots (default: half the ring). Past that, the
+/// oldest pinned batch is *detached*: copied into private memory which is then moved over the
+/// view's address with `mremap` (the view reads the same bytes at the same address, before
+/// and after), and the slot is mapped afresh for the ring. A consumer whose views die within
+/// a few batches never copies; one that keeps every batch copies each batch once, when the
+/// ring needs its slot. Detaching needs page-aligned slots (slot size a multiple of
+/// [`PAGE`](layout::PAGE)); without, views may pin every slot and then `take` fails.
+pub struct RingConsumer {
+    mem: Arc<ConsumerMem>,
     consumer_wake: OwnedFd,
     producer_wake: OwnedFd,
     peer: Option<OwnedFd>,
-    /// Next batch to read (== the shared consumer index; only this side writes it).
+    /// Next batch to take.
+    read: u64,
+    /// Batches released (== the shared consumer index; only this side writes it): every
+    /// batch before it has been released or detached.
     tail: u64,
-    /// The batch at `tail` when it has been acquired and not yet released: its slot and length.
-    held: Option<(u32, usize)>,
+    /// The batch [`acquire`](RingConsumer::acquire) took, readable through
+    /// [`held`](RingConsumer::held).
+    current: Option<RingView>,
     /// The producer computes, and this side checks, each batch's crc32c ([`layout::FLAG_CRC`]).
     verify: bool,
     /// Most batches to let accumulate before a sleeping consumer is woken (see `layout`).
@@ -238,6 +352,10 @@ pub struct RingConsumer {
     /// Whether the last batched sleep ran out its timeout (the producer is slow: wake on the
     /// next batch instead). A `Cell` because it changes while the header is borrowed.
     slow_producer: std::cell::Cell<bool>,
+    /// Most slots live views may pin before the oldest is detached.
+    hold_limit: u64,
+    /// Batches detached so far.
+    detached: u64,
 }
 
 /// Longest a consumer sleeps waiting for several batches when at least one may come sooner:
@@ -278,12 +396,12 @@ impl RingConsumer {
             SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
         )
         .map_err(io_err("fcntl(F_ADD_SEALS)"))?;
-        let map = Map::new(&memfd, layout.total_len)?;
+        let file = Map::new(&memfd, 0, layout.total_len)?;
         // SAFETY: the mapping is fresh, zero-filled, page aligned and nobody else has it yet;
         // `Meta` is plain data at offset 0.
         let flags = if checksums { layout::FLAG_CRC } else { 0 };
         unsafe {
-            map.ptr
+            file.ptr
                 .as_ptr()
                 .cast::<layout::Meta>()
                 .write(layout.meta(flags))
@@ -291,21 +409,36 @@ impl RingConsumer {
         let consumer_wake = new_eventfd()?;
         let producer_wake = new_eventfd()?;
         let fds = RingFds {
-            memfd,
+            memfd: dup(&memfd)?,
             consumer_wake: dup(&consumer_wake)?,
             producer_wake: dup(&producer_wake)?,
         };
-        let consumer = RingConsumer {
-            map,
+        let hold_limit = if slot_size.is_multiple_of(layout::PAGE) {
+            u64::from((slots / 2).max(1))
+        } else {
+            u64::from(slots)
+        };
+        let mem = ConsumerMem {
+            file,
             layout,
+            memfd,
+            slots: Mutex::new((0..slots).map(|_| None).collect()),
+            state: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            detached: Mutex::new(HashMap::new()),
+        };
+        let consumer = RingConsumer {
+            mem: Arc::new(mem),
             consumer_wake,
             producer_wake,
             peer: None,
+            read: 0,
             tail: 0,
-            held: None,
+            current: None,
             verify: checksums,
             batch_wakeups: (slots / 2).max(1),
             slow_producer: std::cell::Cell::new(false),
+            hold_limit,
+            detached: 0,
         };
         Ok((consumer, fds))
     }
@@ -318,12 +451,17 @@ impl RingConsumer {
     }
 
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        &self.mem.layout
     }
 
-    /// Batches consumed so far.
+    /// Batches consumed so far: taken, and released or detached.
     pub fn consumed(&self) -> u64 {
         self.tail
+    }
+
+    /// Batches detached so far (copied out of the ring because their views lived long).
+    pub fn detached(&self) -> u64 {
+        self.detached
     }
 
     /// Wake a sleeping consumer only once `k` batches are ready (clamped to `1..=slots`;
@@ -331,7 +469,24 @@ impl RingConsumer {
     /// [`WAKE_BATCH_TIMEOUT`] of latency for fewer wake-ups when the consumer outruns the
     /// producer; a consumer that keeps up never sleeps, whatever `k`.
     pub fn set_batch_wakeups(&mut self, k: u32) {
-        self.batch_wakeups = k.clamp(1, self.layout.slot_count);
+        self.batch_wakeups = k.clamp(1, self.layout().slot_count);
+    }
+
+    /// Let live views pin at most `k` slots (clamped to `1..slots`, and to `slots` when slots
+    /// are not page aligned) before the oldest is detached. Default: half the slots. Fewer
+    /// leaves the producer more room to run ahead; more copies less for consumers that keep
+    /// batches for a while.
+    pub fn set_hold_limit(&mut self, k: u32) {
+        let n = self.layout().slot_count;
+        self.hold_limit = if self.can_detach() {
+            u64::from(k.clamp(1, (n - 1).max(1)))
+        } else {
+            u64::from(n)
+        };
+    }
+
+    fn can_detach(&self) -> bool {
+        self.layout().slot_size.is_multiple_of(layout::PAGE)
     }
 
     /// The next batch, in order, as a view that releases its slot when dropped. `Ok(None)`:
@@ -339,15 +494,11 @@ impl RingConsumer {
     /// ([`RingError::Timeout`]). A producer that went away without closing is reported
     /// ([`RingError::ProducerGone`]) only after every batch it published has been returned.
     pub fn next(&mut self, timeout: Duration) -> Result<Option<SlotRef<'_>>, RingError> {
-        if self.acquire(timeout)?.is_none() {
-            return Ok(None);
-        }
-        let data = self.held_ptr();
-        // SAFETY: `held_ptr` points at the acquired slot's `len` bytes, which stay ours (the
-        // producer does not touch them) until `release`, called by `SlotRef::drop`; the
-        // borrow of `self` by the guard keeps the mapping alive and `release` uncallable.
-        let data = unsafe { std::slice::from_raw_parts(data.0, data.1) };
-        Ok(Some(SlotRef { ring: self, data }))
+        self.release();
+        Ok(self.take(timeout)?.map(|view| SlotRef {
+            ring: self,
+            view: Some(view),
+        }))
     }
 
     /// Takes the next batch without a guard (for owners that keep the batch across calls,
@@ -356,17 +507,32 @@ impl RingConsumer {
     /// A batch still held is released first.
     pub fn acquire(&mut self, timeout: Duration) -> Result<Option<usize>, RingError> {
         self.release();
+        let view = self.take(timeout)?;
+        let len = view.as_ref().map(|v| v.len);
+        self.current = view;
+        Ok(len)
+    }
+
+    /// The next batch as a view that may outlive this call, this consumer, and later views
+    /// (see the type's docs); `Ok(None)` at the end. Errors as [`next`](RingConsumer::next);
+    /// also [`RingError::AllHeld`] when views pin every slot of a ring that cannot detach.
+    pub fn take(&mut self, timeout: Duration) -> Result<Option<RingView>, RingError> {
+        self.make_room()?;
         let until = Instant::now().checked_add(timeout);
-        let hdr = self.map.header();
-        let tail = self.tail;
-        let n = u64::from(self.layout.slot_count);
+        let mem = Arc::clone(&self.mem);
+        let hdr = mem.file.header();
+        let read = self.read;
+        let n = u64::from(mem.layout.slot_count);
         loop {
             let head = hdr.producer.0.load(Ordering::Acquire);
-            if head != tail {
-                if head.wrapping_sub(tail) > n {
+            if head != read {
+                if head.wrapping_sub(self.tail) > n || head < read {
                     return Err(RingError::Corrupt {
-                        seq: tail,
-                        what: format!("producer index {head} is more than {n} ahead"),
+                        seq: read,
+                        what: format!(
+                            "producer index {head} is not within {read}..={}",
+                            self.tail + n
+                        ),
                     });
                 }
                 break;
@@ -374,28 +540,29 @@ impl RingConsumer {
             let closed = hdr.closed.0.load(Ordering::Acquire);
             if closed & (PRODUCER_CLOSED | PRODUCER_ABORTED) != 0 {
                 // The flag was set after the last publish: re-read the index before ending.
-                if hdr.producer.0.load(Ordering::Acquire) != tail {
+                if hdr.producer.0.load(Ordering::Acquire) != read {
                     continue;
                 }
                 if closed & PRODUCER_CLOSED != 0 {
                     return Ok(None);
                 }
-                return Err(RingError::ProducerGone { complete: tail });
+                return Err(RingError::ProducerGone { complete: read });
             }
             // Sleep until `k` batches are ready (the first batch, and any after a slow one,
-            // wake at once), or for at most WAKE_BATCH_TIMEOUT when k > 1.
-            let k = if tail == 0 || self.slow_producer.get() {
+            // wake at once), or for at most WAKE_BATCH_TIMEOUT when k > 1. Never past a full
+            // ring: the producer cannot get further while views pin slots.
+            let k = if read == 0 || self.slow_producer.get() {
                 1
             } else {
                 self.batch_wakeups
             };
-            let wake_at = tail + u64::from(k);
+            let wake_at = (read + u64::from(k)).min(self.tail + n);
             hdr.consumer_wake_at.0.store(wake_at, Ordering::Relaxed);
             let ready = || {
                 hdr.producer.0.load(Ordering::Acquire) >= wake_at
                     || hdr.closed.0.load(Ordering::Acquire) != 0
             };
-            let batch_until = (k > 1)
+            let batch_until = (wake_at > read + 1)
                 .then(|| Instant::now().checked_add(WAKE_BATCH_TIMEOUT))
                 .flatten();
             let sleep_until = match (until, batch_until) {
@@ -419,37 +586,36 @@ impl RingConsumer {
                 }
                 Woke::Timeout => return Err(RingError::Timeout(timeout)),
                 Woke::PeerHup => {
-                    if hdr.producer.0.load(Ordering::Acquire) != tail
+                    if hdr.producer.0.load(Ordering::Acquire) != read
                         || hdr.closed.0.load(Ordering::Acquire) != 0
                     {
                         continue;
                     }
-                    return Err(RingError::ProducerGone { complete: tail });
+                    return Err(RingError::ProducerGone { complete: read });
                 }
             }
         }
-        let index = (tail % n) as u32;
-        let rec = self.map.record(&self.layout, index);
+        let index = (read % n) as u32;
+        let rec = mem.file.record(&mem.layout, index);
         let seq = rec.seq.load(Ordering::Relaxed);
         let len = rec.len.load(Ordering::Relaxed);
         let crc = rec.crc.load(Ordering::Relaxed);
-        let corrupt = |what: String| RingError::Corrupt { seq: tail, what };
-        if seq != tail {
+        let corrupt = |what: String| RingError::Corrupt { seq: read, what };
+        if seq != read {
             return Err(corrupt(format!("record carries sequence {seq}")));
         }
-        if u64::from(len) > self.layout.slot_size {
+        if u64::from(len) > mem.layout.slot_size {
             return Err(corrupt(format!(
                 "length {len} exceeds the {}-byte slot",
-                self.layout.slot_size
+                mem.layout.slot_size
             )));
         }
+        let ptr = mem.slot_ptr(index);
         if self.verify {
-            // SAFETY: the slot is inside the mapping and `len <= slot_size`; by the protocol
-            // (the Acquire load above saw `head > tail`) the producer finished writing it and
-            // will not touch it again until we advance the consumer index in `release`.
-            let data = unsafe {
-                std::slice::from_raw_parts(self.map.slot_ptr(&self.layout, index), len as usize)
-            };
+            // SAFETY: the slot is inside a mapping of the file and `len <= slot_size`; by the
+            // protocol (the Acquire load above saw `head > read`) the producer finished writing
+            // it and will not touch it again until the consumer index passes it.
+            let data = unsafe { std::slice::from_raw_parts(ptr, len as usize) };
             let actual = crc32c::crc32c(data);
             if actual != crc {
                 return Err(corrupt(format!(
@@ -457,44 +623,152 @@ impl RingConsumer {
                 )));
             }
         }
-        self.held = Some((index, len as usize));
-        Ok(Some(len as usize))
+        mem.state(read)
+            .store(view_state(read, VIEW_HELD), Ordering::Release);
+        self.read += 1;
+        Ok(Some(RingView {
+            ptr: NonNull::new(ptr).expect("slot pointers come from non-null mappings"),
+            len: len as usize,
+            seq: read,
+            mem,
+        }))
     }
 
     /// The acquired batch's bytes (empty when none is held).
     pub fn held(&self) -> &[u8] {
-        let (ptr, len) = self.held_ptr();
-        // SAFETY: see `held_ptr`; the returned borrow of `self` keeps `release` (which needs
-        // `&mut self`) from running while the slice lives.
-        unsafe { std::slice::from_raw_parts(ptr, len) }
+        self.current.as_deref().unwrap_or(&[])
     }
 
-    fn held_ptr(&self) -> (*const u8, usize) {
-        match self.held {
-            // The slot is inside the validated mapping and was acquired (see `acquire`).
-            Some((index, len)) => (self.map.slot_ptr(&self.layout, index).cast_const(), len),
-            None => (std::ptr::NonNull::<u8>::dangling().as_ptr().cast_const(), 0),
-        }
-    }
-
-    /// Hands the acquired batch's slot back to the producer (no-op when none is held).
+    /// Hands the acquired batch's slot back to the producer (no-op when none is held), and
+    /// every slot whose view has been dropped since.
     pub fn release(&mut self) {
-        if self.held.take().is_none() {
+        self.current = None;
+        self.reclaim();
+    }
+
+    /// Moves the shared consumer index past every batch whose view is gone, and wakes the
+    /// producer if it waits for a slot.
+    fn reclaim(&mut self) {
+        let mut tail = self.tail;
+        while tail < self.read {
+            let v = self.mem.state(tail).load(Ordering::Acquire);
+            if v != view_state(tail, VIEW_RELEASED) && v != view_state(tail, VIEW_DETACHED) {
+                break;
+            }
+            tail += 1;
+        }
+        if tail == self.tail {
             return;
         }
-        self.tail += 1;
-        let hdr = self.map.header();
-        hdr.consumer.0.store(self.tail, Ordering::Release);
+        self.tail = tail;
+        let hdr = self.mem.file.header();
+        hdr.consumer.0.store(tail, Ordering::Release);
         fence(Ordering::SeqCst);
         if hdr.producer_wakeup.0.load(Ordering::Relaxed) != 0 {
             kick(&self.producer_wake);
         }
     }
+
+    /// Reclaims released slots, then detaches the oldest pinned batches until live views pin
+    /// fewer than the hold limit. Runs at the start of every `take`; callers that must not
+    /// copy concurrently with other threads (an interpreter lock) may call it first.
+    pub fn make_room(&mut self) -> Result<(), RingError> {
+        self.reclaim();
+        while self.read - self.tail >= self.hold_limit {
+            if !self.can_detach() {
+                return Err(RingError::AllHeld {
+                    held: self.read - self.tail,
+                });
+            }
+            self.detach(self.tail)?;
+            self.reclaim();
+        }
+        Ok(())
+    }
+
+    /// Gives the live view of batch `seq` a private copy at its own address and maps the
+    /// slot afresh for the ring; the batch then counts as released.
+    fn detach(&mut self, seq: u64) -> Result<(), RingError> {
+        let mem = &*self.mem;
+        let index = (seq % u64::from(mem.layout.slot_count)) as u32;
+        let size = mem.layout.slot_size as usize;
+        let len = mem
+            .file
+            .record(&mem.layout, index)
+            .len
+            .load(Ordering::Relaxed) as usize;
+        let mut slots = lock(&mem.slots);
+        let old = match &slots[index as usize] {
+            Some(m) => m.ptr.as_ptr(),
+            None => mem.file.slot_ptr(&mem.layout, index),
+        };
+        let fresh = Map::new(&mem.memfd, mem.layout.slot_offset(index), size as u64)?;
+        // SAFETY: a fresh private mapping of `size` bytes, replacing nothing.
+        let copy = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                size,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .map_err(io_err("mmap"))?;
+        // SAFETY: `old` holds the batch's `len <= size` bytes (checked when it was taken), the
+        // producer does not write it while the view pins it, and `copy` is `size` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(old, copy.cast::<u8>(), len) };
+        // SAFETY: moves the copy over exactly the old slot's pages, which are page aligned
+        // (`can_detach`) and belong to a mapping this consumer owns. The view reads the same
+        // bytes before and after; the ring reads the slot through `fresh` from now on.
+        let moved = unsafe {
+            rustix::mm::mremap_fixed(
+                copy,
+                size,
+                size,
+                rustix::mm::MremapFlags::MAYMOVE,
+                old.cast(),
+            )
+        };
+        if let Err(e) = moved {
+            // SAFETY: `copy` is still our own mapping of `size` bytes.
+            let _ = unsafe { rustix::mm::munmap(copy, size) };
+            return Err(io_err("mremap")(e));
+        }
+        let region = Region {
+            ptr: NonNull::new(old).expect("slot pointers are non-null"),
+            len: size,
+            in_file_map: slots[index as usize].is_none(),
+        };
+        if let Some(m) = slots[index as usize].replace(fresh) {
+            // The region owns these pages now.
+            std::mem::forget(m);
+        }
+        drop(slots);
+        lock(&mem.detached).insert(seq, region);
+        let state = mem.state(seq);
+        if state
+            .compare_exchange(
+                view_state(seq, VIEW_HELD),
+                view_state(seq, VIEW_DETACHED),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // The view was dropped while we copied: nobody reads the copy.
+            if let Some(r) = lock(&mem.detached).remove(&seq) {
+                r.free();
+            }
+        }
+        self.detached += 1;
+        Ok(())
+    }
 }
 
 impl Drop for RingConsumer {
     fn drop(&mut self) {
-        self.map
+        self.current = None;
+        self.mem
+            .file
             .header()
             .closed
             .0
@@ -503,29 +777,82 @@ impl Drop for RingConsumer {
     }
 }
 
+/// A batch taken with [`RingConsumer::take`]: its bytes, readable for as long as the view
+/// lives, from any thread. Dropping it hands the slot back (or frees its private copy, once
+/// detached).
+pub struct RingView {
+    mem: Arc<ConsumerMem>,
+    seq: u64,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the view only reads memory that stays valid and unwritten while it lives: its slot
+// (which the producer does not write while the view pins it) or its private copy; `mem` is
+// shared through atomics and mutexes.
+unsafe impl Send for RingView {}
+// SAFETY: as above; `&RingView` only reads.
+unsafe impl Sync for RingView {}
+
+impl RingView {
+    /// Sequence number of this batch (0-based).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl Deref for RingView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: see the `Send` impl; `ptr` is valid for `len` bytes while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for RingView {
+    fn drop(&mut self) {
+        let state = self.mem.state(self.seq);
+        if state
+            .compare_exchange(
+                view_state(self.seq, VIEW_HELD),
+                view_state(self.seq, VIEW_RELEASED),
+                Ordering::Release,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // Detached: free the private copy.
+            if let Some(r) = lock(&self.mem.detached).remove(&self.seq) {
+                r.free();
+            }
+        }
+    }
+}
+
 /// A published batch, borrowed from the ring; dropping it hands the slot back to the producer.
 pub struct SlotRef<'a> {
     ring: &'a mut RingConsumer,
-    data: &'a [u8],
+    view: Option<RingView>,
 }
 
 impl SlotRef<'_> {
     /// Sequence number of this batch (0-based).
     pub fn seq(&self) -> u64 {
-        self.ring.tail
+        self.view.as_ref().map_or(0, RingView::seq)
     }
 }
 
 impl Deref for SlotRef<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        self.data
+        self.view.as_deref().unwrap_or(&[])
     }
 }
 
 impl Drop for SlotRef<'_> {
     fn drop(&mut self) {
-        self.ring.release();
+        self.view = None;
+        self.ring.reclaim();
     }
 }
 
@@ -558,7 +885,7 @@ impl RingProducer {
         if file_len < std::mem::size_of::<Header>() as u64 {
             return Err(LayoutError::TooSmall(file_len).into());
         }
-        let map = Map::new(&fds.memfd, file_len)?;
+        let map = Map::new(&fds.memfd, 0, file_len)?;
         // SAFETY: the mapping holds at least a header (checked above); `Meta` is plain data,
         // copied out once and validated before anything else is read.
         let meta = unsafe { map.ptr.as_ptr().cast::<layout::Meta>().read_volatile() };
