@@ -363,9 +363,9 @@ fn owned_batches_outlive_later_batches_and_the_reader() {
             // Keep every third batch to the end; drop the others a few batches later, out of
             // order.
             kept.push(b);
-            if kept.len() > 3 && n % 3 != 0 {
+            if kept.len() > 3 && !n.is_multiple_of(3) {
                 let i = kept.len() - 3;
-                if kept[i].index % 3 != 0 {
+                if !kept[i].index.is_multiple_of(3) {
                     kept.remove(i);
                 }
             }
@@ -373,7 +373,7 @@ fn owned_batches_outlive_later_batches_and_the_reader() {
         }
         drop(r);
         let bytes = std::thread::spawn(move || {
-            kept.retain(|b| b.index % 3 == 0);
+            kept.retain(|b| b.index.is_multiple_of(3));
             kept.iter().map(|b| b.bytes().to_vec()).collect::<Vec<_>>()
         })
         .join()

@@ -395,7 +395,7 @@ fn views_outlive_later_batches_and_drop_in_any_order() {
     let mut n = 0u64;
     while let Some(v) = consumer.take(WAIT).unwrap() {
         assert_eq!(v.seq(), n);
-        if n % 97 == 0 {
+        if n.is_multiple_of(97) {
             forever.push(v);
         } else {
             live.push(v);
