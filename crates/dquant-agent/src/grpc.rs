@@ -54,7 +54,7 @@ fn open_plan_source(
     let path = shared
         .catalog
         .resolve(&s.uri)
-        .map_err(|e| SourceError::Usage(e.0))?;
+        .map_err(|e| SourceError::NotFound(e.0))?;
     Ok(Box::new(LocalSource::open(&path, s)?))
 }
 
@@ -136,6 +136,7 @@ impl Agent for Service {
             })
             .map_err(|e| match e {
                 ClientError::Plan(_) => Status::invalid_argument(e.to_string()),
+                e if e.is_not_found() => Status::not_found(e.to_string()),
                 _ => Status::failed_precondition(e.to_string()),
             })?;
             let start = pipeline.cursor();

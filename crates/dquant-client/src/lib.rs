@@ -57,6 +57,9 @@ pub enum ClientError {
     /// The agent refused or failed; its message, verbatim.
     #[error("{0}")]
     Agent(String),
+    /// The agent has no such dataset; its message, verbatim.
+    #[error("{0}")]
+    NotFound(String),
     #[error("{0}")]
     Connect(SourceError),
     #[error("{0}")]
@@ -71,7 +74,24 @@ impl ClientError {
     fn from_agent(e: SourceError) -> Self {
         match e {
             SourceError::Agent(m) => ClientError::Agent(m),
+            SourceError::NotFound(m) => ClientError::NotFound(m),
             e => ClientError::Connect(e),
+        }
+    }
+
+    /// Whether a dataset the plan names does not exist: a local file, or a dataset an agent
+    /// does not have (bindings map this to their language's file-not-found error).
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            ClientError::NotFound(_) => true,
+            ClientError::Source { source, .. } => match source {
+                SourceError::NotFound(_) => true,
+                SourceError::Storage(dquant_storage::StorageError::Io { source, .. }) => {
+                    source.kind() == std::io::ErrorKind::NotFound
+                }
+                _ => false,
+            },
+            _ => false,
         }
     }
 }

@@ -216,6 +216,16 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// An agent's refusal: [`SourceError::NotFound`] for a dataset it does not have, else
+/// [`SourceError::Agent`].
+fn status_error(s: tonic::Status) -> SourceError {
+    if s.code() == tonic::Code::NotFound {
+        SourceError::NotFound(s.message().to_string())
+    } else {
+        SourceError::Agent(status_message(s))
+    }
+}
+
 fn status_message(s: tonic::Status) -> String {
     if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown {
         chain(&s)
@@ -277,28 +287,28 @@ impl Control {
         let req = ListRequest { root: root.into() };
         call(async move { c.list(req).await })
             .map(|r| r.into_inner().entries)
-            .map_err(|s| SourceError::Agent(status_message(s)))
+            .map_err(status_error)
     }
 
     pub fn stat(&self, req: StatRequest) -> Result<DatasetStat, SourceError> {
         let mut c = self.client.clone();
         call(async move { c.stat(req).await })
             .map(|r| r.into_inner())
-            .map_err(|s| SourceError::Agent(status_message(s)))
+            .map_err(status_error)
     }
 
     pub fn open(&self, req: OpenRequest) -> Result<OpenReply, SourceError> {
         let mut c = self.client.clone();
         call(async move { c.open(req).await })
             .map(|r| r.into_inner())
-            .map_err(|s| SourceError::Agent(status_message(s)))
+            .map_err(status_error)
     }
 
     pub fn open_source(&self, req: OpenSourceRequest) -> Result<OpenReply, SourceError> {
         let mut c = self.client.clone();
         call(async move { c.open_source(req).await })
             .map(|r| r.into_inner())
-            .map_err(|s| SourceError::Agent(status_message(s)))
+            .map_err(status_error)
     }
 
     /// Ends `session` on the agent. Bounded by a short timeout: readers call this while
@@ -310,9 +320,7 @@ impl Control {
             tokio::time::timeout(Duration::from_secs(2), c.close(CloseRequest { session })).await
         });
         match r {
-            Ok(r) => r
-                .map(|r| r.into_inner().existed)
-                .map_err(|s| SourceError::Agent(status_message(s))),
+            Ok(r) => r.map(|r| r.into_inner().existed).map_err(status_error),
             Err(_) => Err(SourceError::Agent(format!(
                 "agent {}: no answer to Close within 2 s",
                 self.authority

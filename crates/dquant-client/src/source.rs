@@ -23,6 +23,9 @@ pub enum SourceError {
     /// The agent that serves the source refused or failed; its message, verbatim.
     #[error("{0}")]
     Agent(String),
+    /// The agent has no such dataset (or root); its message, verbatim.
+    #[error("{0}")]
+    NotFound(String),
     #[error("{0}")]
     Wire(#[from] WireError),
     #[error("{0}")]
