@@ -1,0 +1,165 @@
+"""dquant: LLM token batches made next to the data, delivered into this process.
+
+``dquant.open`` runs a *plan* (which token datasets, blended how, packed into samples of
+which length, shuffled how, for which data-parallel rank) either on a dquant agent
+(``offload=True``: ``dquant serve`` near the data, batches arriving over TCP or a
+shared-memory ring) or in this process (``offload=False``). Both give the same bytes.
+
+Iterating a reader yields numpy arrays of shape ``(batch_size, seq_len + 1)`` in the plan's
+output dtype, over the memory the batch was made in: nothing is copied to hand it over, and
+``torch.from_numpy`` shares it too. An array keeps its memory alive for as long as it (or a
+tensor over it) lives.
+
+    >>> import dquant
+    >>> plan = {"sources": [{"uri": "data/r50k_int32"}], "seq_len": 2048, "batch_size": 8}
+    >>> with dquant.open(plan, offload=False) as reader:
+    ...     for batch in reader:            # numpy (8, 2049) int32
+    ...         ...
+    ...     state = reader.cursor()         # {"epoch": 0, "consumed_samples": ...}
+
+For PyTorch training, see ``dquant.torch.TokenDataset``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from typing import Any, Mapping, Optional, Union
+
+from ._dquant import AgentError, Batch, Reader, __version__, open_reader
+
+__all__ = ["open", "Reader", "Batch", "AgentError", "plan_of", "__version__"]
+
+_SCHEME = "dquant://"
+_TRANSPORTS = ("tcp", "shm")
+
+
+def plan_of(uri_or_plan: Union[str, os.PathLike, Mapping[str, Any]], **fields: Any) -> dict:
+    """The plan ``uri_or_plan`` describes, as a dict, with ``fields`` set on top.
+
+    ``uri_or_plan`` is a plan dict; a plan as JSON text; the path of a plan file (``.json``
+    or ``.toml``); or one dataset (a local path or ``dquant://HOST:PORT/ROOT/PATH``), which
+    becomes a one-source plan (``seq_len`` and ``batch_size`` then come from ``fields``).
+    """
+    if isinstance(uri_or_plan, Mapping):
+        plan = json.loads(json.dumps(dict(uri_or_plan)))  # a deep copy of plain data
+    elif isinstance(uri_or_plan, (str, os.PathLike)):
+        text = os.fspath(uri_or_plan)
+        if text.lstrip().startswith("{"):
+            try:
+                plan = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"plan: invalid JSON: {e}") from None
+        elif text.endswith((".json", ".toml")) and os.path.isfile(text):
+            plan = _load_plan_file(text)
+        else:
+            plan = {"sources": [{"uri": text}]}
+    else:
+        raise TypeError(
+            "dquant.open: expected a plan (dict, JSON text or a .json/.toml file) or a "
+            f"dataset URI, got {type(uri_or_plan).__name__}"
+        )
+    if not isinstance(plan, dict):
+        raise ValueError(f"plan: expected a JSON object, got {type(plan).__name__}")
+    plan.update(fields)
+    return plan
+
+
+def _load_plan_file(path: str) -> dict:
+    with builtins.open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".json"):
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"plan file {path}: invalid JSON: {e}") from None
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        raise ValueError(
+            f"plan file {path}: TOML plans need Python 3.11+ (tomllib); use a .json plan"
+        ) from None
+    try:
+        return tomllib.loads(data.decode())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"plan file {path}: invalid TOML: {e}") from None
+
+
+def _split_agent(uri: str) -> tuple[str, str]:
+    """``dquant://HOST:PORT/ROOT/PATH`` -> (``dquant://HOST:PORT``, ``ROOT/PATH``)."""
+    rest = uri[len(_SCHEME) :]
+    authority, _, dataset = rest.partition("/")
+    return _SCHEME + authority, dataset
+
+
+def _with_transport(agent: str, transport: Optional[str]) -> str:
+    if transport is None:
+        return agent
+    sep = "&" if "?" in agent else "?"
+    return f"{agent}{sep}transport={transport}"
+
+
+def open(
+    uri_or_plan: Union[str, os.PathLike, Mapping[str, Any]],
+    offload: bool = True,
+    transport: Optional[str] = None,
+    *,
+    agent: Optional[str] = None,
+    cursor: Optional[Mapping[str, int]] = None,
+    **fields: Any,
+) -> Reader:
+    """Opens a plan and returns a :class:`Reader` over its batches.
+
+    Args:
+        uri_or_plan: a plan (dict, JSON text, or a ``.json``/``.toml`` file), or one dataset
+            URI (see :func:`plan_of`).
+        offload: ``True`` runs the plan on the agent (``agent=``, or the agent a
+            ``dquant://`` dataset URI names); ``False`` runs it in this process, reading
+            local paths or pulling ``dquant://`` datasets by range. Same bytes either way.
+        transport: ``"tcp"``, ``"shm"`` or ``None`` (from the agent address: a Unix socket
+            path means the shared-memory ring, ``dquant://HOST:PORT`` means TCP).
+        agent: the agent: ``dquant://HOST:PORT`` or the path of its Unix socket
+            (``dquant serve --socket PATH``). Plan sources are then dataset names on it,
+            ``ROOT/PATH``.
+        cursor: where to start, as returned by :meth:`Reader.cursor` (default: the start).
+        **fields: plan fields set on top of the plan (``seq_len=2048``, ``batch_size=8``,
+            ``rank=``, ``world=``, ``output="u16"``, ...).
+
+    Raises:
+        ValueError: a bad plan or arguments (the message says what and where).
+        FileNotFoundError: a dataset the plan names does not exist (locally or on the agent).
+        ConnectionError: the agent cannot be reached.
+        dquant.AgentError: the agent refused or failed the session.
+    """
+    plan = plan_of(uri_or_plan, **fields)
+    if transport is not None and transport not in _TRANSPORTS:
+        raise ValueError(f"transport must be 'tcp', 'shm' or None, not {transport!r}")
+    sources = plan.get("sources")
+    if agent is None and offload and isinstance(sources, list) and sources:
+        # One agent named by the sources' URIs: run there, naming datasets relative to it.
+        uris = [s.get("uri", "") if isinstance(s, Mapping) else "" for s in sources]
+        if all(isinstance(u, str) and u.startswith(_SCHEME) for u in uris):
+            agents = {_split_agent(u)[0] for u in uris}
+            if len(agents) == 1:
+                agent = agents.pop()
+                for s, u in zip(sources, uris):
+                    s["uri"] = _split_agent(u)[1]
+    if offload and agent is None:
+        raise ValueError(
+            "offload=True needs an agent: pass agent='dquant://HOST:PORT' or the path of its "
+            "Unix socket, use dquant:// dataset URIs, or pass offload=False to run the plan "
+            "in this process"
+        )
+    if not offload and transport is not None:
+        raise ValueError("transport applies only with offload=True (an agent sends the batches)")
+    target = _with_transport(os.fspath(agent), transport) if agent is not None else ""
+    epoch, consumed = 0, 0
+    if cursor is not None:
+        try:
+            epoch, consumed = int(cursor.get("epoch", 0)), int(cursor["consumed_samples"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"cursor must be {{'epoch': int, 'consumed_samples': int}}, got {cursor!r}"
+            ) from None
+    return open_reader(json.dumps(plan), target, bool(offload), epoch, consumed)

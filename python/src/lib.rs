@@ -1,0 +1,358 @@
+//! `dquant._dquant`: the Rust half of the Python package. It wraps the host API's reader
+//! ([`dquant_client::Reader`]) and hands batches to Python as numpy arrays over the memory
+//! the batch was made in: a shared-memory ring slot the agent wrote, or the buffer the batch
+//! was assembled or decoded into. Nothing is copied for the hand-over.
+//!
+//! Each array's base is a [`Batch`] object that owns an [`OwnedBatch`]; the memory lives as
+//! long as the array (or anything viewing it, such as a `torch.from_numpy` tensor) does, and
+//! goes back to the ring or the reader's buffer pool when the last of them dies. Kept arrays
+//! never stall a ring: the ring copies out a batch kept for long (see
+//! `dquant_transport::ring::RingConsumer`).
+//!
+//! The interpreter lock is released while a batch is being produced or waited for, so other
+//! Python threads (a DataLoader's pin-memory thread, a training step) run meanwhile.
+//! Argument handling that is easier in Python (plan dicts and files, agent URIs, transports)
+//! lives in `dquant/__init__.py`; this module takes a plan as JSON.
+
+use std::sync::{Mutex, MutexGuard};
+
+use dquant_client::{open_at, ClientError, Offload, OwnedBatch, Tokens, Transport};
+use dquant_plan::{Cursor, OutputDType};
+use numpy::ndarray::ArrayView2;
+use numpy::{Element, PyArray2};
+use pyo3::exceptions::{
+    PyConnectionError, PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+pyo3::create_exception!(
+    _dquant,
+    AgentError,
+    PyRuntimeError,
+    "The agent refused or failed a session, went away, or sent something malformed; the message is the agent's or says what was delivered."
+);
+
+/// Maps a host API error to the Python exception a user expects, with the Rust message.
+fn to_py(e: ClientError) -> PyErr {
+    let msg = e.to_string();
+    if e.is_not_found() {
+        return PyFileNotFoundError::new_err(msg);
+    }
+    match e {
+        ClientError::Plan(_) | ClientError::Usage(_) | ClientError::Output { .. } => {
+            PyValueError::new_err(msg)
+        }
+        ClientError::Connect(_) => PyConnectionError::new_err(msg),
+        ClientError::Source { .. } => PyOSError::new_err(msg),
+        ClientError::Agent(_) | ClientError::NotFound(_) | ClientError::Wire(_) => {
+            AgentError::new_err(msg)
+        }
+    }
+}
+
+fn closed() -> PyErr {
+    PyValueError::new_err("I/O operation on a closed dquant reader")
+}
+
+/// A reader's batches as numpy arrays (see the module docs).
+#[pyclass(module = "dquant._dquant")]
+struct Reader {
+    // A mutex because Python may call in from any thread; `None` once closed.
+    inner: Mutex<Option<dquant_client::Reader>>,
+    output: OutputDType,
+    sample_len: usize,
+}
+
+impl Reader {
+    fn lock(&self) -> MutexGuard<'_, Option<dquant_client::Reader>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut dquant_client::Reader) -> T) -> PyResult<T> {
+        match self.lock().as_mut() {
+            Some(r) => Ok(f(r)),
+            None => Err(closed()),
+        }
+    }
+}
+
+/// Opens `plan_json` (a plan as JSON) at the cursor `(epoch, consumed_samples)`: on the agent
+/// at `agent` when `offload`, else in this process (`agent` may then name the agent that
+/// serves the plan's relative sources, or be empty).
+#[pyfunction]
+#[pyo3(signature = (plan_json, agent, offload, epoch=0, consumed_samples=0))]
+fn open_reader(
+    py: Python<'_>,
+    plan_json: &str,
+    agent: &str,
+    offload: bool,
+    epoch: u64,
+    consumed_samples: u64,
+) -> PyResult<Reader> {
+    let plan = dquant_plan::Plan::from_json(plan_json)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let cursor = Cursor {
+        epoch,
+        consumed_samples,
+    };
+    let offload = if offload { Offload::Yes } else { Offload::No };
+    let reader = py
+        .detach(|| open_at(agent, &plan, cursor, offload))
+        .map_err(to_py)?;
+    Ok(Reader {
+        output: plan.output,
+        sample_len: reader.sample_len(),
+        inner: Mutex::new(Some(reader)),
+    })
+}
+
+#[pymethods]
+impl Reader {
+    /// The next batch as a numpy array of shape `(samples, seq_len + 1)` in the plan's output
+    /// dtype, viewing the batch's memory in place; `None` at the end of the stream.
+    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        // Copying out batches kept for long happens here, while no Python thread runs, so
+        // that no write to a kept array can race the copy.
+        self.with(|r| r.make_room())?.map_err(to_py)?;
+        let batch = py
+            .detach(|| self.with(|r| r.next_owned()))?
+            .map_err(to_py)?;
+        let Some(batch) = batch else {
+            return Ok(None);
+        };
+        let owner = Bound::new(py, Batch { batch })?;
+        Ok(Some(array_of(&owner)?))
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.next_batch(py)
+    }
+
+    /// Fills the writable buffer `buf` (bytearray, memoryview, numpy array, ...) with the next
+    /// bytes of the stream, batches back to back in the output dtype, as the original design's
+    /// `read(fd, buf)`. Returns the number of bytes written; 0 at the end.
+    fn read(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let view = pyo3::types::PyMemoryView::from(buf)?;
+        if view.getattr("readonly")?.is_truthy()? {
+            return Err(PyValueError::new_err("read: the buffer is read-only"));
+        }
+        if !view.getattr("c_contiguous")?.is_truthy()? {
+            return Err(PyValueError::new_err("read: the buffer must be contiguous"));
+        }
+        let np = py.import("numpy")?;
+        let bytes = np.call_method1("frombuffer", (view.call_method1("cast", ("B",))?, np.getattr("uint8")?))?;
+        self.readinto(py, bytes.extract()?)
+    }
+
+    /// As [`read`](Reader::read), into a writable uint8 numpy array.
+    fn readinto(&self, py: Python<'_>, mut buf: numpy::PyReadwriteArray1<'_, u8>) -> PyResult<usize> {
+        let out = buf
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("read: the buffer must be contiguous"))?;
+        // The buffer is a plain byte slice; nothing Python runs meanwhile may resize it (numpy
+        // arrays over a buffer pin it).
+        let (ptr, len) = (out.as_mut_ptr() as usize, out.len());
+        py.detach(|| {
+            // SAFETY: `ptr`/`len` come from the live, borrowed, contiguous array above, whose
+            // borrow outlives this closure.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            self.with(|r| r.read(out))
+        })?
+        .map_err(to_py)
+    }
+
+    /// Where a resumed reader would continue: `{"epoch": ..., "consumed_samples": ...}`.
+    fn cursor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.with(|r| r.cursor())?;
+        let d = PyDict::new(py);
+        d.set_item("epoch", c.epoch)?;
+        d.set_item("consumed_samples", c.consumed_samples)?;
+        Ok(d)
+    }
+
+    /// Tokens per sample: `seq_len + 1`.
+    #[getter]
+    fn sample_len(&self) -> usize {
+        self.sample_len
+    }
+
+    /// The numpy dtype name of the batches: `uint16`, `int32` or `int64`.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.output)
+    }
+
+    /// Batches in this rank's whole stream (from the start, not from the cursor).
+    #[getter]
+    fn rank_batches(&self) -> PyResult<u64> {
+        self.with(|r| r.rank_batches())
+    }
+
+    /// Samples in this rank's whole stream.
+    #[getter]
+    fn rank_samples(&self) -> PyResult<u64> {
+        self.with(|r| r.rank_samples())
+    }
+
+    /// How batches arrive: `"local"` (in this process), `"tcp"` or `"shm"` (from an agent).
+    #[getter]
+    fn transport(&self) -> PyResult<&'static str> {
+        self.with(|r| match r.transport() {
+            None => "local",
+            Some(Transport::Tcp) => "tcp",
+            Some(Transport::Shm) => "shm",
+        })
+    }
+
+    /// Whether the reader is closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    /// Ends the session (an agent's is closed at once). Arrays already handed out stay valid.
+    fn close(&self, py: Python<'_>) {
+        let r = self.lock().take();
+        py.detach(move || drop(r));
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        match self.lock().as_ref() {
+            None => "<dquant.Reader closed>".to_string(),
+            Some(r) => {
+                let c = r.cursor();
+                format!(
+                    "<dquant.Reader {} {} x{} at epoch {} consumed_samples {}>",
+                    match r.transport() {
+                        None => "local",
+                        Some(Transport::Tcp) => "tcp",
+                        Some(Transport::Shm) => "shm",
+                    },
+                    dtype_name(self.output),
+                    self.sample_len,
+                    c.epoch,
+                    c.consumed_samples
+                )
+            }
+        }
+    }
+}
+
+fn dtype_name(o: OutputDType) -> &'static str {
+    match o {
+        OutputDType::U16 => "uint16",
+        OutputDType::I32 => "int32",
+        OutputDType::I64 => "int64",
+    }
+}
+
+/// The memory of one batch: the base object of the batch's numpy array. It keeps the ring
+/// slot or buffer alive while any array or tensor views it.
+#[pyclass(module = "dquant._dquant", frozen)]
+struct Batch {
+    batch: OwnedBatch,
+}
+
+#[pymethods]
+impl Batch {
+    /// Index of the batch in the rank's stream.
+    #[getter]
+    fn index(&self) -> u64 {
+        self.batch.index
+    }
+
+    /// Samples in the batch (the last batch of a stream may be short).
+    #[getter]
+    fn samples(&self) -> usize {
+        self.batch.samples
+    }
+
+    /// The cursor after this batch: `(epoch, consumed_samples)`.
+    #[getter]
+    fn cursor(&self) -> (u64, u64) {
+        (self.batch.cursor.epoch, self.batch.cursor.consumed_samples)
+    }
+
+    /// Whether the memory is a shared-memory ring slot the agent wrote (else a heap buffer).
+    #[getter]
+    fn in_ring(&self) -> bool {
+        self.batch.in_ring()
+    }
+
+    /// Address of the first token (what the array's `ctypes.data` is).
+    #[getter]
+    fn address(&self) -> usize {
+        self.batch.bytes().as_ptr() as usize
+    }
+
+    /// Bytes of tokens.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.batch.bytes().len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<dquant.Batch {} of {} samples x {} {} in {}>",
+            self.batch.index,
+            self.batch.samples,
+            self.batch.sample_len,
+            dtype_name(self.batch.output),
+            if self.batch.in_ring() {
+                "a ring slot"
+            } else {
+                "a heap buffer"
+            }
+        )
+    }
+}
+
+/// A `(samples, sample_len)` array over `owner`'s memory, with `owner` as its base.
+fn array_of<'py>(owner: &Bound<'py, Batch>) -> PyResult<Bound<'py, PyAny>> {
+    let b = &owner.get().batch;
+    let shape = (b.samples, b.sample_len);
+    Ok(match b.tokens() {
+        Tokens::U16(t) => view(t, shape, owner)?,
+        Tokens::I32(t) => view(t, shape, owner)?,
+        Tokens::I64(t) => view(t, shape, owner)?,
+    })
+}
+
+fn view<'py, T: Element>(
+    tokens: &[T],
+    shape: (usize, usize),
+    owner: &Bound<'py, Batch>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let v = ArrayView2::from_shape(shape, tokens)
+        .map_err(|e| PyRuntimeError::new_err(format!("batch shape {shape:?}: {e}")))?;
+    // SAFETY: `owner` becomes the array's base and owns the memory `v` views: an
+    // `OwnedBatch`, whose tokens neither move nor change while it lives (a ring slot pinned
+    // or detached in place, or a heap buffer that is only given back on drop).
+    let arr = unsafe { PyArray2::<T>::borrow_from_array(&v, owner.clone().into_any()) };
+    Ok(arr.into_any())
+}
+
+/// The Rust half of the `dquant` package; use `dquant.open` and `dquant.torch`.
+#[pymodule]
+fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(open_reader, m)?)?;
+    m.add_class::<Reader>()?;
+    m.add_class::<Batch>()?;
+    m.add("AgentError", m.py().get_type::<AgentError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

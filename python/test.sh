@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the dquant Python package into a venv and runs its pytest suite.
+#
+# The venv lives at $DQUANT_VENV, default ~/.cache/dquant/venv-test-<hash of
+# requirements-test.txt>, so it is created once and reused until the requirements change
+# (torch alone is several GB). Extra arguments go to pytest (e.g. -k resume -x).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+req="$here/requirements-test.txt"
+hash=$(sha256sum "$req" | cut -c1-12)
+venv="${DQUANT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dquant/venv-test-$hash}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.requirements-done" ]; then
+  echo "== python venv: creating $venv"
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -r "$req"
+  touch "$venv/.requirements-done"
+else
+  echo "== python venv: reusing $venv"
+fi
+
+echo "== python package: maturin develop --release"
+# `maturin develop` installs the extension and the pure-Python modules into the venv.
+(cd "$here" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" \
+  "$venv/bin/maturin" develop --release --locked --quiet)
+
+echo "== pytest python/tests"
+cd "$here"
+exec "$venv/bin/python" -m pytest -q "$@"
