@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use dquant_codec::{Codec, Decoder};
@@ -174,16 +174,29 @@ fn host_of(authority: &str) -> &str {
     authority.rsplit_once(':').map_or(authority, |(h, _)| h)
 }
 
+/// The control plane's runtime, one per process. Per process, not per program: a forked
+/// child (a PyTorch DataLoader worker) inherits the parent's runtime without its threads, and
+/// would wait forever on it, so a child builds its own. The parent's is leaked in the child:
+/// dropping it there would wait for threads that do not exist.
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("dquant-control")
-            .enable_all()
-            .build()
-            .expect("the control-plane runtime starts (threads and timers are available)")
-    })
+    static RT: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut rt = RT.lock().unwrap_or_else(|e| e.into_inner());
+    match *rt {
+        Some((owner, r)) if owner == pid => r,
+        _ => {
+            let r: &'static _ = Box::leak(Box::new(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("dquant-control")
+                    .enable_all()
+                    .build()
+                    .expect("the control-plane runtime starts (threads and timers are available)"),
+            ));
+            *rt = Some((pid, r));
+            r
+        }
+    }
 }
 
 /// Runs `f` on the control runtime and waits for it, from any thread.
