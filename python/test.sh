@@ -3,7 +3,8 @@
 #
 # The venv lives at $DQUANT_VENV, default ~/.cache/dquant/venv-test-<hash of
 # requirements-test.txt>, so it is created once and reused until the requirements change
-# (torch alone is several GB). Extra arguments go to pytest (e.g. -k resume -x).
+# (torch alone is several GB). Extra arguments go to pytest (e.g. -k resume -x);
+# `--no-tests` only builds, then prints the venv's python.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 req="$here/requirements-test.txt"
@@ -27,6 +28,17 @@ echo "== python package: maturin develop --release"
 # `maturin develop` installs the extension and the pure-Python modules into the venv.
 (cd "$here" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" \
   "$venv/bin/maturin" develop --release --locked --quiet)
+
+# The tests start real agents: the `dquant` binary, from the workspace build that
+# `cargo test --workspace` already made (so this is quick after it).
+echo "== dquant binary: cargo build -p dquant-cli"
+(cd "$here/.." && cargo build --locked --quiet -p dquant-cli)
+export DQUANT_BIN="$here/../target/debug/dquant"
+
+if [ "${1:-}" = "--no-tests" ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
 
 echo "== pytest python/tests"
 cd "$here"

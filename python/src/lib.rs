@@ -145,12 +145,19 @@ impl Reader {
             return Err(PyValueError::new_err("read: the buffer must be contiguous"));
         }
         let np = py.import("numpy")?;
-        let bytes = np.call_method1("frombuffer", (view.call_method1("cast", ("B",))?, np.getattr("uint8")?))?;
+        let bytes = np.call_method1(
+            "frombuffer",
+            (view.call_method1("cast", ("B",))?, np.getattr("uint8")?),
+        )?;
         self.readinto(py, bytes.extract()?)
     }
 
     /// As [`read`](Reader::read), into a writable uint8 numpy array.
-    fn readinto(&self, py: Python<'_>, mut buf: numpy::PyReadwriteArray1<'_, u8>) -> PyResult<usize> {
+    fn readinto(
+        &self,
+        py: Python<'_>,
+        mut buf: numpy::PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<usize> {
         let out = buf
             .as_slice_mut()
             .map_err(|_| PyValueError::new_err("read: the buffer must be contiguous"))?;

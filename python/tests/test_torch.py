@@ -187,3 +187,20 @@ def test_offloaded_dataset_equals_local(data, agent):
     for target in (agent.uri, agent.socket):
         got = samples_of(DataLoader(TokenDataset(on_agent(p, data), agent=target), num_workers=2))
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("where", ["local", "shm"])
+def test_the_training_example_resumes_exactly(data, agent, where):
+    """examples/train_tiny.py: a tiny model, DataLoader workers, a checkpoint mid-run and a
+    resume whose losses repeat the uninterrupted run's (it exits 1 otherwise)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_tiny.py"
+    args = ["--steps", "8", "--seq-len", "64", "--batch-size", "4"]
+    if where == "local":
+        args += ["--data", str(data / "r50k_int32")]
+    else:
+        args += ["--data", "data/r50k_int32", "--agent", agent.socket]
+    out = subprocess.run(
+        [sys.executable, str(example), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "resumed losses match the uninterrupted run's" in out.stdout
