@@ -163,6 +163,8 @@ def test_items_are_int64_or_raw_views(data):
     assert b["input_ids"].dtype == torch.int64 and b["labels"].dtype == torch.int64
     assert b["input_ids"].shape == b["labels"].shape == (2, 127)
     assert torch.equal(b["labels"][:, :-1], b["input_ids"][:, 1:])
+    # int64 items are views too: the batches are made as int64.
+    assert b["labels"].data_ptr() == b["input_ids"].data_ptr() + 8
     raw = next(iter(TokenDataset(p, dtype="raw")))
     assert raw["input_ids"].dtype == torch.uint16
     assert torch.equal(raw["input_ids"].to(torch.int64), b["input_ids"])

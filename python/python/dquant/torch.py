@@ -72,9 +72,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
         rank, world_size: this process's data-parallel rank and the number of ranks.
             Default: from ``torch.distributed`` when it is initialized, else the plan's
             ``rank``/``world`` (0 and 1 unless set).
-        dtype: ``"int64"`` (default) for int64 tensors, or ``"raw"`` for the plan's output
-            dtype as delivered (``uint16``/``int32``/``int64``), without a copy:
-            ``input_ids`` and ``labels`` are then views of one batch buffer.
+        dtype: ``"int64"`` (default) for int64 tensors (the batches are then made as int64,
+            whatever the plan's ``output``), or ``"raw"`` for the plan's output dtype
+            (``uint16``/``int32``/``int64``). Either way ``input_ids`` and ``labels`` are
+            views of one batch buffer, not copies.
         **fields: plan fields set on top of the plan (``seq_len=``, ``batch_size=``, ...).
     """
 
@@ -134,10 +135,14 @@ class TokenDataset(torch.utils.data.IterableDataset):
     # -- sharding ------------------------------------------------------------------------
 
     def _plan_for(self, slot: int, workers: int) -> dict:
-        """The plan of sub-rank ``slot`` of this rank's ``workers``."""
+        """The plan of sub-rank ``slot`` of this rank's ``workers``. For int64 items the
+        batches are made as int64 (the pipeline writes its output dtype in the pass it makes
+        anyway), so the tensors are views of them rather than converted copies."""
         plan = dict(self.plan)
         plan["rank"] = self.rank * workers + slot
         plan["world"] = self.world_size * workers
+        if self.dtype == "int64":
+            plan["output"] = "i64"
         return plan
 
     # -- iteration -----------------------------------------------------------------------
@@ -181,8 +186,6 @@ class TokenDataset(torch.utils.data.IterableDataset):
 
     def _item(self, arr) -> Dict[str, torch.Tensor]:
         t = torch.from_numpy(arr)  # shares the batch's memory
-        if self.dtype == "int64" and t.dtype != torch.int64:
-            t = t.to(torch.int64)
         return {"input_ids": t[:, :-1], "labels": t[:, 1:]}
 
     # -- state ---------------------------------------------------------------------------
