@@ -581,10 +581,7 @@ impl Reader {
                     store_plain(width, decoded, out)
                         .map_err(|e| ClientError::Agent(format!("batch {}: {e}", h.index)))?;
                 }
-                let cursor = Cursor {
-                    epoch: h.cursor_epoch,
-                    consumed_samples: h.cursor_consumed,
-                };
+                let cursor = cursor_of(&h);
                 (bytes, h.index, h.samples as usize, cursor)
             }
             Engine::Shm {
@@ -600,10 +597,7 @@ impl Reader {
                     *ended = true;
                     return Ok(false);
                 };
-                let cursor = Cursor {
-                    epoch: h.cursor_epoch,
-                    consumed_samples: h.cursor_consumed,
-                };
+                let cursor = cursor_of(&h);
                 (h.tokens() * item, h.index, h.samples as usize, cursor)
             }
         };
@@ -642,12 +636,7 @@ impl Reader {
     /// A batch that [`Reader::read`] has only partly delivered must be finished with `read`
     /// first: `next_batch` then fails rather than skip the rest of it.
     pub fn next_batch(&mut self) -> Result<Option<Batch<'_>>, ClientError> {
-        if self.read_pos < self.batch_len {
-            return Err(ClientError::Usage(format!(
-                "next_batch: batch {} is partly read ({} of {} bytes); finish it with read() first",
-                self.batch_index, self.read_pos, self.batch_len
-            )));
-        }
+        self.check_whole("next_batch")?;
         if !self.fill()? {
             return Ok(None);
         }
@@ -661,71 +650,40 @@ impl Reader {
     /// shared memory it is a view of the ring slot, else the buffer the batch was made in
     /// (the reader takes a fresh or recycled one for the next batch).
     pub fn next_owned(&mut self) -> Result<Option<OwnedBatch>, ClientError> {
-        if self.read_pos < self.batch_len {
-            return Err(ClientError::Usage(format!(
-                "next_owned: batch {} is partly read ({} of {} bytes); finish it with read() first",
-                self.batch_index, self.read_pos, self.batch_len
-            )));
-        }
-        let (sample_len, output) = (self.sample_len, self.output);
-        if let Engine::Shm {
-            shm,
-            batch_size,
-            ended,
-            ..
-        } = &mut self.engine
-        {
-            if *ended {
-                return Ok(None);
-            }
-            // Whatever `next_batch` held goes back first.
-            self.batch_len = 0;
-            self.read_pos = 0;
-            let Some((h, view)) = shm.take(sample_len, *batch_size, output)? else {
-                *ended = true;
-                return Ok(None);
-            };
-            self.cursor = Cursor {
-                epoch: h.cursor_epoch,
-                consumed_samples: h.cursor_consumed,
-            };
-            self.batch_cursor = self.cursor;
-            return Ok(Some(OwnedBatch {
-                index: h.index,
-                samples: h.samples as usize,
-                sample_len,
-                output,
-                cursor: self.cursor,
-                mem: BatchMem::Ring {
-                    view,
-                    len: h.tokens() * output.itemsize(),
-                },
-            }));
-        }
+        self.check_whole("next_owned")?;
         if !self.fill()? {
             return Ok(None);
         }
         self.cursor = self.batch_cursor;
-        let recycled = self
-            .pool
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
-        let words = std::mem::replace(&mut self.batch, recycled);
+        // The batch leaves the reader: the next `read` or `next_batch` fills anew.
         let len = std::mem::take(&mut self.batch_len);
         self.read_pos = 0;
+        let mem = match &mut self.engine {
+            Engine::Shm { shm, .. } => BatchMem::Ring {
+                view: shm.take_held().expect("fill holds the batch it took"),
+                len,
+            },
+            _ => {
+                let recycled = self
+                    .pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_default();
+                BatchMem::Heap {
+                    words: std::mem::replace(&mut self.batch, recycled),
+                    len,
+                    pool: self.pool.clone(),
+                }
+            }
+        };
         Ok(Some(OwnedBatch {
             index: self.batch_index,
             samples: self.samples_in_batch,
-            sample_len,
-            output,
+            sample_len: self.sample_len,
+            output: self.output,
             cursor: self.cursor,
-            mem: BatchMem::Heap {
-                words,
-                len,
-                pool: self.pool.clone(),
-            },
+            mem,
         }))
     }
 
@@ -738,6 +696,18 @@ impl Reader {
             Engine::Shm { shm, .. } => shm.make_room(),
             _ => Ok(()),
         }
+    }
+
+    /// Refuses `op` (a call that takes a whole batch) while `read` has delivered only part
+    /// of the current one: it would skip the rest.
+    fn check_whole(&self, op: &str) -> Result<(), ClientError> {
+        if self.read_pos < self.batch_len {
+            return Err(ClientError::Usage(format!(
+                "{op}: batch {} is partly read ({} of {} bytes); finish it with read() first",
+                self.batch_index, self.read_pos, self.batch_len
+            )));
+        }
+        Ok(())
     }
 
     /// Copies the next bytes of the stream (batches back to back, in the output dtype) into
@@ -762,6 +732,14 @@ impl Reader {
 
     /// Ends an offloaded session now (dropping the reader does too).
     pub fn close(self) {}
+}
+
+/// Where a resumed reader continues after the batch of header `h`.
+fn cursor_of(h: &BatchHeader) -> Cursor {
+    Cursor {
+        epoch: h.cursor_epoch,
+        consumed_samples: h.cursor_consumed,
+    }
 }
 
 /// Refuses a batch record whose shape the plan cannot produce (a corrupt or hostile agent).

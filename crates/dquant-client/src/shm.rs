@@ -50,6 +50,9 @@ pub fn default_slots(slot_size: u64) -> u32 {
 pub(crate) struct Shm {
     ring: RingConsumer,
     sock: UnixStream,
+    /// The batch [`next`](Shm::next) took, until the next call or
+    /// [`take_held`](Shm::take_held).
+    held: Option<RingView>,
 }
 
 fn connect_err(path: &Path) -> impl Fn(std::io::Error) -> ClientError + '_ {
@@ -87,43 +90,38 @@ impl Shm {
         drop(fds);
         let peer = sock.try_clone().map_err(connect_err(&path))?;
         ring.set_peer(OwnedFd::from(peer));
-        Ok(Shm { ring, sock })
+        Ok(Shm {
+            ring,
+            sock,
+            held: None,
+        })
     }
 
-    /// Takes the next batch (releasing the previous one): its header, or `None` at the end.
+    /// Takes the next batch (releasing the one held): its header, or `None` at the end.
     /// The record is checked to be exactly the header and `h.tokens()` tokens of `output`, so
-    /// the tokens are [`payload`](Shm::payload)`(bytes)`.
+    /// the tokens are [`payload`](Shm::payload)`(bytes)`, or the view
+    /// [`take_held`](Shm::take_held) hands over, after the record header.
     pub fn next(
         &mut self,
         plan_sample_len: usize,
         batch_size: usize,
         output: dquant_plan::OutputDType,
     ) -> Result<Option<BatchHeader>, ClientError> {
-        match self.ring.acquire(Duration::MAX) {
-            Ok(Some(_)) => {}
-            Ok(None) => return Ok(None),
-            Err(e) => return Err(self.ring_error(e)),
-        };
-        check_record(self.ring.held(), plan_sample_len, batch_size, output).map(Some)
-    }
-
-    /// As [`next`](Shm::next), but the batch is a view of its own that may outlive later
-    /// batches and the reader ([`RingConsumer::take`]); the record header is its first
-    /// [`RECORD_HEADER_LEN`] bytes.
-    pub fn take(
-        &mut self,
-        plan_sample_len: usize,
-        batch_size: usize,
-        output: dquant_plan::OutputDType,
-    ) -> Result<Option<(BatchHeader, RingView)>, ClientError> {
-        self.ring.release();
+        self.held = None;
         let view = match self.ring.take(Duration::MAX) {
             Ok(Some(v)) => v,
             Ok(None) => return Ok(None),
             Err(e) => return Err(self.ring_error(e)),
         };
         let h = check_record(&view, plan_sample_len, batch_size, output)?;
-        Ok(Some((h, view)))
+        self.held = Some(view);
+        Ok(Some(h))
+    }
+
+    /// The held batch as a view of its own, which may outlive later batches and the reader
+    /// ([`RingConsumer::take`]).
+    pub fn take_held(&mut self) -> Option<RingView> {
+        self.held.take()
     }
 
     /// Detaches batches that views have kept for long, now rather than in the next
@@ -139,9 +137,13 @@ impl Shm {
         }
     }
 
-    /// The held batch's `bytes` payload bytes, after its record header.
+    /// The held batch's `bytes` payload bytes, after its record header (none once handed
+    /// over).
     pub fn payload(&self, bytes: usize) -> &[u8] {
-        &self.ring.held()[RECORD_HEADER_LEN..][..bytes]
+        match &self.held {
+            Some(v) => &v[RECORD_HEADER_LEN..][..bytes],
+            None => &[],
+        }
     }
 
     /// The error for an agent that stopped without ending the stream: the message it left on

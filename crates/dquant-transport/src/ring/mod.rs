@@ -294,7 +294,12 @@ struct ConsumerMem {
 
 impl ConsumerMem {
     fn slot_ptr(&self, index: u32) -> *mut u8 {
-        match &lock(&self.slots)[index as usize] {
+        self.slot_in(&lock(&self.slots), index)
+    }
+
+    /// Where the ring reads slot `index`, given the (locked) per-slot mappings.
+    fn slot_in(&self, slots: &[Option<Map>], index: u32) -> *mut u8 {
+        match &slots[index as usize] {
             Some(m) => m.ptr.as_ptr(),
             None => self.file.slot_ptr(&self.layout, index),
         }
@@ -342,9 +347,6 @@ pub struct RingConsumer {
     /// Batches released (== the shared consumer index; only this side writes it): every
     /// batch before it has been released or detached.
     tail: u64,
-    /// The batch [`acquire`](RingConsumer::acquire) took, readable through
-    /// [`held`](RingConsumer::held).
-    current: Option<RingView>,
     /// The producer computes, and this side checks, each batch's crc32c ([`layout::FLAG_CRC`]).
     verify: bool,
     /// Most batches to let accumulate before a sleeping consumer is woken (see `layout`).
@@ -433,7 +435,6 @@ impl RingConsumer {
             peer: None,
             read: 0,
             tail: 0,
-            current: None,
             verify: checksums,
             batch_wakeups: (slots / 2).max(1),
             slow_producer: std::cell::Cell::new(false),
@@ -494,23 +495,10 @@ impl RingConsumer {
     /// ([`RingError::Timeout`]). A producer that went away without closing is reported
     /// ([`RingError::ProducerGone`]) only after every batch it published has been returned.
     pub fn next(&mut self, timeout: Duration) -> Result<Option<SlotRef<'_>>, RingError> {
-        self.release();
         Ok(self.take(timeout)?.map(|view| SlotRef {
             ring: self,
             view: Some(view),
         }))
-    }
-
-    /// Takes the next batch without a guard (for owners that keep the batch across calls,
-    /// like the host API's reader): it stays readable through [`held`](RingConsumer::held)
-    /// until [`release`](RingConsumer::release). Returns its length, or `None` at the end.
-    /// A batch still held is released first.
-    pub fn acquire(&mut self, timeout: Duration) -> Result<Option<usize>, RingError> {
-        self.release();
-        let view = self.take(timeout)?;
-        let len = view.as_ref().map(|v| v.len);
-        self.current = view;
-        Ok(len)
     }
 
     /// The next batch as a view that may outlive this call, this consumer, and later views
@@ -634,18 +622,6 @@ impl RingConsumer {
         }))
     }
 
-    /// The acquired batch's bytes (empty when none is held).
-    pub fn held(&self) -> &[u8] {
-        self.current.as_deref().unwrap_or(&[])
-    }
-
-    /// Hands the acquired batch's slot back to the producer (no-op when none is held), and
-    /// every slot whose view has been dropped since.
-    pub fn release(&mut self) {
-        self.current = None;
-        self.reclaim();
-    }
-
     /// Moves the shared consumer index past every batch whose view is gone, and wakes the
     /// producer if it waits for a slot.
     fn reclaim(&mut self) {
@@ -698,10 +674,7 @@ impl RingConsumer {
             .len
             .load(Ordering::Relaxed) as usize;
         let mut slots = lock(&mem.slots);
-        let old = match &slots[index as usize] {
-            Some(m) => m.ptr.as_ptr(),
-            None => mem.file.slot_ptr(&mem.layout, index),
-        };
+        let old = mem.slot_in(&slots, index);
         let fresh = Map::new(&mem.memfd, mem.layout.slot_offset(index), size as u64)?;
         // SAFETY: a fresh private mapping of `size` bytes, replacing nothing.
         let copy = unsafe {
@@ -766,7 +739,6 @@ impl RingConsumer {
 
 impl Drop for RingConsumer {
     fn drop(&mut self) {
-        self.current = None;
         self.mem
             .file
             .header()
