@@ -209,11 +209,7 @@ impl Reader {
     /// How batches arrive: `"local"` (in this process), `"tcp"` or `"shm"` (from an agent).
     #[getter]
     fn transport(&self) -> PyResult<&'static str> {
-        self.with(|r| match r.transport() {
-            None => "local",
-            Some(Transport::Tcp) => "tcp",
-            Some(Transport::Shm) => "shm",
-        })
+        self.with(|r| transport_name(r.transport()))
     }
 
     /// Whether the reader is closed.
@@ -244,11 +240,7 @@ impl Reader {
                 let c = r.cursor();
                 format!(
                     "<dquant.Reader {} {} x{} at epoch {} consumed_samples {}>",
-                    match r.transport() {
-                        None => "local",
-                        Some(Transport::Tcp) => "tcp",
-                        Some(Transport::Shm) => "shm",
-                    },
+                    transport_name(r.transport()),
                     dtype_name(self.output),
                     self.sample_len,
                     c.epoch,
@@ -256,6 +248,14 @@ impl Reader {
                 )
             }
         }
+    }
+}
+
+fn transport_name(t: Option<Transport>) -> &'static str {
+    match t {
+        None => "local",
+        Some(Transport::Tcp) => "tcp",
+        Some(Transport::Shm) => "shm",
     }
 }
 

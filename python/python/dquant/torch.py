@@ -208,10 +208,14 @@ class TokenDataset(torch.utils.data.IterableDataset):
         if s is None or s["finished"]:
             return self._fresh_state(workers)
         if s["num_workers"] != workers:
+            # One sub-rank per rank stands for num_workers 0 (or 1).
+            def loader_workers(n: int) -> int:
+                return n if n > 1 else 0
+
             raise ValueError(
                 f"TokenDataset: the data position was saved with {s['num_workers']} DataLoader "
-                f"worker(s) (sub-ranks), this loader has {max(workers, 1) if workers > 1 else 0}"
-                f"; resume with num_workers={s['num_workers'] if s['num_workers'] > 1 else 0}"
+                f"worker(s) (sub-ranks), this loader has {loader_workers(workers)}"
+                f"; resume with num_workers={loader_workers(s['num_workers'])}"
             )
         return s
 
