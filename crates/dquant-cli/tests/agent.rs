@@ -356,6 +356,35 @@ fn ls_and_stat_show_what_the_agent_serves() {
     }
 }
 
+/// Starts `dquant read PLAN --agent ADDR` with its stdout a pipe nobody reads, so it stalls
+/// with its session mid-stream; once the agent logs `started`, kills it, and waits for the
+/// agent to log `ended`.
+fn kill_stalled_reader(agent: &Agent, plan: &Path, addr: &str, started: &str, ended: &str) {
+    let mut client = Command::new(BIN)
+        .args(["read", s(plan), "--agent", addr])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        agent.wait_log(started, Duration::from_secs(30)),
+        "no session started ({started:?}):\n{}",
+        agent.log()
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "the client finished already"
+    );
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert!(
+        agent.wait_log(ended, Duration::from_secs(30)),
+        "the agent did not end the killed client's session:\n{}",
+        agent.log()
+    );
+}
+
 #[test]
 fn a_client_killed_mid_stream_leaves_the_agent_serving() {
     let dir = tempfile::tempdir().unwrap();
@@ -368,29 +397,12 @@ fn a_client_killed_mid_stream_leaves_the_agent_serving() {
         &[("fx/r50k_int32", 3.0), ("fx/r50k_uint16", 1.0)],
         "epochs = 50",
     );
-    // stdout is a pipe nobody reads: the client stalls with the session mid-stream.
-    let mut client = Command::new(BIN)
-        .args(["read", s(&big), "--agent", &agent.uri])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        agent.wait_log("session streaming", Duration::from_secs(30)),
-        "no session started:\n{}",
-        agent.log()
-    );
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        client.try_wait().unwrap().is_none(),
-        "the client finished already"
-    );
-    client.kill().unwrap();
-    client.wait().unwrap();
-    assert!(
-        agent.wait_log("session ended early", Duration::from_secs(30)),
-        "the agent did not end the killed client's session:\n{}",
-        agent.log()
+    kill_stalled_reader(
+        &agent,
+        &big,
+        &agent.uri,
+        "session streaming",
+        "session ended early",
     );
 
     let mut agent = agent;
@@ -576,29 +588,7 @@ fn read_through_the_agents_unix_socket_uses_shared_memory() {
         &[("fx/r50k_int32", 3.0), ("fx/r50k_uint16", 1.0)],
         "epochs = 50",
     );
-    let mut client = Command::new(BIN)
-        .args(["read", s(&big), "--agent", s(&sock)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        agent.wait_log("slot_size", Duration::from_secs(30)),
-        "no ring session started:\n{}",
-        agent.log()
-    );
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        client.try_wait().unwrap().is_none(),
-        "the client finished already"
-    );
-    client.kill().unwrap();
-    client.wait().unwrap();
-    assert!(
-        agent.wait_log("client went away", Duration::from_secs(30)),
-        "the agent did not end the killed client's session:\n{}",
-        agent.log()
-    );
+    kill_stalled_reader(&agent, &big, s(&sock), "slot_size", "client went away");
     let mut agent = agent;
     agent.assert_running();
     let got = summary(&ok(&[
