@@ -17,8 +17,10 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.requirements-done" ]; then
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -r "$req"
+  # --no-cache-dir: the torch wheel and its CUDA libraries would otherwise sit in pip's
+  # cache as well as in the venv, several GB more on disk for a venv that is made once.
+  "$venv/bin/python" -m pip install --quiet --no-cache-dir --upgrade pip
+  "$venv/bin/python" -m pip install --quiet --no-cache-dir -r "$req"
   touch "$venv/.requirements-done"
 else
   echo "== python venv: reusing $venv"
