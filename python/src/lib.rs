@@ -55,6 +55,10 @@ fn closed() -> PyErr {
     PyValueError::new_err("I/O operation on a closed dquant reader")
 }
 
+/// How long a wait on the agent runs without the GIL before signals are checked: Ctrl-C
+/// during a stalled `next()` raises KeyboardInterrupt within about this long.
+const SIGNAL_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A reader's batches as numpy arrays (see the module docs).
 #[pyclass(module = "dquant._dquant")]
 struct Reader {
@@ -112,12 +116,25 @@ impl Reader {
     /// The next batch as a numpy array of shape `(samples, seq_len + 1)` in the plan's output
     /// dtype, viewing the batch's memory in place; `None` at the end of the stream.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        // Copying out batches kept for long happens here, while no Python thread runs, so
-        // that no write to a kept array can race the copy.
-        self.with(|r| r.make_room())?.map_err(to_py)?;
-        let batch = py
-            .detach(|| self.with(|r| r.next_owned()))?
-            .map_err(to_py)?;
+        let batch = loop {
+            // Copying out batches kept for long happens here, while no Python thread runs,
+            // so that no write to a kept array can race the copy.
+            self.with(|r| r.make_room())?.map_err(to_py)?;
+            let got = py
+                .detach(|| {
+                    self.with(|r| match r.wait_ready(SIGNAL_CHECK_EVERY)? {
+                        true => r.next_owned().map(Some),
+                        false => Ok(None),
+                    })
+                })?
+                .map_err(to_py)?;
+            match got {
+                Some(batch) => break batch,
+                // Still waiting on the agent: let Ctrl-C (and other signal handlers) run.
+                // Nothing was consumed, so a caught KeyboardInterrupt loses no batch.
+                None => py.check_signals()?,
+            }
+        };
         let Some(batch) = batch else {
             return Ok(None);
         };
@@ -164,13 +181,25 @@ impl Reader {
         // The buffer is a plain byte slice; nothing Python runs meanwhile may resize it (numpy
         // arrays over a buffer pin it).
         let (ptr, len) = (out.as_mut_ptr() as usize, out.len());
-        py.detach(|| {
-            // SAFETY: `ptr`/`len` come from the live, borrowed, contiguous array above, whose
-            // borrow outlives this closure.
-            let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            self.with(|r| r.read(out))
-        })?
-        .map_err(to_py)
+        loop {
+            let got = py
+                .detach(|| {
+                    // SAFETY: `ptr`/`len` come from the live, borrowed, contiguous array
+                    // above, whose borrow outlives this closure.
+                    let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+                    self.with(|r| match r.wait_ready(SIGNAL_CHECK_EVERY)? {
+                        true => r.read(out).map(Some),
+                        false => Ok(None),
+                    })
+                })?
+                .map_err(to_py)?;
+            match got {
+                Some(n) => return Ok(n),
+                // Signals are checked only before the first byte: once bytes are written,
+                // the read finishes, so a KeyboardInterrupt never drops delivered bytes.
+                None => py.check_signals()?,
+            }
+        }
     }
 
     /// Where a resumed reader would continue: `{"epoch": ..., "consumed_samples": ...}`.

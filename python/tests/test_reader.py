@@ -214,3 +214,83 @@ def test_an_agent_killed_mid_stream_raises_and_the_interpreter_lives(data, fresh
     assert r.closed
     with pytest.raises(ValueError, match="closed dquant reader"):
         next(r)
+
+
+# Reads one batch, then waits for a line (the test stops the agent meanwhile), reads on
+# until Ctrl-C, waits for another line (the agent goes on), and reads the rest.
+CTRL_C_SCRIPT = r"""
+import hashlib, json, sys
+import dquant
+r = dquant.open(json.loads(sys.argv[1]), agent=sys.argv[2], transport="shm")
+h = hashlib.sha256()
+h.update(next(r).tobytes())
+print("first", flush=True)
+sys.stdin.readline()
+try:
+    for a in r:
+        h.update(a.tobytes())
+    print("ended before the interrupt", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+sys.stdin.readline()
+for a in r:
+    h.update(a.tobytes())
+print(h.hexdigest(), flush=True)
+"""
+
+
+def test_ctrl_c_while_the_agent_stalls_raises_keyboard_interrupt_and_loses_nothing(
+    data, fresh_agent
+):
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    local = plan(data, "r50k_int32", epochs=50)  # 32 MB of int32: 4 rings' worth
+    want = hashlib.sha256()
+    for a in dquant.open(local, offload=False):
+        want.update(a.tobytes())
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CTRL_C_SCRIPT,
+            json.dumps(on_agent(local, data)),
+            fresh_agent.socket,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def line(timeout: float) -> str:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        if not ready:
+            proc.kill()
+            pytest.fail(f"no line from the reader within {timeout} s")
+        return proc.stdout.readline()
+
+    def go() -> None:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+
+    try:
+        assert line(60) == "first\n"
+        os.kill(fresh_agent.proc.pid, signal.SIGSTOP)
+        go()
+        time.sleep(1.0)  # the reader drains the ring, then waits on the stopped agent
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert line(10) == "interrupted\n"
+        assert time.monotonic() - t < 2.0
+        os.kill(fresh_agent.proc.pid, signal.SIGCONT)
+        go()
+        assert line(60) == want.hexdigest() + "\n"
+        assert proc.wait(30) == 0
+    finally:
+        os.kill(fresh_agent.proc.pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()

@@ -709,3 +709,85 @@ fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
         );
     }
 }
+
+/// Sends `sig` to the agent process.
+fn signal(agent: &Agent, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid.
+    let r = unsafe { libc::kill(agent.child.id() as libc::pid_t, sig) };
+    assert_eq!(r, 0, "kill({sig}): {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn wait_ready_times_out_on_a_stopped_agent_and_the_stream_goes_on_whole() {
+    use dquant_client::{open, Offload};
+    use xxhash_rust::xxh3::Xxh3;
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_fixtures(dir.path());
+    let sock = dir.path().join("agent.sock");
+    let agent = Agent::start(&[
+        "--root",
+        &format!("fx={}", root.display()),
+        "--socket",
+        s(&sock),
+    ]);
+    // 50 epochs: 32 MB of u16, far more than the ring (8 MiB) holds.
+    let (on_agent, local) = plans(dir.path(), &root, "epochs = 50");
+    let read_plan = |p: &Path| dquant_plan::Plan::from_toml(&std::fs::read_to_string(p).unwrap());
+    let (on_agent, local) = (read_plan(&on_agent).unwrap(), read_plan(&local).unwrap());
+    let mut want = Xxh3::new();
+    let mut r = open("", &local, Offload::No).unwrap();
+    assert!(
+        r.wait_ready(Duration::ZERO).unwrap(),
+        "in-process is always ready"
+    );
+    while let Some(b) = r.next_owned().unwrap() {
+        want.update(b.bytes());
+    }
+
+    let mut r = open(s(&sock), &on_agent, Offload::Yes).unwrap();
+    let mut got = Xxh3::new();
+    got.update(r.next_owned().unwrap().unwrap().bytes());
+    signal(&agent, libc::SIGSTOP);
+    // Should waits never time out, a read would block on the stopped agent for good: wake it
+    // after a while, so that the stream ends while "stopped" and the test fails, not hangs.
+    let pid = agent.child.id() as libc::pid_t;
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        // SAFETY: kill(2); the pid is the agent's, or reused for nothing of ours by then.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    });
+    // Drain what the ring holds; then waits time out, and consume nothing.
+    let mut drained = 0;
+    loop {
+        let cursor = r.cursor();
+        let t = Instant::now();
+        if !r.wait_ready(Duration::from_millis(50)).unwrap() {
+            assert!(
+                t.elapsed() >= Duration::from_millis(50),
+                "{:?}",
+                t.elapsed()
+            );
+            assert_eq!(r.cursor(), cursor, "a wait that timed out moved the cursor");
+            break;
+        }
+        let b = r
+            .next_owned()
+            .unwrap()
+            .expect("the stream cannot end while the agent is stopped");
+        got.update(b.bytes());
+        drained += 1;
+        assert!(drained < 20_000, "wait_ready never timed out");
+    }
+    assert!(!r.wait_ready(Duration::from_millis(10)).unwrap());
+    signal(&agent, libc::SIGCONT);
+    assert!(r.wait_ready(Duration::from_secs(30)).unwrap());
+    while let Some(b) = r.next_owned().unwrap() {
+        got.update(b.bytes());
+    }
+    assert_eq!(
+        got.digest(),
+        want.digest(),
+        "the stream after the stall differs"
+    );
+}

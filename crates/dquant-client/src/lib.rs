@@ -21,6 +21,7 @@ pub mod source;
 
 use std::net::TcpStream;
 use std::path::Path;
+use std::time::Duration;
 
 use dquant_codec::kernels::store_plain;
 use dquant_codec::{Codec, CodecError, Compression, Decoder};
@@ -522,6 +523,33 @@ impl Reader {
         self.cursor
     }
 
+    /// Waits at most `timeout` for the next batch to be at hand: true once the next
+    /// [`next_owned`](Reader::next_owned), [`next_batch`](Reader::next_batch) or first batch
+    /// of a [`read`](Reader::read) will not wait on the agent (a batch, the end or an error
+    /// has arrived), false when `timeout` ran out first. Nothing is consumed: the cursor
+    /// stays, and a false answer can simply be followed by another call.
+    ///
+    /// This is how a caller that must stay responsive while an agent is slow waits in
+    /// slices: an interpreter checks for Ctrl-C between calls. In-process plans are always
+    /// ready (making a batch is work, not waiting). Over TCP a batch whose first bytes have
+    /// arrived counts as ready, though its last bytes may still be on the way.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ClientError> {
+        if self.read_pos < self.batch_len {
+            return Ok(true);
+        }
+        match &mut self.engine {
+            Engine::Local { .. } => Ok(true),
+            Engine::Remote { ended: true, .. } | Engine::Shm { ended: true, .. } => Ok(true),
+            Engine::Remote { records, .. } => {
+                if records.has_buffered() {
+                    return Ok(true);
+                }
+                readable(records.get_ref().get_ref(), timeout)
+            }
+            Engine::Shm { shm, .. } => shm.wait_ready(timeout),
+        }
+    }
+
     /// Fills the batch buffer with the next batch; false at the end.
     fn fill(&mut self) -> Result<bool, ClientError> {
         let item = self.output.itemsize();
@@ -732,6 +760,23 @@ impl Reader {
 
     /// Ends an offloaded session now (dropping the reader does too).
     pub fn close(self) {}
+}
+
+/// Whether `sock` has bytes to read (or its end or an error) within `timeout`; a signal
+/// cuts the wait short and counts as not yet.
+fn readable(sock: &TcpStream, timeout: Duration) -> Result<bool, ClientError> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let t = Timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    let mut fds = [PollFd::new(sock, PollFlags::IN)];
+    match poll(&mut fds, Some(&t)) {
+        // Errors and hang-ups count as ready: the read that follows reports them.
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(ClientError::Wire(WireError::Io(std::io::Error::from(e)))),
+    }
 }
 
 /// Where a resumed reader continues after the batch of header `h`.

@@ -53,6 +53,9 @@ pub(crate) struct Shm {
     /// The batch [`next`](Shm::next) took, until the next call or
     /// [`take_held`](Shm::take_held).
     held: Option<RingView>,
+    /// What a [`wait_ready`](Shm::wait_ready) that did not time out took: the next batch,
+    /// the end, or the error, for the next [`next`](Shm::next).
+    pending: Option<Result<Option<RingView>, RingError>>,
 }
 
 fn connect_err(path: &Path) -> impl Fn(std::io::Error) -> ClientError + '_ {
@@ -94,6 +97,7 @@ impl Shm {
             ring,
             sock,
             held: None,
+            pending: None,
         })
     }
 
@@ -108,7 +112,11 @@ impl Shm {
         output: dquant_plan::OutputDType,
     ) -> Result<Option<BatchHeader>, ClientError> {
         self.held = None;
-        let view = match self.ring.take(Duration::MAX) {
+        let next = match self.pending.take() {
+            Some(r) => r,
+            None => self.ring.take(Duration::MAX),
+        };
+        let view = match next {
             Ok(Some(v)) => v,
             Ok(None) => return Ok(None),
             Err(e) => return Err(self.ring_error(e)),
@@ -116,6 +124,18 @@ impl Shm {
         let h = check_record(&view, plan_sample_len, batch_size, output)?;
         self.held = Some(view);
         Ok(Some(h))
+    }
+
+    /// Waits at most `timeout` for the next batch (or the end, or an error), which the next
+    /// [`next`](Shm::next) then returns; false if the time ran out first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ClientError> {
+        if self.pending.is_none() {
+            match self.ring.take(timeout) {
+                Err(RingError::Timeout(_)) => return Ok(false),
+                r => self.pending = Some(r),
+            }
+        }
+        Ok(true)
     }
 
     /// The held batch as a view of its own, which may outlive later batches and the reader

@@ -33,6 +33,12 @@ impl<R: Read> RecordReader<R> {
         self.frames.frames()
     }
 
+    /// Whether the next read needs nothing from the underlying reader: record bytes are
+    /// buffered, or the stream has ended.
+    pub fn has_buffered(&self) -> bool {
+        self.pos < self.buf.len() || self.ended
+    }
+
     /// Makes sure unread bytes are buffered; false at the end of the stream.
     fn more(&mut self) -> Result<bool, WireError> {
         while self.pos == self.buf.len() {
