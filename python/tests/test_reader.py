@@ -219,8 +219,11 @@ def test_an_agent_killed_mid_stream_raises_and_the_interpreter_lives(data, fresh
 # Reads one batch, then waits for a line (the test stops the agent meanwhile), reads on
 # until Ctrl-C, waits for another line (the agent goes on), and reads the rest.
 CTRL_C_SCRIPT = r"""
-import hashlib, json, sys
+import hashlib, json, signal, sys
 import dquant
+# Python leaves SIGINT ignored when it starts with it ignored (as under `nohup ... &`, or a
+# CI runner that does so): install the usual handler, as an interactive session has.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 r = dquant.open(json.loads(sys.argv[1]), agent=sys.argv[2], transport="shm")
 h = hashlib.sha256()
 h.update(next(r).tobytes())

@@ -546,17 +546,24 @@ fn xxh3(b: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(b)
 }
 
-#[test]
-fn read_through_the_agents_unix_socket_uses_shared_memory() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = root_with_fixtures(dir.path());
-    let sock = dir.path().join("agent.sock");
+/// An agent serving copies of the fixtures in `dir` as `fx`, with a Unix socket there too;
+/// returns it, the root and the socket's path.
+fn agent_with_socket(dir: &Path) -> (Agent, PathBuf, PathBuf) {
+    let root = root_with_fixtures(dir);
+    let sock = dir.join("agent.sock");
     let agent = Agent::start(&[
         "--root",
         &format!("fx={}", root.display()),
         "--socket",
         s(&sock),
     ]);
+    (agent, root, sock)
+}
+
+#[test]
+fn read_through_the_agents_unix_socket_uses_shared_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, root, sock) = agent_with_socket(dir.path());
     let (on_agent, local) = plans(dir.path(), &root, "epochs = 2");
     let want = summary(&ok(&["read", s(&local), "--out", "/dev/null", "--json"]));
     for addr in [
@@ -723,14 +730,7 @@ fn wait_ready_times_out_on_a_stopped_agent_and_the_stream_goes_on_whole() {
     use xxhash_rust::xxh3::Xxh3;
 
     let dir = tempfile::tempdir().unwrap();
-    let root = root_with_fixtures(dir.path());
-    let sock = dir.path().join("agent.sock");
-    let agent = Agent::start(&[
-        "--root",
-        &format!("fx={}", root.display()),
-        "--socket",
-        s(&sock),
-    ]);
+    let (agent, root, sock) = agent_with_socket(dir.path());
     // 50 epochs: 32 MB of u16, far more than the ring (8 MiB) holds.
     let (on_agent, local) = plans(dir.path(), &root, "epochs = 50");
     let read_plan = |p: &Path| dquant_plan::Plan::from_toml(&std::fs::read_to_string(p).unwrap());
