@@ -489,9 +489,6 @@ def megatron_loader(prefix: Prefix, a, ref: dict, wd: Path, workers: int) -> Loa
         )
         ld.notes.append(f"index build {state['index_s']:.3f} s")
 
-    def canonical(b):
-        return torch.cat([b["tokens"], b["labels"][:, -1:]], 1).to(torch.int32).numpy()
-
     ld = Loader(
         name="Megatron-Core GPTDataset" + (" (1 worker)" if workers else ""),
         kind="peer",
@@ -500,11 +497,22 @@ def megatron_loader(prefix: Prefix, a, ref: dict, wd: Path, workers: int) -> Loa
         f"DataLoader(batch_size={a.batch_size}, num_workers={workers})",
         setup=setup,
         batches=lambda: state["dl"],
-        tensor=lambda b: (b["tokens"], b["labels"][:, -1]),
-        canonical=canonical,
+        **shifted_pair("tokens"),
         cpu_pids=lambda: worker_pids(state.get("dl")),
     )
     return ld
+
+
+def shifted_pair(inputs: str) -> dict:
+    """`tensor` and `canonical` for batches of `{inputs: (B, L), "labels": (B, L)}` whose labels
+    are the inputs shifted by one: the loop touches both, and the whole `(B, L+1)` samples are
+    the inputs plus the last label."""
+    return {
+        "tensor": lambda b: (b[inputs], b["labels"][:, -1]),
+        "canonical": lambda b: torch.cat([b[inputs], b["labels"][:, -1:]], 1)
+        .to(torch.int32)
+        .numpy(),
+    }
 
 
 def worker_pids(dl) -> list[int]:
@@ -765,9 +773,6 @@ def dquant_torch(prefix: Prefix, a, workers: int) -> Loader:
         else:
             state["dl"] = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
 
-    def canonical(b):
-        return torch.cat([b["input_ids"], b["labels"][:, -1:]], 1).to(torch.int32).numpy()
-
     loader = "dquant.torch.DataLoader" if workers else "DataLoader"
     return Loader(
         name="dquant TokenDataset (i64" + (", 1 worker)" if workers else ")"),
@@ -777,8 +782,7 @@ def dquant_torch(prefix: Prefix, a, workers: int) -> Loader:
         f"num_workers={workers})",
         setup=setup,
         batches=lambda: state["dl"],
-        tensor=lambda b: (b["input_ids"], b["labels"][:, -1]),
-        canonical=canonical,
+        **shifted_pair("input_ids"),
         cpu_pids=lambda: worker_pids(state.get("dl")),
     )
 

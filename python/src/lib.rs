@@ -79,6 +79,33 @@ impl Reader {
             None => Err(closed()),
         }
     }
+
+    /// Runs `op` without the GIL once the next batch is at hand, waiting in slices of
+    /// [`SIGNAL_CHECK_EVERY`] and checking signals between them: Ctrl-C raises
+    /// KeyboardInterrupt before `op` runs, so nothing is consumed. Batches kept for long are
+    /// copied out first, while no Python thread runs, so that no write to a kept array can
+    /// race the copy.
+    fn when_ready<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl Fn(&mut dquant_client::Reader) -> Result<T, ClientError> + Sync,
+    ) -> PyResult<T> {
+        loop {
+            self.with(|r| r.make_room())?.map_err(to_py)?;
+            let got = py
+                .detach(|| {
+                    self.with(|r| match r.wait_ready(SIGNAL_CHECK_EVERY)? {
+                        true => op(r).map(Some),
+                        false => Ok(None),
+                    })
+                })?
+                .map_err(to_py)?;
+            match got {
+                Some(v) => return Ok(v),
+                None => py.check_signals()?,
+            }
+        }
+    }
 }
 
 /// Opens `plan_json` (a plan as JSON) at the cursor `(epoch, consumed_samples)`: on the agent
@@ -116,25 +143,7 @@ impl Reader {
     /// The next batch as a numpy array of shape `(samples, seq_len + 1)` in the plan's output
     /// dtype, viewing the batch's memory in place; `None` at the end of the stream.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let batch = loop {
-            // Copying out batches kept for long happens here, while no Python thread runs,
-            // so that no write to a kept array can race the copy.
-            self.with(|r| r.make_room())?.map_err(to_py)?;
-            let got = py
-                .detach(|| {
-                    self.with(|r| match r.wait_ready(SIGNAL_CHECK_EVERY)? {
-                        true => r.next_owned().map(Some),
-                        false => Ok(None),
-                    })
-                })?
-                .map_err(to_py)?;
-            match got {
-                Some(batch) => break batch,
-                // Still waiting on the agent: let Ctrl-C (and other signal handlers) run.
-                // Nothing was consumed, so a caught KeyboardInterrupt loses no batch.
-                None => py.check_signals()?,
-            }
-        };
+        let batch = self.when_ready(py, |r| r.next_owned())?;
         let Some(batch) = batch else {
             return Ok(None);
         };
@@ -181,25 +190,14 @@ impl Reader {
         // The buffer is a plain byte slice; nothing Python runs meanwhile may resize it (numpy
         // arrays over a buffer pin it).
         let (ptr, len) = (out.as_mut_ptr() as usize, out.len());
-        loop {
-            let got = py
-                .detach(|| {
-                    // SAFETY: `ptr`/`len` come from the live, borrowed, contiguous array
-                    // above, whose borrow outlives this closure.
-                    let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-                    self.with(|r| match r.wait_ready(SIGNAL_CHECK_EVERY)? {
-                        true => r.read(out).map(Some),
-                        false => Ok(None),
-                    })
-                })?
-                .map_err(to_py)?;
-            match got {
-                Some(n) => return Ok(n),
-                // Signals are checked only before the first byte: once bytes are written,
-                // the read finishes, so a KeyboardInterrupt never drops delivered bytes.
-                None => py.check_signals()?,
-            }
-        }
+        // Signals are checked only before the first byte: once bytes are written, the read
+        // finishes, so a KeyboardInterrupt never drops delivered bytes.
+        self.when_ready(py, |r| {
+            // SAFETY: `ptr`/`len` come from the live, borrowed, contiguous array above, whose
+            // borrow outlives this call; `op` runs once, so the slice is never aliased.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            r.read(out)
+        })
     }
 
     /// Where a resumed reader would continue: `{"epoch": ..., "consumed_samples": ...}`.

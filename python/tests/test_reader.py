@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -245,13 +251,6 @@ print(h.hexdigest(), flush=True)
 def test_ctrl_c_while_the_agent_stalls_raises_keyboard_interrupt_and_loses_nothing(
     data, fresh_agent
 ):
-    import os
-    import select
-    import signal
-    import subprocess
-    import sys
-    import time
-
     local = plan(data, "r50k_int32", epochs=50)  # 32 MB of int32: 4 rings' worth
     want = hashlib.sha256()
     for a in dquant.open(local, offload=False):

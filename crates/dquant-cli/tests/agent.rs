@@ -649,13 +649,12 @@ fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
         for _ in 0..read_first {
             got.extend_from_slice(r.next_batch().unwrap().unwrap().tokens.as_bytes());
         }
-        let pid = agent.child.id() as i32;
+        let pid = agent.child.id();
         let killer = std::thread::spawn(move || {
             if let Some(d) = kill_after {
                 std::thread::sleep(d);
             }
-            // SAFETY: plain kill(2) on our own child's pid.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = kill(pid, libc::SIGKILL);
         });
         let mut killer = Some(killer);
         if kill_after.is_none() {
@@ -717,11 +716,18 @@ fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
     }
 }
 
+/// Sends `sig` to process `pid` (one of our children).
+fn kill(pid: u32, sig: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: plain kill(2); no memory is passed.
+    match unsafe { libc::kill(pid as libc::pid_t, sig) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// Sends `sig` to the agent process.
 fn signal(agent: &Agent, sig: libc::c_int) {
-    // SAFETY: kill(2) on our own child's pid.
-    let r = unsafe { libc::kill(agent.child.id() as libc::pid_t, sig) };
-    assert_eq!(r, 0, "kill({sig}): {}", std::io::Error::last_os_error());
+    kill(agent.child.id(), sig).unwrap_or_else(|e| panic!("kill({sig}): {e}"));
 }
 
 #[test]
@@ -751,11 +757,10 @@ fn wait_ready_times_out_on_a_stopped_agent_and_the_stream_goes_on_whole() {
     signal(&agent, libc::SIGSTOP);
     // Should waits never time out, a read would block on the stopped agent for good: wake it
     // after a while, so that the stream ends while "stopped" and the test fails, not hangs.
-    let pid = agent.child.id() as libc::pid_t;
+    let pid = agent.child.id();
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(60));
-        // SAFETY: kill(2); the pid is the agent's, or reused for nothing of ours by then.
-        unsafe { libc::kill(pid, libc::SIGCONT) };
+        let _ = kill(pid, libc::SIGCONT);
     });
     // Drain what the ring holds; then waits time out, and consume nothing.
     let mut drained = 0;
