@@ -8,13 +8,14 @@
 
 use std::sync::Arc;
 
-use dquant_client::{open_source, ClientError, LocalSource, Pipeline, SourceError, TokenSource};
+use dquant_engine::{EngineError, LocalSource, Pipeline, SourceError, TokenSource};
 use dquant_plan::{Cursor, Plan, Source};
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
     CloseReply, CloseRequest, DatasetStat, ListReply, ListRequest, OpenReply, OpenRequest,
     OpenSourceRequest, StatRequest,
 };
+use dquant_remote::{open_source, AgentUri};
 use dquant_storage::Dataset;
 use tonic::{Request, Response, Status};
 
@@ -48,7 +49,7 @@ fn open_plan_source(
     s: &Source,
     wire_codec: &str,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
-    if s.uri.starts_with(dquant_client::AgentUri::SCHEME) {
+    if s.uri.starts_with(AgentUri::SCHEME) {
         return open_source(s, None, wire_codec);
     }
     let path = shared
@@ -135,7 +136,7 @@ impl Agent for Service {
                 open_plan_source(&shared, s, &plan.wire_codec)
             })
             .map_err(|e| match e {
-                ClientError::Plan(_) => Status::invalid_argument(e.to_string()),
+                EngineError::Plan(_) => Status::invalid_argument(e.to_string()),
                 e if e.is_not_found() => Status::not_found(e.to_string()),
                 _ => Status::failed_precondition(e.to_string()),
             })?;

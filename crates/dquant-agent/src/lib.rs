@@ -12,7 +12,7 @@
 //!   clients on this host, and the hand-over of shared-memory rings: the session then writes
 //!   finished batches straight into the client's memory (the emulated DMA path).
 //!
-//! The plan work itself is [`dquant_client::Pipeline`], the same code a client runs
+//! The plan work itself is [`dquant_engine::Pipeline`], the same code a client runs
 //! in-process, so offloaded and local batches are byte-identical by construction. A plan
 //! source may name another agent's dataset (`dquant://host:port/root/path`); the session then
 //! pulls token ranges from that agent — an agent near the host chained to one near storage.

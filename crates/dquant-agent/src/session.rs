@@ -15,16 +15,16 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use dquant_client::{auto_codec, check_fits, output_width, Pipeline, TokenSource};
-use dquant_codec::kernels::max_token;
-use dquant_codec::{encode_width, Codec, CodecError, Compression, Encoder, Width};
+use dquant_codec::{encode_width, Width};
+use dquant_engine::record::{Encoders, Payload, Record};
+use dquant_engine::{
+    batch_header, codec_for, plain_codec, EngineError, Pipeline, RecordEncoder, TokenSource,
+};
 use dquant_plan::{OutputDType, WireCodec};
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
 use dquant_transport::ring::{RingError, RingProducer};
-use dquant_transport::{
-    BatchHeader, BufferPool, FrameKind, FrameReader, FrameWriter, PooledBuf, RangeHeader,
-};
+use dquant_transport::{BufferPool, FrameKind, FrameReader, FrameWriter, PooledBuf, RangeHeader};
 
 /// What a session will stream once its data connection arrives.
 pub(crate) enum Work {
@@ -358,34 +358,6 @@ impl FrameSink<'_> {
     }
 }
 
-/// Picks the codec for `tokens`.
-fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
-    match wire {
-        WireCodec::Fixed(c) => c,
-        WireCodec::Auto(comp) => auto_codec(max_token(tokens), comp),
-    }
-}
-
-/// Encoders by codec (an `auto` wire codec may switch width between batches).
-#[derive(Default)]
-struct Encoders(HashMap<Codec, Encoder>);
-
-impl Encoders {
-    fn encode(
-        &mut self,
-        codec: Codec,
-        tokens: &[u32],
-        out: &mut Vec<u8>,
-    ) -> Result<(), CodecError> {
-        let e = match self.0.entry(codec) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(Encoder::new(codec)?),
-        };
-        out.clear();
-        e.encode(tokens, out).map(|_| ())
-    }
-}
-
 /// Streams a plan's batches over `conn` until the end, an error, a disconnect or `cancel`.
 pub(crate) fn stream_plan(
     work: Work,
@@ -460,18 +432,12 @@ fn produce(
     cancel: &AtomicBool,
 ) -> Result<bool, String> {
     let sample_len = pipeline.sample_len();
-    let out_width = output_width(output);
-    // Checks that cannot fail are skipped: a u16 dataset always fits a u16 wire and output.
-    let bound = pipeline.max_token_bound();
-    let plain_out = Codec {
-        width: out_width,
-        compression: Compression::None,
-    };
-    if wire == WireCodec::Fixed(plain_out) {
+    let out_width = output.width();
+    if wire == WireCodec::Fixed(plain_codec(output)) {
         return produce_plain(pipeline, output, sink, stats, cancel);
     }
-    let mut enc = Encoders::default();
-    let mut payload = Vec::new();
+    // Checks that cannot fail are skipped: a u16 dataset always fits a u16 wire and output.
+    let mut enc = RecordEncoder::new(wire, pipeline.max_token_bound());
     loop {
         if cancel.load(Ordering::Relaxed) {
             return Ok(false);
@@ -482,79 +448,30 @@ fn produce(
         else {
             return Ok(true);
         };
-        let codec = codec_for(wire, b.tokens);
-        // An `auto` codec's width was chosen from this batch's largest token: it fits.
-        if matches!(wire, WireCodec::Fixed(_)) && bound > codec.width.max_token() {
-            check_fits(
-                &b,
-                sample_len,
-                codec.width,
-                &format!("wire codec {codec}: "),
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        // Plain byte-aligned codecs are encoded straight into the frames; others through
-        // the encoder's buffer.
-        let direct = codec.compression == Compression::None && codec.width.byte_width().is_some();
-        let payload_len = if direct {
-            codec.width.encoded_len(b.tokens.len())
-        } else {
-            enc.encode(codec, b.tokens, &mut payload)
-                .map_err(|e| e.to_string())?;
-            payload.len()
-        };
-        let payload_len = u32::try_from(payload_len).map_err(|_| {
-            format!(
-                "batch {} encodes to {payload_len} bytes, over 4 GiB",
-                b.index
-            )
-        })?;
-        let h = BatchHeader {
-            codec,
-            index: b.index,
-            samples: b.samples as u32,
-            sample_len: sample_len as u32,
-            payload_len,
-            cursor_epoch: b.cursor.epoch,
-            cursor_consumed: b.cursor.consumed_samples,
-        };
+        let Record { header, payload } = enc.encode(&b, sample_len).map_err(|e| e.to_string())?;
         stats.records += 1;
         stats.tokens += b.tokens.len() as u64;
-        if sink.write(&h.encode()).is_err() {
+        if sink.write(&header.encode()).is_err() {
             return Ok(false);
         }
-        let sent = if direct {
-            sink.write_encoded(codec.width, b.tokens)
-        } else {
-            sink.write(&payload).map_err(SinkError::Gone)
+        let sent = match payload {
+            Payload::Plain { width, tokens } => sink.write_encoded(width, tokens),
+            Payload::Bytes(p) => sink.write(p).map_err(SinkError::Gone),
         };
         match sent {
             Ok(()) => {}
             Err(SinkError::Gone(Gone)) => return Ok(false),
-            Err(SinkError::Codec(e)) => return Err(format!("batch {}: {e}", b.index)),
+            Err(SinkError::Codec(source)) => {
+                let e = EngineError::Encode {
+                    index: b.index,
+                    source,
+                };
+                return Err(e.to_string());
+            }
         }
         if sink.flush_if_idle().is_err() {
             return Ok(false);
         }
-    }
-}
-
-/// The record header of a batch from [`Pipeline::next_batch_into`] (its payload fits u32:
-/// it is at most one batch in the output dtype, and a frame or slot holds it).
-fn plain_header(
-    codec: Codec,
-    b: &dquant_client::BatchInfo,
-    sample_len: usize,
-    payload_len: usize,
-) -> BatchHeader {
-    BatchHeader {
-        codec,
-        index: b.index,
-        samples: b.samples as u32,
-        sample_len: sample_len as u32,
-        payload_len: payload_len as u32,
-        cursor_epoch: b.cursor.epoch,
-        cursor_consumed: b.cursor.consumed_samples,
     }
 }
 
@@ -570,12 +487,9 @@ fn produce_plain(
     cancel: &AtomicBool,
 ) -> Result<bool, String> {
     let sample_len = pipeline.sample_len();
-    let width = output_width(output);
-    let codec = Codec {
-        width,
-        compression: Compression::None,
-    };
-    let full = pipeline.schedule().batch_size() as usize * sample_len * output.itemsize();
+    let width = output.width();
+    let codec = plain_codec(output);
+    let full = pipeline.schedule().batch_tokens() as usize * output.itemsize();
     let mut batch = vec![0u8; full];
     loop {
         if cancel.load(Ordering::Relaxed) {
@@ -588,7 +502,7 @@ fn produce_plain(
             return Ok(true);
         };
         let payload_len = b.samples * sample_len * output.itemsize();
-        let h = plain_header(codec, &b, sample_len, payload_len);
+        let h = batch_header(codec, &b, sample_len, payload_len).map_err(|e| e.to_string())?;
         stats.records += 1;
         stats.tokens += (b.samples * sample_len) as u64;
         if sink.write(&h.encode()).is_err()
@@ -665,15 +579,12 @@ pub(crate) fn stream_ring(
             "shared-memory rings carry plan batches; open a source over the data port".into(),
         );
     };
-    let out_width = output_width(output);
-    let codec = Codec {
-        width: out_width,
-        compression: Compression::None,
-    };
+    let out_width = output.width();
+    let codec = plain_codec(output);
     let sample_len = pipeline.sample_len();
     let slot_size = ring.layout().slot_size;
-    let full = RECORD_HEADER_LEN as u64
-        + pipeline.schedule().batch_size() * sample_len as u64 * output.itemsize() as u64;
+    let full =
+        RECORD_HEADER_LEN as u64 + pipeline.schedule().batch_tokens() * output.itemsize() as u64;
     if full > slot_size {
         return fail(format!(
             "the ring's slots hold {slot_size} bytes; this plan's batches need {full} ({output})"
@@ -707,7 +618,10 @@ pub(crate) fn stream_ring(
         };
         let tokens = b.samples * sample_len;
         let payload_len = out_width.encoded_len(tokens);
-        let h = plain_header(codec, &b, sample_len, payload_len);
+        let h = match batch_header(codec, &b, sample_len, payload_len) {
+            Ok(h) => h,
+            Err(e) => return fail(e.to_string()),
+        };
         head.copy_from_slice(&h.encode());
         let len = RECORD_HEADER_LEN + payload_len;
         slot.commit(len).map_err(|e| e.to_string())?;

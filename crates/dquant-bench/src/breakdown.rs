@@ -7,14 +7,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use dquant_client::TokenSource;
-use dquant_client::{auto_codec, check_fits, open_source, output_width, LocalSource, Pipeline};
-use dquant_codec::kernels::max_token;
 use dquant_codec::Encoder;
+use dquant_engine::{batch_header, check_fits, codec_for, LocalSource, Pipeline, TokenSource};
 use dquant_plan::{Cursor, Source, WireCodec};
+use dquant_remote::open_source;
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
 use dquant_transport::frame::MAX_PAYLOAD;
-use dquant_transport::{BatchHeader, FrameHeader, FrameKind};
+use dquant_transport::{FrameHeader, FrameKind};
 use serde_json::json;
 
 use crate::procs;
@@ -156,7 +155,7 @@ pub fn run(a: &Args) -> Result<()> {
 fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
     let plan = a.plan.plan(&ds.local(), a.shuffle);
     let wire: WireCodec = plan.wire_codec.parse()?;
-    let width = output_width(plan.output);
+    let width = plan.output.width();
     let item = a.plan.output_itemsize() as usize;
     let mut st = Stages::default();
 
@@ -191,10 +190,7 @@ fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
         st.check_out += t.elapsed();
 
         let t = Instant::now();
-        let codec = match wire {
-            WireCodec::Fixed(c) => c,
-            WireCodec::Auto(comp) => auto_codec(max_token(b.tokens), comp),
-        };
+        let codec = codec_for(wire, b.tokens);
         st.pick_codec += t.elapsed();
 
         let t = Instant::now();
@@ -213,15 +209,7 @@ fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
         enc.encode(b.tokens, &mut payload)?;
         st.encode += t.elapsed();
 
-        let h = BatchHeader {
-            codec,
-            index: b.index,
-            samples: b.samples as u32,
-            sample_len: l as u32,
-            payload_len: payload.len() as u32,
-            cursor_epoch: b.cursor.epoch,
-            cursor_consumed: b.cursor.consumed_samples,
-        };
+        let h = batch_header(codec, &b.info(), l, payload.len())?;
         frames.write(&h.encode())?;
         frames.write(&payload)?;
 

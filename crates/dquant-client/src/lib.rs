@@ -14,24 +14,21 @@
 //!
 //! Both produce byte-identical batches for the same plan and cursor; the tests check it.
 
-mod pipeline;
-pub mod remote;
 pub mod shm;
-pub mod source;
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::Duration;
 
 use dquant_codec::kernels::store_plain;
-use dquant_codec::{Codec, CodecError, Compression, Decoder};
+use dquant_codec::{CodecError, Compression, Decoder};
+use dquant_engine::{EngineError, Pipeline};
 use dquant_plan::{Cursor, OutputDType, Plan, PlanError, Source};
-use dquant_proto::v1::{OpenRequest, StatRequest};
+use dquant_proto::v1::OpenRequest;
+use dquant_remote::open_source;
 use dquant_transport::{BatchHeader, RecordReader, WireError};
 
-pub use pipeline::{check_fits, output_width, BatchInfo, Pipeline, TokenBatch};
-pub use remote::{AgentUri, Control, RemoteSource, Transport};
-pub use source::{LocalSource, SourceError, TokenSource};
+pub use dquant_engine::{SourceError, TokenSource};
+pub use dquant_remote::{AgentUri, Control, Transport};
 
 /// Errors of the host API.
 #[derive(Debug, thiserror::Error)]
@@ -85,14 +82,32 @@ impl ClientError {
     pub fn is_not_found(&self) -> bool {
         match self {
             ClientError::NotFound(_) => true,
-            ClientError::Source { source, .. } => match source {
-                SourceError::NotFound(_) => true,
-                SourceError::Storage(dquant_storage::StorageError::Io { source, .. }) => {
-                    source.kind() == std::io::ErrorKind::NotFound
-                }
-                _ => false,
-            },
+            ClientError::Source { source, .. } => source.is_not_found(),
             _ => false,
+        }
+    }
+}
+
+/// The engine's errors keep their variant: a bad plan, a source, a token that does not fit.
+impl From<EngineError> for ClientError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Plan(e) => ClientError::Plan(e),
+            EngineError::Source { index, uri, source } => {
+                ClientError::Source { index, uri, source }
+            }
+            EngineError::Output {
+                index,
+                uri,
+                context,
+                source,
+            } => ClientError::Output {
+                index,
+                uri,
+                context,
+                source,
+            },
+            e => ClientError::Usage(e.to_string()),
         }
     }
 }
@@ -278,43 +293,6 @@ pub fn open_at(
     }
 }
 
-/// Opens one plan source: a local path, a full `dquant://HOST:PORT/DATASET` URI, or (when
-/// `agent` is given) a dataset name on that agent. `wire_codec` is what remote ranges travel
-/// in ("" for the agent's default).
-pub fn open_source(
-    s: &Source,
-    agent: Option<&Control>,
-    wire_codec: &str,
-) -> Result<Box<dyn TokenSource>, SourceError> {
-    let stat = |dataset: String| StatRequest {
-        dataset,
-        dtype: s.dtype.clone().unwrap_or_default(),
-        eod: s.eod,
-    };
-    if s.uri.starts_with(AgentUri::SCHEME) {
-        let u = AgentUri::parse(&s.uri).map_err(SourceError::Usage)?;
-        if u.dataset.is_empty() {
-            return Err(SourceError::Usage(
-                "the URI names an agent but no dataset (dquant://HOST:PORT/ROOT/PATH)".into(),
-            ));
-        }
-        let c = Control::connect(&u.authority)?;
-        return Ok(Box::new(RemoteSource::open(
-            c,
-            stat(u.dataset),
-            wire_codec,
-        )?));
-    }
-    match agent {
-        Some(c) => Ok(Box::new(RemoteSource::open(
-            c.clone(),
-            stat(s.uri.clone()),
-            wire_codec,
-        )?)),
-        None => Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?)),
-    }
-}
-
 // Both variants are big; a reader holds exactly one, for its whole life.
 #[allow(clippy::large_enum_variant)]
 enum Engine {
@@ -462,7 +440,7 @@ impl Reader {
         Reader {
             engine,
             output: plan.output,
-            sample_len: plan.seq_len as usize + 1,
+            sample_len: plan.sample_len(),
             rank_batches,
             rank_samples,
             batch: Vec::new(),
@@ -553,7 +531,7 @@ impl Reader {
     /// Fills the batch buffer with the next batch; false at the end.
     fn fill(&mut self) -> Result<bool, ClientError> {
         let item = self.output.itemsize();
-        let width = output_width(self.output);
+        let width = self.output.width();
         let Reader {
             engine,
             batch,
@@ -590,7 +568,7 @@ impl Reader {
                 let h = BatchHeader::parse(&hb).map_err(WireError::from)?;
                 check_shape(&h, *sample_len, *batch_size)?;
                 let n = h.tokens();
-                remote::check_payload_len(h.codec, n, h.payload_len)
+                dquant_remote::check_payload_len(h.codec, n, h.payload_len)
                     .map_err(ClientError::from_agent)?;
                 let bytes = n * item;
                 let out = batch_bytes(batch, bytes);
@@ -839,14 +817,5 @@ impl Drop for Reader {
         if !*ended {
             let _ = control.close(*session);
         }
-    }
-}
-
-/// The codec `auto` picks for tokens up to `max_token` under `compression`: the narrowest
-/// width, byte-aligned when compressing (bit-packed input compresses far worse).
-pub fn auto_codec(max_token: u32, compression: Compression) -> Codec {
-    Codec {
-        width: dquant_codec::Width::narrowest(max_token, compression != Compression::None),
-        compression,
     }
 }

@@ -13,7 +13,6 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dquant_codec::{Codec, Compression};
 use dquant_plan::Plan;
 use dquant_proto::v1::OpenReply;
 use dquant_transport::frame::MAX_PAYLOAD;
@@ -22,8 +21,9 @@ use dquant_transport::ring::layout::PAGE;
 use dquant_transport::ring::{RingConsumer, RingError, RingView};
 use dquant_transport::{BatchHeader, BufferPool, FrameReader, WireError};
 
-use crate::remote::{hello_of, AgentUri};
-use crate::{output_width, ClientError};
+use dquant_remote::{hello_of, AgentUri};
+
+use crate::ClientError;
 
 /// Bytes of batches a ring holds by default: the TCP path's default prefetch (8 frames of
 /// 1 MiB).
@@ -34,8 +34,7 @@ pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 /// holds exactly one batch, so a smaller one would not fit it and a larger one is memory
 /// the batch never uses.
 pub fn slot_size(plan: &Plan) -> u64 {
-    let tokens = u64::from(plan.batch_size) * (u64::from(plan.seq_len) + 1);
-    let record = RECORD_HEADER_LEN as u64 + tokens * plan.output.itemsize() as u64;
+    let record = RECORD_HEADER_LEN as u64 + plan.batch_bytes();
     record.div_ceil(PAGE) * PAGE
 }
 
@@ -60,7 +59,7 @@ pub(crate) struct Shm {
 
 fn connect_err(path: &Path) -> impl Fn(std::io::Error) -> ClientError + '_ {
     move |source| {
-        ClientError::Connect(crate::SourceError::Connect {
+        ClientError::Connect(dquant_engine::SourceError::Connect {
             addr: path.display().to_string(),
             source,
         })
@@ -207,10 +206,7 @@ fn check_record(
     hb.copy_from_slice(&record[..RECORD_HEADER_LEN]);
     let h = BatchHeader::parse(&hb).map_err(|e| ClientError::Wire(WireError::from(e)))?;
     crate::check_shape(&h, plan_sample_len, batch_size)?;
-    let want = Codec {
-        width: output_width(output),
-        compression: Compression::None,
-    };
+    let want = dquant_engine::plain_codec(output);
     let bytes = h.tokens() * output.itemsize();
     if h.codec != want || h.payload_len as usize != bytes || RECORD_HEADER_LEN + bytes != len {
         return Err(bad(format!(

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use dquant_codec::{Codec, Compression};
+use dquant_codec::{Codec, Compression, Width};
 use dquant_format::DType;
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +128,16 @@ impl OutputDType {
         }
     }
 
+    /// The codec width that stores this dtype (the plain wire codec of a batch that travels
+    /// as it is delivered).
+    pub fn width(self) -> Width {
+        match self {
+            OutputDType::U16 => Width::U16,
+            OutputDType::I32 => Width::I32,
+            OutputDType::I64 => Width::I64,
+        }
+    }
+
     /// The name used in plans (`u16`, `i32`, `i64`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -200,6 +210,22 @@ impl Plan {
             world: default_world(),
             drop_last: false,
         }
+    }
+
+    /// Tokens per sample: `seq_len + 1` (the last token is the next sample's first, the
+    /// label of the sample's last position).
+    pub fn sample_len(&self) -> usize {
+        self.seq_len as usize + 1
+    }
+
+    /// Tokens in a full batch: `batch_size × sample_len`.
+    pub fn batch_tokens(&self) -> u64 {
+        u64::from(self.batch_size) * (u64::from(self.seq_len) + 1)
+    }
+
+    /// Bytes of a full batch in the plan's output dtype.
+    pub fn batch_bytes(&self) -> u64 {
+        self.batch_tokens() * self.output.itemsize() as u64
     }
 
     /// Parses and validates a plan written in JSON.

@@ -170,6 +170,16 @@ impl Schedule {
         self.seq_len
     }
 
+    /// Tokens per sample: `seq_len + 1`.
+    pub fn sample_len(&self) -> usize {
+        self.seq_len as usize + 1
+    }
+
+    /// Tokens in a full batch: `batch_size × sample_len`.
+    pub fn batch_tokens(&self) -> u64 {
+        self.batch_size * (self.seq_len + 1)
+    }
+
     /// Samples per batch per rank.
     pub fn batch_size(&self) -> u64 {
         self.batch_size

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use dquant_client::{Offload, Reader, SourceError, TokenSource};
+use dquant_client::{Offload, Reader};
+use dquant_engine::{SourceError, TokenSource};
 use dquant_format::DType;
 use dquant_plan::{Cursor, Plan};
 use serde_json::json;

@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use dquant_client::{SourceError, TokenSource};
 use dquant_codec::kernels::load_plain;
+use dquant_engine::{SourceError, TokenSource};
 use dquant_format::DType;
 use dquant_storage::StorageError;
 use futures::{StreamExt as _, TryStreamExt as _};

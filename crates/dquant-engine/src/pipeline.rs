@@ -1,19 +1,19 @@
 //! The plan pipeline: a plan's schedule driven over its sources, one batch of tokens at a time.
 //!
 //! This is the work an agent offloads, and the very same code runs it in-process: the local
-//! [`crate::Reader`] and the agent's sessions both pull batches from a [`Pipeline`], then
+//! reader (`dquant_client::Reader`) and the agent's sessions both pull batches from a [`Pipeline`], then
 //! differ only in what they do with the tokens (store them in the output dtype here, encode
 //! them with the wire codec there). That is why offloaded and local runs are byte-identical.
 
 use std::io::IoSliceMut;
 use std::ops::Range;
 
-use dquant_codec::kernels::first_over;
 use dquant_codec::Width;
-use dquant_plan::{Cursor, OutputDType, Plan, RankIter, Schedule, Source, SourceInfo};
+use dquant_plan::{Cursor, Plan, RankIter, Schedule, Source, SourceInfo};
 
+use crate::fit::check_fits;
 use crate::source::{SourceError, TokenSource};
-use crate::ClientError;
+use crate::EngineError;
 
 /// One batch of tokens, borrowed from the pipeline.
 pub struct TokenBatch<'a> {
@@ -48,6 +48,17 @@ pub struct Pipeline {
     stored: Option<Width>,
 }
 
+impl TokenBatch<'_> {
+    /// Where this batch sits in the stream.
+    pub fn info(&self) -> BatchInfo {
+        BatchInfo {
+            index: self.index,
+            samples: self.samples,
+            cursor: self.cursor,
+        }
+    }
+}
+
 /// Where a batch written by [`Pipeline::next_batch_into`] sits in the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchInfo {
@@ -64,11 +75,11 @@ impl Pipeline {
         plan: &Plan,
         cursor: Cursor,
         mut open_source: impl FnMut(usize, &Source) -> Result<Box<dyn TokenSource>, SourceError>,
-    ) -> Result<Self, ClientError> {
+    ) -> Result<Self, EngineError> {
         plan.validate()?;
         let mut sources = Vec::with_capacity(plan.sources.len());
         for (index, s) in plan.sources.iter().enumerate() {
-            sources.push(open_source(index, s).map_err(|source| ClientError::Source {
+            sources.push(open_source(index, s).map_err(|source| EngineError::Source {
                 index,
                 uri: s.uri.clone(),
                 source,
@@ -88,7 +99,7 @@ impl Pipeline {
             iter,
             uris: plan.sources.iter().map(|s| s.uri.clone()).collect(),
             sources,
-            sample_len: plan.seq_len as usize + 1,
+            sample_len: plan.sample_len(),
             tokens: Vec::new(),
             provenance: Vec::new(),
             ranges: vec![Vec::new(); n],
@@ -138,7 +149,7 @@ impl Pipeline {
         &mut self,
         width: Width,
         out: &mut [u8],
-    ) -> Result<Option<BatchInfo>, ClientError> {
+    ) -> Result<Option<BatchInfo>, EngineError> {
         let bw = width
             .byte_width()
             .expect("next_batch_into takes byte-aligned widths");
@@ -149,7 +160,7 @@ impl Pipeline {
             };
             let need = b.samples.len() * l * bw;
             if out.len() < need {
-                return Err(ClientError::Usage(format!(
+                return Err(EngineError::Usage(format!(
                     "next_batch_into: {} bytes for a batch of {need}",
                     out.len()
                 )));
@@ -182,7 +193,7 @@ impl Pipeline {
                     .collect();
                 self.sources[src]
                     .read_stored(samples[k].tokens.start, &mut bufs)
-                    .map_err(|source| ClientError::Source {
+                    .map_err(|source| EngineError::Source {
                         index: src,
                         uri: self.uris[src].clone(),
                         source,
@@ -205,7 +216,7 @@ impl Pipeline {
         };
         let need = b.tokens.len() * bw;
         if out.len() < need {
-            return Err(ClientError::Usage(format!(
+            return Err(EngineError::Usage(format!(
                 "next_batch_into: {} bytes for a batch of {need}",
                 out.len()
             )));
@@ -215,11 +226,7 @@ impl Pipeline {
             // as the check would have.
             check_fits(&b, l, width, "")?;
         }
-        Ok(Some(BatchInfo {
-            index: b.index,
-            samples: b.samples,
-            cursor: b.cursor,
-        }))
+        Ok(Some(b.info()))
     }
 
     /// [`next_batch`](Pipeline::next_batch), every token checked to fit `width` as
@@ -228,7 +235,7 @@ impl Pipeline {
     pub fn next_batch_checked(
         &mut self,
         width: Width,
-    ) -> Result<Option<TokenBatch<'_>>, ClientError> {
+    ) -> Result<Option<TokenBatch<'_>>, EngineError> {
         let bound = self.max_token_bound();
         let l = self.sample_len;
         let Some(b) = self.next_batch()? else {
@@ -241,7 +248,7 @@ impl Pipeline {
     }
 
     /// The next batch's tokens; `None` at the end of the rank's stream.
-    pub fn next_batch(&mut self) -> Result<Option<TokenBatch<'_>>, ClientError> {
+    pub fn next_batch(&mut self) -> Result<Option<TokenBatch<'_>>, EngineError> {
         let Some(b) = self.iter.next_batch() else {
             return Ok(None);
         };
@@ -264,7 +271,7 @@ impl Pipeline {
                 continue;
             }
             let slots = &self.slots[d];
-            let err = |source| ClientError::Source {
+            let err = |source| EngineError::Source {
                 index: d,
                 uri: self.uris[d].clone(),
                 source,
@@ -296,44 +303,4 @@ impl Pipeline {
             uris: &self.uris,
         }))
     }
-}
-
-/// The codec width of an output dtype.
-pub fn output_width(o: OutputDType) -> Width {
-    match o {
-        OutputDType::U16 => Width::U16,
-        OutputDType::I32 => Width::I32,
-        OutputDType::I64 => Width::I64,
-    }
-}
-
-/// The first token of `batch` that does not fit `width`, as the error the plan's users see:
-/// it names the source and the token's offset in it.
-pub fn check_fits(
-    batch: &TokenBatch<'_>,
-    sample_len: usize,
-    width: Width,
-    context: &str,
-) -> Result<(), ClientError> {
-    let max = width.max_token();
-    if max == u32::MAX {
-        return Ok(());
-    }
-    for (k, sample) in batch.tokens.chunks_exact(sample_len).enumerate() {
-        if let Some(i) = first_over(sample, max) {
-            let (d, start) = batch.provenance[k];
-            let source = dquant_codec::CodecError::OutOfRange {
-                value: sample[i],
-                offset: start + i as u64,
-                width,
-            };
-            return Err(ClientError::Output {
-                index: d,
-                uri: batch.uris[d].clone(),
-                context: context.to_string(),
-                source,
-            });
-        }
-    }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! A plan's pipeline only needs two things of a source: how many tokens it has, and the tokens
 //! of a list of ranges. [`TokenSource`] is that, and nothing more, so a local file and a
-//! dataset on another agent ([`crate::remote::RemoteSource`]) are interchangeable: that is
+//! dataset on another agent (`dquant_remote::RemoteSource`) are interchangeable: that is
 //! what lets an agent near the host chain to an agent near the storage.
 
 use std::io::IoSliceMut;
@@ -17,6 +17,7 @@ use dquant_transport::WireError;
 
 /// Why a source could not be opened or read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SourceError {
     #[error("{0}")]
     Storage(#[from] StorageError),
@@ -38,6 +39,20 @@ pub enum SourceError {
     },
     #[error("{0}")]
     Usage(String),
+}
+
+impl SourceError {
+    /// Whether the dataset does not exist: a missing local file, or a dataset (or root) the
+    /// agent does not have.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            SourceError::NotFound(_) => true,
+            SourceError::Storage(StorageError::Io { source, .. }) => {
+                source.kind() == std::io::ErrorKind::NotFound
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A dataset a plan reads tokens from.

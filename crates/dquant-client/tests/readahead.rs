@@ -13,13 +13,12 @@ use std::slice::from_ref;
 
 use common::{drain, xxh3};
 use dquant_agent::{AgentConfig, AgentHandle};
-use dquant_client::remote::ReadaheadConfig;
-use dquant_client::{
-    open_at, Control, LocalSource, Offload, Reader, RemoteSource, SourceError, TokenSource,
-};
+use dquant_client::{open_at, Control, Offload, Reader};
+use dquant_engine::{LocalSource, SourceError, TokenSource};
 use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{Cursor, OutputDType, Plan, Schedule, Source, SourceInfo};
 use dquant_proto::v1::StatRequest;
+use dquant_remote::{ReadaheadConfig, RemoteSource};
 use dquant_storage::{Dataset, DatasetWriter, OpenOptions, OutputFormat};
 use dquant_transport::WireError;
 

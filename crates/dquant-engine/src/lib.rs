@@ -1,0 +1,23 @@
+//! The plan engine: a plan's schedule driven over its token sources, one batch at a time,
+//! and the batch records it encodes.
+//!
+//! This is the work an agent offloads, and the very same code runs it in a consumer's
+//! process: the host API's in-process reader and the agent's sessions both pull batches from
+//! a [`Pipeline`], and both encode them with [`RecordEncoder`] or
+//! [`Pipeline::next_batch_into`]. That is why offloaded and local runs are byte-identical.
+//!
+//! The engine knows nothing of sockets, rings or async runtimes. A [`TokenSource`] is where
+//! tokens come from: [`LocalSource`] reads a dataset through `dquant-storage`; a dataset on
+//! another agent (`dquant_remote::RemoteSource`) implements the same trait.
+
+mod error;
+mod fit;
+mod pipeline;
+pub mod record;
+mod source;
+
+pub use error::EngineError;
+pub use fit::check_fits;
+pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
+pub use record::{auto_codec, batch_header, codec_for, plain_codec, RecordEncoder};
+pub use source::{open_options, LocalSource, SourceError, TokenSource};

@@ -1,0 +1,162 @@
+//! Batch records: a batch's header and its tokens in the codec it travels in.
+//!
+//! Every batch that leaves the engine (over TCP frames, into a shared-memory ring, into a
+//! benchmark's counters) is a [`BatchHeader`] followed by its payload. The codec choice, the
+//! fit check for a fixed wire codec and the header are made here once, so the agent's
+//! transports and the benchmarks that measure them encode batches the same way.
+
+use std::collections::HashMap;
+
+use dquant_codec::kernels::max_token;
+use dquant_codec::{Codec, CodecError, Compression, Encoder, Width};
+use dquant_plan::{OutputDType, WireCodec};
+use dquant_transport::BatchHeader;
+
+use crate::fit::check_fits;
+use crate::pipeline::{BatchInfo, TokenBatch};
+use crate::EngineError;
+
+/// The codec `auto` picks for tokens up to `max_token` under `compression`: the narrowest
+/// width, byte-aligned when compressing (bit-packed input compresses far worse).
+pub fn auto_codec(max_token: u32, compression: Compression) -> Codec {
+    Codec {
+        width: Width::narrowest(max_token, compression != Compression::None),
+        compression,
+    }
+}
+
+/// The codec `wire` gives `tokens`: a fixed codec as it is, `auto` from their largest token.
+pub fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
+    match wire {
+        WireCodec::Fixed(c) => c,
+        WireCodec::Auto(comp) => auto_codec(max_token(tokens), comp),
+    }
+}
+
+/// The plain codec of an output dtype: how a batch travels when it is delivered as it is.
+pub fn plain_codec(output: OutputDType) -> Codec {
+    Codec {
+        width: output.width(),
+        compression: Compression::None,
+    }
+}
+
+/// The record header of batch `b`: `b.samples` samples of `sample_len` tokens, in
+/// `payload_len` bytes of `codec`. A payload over 4 GiB (the header's field) is an error.
+pub fn batch_header(
+    codec: Codec,
+    b: &BatchInfo,
+    sample_len: usize,
+    payload_len: usize,
+) -> Result<BatchHeader, EngineError> {
+    let too_big = || {
+        EngineError::Usage(format!(
+            "batch {} encodes to {payload_len} bytes, over 4 GiB",
+            b.index
+        ))
+    };
+    Ok(BatchHeader {
+        codec,
+        index: b.index,
+        samples: u32::try_from(b.samples).map_err(|_| too_big())?,
+        sample_len: u32::try_from(sample_len).map_err(|_| too_big())?,
+        payload_len: u32::try_from(payload_len).map_err(|_| too_big())?,
+        cursor_epoch: b.cursor.epoch,
+        cursor_consumed: b.cursor.consumed_samples,
+    })
+}
+
+/// Encoders by codec (an `auto` wire codec may switch width between batches).
+#[derive(Default)]
+pub struct Encoders(HashMap<Codec, Encoder>);
+
+impl Encoders {
+    /// Replaces `out` with `tokens` encoded in `codec`.
+    pub fn encode(
+        &mut self,
+        codec: Codec,
+        tokens: &[u32],
+        out: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
+        let e = match self.0.entry(codec) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(Encoder::new(codec)?),
+        };
+        out.clear();
+        e.encode(tokens, out).map(|_| ())
+    }
+}
+
+/// A batch's payload, as [`RecordEncoder::encode`] leaves it.
+pub enum Payload<'a> {
+    /// Encoded bytes.
+    Bytes(&'a [u8]),
+    /// Tokens to store in a byte-aligned `width` as they are copied out: a plain codec needs
+    /// no intermediate buffer, so a transport encodes them straight into its frames
+    /// ([`dquant_codec::encode_width`]). Every token is known to fit.
+    Plain { width: Width, tokens: &'a [u32] },
+}
+
+/// A batch record: its header and its payload.
+pub struct Record<'a> {
+    pub header: BatchHeader,
+    pub payload: Payload<'a>,
+}
+
+/// Encodes a plan's batches in its wire codec: the codec per batch, the fit check a fixed
+/// codec needs, the payload and the header.
+pub struct RecordEncoder {
+    wire: WireCodec,
+    /// No token of the plan's sources exceeds this ([`crate::Pipeline::max_token_bound`]):
+    /// checks against a codec that holds it are skipped.
+    bound: u32,
+    encoders: Encoders,
+    payload: Vec<u8>,
+}
+
+impl RecordEncoder {
+    pub fn new(wire: WireCodec, bound: u32) -> Self {
+        RecordEncoder {
+            wire,
+            bound,
+            encoders: Encoders::default(),
+            payload: Vec::new(),
+        }
+    }
+
+    /// The record of batch `b` (`sample_len` tokens per sample). A token that does not fit a
+    /// fixed wire codec is the error the plan's users see, naming the codec.
+    pub fn encode<'a>(
+        &'a mut self,
+        b: &TokenBatch<'a>,
+        sample_len: usize,
+    ) -> Result<Record<'a>, EngineError> {
+        let codec = codec_for(self.wire, b.tokens);
+        // An `auto` codec's width was chosen from this batch's largest token: it fits.
+        if matches!(self.wire, WireCodec::Fixed(_)) && self.bound > codec.width.max_token() {
+            check_fits(b, sample_len, codec.width, &format!("wire codec {codec}: "))?;
+        }
+        // Plain byte-aligned codecs are encoded where the payload goes; others here.
+        let payload = match codec.width.byte_width() {
+            Some(_) if codec.compression == Compression::None => Payload::Plain {
+                width: codec.width,
+                tokens: b.tokens,
+            },
+            _ => {
+                self.encoders
+                    .encode(codec, b.tokens, &mut self.payload)
+                    .map_err(|source| EngineError::Encode {
+                        index: b.index,
+                        source,
+                    })?;
+                Payload::Bytes(&self.payload)
+            }
+        };
+        let payload_len = match &payload {
+            Payload::Bytes(p) => p.len(),
+            Payload::Plain { width, tokens } => width.encoded_len(tokens.len()),
+        };
+        let header = batch_header(codec, &b.info(), sample_len, payload_len)?;
+        Ok(Record { header, payload })
+    }
+}

@@ -1,0 +1,16 @@
+//! Reaching an agent from another process: its address ([`AgentUri`]), its control plane
+//! ([`Control`], gRPC) and its datasets as token sources ([`RemoteSource`], token ranges over
+//! the data plane with readahead).
+//!
+//! Both ends of a chain use this crate: the host API opens plans and sources on agents with
+//! it, and an agent near the host pulls ranges from an agent near the storage with it.
+
+mod control;
+mod open;
+mod source;
+mod uri;
+
+pub use control::{hello_of, Control};
+pub use open::open_source;
+pub use source::{check_payload_len, ReadaheadConfig, RemoteSource};
+pub use uri::{AgentUri, Transport};

@@ -1,0 +1,197 @@
+//! An agent's address: `dquant://HOST:PORT[/DATASET]` over TCP, or its Unix socket path on
+//! this host, with the transport options a client may add.
+
+/// How batches of an offloaded plan reach this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Frames over the agent's TCP data port (any host).
+    Tcp,
+    /// A shared-memory ring this process creates and hands to the agent over its Unix socket
+    /// (same host only): batches land in the ring in the output dtype and are read in place.
+    Shm,
+}
+
+/// An agent's address, from one of:
+/// - `dquant://HOST:PORT[/DATASET]`, over TCP;
+/// - `unix:PATH`, `unix://PATH` or a plain path (`/run/dquant.sock`, `./agent.sock`): the
+///   agent's Unix socket, on this host; offloaded plans then use a shared-memory ring.
+///
+/// Either may end in options, `?transport=shm|tcp&verify=true|false&slots=N`:
+/// `transport` overrides the default above (`shm` with a TCP address needs the agent to
+/// have a Unix socket on this host; `tcp` with a path uses the agent's data port on
+/// loopback); `verify` has the agent compute, and this process check, each ring batch's
+/// crc32c (default false: see [`dquant_transport::ring::RingConsumer::create_with`]);
+/// `slots` sizes the ring (default: `dquant_client::shm::default_slots`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentUri {
+    /// `HOST:PORT`, or the socket path for a Unix-socket agent.
+    pub authority: String,
+    /// The dataset name after the authority (`root/path`), empty if none.
+    pub dataset: String,
+    /// The `transport` option, when given.
+    pub transport: Option<Transport>,
+    /// The `verify` option.
+    pub verify: bool,
+    /// The `slots` option, when given.
+    pub slots: Option<u32>,
+}
+
+impl AgentUri {
+    pub const SCHEME: &'static str = "dquant://";
+    pub const UNIX_SCHEME: &'static str = "unix:";
+
+    /// Parses an agent address (see the type's docs for the forms).
+    pub fn parse(uri: &str) -> Result<Self, String> {
+        let (addr, query) = uri.split_once('?').unwrap_or((uri, ""));
+        let mut me = if let Some(rest) = addr.strip_prefix(Self::SCHEME) {
+            let (authority, dataset) = rest.split_once('/').unwrap_or((rest, ""));
+            let port_ok = authority
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !port_ok {
+                return Err(format!(
+                    "{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
+                ));
+            }
+            Self::new(authority, dataset.trim_end_matches('/'))
+        } else if let Some(rest) = addr.strip_prefix(Self::UNIX_SCHEME) {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(format!(
+                    "{uri:?}: the Unix socket path is empty (e.g. unix:/run/dquant.sock)"
+                ));
+            }
+            Self::new(path, "")
+        } else if addr.starts_with('/') || addr.starts_with("./") || addr.starts_with("../") {
+            Self::new(addr, "")
+        } else {
+            return Err(format!(
+                "{uri:?} is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)"
+            ));
+        };
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let bad = || format!("{uri:?}: option {k}={v:?} is not valid");
+            match k {
+                "transport" => {
+                    me.transport = Some(match v {
+                        "shm" => Transport::Shm,
+                        "tcp" => Transport::Tcp,
+                        _ => return Err(format!("{}; use shm or tcp", bad())),
+                    })
+                }
+                "verify" => {
+                    me.verify = match v {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(format!("{}; use true or false", bad())),
+                    }
+                }
+                "slots" => {
+                    me.slots = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|&n| (2..=4096).contains(&n))
+                            .ok_or_else(|| format!("{}; use 2 to 4096", bad()))?,
+                    )
+                }
+                _ => {
+                    return Err(format!(
+                        "{uri:?}: unknown option {k:?} (known: transport, verify, slots)"
+                    ))
+                }
+            }
+        }
+        Ok(me)
+    }
+
+    fn new(authority: &str, dataset: &str) -> Self {
+        AgentUri {
+            authority: authority.to_string(),
+            dataset: dataset.to_string(),
+            transport: None,
+            verify: false,
+            slots: None,
+        }
+    }
+
+    /// Whether the agent is addressed by its Unix socket.
+    pub fn is_unix(&self) -> bool {
+        is_unix_authority(&self.authority)
+    }
+
+    /// The transport offloaded plans use: the `transport` option, else `shm` for a Unix
+    /// socket and `tcp` otherwise.
+    pub fn transport(&self) -> Transport {
+        self.transport.unwrap_or(if self.is_unix() {
+            Transport::Shm
+        } else {
+            Transport::Tcp
+        })
+    }
+
+    /// The host part, without the port (brackets kept for IPv6); loopback for a Unix-socket
+    /// agent (its TCP data port is on this host).
+    pub fn host(&self) -> &str {
+        host_of(&self.authority)
+    }
+}
+
+/// Unix socket authorities are paths; TCP ones are `HOST:PORT`.
+pub(crate) fn is_unix_authority(authority: &str) -> bool {
+    authority.contains('/')
+}
+
+pub(crate) fn host_of(authority: &str) -> &str {
+    if is_unix_authority(authority) {
+        return "127.0.0.1";
+    }
+    authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_uris_parse() {
+        let u = AgentUri::parse("dquant://127.0.0.1:7878/corpus/a/b").unwrap();
+        assert_eq!(u.authority, "127.0.0.1:7878");
+        assert_eq!(u.dataset, "corpus/a/b");
+        assert_eq!(u.host(), "127.0.0.1");
+        assert_eq!(u.transport(), Transport::Tcp);
+        assert!(!u.verify);
+        assert_eq!(AgentUri::parse("dquant://h:1").unwrap().dataset, "");
+        assert_eq!(
+            AgentUri::parse("dquant://nohost/x").unwrap_err(),
+            "\"dquant://nohost/x\": the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
+        );
+        // Unix sockets, in each spelling: shared memory by default.
+        for s in ["/run/dq.sock", "unix:/run/dq.sock", "unix:///run/dq.sock"] {
+            let u = AgentUri::parse(s).unwrap();
+            assert_eq!(u.authority, "/run/dq.sock", "{s}");
+            assert_eq!(u.transport(), Transport::Shm, "{s}");
+            assert_eq!(u.host(), "127.0.0.1");
+        }
+        assert_eq!(AgentUri::parse("./a.sock").unwrap().authority, "./a.sock");
+        let u = AgentUri::parse("dquant://h:1?transport=shm&verify=true&slots=16").unwrap();
+        assert_eq!(
+            (u.transport(), u.verify, u.slots, u.authority.as_str()),
+            (Transport::Shm, true, Some(16), "h:1")
+        );
+        let u = AgentUri::parse("/s?transport=tcp&verify=0").unwrap();
+        assert_eq!((u.transport(), u.verify), (Transport::Tcp, false));
+        assert_eq!(
+            AgentUri::parse("data/x").unwrap_err(),
+            "\"data/x\" is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)"
+        );
+        assert_eq!(
+            AgentUri::parse("unix:").unwrap_err(),
+            "\"unix:\": the Unix socket path is empty (e.g. unix:/run/dquant.sock)"
+        );
+        assert_eq!(
+            AgentUri::parse("/s?verify=maybe").unwrap_err(),
+            "\"/s?verify=maybe\": option verify=\"maybe\" is not valid; use true or false"
+        );
+    }
+}
