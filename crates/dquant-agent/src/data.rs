@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::{BufferPool, FrameReader, FrameWriter, Hello};
 
-use crate::session::{claim_error, serve_ranges, stream_plan, Stats, Work};
+use crate::produce::Stats;
+use crate::serve_plan::stream_plan;
+use crate::serve_ranges::serve_ranges;
+use crate::sessions::{claim_error, StreamError, Work};
 use crate::Shared;
 
 /// How long a new connection has to send its hello.
@@ -119,7 +122,7 @@ pub(crate) fn log_end(
     kind: &str,
     transport: &str,
     started: Instant,
-    result: Result<Stats, String>,
+    result: Result<Stats, StreamError>,
 ) {
     let secs = started.elapsed().as_secs_f64();
     match result {

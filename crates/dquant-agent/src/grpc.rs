@@ -19,7 +19,7 @@ use dquant_remote::{open_source, AgentUri};
 use dquant_storage::Dataset;
 use tonic::{Request, Response, Status};
 
-use crate::session::Work;
+use crate::sessions::Work;
 use crate::Shared;
 
 pub(crate) struct Service {
@@ -160,7 +160,7 @@ impl Agent for Service {
             let (id, ticket) = shared
                 .sessions
                 .add(work)
-                .map_err(Status::resource_exhausted)?;
+                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
             reply.session = id;
             reply.ticket = ticket.to_vec();
             tracing::info!(
@@ -204,7 +204,7 @@ impl Agent for Service {
             let (id, ticket) = shared
                 .sessions
                 .add(work)
-                .map_err(Status::resource_exhausted)?;
+                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
             tracing::info!(session = id, dataset = %ds.dataset, %codec, "source opened");
             Ok(Response::new(OpenReply {
                 session: id,

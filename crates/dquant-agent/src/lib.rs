@@ -22,7 +22,10 @@ mod config;
 mod data;
 mod grpc;
 mod local;
-mod session;
+mod produce;
+mod serve_plan;
+mod serve_ranges;
+mod sessions;
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -33,13 +36,13 @@ use std::time::Duration;
 
 pub use catalog::{Catalog, NameError};
 pub use config::{AgentConfig, DEFAULT_LISTEN, DEFAULT_PREFETCH};
-pub use session::MAX_RANGE_TOKENS;
+pub use serve_ranges::MAX_RANGE_TOKENS;
 
 /// State every handler and connection shares.
 pub(crate) struct Shared {
     pub config: AgentConfig,
     pub catalog: Catalog,
-    pub sessions: session::Sessions,
+    pub sessions: sessions::Sessions,
     pub data_port: u16,
     pub stopping: AtomicBool,
 }
@@ -168,7 +171,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         .map_err(|e| AgentError::Start(e.to_string()))?;
     let local = config.socket.as_deref().map(bind_unix).transpose()?;
     let shared = Arc::new(Shared {
-        sessions: session::Sessions::new(
+        sessions: sessions::Sessions::new(
             config.max_sessions,
             Duration::from_secs(config.ticket_ttl_secs),
         ),

@@ -18,7 +18,8 @@ use dquant_transport::{FrameWriter, Hello};
 use rustix::net::RecvFlags;
 
 use crate::data::{log_end, serve_each, HELLO_TIMEOUT};
-use crate::session::{claim_error, stream_ring};
+use crate::serve_plan::stream_ring;
+use crate::sessions::claim_error;
 use crate::Shared;
 
 /// Accepts connections on the agent's Unix socket until the agent stops. gRPC connections

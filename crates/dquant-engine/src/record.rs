@@ -41,6 +41,25 @@ pub fn plain_codec(output: OutputDType) -> Codec {
     }
 }
 
+/// The most bytes a payload of `tokens` tokens in `codec` may take: the plain length plus
+/// what compression adds to data it cannot compress (zstd and lz4 add far less). A producer
+/// reserves this much; a receiver refuses more (a corrupt or hostile peer must not make it
+/// allocate gigabytes).
+pub fn payload_bound(codec: Codec, tokens: usize) -> usize {
+    let raw = codec.raw_len(tokens);
+    raw + raw / 16 + 4096
+}
+
+/// The most bytes a payload of `tokens` tokens may take in `wire` (an `auto` codec's widest
+/// choice holds any u32 token).
+pub fn max_payload_len(wire: WireCodec, tokens: usize) -> usize {
+    let codec = match wire {
+        WireCodec::Fixed(c) => c,
+        WireCodec::Auto(comp) => auto_codec(u32::MAX, comp),
+    };
+    payload_bound(codec, tokens)
+}
+
 /// The record header of batch `b`: `b.samples` samples of `sample_len` tokens, in
 /// `payload_len` bytes of `codec`. A payload over 4 GiB (the header's field) is an error.
 pub fn batch_header(

@@ -450,8 +450,7 @@ impl Drop for RemoteSource {
 /// Refuses a payload length no encoding of `tokens` tokens could have (a corrupt or hostile
 /// peer must not make us allocate gigabytes).
 pub fn check_payload_len(codec: Codec, tokens: usize, payload_len: u32) -> Result<(), SourceError> {
-    let raw = codec.raw_len(tokens);
-    let bound = raw + raw / 16 + 4096;
+    let bound = dquant_engine::record::payload_bound(codec, tokens);
     if payload_len as usize > bound {
         return Err(SourceError::Agent(format!(
             "agent sent a {payload_len}-byte payload for {tokens} tokens of {codec} (at most {bound} expected)"

@@ -16,13 +16,18 @@
 
 pub mod frame;
 mod io;
+pub mod memory;
 mod pool;
 pub mod record;
 pub mod ring;
+pub mod shm;
+pub mod sink;
 mod stream;
+pub mod tcp;
 
 pub use frame::{FrameHeader, FrameKind, WireError};
 pub use io::{FrameReader, FrameWriter};
 pub use pool::{BufferPool, PooledBuf};
 pub use record::{BatchHeader, Hello, RangeHeader, RecordError};
+pub use sink::{BatchSink, SinkError};
 pub use stream::RecordReader;

@@ -998,7 +998,14 @@ pub struct SlotMut<'a> {
     data: &'a mut [u8],
 }
 
-impl SlotMut<'_> {
+impl<'a> SlotMut<'a> {
+    /// The slot's bytes without the guard, the slot staying reserved and unpublished: a
+    /// caller that fills it now and publishes later reserves again (which returns this same
+    /// slot at once) and commits that guard.
+    pub fn into_mut(self) -> &'a mut [u8] {
+        self.data
+    }
+
     /// Publishes the first `len` bytes as the next batch.
     pub fn commit(self, len: usize) -> Result<(), RingError> {
         if len > self.data.len() {

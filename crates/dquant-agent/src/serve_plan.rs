@@ -1,0 +1,79 @@
+//! Plan sessions: a plan's batches streamed to the consumer that claimed the session, over
+//! TCP frames or into the consumer's shared-memory ring. Both are a [`BatchSink`] for the
+//! one produce loop ([`crate::produce`]); only the codec policy differs (a ring carries the
+//! output dtype: memory is not a link).
+
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dquant_engine::plain_codec;
+use dquant_plan::WireCodec;
+use dquant_transport::ring::RingProducer;
+use dquant_transport::shm::RingSink;
+use dquant_transport::tcp::TcpBatchSink;
+use dquant_transport::{BatchSink, FrameWriter};
+
+use crate::produce::{run, Outcome, Producer, Stats};
+use crate::sessions::{StreamError, Work};
+
+/// Streams a plan's batches over `conn` in the plan's wire codec until the end, an error, a
+/// disconnect or `cancel`, with `prefetch` frames of 1 MiB ahead of the socket.
+pub(crate) fn stream_plan(
+    work: Work,
+    conn: TcpStream,
+    prefetch: usize,
+    cancel: Arc<AtomicBool>,
+) -> Result<Stats, StreamError> {
+    let Work::Plan {
+        pipeline,
+        output,
+        wire,
+    } = work
+    else {
+        let m = "a source session streams ranges, not batches".to_string();
+        let _ = FrameWriter::new(conn).fail(&m);
+        return Err(StreamError::Failed(m));
+    };
+    let mut sink =
+        TcpBatchSink::start(conn, prefetch, cancel.clone()).map_err(StreamError::Thread)?;
+    let mut producer = Producer::new(pipeline, output, wire);
+    let (outcome, stats) = run(&mut producer, &mut sink, &cancel, Instant::now);
+    let sent = sink.join();
+    ended(outcome, stats).and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped))
+}
+
+/// Streams a plan's batches into the client's shared-memory ring until the end, an error, a
+/// consumer that goes away, or `cancel`. Each slot gets one batch record, the tokens already
+/// in the output dtype, so the consumer reads them in place.
+pub(crate) fn stream_ring(
+    work: Work,
+    ring: RingProducer,
+    sock: &UnixStream,
+    cancel: Arc<AtomicBool>,
+) -> Result<Stats, StreamError> {
+    let sock = sock.try_clone().map_err(StreamError::Thread)?;
+    let Work::Plan {
+        pipeline, output, ..
+    } = work
+    else {
+        let mut sink = RingSink::new(ring, sock, cancel);
+        let m = "shared-memory rings carry plan batches; open a source over the data port";
+        sink.fail(m);
+        return Err(StreamError::Failed(m.into()));
+    };
+    let mut sink = RingSink::new(ring, sock, cancel.clone());
+    let mut producer = Producer::new(pipeline, output, WireCodec::Fixed(plain_codec(output)));
+    let (outcome, stats) = run(&mut producer, &mut sink, &cancel, Instant::now);
+    ended(outcome, stats)
+}
+
+fn ended(outcome: Outcome, stats: Stats) -> Result<Stats, StreamError> {
+    match outcome {
+        Outcome::Finished => Ok(stats),
+        Outcome::Stopped(m) => Err(StreamError::Stopped(m)),
+        Outcome::Failed(m) => Err(StreamError::Failed(m)),
+    }
+}

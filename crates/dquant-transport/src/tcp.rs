@@ -1,0 +1,452 @@
+//! Batch records over a byte stream (TCP): records packed into 1 MiB checksummed frames from
+//! a fixed pool, and a sender thread that writes them, so the producer runs ahead of the
+//! socket by the pool's size and no more.
+//!
+//! A frame goes out when it is full or when the sender is idle ([`FrameSink::flush_if_idle`]):
+//! a consumer that keeps up gets each record as soon as it is made, one that lags gets full
+//! frames. Buffers come back to the pool once written, so a consumer that stops reading
+//! stalls the producer (back-pressure) instead of growing memory.
+
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dquant_codec::{encode_width, CodecError, Width};
+
+use crate::frame::MAX_PAYLOAD;
+use crate::sink::{BatchSink, SinkError};
+use crate::{BufferPool, FrameKind, FrameWriter, PooledBuf};
+
+/// An idle sender gets a partly filled frame once it holds this much.
+pub const MIN_IDLE_FLUSH: usize = 256 << 10;
+/// ... or once its first record has waited this long.
+pub const MAX_FRAME_AGE: Duration = Duration::from_millis(2);
+
+/// When an idle transport hands on what it holds.
+///
+/// Small writes cost a sender far more CPU per byte than 1 MiB ones, so an idle flush hands
+/// on at least [`MIN_IDLE_FLUSH`] bytes, except for the stream's first bytes (time to first
+/// batch) and bytes whose first record has waited [`MAX_FRAME_AGE`]. Time is the caller's
+/// (simulated in tests).
+#[derive(Debug, Default)]
+pub struct IdleFlush {
+    /// When the first record still held arrived.
+    started: Option<Instant>,
+}
+
+impl IdleFlush {
+    /// Whether an idle transport holding `held` bytes, having handed on `sent` bytes so far,
+    /// hands them on at `now`.
+    pub fn due(&mut self, held: usize, sent: u64, now: Instant) -> bool {
+        let started = *self.started.get_or_insert(now);
+        held >= MIN_IDLE_FLUSH
+            || sent == 0
+            || now.saturating_duration_since(started) >= MAX_FRAME_AGE
+    }
+
+    /// What was held is handed on: the next record starts a new wait.
+    pub fn reset(&mut self) {
+        self.started = None;
+    }
+}
+
+/// What the packer hands the sender thread.
+enum Msg {
+    Frame(PooledBuf),
+    End,
+    Error(String),
+}
+
+/// The consumer went away; stop producing.
+#[derive(Debug)]
+pub struct Gone;
+
+/// Why [`FrameSink::write_encoded`] stopped.
+#[derive(Debug)]
+pub enum EncodeError {
+    Gone(Gone),
+    Codec(CodecError),
+}
+
+/// Where full frames go.
+enum FrameOut<'a> {
+    /// To the sender thread. The counter holds the frames queued and not yet written.
+    Channel(SyncSender<Msg>, Arc<AtomicUsize>),
+    /// Straight to the socket (range sessions answer one request at a time).
+    Direct(&'a mut FrameWriter<TcpStream>),
+}
+
+/// Packs record bytes into full frames from a fixed pool.
+pub struct FrameSink<'a> {
+    pool: BufferPool,
+    out: FrameOut<'a>,
+    cur: Option<PooledBuf>,
+    idle: IdleFlush,
+    bytes: u64,
+}
+
+impl<'a> FrameSink<'a> {
+    /// A packer that writes each frame straight to `w` (frames of the pool's buffer size).
+    pub fn direct(pool: BufferPool, w: &'a mut FrameWriter<TcpStream>) -> Self {
+        Self::new(pool, FrameOut::Direct(w))
+    }
+
+    fn new(pool: BufferPool, out: FrameOut<'a>) -> Self {
+        FrameSink {
+            pool,
+            out,
+            cur: None,
+            idle: IdleFlush::default(),
+            bytes: 0,
+        }
+    }
+
+    /// Frame payload bytes handed on so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn emit(&mut self, buf: PooledBuf) -> Result<(), Gone> {
+        self.bytes += buf.len() as u64;
+        self.idle.reset();
+        match &mut self.out {
+            FrameOut::Channel(tx, queued) => {
+                queued.fetch_add(1, Ordering::AcqRel);
+                tx.send(Msg::Frame(buf)).map_err(|_| Gone)
+            }
+            FrameOut::Direct(w) => w.send(FrameKind::Data, &buf).map_err(|_| Gone),
+        }
+    }
+
+    /// Emits the current frame if it is full.
+    fn emit_if_full(&mut self) -> Result<(), Gone> {
+        if self.cur.as_ref().is_some_and(|c| c.len() == c.capacity()) {
+            if let Some(full) = self.cur.take() {
+                self.emit(full)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes `tokens` at the byte-aligned `width` directly into frames: no intermediate
+    /// buffer, one pass over the tokens.
+    pub fn write_encoded(&mut self, width: Width, mut tokens: &[u32]) -> Result<(), EncodeError> {
+        let Some(bw) = width.byte_width() else {
+            return Err(EncodeError::Codec(CodecError::Corrupt {
+                codec: width.to_string(),
+                reason: "not byte-aligned: it cannot be encoded straight into frames".into(),
+            }));
+        };
+        while !tokens.is_empty() {
+            let cur = self.cur.get_or_insert_with(|| self.pool.get());
+            let len = cur.len();
+            let k = ((cur.capacity() - len) / bw).min(tokens.len());
+            if k == 0 {
+                // A token straddles two frames: encode it aside and split its bytes.
+                let mut one = [0u8; 8];
+                encode_width(width, &tokens[..1], &mut one[..bw]).map_err(EncodeError::Codec)?;
+                self.write(&one[..bw]).map_err(EncodeError::Gone)?;
+                tokens = &tokens[1..];
+                continue;
+            }
+            encode_width(width, &tokens[..k], &mut cur.spare()[len..len + k * bw])
+                .map_err(EncodeError::Codec)?;
+            cur.set_len(len + k * bw);
+            tokens = &tokens[k..];
+            self.emit_if_full().map_err(EncodeError::Gone)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `b` to the stream, emitting frames as they fill.
+    pub fn write(&mut self, mut b: &[u8]) -> Result<(), Gone> {
+        while !b.is_empty() {
+            let cur = self.cur.get_or_insert_with(|| self.pool.get());
+            let len = cur.len();
+            let k = (cur.capacity() - len).min(b.len());
+            cur.spare()[len..len + k].copy_from_slice(&b[..k]);
+            cur.set_len(len + k);
+            b = &b[k..];
+            self.emit_if_full()?;
+        }
+        Ok(())
+    }
+
+    /// The next `len` bytes of the current frame, when they fit in it (a fresh frame from
+    /// the pool if there is none: that wait is the back-pressure); `None` when they do not.
+    fn room_in_frame(&mut self, len: usize) -> Option<&mut [u8]> {
+        let cur = self.cur.get_or_insert_with(|| self.pool.get());
+        let at = cur.len();
+        (cur.capacity() - at >= len).then(move || &mut cur.spare()[at..at + len])
+    }
+
+    /// Counts `len` bytes written into [`room_in_frame`](FrameSink::room_in_frame) as
+    /// part of the stream.
+    fn advance(&mut self, len: usize) -> Result<(), Gone> {
+        if let Some(cur) = self.cur.as_mut() {
+            let at = cur.len();
+            cur.set_len(at + len);
+        }
+        self.emit_if_full()
+    }
+
+    /// Sends the partly filled frame if the sender has nothing queued: a consumer that
+    /// keeps up gets each record as soon as it is made, instead of waiting for a full frame
+    /// (with small compressed batches that could be dozens of batches), as [`IdleFlush`]
+    /// says. A consumer that lags gets full frames.
+    pub fn flush_if_idle(&mut self, now: Instant) -> Result<(), Gone> {
+        let FrameOut::Channel(_, queued) = &self.out else {
+            return Ok(());
+        };
+        if queued.load(Ordering::Acquire) != 0 {
+            return Ok(());
+        }
+        let len = self.cur.as_ref().map_or(0, |c| c.len());
+        if self.idle.due(len, self.bytes, now) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Sends the partly filled frame, if any.
+    pub fn flush(&mut self) -> Result<(), Gone> {
+        self.idle.reset();
+        match self.cur.take() {
+            Some(b) if !b.is_empty() => self.emit(b),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Batch records over a TCP connection: a [`FrameSink`] on the producing thread and a
+/// sender thread that writes its frames to the socket.
+pub struct TcpBatchSink {
+    /// `None` once the sink is joined (its channel to the sender closed).
+    frames: Option<FrameSink<'static>>,
+    sender: Option<JoinHandle<Result<(), String>>>,
+    /// Room for a record that does not fit the current frame; split into frames on commit.
+    stage: Vec<u8>,
+    staged: bool,
+}
+
+fn gone<T>(_: T) -> SinkError {
+    SinkError::Gone("client went away".into())
+}
+
+impl TcpBatchSink {
+    /// Starts the sender thread on `conn`, with `prefetch` 1 MiB frames the producer may run
+    /// ahead by. A set `cancel` ends the stream ("closed by the client").
+    pub fn start(
+        conn: TcpStream,
+        prefetch: usize,
+        cancel: Arc<AtomicBool>,
+    ) -> std::io::Result<Self> {
+        let pool = BufferPool::new(prefetch, MAX_PAYLOAD);
+        let (tx, rx) = sync_channel::<Msg>(prefetch + 2);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let sender_queued = queued.clone();
+        let sender = std::thread::Builder::new()
+            .name("dquant-send".into())
+            .spawn(move || send_frames(conn, rx, &sender_queued, &cancel))?;
+        Ok(TcpBatchSink {
+            frames: Some(FrameSink::new(pool, FrameOut::Channel(tx, queued))),
+            sender: Some(sender),
+            stage: Vec::new(),
+            staged: false,
+        })
+    }
+
+    /// Frame payload bytes handed to the sender so far.
+    pub fn bytes(&self) -> u64 {
+        self.frames.as_ref().map_or(0, |f| f.bytes())
+    }
+
+    /// Closes the channel and waits for the sender thread: Ok once the end (or the error
+    /// message) was written, else why the stream ended early ("closed by the client",
+    /// "client went away: …", "producer stopped" when neither `finish` nor `fail` came).
+    pub fn join(mut self) -> Result<(), String> {
+        drop(self.frames.take());
+        match self.sender.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| "the sender thread panicked".to_string())?,
+            None => Ok(()),
+        }
+    }
+
+    fn frames(&mut self) -> Result<&mut FrameSink<'static>, SinkError> {
+        self.frames
+            .as_mut()
+            .ok_or_else(|| SinkError::Gone("the sink was joined".into()))
+    }
+
+    /// Hands `msg` to the sender after the frames before it.
+    fn send(&mut self, msg: Msg) -> Result<(), SinkError> {
+        match &self.frames()?.out {
+            FrameOut::Channel(tx, _) => tx.send(msg).map_err(gone),
+            FrameOut::Direct(_) => Ok(()),
+        }
+    }
+}
+
+impl BatchSink for TcpBatchSink {
+    fn reserve(&mut self, len: usize) -> Result<&mut [u8], SinkError> {
+        let fits = self.frames()?.room_in_frame(len).is_some();
+        self.staged = !fits;
+        if !fits {
+            self.stage.resize(len, 0);
+            return Ok(&mut self.stage[..len]);
+        }
+        self.frames()?
+            .room_in_frame(len)
+            .ok_or_else(|| SinkError::Failed("the frame's room was taken".into()))
+    }
+
+    fn commit(&mut self, len: usize) -> Result<(), SinkError> {
+        if std::mem::take(&mut self.staged) {
+            let Some(frames) = self.frames.as_mut() else {
+                return Err(gone(()));
+            };
+            frames.write(&self.stage[..len]).map_err(gone)
+        } else {
+            self.frames()?.advance(len).map_err(gone)
+        }
+    }
+
+    fn flush_if_idle(&mut self, now: Instant) -> Result<(), SinkError> {
+        self.frames()?.flush_if_idle(now).map_err(gone)
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.frames()?.flush().map_err(gone)?;
+        self.send(Msg::End)
+    }
+
+    fn fail(&mut self, message: &str) {
+        // Records before the failure are delivered; then the error, verbatim.
+        if let Ok(f) = self.frames() {
+            let _ = f.flush();
+        }
+        let _ = self.send(Msg::Error(message.to_string()));
+    }
+}
+
+/// The sender half: frames from the producer to the socket.
+fn send_frames(
+    conn: TcpStream,
+    rx: Receiver<Msg>,
+    queued: &AtomicUsize,
+    cancel: &AtomicBool,
+) -> Result<(), String> {
+    let mut w = FrameWriter::new(conn);
+    for msg in rx.iter() {
+        if cancel.load(Ordering::Relaxed) {
+            return Err("closed by the client".into());
+        }
+        let r = match msg {
+            Msg::Frame(buf) => {
+                let r = w.send(FrameKind::Data, &buf);
+                queued.fetch_sub(1, Ordering::AcqRel);
+                r
+            }
+            Msg::End => return w.finish(&[]).map_err(|e| e.to_string()),
+            Msg::Error(m) => {
+                let _ = w.fail(&m);
+                return Err(m);
+            }
+        };
+        if let Err(e) = r {
+            // Dropping `rx` hands the queued buffers back and stops the producer.
+            return Err(format!("client went away: {e}"));
+        }
+    }
+    Err("producer stopped".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record that fits the current frame is written in place; one that does not is
+    /// staged and split across frames; either way the byte stream is the records back to
+    /// back, and a frame goes out when full.
+    #[test]
+    fn reserved_records_land_in_frames_whole_or_split() {
+        let (tx, rx) = sync_channel(10_000);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let mut sink = TcpBatchSink {
+            frames: Some(FrameSink::new(
+                BufferPool::new(4, 100),
+                FrameOut::Channel(tx, queued),
+            )),
+            sender: None,
+            stage: Vec::new(),
+            staged: false,
+        };
+        let mut want = Vec::new();
+        for (i, len) in [30usize, 60, 50, 250, 10].into_iter().enumerate() {
+            // Reserve more than is committed, as the produce loop does.
+            let room = sink.reserve(len + 7).unwrap();
+            room[..len].fill(i as u8 + 1);
+            // Reserving again without a commit gives the same room.
+            assert!(sink.reserve(len + 7).unwrap()[..len]
+                .iter()
+                .all(|&b| b == i as u8 + 1));
+            sink.commit(len).unwrap();
+            want.extend(std::iter::repeat_n(i as u8 + 1, len));
+        }
+        sink.finish().unwrap();
+        drop(sink);
+        let mut got = Vec::new();
+        let mut frames = Vec::new();
+        for m in rx {
+            match m {
+                Msg::Frame(b) => {
+                    frames.push(b.len());
+                    got.extend_from_slice(&b);
+                }
+                Msg::End => break,
+                Msg::Error(m) => panic!("{m}"),
+            }
+        }
+        assert_eq!(got, want);
+        assert_eq!(frames, vec![100, 100, 100, 100]);
+    }
+
+    /// Records encoded straight into frames equal the plain encoding, whatever the frame
+    /// size, including tokens split across two frames.
+    #[test]
+    fn direct_encoding_splits_tokens_across_frames_exactly() {
+        let tokens: Vec<u32> = (0..1000u32).map(|i| i * 16_411 % (1 << 24)).collect();
+        for width in [Width::U8, Width::U16, Width::U24, Width::U32, Width::I64] {
+            let tokens: Vec<u32> = tokens.iter().map(|&t| t.min(width.max_token())).collect();
+            let mut want = vec![0u8; width.encoded_len(tokens.len())];
+            encode_width(width, &tokens, &mut want).unwrap();
+            for frame in [7usize, 10, 64, 4096] {
+                let pool = BufferPool::new(4, frame);
+                let (tx, rx) = sync_channel(10_000);
+                let queued = Arc::new(AtomicUsize::new(0));
+                let mut sink = FrameSink::new(pool, FrameOut::Channel(tx, queued));
+                let collect = std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for m in rx {
+                        if let Msg::Frame(b) = m {
+                            got.extend_from_slice(&b);
+                        }
+                    }
+                    got
+                });
+                sink.write(b"hdr").ok().unwrap();
+                assert!(sink.write_encoded(width, &tokens).is_ok());
+                sink.flush().ok().unwrap();
+                drop(sink);
+                let got = collect.join().unwrap();
+                assert_eq!(&got[..3], b"hdr");
+                assert_eq!(got[3..], want[..], "{width} in {frame}-byte frames");
+            }
+        }
+    }
+}
