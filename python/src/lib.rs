@@ -45,9 +45,8 @@ fn to_py(e: ClientError) -> PyErr {
         }
         ClientError::Connect(_) => PyConnectionError::new_err(msg),
         ClientError::Source { .. } => PyOSError::new_err(msg),
-        ClientError::Agent(_) | ClientError::NotFound(_) | ClientError::Wire(_) => {
-            AgentError::new_err(msg)
-        }
+        // Agent, NotFound (an agent's), Wire, and whatever later versions add.
+        _ => AgentError::new_err(msg),
     }
 }
 

@@ -1,6 +1,8 @@
-//! Batch records through a shared-memory ring (the emulated DMA path): the agent writes each
-//! record into a slot of the ring the consumer created and mapped, and the consumer reads it
-//! in place.
+//! Batch records through a shared-memory ring (the emulated DMA path), both ends: the agent
+//! writes each record into a slot of the ring the consumer created and mapped
+//! ([`RingSink`]), and the consumer reads it in place ([`RingSource`]). The Unix socket the
+//! ring was handed over on stays open beside it: the agent's end closing is how a dead agent
+//! is noticed.
 //!
 //! Each slot holds one record: the [`crate::BatchHeader`] then the tokens already in the
 //! plan's output dtype (memory is not a link: no wire codec). Errors go to the consumer as an
@@ -12,9 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ring::{RingError, RingProducer};
+use crate::frame::MAX_PAYLOAD;
+use crate::receive::{BatchSource, ReceiveError, RecordView};
+use crate::record::RECORD_HEADER_LEN;
+use crate::ring::{RingConsumer, RingError, RingProducer, RingView};
 use crate::sink::{BatchSink, SinkError};
-use crate::FrameWriter;
+use crate::{BatchHeader, BufferPool, FrameReader, FrameWriter, WireError};
 
 /// How often a producer waiting for a free slot checks whether its session was cancelled.
 const RING_POLL: Duration = Duration::from_millis(250);
@@ -108,5 +113,125 @@ impl BatchSink for RingSink {
         }
         // Dropping the producer marks the ring aborted, after the message is on the socket.
         self.ring = None;
+    }
+}
+
+/// The consumer side of a ring this process created and handed to an agent, with the socket
+/// it went over.
+pub struct RingSource {
+    ring: RingConsumer,
+    sock: UnixStream,
+    /// The record [`next_header`](BatchSource::next_header) took, until the next call or
+    /// [`take_record`](BatchSource::take_record).
+    held: Option<RingView>,
+    /// What a [`wait_ready`](BatchSource::wait_ready) that did not time out took: the next
+    /// record, the end, or the error, for the next `next_header`.
+    pending: Option<Result<Option<RingView>, RingError>>,
+}
+
+impl RingSource {
+    /// The consumer of `ring`, handed over on `sock`.
+    pub fn new(ring: RingConsumer, sock: UnixStream) -> Self {
+        RingSource {
+            ring,
+            sock,
+            held: None,
+            pending: None,
+        }
+    }
+
+    fn ring_error(&self, e: RingError) -> ReceiveError {
+        match e {
+            RingError::ProducerGone { complete } => self.producer_gone(complete),
+            e => ReceiveError::Transport(format!("shared-memory ring: {e}")),
+        }
+    }
+
+    /// The error for a producer that stopped without ending the stream: the message it left
+    /// on the socket, or, if it died, what was delivered.
+    fn producer_gone(&self, complete: u64) -> ReceiveError {
+        let _ = self.sock.set_read_timeout(Some(Duration::from_secs(1)));
+        if let Ok(s) = self.sock.try_clone() {
+            let pool = BufferPool::new(1, MAX_PAYLOAD);
+            let mut buf = pool.get();
+            if let Err(WireError::Remote(m)) = FrameReader::new(s).next_into(&mut buf) {
+                return ReceiveError::Producer(m);
+            }
+        }
+        ReceiveError::Producer(format!(
+            "agent went away after delivering {complete} complete batches through shared memory; resume from the reader's cursor"
+        ))
+    }
+}
+
+/// The header of a ring record, checked to be followed by exactly its payload.
+fn record_header(record: &[u8]) -> Result<BatchHeader, ReceiveError> {
+    let len = record.len();
+    let bad = |what: String| ReceiveError::Transport(format!("shared-memory ring: {what}"));
+    let Some(head) = record.first_chunk::<RECORD_HEADER_LEN>() else {
+        return Err(bad(format!(
+            "a {len}-byte batch record is shorter than its header"
+        )));
+    };
+    let h = BatchHeader::parse(head).map_err(WireError::from)?;
+    if RECORD_HEADER_LEN + h.payload_len as usize != len {
+        return Err(bad(format!(
+            "batch {} holds {} bytes of {} in a {len}-byte record",
+            h.index, h.payload_len, h.codec
+        )));
+    }
+    Ok(h)
+}
+
+impl BatchSource for RingSource {
+    fn next_header(&mut self) -> Result<Option<BatchHeader>, ReceiveError> {
+        self.held = None;
+        let next = match self.pending.take() {
+            Some(r) => r,
+            None => self.ring.take(Duration::MAX),
+        };
+        let view = match next {
+            Ok(Some(v)) => v,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(self.ring_error(e)),
+        };
+        let h = record_header(&view)?;
+        self.held = Some(view);
+        Ok(Some(h))
+    }
+
+    fn take_record(&mut self) -> Option<RecordView> {
+        self.held.take().map(|v| Box::new(v) as RecordView)
+    }
+
+    fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
+        let held = self.held.as_ref().map(|v| &v[RECORD_HEADER_LEN..]);
+        match held {
+            Some(p) if p.len() == out.len() => {
+                out.copy_from_slice(p);
+                Ok(())
+            }
+            _ => Err(ReceiveError::Transport(
+                "shared-memory ring: no record of that length is held".into(),
+            )),
+        }
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError> {
+        if self.pending.is_none() {
+            match self.ring.take(timeout) {
+                Err(RingError::Timeout(_)) => return Ok(false),
+                r => self.pending = Some(r),
+            }
+        }
+        Ok(true)
+    }
+
+    fn make_room(&mut self) -> Result<(), ReceiveError> {
+        self.ring.make_room().map_err(|e| self.ring_error(e))
+    }
+
+    fn shutdown(&mut self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 }

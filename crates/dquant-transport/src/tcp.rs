@@ -1,6 +1,7 @@
-//! Batch records over a byte stream (TCP): records packed into 1 MiB checksummed frames from
-//! a fixed pool, and a sender thread that writes them, so the producer runs ahead of the
-//! socket by the pool's size and no more.
+//! Batch records over a byte stream (TCP), both ends: records packed into 1 MiB checksummed
+//! frames from a fixed pool and a sender thread that writes them, so the producer runs ahead
+//! of the socket by the pool's size and no more ([`TcpBatchSink`]); and frames checked and
+//! unpacked on the consumer's side ([`TcpBatchSource`]).
 //!
 //! A frame goes out when it is full or when the sender is idle ([`FrameSink::flush_if_idle`]):
 //! a consumer that keeps up gets each record as soon as it is made, one that lags gets full
@@ -17,8 +18,9 @@ use std::time::{Duration, Instant};
 use dquant_codec::{encode_width, CodecError, Width};
 
 use crate::frame::MAX_PAYLOAD;
+use crate::receive::{BatchSource, ReceiveError};
 use crate::sink::{BatchSink, SinkError};
-use crate::{BufferPool, FrameKind, FrameWriter, PooledBuf};
+use crate::{BatchHeader, BufferPool, FrameKind, FrameWriter, PooledBuf, RecordReader, WireError};
 
 /// An idle sender gets a partly filled frame once it holds this much.
 pub const MIN_IDLE_FLUSH: usize = 256 << 10;
@@ -364,6 +366,73 @@ fn send_frames(
         }
     }
     Err("producer stopped".into())
+}
+
+/// Batch records from a TCP connection: frames checked and unpacked by a [`RecordReader`],
+/// payloads copied out to where the consumer wants them.
+pub struct TcpBatchSource {
+    records: RecordReader<TcpStream>,
+    ended: bool,
+}
+
+impl TcpBatchSource {
+    pub fn new(records: RecordReader<TcpStream>) -> Self {
+        TcpBatchSource {
+            records,
+            ended: false,
+        }
+    }
+
+    fn socket(&self) -> &TcpStream {
+        self.records.get_ref().get_ref()
+    }
+}
+
+impl BatchSource for TcpBatchSource {
+    fn next_header(&mut self) -> Result<Option<BatchHeader>, ReceiveError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let Some(hb) = self.records.next_header()? else {
+            self.ended = true;
+            return Ok(None);
+        };
+        Ok(Some(BatchHeader::parse(&hb).map_err(WireError::from)?))
+    }
+
+    fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
+        Ok(self.records.read_exact(out, "batch payload")?)
+    }
+
+    /// A batch whose first bytes have arrived counts as ready, though its last bytes may
+    /// still be on the way.
+    fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError> {
+        if self.ended || self.records.has_buffered() {
+            return Ok(true);
+        }
+        readable(self.socket(), timeout)
+    }
+
+    fn shutdown(&mut self) {
+        let _ = self.socket().shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Whether `sock` has bytes to read (or its end or an error) within `timeout`; a signal
+/// cuts the wait short and counts as not yet.
+fn readable(sock: &TcpStream, timeout: Duration) -> Result<bool, ReceiveError> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let t = Timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    let mut fds = [PollFd::new(sock, PollFlags::IN)];
+    match poll(&mut fds, Some(&t)) {
+        // Errors and hang-ups count as ready: the read that follows reports them.
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(WireError::Io(std::io::Error::from(e)).into()),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,107 @@
+//! The host API's errors: one enum, with the variant telling bindings which of their
+//! language's errors to raise (a bad plan, a missing dataset, an unreachable agent, an agent
+//! that failed).
+
+use dquant_codec::CodecError;
+use dquant_engine::{EngineError, SourceError};
+use dquant_plan::PlanError;
+use dquant_transport::{ReceiveError, WireError};
+
+/// Errors of the host API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+    #[error("sources[{index}] ({uri}): {source}")]
+    Source {
+        index: usize,
+        uri: String,
+        #[source]
+        source: SourceError,
+    },
+    /// A token does not fit the plan's output dtype (e.g. `u16` for a 100k vocabulary), or
+    /// its wire codec (`context` then says which).
+    #[error("sources[{index}] ({uri}): {context}{source}")]
+    Output {
+        index: usize,
+        uri: String,
+        context: String,
+        #[source]
+        source: CodecError,
+    },
+    /// The agent refused or failed; its message, verbatim.
+    #[error("{0}")]
+    Agent(String),
+    /// The agent has no such dataset; its message, verbatim.
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Connect(SourceError),
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl ClientError {
+    /// An error from talking to an agent: what the agent said, verbatim, or why it could not
+    /// be reached.
+    pub(crate) fn from_agent(e: SourceError) -> Self {
+        match e {
+            SourceError::Agent(m) => ClientError::Agent(m),
+            SourceError::NotFound(m) => ClientError::NotFound(m),
+            e => ClientError::Connect(e),
+        }
+    }
+
+    /// Whether a dataset the plan names does not exist: a local file, or a dataset an agent
+    /// does not have (bindings map this to their language's file-not-found error).
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            ClientError::NotFound(_) => true,
+            ClientError::Source { source, .. } => source.is_not_found(),
+            _ => false,
+        }
+    }
+}
+
+/// The engine's errors keep their variant: a bad plan, a source, a token that does not fit.
+impl From<EngineError> for ClientError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Plan(e) => ClientError::Plan(e),
+            EngineError::Source { index, uri, source } => {
+                ClientError::Source { index, uri, source }
+            }
+            EngineError::Output {
+                index,
+                uri,
+                context,
+                source,
+            } => ClientError::Output {
+                index,
+                uri,
+                context,
+                source,
+            },
+            e => ClientError::Usage(e.to_string()),
+        }
+    }
+}
+
+/// A transport's errors: the stream's (an error frame is the agent's message), the agent's,
+/// or, for plans run in this process, the engine's.
+impl From<ReceiveError> for ClientError {
+    fn from(e: ReceiveError) -> Self {
+        match e {
+            ReceiveError::Wire(e) => ClientError::Wire(e),
+            ReceiveError::Producer(m) | ReceiveError::Transport(m) => ClientError::Agent(m),
+            ReceiveError::Source(e) => match e.downcast::<EngineError>() {
+                Ok(e) => (*e).into(),
+                Err(e) => ClientError::Agent(e.to_string()),
+            },
+            e => ClientError::Agent(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The in-process transport: a plan's pipeline run in this process, each batch made straight
+//! into a pooled heap record in the output dtype, so the reader takes it as it takes a ring
+//! slot from an agent (one reader path for every transport).
+
+use std::time::Duration;
+
+use dquant_engine::{batch_header, plain_codec, EngineError, Pipeline};
+use dquant_plan::OutputDType;
+use dquant_transport::record::RECORD_HEADER_LEN;
+use dquant_transport::{BatchHeader, BatchSource, ReceiveError, RecordView};
+
+use crate::batch::{HeapRecord, RecordPool};
+
+/// A pipeline as a [`BatchSource`].
+pub(crate) struct InProcess {
+    pipeline: Box<Pipeline>,
+    output: OutputDType,
+    /// Room for a full batch record.
+    full: usize,
+    pool: RecordPool,
+    /// The record [`next_header`](BatchSource::next_header) made, until it is taken.
+    held: Option<HeapRecord>,
+}
+
+impl InProcess {
+    pub fn new(pipeline: Box<Pipeline>, output: OutputDType, pool: RecordPool) -> Self {
+        let full =
+            RECORD_HEADER_LEN + pipeline.schedule().batch_tokens() as usize * output.itemsize();
+        InProcess {
+            pipeline,
+            output,
+            full,
+            pool,
+            held: None,
+        }
+    }
+
+    fn make(&mut self) -> Result<Option<BatchHeader>, EngineError> {
+        let sample_len = self.pipeline.sample_len();
+        let width = self.output.width();
+        let mut rec = self.pool.get(self.full);
+        let (head, body) = rec.bytes_mut().split_at_mut(RECORD_HEADER_LEN);
+        let Some(b) = self.pipeline.next_batch_into(width, body)? else {
+            return Ok(None);
+        };
+        let payload_len = width.encoded_len(b.samples * sample_len);
+        let h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
+        head.copy_from_slice(&h.encode());
+        rec.truncate(RECORD_HEADER_LEN + payload_len);
+        self.held = Some(rec);
+        Ok(Some(h))
+    }
+}
+
+impl BatchSource for InProcess {
+    fn next_header(&mut self) -> Result<Option<BatchHeader>, ReceiveError> {
+        self.held = None;
+        self.make().map_err(|e| ReceiveError::Source(Box::new(e)))
+    }
+
+    fn take_record(&mut self) -> Option<RecordView> {
+        self.held.take().map(|r| Box::new(r) as RecordView)
+    }
+
+    fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
+        match self.held.as_deref().map(|r| &r[RECORD_HEADER_LEN..]) {
+            Some(p) if p.len() == out.len() => {
+                out.copy_from_slice(p);
+                Ok(())
+            }
+            _ => Err(ReceiveError::Transport(
+                "in-process: no batch of that length is held".into(),
+            )),
+        }
+    }
+
+    /// Making a batch is work, not waiting: always ready.
+    fn wait_ready(&mut self, _timeout: Duration) -> Result<bool, ReceiveError> {
+        Ok(true)
+    }
+
+    fn shutdown(&mut self) {}
+}

@@ -1,0 +1,438 @@
+//! [`Reader`]: one rank's batches of a plan, from any transport, through one path.
+//!
+//! Every batch arrives from a [`BatchSource`] as a record: checked against the plan's shape,
+//! then either taken whole where it is (a ring slot the agent wrote, a heap record this
+//! process made) or copied and decoded from the stream into a heap record (TCP frames in the
+//! wire codec). The reader then hands it out borrowed ([`Reader::next_batch`]), owned
+//! ([`Reader::next_owned`]) or as bytes ([`Reader::read`]), and keeps the cursor.
+
+use std::time::Duration;
+
+use dquant_codec::kernels::store_plain;
+use dquant_codec::{Compression, Decoder};
+use dquant_engine::{plain_codec, Pipeline, SourceError, TokenSource};
+use dquant_plan::{Cursor, OutputDType, Plan, Schedule, Source};
+use dquant_proto::v1::OpenRequest;
+use dquant_remote::{open_source, AgentUri, Control, Transport};
+use dquant_transport::record::RECORD_HEADER_LEN;
+use dquant_transport::tcp::TcpBatchSource;
+use dquant_transport::{BatchHeader, BatchSource, RecordView};
+
+use crate::batch::{tokens_of, Batch, OwnedBatch, RecordPool};
+use crate::inproc::InProcess;
+use crate::{shm, ClientError};
+
+/// An agent session a reader streams, closed on the agent if the reader stops early.
+struct AgentSession {
+    control: Control,
+    id: u64,
+}
+
+/// Streams one rank's batches of a plan.
+pub struct Reader {
+    source: Box<dyn BatchSource>,
+    session: Option<AgentSession>,
+    /// The plan's resolved schedule, when it runs in this process.
+    schedule: Option<Schedule>,
+    transport: Option<Transport>,
+    output: OutputDType,
+    sample_len: usize,
+    batch_size: usize,
+    rank_batches: u64,
+    rank_samples: u64,
+    /// Whether the source said the stream ended.
+    ended: bool,
+    /// The batch at hand: its record (header, then `batch_len` payload bytes).
+    record: Option<RecordView>,
+    batch_len: usize,
+    batch_index: u64,
+    samples_in_batch: usize,
+    /// The cursor once the batch at hand is consumed.
+    batch_cursor: Cursor,
+    /// Bytes of the batch at hand already handed out by `read`.
+    read_pos: usize,
+    /// Position after the last batch fully handed out.
+    cursor: Cursor,
+    /// Heap records for batches decoded here, and given back when their batches drop.
+    pool: RecordPool,
+    decoder: Decoder,
+    payload: Vec<u8>,
+    decoded: Vec<u32>,
+}
+
+/// Where the reader's stream comes from, for [`Reader::new`].
+struct Origin {
+    source: Box<dyn BatchSource>,
+    session: Option<AgentSession>,
+    schedule: Option<Schedule>,
+    transport: Option<Transport>,
+    start: Cursor,
+    rank_batches: u64,
+    rank_samples: u64,
+}
+
+impl Reader {
+    /// Runs `plan` in this process, starting at `cursor` ([`Cursor::START`] for the beginning).
+    /// Sources are local paths (Megatron prefixes, `.dqb` files, or raw files with a `dtype`)
+    /// or `dquant://` URIs of datasets on agents.
+    pub fn local(plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
+        Self::local_with(plan, cursor, |_, s| open_source(s, None, ""))
+    }
+
+    /// Runs `plan` in this process over sources opened by `open`.
+    pub fn local_with(
+        plan: &Plan,
+        cursor: Cursor,
+        open: impl FnMut(usize, &Source) -> Result<Box<dyn TokenSource>, SourceError>,
+    ) -> Result<Self, ClientError> {
+        let pipeline = Pipeline::open(plan, cursor, open)?;
+        let schedule = pipeline.schedule().clone();
+        let pool = RecordPool::default();
+        let origin = Origin {
+            start: pipeline.cursor(),
+            rank_batches: schedule.rank_batches(),
+            rank_samples: schedule.rank_samples(),
+            source: Box::new(InProcess::new(
+                Box::new(pipeline),
+                plan.output,
+                pool.clone(),
+            )),
+            session: None,
+            schedule: Some(schedule),
+            transport: None,
+        };
+        Ok(Self::new(origin, plan, pool))
+    }
+
+    /// Opens `plan` on the agent at `agent` and connects its data plane: TCP frames or a
+    /// shared-memory ring, as [`AgentUri::transport`] says.
+    pub fn remote(agent: &AgentUri, plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
+        plan.validate()?;
+        let control = Control::connect(&agent.authority).map_err(ClientError::Connect)?;
+        let reply = control
+            .open(OpenRequest {
+                plan_json: plan.to_json(),
+                epoch: cursor.epoch,
+                consumed_samples: cursor.consumed_samples,
+            })
+            .map_err(ClientError::from_agent)?;
+        let transport = agent.transport();
+        let source: Box<dyn BatchSource> = match transport {
+            Transport::Tcp => {
+                let (_writer, records) = control
+                    .connect_data(&reply)
+                    .map_err(ClientError::from_agent)?;
+                Box::new(TcpBatchSource::new(records))
+            }
+            Transport::Shm => match shm::connect(agent, plan, &reply) {
+                Ok(s) => Box::new(s),
+                Err(e) => {
+                    let _ = control.close(reply.session);
+                    return Err(e);
+                }
+            },
+        };
+        let origin = Origin {
+            source,
+            session: Some(AgentSession {
+                control,
+                id: reply.session,
+            }),
+            schedule: None,
+            transport: Some(transport),
+            start: Cursor {
+                epoch: reply.start_epoch,
+                consumed_samples: reply.start_consumed_samples,
+            },
+            rank_batches: reply.rank_batches,
+            rank_samples: reply.rank_samples,
+        };
+        Ok(Self::new(origin, plan, RecordPool::default()))
+    }
+
+    fn new(o: Origin, plan: &Plan, pool: RecordPool) -> Self {
+        Reader {
+            source: o.source,
+            session: o.session,
+            schedule: o.schedule,
+            transport: o.transport,
+            output: plan.output,
+            sample_len: plan.sample_len(),
+            batch_size: plan.batch_size as usize,
+            rank_batches: o.rank_batches,
+            rank_samples: o.rank_samples,
+            ended: false,
+            record: None,
+            batch_len: 0,
+            batch_index: 0,
+            samples_in_batch: 0,
+            batch_cursor: o.start,
+            read_pos: 0,
+            cursor: o.start,
+            pool,
+            decoder: Decoder::new(),
+            payload: Vec::new(),
+            decoded: Vec::new(),
+        }
+    }
+
+    /// The dtype batches land in.
+    pub fn output(&self) -> OutputDType {
+        self.output
+    }
+
+    /// Tokens per sample: `seq_len + 1`.
+    pub fn sample_len(&self) -> usize {
+        self.sample_len
+    }
+
+    /// Batches in this rank's whole stream (from the start, not from the cursor).
+    pub fn rank_batches(&self) -> u64 {
+        self.rank_batches
+    }
+
+    /// Samples in this rank's whole stream.
+    pub fn rank_samples(&self) -> u64 {
+        self.rank_samples
+    }
+
+    /// The plan's resolved schedule, when it runs in this process.
+    pub fn schedule(&self) -> Option<&Schedule> {
+        self.schedule.as_ref()
+    }
+
+    /// Whether the plan runs on an agent.
+    pub fn is_offloaded(&self) -> bool {
+        self.session.is_some()
+    }
+
+    /// How batches arrive: `None` in-process, else the transport from the agent.
+    pub fn transport(&self) -> Option<Transport> {
+        self.transport
+    }
+
+    /// Where a resumed reader would continue: after the last batch handed out whole.
+    pub fn cursor(&self) -> Cursor {
+        self.cursor
+    }
+
+    /// Waits at most `timeout` for the next batch to be at hand: true once the next
+    /// [`next_owned`](Reader::next_owned), [`next_batch`](Reader::next_batch) or first batch
+    /// of a [`read`](Reader::read) will not wait on the agent (a batch, the end or an error
+    /// has arrived), false when `timeout` ran out first. Nothing is consumed: the cursor
+    /// stays, and a false answer can simply be followed by another call.
+    ///
+    /// This is how a caller that must stay responsive while an agent is slow waits in
+    /// slices: an interpreter checks for Ctrl-C between calls. In-process plans are always
+    /// ready (making a batch is work, not waiting). Over TCP a batch whose first bytes have
+    /// arrived counts as ready, though its last bytes may still be on the way.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ClientError> {
+        if self.read_pos < self.batch_len || self.ended {
+            return Ok(true);
+        }
+        Ok(self.source.wait_ready(timeout)?)
+    }
+
+    /// Takes the next batch record from the source; false at the end.
+    fn fill(&mut self) -> Result<bool, ClientError> {
+        self.record = None;
+        self.batch_len = 0;
+        self.read_pos = 0;
+        if self.ended {
+            return Ok(false);
+        }
+        let Some(h) = self.source.next_header()? else {
+            self.ended = true;
+            return Ok(false);
+        };
+        self.check_shape(&h)?;
+        let bytes = h.tokens() * self.output.itemsize();
+        let record = match self.source.take_record() {
+            Some(r) => self.check_in_place(&h, r, bytes)?,
+            None => self.receive(&h, bytes)?,
+        };
+        self.record = Some(record);
+        self.batch_len = bytes;
+        self.batch_index = h.index;
+        self.samples_in_batch = h.samples as usize;
+        self.batch_cursor = Cursor {
+            epoch: h.cursor_epoch,
+            consumed_samples: h.cursor_consumed,
+        };
+        Ok(true)
+    }
+
+    /// Refuses a batch record whose shape the plan cannot produce (a corrupt or hostile agent).
+    fn check_shape(&self, h: &BatchHeader) -> Result<(), ClientError> {
+        let (sample_len, batch_size) = (self.sample_len, self.batch_size);
+        if h.sample_len as usize != sample_len || h.samples == 0 || h.samples as usize > batch_size
+        {
+            return Err(ClientError::Agent(format!(
+                "agent sent a batch of {} samples of {} tokens; the plan has batches of up to {batch_size} samples of {sample_len}",
+                h.samples, h.sample_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// A record taken where it lies must already be the tokens in the output dtype.
+    fn check_in_place(
+        &self,
+        h: &BatchHeader,
+        record: RecordView,
+        bytes: usize,
+    ) -> Result<RecordView, ClientError> {
+        let want = plain_codec(self.output);
+        if h.codec != want
+            || h.payload_len as usize != bytes
+            || record.len() < RECORD_HEADER_LEN + bytes
+        {
+            return Err(ClientError::Agent(format!(
+                "shared-memory ring: batch {} holds {} bytes of {} in a {}-byte record; expected {bytes} bytes of {want}",
+                h.index,
+                h.payload_len,
+                h.codec,
+                record.len()
+            )));
+        }
+        Ok(record)
+    }
+
+    /// Copies the payload of `h` out of the stream into a heap record, decoding the wire
+    /// codec into the output dtype when it is not that already.
+    fn receive(&mut self, h: &BatchHeader, bytes: usize) -> Result<RecordView, ClientError> {
+        let n = h.tokens();
+        dquant_remote::check_payload_len(h.codec, n, h.payload_len)
+            .map_err(ClientError::from_agent)?;
+        let mut rec = self.pool.get(RECORD_HEADER_LEN + bytes);
+        let out = &mut rec.bytes_mut()[RECORD_HEADER_LEN..];
+        let width = self.output.width();
+        let direct = h.codec.compression == Compression::None && h.codec.width == width;
+        if direct && h.payload_len as usize == bytes {
+            // The wire already holds the output dtype: frames copy straight into the batch.
+            self.source.read_payload(out)?;
+        } else {
+            self.payload.resize(h.payload_len as usize, 0);
+            self.source.read_payload(&mut self.payload)?;
+            self.decoded.resize(n, 0);
+            let bad = |e| ClientError::Agent(format!("batch {}: {e}", h.index));
+            self.decoder
+                .decode(h.codec, &self.payload, &mut self.decoded)
+                .map_err(bad)?;
+            store_plain(width, &self.decoded, out).map_err(bad)?;
+        }
+        Ok(Box::new(rec))
+    }
+
+    /// The batch at hand's payload bytes.
+    fn batch_bytes(&self) -> &[u8] {
+        match &self.record {
+            Some(r) => &r[RECORD_HEADER_LEN..][..self.batch_len],
+            None => &[],
+        }
+    }
+
+    fn view(&self) -> Batch<'_> {
+        Batch {
+            index: self.batch_index,
+            samples: self.samples_in_batch,
+            sample_len: self.sample_len,
+            tokens: tokens_of(self.output, self.batch_bytes()),
+        }
+    }
+
+    /// The next batch, borrowed from the reader (valid until the next call); `None` at the end.
+    /// The cursor moves past it. Over shared memory the view is the ring slot the agent wrote;
+    /// the slot goes back to the agent at the next call (or when the reader is dropped).
+    ///
+    /// A batch that [`Reader::read`] has only partly delivered must be finished with `read`
+    /// first: `next_batch` then fails rather than skip the rest of it.
+    pub fn next_batch(&mut self) -> Result<Option<Batch<'_>>, ClientError> {
+        self.check_whole("next_batch")?;
+        if !self.fill()? {
+            return Ok(None);
+        }
+        self.read_pos = self.batch_len;
+        self.cursor = self.batch_cursor;
+        Ok(Some(self.view()))
+    }
+
+    /// The next batch as an [`OwnedBatch`], which may outlive later batches and the reader;
+    /// `None` at the end. The cursor moves past it. Nothing is copied to hand it over: over
+    /// shared memory it is a view of the ring slot, else the buffer the batch was made in
+    /// (the reader takes a fresh or recycled one for the next batch).
+    pub fn next_owned(&mut self) -> Result<Option<OwnedBatch>, ClientError> {
+        self.check_whole("next_owned")?;
+        if !self.fill()? {
+            return Ok(None);
+        }
+        self.cursor = self.batch_cursor;
+        // The batch leaves the reader: the next `read` or `next_batch` fills anew.
+        let len = std::mem::take(&mut self.batch_len);
+        let Some(record) = self.record.take() else {
+            return Err(ClientError::Usage("next_owned: no batch at hand".into()));
+        };
+        Ok(Some(OwnedBatch {
+            index: self.batch_index,
+            samples: self.samples_in_batch,
+            sample_len: self.sample_len,
+            output: self.output,
+            cursor: self.cursor,
+            record,
+            len,
+            in_ring: self.transport == Some(Transport::Shm),
+        }))
+    }
+
+    /// Over shared memory, copies out the batches that [`OwnedBatch`]es have kept for long
+    /// now, rather than in the next [`next_owned`](Reader::next_owned) (see
+    /// [`dquant_transport::ring::RingConsumer::make_room`]); a no-op otherwise. A caller
+    /// whose batches other threads may write (an interpreter) calls this while they cannot.
+    pub fn make_room(&mut self) -> Result<(), ClientError> {
+        Ok(self.source.make_room()?)
+    }
+
+    /// Refuses `op` (a call that takes a whole batch) while `read` has delivered only part
+    /// of the current one: it would skip the rest.
+    fn check_whole(&self, op: &str) -> Result<(), ClientError> {
+        if self.read_pos < self.batch_len {
+            return Err(ClientError::Usage(format!(
+                "{op}: batch {} is partly read ({} of {} bytes); finish it with read() first",
+                self.batch_index, self.read_pos, self.batch_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies the next bytes of the stream (batches back to back, in the output dtype) into
+    /// `buf`, as the original `read(fd, buf)`. Returns the bytes written; 0 at the end.
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, ClientError> {
+        let mut n = 0;
+        while n < buf.len() {
+            if self.read_pos == self.batch_len && !self.fill()? {
+                break;
+            }
+            let src = &self.batch_bytes()[self.read_pos..];
+            let k = src.len().min(buf.len() - n);
+            buf[n..n + k].copy_from_slice(&src[..k]);
+            n += k;
+            self.read_pos += k;
+            if self.read_pos == self.batch_len {
+                self.cursor = self.batch_cursor;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Ends an offloaded session now (dropping the reader does too).
+    pub fn close(self) {}
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.source.shutdown();
+        if let (Some(s), false) = (&self.session, self.ended) {
+            let _ = s.control.close(s.id);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The consumer side of every transport: where a reader takes batch records from.
+//!
+//! A record arrives as a checked [`BatchHeader`], then its payload: copied out of a byte
+//! stream ([`BatchSource::read_payload`], TCP frames), or left where the producer wrote it
+//! and handed over whole ([`BatchSource::take_record`], a shared-memory ring slot or an
+//! in-process buffer), so the consumer reads it in place. The host API has one reader over
+//! `dyn BatchSource`; a new transport is one more implementation.
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use crate::{BatchHeader, WireError};
+
+/// A record the consumer may keep: its bytes (the header, then the payload) stay valid, and
+/// in place, for as long as the view lives, whatever is received after it.
+pub type RecordView = Box<dyn Deref<Target = [u8]> + Send + Sync>;
+
+/// Why no record could be received.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReceiveError {
+    /// The byte stream is broken, or the producer sent an error frame
+    /// ([`WireError::Remote`], its message verbatim).
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// The producer failed or went away without ending the stream; its message, or what was
+    /// delivered before it went.
+    #[error("{0}")]
+    Producer(String),
+    /// The transport itself failed (a ring that breaks its protocol).
+    #[error("{0}")]
+    Transport(String),
+    /// A producer in this process failed: its own error, for the caller to inspect
+    /// (`downcast`) and report as such.
+    #[error("{0}")]
+    Source(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Where a consumer takes batch records from.
+pub trait BatchSource: Send {
+    /// The next record's header, or `None` at the clean end of the stream. Its payload is
+    /// then taken with [`take_record`](BatchSource::take_record) or
+    /// [`read_payload`](BatchSource::read_payload) before the next call.
+    fn next_header(&mut self) -> Result<Option<BatchHeader>, ReceiveError>;
+
+    /// The whole record whose header [`next_header`](BatchSource::next_header) returned, when
+    /// the transport left it in memory this process may keep (the header's `payload_len`
+    /// bytes follow the header). `None` when its bytes must be copied out.
+    fn take_record(&mut self) -> Option<RecordView> {
+        None
+    }
+
+    /// Copies the payload of the record whose header [`next_header`](BatchSource::next_header)
+    /// returned into `out`, exactly `payload_len` bytes.
+    fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError>;
+
+    /// Waits at most `timeout` for the next record (or the end, or an error) to be at hand:
+    /// false if the time ran out first. Nothing is consumed.
+    fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError>;
+
+    /// Copies out records that taken views have kept for long, now rather than in the next
+    /// `next_header` (rings only; see `RingConsumer::make_room`).
+    fn make_room(&mut self) -> Result<(), ReceiveError> {
+        Ok(())
+    }
+
+    /// Stops the producer's side now (dropping the source does too).
+    fn shutdown(&mut self);
+}
