@@ -8,11 +8,14 @@
 //! blocking, so a test steps the consumer and retries.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
+use crate::receive::{BatchSource, ReceiveError, RecordView};
+use crate::record::RECORD_HEADER_LEN;
 use crate::sink::{BatchSink, SinkError};
 use crate::tcp::IdleFlush;
+use crate::{BatchHeader, WireError};
 
 /// How a stream ended, as the consumer sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,9 +36,16 @@ struct Shared {
     closed: bool,
 }
 
+/// The pair's state and the consumer's wake-up (for a consumer on another thread).
+#[derive(Default)]
+struct Pipe {
+    state: Mutex<Shared>,
+    arrived: Condvar,
+}
+
 /// A connected in-memory pair holding at most `capacity` records (delivered or held).
 pub fn pair(capacity: usize) -> (MemorySink, MemorySource) {
-    let shared = Arc::new(Mutex::new(Shared::default()));
+    let shared = Arc::new(Pipe::default());
     let sink = MemorySink {
         shared: shared.clone(),
         held: Vec::new(),
@@ -45,16 +55,17 @@ pub fn pair(capacity: usize) -> (MemorySink, MemorySource) {
         idle: IdleFlush::default(),
         sent: 0,
     };
-    (sink, MemorySource { shared })
+    let source = MemorySource { shared, held: None };
+    (sink, source)
 }
 
-fn lock(s: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    s.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock(p: &Pipe) -> std::sync::MutexGuard<'_, Shared> {
+    p.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The producer end of an in-memory pair.
 pub struct MemorySink {
-    shared: Arc<Mutex<Shared>>,
+    shared: Arc<Pipe>,
     /// Committed records not yet delivered.
     held: Vec<Vec<u8>>,
     held_bytes: usize,
@@ -78,11 +89,13 @@ impl MemorySink {
         s.delivered.extend(self.held.drain(..));
         self.held_bytes = 0;
         self.idle.reset();
+        self.shared.arrived.notify_all();
     }
 
     fn end(&mut self, end: End) {
         self.flush();
         lock(&self.shared).end.get_or_insert(end);
+        self.shared.arrived.notify_all();
     }
 }
 
@@ -130,11 +143,13 @@ impl BatchSink for MemorySink {
 
 /// The consumer end of an in-memory pair.
 pub struct MemorySource {
-    shared: Arc<Mutex<Shared>>,
+    shared: Arc<Pipe>,
+    /// The record [`next_header`](BatchSource::next_header) took, until it is taken.
+    held: Option<Vec<u8>>,
 }
 
 impl MemorySource {
-    /// The next delivered record, if any.
+    /// The next delivered record, if any (without waiting).
     pub fn next_record(&mut self) -> Option<Vec<u8>> {
         lock(&self.shared).delivered.pop_front()
     }
@@ -152,5 +167,169 @@ impl MemorySource {
     /// Hangs up: the sink's next reserve says the consumer went away.
     pub fn close(&mut self) {
         lock(&self.shared).closed = true;
+    }
+
+    /// Waits until a record or the end is at hand, at most until `deadline`; false if it
+    /// passed first.
+    fn wait(&self, deadline: Option<Instant>) -> bool {
+        let mut s = lock(&self.shared);
+        while s.delivered.is_empty() && s.end.is_none() {
+            let timeout = match deadline {
+                None => Duration::from_secs(3600),
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(t) if !t.is_zero() => t,
+                    _ => return false,
+                },
+            };
+            s = self
+                .shared
+                .arrived
+                .wait_timeout(s, timeout)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+}
+
+impl BatchSource for MemorySource {
+    fn next_header(&mut self) -> Result<Option<BatchHeader>, ReceiveError> {
+        self.held = None;
+        self.wait(None);
+        let Some(record) = self.next_record() else {
+            return match self.end() {
+                Some(End::Failed(m)) => Err(WireError::Remote(m).into()),
+                _ => Ok(None),
+            };
+        };
+        let head = record.first_chunk::<RECORD_HEADER_LEN>().ok_or_else(|| {
+            ReceiveError::Transport(format!("a {}-byte record has no header", record.len()))
+        })?;
+        let h = BatchHeader::parse(head).map_err(WireError::from)?;
+        if record.len() != RECORD_HEADER_LEN + h.payload_len as usize {
+            return Err(ReceiveError::Transport(format!(
+                "batch {}: a {}-byte record for a {}-byte payload",
+                h.index,
+                record.len(),
+                h.payload_len
+            )));
+        }
+        self.held = Some(record);
+        Ok(Some(h))
+    }
+
+    /// Records are handed over in place when their payload is 8-byte aligned (as a typed
+    /// view of its tokens needs); otherwise the reader copies the payload out.
+    fn take_record(&mut self) -> Option<RecordView> {
+        let aligned = self
+            .held
+            .as_ref()
+            .is_some_and(|r| (r.as_ptr() as usize + RECORD_HEADER_LEN).is_multiple_of(8));
+        if !aligned {
+            return None;
+        }
+        self.held.take().map(|r| Box::new(r) as RecordView)
+    }
+
+    fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
+        match self.held.as_deref().map(|r| &r[RECORD_HEADER_LEN..]) {
+            Some(p) if p.len() == out.len() => {
+                out.copy_from_slice(p);
+                Ok(())
+            }
+            _ => Err(ReceiveError::Transport(
+                "in-memory: no record of that length is held".into(),
+            )),
+        }
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError> {
+        Ok(self.wait(Instant::now().checked_add(timeout)))
+    }
+
+    fn shutdown(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dquant_codec::Codec;
+
+    use super::*;
+
+    fn record(index: u64, payload: &[u8]) -> Vec<u8> {
+        let h = BatchHeader {
+            codec: "u16".parse::<Codec>().unwrap(),
+            index,
+            samples: 1,
+            sample_len: (payload.len() / 2) as u32,
+            payload_len: payload.len() as u32,
+            cursor_epoch: 0,
+            cursor_consumed: index + 1,
+        };
+        let mut r = h.encode().to_vec();
+        r.extend_from_slice(payload);
+        r
+    }
+
+    fn put(sink: &mut MemorySink, rec: &[u8]) {
+        sink.reserve(rec.len() + 9).unwrap()[..rec.len()].copy_from_slice(rec);
+        sink.commit(rec.len()).unwrap();
+    }
+
+    /// What the sink commits, the source hands over as batch records, in order, then the
+    /// end; a failed stream ends with the producer's message after its records.
+    #[test]
+    fn records_cross_the_pair_whole_then_the_end_or_the_error() {
+        for fail in [false, true] {
+            let (mut sink, mut source) = pair(8);
+            let recs: Vec<Vec<u8>> = (0..5u64).map(|i| record(i, &[i as u8; 6])).collect();
+            for r in &recs {
+                put(&mut sink, r);
+            }
+            assert!(
+                !source.wait_ready(Duration::ZERO).unwrap(),
+                "nothing delivered yet"
+            );
+            if fail {
+                sink.fail("boom");
+            } else {
+                sink.finish().unwrap();
+            }
+            assert!(source.wait_ready(Duration::ZERO).unwrap());
+            for r in &recs {
+                let h = source.next_header().unwrap().unwrap();
+                assert_eq!(h.cursor_consumed, h.index + 1);
+                let mut payload = vec![0u8; h.payload_len as usize];
+                source.read_payload(&mut payload).unwrap();
+                assert_eq!(payload, r[RECORD_HEADER_LEN..]);
+                if let Some(view) = source.take_record() {
+                    assert_eq!(view[..], r[..]);
+                }
+            }
+            match source.next_header() {
+                Ok(None) => assert!(!fail),
+                Err(ReceiveError::Wire(WireError::Remote(m))) => assert!(fail && m == "boom"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// A full pair says so instead of blocking, and a consumer that hung up is gone.
+    #[test]
+    fn a_full_pair_and_a_closed_one_answer_at_once() {
+        let (mut sink, mut source) = pair(2);
+        put(&mut sink, &record(0, &[0; 4]));
+        put(&mut sink, &record(1, &[0; 4]));
+        assert_eq!(sink.reserve(10).unwrap_err(), SinkError::Full);
+        sink.flush();
+        assert!(source.next_header().unwrap().is_some());
+        assert!(sink.reserve(10).is_ok());
+        source.shutdown();
+        assert_eq!(
+            sink.reserve(10).unwrap_err(),
+            SinkError::Gone("client went away".into())
+        );
     }
 }
