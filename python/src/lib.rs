@@ -278,11 +278,7 @@ impl Reader {
 }
 
 fn transport_name(t: Option<Transport>) -> &'static str {
-    match t {
-        None => "local",
-        Some(Transport::Tcp) => "tcp",
-        Some(Transport::Shm) => "shm",
-    }
+    t.map_or("local", Transport::as_str)
 }
 
 fn dtype_name(o: OutputDType) -> &'static str {

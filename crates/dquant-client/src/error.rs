@@ -5,7 +5,7 @@
 use dquant_codec::CodecError;
 use dquant_engine::{EngineError, SourceError};
 use dquant_plan::PlanError;
-use dquant_transport::{ReceiveError, WireError};
+use dquant_transport::{ConnectError, ReceiveError, WireError};
 
 /// Errors of the host API.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,15 @@ impl ClientError {
             SourceError::Agent(m) => ClientError::Agent(m),
             SourceError::NotFound(m) => ClientError::NotFound(m),
             e => ClientError::Connect(e),
+        }
+    }
+
+    /// A data plane that could not be connected: unreachable (with the address), or what
+    /// went wrong with the stream or the ring.
+    pub(crate) fn from_connect(e: ConnectError) -> Self {
+        match e {
+            ConnectError::NoSocket { .. } => ClientError::Usage(e.to_string()),
+            e => ClientError::from_agent(dquant_remote::connect_error(e)),
         }
     }
 

@@ -15,7 +15,6 @@ use dquant_plan::{Cursor, OutputDType, Plan, Schedule, Source};
 use dquant_proto::v1::OpenRequest;
 use dquant_remote::{open_source, AgentUri, Control, Transport};
 use dquant_transport::record::RECORD_HEADER_LEN;
-use dquant_transport::tcp::TcpBatchSource;
 use dquant_transport::{BatchHeader, BatchSource, RecordView};
 
 use crate::batch::{tokens_of, Batch, OwnedBatch, RecordPool};
@@ -117,20 +116,13 @@ impl Reader {
             })
             .map_err(ClientError::from_agent)?;
         let transport = agent.transport();
-        let source: Box<dyn BatchSource> = match transport {
-            Transport::Tcp => {
-                let (_writer, records) = control
-                    .connect_data(&reply)
-                    .map_err(ClientError::from_agent)?;
-                Box::new(TcpBatchSource::new(records))
+        let endpoint = shm::endpoint(agent, &control, plan, &reply)?;
+        let source = match dquant_transport::connect(transport, &endpoint) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = control.close(reply.session);
+                return Err(ClientError::from_connect(e));
             }
-            Transport::Shm => match shm::connect(agent, plan, &reply) {
-                Ok(s) => Box::new(s),
-                Err(e) => {
-                    let _ = control.close(reply.session);
-                    return Err(e);
-                }
-            },
         };
         let origin = Origin {
             source,

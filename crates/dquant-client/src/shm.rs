@@ -1,24 +1,21 @@
-//! The shared-memory transport, host side: this process sizes and creates a ring
-//! ([`dquant_transport::ring`]) and hands it to the agent over the agent's Unix socket; the
-//! reader then takes each batch where the agent wrote it
-//! ([`dquant_transport::shm::RingSource`]).
+//! Where an offloaded session's batches come from: the agent's data plane, and for the
+//! shared-memory transport the ring this process sizes for the plan, creates and hands to the
+//! agent over its Unix socket ([`dquant_transport::connect`]); the reader then takes each
+//! batch where the agent wrote it.
 //!
 //! The agent writes every batch record (a header and the tokens in the plan's output dtype)
 //! into one slot, so a batch is viewed in place: no copy, no decode, and no syscall while the
 //! agent keeps the ring non-empty.
 
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use dquant_plan::Plan;
 use dquant_proto::v1::OpenReply;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::ring::layout::PAGE;
-use dquant_transport::ring::{RingConsumer, RingError};
-use dquant_transport::shm::RingSource;
+use dquant_transport::{Endpoint, RingShape};
 
-use dquant_remote::{hello_of, AgentUri};
+use dquant_remote::{hello_of, AgentUri, Control};
 
 use crate::ClientError;
 
@@ -42,43 +39,30 @@ pub fn default_slots(slot_size: u64) -> u32 {
     DEFAULT_RING_BYTES.div_ceil(slot_size).clamp(4, 1024) as u32
 }
 
-fn connect_err(path: &Path) -> impl Fn(std::io::Error) -> ClientError + '_ {
-    move |source| {
-        ClientError::Connect(dquant_engine::SourceError::Connect {
-            addr: path.display().to_string(),
-            source,
-        })
-    }
-}
-
-/// Creates a ring for `plan`'s batches and hands it to the agent for the session in
-/// `reply`: the agent writes batch records into it, and the returned source reads them in
-/// place.
-pub(crate) fn connect(
+/// Where the data plane of the session in `reply` is, and the ring to create for `plan`
+/// if the transport is shared memory: the agent's Unix socket is the address itself, or the
+/// one the agent reported.
+pub(crate) fn endpoint(
     uri: &AgentUri,
+    control: &Control,
     plan: &Plan,
     reply: &OpenReply,
-) -> Result<RingSource, ClientError> {
-    let path = if uri.is_unix() {
-        PathBuf::from(&uri.authority)
-    } else if !reply.socket_path.is_empty() {
-        PathBuf::from(&reply.socket_path)
+) -> Result<Endpoint, ClientError> {
+    let socket = if uri.is_unix() {
+        Some(PathBuf::from(&uri.authority))
     } else {
-        return Err(ClientError::Usage(format!(
-            "transport=shm: the agent at {} has no Unix socket; start it on this host with `dquant serve --socket PATH` and use that path as its address",
-            uri.authority
-        )));
+        (!reply.socket_path.is_empty()).then(|| PathBuf::from(&reply.socket_path))
     };
-    let hello = hello_of(reply).map_err(ClientError::from_agent)?;
-    let size = slot_size(plan);
-    let slots = uri.slots.unwrap_or_else(|| default_slots(size));
-    let ring_err = |e: RingError| ClientError::Agent(format!("shared-memory ring: {e}"));
-    let (mut ring, fds) = RingConsumer::create_with(slots, size, uri.verify).map_err(ring_err)?;
-    let sock = UnixStream::connect(&path).map_err(connect_err(&path))?;
-    fds.send_with(&sock, &hello.encode()).map_err(ring_err)?;
-    // Our copies of the descriptors go now: the agent holds its own.
-    drop(fds);
-    let peer = sock.try_clone().map_err(connect_err(&path))?;
-    ring.set_peer(OwnedFd::from(peer));
-    Ok(RingSource::new(ring, sock))
+    let slot_size = slot_size(plan);
+    Ok(Endpoint {
+        agent: uri.authority.clone(),
+        data_addr: control.data_addr(reply),
+        socket,
+        hello: hello_of(reply).map_err(ClientError::from_agent)?,
+        ring: RingShape {
+            slots: uri.slots.unwrap_or_else(|| default_slots(slot_size)),
+            slot_size,
+            verify: uri.verify,
+        },
+    })
 }

@@ -7,7 +7,7 @@
 //! data plane is plain blocking sockets, where the bytes are.
 
 use std::future::Future;
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use dquant_proto::v1::{
     CloseRequest, DatasetStat, ListEntry, ListRequest, OpenReply, OpenRequest, OpenSourceRequest,
     StatRequest,
 };
-use dquant_transport::{FrameKind, FrameWriter, Hello, RecordReader};
+use dquant_transport::{tcp, ConnectError, FrameWriter, Hello, RecordReader};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::uri::{host_of, is_unix_authority};
@@ -194,23 +194,22 @@ impl Control {
         &self,
         reply: &OpenReply,
     ) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), SourceError> {
-        let addr = format!("{}:{}", host_of(&self.authority), reply.data_port);
-        let err = |source| SourceError::Connect {
-            addr: addr.clone(),
-            source,
-        };
-        let sa = addr
-            .to_socket_addrs()
-            .map_err(err)?
-            .next()
-            .ok_or_else(|| err(std::io::ErrorKind::NotFound.into()))?;
-        let s = TcpStream::connect_timeout(&sa, Duration::from_secs(10)).map_err(err)?;
-        s.set_nodelay(true).map_err(err)?;
-        let hello = hello_of(reply)?;
-        let mut w = FrameWriter::new(s.try_clone().map_err(err)?);
-        w.send(FrameKind::Data, &hello.encode())?;
-        w.flush()?;
-        Ok((w, RecordReader::new(s)))
+        tcp::connect(&self.data_addr(reply), &hello_of(reply)?).map_err(connect_error)
+    }
+
+    /// The TCP data plane of the agent that sent `reply`, `HOST:PORT`.
+    pub fn data_addr(&self, reply: &OpenReply) -> String {
+        format!("{}:{}", host_of(&self.authority), reply.data_port)
+    }
+}
+
+/// A data-plane connection error as a source error: unreachable, a broken stream, or what
+/// the agent said.
+pub fn connect_error(e: ConnectError) -> SourceError {
+    match e {
+        ConnectError::Connect { addr, source } => SourceError::Connect { addr, source },
+        ConnectError::Wire(e) => SourceError::Wire(e),
+        e => SourceError::Agent(e.to_string()),
     }
 }
 

@@ -10,7 +10,7 @@ mod open;
 mod source;
 mod uri;
 
-pub use control::{hello_of, Control};
+pub use control::{connect_error, hello_of, Control};
 pub use open::open_source;
 pub use source::{check_payload_len, ReadaheadConfig, RemoteSource};
 pub use uri::{AgentUri, Transport};

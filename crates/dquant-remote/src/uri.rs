@@ -1,15 +1,7 @@
 //! An agent's address: `dquant://HOST:PORT[/DATASET]` over TCP, or its Unix socket path on
 //! this host, with the transport options a client may add.
 
-/// How batches of an offloaded plan reach this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    /// Frames over the agent's TCP data port (any host).
-    Tcp,
-    /// A shared-memory ring this process creates and hands to the agent over its Unix socket
-    /// (same host only): batches land in the ring in the output dtype and are read in place.
-    Shm,
-}
+pub use dquant_transport::Transport;
 
 /// An agent's address, from one of:
 /// - `dquant://HOST:PORT[/DATASET]`, over TCP;
@@ -74,11 +66,10 @@ impl AgentUri {
             let bad = || format!("{uri:?}: option {k}={v:?} is not valid");
             match k {
                 "transport" => {
-                    me.transport = Some(match v {
-                        "shm" => Transport::Shm,
-                        "tcp" => Transport::Tcp,
-                        _ => return Err(format!("{}; use shm or tcp", bad())),
-                    })
+                    me.transport = Some(
+                        v.parse::<Transport>()
+                            .map_err(|_| format!("{}; use shm or tcp", bad()))?,
+                    )
                 }
                 "verify" => {
                     me.verify = match v {

@@ -14,6 +14,7 @@
 //! `std::io::Write`/`Read` (a TCP stream today). The shared-memory ring and RDMA transports
 //! carry the same frames in slots instead of a byte stream.
 
+pub mod connect;
 pub mod frame;
 mod io;
 pub mod memory;
@@ -26,6 +27,7 @@ pub mod sink;
 mod stream;
 pub mod tcp;
 
+pub use connect::{connect, ConnectError, Endpoint, RingShape, Transport};
 pub use frame::{FrameHeader, FrameKind, WireError};
 pub use io::{FrameReader, FrameWriter};
 pub use pool::{BufferPool, PooledBuf};

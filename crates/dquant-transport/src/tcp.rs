@@ -8,7 +8,7 @@
 //! frames. Buffers come back to the pool once written, so a consumer that stops reading
 //! stalls the producer (back-pressure) instead of growing memory.
 
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
@@ -17,10 +17,13 @@ use std::time::{Duration, Instant};
 
 use dquant_codec::{encode_width, CodecError, Width};
 
+use crate::connect::ConnectError;
 use crate::frame::MAX_PAYLOAD;
 use crate::receive::{BatchSource, ReceiveError};
 use crate::sink::{BatchSink, SinkError};
-use crate::{BatchHeader, BufferPool, FrameKind, FrameWriter, PooledBuf, RecordReader, WireError};
+use crate::{
+    BatchHeader, BufferPool, FrameKind, FrameWriter, Hello, PooledBuf, RecordReader, WireError,
+};
 
 /// An idle sender gets a partly filled frame once it holds this much.
 pub const MIN_IDLE_FLUSH: usize = 256 << 10;
@@ -417,6 +420,32 @@ impl BatchSource for TcpBatchSource {
         let _ = self.socket().shutdown(std::net::Shutdown::Both);
     }
 }
+
+/// Connects to a session's data plane at `addr` (`HOST:PORT`) and says `hello`: the
+/// connection's frame writer (range sessions send requests on it) and its record reader.
+pub fn connect(
+    addr: &str,
+    hello: &Hello,
+) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), ConnectError> {
+    let err = |source| ConnectError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(err)?
+        .next()
+        .ok_or_else(|| err(std::io::ErrorKind::NotFound.into()))?;
+    let s = TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT).map_err(err)?;
+    s.set_nodelay(true).map_err(err)?;
+    let mut w = FrameWriter::new(s.try_clone().map_err(err)?);
+    w.send(FrameKind::Data, &hello.encode())?;
+    w.flush()?;
+    Ok((w, RecordReader::new(s)))
+}
+
+/// How long connecting a data plane may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether `sock` has bytes to read (or its end or an error) within `timeout`; a signal
 /// cuts the wait short and counts as not yet.

@@ -1,0 +1,143 @@
+//! Choosing a transport and connecting a session's data plane: the one place that knows
+//! which [`BatchSource`] each [`Transport`] is.
+//!
+//! An agent's control plane says where its data plane is ([`Endpoint`]); a consumer names
+//! the transport it wants (from the agent's address) and gets a `dyn BatchSource`. Adding a
+//! transport (RDMA) means one more variant here, one module, and a URI option.
+
+use std::fmt;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::receive::BatchSource;
+use crate::ring::{RingConsumer, RingError};
+use crate::shm::RingSource;
+use crate::tcp::{self, TcpBatchSource};
+use crate::{Hello, WireError};
+
+/// How batches of an offloaded plan reach this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Frames over the agent's TCP data port (any host).
+    Tcp,
+    /// A shared-memory ring this process creates and hands to the agent over its Unix socket
+    /// (same host only): batches land in the ring in the output dtype and are read in place.
+    Shm,
+}
+
+impl Transport {
+    /// The name in agent addresses (`?transport=…`) and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Transport {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tcp" => Ok(Transport::Tcp),
+            "shm" => Ok(Transport::Shm),
+            _ => Err(format!("unknown transport {s:?}; use shm or tcp")),
+        }
+    }
+}
+
+/// A ring's shape, chosen by the consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingShape {
+    pub slots: u32,
+    /// Bytes per slot: a whole batch record, page aligned.
+    pub slot_size: u64,
+    /// Whether the agent computes, and the consumer checks, each record's crc32c.
+    pub verify: bool,
+}
+
+/// Where a session's data plane is, and how the session proves it is the one opened.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// The agent's address as the consumer named it (for messages).
+    pub agent: String,
+    /// The agent's TCP data plane, `HOST:PORT`.
+    pub data_addr: String,
+    /// The agent's Unix socket on this host, where rings are handed over (if it has one).
+    pub socket: Option<PathBuf>,
+    /// The session's hello (id and ticket from `Open`).
+    pub hello: Hello,
+    /// The ring to create, for [`Transport::Shm`].
+    pub ring: RingShape,
+}
+
+/// Why a data plane could not be connected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    #[error("cannot reach agent {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("shared-memory ring: {0}")]
+    Ring(#[from] RingError),
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    #[error("transport=shm: the agent at {agent} has no Unix socket; start it on this host with `dquant serve --socket PATH` and use that path as its address")]
+    NoSocket { agent: String },
+}
+
+/// Connects the data plane of the session `endpoint` describes over `transport`.
+pub fn connect(
+    transport: Transport,
+    endpoint: &Endpoint,
+) -> Result<Box<dyn BatchSource>, ConnectError> {
+    match transport {
+        Transport::Tcp => {
+            let (_writer, records) = tcp::connect(&endpoint.data_addr, &endpoint.hello)?;
+            Ok(Box::new(TcpBatchSource::new(records)))
+        }
+        Transport::Shm => Ok(Box::new(connect_ring(endpoint)?)),
+    }
+}
+
+/// Creates a ring of `endpoint.ring`'s shape and hands it to the agent with the session's
+/// hello: the agent writes batch records into it, and the returned source reads them in
+/// place.
+fn connect_ring(endpoint: &Endpoint) -> Result<RingSource, ConnectError> {
+    let path = endpoint
+        .socket
+        .as_ref()
+        .ok_or_else(|| ConnectError::NoSocket {
+            agent: endpoint.agent.clone(),
+        })?;
+    let err = |source| ConnectError::Connect {
+        addr: path.display().to_string(),
+        source,
+    };
+    let RingShape {
+        slots,
+        slot_size,
+        verify,
+    } = endpoint.ring;
+    let (mut ring, fds) = RingConsumer::create_with(slots, slot_size, verify)?;
+    let sock = UnixStream::connect(path).map_err(err)?;
+    fds.send_with(&sock, &endpoint.hello.encode())?;
+    // Our copies of the descriptors go now: the agent holds its own.
+    drop(fds);
+    let peer = sock.try_clone().map_err(err)?;
+    ring.set_peer(OwnedFd::from(peer));
+    Ok(RingSource::new(ring, sock))
+}
