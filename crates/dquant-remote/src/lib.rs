@@ -7,10 +7,12 @@
 
 mod control;
 mod open;
+mod readahead;
 mod source;
 mod uri;
 
 pub use control::{connect_error, hello_of, Control};
 pub use open::open_source;
-pub use source::{check_payload_len, ReadaheadConfig, RemoteSource};
+pub use readahead::ReadaheadConfig;
+pub use source::{check_payload_len, RemoteSource};
 pub use uri::{AgentUri, Transport};

@@ -1,7 +1,6 @@
 //! A dataset on another agent as a [`TokenSource`]: token ranges asked for over the agent's
 //! data plane, with readahead for sequential reads.
 
-use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::ops::Range;
 
@@ -12,52 +11,7 @@ use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
 use dquant_transport::{FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
 
 use crate::control::Control;
-
-/// How a [`RemoteSource`] reads ahead of sequential reads (see `Window` for the mechanism).
-///
-/// Why these sizes ([`ReadaheadConfig::DEFAULT`]: 512 Ki-token chunks, 4 in flight):
-/// - Link: 4 × 512 Ki = 2 Mi tokens are asked for ahead of the reader, 4 MiB of a `u16`
-///   wire codec, about 34 ms of a 1 Gbit/s link. That covers the upstream agent producing a
-///   chunk (a few ms), the round trip, and the consumer's pauses, so the link never waits;
-///   and at 1+ MiB per answer the per-request cost (one 48-byte header, one flush) is noise.
-/// - Memory: this process holds the window, at most one chunk plus the range being served
-///   (512 Ki × 4 B = 2 MiB of decoded u32), and one chunk's payload (at most 2 MiB, often a
-///   quarter of that). Answers in flight wait in socket buffers (kernel, bounded by TCP's
-///   window whatever the count in flight) and on the upstream agent, which materialises one
-///   range at a time (tokens and payload of one chunk: at most 4 MiB). So about 4 MiB per
-///   remote source here and per session there: a blend of several remote sources stays far
-///   under an agent's ~72 MiB RSS target. 1 Mi-token chunks would double that, and 16 Mi
-///   (the agent's `MAX_RANGE_TOKENS`) would cost 128 MiB, for no more throughput.
-///
-/// The cost of being wrong is bounded too: at an epoch's end or any other jump, at most
-/// `chunk_tokens × in_flight` tokens were asked for and are drained unused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadaheadConfig {
-    /// Tokens per chunk request (at most [`MAX_RANGE_TOKENS`], what an agent serves in one
-    /// range).
-    pub chunk_tokens: u64,
-    /// Chunk requests kept in flight ahead of the reader; 0 turns readahead off.
-    pub in_flight: usize,
-}
-
-impl ReadaheadConfig {
-    /// 512 Ki-token chunks, 4 in flight (see the type's docs for why).
-    pub const DEFAULT: Self = ReadaheadConfig {
-        chunk_tokens: 512 << 10,
-        in_flight: 4,
-    };
-    /// Every read stop-and-wait.
-    pub const OFF: Self = ReadaheadConfig {
-        in_flight: 0,
-        ..Self::DEFAULT
-    };
-}
-
-impl Default for ReadaheadConfig {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
+use crate::readahead::{ReadaheadConfig, Sequence, Window};
 
 /// A dataset served by another agent, read by token ranges over its data plane.
 ///
@@ -246,7 +200,7 @@ impl TokenSource for RemoteSource {
 }
 
 /// The data connection of a source session: requests out, range records back, in order.
-struct DataStream {
+pub(crate) struct DataStream {
     writer: FrameWriter<TcpStream>,
     reader: RecordReader<TcpStream>,
     decoder: Decoder,
@@ -258,7 +212,7 @@ struct DataStream {
 
 impl DataStream {
     /// Sends one request for `pairs` (first token, tokens), at most `MAX_REQUEST_RANGES`.
-    fn send(&mut self, pairs: &[(u64, u64)]) -> Result<(), SourceError> {
+    pub(crate) fn send(&mut self, pairs: &[(u64, u64)]) -> Result<(), SourceError> {
         self.request.clear();
         encode_request(pairs, &mut self.request);
         self.writer.send(FrameKind::Data, &self.request)?;
@@ -271,7 +225,12 @@ impl DataStream {
     /// Receives the next range record, which must be `len` tokens from `start`, and decodes
     /// it into `out` (`len` tokens), or reads past it when `out` is `None`. An error frame
     /// from the agent comes back as `WireError::Remote`, its message verbatim.
-    fn recv(&mut self, start: u64, len: u64, out: Option<&mut [u32]>) -> Result<(), SourceError> {
+    pub(crate) fn recv(
+        &mut self,
+        start: u64,
+        len: u64,
+        out: Option<&mut [u32]>,
+    ) -> Result<(), SourceError> {
         let Some(hb) = self.reader.next_header()? else {
             return Err(WireError::EndInRecord("range response").into());
         };
@@ -292,144 +251,6 @@ impl DataStream {
             self.decoder
                 .decode(h.codec, &self.payload, out)
                 .map_err(|e| e.at_base(start))?;
-        }
-        Ok(())
-    }
-}
-
-/// Where the reads of a source stand, to tell sequential access from the rest.
-#[derive(Default)]
-struct Sequence {
-    /// End of the last range read.
-    last_end: Option<u64>,
-    /// How many ranges in a row, up to the last one, went on from the one before.
-    streak: u64,
-}
-
-impl Sequence {
-    /// Whether `r` goes on from the last range read: it starts on that range's last token
-    /// (packed samples share one: sample `i` is `[i * seq_len, (i + 1) * seq_len + 1)`) or
-    /// right after it.
-    fn continues(&self, r: &Range<u64>) -> bool {
-        r.start < r.end
-            && self
-                .last_end
-                .is_some_and(|e| r.start == e || r.start + 1 == e)
-    }
-
-    fn note(&mut self, r: &Range<u64>) {
-        self.streak = if self.continues(r) {
-            self.streak + 1
-        } else {
-            0
-        };
-        self.last_end = Some(r.end);
-    }
-}
-
-/// Sequential readahead: decoded tokens ahead of the reader, and the chunk requests in
-/// flight beyond them.
-///
-/// Why: stop-and-wait (one request per read, then wait for its answer) leaves the link idle
-/// while the agent produces each answer and while our consumer works on the last batch, so
-/// over a NIC-bound link a chained agent falls well short of link rate. While reads go on
-/// where the last one ended, this keeps up to `in_flight` requests of `chunk_tokens` queued
-/// on the agent ahead of the reader: the agent produces and sends the next chunks while this
-/// process decodes and its consumer packs, and the link never waits on either.
-///
-/// Bounded memory: `tokens` holds at most the range being served plus one chunk, since the
-/// tokens before the range being served are dropped before a chunk is appended (reads only
-/// go forward here). Answers not yet received wait in socket buffers, not in this process.
-///
-/// Why answers are drained: the agent answers requests strictly in order on one stream. A
-/// read that leaves the sequence cannot just forget the requests in flight: their answers
-/// come before the answer to anything asked next, so they are read and dropped first, or
-/// every later read would get the wrong tokens. An error frame met while draining is that
-/// read's error, as it would have been the read's own.
-struct Window {
-    /// The first token in `tokens`.
-    start: u64,
-    /// Decoded tokens from `start` on.
-    tokens: Vec<u32>,
-    /// Chunks asked for and not received yet, in request order: (first token, tokens).
-    in_flight: VecDeque<(u64, u64)>,
-    /// The first token not asked for yet.
-    next: u64,
-    /// A chunk request that could not be sent. Reported only when the reader needs that
-    /// chunk: the answers before it (often the agent's error frame, which says why the
-    /// connection broke) are read first.
-    send_error: Option<SourceError>,
-}
-
-impl Window {
-    fn new(at: u64) -> Self {
-        Window {
-            start: at,
-            tokens: Vec::new(),
-            in_flight: VecDeque::new(),
-            next: at,
-            send_error: None,
-        }
-    }
-
-    fn end(&self) -> u64 {
-        self.start + self.tokens.len() as u64
-    }
-
-    /// Asks for chunks until `in_flight` are outstanding or the dataset's end is asked for.
-    fn top_up(&mut self, s: &mut DataStream, cfg: ReadaheadConfig, total: u64) {
-        while self.send_error.is_none() && self.in_flight.len() < cfg.in_flight && self.next < total
-        {
-            let len = cfg.chunk_tokens.min(total - self.next);
-            match s.send(&[(self.next, len)]) {
-                Ok(()) => {
-                    self.in_flight.push_back((self.next, len));
-                    self.next += len;
-                }
-                Err(e) => self.send_error = Some(e),
-            }
-        }
-    }
-
-    /// Copies the tokens of `r` into `out`, receiving chunks until the window holds them.
-    /// `r` must not start before the window nor end past `total`.
-    fn read(
-        &mut self,
-        r: &Range<u64>,
-        out: &mut [u32],
-        s: &mut DataStream,
-        cfg: ReadaheadConfig,
-        total: u64,
-    ) -> Result<(), SourceError> {
-        debug_assert!(self.start <= r.start && r.start <= self.end() && r.end <= total);
-        while self.end() < r.end {
-            self.top_up(s, cfg, total);
-            let Some((start, len)) = self.in_flight.pop_front() else {
-                return Err(self.send_error.take().unwrap_or_else(|| {
-                    SourceError::Usage(format!(
-                        "readahead: nothing in flight for tokens {}..{}",
-                        r.start, r.end
-                    ))
-                }));
-            };
-            debug_assert_eq!(start, self.end());
-            // No later read needs the tokens before `r` (reads here only go forward).
-            let consumed = (r.start.saturating_sub(self.start) as usize).min(self.tokens.len());
-            self.tokens.drain(..consumed);
-            self.start += consumed as u64;
-            let at = self.tokens.len();
-            self.tokens.resize(at + len as usize, 0);
-            s.recv(start, len, Some(&mut self.tokens[at..]))?;
-        }
-        let a = (r.start - self.start) as usize;
-        out.copy_from_slice(&self.tokens[a..a + out.len()]);
-        Ok(())
-    }
-
-    /// Reads and drops the answers still in flight, leaving the stream at a request boundary.
-    fn drain(mut self, s: &mut DataStream) -> Result<(), SourceError> {
-        while let Some((start, len)) = self.in_flight.pop_front() {
-            s.recv(start, len, None)?;
         }
         Ok(())
     }
