@@ -372,7 +372,7 @@ impl Reader {
             cursor: self.cursor,
             record,
             len,
-            in_ring: self.transport == Some(Transport::Shm),
+            in_ring: self.source.shared_memory(),
         }))
     }
 

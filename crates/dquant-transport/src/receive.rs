@@ -50,6 +50,12 @@ pub trait BatchSource: Send {
         None
     }
 
+    /// Whether taken records live in memory another process writes (a shared-memory ring
+    /// slot), rather than in this process's heap.
+    fn shared_memory(&self) -> bool {
+        false
+    }
+
     /// Copies the payload of the record whose header [`next_header`](BatchSource::next_header)
     /// returned into `out`, exactly `payload_len` bytes.
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError>;

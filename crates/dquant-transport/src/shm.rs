@@ -204,6 +204,10 @@ impl BatchSource for RingSource {
         self.held.take().map(|v| Box::new(v) as RecordView)
     }
 
+    fn shared_memory(&self) -> bool {
+        true
+    }
+
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
         let held = self.held.as_ref().map(|v| &v[RECORD_HEADER_LEN..]);
         match held {
