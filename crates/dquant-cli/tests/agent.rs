@@ -1,13 +1,12 @@
 //! `dquant serve`, `ls`, `stat`, `read --agent` and `demo`, end to end through the built binary:
 //! a real agent process on ephemeral loopback ports, real client processes.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use dquant_testkit::process::{self, kill, AgentProcess};
+use dquant_testkit::{copy_fixture, xxh3};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_dquant");
@@ -26,124 +25,14 @@ fn ok(args: &[&str]) -> Output {
     o
 }
 
-fn fixtures() -> PathBuf {
-    let p = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/megatron"
-    ));
-    assert!(p.is_dir(), "Megatron fixtures not found at {}", p.display());
-    p.to_path_buf()
-}
-
 /// A root directory holding copies of the r50k fixtures (int32 and uint16).
 fn root_with_fixtures(dir: &Path) -> PathBuf {
     let root = dir.join("root");
     std::fs::create_dir_all(&root).unwrap();
     for name in ["r50k_int32", "r50k_uint16"] {
-        for ext in ["bin", "idx"] {
-            std::fs::copy(
-                fixtures().join(format!("{name}.{ext}")),
-                root.join(format!("{name}.{ext}")),
-            )
-            .unwrap();
-        }
+        copy_fixture(name, &root.join(name));
     }
     root
-}
-
-/// A `dquant serve` process; killed when dropped.
-struct Agent {
-    child: Child,
-    uri: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Agent {
-    /// Starts `dquant serve` on ephemeral loopback ports with `args` and waits for its
-    /// listening line.
-    fn start(args: &[&str]) -> Agent {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-listen",
-                "127.0.0.1:0",
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Keep draining stderr (the agent logs every session) so the pipe never fills.
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.strip_prefix("dquant agent listening: ") {
-                    let _ = tx.send(rest.to_string());
-                }
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        let mut agent = Agent {
-            child,
-            uri: String::new(),
-            log,
-        };
-        let line = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => line,
-            Err(_) => panic!("the agent did not say it listens:\n{}", agent.log()),
-        };
-        // uri=dquant://127.0.0.1:PORT control=... data=... roots=...
-        let field = |k: &str| {
-            line.split(' ')
-                .find_map(|f| f.strip_prefix(k))
-                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
-                .to_string()
-        };
-        agent.uri = field("uri=");
-        assert_eq!(agent.uri, format!("dquant://{}", field("control=")));
-        assert!(field("data=").starts_with("127.0.0.1:"), "{line}");
-        agent
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Waits until the agent's log contains `what` (true) or `timeout` passes (false).
-    fn wait_log(&self, what: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.log().contains(what) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
-    }
-
-    fn assert_running(&mut self) {
-        assert!(
-            self.child.try_wait().unwrap().is_none(),
-            "the agent exited:\n{}",
-            self.log()
-        );
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Writes a plan over `sources` ((uri, weight)) with `extra` TOML lines.
@@ -182,7 +71,7 @@ fn s(p: &Path) -> &str {
 fn read_on_an_agent_gives_the_local_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let root = root_with_fixtures(dir.path());
-    let agent = Agent::start(&["--root", &format!("fx={}", root.display())]);
+    let agent = AgentProcess::start(BIN, &["--root", &format!("fx={}", root.display())]);
     let (on_agent, local) = plans(dir.path(), &root, "wire_codec = \"auto+zstd:1\"");
     let out = |name: &str| dir.path().join(name);
 
@@ -268,12 +157,15 @@ fn ls_and_stat_show_what_the_agent_serves() {
     let conf = dir.path().join("agent.toml");
     std::fs::write(&conf, "prefetch_frames = 2\n[roots]\nfx = \"root\"\n").unwrap();
     let other = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&[
-        "--config",
-        s(&conf),
-        "--root",
-        &format!("empty={}", other.path().display()),
-    ]);
+    let agent = AgentProcess::start(
+        BIN,
+        &[
+            "--config",
+            s(&conf),
+            "--root",
+            &format!("empty={}", other.path().display()),
+        ],
+    );
     let u = &agent.uri;
 
     let roots = String::from_utf8(ok(&["ls", u]).stdout).unwrap();
@@ -356,40 +248,19 @@ fn ls_and_stat_show_what_the_agent_serves() {
     }
 }
 
-/// Starts `dquant read PLAN --agent ADDR` with its stdout a pipe nobody reads, so it stalls
-/// with its session mid-stream; once the agent logs `started`, kills it, and waits for the
-/// agent to log `ended`.
-fn kill_stalled_reader(agent: &Agent, plan: &Path, addr: &str, started: &str, ended: &str) {
-    let mut client = Command::new(BIN)
-        .args(["read", s(plan), "--agent", addr])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        agent.wait_log(started, Duration::from_secs(30)),
-        "no session started ({started:?}):\n{}",
-        agent.log()
-    );
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        client.try_wait().unwrap().is_none(),
-        "the client finished already"
-    );
-    client.kill().unwrap();
-    client.wait().unwrap();
-    assert!(
-        agent.wait_log(ended, Duration::from_secs(30)),
-        "the agent did not end the killed client's session:\n{}",
-        agent.log()
-    );
+/// Kills `dquant read PLAN --agent ADDR` stalled mid-stream (see
+/// [`process::kill_stalled_reader`]): the agent logs `started`, then `ended`.
+fn kill_stalled_reader(agent: &AgentProcess, plan: &Path, addr: &str, started: &str, ended: &str) {
+    let mut read = Command::new(BIN);
+    read.args(["read", s(plan), "--agent", addr]);
+    process::kill_stalled_reader(agent, &mut read, started, ended);
 }
 
 #[test]
 fn a_client_killed_mid_stream_leaves_the_agent_serving() {
     let dir = tempfile::tempdir().unwrap();
     let root = root_with_fixtures(dir.path());
-    let agent = Agent::start(&["--root", &format!("fx={}", root.display())]);
+    let agent = AgentProcess::start(BIN, &["--root", &format!("fx={}", root.display())]);
     // 50 epochs: 32 MB of u16, far more than the pipe, the sockets and the prefetch hold.
     let big = dir.path().join("big.toml");
     plan(
@@ -542,21 +413,20 @@ fn rust_plans(root: &Path, epochs: u32) -> (dquant_plan::Plan, dquant_plan::Plan
     )
 }
 
-fn xxh3(b: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(b)
-}
-
 /// An agent serving copies of the fixtures in `dir` as `fx`, with a Unix socket there too;
 /// returns it, the root and the socket's path.
-fn agent_with_socket(dir: &Path) -> (Agent, PathBuf, PathBuf) {
+fn agent_with_socket(dir: &Path) -> (AgentProcess, PathBuf, PathBuf) {
     let root = root_with_fixtures(dir);
     let sock = dir.join("agent.sock");
-    let agent = Agent::start(&[
-        "--root",
-        &format!("fx={}", root.display()),
-        "--socket",
-        s(&sock),
-    ]);
+    let agent = AgentProcess::start(
+        BIN,
+        &[
+            "--root",
+            &format!("fx={}", root.display()),
+            "--socket",
+            s(&sock),
+        ],
+    );
     (agent, root, sock)
 }
 
@@ -643,7 +513,7 @@ fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
     .into_iter()
     .enumerate()
     {
-        let mut agent = Agent::start(&args);
+        let mut agent = AgentProcess::start(BIN, &args);
         let mut r = open(s(&sock), &on_agent, Offload::Yes).unwrap();
         let mut got = Vec::new();
         for _ in 0..read_first {
@@ -688,7 +558,7 @@ fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
         drop(agent);
 
         // Resume on a fresh agent (the dead one's socket file is stale and gets replaced)...
-        let _agent = Agent::start(&args);
+        let _agent = AgentProcess::start(BIN, &args);
         let mut r = open_at(s(&sock), &on_agent, cursor, Offload::Yes).unwrap();
         let mut rest = Vec::new();
         while let Some(b) = r.next_batch().unwrap() {
@@ -716,20 +586,6 @@ fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
     }
 }
 
-/// Sends `sig` to process `pid` (one of our children).
-fn kill(pid: u32, sig: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: plain kill(2); no memory is passed.
-    match unsafe { libc::kill(pid as libc::pid_t, sig) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
-}
-
-/// Sends `sig` to the agent process.
-fn signal(agent: &Agent, sig: libc::c_int) {
-    kill(agent.child.id(), sig).unwrap_or_else(|e| panic!("kill({sig}): {e}"));
-}
-
 #[test]
 fn wait_ready_times_out_on_a_stopped_agent_and_the_stream_goes_on_whole() {
     use dquant_client::{open, Offload};
@@ -754,7 +610,7 @@ fn wait_ready_times_out_on_a_stopped_agent_and_the_stream_goes_on_whole() {
     let mut r = open(s(&sock), &on_agent, Offload::Yes).unwrap();
     let mut got = Xxh3::new();
     got.update(r.next_owned().unwrap().unwrap().bytes());
-    signal(&agent, libc::SIGSTOP);
+    agent.signal(libc::SIGSTOP);
     // Should waits never time out, a read would block on the stopped agent for good: wake it
     // after a while, so that the stream ends while "stopped" and the test fails, not hangs.
     let pid = agent.child.id();
@@ -785,7 +641,7 @@ fn wait_ready_times_out_on_a_stopped_agent_and_the_stream_goes_on_whole() {
         assert!(drained < 20_000, "wait_ready never timed out");
     }
     assert!(!r.wait_ready(Duration::from_millis(10)).unwrap());
-    signal(&agent, libc::SIGCONT);
+    agent.signal(libc::SIGCONT);
     assert!(r.wait_ready(Duration::from_secs(30)).unwrap());
     while let Some(b) = r.next_owned().unwrap() {
         got.update(b.bytes());

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use dquant_testkit::fixture;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -120,24 +121,6 @@ fn difference(a: &Path, b: &Path) -> String {
 
 fn s(p: &Path) -> String {
     p.to_str().expect("test paths are UTF-8").to_string()
-}
-
-fn fixtures() -> PathBuf {
-    let d = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/megatron"
-    ));
-    assert!(
-        d.join("r50k_int32.idx").is_file(),
-        "Megatron fixtures not found at {}: the repository's `shared/` directory must sit \
-         beside the checkout (shared/fixtures/megatron)",
-        d.display()
-    );
-    d
-}
-
-fn fixture(name: &str) -> PathBuf {
-    fixtures().join(name)
 }
 
 fn with_ext(prefix: &Path, ext: &str) -> PathBuf {

@@ -1,22 +1,14 @@
 //! `dquant read`: a plan run in-process, written out, resumable, with named plan errors.
 
-use std::path::Path;
 use std::process::Command;
+
+use dquant_testkit::fixture_str;
 
 fn dquant(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_dquant"))
         .args(args)
         .output()
         .unwrap()
-}
-
-fn fixture(name: &str) -> String {
-    let p = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/megatron"
-    ));
-    assert!(p.is_dir(), "Megatron fixtures not found at {}", p.display());
-    p.join(name).display().to_string()
 }
 
 #[test]
@@ -28,8 +20,8 @@ fn read_writes_the_plan_and_resumes_from_a_cursor() {
         format!(
             "seq_len = 255\nbatch_size = 2\noutput = \"u16\"\nseed = 3\n\
              [[sources]]\nuri = \"{}\"\nweight = 3.0\n[[sources]]\nuri = \"{}\"\n",
-            fixture("r50k_int32"),
-            fixture("r50k_uint16")
+            fixture_str("r50k_int32"),
+            fixture_str("r50k_uint16")
         ),
     )
     .unwrap();
@@ -65,7 +57,7 @@ fn bad_plans_name_the_field() {
         &p,
         format!(
             r#"{{"seq_len": 8, "batch_size": 1, "sources": [{{"uri": "{}", "weight": -0.5}}]}}"#,
-            fixture("r50k_int32")
+            fixture_str("r50k_int32")
         ),
     )
     .unwrap();

@@ -1,19 +1,19 @@
 //! Bad input: every mistake gets its exact error, and the agent keeps serving other clients
 //! correctly afterwards.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{drain, plan, wait_idle, xxh3, Corpus};
 use dquant_agent::AgentHandle;
 use dquant_client::{open, ClientError, Control, Offload, Reader, SourceError};
 use dquant_codec::bits_needed;
 use dquant_plan::{Cursor, OutputDType};
 use dquant_proto::v1::OpenRequest;
 use dquant_storage::{Dataset, OpenOptions};
+use dquant_testkit::agent::{plan, wait_idle, Corpus};
+use dquant_testkit::stream::drain;
+use dquant_testkit::xxh3;
 use dquant_transport::{BufferPool, FrameKind, FrameReader, FrameWriter, Hello, WireError};
 
 /// A good plan still streams the right bytes through `agent`.

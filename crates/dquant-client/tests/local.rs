@@ -1,26 +1,15 @@
 //! In-process reading of plans: every path to the bytes agrees, on real Megatron data.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use dquant_client::{ClientError, Reader, Tokens};
 use dquant_codec::Codec;
-use dquant_format::block::{block_tokens_for, DEFAULT_BLOCK_BYTES};
 use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_storage::{Dataset, DatasetWriter, OpenOptions, OutputFormat};
-
-fn fixtures() -> PathBuf {
-    let p = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/megatron"
-    ));
-    assert!(p.is_dir(), "Megatron fixtures not found at {}", p.display());
-    p.to_path_buf()
-}
-
-fn fixture(name: &str) -> String {
-    fixtures().join(name).display().to_string()
-}
+use dquant_testkit::agent::write_block_copy;
+use dquant_testkit::fixture_str;
+use dquant_testkit::stream::{drain, read_all};
 
 fn plan(sources: Vec<Source>, output: OutputDType) -> Plan {
     let mut p = Plan::new(sources, 127, 4);
@@ -31,15 +20,7 @@ fn plan(sources: Vec<Source>, output: OutputDType) -> Plan {
 
 /// The whole stream through `next_batch`, as bytes, with per-batch sample counts.
 fn batches(p: &Plan, from: Cursor) -> (Vec<u8>, Vec<usize>) {
-    let mut r = Reader::local(p, from).unwrap();
-    let mut bytes = Vec::new();
-    let mut sizes = Vec::new();
-    while let Some(b) = r.next_batch().unwrap() {
-        assert_eq!(b.tokens.len(), b.samples * b.sample_len);
-        bytes.extend_from_slice(b.tokens.as_bytes());
-        sizes.push(b.samples);
-    }
-    (bytes, sizes)
+    drain(&mut Reader::local(p, from).unwrap())
 }
 
 fn all_tokens(path: &str) -> Vec<u32> {
@@ -51,24 +32,19 @@ fn all_tokens(path: &str) -> Vec<u32> {
 
 #[test]
 fn read_and_next_batch_deliver_the_planned_tokens() {
-    let p = plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::U16);
+    let p = plan(
+        vec![Source::new(fixture_str("r50k_int32"))],
+        OutputDType::U16,
+    );
     let (via_batches, sizes) = batches(&p, Cursor::START);
     let mut r = Reader::local(&p, Cursor::START).unwrap();
     let total = r.schedule().unwrap().rank_samples() as usize;
     assert_eq!(sizes.iter().sum::<usize>(), total);
     assert_eq!(via_batches.len(), total * 128 * 2);
-    let mut via_read = Vec::new();
-    let mut buf = vec![0u8; 1000];
-    loop {
-        let n = r.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        via_read.extend_from_slice(&buf[..n]);
-    }
+    let via_read = read_all(&mut r, 1000);
     assert_eq!(via_read, via_batches);
     // Every sample is exactly the source's tokens over the range the schedule names.
-    let src = all_tokens(&fixture("r50k_int32"));
+    let src = all_tokens(&fixture_str("r50k_int32"));
     let it = r.schedule().unwrap().iter_rank(Cursor::START).unwrap();
     let words: Vec<u16> = via_batches
         .chunks_exact(2)
@@ -85,7 +61,7 @@ fn read_and_next_batch_deliver_the_planned_tokens() {
 
 #[test]
 fn output_dtypes_hold_the_same_tokens() {
-    let src = vec![Source::new(fixture("r50k_int32"))];
+    let src = vec![Source::new(fixture_str("r50k_int32"))];
     let (u16s, _) = batches(&plan(src.clone(), OutputDType::U16), Cursor::START);
     let (i64s, _) = batches(&plan(src, OutputDType::I64), Cursor::START);
     let a: Vec<u64> = u16s
@@ -98,7 +74,10 @@ fn output_dtypes_hold_the_same_tokens() {
         .collect();
     assert_eq!(a, b);
     let mut r = Reader::local(
-        &plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::I32),
+        &plan(
+            vec![Source::new(fixture_str("r50k_int32"))],
+            OutputDType::I32,
+        ),
         Cursor::START,
     )
     .unwrap();
@@ -110,23 +89,12 @@ fn output_dtypes_hold_the_same_tokens() {
 
 /// A `.dqb` copy of a Megatron dataset, written with `codec`.
 fn dqb_copy(src: &str, codec: &str, dir: &Path) -> String {
-    let ds = Dataset::open(Path::new(src), &OpenOptions::default()).unwrap();
     let codec: Codec = codec.parse().unwrap();
     let dst = dir.join(format!(
         "copy-{}.dqb",
         codec.to_string().replace([':', '+'], "_")
     ));
-    let mut w = DatasetWriter::create(
-        &dst,
-        OutputFormat::Block {
-            codec,
-            block_tokens: block_tokens_for(codec.width, DEFAULT_BLOCK_BYTES / 16),
-            vocab_size: 0,
-        },
-    )
-    .unwrap();
-    ds.scan(1 << 16, |_, t| w.push(t)).unwrap();
-    w.finish(ds.index()).unwrap();
+    write_block_copy(Path::new(src), &dst, codec);
     dst.display().to_string()
 }
 
@@ -134,14 +102,17 @@ fn dqb_copy(src: &str, codec: &str, dir: &Path) -> String {
 fn the_stream_does_not_depend_on_the_source_format() {
     let dir = tempfile::tempdir().unwrap();
     let reference = batches(
-        &plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::I32),
+        &plan(
+            vec![Source::new(fixture_str("r50k_int32"))],
+            OutputDType::I32,
+        ),
         Cursor::START,
     )
     .0;
     for src in [
-        fixture("r50k_uint16"),
-        dqb_copy(&fixture("r50k_int32"), "bits:16+zstd:3", dir.path()),
-        dqb_copy(&fixture("r50k_int32"), "u24+lz4", dir.path()),
+        fixture_str("r50k_uint16"),
+        dqb_copy(&fixture_str("r50k_int32"), "bits:16+zstd:3", dir.path()),
+        dqb_copy(&fixture_str("r50k_int32"), "u24+lz4", dir.path()),
     ] {
         let got = batches(
             &plan(vec![Source::new(src.clone())], OutputDType::I32),
@@ -155,8 +126,8 @@ fn the_stream_does_not_depend_on_the_source_format() {
 #[test]
 fn resuming_from_a_cursor_gives_exactly_the_tail() {
     let sources = vec![
-        Source::new(fixture("r50k_int32")).weight(0.7),
-        Source::new(fixture("r50k_int32_multiseq")).weight(0.3),
+        Source::new(fixture_str("r50k_int32")).weight(0.7),
+        Source::new(fixture_str("r50k_int32_multiseq")).weight(0.3),
     ];
     let mut p = plan(sources, OutputDType::U16);
     p.epochs = Some(2);
@@ -185,8 +156,8 @@ fn resuming_from_a_cursor_gives_exactly_the_tail() {
 #[test]
 fn ranks_partition_the_global_stream() {
     let sources = vec![
-        Source::new(fixture("r50k_int32")).weight(2.0),
-        Source::new(fixture("r50k_uint16")).weight(1.0),
+        Source::new(fixture_str("r50k_int32")).weight(2.0),
+        Source::new(fixture_str("r50k_uint16")).weight(1.0),
     ];
     let global = batches(&plan(sources.clone(), OutputDType::U16), Cursor::START).0;
     let sample = 128 * 2;
@@ -249,7 +220,7 @@ fn tokens_too_wide_for_the_output_are_errors() {
 fn bad_sources_are_named() {
     let p = plan(
         vec![
-            Source::new(fixture("r50k_int32")),
+            Source::new(fixture_str("r50k_int32")),
             Source::new("/nonexistent/data"),
         ],
         OutputDType::U16,
@@ -278,7 +249,10 @@ fn bad_sources_are_named() {
 
 #[test]
 fn next_batch_refuses_to_skip_a_partly_read_batch() {
-    let p = plan(vec![Source::new(fixture("r50k_int32"))], OutputDType::U16);
+    let p = plan(
+        vec![Source::new(fixture_str("r50k_int32"))],
+        OutputDType::U16,
+    );
     let mut r = Reader::local(&p, Cursor::START).unwrap();
     assert_eq!(r.sample_len(), 128);
     assert_eq!(r.output(), OutputDType::U16);
@@ -303,7 +277,7 @@ fn the_stored_fast_path_equals_decoding() {
     let dir = tempfile::tempdir().unwrap();
     // A second uint16 source (a raw file of the same tokens), so blends stay on the fast
     // path, and its int32 twin for the reference.
-    let toks = all_tokens(&fixture("r50k_int32"));
+    let toks = all_tokens(&fixture_str("r50k_int32"));
     let raw16 = dir.path().join("r50k.u16");
     let raw32 = dir.path().join("r50k.i32");
     std::fs::write(
@@ -326,11 +300,11 @@ fn the_stored_fast_path_equals_decoding() {
         s
     };
     let fast = vec![
-        Source::new(fixture("r50k_uint16")).weight(0.6),
+        Source::new(fixture_str("r50k_uint16")).weight(0.6),
         raw(&raw16, "uint16").weight(0.4),
     ];
     let slow = vec![
-        Source::new(fixture("r50k_int32")).weight(0.6),
+        Source::new(fixture_str("r50k_int32")).weight(0.6),
         raw(&raw32, "int32").weight(0.4),
     ];
     for (shuffle, epochs, world, rank, sources) in [
@@ -364,15 +338,7 @@ fn the_stored_fast_path_equals_decoding() {
             "{what}: resumed"
         );
         let mut r = Reader::local(&pf, Cursor::START).unwrap();
-        let mut via_read = Vec::new();
-        let mut buf = vec![0u8; 777];
-        loop {
-            let n = r.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            via_read.extend_from_slice(&buf[..n]);
-        }
+        let via_read = read_all(&mut r, 777);
         assert!(via_read == a, "{what}: read");
     }
 }

@@ -3,11 +3,11 @@
 //! resumed from a cursor in the middle, through a chain of two agents, and with the client
 //! pulling token ranges itself.
 
-mod common;
-
-use common::{drain, plan, read_all, xxh3, Corpus};
 use dquant_client::{open, open_at, Offload, Reader};
 use dquant_plan::{Cursor, OutputDType, Plan};
+use dquant_testkit::agent::{plan, Corpus};
+use dquant_testkit::stream::{drain, read_all};
+use dquant_testkit::xxh3;
 
 /// A stream's bytes and its batches' sample counts.
 type Stream = (Vec<u8>, Vec<usize>);

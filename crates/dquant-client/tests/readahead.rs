@@ -5,21 +5,21 @@
 //! chunk requests while shuffled ones never read ahead; and agent errors met while reading
 //! ahead or draining surface as the stop-and-wait path reports them.
 
-mod common;
-
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::slice::from_ref;
 
-use common::{drain, xxh3};
-use dquant_agent::{AgentConfig, AgentHandle};
+use dquant_agent::AgentHandle;
 use dquant_client::{open_at, Control, Offload, Reader};
 use dquant_engine::{LocalSource, SourceError, TokenSource};
 use dquant_format::{DType, DocIndexBuilder};
-use dquant_plan::{Cursor, OutputDType, Plan, Schedule, Source, SourceInfo};
+use dquant_plan::{Cursor, Plan, Schedule, SourceInfo};
 use dquant_proto::v1::StatRequest;
 use dquant_remote::{ReadaheadConfig, RemoteSource};
 use dquant_storage::{Dataset, DatasetWriter, OpenOptions, OutputFormat};
+use dquant_testkit::agent;
+use dquant_testkit::stream::drain;
+use dquant_testkit::xxh3;
 use dquant_transport::WireError;
 
 // Chunk requests stay within what an agent serves in one range.
@@ -73,18 +73,6 @@ fn write(
     w.finish(&ix.finish()).unwrap();
 }
 
-fn agent(roots: &[(&str, PathBuf)]) -> AgentHandle {
-    let mut c = AgentConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_listen: Some("127.0.0.1:0".parse().unwrap()),
-        ..AgentConfig::default()
-    };
-    for (name, path) in roots {
-        c.roots.insert(name.to_string(), path.clone());
-    }
-    dquant_agent::start(c).unwrap()
-}
-
 impl Big {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -107,8 +95,8 @@ impl Big {
         });
         let none = dir.path().join("none");
         std::fs::create_dir(&none).unwrap();
-        let storage = agent(&[("big", root)]);
-        let near = agent(&[("none", none)]);
+        let storage = agent::start(&[("big", root)]);
+        let near = agent::start(&[("none", none)]);
         Big { dir, storage, near }
     }
 
@@ -151,15 +139,9 @@ impl Big {
     }
 }
 
+/// A plan over `big/NAME` sources ((name, weight)): seed 99, i32 output.
 fn plan(names: &[(&str, f64)], seq_len: u32, batch: u32) -> Plan {
-    let sources = names
-        .iter()
-        .map(|(n, w)| Source::new(format!("big/{n}")).weight(*w))
-        .collect();
-    let mut p = Plan::new(sources, seq_len, batch);
-    p.seed = 99;
-    p.output = OutputDType::I32;
-    p
+    agent::plan_in("big", names, seq_len, batch, 99)
 }
 
 /// Checks that the stream of `p` from `from` is the same through each chained path as run

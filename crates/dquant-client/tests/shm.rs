@@ -2,28 +2,18 @@
 //! a ring. Streams through shm equal those over TCP and in-process, batch for batch; slow and
 //! vanishing consumers, and failing plans, behave as on TCP.
 
-mod common;
-
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use common::{drain, plan, read_all, wait_idle, xxh3, Corpus};
 use dquant_agent::AgentHandle;
 use dquant_client::{open, open_at, ClientError, Control, Offload, Reader, Transport};
 use dquant_plan::{Cursor, OutputDType, Plan};
 use dquant_proto::v1::OpenRequest;
+use dquant_testkit::agent::{plan, wait_idle, Corpus};
+use dquant_testkit::stream::{drain, read_all};
+use dquant_testkit::xxh3;
 use dquant_transport::ring::RingConsumer;
 use dquant_transport::{BufferPool, FrameReader, Hello, WireError};
-
-/// An agent of `c` that also listens on a Unix socket in `c`'s directory.
-fn agent_with_socket(c: &Corpus) -> (AgentHandle, String) {
-    let mut cfg = c.config();
-    let sock = c.dir.path().join("agent.sock");
-    cfg.socket = Some(sock.clone());
-    let agent = dquant_agent::start(cfg).unwrap();
-    assert_eq!(agent.socket(), Some(sock.as_path()));
-    (agent, sock.display().to_string())
-}
 
 /// Whole-stream checksum and batch sizes of `p` from `uri` (offloaded), checking that the
 /// reader uses `transport`.
@@ -56,7 +46,7 @@ fn assert_parity(c: &Corpus, agent: &AgentHandle, sock: &str, p: &Plan, from: Cu
 #[test]
 fn shm_streams_equal_tcp_and_local_ones() {
     let c = Corpus::new();
-    let (agent, sock) = agent_with_socket(&c);
+    let (agent, sock) = c.agent_with_socket();
     for out in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
         let mut p = plan(&[("r50k", 1.0)], 255, 8);
         p.output = out;
@@ -99,7 +89,7 @@ fn shm_streams_equal_tcp_and_local_ones() {
 #[test]
 fn read_over_shm_returns_the_bytes_of_next_batch() {
     let c = Corpus::new();
-    let (_agent, sock) = agent_with_socket(&c);
+    let (_agent, sock) = c.agent_with_socket();
     let p = plan(&[("r50k", 0.5), ("wide", 0.5)], 127, 3);
     let (want, _) = drain(&mut open(&sock, &p, Offload::Yes).unwrap());
     let got = read_all(&mut open(&sock, &p, Offload::Yes).unwrap(), 1001);
@@ -110,7 +100,7 @@ fn read_over_shm_returns_the_bytes_of_next_batch() {
 #[test]
 fn a_consumer_that_stalls_for_two_seconds_loses_nothing() {
     let c = Corpus::new();
-    let (agent, sock) = agent_with_socket(&c);
+    let (agent, sock) = c.agent_with_socket();
     let mut p = plan(&[("r50k", 1.0)], 255, 8);
     p.epochs = Some(3);
     let want = xxh3(&drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0);
@@ -155,7 +145,7 @@ fn raw_ring(sock: &str, p: &Plan, ticket_flip: bool) -> (RingConsumer, UnixStrea
 #[test]
 fn a_consumer_that_goes_away_without_closing_frees_its_session() {
     let c = Corpus::new();
-    let (agent, sock) = agent_with_socket(&c);
+    let (agent, sock) = c.agent_with_socket();
     let mut p = plan(&[("r50k", 1.0)], 255, 8);
     p.epochs = Some(50);
     // Read one batch, then vanish: the socket and the ring go, no Close is sent.
@@ -180,7 +170,7 @@ fn a_consumer_that_goes_away_without_closing_frees_its_session() {
 #[test]
 fn bad_ring_handovers_get_exact_errors() {
     let c = Corpus::new();
-    let (agent, sock) = agent_with_socket(&c);
+    let (agent, sock) = c.agent_with_socket();
     let p = plan(&[("r50k", 1.0)], 255, 8);
     // A wrong ticket: the agent says why on the socket and never touches the ring.
     let (mut ring, s) = raw_ring(&sock, &p, true);
@@ -247,7 +237,7 @@ fn bad_ring_handovers_get_exact_errors() {
 #[test]
 fn a_plan_that_fails_mid_stream_delivers_earlier_batches_then_the_error() {
     let c = Corpus::new();
-    let (agent, sock) = agent_with_socket(&c);
+    let (agent, sock) = c.agent_with_socket();
     let mut p = plan(&[("wide", 1.0)], 255, 4);
     p.shuffle = false;
     p.output = OutputDType::U16;
@@ -297,7 +287,7 @@ fn ring_mappings() -> Vec<(usize, usize)> {
 #[test]
 fn batches_are_viewed_in_the_ring_without_a_copy() {
     let c = Corpus::new();
-    let (_agent, sock) = agent_with_socket(&c);
+    let (_agent, sock) = c.agent_with_socket();
     let p = plan(&[("r50k", 1.0)], 255, 8);
     let mut r = open(&format!("{sock}?slots=8"), &p, Offload::Yes).unwrap();
     // (Other tests in this process may have rings of their own mapped meanwhile.)
@@ -338,7 +328,7 @@ fn owned_batches_outlive_later_batches_and_the_reader() {
     assert_send_sync::<dquant_client::OwnedBatch>();
     assert_send::<Reader>();
     let c = Corpus::new();
-    let (agent, sock) = agent_with_socket(&c);
+    let (agent, sock) = c.agent_with_socket();
     let mut p = plan(&[("r50k", 0.6), ("wide", 0.4)], 255, 4);
     p.epochs = Some(2);
     let want = drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0;

@@ -4,25 +4,15 @@
 use std::collections::BTreeSet;
 use std::ffi::{CStr, CString};
 
+use dquant_testkit::fixture_str;
+
 use super::*;
 
 const HEADER: &str = include_str!("../include/dquant.h");
 const SOURCE: &str = include_str!("lib.rs");
 
-fn fixture() -> String {
-    let p = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/megatron/r50k_int32"
-    );
-    assert!(
-        std::path::Path::new(&format!("{p}.idx")).is_file(),
-        "Megatron fixture not found at {p}"
-    );
-    p.to_string()
-}
-
 fn plan_json(seq_len: u32, batch_size: u32, output: &str) -> CString {
-    let src = serde_json_string(&fixture());
+    let src = serde_json_string(&fixture_str("r50k_int32"));
     CString::new(format!(
         r#"{{"sources":[{{"uri":{src}}}],"seq_len":{seq_len},"batch_size":{batch_size},"seed":7,"output":"{output}"}}"#
     ))

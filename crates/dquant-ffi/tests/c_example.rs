@@ -6,14 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use dquant_agent::{AgentConfig, AgentHandle};
 use dquant_client::Reader;
 use dquant_plan::{Cursor, Plan};
+use dquant_testkit::agent::Corpus;
+use dquant_testkit::fixture_str;
 
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/fixtures/megatron/r50k_int32"
-);
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 
 /// What the example prints for a stream.
@@ -56,11 +53,7 @@ fn rust_summary(plan_json: &str, cursor: Cursor) -> Summary {
 }
 
 fn local_plan(output: &str) -> String {
-    assert!(
-        Path::new(&format!("{FIXTURE}.idx")).is_file(),
-        "Megatron fixture not found at {FIXTURE}"
-    );
-    plan_over(FIXTURE, output)
+    plan_over(&fixture_str("r50k_int32"), output)
 }
 
 fn plan_over(source: &str, output: &str) -> String {
@@ -254,31 +247,14 @@ fn c_example_reads_a_local_plan_like_rust() {
     assert_same(&got, &rust_summary(&plan, Cursor::START), "shared library");
 }
 
-/// An agent serving root `corpus`, holding `r50k` (a copy of the fixture), with a Unix
-/// socket (`agent.socket()`) for shared-memory readers.
-fn agent() -> (AgentHandle, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("corpus");
-    std::fs::create_dir(&root).unwrap();
-    for ext in ["bin", "idx"] {
-        std::fs::copy(format!("{FIXTURE}.{ext}"), root.join(format!("r50k.{ext}"))).unwrap();
-    }
-    let mut cfg = AgentConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_listen: Some("127.0.0.1:0".parse().unwrap()),
-        ..Default::default()
-    };
-    cfg.roots.insert("corpus".into(), root);
-    cfg.socket = Some(dir.path().join("agent.sock"));
-    (dquant_agent::start(cfg).unwrap(), dir)
-}
-
 #[test]
 fn c_example_reads_through_an_agent_like_rust() {
     let ex = Example::build();
-    let (agent, _data) = agent();
+    // An agent serving root `corpus`, holding `r50k` (a copy of the fixture), with a Unix
+    // socket for shared-memory readers.
+    let corpus = Corpus::new();
+    let (agent, sock) = corpus.agent_with_socket();
     // Over TCP, and through shared memory (dq_next_batch then points into the ring).
-    let sock = agent.socket().unwrap().display().to_string();
     for uri in [agent.uri(), sock] {
         for output in ["u16", "i64"] {
             let want = rust_summary(&local_plan(output), Cursor::START);
@@ -313,7 +289,8 @@ fn c_example_reports_errors_verbatim() {
         "read_plan: dq_open failed: offload needs an agent: pass its URI, dquant://HOST:PORT or a Unix socket path\n"
     );
 
-    let (agent, _data) = agent();
+    let corpus = Corpus::new();
+    let agent = corpus.agent();
     let uri = agent.uri();
     let unknown = plan_over("nope/x", "u16");
     // The agent's message, verbatim, naming the source: offloaded (the agent refuses the

@@ -7,6 +7,7 @@ use dquant_codec::{Codec, TokenHasher};
 use dquant_format::block::BlockFile;
 use dquant_format::megatron::{check_bin_len, encode_idx, parse_idx, HEADER_LEN};
 use dquant_format::{ContentChecksum, DType, DocIndex, DocIndexBuilder};
+use dquant_testkit::read_fixture;
 
 fn multi_seq_index() -> DocIndex {
     let mut b = DocIndexBuilder::new();
@@ -193,7 +194,7 @@ fn fixture_indices_parse() {
         ("r50k_int32_multiseq.idx", DType::I32, 175, 28),
     ];
     for (name, dtype, seqs, docs) in cases {
-        let bytes = fixture(name);
+        let bytes = read_fixture(name);
         let p = parse_idx(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(p.dtype, dtype, "{name}");
         assert_eq!(p.index.sequences(), seqs, "{name}");
@@ -207,8 +208,8 @@ fn fixture_indices_parse() {
         );
     }
     // Same documents, split differently into sequences.
-    let one = parse_idx(&fixture("r50k_int32.idx")).unwrap().index;
-    let multi = parse_idx(&fixture("r50k_int32_multiseq.idx"))
+    let one = parse_idx(&read_fixture("r50k_int32.idx")).unwrap().index;
+    let multi = parse_idx(&read_fixture("r50k_int32_multiseq.idx"))
         .unwrap()
         .index;
     for d in 0..28 {
@@ -221,13 +222,13 @@ fn fixture_indices_parse() {
 
 #[test]
 fn int32_index_written_as_uint16_is_megatrons_uint16_index() {
-    let p = parse_idx(&fixture("r50k_int32.idx")).unwrap();
-    assert!(encode_idx(DType::U16, &p.index).unwrap() == fixture("r50k_uint16.idx"));
+    let p = parse_idx(&read_fixture("r50k_int32.idx")).unwrap();
+    assert!(encode_idx(DType::U16, &p.index).unwrap() == read_fixture("r50k_uint16.idx"));
 }
 
 fn decode_bin(idx: &str, bin: &str) -> (DocIndex, Vec<u32>) {
-    let p = parse_idx(&fixture(idx)).unwrap();
-    let bytes = fixture(bin);
+    let p = parse_idx(&read_fixture(idx)).unwrap();
+    let bytes = read_fixture(bin);
     check_bin_len(&p, bytes.len() as u64).unwrap();
     let mut tokens = vec![0; p.index.tokens() as usize];
     p.dtype.decode(&bytes, &mut tokens, 0).unwrap();
@@ -287,16 +288,16 @@ fn fixtures_through_a_block_file_and_back() {
         assert_eq!(s.max_token, 50256);
         // And out to Megatron again: the same .idx and .bin bytes.
         let idx = encode_idx(DType::I32, &bf.footer.index).unwrap();
-        assert!(idx == fixture("r50k_int32_multiseq.idx"));
+        assert!(idx == read_fixture("r50k_int32_multiseq.idx"));
         let mut bin = vec![0; tokens.len() * 2];
         DType::U16.encode(&tokens, &mut bin, 0).unwrap();
-        assert!(bin == fixture("r50k_uint16.bin"));
+        assert!(bin == read_fixture("r50k_uint16.bin"));
     }
 }
 
 #[test]
 fn truncated_fixture_index() {
-    let bytes = fixture("r50k_int32.idx");
+    let bytes = read_fixture("r50k_int32.idx");
     assert_eq!(bytes.len(), 602);
     assert_eq!(
         parse_idx(&bytes[..600]).unwrap_err().to_string(),

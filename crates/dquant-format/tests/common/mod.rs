@@ -217,23 +217,3 @@ pub fn fix_file_header_crc(file: &mut [u8]) {
     let c = crc32c(&file[..60]);
     file[60..64].copy_from_slice(&c.to_le_bytes());
 }
-
-/// Megatron fixtures: `shared/` is a sibling of the repository checkout.
-pub fn fixture_dir() -> std::path::PathBuf {
-    let p = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/megatron"
-    ));
-    assert!(
-        p.is_dir(),
-        "Megatron fixtures not found at {}: these tests need the `shared/` checkout next to \
-         the repository root (shared/fixtures/megatron/r50k_*.{{idx,bin}})",
-        p.display()
-    );
-    p.to_path_buf()
-}
-
-pub fn fixture(name: &str) -> Vec<u8> {
-    let p = fixture_dir().join(name);
-    std::fs::read(&p).unwrap_or_else(|e| panic!("reading fixture {}: {e}", p.display()))
-}

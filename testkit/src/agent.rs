@@ -1,25 +1,65 @@
-//! Shared set-up for the agent's end-to-end tests: a root of real Megatron data (plus an
-//! 18-bit-vocabulary dataset and a compressed block-file copy) and an agent on loopback.
-
-#![allow(dead_code)]
+//! Agents in this process, on ephemeral loopback ports, and [`Corpus`]: a root of real
+//! Megatron data (plus a compressed block-file copy and an 18-bit-vocabulary dataset) to serve
+//! and to compare offloaded streams with local ones. For the client's and the FFI's
+//! end-to-end tests.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use dquant_agent::{AgentConfig, AgentHandle};
-use dquant_client::Reader;
 use dquant_codec::Codec;
 use dquant_format::block::{block_tokens_for, DEFAULT_BLOCK_BYTES};
 use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{OutputDType, Plan, Source};
 use dquant_storage::{Dataset, DatasetWriter, OpenOptions, OutputFormat};
 
-pub fn fixtures() -> PathBuf {
-    let p = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/megatron"
-    ));
-    assert!(p.is_dir(), "Megatron fixtures not found at {}", p.display());
-    p.to_path_buf()
+/// An agent config on ephemeral loopback ports (control and data) serving `roots`
+/// ((name, directory)); tests change what else they need before starting it.
+pub fn config(roots: &[(&str, PathBuf)]) -> AgentConfig {
+    let mut c = AgentConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..AgentConfig::default()
+    };
+    for (name, path) in roots {
+        c.roots.insert(name.to_string(), path.clone());
+    }
+    c
+}
+
+/// An agent started from [`config`]`(roots)`.
+pub fn start(roots: &[(&str, PathBuf)]) -> AgentHandle {
+    dquant_agent::start(config(roots)).unwrap()
+}
+
+/// Waits (up to 10 s) until `agent` holds no session, pending or active.
+pub fn wait_idle(agent: &AgentHandle) {
+    let t = Instant::now();
+    while agent.sessions() != (0, 0) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "sessions still held: {:?}",
+            agent.sessions()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Writes dataset `src` again as a dquant block file `dst` in `codec`, in blocks of a
+/// sixteenth of the default size (so that even the fixtures span many blocks).
+pub fn write_block_copy(src: &Path, dst: &Path, codec: Codec) {
+    let ds = Dataset::open(src, &OpenOptions::default()).unwrap();
+    let mut w = DatasetWriter::create(
+        dst,
+        OutputFormat::Block {
+            codec,
+            block_tokens: block_tokens_for(codec.width, DEFAULT_BLOCK_BYTES / 16),
+            vocab_size: 0,
+        },
+    )
+    .unwrap();
+    ds.scan(1 << 16, |_, t| w.push(t)).unwrap();
+    w.finish(ds.index()).unwrap();
 }
 
 /// A directory served as root `corpus`:
@@ -31,30 +71,17 @@ pub struct Corpus {
 }
 
 impl Corpus {
+    #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("corpus");
         std::fs::create_dir(&root).unwrap();
-        for ext in ["bin", "idx"] {
-            std::fs::copy(
-                fixtures().join(format!("r50k_int32.{ext}")),
-                root.join(format!("r50k.{ext}")),
-            )
-            .unwrap();
-        }
-        let src = Dataset::open(&root.join("r50k"), &OpenOptions::default()).unwrap();
-        let codec: Codec = "u16+zstd:3".parse().unwrap();
-        let mut w = DatasetWriter::create(
+        crate::copy_fixture("r50k_int32", &root.join("r50k"));
+        write_block_copy(
+            &root.join("r50k"),
             &root.join("r50k.dqb"),
-            OutputFormat::Block {
-                codec,
-                block_tokens: block_tokens_for(codec.width, DEFAULT_BLOCK_BYTES / 16),
-                vocab_size: 0,
-            },
-        )
-        .unwrap();
-        src.scan(1 << 16, |_, t| w.push(t)).unwrap();
-        w.finish(src.index()).unwrap();
+            "u16+zstd:3".parse().unwrap(),
+        );
 
         // Documents of 50..2000 tokens, ids spread over 0..200_000 (an LCG: deterministic).
         let mut w = DatasetWriter::create(
@@ -99,18 +126,24 @@ impl Corpus {
         self.root().join(name).display().to_string()
     }
 
+    /// [`config`] serving this corpus as root `corpus`.
     pub fn config(&self) -> AgentConfig {
-        let mut c = AgentConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_listen: Some("127.0.0.1:0".parse().unwrap()),
-            ..AgentConfig::default()
-        };
-        c.roots.insert("corpus".into(), self.root());
-        c
+        config(&[("corpus", self.root())])
     }
 
     pub fn agent(&self) -> AgentHandle {
         dquant_agent::start(self.config()).unwrap()
+    }
+
+    /// An agent of this corpus that also listens on a Unix socket in the corpus's directory
+    /// (for shared-memory readers); returns it and the socket's path.
+    pub fn agent_with_socket(&self) -> (AgentHandle, String) {
+        let mut cfg = self.config();
+        let sock = self.dir.path().join("agent.sock");
+        cfg.socket = Some(sock.clone());
+        let agent = dquant_agent::start(cfg).unwrap();
+        assert_eq!(agent.socket(), Some(sock.as_path()));
+        (agent, sock.display().to_string())
     }
 
     /// An agent near the host: it serves nothing of its own (one empty root, kept alive by
@@ -135,55 +168,20 @@ impl Corpus {
     }
 }
 
+/// A plan over `corpus/NAME` sources ((name, weight)) of a [`Corpus`]: seed 1234, i32 output.
 pub fn plan(names: &[(&str, f64)], seq_len: u32, batch: u32) -> Plan {
+    plan_in("corpus", names, seq_len, batch, 1234)
+}
+
+/// A plan over `ROOT/NAME` sources ((name, weight)) of an agent's root `root`, with `seed` and
+/// i32 output: for tests that serve a root of their own.
+pub fn plan_in(root: &str, names: &[(&str, f64)], seq_len: u32, batch: u32, seed: u64) -> Plan {
     let sources = names
         .iter()
-        .map(|(n, w)| Source::new(format!("corpus/{n}")).weight(*w))
+        .map(|(n, w)| Source::new(format!("{root}/{n}")).weight(*w))
         .collect();
     let mut p = Plan::new(sources, seq_len, batch);
-    p.seed = 1234;
+    p.seed = seed;
     p.output = OutputDType::I32;
     p
-}
-
-/// Everything a reader yields: the bytes of all batches and each batch's sample count.
-pub fn drain(r: &mut Reader) -> (Vec<u8>, Vec<usize>) {
-    let mut bytes = Vec::new();
-    let mut sizes = Vec::new();
-    while let Some(b) = r.next_batch().unwrap() {
-        assert_eq!(b.tokens.len(), b.samples * b.sample_len);
-        bytes.extend_from_slice(b.tokens.as_bytes());
-        sizes.push(b.samples);
-    }
-    (bytes, sizes)
-}
-
-pub fn xxh3(b: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(b)
-}
-
-/// Everything a reader yields through `read` in `buf_len`-byte calls.
-pub fn read_all(r: &mut Reader, buf_len: usize) -> Vec<u8> {
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; buf_len];
-    loop {
-        let n = r.read(&mut buf).unwrap();
-        if n == 0 {
-            return got;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-}
-
-/// Waits (up to 10 s) until `agent` holds no session, pending or active.
-pub fn wait_idle(agent: &AgentHandle) {
-    let t = std::time::Instant::now();
-    while agent.sessions() != (0, 0) {
-        assert!(
-            t.elapsed() < std::time::Duration::from_secs(10),
-            "sessions still held: {:?}",
-            agent.sessions()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }

@@ -1,0 +1,73 @@
+//! Test support for the workspace's tests, a dev-dependency only (never a product
+//! `[dependencies]` entry). It holds what the agent, client, CLI, FFI and format tests
+//! would otherwise each copy:
+//!
+//! - the Megatron-Core fixtures ([`fixtures_dir`], [`fixture`], …) and [`xxh3`];
+//! - [`process`]: `dquant serve` as a child process, and the signals tests send it;
+//! - with the `agent` feature, `agent` (agents in this process over a `Corpus` of real data)
+//!   and `stream` (what a reader yields, whole).
+
+use std::path::{Path, PathBuf};
+
+#[cfg(feature = "agent")]
+pub mod agent;
+pub mod process;
+#[cfg(feature = "agent")]
+pub mod stream;
+
+/// The Megatron-Core fixtures (`r50k_*.{idx,bin}`, written by Megatron-Core itself, see its
+/// README): `shared/fixtures/megatron` in the `shared/` checkout that sits beside this
+/// repository's. Panics, saying where it looked, when they are not there, so that a missing
+/// checkout fails every fixture test with one clear message.
+pub fn fixtures_dir() -> PathBuf {
+    // This crate is `testkit/` at the repository root; `shared/` is the root's sibling.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit sits in the repository root");
+    let dir = repo
+        .parent()
+        .expect("the repository has a parent directory")
+        .join("shared/fixtures/megatron");
+    assert!(
+        dir.join("r50k_int32.idx").is_file(),
+        "Megatron fixtures not found at {}: the `shared/` checkout must sit beside the \
+         repository root (shared/fixtures/megatron/r50k_*.{{idx,bin}})",
+        dir.display()
+    );
+    dir
+}
+
+/// The path of fixture `name`: a file (`r50k_int32.idx`) or a dataset prefix (`r50k_int32`).
+pub fn fixture(name: &str) -> PathBuf {
+    fixtures_dir().join(name)
+}
+
+/// [`fixture`] as a string: what plans and command lines take as a source URI.
+pub fn fixture_str(name: &str) -> String {
+    fixture(name).display().to_string()
+}
+
+/// The bytes of fixture file `name` (`r50k_int32.idx`), for tests of the pure formats.
+pub fn read_fixture(name: &str) -> Vec<u8> {
+    let p = fixture(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("reading fixture {}: {e}", p.display()))
+}
+
+/// Copies fixture dataset `name` (its `.bin` and `.idx`) to the dataset prefix `to`, so that an
+/// agent root (a directory of its own) can serve it, under `to`'s name.
+pub fn copy_fixture(name: &str, to: &Path) {
+    for ext in ["bin", "idx"] {
+        let (from, dst) = (
+            fixture(&format!("{name}.{ext}")),
+            PathBuf::from(format!("{}.{ext}", to.display())),
+        );
+        std::fs::copy(&from, &dst)
+            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), dst.display()));
+    }
+}
+
+/// XXH3-64 of `bytes`: the whole-stream checksum tests compare streams by (the CLI's
+/// `stream_xxh3` is the same function).
+pub fn xxh3(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
