@@ -1,25 +1,38 @@
 //! The datasets an agent serves: named roots, and the confinement of every name to its root.
 //!
-//! A client names a dataset `ROOT/RELATIVE/PATH`. Only configured roots are served; a name
-//! with `..`, an absolute path, or a path whose symlinks lead outside the root's real
-//! directory is refused before any file is opened. Checks happen on canonical paths, after
-//! every symlink is resolved, so a link planted inside a root cannot reach `/etc`.
+//! A client names a dataset `ROOT/RELATIVE/PATH`. Only configured roots are served, each a
+//! [`LocalRoot`] held as an `Arc<dyn Root>` (so a store of another kind is one more root,
+//! not a change here). The roots do the confining: a name with `..` or an absolute path is
+//! refused before any file is opened, and every file a root stats or opens must lie, after
+//! every symlink is resolved, inside the root's real directory, so a link planted inside a
+//! root cannot reach `/etc`. This module only splits names, finds the root and words the
+//! refusals for clients.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use dquant_proto::v1::ListEntry;
+use dquant_storage::{LocalRoot, NameProblem, Root, RootError};
 
 /// Named dataset roots, canonicalized at start-up.
 #[derive(Clone, Debug)]
 pub struct Catalog {
-    roots: BTreeMap<String, PathBuf>,
+    roots: BTreeMap<String, Arc<dyn Root>>,
 }
 
 /// A refused or unknown dataset name; the message is what the client sees.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
 pub struct NameError(pub String);
+
+/// A dataset name resolved to its root and its name under that root.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub root: Arc<dyn Root>,
+    /// The name under the root (`sub/x` of `corpus/sub/x`).
+    pub name: String,
+}
 
 impl Catalog {
     /// Checks that every root exists and is a directory; root names must be single path
@@ -32,21 +45,14 @@ impl Catalog {
                     "root name {name:?}: must be one path segment, without '/'"
                 ));
             }
-            let real = dir
-                .canonicalize()
+            let root = LocalRoot::new(dir)
                 .map_err(|e| format!("root {name:?} ({}): {e}", dir.display()))?;
-            if !real.is_dir() {
-                return Err(format!(
-                    "root {name:?} ({}): not a directory",
-                    dir.display()
-                ));
-            }
-            out.insert(name.clone(), real);
+            out.insert(name.clone(), Arc::new(root) as Arc<dyn Root>);
         }
         Ok(Catalog { roots: out })
     }
 
-    pub fn roots(&self) -> &BTreeMap<String, PathBuf> {
+    pub fn roots(&self) -> &BTreeMap<String, Arc<dyn Root>> {
         &self.roots
     }
 
@@ -58,59 +64,33 @@ impl Catalog {
         }
     }
 
-    /// Resolves `ROOT/PATH` to a path inside the root. The path may be a Megatron prefix
-    /// (`PATH.bin` and `PATH.idx` exist), a `.dqb` file or a raw token file.
-    pub fn resolve(&self, name: &str) -> Result<PathBuf, NameError> {
+    /// Resolves `ROOT/PATH` to its root and the name under it, after checking that the
+    /// dataset is there: the name itself (a `.dqb` or raw file), or a Megatron prefix's
+    /// `PATH.bin` and `PATH.idx`; each must lie inside the root.
+    pub fn resolve(&self, name: &str) -> Result<Resolved, NameError> {
         let refuse = |why: &str| Err(NameError(format!("dataset {name:?}: {why}")));
         if name.starts_with('/') {
             return refuse("absolute paths are not allowed; name a dataset as ROOT/PATH");
         }
-        let (root, rel) = name.split_once('/').unwrap_or((name, ""));
-        let Some(root_dir) = self.roots.get(root) else {
+        let (root_name, rel) = name.split_once('/').unwrap_or((name, ""));
+        let Some(root) = self.roots.get(root_name) else {
             return Err(NameError(format!(
-                "dataset {name:?}: unknown root {root:?} (this agent serves: {})",
+                "dataset {name:?}: unknown root {root_name:?} (this agent serves: {})",
                 self.served()
             )));
         };
         if rel.is_empty() {
             return refuse("names a root, not a dataset; name a dataset as ROOT/PATH");
         }
-        for c in Path::new(rel).components() {
-            match c {
-                Component::Normal(_) | Component::CurDir => {}
-                Component::ParentDir => {
-                    return refuse("'..' is not allowed; names are relative to a root")
-                }
-                Component::RootDir | Component::Prefix(_) => {
-                    return refuse("absolute paths are not allowed; name a dataset as ROOT/PATH")
-                }
-            }
+        match find(&**root, rel) {
+            Ok(true) => {}
+            Ok(false) => return refuse(&format!("no such dataset under root {root_name:?}")),
+            Err(e) => return Err(refusal(name, root_name, &e)),
         }
-        let path = root_dir.join(rel);
-        // The dataset's files: the path itself, or a Megatron prefix's .bin and .idx.
-        let mut files: Vec<PathBuf> = Vec::new();
-        if path.is_file() {
-            files.push(path.clone());
-        } else {
-            for ext in ["bin", "idx"] {
-                let p = PathBuf::from(format!("{}.{ext}", path.display()));
-                if p.exists() {
-                    files.push(p);
-                }
-            }
-        }
-        if files.is_empty() {
-            return refuse(&format!("no such dataset under root {root:?}"));
-        }
-        for f in &files {
-            let real = f
-                .canonicalize()
-                .map_err(|e| NameError(format!("dataset {name:?}: {e}")))?;
-            if !real.starts_with(root_dir) {
-                return refuse(&format!("resolves outside root {root:?} (symlink escape)"));
-            }
-        }
-        Ok(path)
+        Ok(Resolved {
+            root: root.clone(),
+            name: rel.to_string(),
+        })
     }
 
     /// The roots (`root == ""`), or the datasets under one root: Megatron prefixes (a `.bin`
@@ -128,54 +108,59 @@ impl Catalog {
                 })
                 .collect());
         }
-        let Some(dir) = self.roots.get(root) else {
+        let Some(r) = self.roots.get(root) else {
             return Err(NameError(format!(
                 "unknown root {root:?} (this agent serves: {})",
                 self.served()
             )));
         };
-        let mut out = Vec::new();
-        let mut stack = vec![dir.clone()];
-        while let Some(d) = stack.pop() {
-            let Ok(rd) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            let mut names: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
-            names.sort();
-            for p in names {
-                let Ok(real) = p.canonicalize() else { continue };
-                if !real.starts_with(dir) {
-                    continue;
-                }
-                if real.is_dir() {
-                    // Descend into real directories only: a symlinked directory may lead back
-                    // up the tree and loop.
-                    if p.symlink_metadata().is_ok_and(|m| m.is_dir()) {
-                        stack.push(p);
-                    }
-                    continue;
-                }
-                let rel = p.strip_prefix(dir).unwrap_or(&p).display().to_string();
-                let mut bytes = real.metadata().map(|m| m.len()).unwrap_or(0);
-                let (name, kind) = match rel.rsplit_once('.') {
-                    Some((stem, "bin")) if p.with_extension("idx").exists() => {
-                        bytes += std::fs::metadata(p.with_extension("idx")).map_or(0, |m| m.len());
-                        (stem.to_string(), "megatron")
-                    }
-                    Some((_, "idx")) if p.with_extension("bin").exists() => continue,
-                    Some((_, "dqb")) => (rel.clone(), "dquant-blocks"),
-                    _ => (rel.clone(), "raw"),
-                };
-                out.push(ListEntry {
-                    name: format!("{root}/{name}"),
-                    kind: kind.into(),
-                    bytes,
-                });
-            }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        let entries = r
+            .list()
+            .map_err(|e| NameError(format!("root {root:?}: {e}")))?;
+        Ok(entries
+            .into_iter()
+            .map(|e| ListEntry {
+                name: format!("{root}/{}", e.name),
+                kind: e.kind.as_str().into(),
+                bytes: e.bytes,
+            })
+            .collect())
     }
+}
+
+/// Whether the dataset `rel` is under `root`: the name itself (a `.dqb` or raw file), or else
+/// a Megatron prefix's `.bin` or `.idx`. A refusal of any of them is an error.
+fn find(root: &dyn Root, rel: &str) -> Result<bool, RootError> {
+    let present = |object: &str| match root.stat(object) {
+        Ok(_) => Ok(true),
+        Err(RootError::NotFound { .. } | RootError::NotAFile { .. }) => Ok(false),
+        Err(e) => Err(e),
+    };
+    if present(rel)? {
+        return Ok(true);
+    }
+    Ok(present(&format!("{rel}.bin"))? | present(&format!("{rel}.idx"))?)
+}
+
+/// The client's message for a root's refusal of dataset `name` under root `root`.
+fn refusal(name: &str, root: &str, e: &RootError) -> NameError {
+    let why = match e {
+        RootError::InvalidName {
+            problem: NameProblem::ParentDir,
+            ..
+        } => "'..' is not allowed; names are relative to a root".into(),
+        RootError::InvalidName {
+            problem: NameProblem::Empty,
+            ..
+        } => "names a root, not a dataset; name a dataset as ROOT/PATH".into(),
+        RootError::InvalidName { .. } => {
+            "absolute paths are not allowed; name a dataset as ROOT/PATH".into()
+        }
+        RootError::Escape { .. } => format!("resolves outside root {root:?} (symlink escape)"),
+        RootError::NotFound { .. } => format!("no such dataset under root {root:?}"),
+        e => e.to_string(),
+    };
+    NameError(format!("dataset {name:?}: {why}"))
 }
 
 #[cfg(test)]
@@ -202,7 +187,7 @@ mod tests {
     #[test]
     fn resolves_inside_and_refuses_escapes() {
         let (_t, c) = setup();
-        assert!(c.resolve("corpus/sub/a").unwrap().ends_with("sub/a"));
+        assert_eq!(c.resolve("corpus/sub/a").unwrap().name, "sub/a");
         assert!(c.resolve("corpus/./b.dqb").is_ok());
         assert!(c.resolve("corpus/inside").is_ok());
         let err = |n: &str| c.resolve(n).unwrap_err().0;
@@ -250,5 +235,27 @@ mod tests {
             ]
         );
         assert_eq!(c.list("").unwrap()[0].name, "corpus");
+        let bytes: Vec<u64> = c.list("corpus").unwrap().iter().map(|e| e.bytes).collect();
+        assert_eq!(bytes, [4, 4, 8], "a Megatron pair counts both files");
+    }
+
+    #[test]
+    fn each_file_of_a_megatron_pair_is_confined() {
+        let (t, c) = setup();
+        let root = t.path().join("data");
+        std::fs::write(root.join("c.idx"), [0u8; 4]).unwrap();
+        std::os::unix::fs::symlink(t.path().join("secret"), root.join("c.bin")).unwrap();
+        assert_eq!(
+            c.resolve("corpus/c").unwrap_err().0,
+            "dataset \"corpus/c\": resolves outside root \"corpus\" (symlink escape)"
+        );
+        let listed: Vec<(String, String)> = c
+            .list("corpus")
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.kind))
+            .filter(|(n, _)| n.starts_with("corpus/c"))
+            .collect();
+        assert_eq!(listed, [("corpus/c.idx".into(), "raw".into())]);
     }
 }

@@ -52,11 +52,12 @@ fn open_plan_source(
     if s.uri.starts_with(AgentUri::SCHEME) {
         return open_source(s, None, wire_codec);
     }
-    let path = shared
+    let found = shared
         .catalog
         .resolve(&s.uri)
         .map_err(|e| SourceError::NotFound(e.0))?;
-    Ok(Box::new(LocalSource::open(&path, s)?))
+    let src = LocalSource::open_in(&*found.root, &found.name, s)?;
+    Ok(Box::new(src))
 }
 
 fn stat_of(name: &str, ds: &Dataset) -> DatasetStat {
@@ -85,11 +86,11 @@ fn source_of(req: &StatRequest) -> Source {
 }
 
 fn open_local(shared: &Shared, req: &StatRequest) -> Result<(LocalSource, DatasetStat), Status> {
-    let path = shared
+    let found = shared
         .catalog
         .resolve(&req.dataset)
         .map_err(|e| Status::not_found(e.0))?;
-    let src = LocalSource::open(&path, &source_of(req))
+    let src = LocalSource::open_in(&*found.root, &found.name, &source_of(req))
         .map_err(|e| Status::invalid_argument(format!("dataset {:?}: {e}", req.dataset)))?;
     let stat = stat_of(&req.dataset, src.dataset());
     Ok((src, stat))

@@ -12,7 +12,7 @@ use std::path::Path;
 use dquant_codec::{CodecError, Width};
 use dquant_format::{DType, FormatError};
 use dquant_plan::Source;
-use dquant_storage::{Dataset, Format, OpenOptions, ReadBuffers, StorageError};
+use dquant_storage::{Dataset, Format, OpenOptions, ReadBuffers, Root, StorageError};
 use dquant_transport::WireError;
 
 /// Why a source could not be opened or read.
@@ -42,14 +42,12 @@ pub enum SourceError {
 }
 
 impl SourceError {
-    /// Whether the dataset does not exist: a missing local file, or a dataset (or root) the
-    /// agent does not have.
+    /// Whether the dataset does not exist: a missing local file or object, or a dataset (or
+    /// root) the agent does not have.
     pub fn is_not_found(&self) -> bool {
         match self {
             SourceError::NotFound(_) => true,
-            SourceError::Storage(StorageError::Io { source, .. }) => {
-                source.kind() == std::io::ErrorKind::NotFound
-            }
+            SourceError::Storage(e) => e.is_not_found(),
             _ => false,
         }
     }
@@ -109,6 +107,12 @@ impl LocalSource {
             path,
             &open_options(source)?,
         )?))
+    }
+
+    /// Opens the dataset `name` under `root` as a plan source says.
+    pub fn open_in(root: &dyn Root, name: &str, source: &Source) -> Result<Self, SourceError> {
+        let opts = open_options(source)?;
+        Ok(LocalSource::new(Dataset::open_in(root, name, &opts)?))
     }
 
     pub fn dataset(&self) -> &Dataset {

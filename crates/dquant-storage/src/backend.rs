@@ -5,6 +5,8 @@ use std::io::{self, IoSliceMut};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{FileType, Mode, OFlags};
+
 /// A read-only object of known length that serves positional reads.
 ///
 /// This is the whole contract a storage backend must meet: local files implement it with
@@ -47,25 +49,43 @@ pub struct LocalFile {
 }
 
 impl LocalFile {
+    /// Opens a regular file; a directory, FIFO, socket or device is an error, found before
+    /// anything is read (see [`open_regular`]).
     pub fn open(path: &Path) -> io::Result<Self> {
-        let file = File::open(path)?;
-        let meta = file.metadata()?;
-        if meta.is_dir() {
-            return Err(io::Error::new(
+        match open_regular(path, OFlags::empty())? {
+            Ok(f) => Ok(f),
+            Err(FileType::Directory) => Err(io::Error::new(
                 io::ErrorKind::IsADirectory,
                 "is a directory",
-            ));
+            )),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )),
         }
-        Ok(LocalFile {
-            file,
-            len: meta.len(),
-            path: path.to_path_buf(),
-        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Opens `path` read-only and checks with `fstat` that it is a regular file; otherwise
+/// returns its type. `O_NONBLOCK` keeps `open` itself from waiting for a FIFO's writer (it
+/// changes nothing for reads of a regular file); `extra` adds flags (`O_NOFOLLOW`).
+pub(crate) fn open_regular(path: &Path, extra: OFlags) -> io::Result<Result<LocalFile, FileType>> {
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | extra;
+    let fd = rustix::fs::open(path, flags, Mode::empty())?;
+    let st = rustix::fs::fstat(&fd)?;
+    let kind = FileType::from_raw_mode(st.st_mode);
+    if kind != FileType::RegularFile {
+        return Ok(Err(kind));
+    }
+    Ok(Ok(LocalFile {
+        file: File::from(fd),
+        len: st.st_size as u64,
+        path: path.to_path_buf(),
+    }))
 }
 
 impl ReadAt for LocalFile {

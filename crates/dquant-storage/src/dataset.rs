@@ -1,4 +1,9 @@
 //! Opening token datasets of any supported format and reading token ranges from them.
+//!
+//! A dataset opens the same way wherever its bytes are: from a local path (the command line)
+//! or from a name under a [`Root`] (an agent's catalog). Both go through one private
+//! `Objects` seam, so format recognition and reading exist once, and the dataset holds its
+//! data object as a [`ReadAt`] trait object whatever store it came from.
 
 use std::fmt;
 use std::io::{ErrorKind, IoSliceMut};
@@ -12,6 +17,7 @@ use dquant_format::{ContentChecksum, DType, DocIndex, DocIndexBuilder, FormatErr
 
 use crate::backend::{LocalFile, ReadAt};
 use crate::error::StorageError;
+use crate::root::{normalize_name, Root, RootError};
 
 /// How to interpret files that do not describe themselves.
 #[derive(Clone, Copy, Debug, Default)]
@@ -63,13 +69,63 @@ impl fmt::Display for Format {
 
 enum Source {
     Plain {
-        file: LocalFile,
+        file: Box<dyn ReadAt>,
         dtype: DType,
     },
     Block {
-        file: LocalFile,
+        file: Box<dyn ReadAt>,
         meta: Box<BlockFile>,
     },
+}
+
+/// Where a dataset's objects come from while it is opened: local paths, or names under a
+/// [`Root`]. Names are paths so that any local path, UTF-8 or not, opens as it always did;
+/// names under a root are built from `&str`s, so are always UTF-8. Errors name the object
+/// as it was asked for.
+trait Objects {
+    /// Whether `name` is there, to recognise a Megatron prefix. A name the store refuses
+    /// counts as there, so that opening it reports the refusal.
+    fn exists(&self, name: &Path) -> bool;
+
+    fn open(&self, name: &Path) -> Result<Box<dyn ReadAt>, StorageError>;
+}
+
+/// Any local path, unconfined: whoever names a path on the command line may read it.
+struct Paths;
+
+impl Objects for Paths {
+    fn exists(&self, name: &Path) -> bool {
+        name.exists()
+    }
+
+    fn open(&self, name: &Path) -> Result<Box<dyn ReadAt>, StorageError> {
+        match LocalFile::open(name) {
+            Ok(f) => Ok(Box::new(f)),
+            Err(e) => Err(StorageError::io(name, e)),
+        }
+    }
+}
+
+/// Names under a root, which confines them.
+struct InRoot<'a>(&'a dyn Root);
+
+impl InRoot<'_> {
+    fn name<'n>(&self, name: &'n Path) -> Result<&'n str, StorageError> {
+        name.to_str().ok_or_else(|| {
+            StorageError::Usage(format!("{}: names under a root are UTF-8", name.display()))
+        })
+    }
+}
+
+impl Objects for InRoot<'_> {
+    fn exists(&self, name: &Path) -> bool {
+        self.name(name)
+            .is_ok_and(|n| !matches!(self.0.stat(n), Err(RootError::NotFound { .. })))
+    }
+
+    fn open(&self, name: &Path) -> Result<Box<dyn ReadAt>, StorageError> {
+        Ok(self.0.open(self.name(name)?)?)
+    }
 }
 
 /// An opened token dataset: its boundaries in memory, its tokens on storage.
@@ -86,33 +142,37 @@ pub struct Dataset {
 }
 
 /// If `path` names a Megatron dataset, its prefix (`x` for `x`, `x.idx` or `x.bin`).
-fn megatron_prefix(path: &Path) -> Option<PathBuf> {
+fn megatron_prefix(objects: &dyn Objects, path: &Path) -> Option<PathBuf> {
     let s = path.as_os_str().to_string_lossy();
     if let Some(p) = s.strip_suffix(".idx").or_else(|| s.strip_suffix(".bin")) {
-        if Path::new(&format!("{p}.idx")).exists() {
+        if objects.exists(Path::new(&format!("{p}.idx"))) {
             return Some(PathBuf::from(p));
         }
     }
-    Path::new(&format!("{s}.idx"))
-        .exists()
+    objects
+        .exists(Path::new(&format!("{s}.idx")))
         .then(|| path.to_path_buf())
 }
 
-fn read_at(file: &LocalFile, buf: &mut [u8], off: u64) -> Result<(), StorageError> {
-    file.read_exact_at(buf, off).map_err(|e| {
-        if e.kind() == ErrorKind::UnexpectedEof {
-            StorageError::format(
-                file.path(),
-                FormatError::Truncated {
-                    what: "file".into(),
-                    needed: off + buf.len() as u64,
-                    have: file.len(),
-                },
-            )
-        } else {
-            StorageError::io(file.path(), e)
-        }
-    })
+/// Fills `buf` from `off` of `file` (named `name` in errors); a short file is a truncation.
+fn read_at(file: &dyn ReadAt, name: &Path, buf: &mut [u8], off: u64) -> Result<(), StorageError> {
+    file.read_exact_at(buf, off)
+        .map_err(|e| read_error(file, name, off + buf.len() as u64, e))
+}
+
+fn read_error(file: &dyn ReadAt, name: &Path, needed: u64, e: std::io::Error) -> StorageError {
+    if e.kind() == ErrorKind::UnexpectedEof {
+        StorageError::format(
+            name,
+            FormatError::Truncated {
+                what: "file".into(),
+                needed,
+                have: file.len(),
+            },
+        )
+    } else {
+        StorageError::io(name, e)
+    }
 }
 
 fn next_id() -> u64 {
@@ -120,21 +180,34 @@ fn next_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-fn open_file(path: &Path) -> Result<LocalFile, StorageError> {
-    LocalFile::open(path).map_err(|e| StorageError::io(path, e))
-}
-
 impl Dataset {
     /// Opens a dataset, recognising its format: a Megatron prefix (or its `.idx`/`.bin`), a
     /// dquant block file (by its magic), or a raw token file when `opts.raw_dtype` is given.
+    /// Errors name the files by `path`.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Self, StorageError> {
-        if let Some(prefix) = megatron_prefix(path) {
-            return Self::open_megatron(&prefix);
+        Self::open_with(&Paths, path, opts)
+    }
+
+    /// Opens the dataset `name` under `root`, recognising its format as
+    /// [`open`](Dataset::open) does. [`path`](Dataset::path) and errors name its objects by
+    /// their (normalized) names under the root.
+    pub fn open_in(root: &dyn Root, name: &str, opts: &OpenOptions) -> Result<Self, StorageError> {
+        let name = normalize_name(name)?;
+        Self::open_with(&InRoot(root), Path::new(&name), opts)
+    }
+
+    fn open_with(
+        objects: &dyn Objects,
+        path: &Path,
+        opts: &OpenOptions,
+    ) -> Result<Self, StorageError> {
+        if let Some(prefix) = megatron_prefix(objects, path) {
+            return Self::open_megatron(objects, &prefix);
         }
-        let file = open_file(path)?;
+        let file = objects.open(path)?;
         let mut magic = [0u8; 8];
         if file.len() >= 8 {
-            read_at(&file, &mut magic, 0)?;
+            read_at(&*file, path, &mut magic, 0)?;
         }
         if magic == block::FILE_MAGIC {
             return Self::open_block(path, file);
@@ -149,12 +222,18 @@ impl Dataset {
         }
     }
 
-    fn open_megatron(prefix: &Path) -> Result<Self, StorageError> {
-        let idx_path = PathBuf::from(format!("{}.idx", prefix.display()));
-        let bin_path = PathBuf::from(format!("{}.bin", prefix.display()));
-        let idx_bytes = std::fs::read(&idx_path).map_err(|e| StorageError::io(&idx_path, e))?;
+    fn open_megatron(objects: &dyn Objects, prefix: &Path) -> Result<Self, StorageError> {
+        let sibling = |ext: &str| {
+            let mut p = prefix.as_os_str().to_os_string();
+            p.push(ext);
+            PathBuf::from(p)
+        };
+        let (idx_path, bin_path) = (sibling(".idx"), sibling(".bin"));
+        let idx = objects.open(&idx_path)?;
+        let mut idx_bytes = vec![0u8; idx.len() as usize];
+        read_at(&*idx, &idx_path, &mut idx_bytes, 0)?;
         let mi = megatron::parse_idx(&idx_bytes).map_err(|e| StorageError::format(&idx_path, e))?;
-        let file = open_file(&bin_path)?;
+        let file = objects.open(&bin_path)?;
         megatron::check_bin_len(&mi, file.len()).map_err(|e| StorageError::format(&bin_path, e))?;
         let MegatronIndex { dtype, index, .. } = mi;
         let want = megatron::bin_len(dtype, index.tokens());
@@ -169,11 +248,11 @@ impl Dataset {
         })
     }
 
-    fn open_block(path: &Path, file: LocalFile) -> Result<Self, StorageError> {
+    fn open_block(path: &Path, file: Box<dyn ReadAt>) -> Result<Self, StorageError> {
         let len = file.len();
         let fe = |e: FormatError| StorageError::format(path, e);
         let mut head = vec![0u8; block::HEADER_LEN.min(len as usize)];
-        read_at(&file, &mut head, 0)?;
+        read_at(&*file, path, &mut head, 0)?;
         block::FileHeader::parse(&head).map_err(fe)?;
         let mut tail = [0u8; block::TRAILER_LEN];
         if len < block::TRAILER_LEN as u64 {
@@ -183,10 +262,10 @@ impl Dataset {
                 len,
             )));
         }
-        read_at(&file, &mut tail, len - block::TRAILER_LEN as u64)?;
+        read_at(&*file, path, &mut tail, len - block::TRAILER_LEN as u64)?;
         let trailer = Trailer::parse(&tail, len).map_err(fe)?;
         let mut footer = vec![0u8; trailer.footer_len as usize];
-        read_at(&file, &mut footer, trailer.footer_offset)?;
+        read_at(&*file, path, &mut footer, trailer.footer_offset)?;
         let meta = BlockFile::parse(&head, &trailer, &footer).map_err(fe)?;
         Ok(Dataset {
             id: next_id(),
@@ -207,7 +286,7 @@ impl Dataset {
 
     fn open_raw(
         path: &Path,
-        file: LocalFile,
+        file: Box<dyn ReadAt>,
         dtype: DType,
         eod: Option<u32>,
     ) -> Result<Self, StorageError> {
@@ -256,12 +335,14 @@ impl Dataset {
         Ok(ds)
     }
 
-    /// The path the dataset was opened by (the prefix, for Megatron datasets).
+    /// The path the dataset was opened by (the prefix, for Megatron datasets); for a dataset
+    /// opened under a root, its name there.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// The file holding the token data (`.bin`, `.dqb` or the raw file).
+    /// The file holding the token data (`.bin`, `.dqb` or the raw file); its name, for a
+    /// dataset opened under a root.
     pub fn data_path(&self) -> &Path {
         &self.data_path
     }
@@ -418,20 +499,7 @@ impl Dataset {
             )));
         }
         file.read_exact_vectored_at(bufs, start * item)
-            .map_err(|e| {
-                if e.kind() == ErrorKind::UnexpectedEof {
-                    StorageError::format(
-                        file.path(),
-                        FormatError::Truncated {
-                            what: "file".into(),
-                            needed: end * item,
-                            have: file.len(),
-                        },
-                    )
-                } else {
-                    StorageError::io(file.path(), e)
-                }
-            })
+            .map_err(|e| read_error(&**file, &self.data_path, end * item, e))
     }
 
     /// Fills `out` (exactly `range.end - range.start` long) with the tokens of `range`, as
@@ -463,7 +531,12 @@ impl Dataset {
             Source::Plain { file, dtype } => {
                 let item = dtype.itemsize() as u64;
                 bufs.bytes.resize(out.len() * item as usize, 0);
-                read_at(file, &mut bufs.bytes, range.start * item)?;
+                read_at(
+                    &**file,
+                    &self.data_path,
+                    &mut bufs.bytes,
+                    range.start * item,
+                )?;
                 dtype
                     .decode(&bufs.bytes, out, range.start)
                     .map_err(|e| StorageError::format(&self.data_path, e))
@@ -481,7 +554,7 @@ impl Dataset {
                 }
                 let bytes = meta.byte_range(blocks.clone());
                 bufs.bytes.resize((bytes.end - bytes.start) as usize, 0);
-                read_at(file, &mut bufs.bytes, bytes.start)?;
+                read_at(&**file, &self.data_path, &mut bufs.bytes, bytes.start)?;
                 for i in blocks {
                     let br = meta.byte_range(i..i + 1);
                     let raw = &bufs.bytes

@@ -2,6 +2,8 @@ use std::path::PathBuf;
 
 use dquant_format::FormatError;
 
+use crate::root::RootError;
+
 /// Errors of the storage layer: a format or I/O error with the path it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -24,9 +26,21 @@ pub enum StorageError {
     /// The request cannot be served as asked (unknown format, unsupported combination).
     #[error("{0}")]
     Usage(String),
+    /// A [`Root`](crate::Root) refused or failed to serve an object; the error names it.
+    #[error("{0}")]
+    Root(#[from] RootError),
 }
 
 impl StorageError {
+    /// Whether the dataset (one of its files or objects) does not exist.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            StorageError::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            StorageError::Root(e) => matches!(e, RootError::NotFound { .. }),
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StorageError::Io {
             path: path.into(),

@@ -1,9 +1,10 @@
 //! Where bytes come from and go to: the I/O edge around the pure format layer.
 //!
-//! [`ReadAt`] is the one trait a backend implements (positional reads of known-length
-//! objects, the shape of both `pread` and an S3 ranged GET, as in `object_store`).
-//! [`Dataset`] opens any supported format over it and reads token ranges, fetching only the
-//! bytes that cover them. [`DatasetWriter`] streams tokens into any format and commits
+//! A [`Root`] is a store of named objects (a directory: [`LocalRoot`]; memory:
+//! [`InMemoryRoot`]; a bucket later): it lists, stats and opens them. An opened object is a
+//! [`ReadAt`] (positional reads of a known-length object, the shape of both `pread` and an S3
+//! ranged GET, as in `object_store`). [`Dataset`] opens any supported format from a path or
+//! from a root and reads token ranges, fetching only the bytes that cover them. [`DatasetWriter`] streams tokens into any format and commits
 //! atomically (temporary file + rename), so a failed write never leaves a half-written file
 //! under the destination name.
 //!
@@ -11,11 +12,21 @@
 //! keep its resident set bounded, and mapped pages would count against it.
 
 mod backend;
+#[doc(hidden)]
+pub mod conformance;
 mod dataset;
 mod error;
+mod local_root;
+mod memory_root;
+mod root;
 mod writer;
 
 pub use backend::{LocalFile, ReadAt};
 pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader};
 pub use error::StorageError;
+pub use local_root::LocalRoot;
+pub use memory_root::InMemoryRoot;
+pub use root::{
+    datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, Root, RootError,
+};
 pub use writer::{megatron_prefix_of, DatasetWriter, OutputFormat, WriteReport};
