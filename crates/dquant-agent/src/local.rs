@@ -8,13 +8,14 @@
 //! connections are handed to the tonic server; rings get a thread each, as data connections
 //! do on the TCP plane.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dquant_transport::ring::{RingFds, RingProducer, HANDSHAKE};
-use dquant_transport::{FrameWriter, Hello};
+use dquant_transport::ring::{RingError, HANDSHAKE};
+use dquant_transport::shm::RingOffer;
+use dquant_transport::FrameWriter;
 use rustix::net::RecvFlags;
 
 use crate::data::{log_end, serve_each, HELLO_TIMEOUT};
@@ -70,31 +71,20 @@ fn refuse(conn: &UnixStream, msg: &str) {
 /// Receives a ring with its session's hello, attaches to it and streams the session's plan
 /// into it.
 fn ring_session(conn: UnixStream, shared: &Shared) {
-    let (fds, extra) = match RingFds::recv_with(&conn) {
-        Ok(x) => x,
+    let offer = match RingOffer::receive(&conn) {
+        Ok(o) => o,
         Err(e) => return refuse(&conn, &e.to_string()),
     };
-    let hello = match Hello::parse(&extra) {
-        Ok(h) => h,
-        Err(e) => return refuse(&conn, &e.to_string()),
+    let id = offer.hello.session;
+    let Some((work, cancel)) = shared.sessions.claim(id, &offer.hello.ticket, conn.as_fd()) else {
+        return refuse(&conn, &claim_error(id));
     };
-    let Some((work, cancel)) = shared
-        .sessions
-        .claim(hello.session, &hello.ticket, conn.as_fd())
-    else {
-        return refuse(&conn, &claim_error(hello.session));
-    };
-    let id = hello.session;
-    let ring = RingProducer::attach(fds).and_then(|mut r| {
-        let peer = OwnedFd::from(
-            conn.try_clone()
-                .map_err(|source| dquant_transport::ring::RingError::Io { op: "dup", source })?,
-        );
-        r.set_peer(peer);
-        Ok(r)
-    });
-    let ring = match ring {
-        Ok(r) => r,
+    let sink = conn
+        .try_clone()
+        .map_err(|source| RingError::Io { op: "dup", source })
+        .and_then(|sock| offer.accept(sock, cancel.clone()));
+    let sink = match sink {
+        Ok(s) => s,
         Err(e) => {
             shared.sessions.finish(id);
             return refuse(&conn, &format!("shared-memory ring: {e}"));
@@ -102,15 +92,16 @@ fn ring_session(conn: UnixStream, shared: &Shared) {
     };
     let _ = conn.set_read_timeout(None);
     let started = Instant::now();
-    let l = ring.layout();
-    tracing::info!(
-        session = id,
-        transport = "shm",
-        slots = l.slot_count,
-        slot_size = l.slot_size,
-        "session streaming"
-    );
-    let result = stream_ring(work, ring, &conn, cancel);
+    if let Some(l) = sink.layout() {
+        tracing::info!(
+            session = id,
+            transport = "shm",
+            slots = l.slot_count,
+            slot_size = l.slot_size,
+            "session streaming"
+        );
+    }
+    let result = stream_ring(work, sink, &cancel);
     shared.sessions.finish(id);
     log_end(id, "plan", "shm", started, result);
 }

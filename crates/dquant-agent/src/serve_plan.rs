@@ -4,14 +4,12 @@
 //! output dtype: memory is not a link).
 
 use std::net::TcpStream;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
 use dquant_engine::plain_codec;
 use dquant_plan::WireCodec;
-use dquant_transport::ring::RingProducer;
 use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::TcpBatchSink;
 use dquant_transport::{BatchSink, FrameWriter};
@@ -45,28 +43,24 @@ pub(crate) fn stream_plan(
     ended(outcome, stats).and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped))
 }
 
-/// Streams a plan's batches into the client's shared-memory ring until the end, an error, a
-/// consumer that goes away, or `cancel`. Each slot gets one batch record, the tokens already
-/// in the output dtype, so the consumer reads them in place.
+/// Streams a plan's batches into the client's shared-memory ring (`sink`) until the end, an
+/// error, a consumer that goes away, or `cancel`. Each slot gets one batch record, the tokens
+/// already in the output dtype, so the consumer reads them in place.
 pub(crate) fn stream_ring(
     work: Work,
-    ring: RingProducer,
-    sock: &UnixStream,
-    cancel: Arc<AtomicBool>,
+    mut sink: RingSink,
+    cancel: &AtomicBool,
 ) -> Result<Stats, StreamError> {
-    let sock = sock.try_clone().map_err(StreamError::Thread)?;
     let Work::Plan {
         pipeline, output, ..
     } = work
     else {
-        let mut sink = RingSink::new(ring, sock, cancel);
         let m = "shared-memory rings carry plan batches; open a source over the data port";
         sink.fail(m);
         return Err(StreamError::Failed(m.into()));
     };
-    let mut sink = RingSink::new(ring, sock, cancel.clone());
     let mut producer = Producer::new(pipeline, output, WireCodec::Fixed(plain_codec(output)));
-    let (outcome, stats) = run(&mut producer, &mut sink, &cancel, Instant::now);
+    let (outcome, stats) = run(&mut producer, &mut sink, cancel, Instant::now);
     ended(outcome, stats)
 }
 

@@ -9,6 +9,7 @@
 //! error frame on the Unix socket the ring came over, *before* the ring is marked aborted, so
 //! the consumer finds the message when it sees the abort, after the last complete batch.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,12 +18,49 @@ use std::time::Duration;
 use crate::frame::MAX_PAYLOAD;
 use crate::receive::{BatchSource, ReceiveError, RecordView};
 use crate::record::RECORD_HEADER_LEN;
-use crate::ring::{RingConsumer, RingError, RingProducer, RingView};
+use crate::ring::{RingConsumer, RingError, RingFds, RingProducer, RingView};
 use crate::sink::{BatchSink, SinkError};
-use crate::{BatchHeader, BufferPool, FrameReader, FrameWriter, WireError};
+use crate::{BatchHeader, BufferPool, FrameReader, FrameWriter, Hello, RecordError, WireError};
 
 /// How often a producer waiting for a free slot checks whether its session was cancelled.
 const RING_POLL: Duration = Duration::from_millis(250);
+
+/// A ring a consumer offered on the agent's Unix socket: its descriptors, and the hello of
+/// the session it is for (the agent checks that before it maps anything).
+pub struct RingOffer {
+    fds: RingFds,
+    pub hello: Hello,
+}
+
+/// Why an offer could not be taken.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OfferError {
+    #[error("{0}")]
+    Ring(#[from] RingError),
+    #[error("{0}")]
+    Hello(#[from] RecordError),
+}
+
+impl RingOffer {
+    /// Receives an offer on `sock`: the ring's descriptors with the session's hello.
+    pub fn receive(sock: &UnixStream) -> Result<Self, OfferError> {
+        let (fds, extra) = RingFds::recv_with(sock)?;
+        let hello = Hello::parse(&extra)?;
+        Ok(RingOffer { fds, hello })
+    }
+
+    /// Maps the offered ring as its producer: a sink for the session's batch records, whose
+    /// errors go to `sock`, ended by a set `cancel`.
+    pub fn accept(self, sock: UnixStream, cancel: Arc<AtomicBool>) -> Result<RingSink, RingError> {
+        let mut ring = RingProducer::attach(self.fds)?;
+        let peer = sock
+            .try_clone()
+            .map_err(|source| RingError::Io { op: "dup", source })?;
+        ring.set_peer(OwnedFd::from(peer));
+        Ok(RingSink::new(ring, sock, cancel))
+    }
+}
 
 /// The producer side of a ring a consumer handed over, with the socket it came on.
 pub struct RingSink {
@@ -43,6 +81,11 @@ impl RingSink {
             cancel,
             slot_size,
         }
+    }
+
+    /// The ring's shape (for logs), while the stream is open.
+    pub fn layout(&self) -> Option<&crate::ring::layout::Layout> {
+        self.ring.as_ref().map(|r| r.layout())
     }
 
     fn ring(&mut self) -> Result<&mut RingProducer, SinkError> {
