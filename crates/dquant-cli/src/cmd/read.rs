@@ -96,7 +96,7 @@ pub fn run(a: &Args) -> Result<()> {
         },
         offload,
     )?;
-    let sample_len = plan.seq_len as u64 + 1;
+    let sample_len = plan.sample_len() as u64;
     let remaining = r
         .rank_samples()
         .saturating_sub(r.cursor().consumed_samples / plan.world as u64);
