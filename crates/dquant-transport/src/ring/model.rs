@@ -1,9 +1,10 @@
 //! Exhaustive check of the ring's index / need-wakeup protocol.
 //!
-//! The producer and consumer of `ring::mod` are modelled as small state machines whose steps
-//! are the shared-memory accesses and syscalls of the real code (the SeqCst fences make the
-//! flag/index handshake sequentially consistent, so interleavings of steps are the executions
-//! to explore). Every interleaving for `N` slots and `ITEMS` batches is explored; the checks:
+//! The producer and consumer (`ring::producer`, `ring::consumer`, sleeping in `ring::wake`)
+//! are modelled as small state machines whose steps are the shared-memory accesses and
+//! syscalls of the real code (the SeqCst fences make the flag/index handshake sequentially
+//! consistent, so interleavings of steps are the executions to explore). Every interleaving
+//! for `N` slots and `ITEMS` batches is explored; the checks:
 //! no reachable state is stuck (a lost wakeup shows up as both sides asleep, or one asleep with
 //! nothing left to wake it) and the consumer never reads a slot that is not exactly the batch it
 //! expects (torn or overwritten). Mutants with a step removed must fail, which shows the
