@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use dquant_engine::{batch_header, plain_codec, EngineError, Pipeline};
 use dquant_plan::OutputDType;
+use dquant_transport::receive::copy_payload;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, ReceiveError, RecordView};
 
@@ -63,15 +64,7 @@ impl BatchSource for InProcess {
     }
 
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
-        match self.held.as_deref().map(|r| &r[RECORD_HEADER_LEN..]) {
-            Some(p) if p.len() == out.len() => {
-                out.copy_from_slice(p);
-                Ok(())
-            }
-            _ => Err(ReceiveError::Transport(
-                "in-process: no batch of that length is held".into(),
-            )),
-        }
+        copy_payload(self.held.as_deref(), out, "in-process")
     }
 
     /// Making a batch is work, not waiting: always ready.

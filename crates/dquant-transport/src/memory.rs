@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::receive::{BatchSource, ReceiveError, RecordView};
+use crate::receive::{copy_payload, BatchSource, ReceiveError, RecordView};
 use crate::record::RECORD_HEADER_LEN;
 use crate::sink::{BatchSink, SinkError};
 use crate::tcp::IdleFlush;
@@ -232,15 +232,7 @@ impl BatchSource for MemorySource {
     }
 
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
-        match self.held.as_deref().map(|r| &r[RECORD_HEADER_LEN..]) {
-            Some(p) if p.len() == out.len() => {
-                out.copy_from_slice(p);
-                Ok(())
-            }
-            _ => Err(ReceiveError::Transport(
-                "in-memory: no record of that length is held".into(),
-            )),
-        }
+        copy_payload(self.held.as_deref(), out, "in-memory")
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError> {

@@ -73,3 +73,23 @@ pub trait BatchSource: Send {
     /// Stops the producer's side now (dropping the source does too).
     fn shutdown(&mut self);
 }
+
+/// Copies the payload of a `record` held in memory (header, then payload) into `out`, which
+/// must be exactly its length: how a transport that keeps records whole serves
+/// [`BatchSource::read_payload`]. `transport` names it in the error.
+pub fn copy_payload(
+    record: Option<&[u8]>,
+    out: &mut [u8],
+    transport: &str,
+) -> Result<(), ReceiveError> {
+    match record.and_then(|r| r.get(crate::record::RECORD_HEADER_LEN..)) {
+        Some(p) if p.len() == out.len() => {
+            out.copy_from_slice(p);
+            Ok(())
+        }
+        _ => Err(ReceiveError::Transport(format!(
+            "{transport}: no record with a {}-byte payload is held",
+            out.len()
+        ))),
+    }
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::frame::MAX_PAYLOAD;
-use crate::receive::{BatchSource, ReceiveError, RecordView};
+use crate::receive::{copy_payload, BatchSource, ReceiveError, RecordView};
 use crate::record::RECORD_HEADER_LEN;
 use crate::ring::{RingConsumer, RingError, RingFds, RingProducer, RingView};
 use crate::sink::{BatchSink, SinkError};
@@ -252,16 +252,7 @@ impl BatchSource for RingSource {
     }
 
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
-        let held = self.held.as_ref().map(|v| &v[RECORD_HEADER_LEN..]);
-        match held {
-            Some(p) if p.len() == out.len() => {
-                out.copy_from_slice(p);
-                Ok(())
-            }
-            _ => Err(ReceiveError::Transport(
-                "shared-memory ring: no record of that length is held".into(),
-            )),
-        }
+        copy_payload(self.held.as_deref(), out, "shared-memory ring")
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError> {
