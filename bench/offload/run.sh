@@ -50,7 +50,7 @@ need_dquant() { [[ -x "$DQ" ]] || cargo build --release -p dquant-cli; }
   echo "cpu:     $(lscpu | grep 'Model name' | sed 's/.*: *//')"
   echo "memory:  $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
   echo "commit:  $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-  echo "dirty:   $(git status --porcelain -- crates 2>/dev/null | tr '\n' ' ')"
+  echo "dirty:   $(git status --porcelain -- crates bench/harness 2>/dev/null | tr '\n' ' ')"
   echo "rustc:   $(rustc --version)"
   echo "load before: $(uptime)"
 } | tee "$OUT/machine.txt"

@@ -1,23 +1,30 @@
 //! Where the offload path's CPU time goes, stage by stage, timed on one thread in this
-//! process: the agent's producer loop (`session.rs` `produce`) re-enacted with the same
-//! public pieces, then the source read underneath the pipeline peeled layer by layer.
+//! process: the agent's producer step (`dquant-agent`'s `produce.rs`) made with the engine's
+//! own pieces (`Pipeline`, the output check of `Pipeline::next_batch_checked`,
+//! `RecordEncoder::encode`, `encode_width` into frames), then the source read underneath the
+//! pipeline peeled layer by layer. The tables and JSON are made by
+//! [`crate::report::breakdown`].
+//!
+//! Not modelled: when the wire codec is the output dtype's plain codec and the dataset stores
+//! that dtype (a uint16 dataset sent as `u16`), the agent reads stored bytes straight into
+//! the record (`Pipeline::next_batch_into`) and never decodes them to u32; the pipeline pass
+//! here decodes them (`Pipeline::next_batch`).
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use dquant_codec::Encoder;
-use dquant_engine::{batch_header, check_fits, codec_for, LocalSource, Pipeline, TokenSource};
+use anyhow::{bail, ensure, Context, Result};
+use dquant_codec::{encode_width, Width};
+use dquant_engine::record::{Payload, Record};
+use dquant_engine::{check_fits, LocalSource, Pipeline, RecordEncoder, TokenSource};
 use dquant_plan::{Cursor, Source, WireCodec};
 use dquant_remote::open_source;
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::{FrameHeader, FrameKind};
-use serde_json::json;
 
 use crate::procs;
-use crate::report::{f, Table};
 use crate::{DataSpec, PlanOpts};
 
 const EXAMPLES: &str = "\
@@ -28,11 +35,12 @@ Examples:
 /// Where the offload path's CPU goes, stage by stage, on one thread.
 ///
 /// Times each stage of the offload path on one thread, over the same plan the throughput
-/// bench runs: the pipeline (source reads, per-sample copies), the output and wire range
-/// checks, the wire encode, the copy into 1 MiB frames and their crc32c, and the consumer's
-/// copy out of frames; then the source read alone, the dataset read alone and a bare pread of
-/// the same bytes, so the pipeline's own share can be told from the storage layer's.
-/// Socket costs are not here: the throughput bench's plain copy measures those.
+/// bench runs: the pipeline (source reads, per-sample copies), the output range check, the
+/// engine's record encoder (codec choice, wire range check, encode), the encode or copy into
+/// 1 MiB frames and their crc32c, and the consumer's copy out of frames; then the source read
+/// alone, the dataset read alone and a bare pread of the same bytes, so the pipeline's own
+/// share can be told from the storage layer's. Socket costs are not here: the throughput
+/// bench's plain copy measures those.
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
@@ -54,40 +62,96 @@ pub struct Args {
     pub out: crate::report::JsonOpts,
 }
 
+/// Each stage's time: the fastest over the measurements ([`Stages::min`]).
 #[derive(Default)]
-struct Stages {
-    pipeline: Duration,
-    check_out: Duration,
-    pick_codec: Duration,
-    check_wire: Duration,
-    encode: Duration,
-    frame_copy: Duration,
-    frame_crc: Duration,
-    client_copy: Duration,
-    source: Duration,
-    dataset: Duration,
-    pread: Duration,
-    pread_random: Duration,
-    pread_span: Option<Duration>,
+pub(crate) struct Stages {
+    pub pipeline: Duration,
+    /// `check_fits` for the output dtype, where `Pipeline::next_batch_checked` makes it (zero
+    /// when the sources' bound proves it cannot fail: see [`Volume::checked_output`]).
+    pub check_out: Duration,
+    /// `RecordEncoder::encode`: codec choice, wire check (when needed) and encode.
+    pub record: Duration,
+    /// `encode_width` of `Payload::Plain` tokens into the frames.
+    pub frame_encode: Duration,
+    /// Record headers and `Payload::Bytes` copied into the frames.
+    pub frame_copy: Duration,
+    pub frame_crc: Duration,
+    pub client_copy: Duration,
+    pub source: Duration,
+    pub dataset: Duration,
+    pub pread: Duration,
+    pub pread_random: Duration,
+    pub pread_span: Option<Duration>,
 }
 
-/// 1 MiB frames filled as `FrameSink::write` does; each full one gets its crc computed as
-/// `FrameWriter::send` does.
+/// 1 MiB frames filled as `FrameSink::write` and `FrameSink::write_encoded` do; each full one
+/// gets its crc computed as `FrameWriter::send` does.
 struct Frames {
     buf: Vec<u8>,
+    /// Bytes of `buf` filled.
+    len: usize,
+    /// Bytes written in all.
+    written: u64,
     copy: Duration,
+    encode: Duration,
     crc: Duration,
 }
 
 impl Frames {
+    fn new() -> Self {
+        Frames {
+            buf: vec![0; MAX_PAYLOAD],
+            len: 0,
+            written: 0,
+            copy: Duration::ZERO,
+            encode: Duration::ZERO,
+            crc: Duration::ZERO,
+        }
+    }
+
     fn write(&mut self, mut b: &[u8]) -> Result<()> {
         while !b.is_empty() {
             let t = Instant::now();
-            let k = (MAX_PAYLOAD - self.buf.len()).min(b.len());
-            self.buf.extend_from_slice(&b[..k]);
+            let k = (MAX_PAYLOAD - self.len).min(b.len());
+            self.buf[self.len..self.len + k].copy_from_slice(&b[..k]);
+            self.len += k;
+            self.written += k as u64;
             b = &b[k..];
             self.copy += t.elapsed();
-            if self.buf.len() == MAX_PAYLOAD {
+            if self.len == MAX_PAYLOAD {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `tokens` encoded at the byte-aligned `width` straight into the frames; a token that
+    /// straddles two frames is encoded aside and its bytes split.
+    fn write_encoded(&mut self, width: Width, mut tokens: &[u32]) -> Result<()> {
+        let bw = width
+            .byte_width()
+            .context("Payload::Plain has a byte-aligned width")?;
+        while !tokens.is_empty() {
+            let t = Instant::now();
+            let k = ((MAX_PAYLOAD - self.len) / bw).min(tokens.len());
+            if k == 0 {
+                let mut one = [0u8; 8];
+                encode_width(width, &tokens[..1], &mut one[..bw])?;
+                self.encode += t.elapsed();
+                self.write(&one[..bw])?;
+                tokens = &tokens[1..];
+                continue;
+            }
+            encode_width(
+                width,
+                &tokens[..k],
+                &mut self.buf[self.len..self.len + k * bw],
+            )?;
+            self.len += k * bw;
+            self.written += (k * bw) as u64;
+            tokens = &tokens[k..];
+            self.encode += t.elapsed();
+            if self.len == MAX_PAYLOAD {
                 self.flush()?;
             }
         }
@@ -96,9 +160,9 @@ impl Frames {
 
     fn flush(&mut self) -> Result<()> {
         let t = Instant::now();
-        let h = FrameHeader::for_payload(FrameKind::Data, 0, &self.buf)?;
+        let h = FrameHeader::for_payload(FrameKind::Data, 0, &self.buf[..self.len])?;
         std::hint::black_box(h);
-        self.buf.clear();
+        self.len = 0;
         self.crc += t.elapsed();
         Ok(())
     }
@@ -110,9 +174,8 @@ impl Stages {
         Stages {
             pipeline: self.pipeline.min(o.pipeline),
             check_out: self.check_out.min(o.check_out),
-            pick_codec: self.pick_codec.min(o.pick_codec),
-            check_wire: self.check_wire.min(o.check_wire),
-            encode: self.encode.min(o.encode),
+            record: self.record.min(o.record),
+            frame_encode: self.frame_encode.min(o.frame_encode),
             frame_copy: self.frame_copy.min(o.frame_copy),
             frame_crc: self.frame_crc.min(o.frame_crc),
             client_copy: self.client_copy.min(o.client_copy),
@@ -129,10 +192,13 @@ impl Stages {
 }
 
 /// What one measurement streamed.
-struct Volume {
-    tokens: u64,
-    out_bytes: u64,
-    wire_bytes: u64,
+pub(crate) struct Volume {
+    pub tokens: u64,
+    pub out_bytes: u64,
+    pub wire_bytes: u64,
+    /// Whether the output check ran: `Pipeline::next_batch_checked` skips it when the
+    /// sources' bound proves every token fits the output dtype.
+    pub checked_output: bool,
 }
 
 pub fn run(a: &Args) -> Result<()> {
@@ -148,7 +214,7 @@ pub fn run(a: &Args) -> Result<()> {
     for _ in 1..a.repeats {
         st = st.min(measure(a, &ds)?.0);
     }
-    report(a, &ds, &st, &v)
+    crate::report::breakdown(a, &ds, &st, &v)
 }
 
 /// All passes once.
@@ -164,17 +230,18 @@ fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
     let mut pipeline = Pipeline::open(&plan, Cursor::START, |_, s| open_source(s, None, ""))?;
     while pipeline.next_batch()?.is_some() {}
 
-    // Pass 1: the agent's producer loop, stage by stage, and the consumer's copy.
+    // Pass 1: the agent's producer step, stage by stage, and the consumer's copy.
     let mut pipeline = Pipeline::open(&plan, Cursor::START, |_, s| open_source(s, None, ""))?;
     let l = pipeline.sample_len();
+    let bound = pipeline.max_token_bound();
+    // As `Pipeline::next_batch_checked`: no check when the sources' bound proves it.
+    let checked_output = bound > width.max_token();
+    let mut encoder = RecordEncoder::new(wire, bound);
     let mut starts: Vec<Vec<u64>> = Vec::new();
-    let mut encoders: Vec<Encoder> = Vec::new();
-    let mut payload = Vec::new();
-    let mut frames = Frames {
-        buf: Vec::with_capacity(MAX_PAYLOAD),
-        copy: Duration::ZERO,
-        crc: Duration::ZERO,
-    };
+    let mut frames = Frames::new();
+    let mut record_bytes = 0u64;
+    // The payload's bytes as the consumer finds them in the frames (made untimed).
+    let mut received: Vec<u8> = Vec::new();
     let mut batch_buf: Vec<u8> = Vec::new();
     let (mut tokens, mut out_bytes, mut wire_bytes) = (0u64, 0u64, 0u64);
     loop {
@@ -185,40 +252,39 @@ fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
         st.pipeline += t.elapsed();
         starts.push(b.provenance.iter().map(|&(_, s)| s).collect());
 
-        let t = Instant::now();
-        check_fits(&b, l, width, "")?;
-        st.check_out += t.elapsed();
+        if checked_output {
+            let t = Instant::now();
+            check_fits(&b, l, width, "")?;
+            st.check_out += t.elapsed();
+        }
 
         let t = Instant::now();
-        let codec = codec_for(wire, b.tokens);
-        st.pick_codec += t.elapsed();
+        let Record { header, payload } = encoder.encode(&b, l)?;
+        st.record += t.elapsed();
 
-        let t = Instant::now();
-        check_fits(&b, l, codec.width, "wire: ")?;
-        st.check_wire += t.elapsed();
-
-        let t = Instant::now();
-        let enc = match encoders.iter_mut().position(|e| e.codec() == codec) {
-            Some(i) => &mut encoders[i],
-            None => {
-                encoders.push(Encoder::new(codec)?);
-                encoders.last_mut().context("just pushed")?
+        let h = header.encode();
+        frames.write(&h)?;
+        let payload_len = header.payload_len as usize;
+        record_bytes += (h.len() + payload_len) as u64;
+        let wire_payload: &[u8] = match payload {
+            Payload::Bytes(p) => {
+                frames.write(p)?;
+                p
+            }
+            Payload::Plain { width, tokens } => {
+                frames.write_encoded(width, tokens)?;
+                received.resize(payload_len, 0);
+                encode_width(width, tokens, &mut received)?;
+                &received
             }
         };
-        payload.clear();
-        enc.encode(b.tokens, &mut payload)?;
-        st.encode += t.elapsed();
-
-        let h = batch_header(codec, &b.info(), l, payload.len())?;
-        frames.write(&h.encode())?;
-        frames.write(&payload)?;
 
         // The consumer: a plain wire codec in the output dtype is copied straight from the
         // frame into the batch buffer (`Reader::fill`, `direct`).
         let t = Instant::now();
         batch_buf.resize(b.tokens.len() * item, 0);
-        if payload.len() == batch_buf.len() {
-            batch_buf.copy_from_slice(&payload);
+        if wire_payload.len() == batch_buf.len() {
+            batch_buf.copy_from_slice(wire_payload);
         } else {
             bail!("breakdown models only plain wire codecs in the output dtype (e.g. u16 → u16)");
         }
@@ -227,10 +293,16 @@ fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
 
         tokens += b.tokens.len() as u64;
         out_bytes += (b.tokens.len() * item) as u64;
-        wire_bytes += payload.len() as u64;
+        wire_bytes += payload_len as u64;
     }
     frames.flush()?;
+    ensure!(
+        frames.written == record_bytes,
+        "the frames got {} bytes, the records are {record_bytes}",
+        frames.written
+    );
     st.frame_copy = frames.copy;
+    st.frame_encode = frames.encode;
     st.frame_crc = frames.crc;
     if tokens == 0 {
         bail!("the plan yields no tokens");
@@ -325,148 +397,7 @@ fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
             tokens,
             out_bytes,
             wire_bytes,
+            checked_output,
         },
     ))
-}
-
-fn report(a: &Args, ds: &DataSpec, st: &Stages, v: &Volume) -> Result<()> {
-    let Volume {
-        tokens,
-        out_bytes,
-        wire_bytes,
-    } = *v;
-    let producer =
-        st.pipeline + st.check_out + st.pick_codec + st.check_wire + st.encode + st.frame_copy;
-    let rows: Vec<(&str, &str, Duration)> = vec![
-        ("producer", "Pipeline::next_batch (all of it)", st.pipeline),
-        (
-            "producer",
-            "  of which: LocalSource::read_ranges (pass 2)",
-            st.source,
-        ),
-        (
-            "producer",
-            "    of which: Dataset::read_into per sample (pass 3)",
-            st.dataset,
-        ),
-        (
-            "producer",
-            "      of which: pread of the stored bytes (pass 4)",
-            st.pread,
-        ),
-        (
-            "what-if",
-            "pass 4 with POSIX_FADV_RANDOM on the fd",
-            st.pread_random,
-        ),
-        ("producer", "check_fits for the output dtype", st.check_out),
-        ("producer", "wire codec pick", st.pick_codec),
-        ("producer", "check_fits for the wire codec", st.check_wire),
-        ("producer", "Encoder::encode (u32 → wire)", st.encode),
-        (
-            "producer",
-            "FrameSink copy into 1 MiB frames",
-            st.frame_copy,
-        ),
-        ("producer", "= producer thread total", producer),
-        (
-            "sender",
-            "crc32c of each frame (FrameWriter::send)",
-            st.frame_crc,
-        ),
-        (
-            "consumer",
-            "copy frame → batch buffer (Reader::fill)",
-            st.client_copy,
-        ),
-    ];
-    let mut rows = rows;
-    if let Some(d) = st.pread_span {
-        rows.insert(
-            5,
-            (
-                "what-if",
-                "pass 4 as one pread per batch (adjacent samples)",
-                d,
-            ),
-        );
-    }
-    let derived: Vec<(&str, Duration)> = vec![
-        (
-            "Pipeline own work: schedule, bookkeeping, any gather copy",
-            st.pipeline.saturating_sub(st.source),
-        ),
-        (
-            "LocalSource loop around Dataset::read_into",
-            st.source.saturating_sub(st.dataset),
-        ),
-        (
-            "Dataset::read_into after the pread: decode stored dtype → u32",
-            st.dataset.saturating_sub(st.pread),
-        ),
-    ];
-    let gb = out_bytes as f64 / 1e9;
-    let ns_tok = |d: Duration| d.as_secs_f64() * 1e9 / tokens as f64;
-    {
-        let j = |(side, what, d): &(&str, &str, Duration)| {
-            json!({"side": side, "stage": what.trim(), "seconds": d.as_secs_f64(),
-                   "ns_per_token": ns_tok(*d), "cpu_s_per_gb": d.as_secs_f64() / gb})
-        };
-        let out = json!({
-            "bench": "breakdown", "dataset": ds.local(), "plan": a.plan.describe(),
-            "shuffle": a.shuffle, "repeats": a.repeats, "tokens": tokens, "output_bytes": out_bytes, "wire_bytes": wire_bytes,
-            "stages": rows.iter().map(j).collect::<Vec<_>>(),
-            "derived": derived.iter().map(|(w, d)| json!({"stage": w, "seconds": d.as_secs_f64(),
-                "ns_per_token": ns_tok(*d), "cpu_s_per_gb": d.as_secs_f64() / gb})).collect::<Vec<_>>(),
-            "producer_bound_gb_per_s": gb / producer.as_secs_f64(),
-        });
-        if a.out.emit(&out)? {
-            return Ok(());
-        }
-    }
-    println!(
-        "dataset {}; plan: {}, shuffle={}; {:.2} G tokens, {:.3} GB of output payload",
-        ds.local(),
-        a.plan.describe(),
-        a.shuffle,
-        tokens as f64 / 1e9,
-        gb
-    );
-    println!(
-        "one thread; each stage the fastest of {} measurements; CPU s/GB is per GB (1e9 bytes) of output payload\n",
-        a.repeats
-    );
-    let mut t = Table::new(&["side", "stage", "s", "ns/token", "CPU s/GB", "alone GB/s"]).left(2);
-    for (side, what, d) in &rows {
-        t.row(vec![
-            side.to_string(),
-            what.to_string(),
-            f(d.as_secs_f64(), 3),
-            f(ns_tok(*d), 3),
-            f(d.as_secs_f64() / gb, 3),
-            f(gb / d.as_secs_f64(), 2),
-        ]);
-    }
-    t.print();
-    println!();
-    let mut t = Table::new(&[
-        "derived (differences of the passes)",
-        "s",
-        "ns/token",
-        "CPU s/GB",
-    ]);
-    for (what, d) in &derived {
-        t.row(vec![
-            what.to_string(),
-            f(d.as_secs_f64(), 3),
-            f(ns_tok(*d), 3),
-            f(d.as_secs_f64() / gb, 3),
-        ]);
-    }
-    t.print();
-    println!(
-        "\nthe producer thread alone could deliver {:.2} GB/s of payload (before any socket cost)",
-        gb / producer.as_secs_f64()
-    );
-    Ok(())
 }

@@ -1,8 +1,13 @@
-//! Plain-text tables and number formatting.
+//! Plain-text tables and number formatting, and the reports of the scenarios that return
+//! their measurements ([`breakdown`]).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::DataSpec;
 
 /// Where results go besides the tables.
 #[derive(clap::Args, Debug, Clone)]
@@ -126,4 +131,169 @@ pub fn spread(xs: &[f64]) -> (f64, f64, f64) {
     let mut v = xs.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     (v[0], v[v.len() / 2], v[v.len() - 1])
+}
+
+/// The breakdown's tables (or JSON): each stage's time per token and per GB of output, the
+/// producer thread's total, and the differences of the source passes.
+pub fn breakdown(
+    a: &crate::breakdown::Args,
+    ds: &DataSpec,
+    st: &crate::breakdown::Stages,
+    v: &crate::breakdown::Volume,
+) -> Result<()> {
+    let crate::breakdown::Volume {
+        tokens,
+        out_bytes,
+        wire_bytes,
+        checked_output,
+    } = *v;
+    let producer = st.pipeline + st.check_out + st.record + st.frame_encode + st.frame_copy;
+    let check_out = if checked_output {
+        "check_fits for the output dtype (Pipeline::next_batch_checked)"
+    } else {
+        "check_fits for the output dtype: skipped, the sources' bound fits it"
+    };
+    let rows: Vec<(&str, &str, Duration)> = vec![
+        ("producer", "Pipeline::next_batch (all of it)", st.pipeline),
+        (
+            "producer",
+            "  of which: LocalSource::read_ranges (pass 2)",
+            st.source,
+        ),
+        (
+            "producer",
+            "    of which: Dataset::read_into per sample (pass 3)",
+            st.dataset,
+        ),
+        (
+            "producer",
+            "      of which: pread of the stored bytes (pass 4)",
+            st.pread,
+        ),
+        (
+            "what-if",
+            "pass 4 with POSIX_FADV_RANDOM on the fd",
+            st.pread_random,
+        ),
+        ("producer", check_out, st.check_out),
+        (
+            "producer",
+            "codec choice + wire check + encode (RecordEncoder::encode)",
+            st.record,
+        ),
+        (
+            "producer",
+            "encode_width into 1 MiB frames (Payload::Plain)",
+            st.frame_encode,
+        ),
+        (
+            "producer",
+            "FrameSink copy into 1 MiB frames (headers, Payload::Bytes)",
+            st.frame_copy,
+        ),
+        ("producer", "= producer thread total", producer),
+        (
+            "sender",
+            "crc32c of each frame (FrameWriter::send)",
+            st.frame_crc,
+        ),
+        (
+            "consumer",
+            "copy frame → batch buffer (Reader::fill)",
+            st.client_copy,
+        ),
+    ];
+    let mut rows = rows;
+    if let Some(d) = st.pread_span {
+        rows.insert(
+            5,
+            (
+                "what-if",
+                "pass 4 as one pread per batch (adjacent samples)",
+                d,
+            ),
+        );
+    }
+    let derived: Vec<(&str, Duration)> = vec![
+        (
+            "Pipeline own work: schedule, bookkeeping, any gather copy",
+            st.pipeline.saturating_sub(st.source),
+        ),
+        (
+            "LocalSource loop around Dataset::read_into",
+            st.source.saturating_sub(st.dataset),
+        ),
+        (
+            "Dataset::read_into after the pread: decode stored dtype → u32",
+            st.dataset.saturating_sub(st.pread),
+        ),
+    ];
+    let gb = out_bytes as f64 / 1e9;
+    let ns_tok = |d: Duration| d.as_secs_f64() * 1e9 / tokens as f64;
+    {
+        let j = |(side, what, d): &(&str, &str, Duration)| {
+            json!({"side": side, "stage": what.trim(), "seconds": d.as_secs_f64(),
+                   "ns_per_token": ns_tok(*d), "cpu_s_per_gb": d.as_secs_f64() / gb})
+        };
+        let out = json!({
+            "bench": "breakdown", "dataset": ds.local(), "plan": a.plan.describe(),
+            "shuffle": a.shuffle, "repeats": a.repeats, "tokens": tokens, "output_bytes": out_bytes, "wire_bytes": wire_bytes,
+            "stages": rows.iter().map(j).collect::<Vec<_>>(),
+            "derived": derived.iter().map(|(w, d)| json!({"stage": w, "seconds": d.as_secs_f64(),
+                "ns_per_token": ns_tok(*d), "cpu_s_per_gb": d.as_secs_f64() / gb})).collect::<Vec<_>>(),
+            "producer_bound_gb_per_s": gb / producer.as_secs_f64(),
+        });
+        if a.out.emit(&out)? {
+            return Ok(());
+        }
+    }
+    println!(
+        "dataset {}; plan: {}, shuffle={}; {:.2} G tokens, {:.3} GB of output payload",
+        ds.local(),
+        a.plan.describe(),
+        a.shuffle,
+        tokens as f64 / 1e9,
+        gb
+    );
+    println!(
+        "one thread; each stage the fastest of {} measurements; CPU s/GB is per GB (1e9 bytes) of output payload\n",
+        a.repeats
+    );
+    let mut t = Table::new(&["side", "stage", "s", "ns/token", "CPU s/GB", "alone GB/s"]).left(2);
+    for (side, what, d) in &rows {
+        t.row(vec![
+            side.to_string(),
+            what.to_string(),
+            f(d.as_secs_f64(), 3),
+            f(ns_tok(*d), 3),
+            f(d.as_secs_f64() / gb, 3),
+            if d.is_zero() {
+                "-".into()
+            } else {
+                f(gb / d.as_secs_f64(), 2)
+            },
+        ]);
+    }
+    t.print();
+    println!();
+    let mut t = Table::new(&[
+        "derived (differences of the passes)",
+        "s",
+        "ns/token",
+        "CPU s/GB",
+    ]);
+    for (what, d) in &derived {
+        t.row(vec![
+            what.to_string(),
+            f(d.as_secs_f64(), 3),
+            f(ns_tok(*d), 3),
+            f(d.as_secs_f64() / gb, 3),
+        ]);
+    }
+    t.print();
+    println!(
+        "\nthe producer thread alone could deliver {:.2} GB/s of payload (before any socket cost)",
+        gb / producer.as_secs_f64()
+    );
+    Ok(())
 }

@@ -263,7 +263,7 @@ fn memcpy(run: usize, bytes: u64, a: &Args, ds: &DataSpec) -> Result<M> {
     let plan = a.plan.plan(&ds.local(), false);
     let slot = dquant_client::shm::slot_size(&plan) as usize;
     let slots = dquant_client::shm::default_slots(slot as u64) as usize;
-    let batch = plan.batch_size as usize * (plan.seq_len as usize + 1) * plan.output.itemsize();
+    let batch = plan.batch_bytes() as usize;
     let load = procs::loadavg();
     let src: Vec<u8> = (0..MEMCPY_SOURCE.max(batch))
         .map(|i| (i * 31) as u8)
@@ -312,8 +312,9 @@ pub fn run(a: &Args) -> Result<()> {
     }
     // The stream's payload size, from the plan's schedule (nothing is read).
     let expect = {
-        let r = open("", &a.plan.plan(&ds.local(), false), Offload::No)?;
-        r.rank_samples() * (u64::from(a.plan.seq_len) + 1) * a.plan.output_itemsize()
+        let plan = a.plan.plan(&ds.local(), false);
+        let r = open("", &plan, Offload::No)?;
+        r.rank_samples() * plan.sample_len() as u64 * plan.output.itemsize() as u64
     };
     let needs_agent = a.cases.iter().any(|c| {
         matches!(

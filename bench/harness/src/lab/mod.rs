@@ -17,13 +17,16 @@
 //! the host's CPU. Every figure is therefore a ratio against the baseline measured in the
 //! same run on the same link and data, and every scenario must deliver the same stream
 //! (its xxh3 is compared) or the lab fails.
+//!
+//! This module runs and measures the scenarios; [`report`] summarizes the runs, checks the
+//! goals and makes the table, and [`chart`] draws the PNG.
 
 pub mod chart;
 pub mod consume;
 pub mod netns;
+pub mod report;
 pub mod s3;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -33,7 +36,6 @@ use dquant_corpus::Encoding;
 use dquant_plan::{OutputDType, Plan, Source};
 use serde::{Deserialize, Serialize};
 
-use crate::report::{median, spread};
 use netns::{Link, LinkSpec, HOST_NS, STORAGE_IP, STORAGE_NS};
 
 const EXAMPLES: &str = "\
@@ -585,10 +587,10 @@ pub fn run(args: &Args) -> Result<()> {
     drop(link);
     let elapsed = started.elapsed();
 
-    let summary = summarize(&all, &spec);
-    let goals = goals(&summary);
-    let meta = Meta::collect(args, &spec, size, runs, &corpora, elapsed);
-    let table = render_table(&meta, &summary, &goals);
+    let summary = report::summarize(&all, &spec);
+    let goals = report::goals(&summary);
+    let meta = report::Meta::collect(args, &spec, size, runs, &corpora, elapsed);
+    let table = report::render_table(&meta, &summary, &goals);
     std::fs::write(out.join("table.md"), &table)?;
     std::fs::write(
         out.join("results.json"),
@@ -600,10 +602,10 @@ pub fn run(args: &Args) -> Result<()> {
         &out.join("lab.png"),
         &meta.chart_title(),
         &meta.chart_subtitle(),
-        &panels(&summary),
+        &report::panels(&summary),
     )?;
     if let Some(f) = &args.append {
-        add_to_results(f, &table)?;
+        report::add_to_results(f, &table)?;
     }
     println!("{table}");
     eprintln!(
@@ -611,405 +613,6 @@ pub fn run(args: &Args) -> Result<()> {
         out.display()
     );
     Ok(())
-}
-
-/// Adds `section` to the results file `f` before its first `## ` heading (the file lists the
-/// newest results first), or at its end if it has none.
-fn add_to_results(f: &Path, section: &str) -> Result<()> {
-    let old = match std::fs::read_to_string(f) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", f.display())),
-    };
-    let at = old.find("\n## ").map_or(old.len(), |i| i + 1);
-    let new = format!(
-        "{}{}\n{}",
-        &old[..at],
-        section.trim_end(),
-        if at < old.len() { "\n" } else { "" }
-    ) + &old[at..];
-    std::fs::write(f, new).with_context(|| format!("cannot write {}", f.display()))
-}
-
-/// One (corpus, scenario) over all runs.
-#[derive(Clone, Debug, Serialize)]
-pub struct Row {
-    pub corpus: String,
-    pub bits: u8,
-    pub way: Way,
-    pub label: String,
-    pub mtok_s: Vec<f64>,
-    /// tokens/s ÷ the same run's baseline.
-    pub ratio: Vec<f64>,
-    pub wire_bytes_per_token: f64,
-    pub link_use: Vec<f64>,
-    pub cpu_per_gtok: Vec<f64>,
-    /// Consumer CPU per token ÷ the same run's baseline's.
-    pub cpu_ratio: Vec<f64>,
-    pub stall: Vec<f64>,
-    pub consumer_rss: u64,
-    /// Per server: name, peak RSS (max over runs), CPU-s per 10⁹ tokens and the busiest
-    /// thread's share of the wall time (medians).
-    pub servers: Vec<ServerRow>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct ServerRow {
-    pub name: String,
-    pub peak_rss: u64,
-    pub cpu_per_gtok: Vec<f64>,
-    pub busiest_thread: String,
-    pub busiest_share: Vec<f64>,
-}
-
-/// `v`'s min–max range through `f`, or one figure when they print alike.
-fn span(v: &[f64], f: impl Fn(f64) -> String) -> String {
-    let (lo, _, hi) = spread(v);
-    if f(lo) == f(hi) {
-        f(lo)
-    } else {
-        format!("{}–{}", f(lo), f(hi))
-    }
-}
-
-fn summarize(all: &[Measure], spec: &LinkSpec) -> Vec<Row> {
-    let mut rows: Vec<Row> = Vec::new();
-    for m in all {
-        let base = all
-            .iter()
-            .find(|b| b.run == m.run && b.corpus == m.corpus && b.way == Way::Baseline)
-            .expect("every run starts with its baseline");
-        let i = match rows
-            .iter()
-            .position(|r| r.corpus == m.corpus && r.way == m.way)
-        {
-            Some(i) => i,
-            None => {
-                let bits = m.corpus.parse::<Encoding>().map_or(0, |e| e.bits());
-                rows.push(Row {
-                    corpus: m.corpus.clone(),
-                    bits,
-                    way: m.way.clone(),
-                    label: m.way.label(),
-                    mtok_s: vec![],
-                    ratio: vec![],
-                    wire_bytes_per_token: 0.0,
-                    link_use: vec![],
-                    cpu_per_gtok: vec![],
-                    cpu_ratio: vec![],
-                    stall: vec![],
-                    consumer_rss: 0,
-                    servers: vec![],
-                });
-                rows.len() - 1
-            }
-        };
-        let r = &mut rows[i];
-        r.mtok_s.push(m.tokens_per_s() / 1e6);
-        r.ratio.push(m.tokens_per_s() / base.tokens_per_s());
-        r.wire_bytes_per_token = m.wire_bytes_per_token();
-        r.link_use.push(m.link_use(spec));
-        r.cpu_per_gtok.push(m.cpu_per_gtok());
-        r.cpu_ratio.push(m.cpu_per_gtok() / base.cpu_per_gtok());
-        r.stall.push(m.consumer.stall_s / m.consumer.wall_s);
-        r.consumer_rss = r.consumer_rss.max(m.consumer.peak_rss);
-        for p in &m.servers {
-            let i = match r.servers.iter().position(|x| x.name == p.name) {
-                Some(i) => i,
-                None => {
-                    r.servers.push(ServerRow {
-                        name: p.name.clone(),
-                        peak_rss: 0,
-                        cpu_per_gtok: vec![],
-                        busiest_thread: p.busiest_thread.clone(),
-                        busiest_share: vec![],
-                    });
-                    r.servers.len() - 1
-                }
-            };
-            let x = &mut r.servers[i];
-            x.peak_rss = x.peak_rss.max(p.peak_rss);
-            x.cpu_per_gtok
-                .push(p.cpu_s / m.consumer.tokens as f64 * 1e9);
-            x.busiest_share.push(p.busiest_cpu_s / m.consumer.wall_s);
-        }
-    }
-    rows
-}
-
-/// One of the issue's goals, checked.
-#[derive(Clone, Debug, Serialize)]
-pub struct Goal {
-    pub what: String,
-    pub target: String,
-    pub got: String,
-    pub met: bool,
-}
-
-fn goals(rows: &[Row]) -> Vec<Goal> {
-    let mut g = Vec::new();
-    let find = |corpus: &str, way: &Way| rows.iter().find(|r| r.corpus == corpus && &r.way == way);
-    for (corpus, wire, target) in [("r50k", "u16", 1.9), ("o200k", "bits:18", 1.7)] {
-        if let Some(r) = find(corpus, &Way::Agent { wire: wire.into() }) {
-            let got = median(&r.ratio);
-            g.push(Goal {
-                what: format!("(b) {wire} on {corpus}: tokens/s vs baseline"),
-                target: format!("≥ {target}×"),
-                got: format!("{got:.2}× (runs {})", span(&r.ratio, |x| format!("{x:.2}"))),
-                met: got >= target,
-            });
-        }
-    }
-    // Every compressed codec of (b) and (c), so that a codec that compresses best but is
-    // CPU-bound shows beside one that fills the link.
-    for r in rows.iter().filter(|r| match &r.way {
-        Way::Agent { wire } => wire.contains('+'),
-        Way::Chain { .. } => true,
-        _ => false,
-    }) {
-        let (ratio, link) = (median(&r.ratio), median(&r.link_use));
-        g.push(Goal {
-            what: format!(
-                "{} on {}: tokens/s vs baseline, and link use",
-                r.label, r.corpus
-            ),
-            target: "≥ 3×, ≥ 90%".into(),
-            got: format!("{ratio:.2}×, {:.1}%", link * 100.0),
-            met: ratio >= 3.0 && link >= 0.9,
-        });
-    }
-    for r in rows.iter().filter(|r| matches!(r.way, Way::Chain { .. })) {
-        let got = median(&r.cpu_ratio);
-        g.push(Goal {
-            what: format!(
-                "{} on {}: consumer CPU per token vs baseline",
-                r.label, r.corpus
-            ),
-            target: "≤ 0.2×".into(),
-            got: format!("{got:.3}×"),
-            met: got <= 0.2,
-        });
-    }
-    g
-}
-
-/// Where and how the run was made.
-#[derive(Clone, Debug, Serialize)]
-pub struct Meta {
-    pub date: String,
-    pub machine: String,
-    pub command: String,
-    pub commit: String,
-    pub link: String,
-    /// The link's rate, as given (`1gbit`).
-    pub rate: String,
-    pub plan: String,
-    pub data: String,
-    pub runs: u32,
-    pub elapsed_s: f64,
-    pub loadavg: String,
-}
-
-impl Meta {
-    fn collect(
-        args: &Args,
-        spec: &LinkSpec,
-        size: u64,
-        runs: u32,
-        corpora: &[Corpus],
-        elapsed: Duration,
-    ) -> Meta {
-        let cpu = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown CPU".into());
-        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        let mem_gib = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                let l = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-                l.split_whitespace().nth(1)?.parse::<f64>().ok()
-            })
-            .map_or(0.0, |kib| kib / (1 << 20) as f64);
-        let commit = Command::new("git")
-            .args(["describe", "--always", "--dirty", "--abbrev=9"])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_else(|| "unknown".into());
-        let command = std::env::var("DQUANT_LAB_COMMAND")
-            .unwrap_or_else(|_| std::env::args().collect::<Vec<_>>().join(" "));
-        let data = corpora
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} ({}-bit ids) {:.1} M tokens = {:.0} MB int32",
-                    c.enc.name(),
-                    c.enc.bits(),
-                    c.tokens as f64 / 1e6,
-                    c.tokens as f64 * 4.0 / 1e6
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        Meta {
-            date: utc_human(),
-            machine: format!("{cores} vCPU {cpu}, {mem_gib:.0} GiB, Linux {}", kernel.trim()),
-            command,
-            commit,
-            link: format!("veth + tc tbf {} (mtu {}), namespaces {STORAGE_NS} → {HOST_NS}", spec.rate, spec.mtu),
-            rate: spec.rate.clone(),
-            plan: format!("seq_len {}, batch {}, unshuffled, 1 epoch; output u16 (16-bit) or i32; --size {size}", args.seq_len, args.batch_size),
-            data,
-            runs,
-            elapsed_s: elapsed.as_secs_f64(),
-            loadavg: crate::procs::loadavg(),
-        }
-    }
-
-    fn chart_title(&self) -> String {
-        format!("dquant lab: storage → {} link → host", self.rate)
-    }
-
-    fn chart_subtitle(&self) -> String {
-        format!(
-            "{} · {} · commit {} · {} run(s)",
-            self.date, self.machine, self.commit, self.runs
-        )
-    }
-}
-
-fn mib(b: u64) -> String {
-    format!("{:.0}", b as f64 / (1 << 20) as f64)
-}
-
-fn render_table(meta: &Meta, rows: &[Row], goals: &[Goal]) -> String {
-    let mut t = String::new();
-    let _ = writeln!(
-        t,
-        "## Benchmark lab: storage → NIC-bound link → host ({})",
-        meta.date
-    );
-    let _ = writeln!(t);
-    let _ = writeln!(
-        t,
-        "- Command: `{}` (commit {}, {} run(s), {:.0} s)",
-        meta.command, meta.commit, meta.runs, meta.elapsed_s
-    );
-    let _ = writeln!(t, "- Machine: {}; load {}", meta.machine, meta.loadavg);
-    let _ = writeln!(t, "- Link: {}", meta.link);
-    let _ = writeln!(t, "- Data: {}", meta.data);
-    let _ = writeln!(t, "- Plan: {}", meta.plan);
-    let _ = writeln!(t, "- Ratios are against the baseline (a) of the same run and corpus; ranges are min–max over runs, single figures medians. Link use = bytes the storage veth sent ÷ (rate × wall time); stall = time the consumer spent inside open/next_batch ÷ wall time.");
-    let _ = writeln!(t);
-    let _ = writeln!(t, "| corpus | scenario | M tokens/s | vs baseline | link B/token | link use | consumer CPU-s / 10⁹ tok | CPU vs baseline | stall | consumer peak RSS MiB | servers: peak RSS MiB, CPU-s / 10⁹ tok, busiest thread's share of wall time |");
-    let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-    for r in rows {
-        let servers = r
-            .servers
-            .iter()
-            .map(|x| {
-                format!(
-                    "{} {} MiB, {:.1}, {} {:.0}%",
-                    x.name,
-                    mib(x.peak_rss),
-                    median(&x.cpu_per_gtok),
-                    x.busiest_thread,
-                    median(&x.busiest_share) * 100.0
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        let _ = writeln!(
-            t,
-            "| {} ({}-bit) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.corpus,
-            r.bits,
-            r.label,
-            span(&r.mtok_s, |x| format!("{x:.1}")),
-            span(&r.ratio, |x| format!("{x:.2}×")),
-            if r.way.link_bound() {
-                format!("{:.2}", r.wire_bytes_per_token)
-            } else {
-                "—".into()
-            },
-            if r.way.link_bound() {
-                span(&r.link_use, |x| format!("{:.0}%", x * 100.0))
-            } else {
-                "—".into()
-            },
-            span(&r.cpu_per_gtok, |x| format!("{x:.1}")),
-            span(&r.cpu_ratio, |x| format!("{x:.3}×")),
-            span(&r.stall, |x| format!("{:.0}%", x * 100.0)),
-            mib(r.consumer_rss),
-            if servers.is_empty() {
-                "—".into()
-            } else {
-                servers
-            },
-        );
-    }
-    let _ = writeln!(t);
-    let _ = writeln!(t, "| goal | target | got | |");
-    let _ = writeln!(t, "|---|---|---|---|");
-    for g in goals {
-        let _ = writeln!(
-            t,
-            "| {} | {} | {} | {} |",
-            g.what,
-            g.target,
-            g.got,
-            if g.met { "✅" } else { "❌" }
-        );
-    }
-    t
-}
-
-fn panels(rows: &[Row]) -> Vec<chart::Panel> {
-    let group = |r: &Row| format!("{} ({}-bit)", r.corpus, r.bits);
-    // One colour for the narrowed codec of every corpus (u16, bits:17, bits:18).
-    let label = |r: &Row| match &r.way {
-        Way::Agent { wire } if !wire.contains('+') => "(b) agent, narrowed (u16 / bits:N)".into(),
-        w => w.label(),
-    };
-    let bar = |r: &Row, value: f64, note: String| chart::Bar {
-        group: group(r),
-        label: label(r),
-        value,
-        note,
-    };
-    let speed = rows
-        .iter()
-        .filter(|r| r.way.link_bound())
-        .map(|r| bar(r, median(&r.ratio), format!("{:.2}×", median(&r.ratio))))
-        .collect();
-    let cpu = rows
-        .iter()
-        .map(|r| {
-            let v = median(&r.cpu_per_gtok);
-            bar(r, v, format!("{v:.1}"))
-        })
-        .collect();
-    vec![
-        chart::Panel {
-            title: "Tokens/s delivered over the link, × baseline (a)   [(d) in-process is in the table]".into(),
-            y_label: "× baseline".into(),
-            bars: speed,
-            reference: Some((1.0, "baseline".into())),
-        },
-        chart::Panel {
-            title: "Consumer CPU-seconds per 10⁹ tokens (lower is better)".into(),
-            y_label: "CPU-s / 10⁹ tokens".into(),
-            bars: cpu,
-            reference: None,
-        },
-    ]
 }
 
 fn utc_now() -> (i64, u32, u32, u32, u32, u32) {
@@ -1039,99 +642,4 @@ fn utc_stamp() -> String {
 fn utc_human() -> String {
     let (y, m, d, h, mi, _) = utc_now();
     format!("{y:04}-{m:02}-{d:02} {h:02}:{mi:02} UTC")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn measure(run: u32, corpus: &str, way: Way, tokens: u64, wall_s: f64, cpu_s: f64) -> Measure {
-        Measure {
-            run,
-            corpus: corpus.into(),
-            way,
-            consumer: consume::Consumed {
-                tokens,
-                batches: 1,
-                wall_s,
-                stall_s: wall_s / 2.0,
-                first_batch_s: 0.0,
-                cpu_s,
-                peak_rss: 1 << 20,
-                xxh3: "0".into(),
-            },
-            link_down: tokens * 2,
-            link_up: 0,
-            servers: vec![],
-        }
-    }
-
-    #[test]
-    fn results_go_before_the_newest_section() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("RESULTS.md");
-        std::fs::write(&f, "# Results\n\nintro\n\n## older\n\nold\n").unwrap();
-        add_to_results(&f, "## lab\n\n| t |\n").unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&f).unwrap(),
-            "# Results\n\nintro\n\n## lab\n\n| t |\n\n## older\n\nold\n"
-        );
-        let g = dir.path().join("new.md");
-        add_to_results(&g, "## lab\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&g).unwrap(), "## lab\n");
-    }
-
-    #[test]
-    fn ratios_are_against_the_same_runs_baseline_and_goals_follow_them() {
-        let spec = LinkSpec::new("1gbit", 1500).unwrap();
-        let u16 = Way::Agent { wire: "u16".into() };
-        let zstd = Way::Agent {
-            wire: "auto+zstd:1".into(),
-        };
-        let chain = Way::Chain {
-            wire: "auto+lz4".into(),
-        };
-        // Run 2's baseline is twice as fast as run 1's: each run is compared with its own.
-        let all = vec![
-            measure(1, "r50k", Way::Baseline, 1_000_000, 1.0, 0.010),
-            measure(1, "r50k", u16.clone(), 1_950_000, 1.0, 0.002),
-            measure(1, "r50k", zstd.clone(), 3_500_000, 1.0, 0.004),
-            measure(1, "r50k", chain.clone(), 3_100_000, 1.0, 0.001),
-            measure(2, "r50k", Way::Baseline, 2_000_000, 1.0, 0.020),
-            measure(2, "r50k", u16.clone(), 3_800_000, 1.0, 0.004),
-            measure(2, "r50k", zstd.clone(), 7_000_000, 1.0, 0.008),
-            measure(2, "r50k", chain.clone(), 6_000_000, 1.0, 0.005),
-        ];
-        let rows = summarize(&all, &spec);
-        let row = |w: &Way| rows.iter().find(|r| &r.way == w).unwrap();
-        assert_eq!(row(&u16).ratio, vec![1.95, 1.9]);
-        assert_eq!(row(&zstd).ratio, vec![3.5, 3.5]);
-        assert_eq!(row(&chain).mtok_s, vec![3.1, 6.0]);
-        // 2 link bytes per token; 1.95 M tokens/s = 3.9 MB/s of a 125 MB/s link.
-        assert!((row(&u16).link_use[0] - 3.9e6 / 125e6).abs() < 1e-12);
-        let g = goals(&rows);
-        let got: Vec<(&str, bool)> = g.iter().map(|g| (g.what.as_str(), g.met)).collect();
-        assert_eq!(
-            got,
-            vec![
-                ("(b) u16 on r50k: tokens/s vs baseline", true),
-                (
-                    "(b) agent auto+zstd:1 on r50k: tokens/s vs baseline, and link use",
-                    false
-                ),
-                (
-                    "(c) chain auto+lz4 + shm on r50k: tokens/s vs baseline, and link use",
-                    false
-                ),
-                (
-                    "(c) chain auto+lz4 + shm on r50k: consumer CPU per token vs baseline",
-                    true
-                ),
-            ]
-        );
-        // The chain's CPU per token: 0.001/3.1M against 0.01/1M, and 0.005/6M against 0.02/2M.
-        let c = &row(&chain).cpu_ratio;
-        assert!((c[0] - 0.1 / 3.1).abs() < 1e-9 && (c[1] - 0.25 / 3.0).abs() < 1e-9);
-        assert!(g[3].got.starts_with("0.058×"), "{}", g[3].got);
-    }
 }
