@@ -5,6 +5,7 @@ use std::io::{self, IoSliceMut};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fd::OwnedFd;
 use rustix::fs::{FileType, Mode, OFlags};
 
 /// A read-only object of known length that serves positional reads.
@@ -50,9 +51,10 @@ pub struct LocalFile {
 
 impl LocalFile {
     /// Opens a regular file; a directory, FIFO, socket or device is an error, found before
-    /// anything is read (see [`open_regular`]).
+    /// anything is read (`fstat` on the opened descriptor; `O_NONBLOCK`, so a FIFO does not
+    /// block the open).
     pub fn open(path: &Path) -> io::Result<Self> {
-        match open_regular(path, OFlags::empty())? {
+        match open_regular(path)? {
             Ok(f) => Ok(f),
             Err(FileType::Directory) => Err(io::Error::new(
                 io::ErrorKind::IsADirectory,
@@ -68,25 +70,41 @@ impl LocalFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// A file already opened (and checked to be regular) by a caller; `path` is what it is
+    /// reported as.
+    pub(crate) fn from_fd(fd: OwnedFd, len: u64, path: PathBuf) -> Self {
+        LocalFile {
+            file: File::from(fd),
+            len,
+            path,
+        }
+    }
 }
 
 /// Opens `path` read-only and checks with `fstat` that it is a regular file; otherwise
 /// returns its type. `O_NONBLOCK` keeps `open` itself from waiting for a FIFO's writer (it
-/// changes nothing for reads of a regular file); `extra` adds flags (`O_NOFOLLOW`).
-pub(crate) fn open_regular(path: &Path, extra: OFlags) -> io::Result<Result<LocalFile, FileType>> {
-    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | extra;
-    let fd = rustix::fs::open(path, flags, Mode::empty())?;
+/// changes nothing for reads of a regular file).
+fn open_regular(path: &Path) -> io::Result<Result<LocalFile, FileType>> {
+    let fd = rustix::fs::open(path, READ_FLAGS, Mode::empty())?;
     let st = rustix::fs::fstat(&fd)?;
     let kind = FileType::from_raw_mode(st.st_mode);
     if kind != FileType::RegularFile {
         return Ok(Err(kind));
     }
-    Ok(Ok(LocalFile {
-        file: File::from(fd),
-        len: st.st_size as u64,
-        path: path.to_path_buf(),
-    }))
+    Ok(Ok(LocalFile::from_fd(
+        fd,
+        st.st_size as u64,
+        path.to_path_buf(),
+    )))
 }
+
+/// How every local object is opened for reading: `O_NONBLOCK` so that opening a FIFO does
+/// not wait for a writer, `O_NOCTTY` so that a terminal never becomes the agent's.
+pub(crate) const READ_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::NOCTTY);
 
 impl ReadAt for LocalFile {
     fn len(&self) -> u64 {

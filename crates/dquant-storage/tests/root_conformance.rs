@@ -34,15 +34,23 @@ impl Root for Scratch {
     }
 }
 
-fn local(objects: &[(&str, &[u8])]) -> Box<dyn Root> {
+/// A `LocalRoot` made by `new` holding `objects`.
+fn local_with(
+    new: fn(&Path) -> std::io::Result<LocalRoot>,
+    objects: &[(&str, &[u8])],
+) -> Box<dyn Root> {
     let dir = tempfile::tempdir().unwrap();
     for (name, bytes) in objects {
         let p = dir.path().join(name);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, bytes).unwrap();
     }
-    let root = LocalRoot::new(dir.path()).unwrap();
+    let root = new(dir.path()).unwrap();
     Box::new(Scratch { _dir: dir, root })
+}
+
+fn local(objects: &[(&str, &[u8])]) -> Box<dyn Root> {
+    local_with(LocalRoot::new, objects)
 }
 
 fn memory(objects: &[(&str, &[u8])]) -> Box<dyn Root> {
@@ -52,6 +60,13 @@ fn memory(objects: &[(&str, &[u8])]) -> Box<dyn Root> {
 #[test]
 fn local_root_conforms() {
     conformance::run(&local);
+}
+
+/// The fallback for kernels without `openat2` (a component-by-component walk) behaves the
+/// same.
+#[test]
+fn local_root_without_openat2_conforms() {
+    conformance::run(&|objects| local_with(LocalRoot::new_without_openat2, objects));
 }
 
 #[test]
