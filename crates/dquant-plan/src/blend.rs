@@ -21,6 +21,11 @@
 
 use crate::error::PlanError;
 
+/// How many draws [`Blender::seek_until`] makes between asks of its stop condition: about a
+/// millisecond of replay with a few sources, so a deadline is met closely and the ask costs
+/// nothing.
+pub const SEEK_CHECK_EVERY: u64 = 1 << 16;
+
 /// Normalizes blend weights to sum to 1, as Megatron-Core's `normalize` does
 /// (`w / numpy.sum(w)`).
 ///
@@ -130,20 +135,34 @@ impl Blender {
     /// replays the rule: from the current position when `i` is ahead of it, from 0 otherwise.
     /// O(i * #sources) time, O(1) extra memory; O(1) with a single source.
     pub fn seek(&mut self, i: u64) {
+        // A stop condition that never fires lets the replay run to its end.
+        let reached = self.seek_until(i, &mut || false);
+        debug_assert!(reached);
+    }
+
+    /// [`Blender::seek`] that asks `stop` every [`SEEK_CHECK_EVERY`] draws whether to give
+    /// up, so a far cursor (a hostile or mistaken one: 2^62 takes centuries) cannot hold a
+    /// thread past its caller's deadline. Returns whether it reached `i`; when it did not,
+    /// the blender stands somewhere between where it was and `i`.
+    pub fn seek_until(&mut self, i: u64, stop: &mut dyn FnMut() -> bool) -> bool {
         if self.weights.len() == 1 {
             self.counts[0] = i;
             self.position = i;
-            return;
+            return true;
         }
         if i < self.position {
             self.counts.iter_mut().for_each(|c| *c = 0);
             self.position = 0;
         }
         while self.position < i {
+            if self.position.is_multiple_of(SEEK_CHECK_EVERY) && stop() {
+                return false;
+            }
             let d = self.pick();
             self.counts[d] += 1;
             self.position += 1;
         }
+        true
     }
 }
 
@@ -201,6 +220,25 @@ mod tests {
         let mut one = Blender::new(&[5.0]).unwrap();
         one.seek(1 << 60);
         assert_eq!(one.next_pick(), (0, 1 << 60));
+    }
+
+    #[test]
+    fn a_far_seek_stops_when_asked_and_a_near_one_is_unaffected() {
+        let mut b = Blender::new(&[0.5, 0.5]).unwrap();
+        let mut asks = 0;
+        let mut stop = || {
+            asks += 1;
+            asks > 3
+        };
+        assert!(!b.seek_until(1 << 62, &mut stop));
+        // Asked at draws 0, 2^16, 2 × 2^16 and 3 × 2^16: it stopped at the fourth ask.
+        assert_eq!(b.position(), 3 * SEEK_CHECK_EVERY);
+        assert_eq!(asks, 4);
+        let mut c = Blender::new(&[0.5, 0.5]).unwrap();
+        assert!(c.seek_until(1000, &mut || false));
+        let mut d = Blender::new(&[0.5, 0.5]).unwrap();
+        d.seek(1000);
+        assert_eq!(c, d);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 /// contract (tests assert them verbatim): a user reading one knows which line of their plan to
 /// change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PlanError {
     /// The plan text is not valid JSON or TOML, or does not have the plan's shape (an unknown
     /// field, a wrong type, a missing required field). The message is serde_json's or toml's,
@@ -26,6 +27,16 @@ pub enum PlanError {
     /// A cursor does not fit the schedule it is used with.
     #[error("cursor: {0}")]
     Cursor(String),
+
+    /// The caller's stop condition ended a long computation (the blend replayed up to a far
+    /// cursor) before it finished: see [`crate::Schedule::iter_rank_until`].
+    #[error("cursor: stopped after replaying the blend to sample {reached} of {target}")]
+    Stopped {
+        /// How far the replay got.
+        reached: u64,
+        /// Where it was going.
+        target: u64,
+    },
 }
 
 impl PlanError {

@@ -218,14 +218,17 @@ impl Plan {
         self.seq_len as usize + 1
     }
 
-    /// Tokens in a full batch: `batch_size × sample_len`.
+    /// Tokens in a full batch: `batch_size × sample_len` (at most about 2^64, so exact).
     pub fn batch_tokens(&self) -> u64 {
         u64::from(self.batch_size) * (u64::from(self.seq_len) + 1)
     }
 
-    /// Bytes of a full batch in the plan's output dtype.
+    /// Bytes of a full batch in the plan's output dtype, saturating at `u64::MAX` (a plan
+    /// can ask for more than 2^64 bytes; no buffer can be that large, so every size check
+    /// refuses it rather than see a wrapped small number).
     pub fn batch_bytes(&self) -> u64 {
-        self.batch_tokens() * self.output.itemsize() as u64
+        self.batch_tokens()
+            .saturating_mul(self.output.itemsize() as u64)
     }
 
     /// Parses and validates a plan written in JSON.

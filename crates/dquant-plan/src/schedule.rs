@@ -280,6 +280,17 @@ impl Schedule {
     /// `epoch` is not used. Costs one [`Blender::seek`] to the cursor, then O(world * #sources)
     /// per sample, O(#sources) memory.
     pub fn iter_rank(&self, cursor: Cursor) -> Result<RankIter, PlanError> {
+        self.iter_rank_until(cursor, &mut || false)
+    }
+
+    /// [`Schedule::iter_rank`] that gives up with [`PlanError::Stopped`] when `stop` says so
+    /// while the blend replays to the cursor (see [`Blender::seek_until`]): a server bounds
+    /// the time one request may take with it.
+    pub fn iter_rank_until(
+        &self,
+        cursor: Cursor,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<RankIter, PlanError> {
         let c = cursor.consumed_samples;
         if c > self.total {
             return Err(PlanError::Cursor(format!(
@@ -297,7 +308,11 @@ impl Schedule {
         let local = share(c, self.rank, self.world).min(self.rank_samples);
         let mut blender = self.blender();
         if local < self.rank_samples {
-            blender.seek(local * self.world + self.rank);
+            let target = local * self.world + self.rank;
+            if !blender.seek_until(target, stop) {
+                let reached = blender.position();
+                return Err(PlanError::Stopped { reached, target });
+            }
         }
         Ok(RankIter {
             perms: vec![None; self.sources()],

@@ -321,3 +321,43 @@ proptest! {
         }
     }
 }
+
+/// A cursor near 2^62 in a two-source blend would replay the blend for centuries: with a
+/// stop condition, the replay ends when asked, with an error saying how far it got.
+#[test]
+fn a_far_cursor_in_a_blend_stops_when_asked() {
+    let mut p = plan(&[1.0, 2.0], 4, 2);
+    p.samples = Some(u64::MAX);
+    let s = schedule(&p, &[1000, 1000]);
+    let far = Cursor {
+        epoch: 0,
+        consumed_samples: 1 << 62,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(50);
+    let e = s
+        .iter_rank_until(far, &mut || std::time::Instant::now() >= deadline)
+        .unwrap_err();
+    let dquant_plan::PlanError::Stopped { reached, target } = e.clone() else {
+        panic!("{e:?}");
+    };
+    assert_eq!(target, 1 << 62);
+    assert!(reached > 0 && reached < target, "{reached}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "cursor: stopped after replaying the blend to sample {reached} of 4611686018427387904"
+        )
+    );
+    // The same schedule without a far cursor is unaffected by the stop condition.
+    let near = Cursor {
+        epoch: 0,
+        consumed_samples: 10,
+    };
+    let a: Vec<SampleRef> = s
+        .iter_rank_until(near, &mut || false)
+        .unwrap()
+        .take(5)
+        .collect();
+    let b: Vec<SampleRef> = s.iter_rank(near).unwrap().take(5).collect();
+    assert_eq!(a, b);
+}
