@@ -143,3 +143,24 @@ proptest! {
         let _ = Decoder::new().decode(Codec::new(w, COMPRESSIONS[comp]), &bytes, &mut out);
     }
 }
+
+/// Found by fuzzing (`fuzz/fuzz_targets/batch_records.rs`): a record header whose codec bytes
+/// were `u16`, no compression, and a level byte of 0xf2 parsed as plain `u16`, so the header
+/// did not re-encode to its own bytes. Only zstd carries a level.
+#[test]
+fn codec_bytes_with_a_level_for_none_or_lz4_are_unknown() {
+    assert_eq!(Codec::from_bytes([2, 16, 0, 0xf2]), None);
+    assert_eq!(Codec::from_bytes([2, 16, 2, 1]), None);
+    assert_eq!(
+        Codec::from_bytes([2, 16, 0, 0]),
+        Some(Codec::plain(Width::U16))
+    );
+    assert_eq!(
+        Codec::from_bytes([2, 16, 1, 0xf2]),
+        Some(Codec::new(Width::U16, Compression::Zstd(-14)))
+    );
+    for c in ["u16", "u24+lz4", "bits:9+zstd:-3", "i64+zstd:19"] {
+        let c: Codec = c.parse().unwrap();
+        assert_eq!(Codec::from_bytes(c.to_bytes()), Some(c));
+    }
+}

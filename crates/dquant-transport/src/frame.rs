@@ -68,10 +68,10 @@ pub enum WireError {
     HeaderChecksum { expected_seq: u64 },
     #[error("data stream: unknown frame kind {kind} at frame {seq}")]
     UnknownKind { kind: u8, seq: u64 },
-    #[error(
-        "data stream: frame {seq} claims {len} payload bytes, over the {MAX_PAYLOAD}-byte limit"
-    )]
-    TooLarge { seq: u64, len: u32 },
+    /// A frame longer than the reader takes: [`MAX_PAYLOAD`] for a stream, less where the
+    /// reader expects a small frame (an agent reads a hello into a hello-sized buffer).
+    #[error("data stream: frame {seq} claims {len} payload bytes, over the {max}-byte limit")]
+    TooLarge { seq: u64, len: u32, max: usize },
     #[error("data stream: expected frame {expected}, got frame {got} (frames lost or repeated)")]
     Sequence { expected: u64, got: u64 },
     #[error("data stream: payload checksum mismatch in frame {seq}: stored {stored:#010x}, computed {computed:#010x}")]
@@ -151,7 +151,11 @@ impl FrameHeader {
         }
         let len = u32_at(16);
         if len as usize > MAX_PAYLOAD {
-            return Err(WireError::TooLarge { seq, len });
+            return Err(WireError::TooLarge {
+                seq,
+                len,
+                max: MAX_PAYLOAD,
+            });
         }
         Ok(FrameHeader {
             kind,

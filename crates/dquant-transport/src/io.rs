@@ -125,6 +125,7 @@ impl<R: Read> FrameReader<R> {
             return Err(WireError::TooLarge {
                 seq: h.seq,
                 len: h.len,
+                max: buf.capacity(),
             });
         }
         self.fill(&mut buf.spare()[..len])?;

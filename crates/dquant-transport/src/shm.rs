@@ -13,7 +13,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::frame::MAX_PAYLOAD;
 use crate::receive::{copy_payload, BatchSource, ReceiveError, RecordView};
@@ -69,9 +69,19 @@ pub struct RingSink {
     sock: UnixStream,
     cancel: Arc<AtomicBool>,
     slot_size: usize,
+    /// How long the consumer may leave every slot full before the stream is given up.
+    idle_limit: Option<Duration>,
 }
 
 impl RingSink {
+    /// Gives the stream up when the consumer takes no batch for `limit` (it stopped
+    /// reading): the agent frees the session, and the consumer, should it come back, finds
+    /// the producer gone after the batches it had.
+    pub fn with_idle_limit(mut self, limit: Duration) -> Self {
+        self.idle_limit = Some(limit);
+        self
+    }
+
     /// A sink into `ring`; error messages go to `sock`; a set `cancel` ends the stream.
     pub fn new(ring: RingProducer, sock: UnixStream, cancel: Arc<AtomicBool>) -> Self {
         let slot_size = usize::try_from(ring.layout().slot_size).unwrap_or(usize::MAX);
@@ -80,6 +90,7 @@ impl RingSink {
             sock,
             cancel,
             slot_size,
+            idle_limit: None,
         }
     }
 
@@ -114,9 +125,17 @@ impl BatchSink for RingSink {
                 self.slot_size
             )));
         }
+        let waiting = Instant::now();
         loop {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(SinkError::Gone("closed by the client".into()));
+            }
+            if let Some(limit) = self.idle_limit.filter(|&l| waiting.elapsed() >= l) {
+                return Err(SinkError::Gone(format!(
+                    "the consumer took no batch for {} s (the agent's consumer_idle_secs); \
+                     session released",
+                    limit.as_secs()
+                )));
             }
             // A free slot first, then the record straight into it: from a dataset that
             // stores the output dtype, that is one read from the page cache into the

@@ -302,6 +302,12 @@ impl BatchSink for TcpBatchSink {
         let fits = self.frames()?.room_in_frame(len).is_some();
         self.staged = !fits;
         if !fits {
+            // The size comes from the plan: a failed allocation is the session's error, not
+            // an abort of the agent that hosts every other session.
+            let more = len.saturating_sub(self.stage.len());
+            self.stage.try_reserve_exact(more).map_err(|_| {
+                SinkError::Failed(format!("cannot allocate {len} bytes for one batch record"))
+            })?;
             self.stage.resize(len, 0);
             return Ok(&mut self.stage[..len]);
         }
@@ -365,10 +371,24 @@ fn send_frames(
         };
         if let Err(e) = r {
             // Dropping `rx` hands the queued buffers back and stops the producer.
-            return Err(format!("client went away: {e}"));
+            return Err(send_error(&e, w.get_ref()));
         }
     }
     Err("producer stopped".into())
+}
+
+/// Why a frame could not be sent: the consumer's socket refused it past its send timeout
+/// (a consumer that stopped reading, released by the agent's idle limit), or went away.
+fn send_error(e: &WireError, conn: &TcpStream) -> String {
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    let timed_out = matches!(e, WireError::Io(io) if matches!(io.kind(), WouldBlock | TimedOut));
+    match (timed_out, conn.write_timeout()) {
+        (true, Ok(Some(t))) => format!(
+            "the consumer read nothing for {} s (the agent's consumer_idle_secs); session released",
+            t.as_secs()
+        ),
+        _ => format!("client went away: {e}"),
+    }
 }
 
 /// Batch records from a TCP connection: frames checked and unpacked by a [`RecordReader`],

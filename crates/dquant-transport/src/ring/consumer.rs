@@ -56,6 +56,9 @@ pub struct RingConsumer {
     pub(super) detached: u64,
 }
 
+/// The bits of the shared flags by which a producer ends the stream.
+const PRODUCER_ENDED: u32 = PRODUCER_CLOSED | PRODUCER_ABORTED;
+
 /// Longest a consumer sleeps waiting for several batches when at least one may come sooner:
 /// the latency wake-up batching may add.
 pub const WAKE_BATCH_TIMEOUT: Duration = Duration::from_millis(1);
@@ -143,7 +146,7 @@ impl RingConsumer {
                 break;
             }
             let closed = hdr.closed.0.load(Ordering::Acquire);
-            if closed & (PRODUCER_CLOSED | PRODUCER_ABORTED) != 0 {
+            if closed & PRODUCER_ENDED != 0 {
                 // The flag was set after the last publish: re-read the index before ending.
                 if hdr.producer.0.load(Ordering::Acquire) != read {
                     continue;
@@ -163,10 +166,11 @@ impl RingConsumer {
             };
             let wake_at = (read + u64::from(k)).min(self.tail + n);
             hdr.consumer_wake_at.0.store(wake_at, Ordering::Relaxed);
-            let ready = || {
-                hdr.producer.0.load(Ordering::Acquire) >= wake_at
-                    || hdr.closed.0.load(Ordering::Acquire) != 0
-            };
+            // Only the producer's own bits end a wait: any other bit a hostile producer sets
+            // in the shared flags would make every wait return at once, and the loop spin
+            // past its timeout (found by the `ring_consumer` fuzz target).
+            let producer_ended = || hdr.closed.0.load(Ordering::Acquire) & PRODUCER_ENDED != 0;
+            let ready = || hdr.producer.0.load(Ordering::Acquire) >= wake_at || producer_ended();
             let batch_until = (wake_at > read + 1)
                 .then(|| Instant::now().checked_add(WAKE_BATCH_TIMEOUT))
                 .flatten();
@@ -191,9 +195,7 @@ impl RingConsumer {
                 }
                 Woke::Timeout => return Err(RingError::Timeout(timeout)),
                 Woke::PeerHup => {
-                    if hdr.producer.0.load(Ordering::Acquire) != read
-                        || hdr.closed.0.load(Ordering::Acquire) != 0
-                    {
+                    if hdr.producer.0.load(Ordering::Acquire) != read || producer_ended() {
                         continue;
                     }
                     return Err(RingError::ProducerGone { complete: read });

@@ -185,11 +185,16 @@ impl RingConsumer {
         let mem = &*self.mem;
         let index = (seq % u64::from(mem.layout.slot_count)) as u32;
         let size = mem.layout.slot_size as usize;
-        let len = mem
+        // The producer may have rewritten the record since the batch was taken (it is shared
+        // memory, and the producer is not trusted): its length is only a hint of how much of
+        // the slot to copy, never more than the slot (found by the `ring_consumer` fuzz
+        // target: a length of 2^32 - 1 copied gigabytes past the mapping).
+        let len = (mem
             .file
             .record(&mem.layout, index)
             .len
-            .load(Ordering::Relaxed) as usize;
+            .load(Ordering::Relaxed) as usize)
+            .min(size);
         let mut slots = lock(&mem.slots);
         let old = mem.slot_in(&slots, index);
         let fresh = Map::new(&mem.memfd, mem.layout.slot_offset(index), size as u64)?;
@@ -203,8 +208,9 @@ impl RingConsumer {
             )
         }
         .map_err(io_err("mmap"))?;
-        // SAFETY: `old` holds the batch's `len <= size` bytes (checked when it was taken), the
-        // producer does not write it while the view pins it, and `copy` is `size` bytes.
+        // SAFETY: `old` is a slot of `size >= len` bytes, and `copy` a fresh mapping of `size`
+        // bytes; a producer that writes the slot while the view pins it changes what the
+        // view reads, never where.
         unsafe { std::ptr::copy_nonoverlapping(old, copy.cast::<u8>(), len) };
         // SAFETY: moves the copy over exactly the old slot's pages, which are page aligned
         // (`can_detach`) and belong to a mapping this consumer owns. The view reads the same

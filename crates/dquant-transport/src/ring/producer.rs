@@ -107,7 +107,10 @@ impl RingProducer {
             0
         };
         rec.crc.store(crc, Ordering::Relaxed);
-        self.head += 1;
+        // The indices are free-running counters, and the consumer wrote the index this one
+        // started from: `u64::MAX` must wrap, not panic (found by the `ring_header` fuzz
+        // target).
+        self.head = self.head.wrapping_add(1);
         hdr.producer.0.store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
         if hdr.consumer_wakeup.0.load(Ordering::Relaxed) != 0
