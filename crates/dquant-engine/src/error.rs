@@ -37,6 +37,9 @@ pub enum EngineError {
     /// The call cannot be served as made (a buffer too small, a batch over 4 GiB).
     #[error("{0}")]
     Usage(String),
+    /// [`crate::Pipeline::open_until`]'s stop condition fired between two sources.
+    #[error("stopped while opening the plan's sources")]
+    Stopped,
 }
 
 impl EngineError {
@@ -47,5 +50,14 @@ impl EngineError {
             EngineError::Source { source, .. } => source.is_not_found(),
             _ => false,
         }
+    }
+
+    /// Whether the caller's stop condition ended the work (an open past its deadline, or
+    /// cancelled), as opposed to anything wrong with the plan or its data.
+    pub fn is_stopped(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Stopped | EngineError::Plan(PlanError::Stopped { .. })
+        )
     }
 }

@@ -74,11 +74,27 @@ impl Pipeline {
     pub fn open(
         plan: &Plan,
         cursor: Cursor,
+        open_source: impl FnMut(usize, &Source) -> Result<Box<dyn TokenSource>, SourceError>,
+    ) -> Result<Self, EngineError> {
+        Self::open_until(plan, cursor, open_source, &mut || false)
+    }
+
+    /// [`Pipeline::open`] that a server can stop: `stop` is asked before each source is
+    /// opened and while the schedule replays the blend to `cursor`, and the open fails with
+    /// [`dquant_plan::PlanError::Stopped`] (sources) or the plan's own `Stopped` once it says
+    /// so.
+    pub fn open_until(
+        plan: &Plan,
+        cursor: Cursor,
         mut open_source: impl FnMut(usize, &Source) -> Result<Box<dyn TokenSource>, SourceError>,
+        stop: &mut dyn FnMut() -> bool,
     ) -> Result<Self, EngineError> {
         plan.validate()?;
         let mut sources = Vec::with_capacity(plan.sources.len());
         for (index, s) in plan.sources.iter().enumerate() {
+            if stop() {
+                return Err(EngineError::Stopped);
+            }
             sources.push(open_source(index, s).map_err(|source| EngineError::Source {
                 index,
                 uri: s.uri.clone(),
@@ -90,7 +106,7 @@ impl Pipeline {
             .map(|d| SourceInfo { tokens: d.tokens() })
             .collect();
         let schedule = Schedule::new(plan, &infos)?;
-        let iter = schedule.iter_rank(cursor)?;
+        let iter = schedule.iter_rank_until(cursor, stop)?;
         let n = sources.len();
         let stored = sources[0].stored_width();
         let stored = stored.filter(|&w| sources.iter().all(|s| s.stored_width() == Some(w)));
@@ -263,7 +279,7 @@ impl Pipeline {
             self.ranges[s.source].push(s.tokens.clone());
             self.slots[s.source].push(k);
         }
-        self.tokens.resize(b.samples.len() * l, 0);
+        resize_checked(&mut self.tokens, b.samples.len() * l)?;
         // One request per source and batch: a remote source answers all its samples in one
         // round trip.
         for d in 0..self.sources.len() {
@@ -285,7 +301,7 @@ impl Pipeline {
                     .read_ranges(&self.ranges[d], dst)
                     .map_err(err)?;
             } else {
-                self.read.resize(slots.len() * l, 0);
+                resize_checked(&mut self.read, slots.len() * l)?;
                 self.sources[d]
                     .read_ranges(&self.ranges[d], &mut self.read)
                     .map_err(err)?;
@@ -303,4 +319,18 @@ impl Pipeline {
             uris: &self.uris,
         }))
     }
+}
+
+/// Resizes a token buffer whose size comes from the plan, failing (not aborting) when the
+/// memory is not there: a process that hosts other work outlives one absurd plan.
+fn resize_checked(v: &mut Vec<u32>, len: usize) -> Result<(), EngineError> {
+    let more = len.saturating_sub(v.len());
+    v.try_reserve_exact(more).map_err(|_| {
+        EngineError::Usage(format!(
+            "cannot allocate {len} tokens for one batch ({} bytes)",
+            len.saturating_mul(4)
+        ))
+    })?;
+    v.resize(len, 0);
+    Ok(())
 }
