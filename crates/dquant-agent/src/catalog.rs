@@ -5,8 +5,9 @@
 //! not a change here). The roots do the confining: a name with `..` or an absolute path is
 //! refused before any file is opened, and every file a root stats or opens must lie, after
 //! every symlink is resolved, inside the root's real directory, so a link planted inside a
-//! root cannot reach `/etc`. This module only splits names, finds the root and words the
-//! refusals for clients.
+//! root cannot reach `/etc` (`LocalRoot` opens beneath a held directory handle with
+//! `openat2(RESOLVE_BENEATH)`; see `dquant-storage`). This module only splits names, finds
+//! the root and words the refusals for clients.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

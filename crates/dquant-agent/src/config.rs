@@ -6,6 +6,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::auth::TenantConfig;
+use crate::limits::Limits;
+
 /// Default control-plane address: loopback only. Serving other hosts is a choice the
 /// operator makes explicitly (`--listen 0.0.0.0:7878`).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
@@ -41,6 +44,45 @@ pub struct AgentConfig {
     /// Named dataset roots: `name = "/path/to/dir"`. Clients name datasets `name/relative`.
     #[serde(default)]
     pub roots: BTreeMap<String, PathBuf>,
+    /// Where to serve Prometheus metrics (`GET` any path on this address). Off by default.
+    /// The endpoint has no authentication: bind it where only the monitoring system reaches.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Who may use the agent (`[[tenants]]`: name, token, roots). Empty: anyone who reaches
+    /// it, and then only on loopback addresses.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    /// Users and groups (numeric ids) besides the agent's own user and root that may connect
+    /// to the Unix socket; it is created with mode 0660, and each peer's credentials
+    /// (`SO_PEERCRED`) are checked.
+    #[serde(default)]
+    pub socket_uids: Vec<u32>,
+    #[serde(default)]
+    pub socket_gids: Vec<u32>,
+    /// The token this agent sends to its upstreams (when they serve tenants).
+    #[serde(default)]
+    pub upstream_token: Option<String>,
+    /// Agents a plan may chain to (`dquant://HOST:PORT/...` sources), as `HOST:PORT` exactly
+    /// as plans spell them. Empty by default: an agent dials no host a client names unless
+    /// its operator listed it (a plan is not a license to reach the agent's network).
+    #[serde(default)]
+    pub upstreams: Vec<String>,
+    /// Seconds any call to an upstream agent, and any read or write on its data connection,
+    /// may take before the session fails.
+    #[serde(default = "default_upstream_timeout")]
+    pub upstream_timeout_secs: u64,
+    /// Seconds a consumer may read nothing (its socket or ring full) before its session is
+    /// released. Generous by default: a trainer writing a checkpoint may stop reading for
+    /// minutes. Also the data sockets' TCP_USER_TIMEOUT, so a vanished peer is dropped too.
+    #[serde(default = "default_consumer_idle")]
+    pub consumer_idle_secs: u64,
+    /// Seconds a graceful shutdown (SIGTERM, SIGINT) waits for sessions to reach a batch
+    /// boundary and tell their consumers where to resume, before cancelling the rest.
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace_secs: u64,
+    /// What one request may ask of the agent (`[limits]`; see [`Limits`] for each default).
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 fn default_listen() -> SocketAddr {
@@ -55,6 +97,15 @@ fn default_max_sessions() -> usize {
 fn default_ticket_ttl() -> u64 {
     60
 }
+fn default_upstream_timeout() -> u64 {
+    30
+}
+fn default_shutdown_grace() -> u64 {
+    10
+}
+fn default_consumer_idle() -> u64 {
+    1800
+}
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -66,6 +117,16 @@ impl Default for AgentConfig {
             max_sessions: default_max_sessions(),
             ticket_ttl_secs: default_ticket_ttl(),
             roots: BTreeMap::new(),
+            metrics_listen: None,
+            tenants: Vec::new(),
+            socket_uids: Vec::new(),
+            socket_gids: Vec::new(),
+            upstream_token: None,
+            upstreams: Vec::new(),
+            upstream_timeout_secs: default_upstream_timeout(),
+            shutdown_grace_secs: default_shutdown_grace(),
+            consumer_idle_secs: default_consumer_idle(),
+            limits: Limits::default(),
         }
     }
 }
@@ -83,6 +144,13 @@ impl AgentConfig {
         }
         if self.max_sessions == 0 {
             return Err("max_sessions: must be at least 1".into());
+        }
+        self.limits.validate()?;
+        if self.consumer_idle_secs == 0 {
+            return Err("consumer_idle_secs: must be at least 1".into());
+        }
+        if self.upstream_timeout_secs == 0 {
+            return Err("upstream_timeout_secs: must be at least 1".into());
         }
         if self.roots.is_empty() {
             return Err(
@@ -118,6 +186,15 @@ mod tests {
         let e = AgentConfig::from_toml("prefetch = 3\n").unwrap_err();
         assert!(e.starts_with("agent config: "), "{e}");
         assert!(e.contains("unknown field `prefetch`"), "{e}");
+        let c = AgentConfig::from_toml(
+            "[roots]\ncorpus = \"/data\"\n[limits]\nmax_world = 8\nmax_zstd_level = 3\n",
+        )
+        .unwrap();
+        assert_eq!(c.limits.max_world, 8);
+        assert_eq!(c.limits.max_zstd_level, 3);
+        assert_eq!(c.limits.max_sources, Limits::default().max_sources);
+        let e = AgentConfig::from_toml("[limits]\nmax_wrld = 8\n").unwrap_err();
+        assert!(e.contains("unknown field `max_wrld`"), "{e}");
         assert_eq!(
             AgentConfig::default().validate().unwrap_err(),
             "roots: no dataset roots configured (give --root NAME=DIR or a [roots] table)"

@@ -2,16 +2,18 @@
 //!
 //! Each connection gets its own thread (a session streams at most one connection, and the
 //! work per connection is bulk copying, not waiting), so one stuck or hostile peer holds one
-//! thread and nothing else. Anything that is not a valid hello for a pending session gets an
+//! thread and nothing else. Connections that have not said hello are bounded
+//! (`limits.max_handshakes`) and get a hello-sized buffer only; a session's buffers come
+//! after its hello is accepted. Anything that is not a valid hello for a pending session gets an
 //! error frame saying why, and the connection is closed.
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dquant_transport::frame::MAX_PAYLOAD;
+use dquant_transport::record::HELLO_LEN;
 use dquant_transport::{BufferPool, FrameReader, FrameWriter, Hello};
 
 use crate::produce::Stats;
@@ -23,28 +25,78 @@ use crate::Shared;
 /// How long a new connection has to send its hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The largest hello frame read: a hello is [`HELLO_LEN`] bytes, so a connection that has
+/// not said who it is never gets a frame-sized buffer.
+const HELLO_BUF: usize = 4096;
+const _: () = assert!(HELLO_LEN <= HELLO_BUF);
+
 pub(crate) fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let stopping = shared.clone();
     serve_each(
         listener.incoming(),
-        &stopping.stopping,
+        &stopping,
         "data plane",
         "dquant-conn",
-        move |conn| handle(conn, shared.clone()),
+        refuse_busy_tcp,
+        move |conn, hs| handle(conn, shared.clone(), hs),
     );
 }
 
+/// A connection that has not said hello yet: counted against `limits.max_handshakes` from
+/// its accept until its hello is checked (or it fails), across both planes.
+pub(crate) struct Handshake {
+    shared: Arc<Shared>,
+}
+
+impl Handshake {
+    /// Counts one more connection in its handshake, or `None` when the agent is at its limit.
+    fn enter(shared: &Arc<Shared>) -> Option<Self> {
+        let max = shared.config.limits.max_handshakes;
+        let n = shared.handshakes.fetch_add(1, Ordering::Relaxed);
+        let h = Handshake {
+            shared: shared.clone(),
+        };
+        // Over the limit: dropping `h` takes the count back.
+        (n < max).then_some(h)
+    }
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.shared.handshakes.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a connection over `limits.max_handshakes` is told.
+pub(crate) fn busy_message(max: usize) -> String {
+    format!(
+        "agent is at its limit of {max} connections waiting for their hello \
+         (limits.max_handshakes); retry later"
+    )
+}
+
+/// Refuses a TCP connection from the accept loop itself: no thread, one small write that a
+/// fresh socket's empty send buffer takes without blocking.
+fn refuse_busy_tcp(conn: TcpStream, msg: &str) {
+    let _ = conn.set_nonblocking(true);
+    let _ = FrameWriter::new(&conn).fail(msg);
+    let _ = conn.shutdown(std::net::Shutdown::Both);
+}
+
 /// Accepts connections until the agent is stopping, each handled on its own thread (shared
-/// by the TCP data plane and the Unix socket). A failed accept is logged and retried.
+/// by the TCP data plane and the Unix socket), with its [`Handshake`] place; one over the
+/// limit is refused with `refuse` and never gets a thread. A failed accept is logged and
+/// retried.
 pub(crate) fn serve_each<S: Send + 'static>(
     incoming: impl Iterator<Item = std::io::Result<S>>,
-    stopping: &AtomicBool,
+    shared: &Arc<Shared>,
     plane: &'static str,
     thread: &'static str,
-    handle: impl Fn(S) + Clone + Send + 'static,
+    refuse: fn(S, &str),
+    handle: impl Fn(S, Handshake) + Clone + Send + 'static,
 ) {
     for conn in incoming {
-        if stopping.load(Ordering::Relaxed) {
+        if shared.stopping.load(Ordering::Relaxed) {
             break;
         }
         let conn = match conn {
@@ -55,23 +107,30 @@ pub(crate) fn serve_each<S: Send + 'static>(
                 continue;
             }
         };
+        let Some(hs) = Handshake::enter(shared) else {
+            let msg = busy_message(shared.config.limits.max_handshakes);
+            shared.refuse(plane, "any", "handshakes full", &msg);
+            refuse(conn, &msg);
+            continue;
+        };
         let handle = handle.clone();
         let spawned = std::thread::Builder::new()
             .name(thread.into())
-            .spawn(move || handle(conn));
+            .spawn(move || handle(conn, hs));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "{plane}: cannot start a connection thread");
         }
     }
 }
 
-fn handle(conn: TcpStream, shared: Arc<Shared>) {
+fn handle(conn: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     let peer = conn
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     let refuse = |conn: &TcpStream, msg: String| {
-        tracing::warn!(%peer, reason = %msg, "data plane: connection refused");
+        let ip = peer.rsplit_once(':').map_or(peer.as_str(), |(ip, _)| ip);
+        shared.refuse("data", ip, "bad hello", &msg);
         if let Ok(c) = conn.try_clone() {
             let _ = FrameWriter::new(c).fail(&msg);
         }
@@ -83,7 +142,7 @@ fn handle(conn: TcpStream, shared: Arc<Shared>) {
         return;
     };
     let mut frames = FrameReader::new(read_half);
-    let pool = BufferPool::new(1, MAX_PAYLOAD);
+    let pool = BufferPool::new(1, HELLO_BUF);
     let mut buf = pool.get();
     let hello = match frames.next_into(&mut buf) {
         Ok(true) => Hello::parse(&buf).map_err(|e| e.to_string()),
@@ -94,13 +153,16 @@ fn handle(conn: TcpStream, shared: Arc<Shared>) {
         Ok(h) => h,
         Err(m) => return refuse(&conn, m),
     };
-    let Some((work, cancel)) = shared
-        .sessions
-        .claim(hello.session, &hello.ticket, conn.as_fd())
+    let Some((work, cancel, owner)) =
+        shared
+            .sessions
+            .claim(hello.session, &hello.ticket, conn.as_fd())
     else {
         return refuse(&conn, claim_error(hello.session));
     };
+    drop(handshake);
     let _ = conn.set_read_timeout(None);
+    keep_alive(&conn, Duration::from_secs(shared.config.consumer_idle_secs));
     let id = hello.session;
     let started = Instant::now();
     let kind = match &work {
@@ -109,21 +171,64 @@ fn handle(conn: TcpStream, shared: Arc<Shared>) {
     };
     tracing::info!(session = id, %peer, kind, "session streaming");
     let result = match work {
-        w @ Work::Plan { .. } => stream_plan(w, conn, shared.config.prefetch_frames, cancel),
-        w @ Work::Source { .. } => serve_ranges(w, conn, &mut frames, cancel),
+        w @ Work::Plan { .. } => {
+            let prefetch = shared.config.prefetch_frames;
+            let meter = shared.metrics.meter(&owner);
+            stream_plan(w, conn, prefetch, cancel, &shared.draining, meter)
+        }
+        w @ Work::Source { .. } => {
+            let max_len = shared.config.limits.max_range_tokens;
+            let r = serve_ranges(w, conn, &mut frames, max_len, cancel);
+            if let Ok(s) = &r {
+                shared
+                    .metrics
+                    .meter(&owner)
+                    .add(s.records, s.tokens, s.wire_bytes);
+            }
+            r
+        }
     };
     shared.sessions.finish(id);
-    log_end(id, kind, "tcp", started, result);
+    log_end(&shared, id, kind, "tcp", started, result);
 }
+
+/// Liveness of a streaming connection: TCP keepalive finds a peer that vanished (a host
+/// that died without a FIN) while nothing is in flight; `TCP_USER_TIMEOUT` and the send
+/// timeout release a session whose consumer read nothing for `idle` (a stalled or vanished
+/// reader with data in flight). Best effort: a socket that refuses an option keeps the
+/// kernel's default.
+fn keep_alive(conn: &TcpStream, idle: Duration) {
+    use rustix::net::sockopt;
+    let _ = sockopt::set_socket_keepalive(conn, true);
+    let _ = sockopt::set_tcp_keepidle(conn, KEEPALIVE_IDLE);
+    let _ = sockopt::set_tcp_keepintvl(conn, KEEPALIVE_INTERVAL);
+    let _ = sockopt::set_tcp_keepcnt(conn, KEEPALIVE_PROBES);
+    let ms = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX);
+    let _ = sockopt::set_tcp_user_timeout(conn, ms);
+    let _ = conn.set_write_timeout(Some(idle));
+}
+
+/// Keepalive: the first probe after a minute of silence, then every 10 s, 6 unanswered
+/// probes drop the connection (two minutes for a dead peer).
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 6;
 
 /// The log line at a session's end.
 pub(crate) fn log_end(
+    shared: &Shared,
     id: u64,
     kind: &str,
     transport: &str,
     started: Instant,
     result: Result<Stats, StreamError>,
 ) {
+    shared.metrics.session_end(match &result {
+        Ok(_) => "finished",
+        Err(StreamError::Drained(_)) => "drained",
+        Err(StreamError::Stopped(_)) => "stopped",
+        Err(_) => "failed",
+    });
     let secs = started.elapsed().as_secs_f64();
     match result {
         Ok(s) => tracing::info!(
@@ -136,6 +241,9 @@ pub(crate) fn log_end(
             secs,
             "session ended"
         ),
+        Err(StreamError::Drained(m)) => {
+            tracing::info!(session = id, kind, transport, secs, message = %m, "session drained")
+        }
         Err(e) => {
             tracing::warn!(session = id, kind, transport, error = %e, secs, "session ended early")
         }

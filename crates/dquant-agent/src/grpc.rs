@@ -2,11 +2,14 @@
 //!
 //! Handlers validate everything a client sends (plan, cursor, dataset names) and open the
 //! sources before answering, so every mistake is reported on the control plane with a
-//! message naming the field or dataset, and nothing is streamed for a bad request. Opening
-//! files and dialing upstream agents is blocking work; it runs on its own thread, never on
-//! the runtime's.
+//! message naming the field or dataset, and nothing is streamed for a bad request. The order
+//! is cheap first: the plan's sizes against the agent's [`crate::limits::Limits`], then a
+//! place in the session table, and only then the datasets. Opening files and dialing
+//! upstream agents is blocking work; it runs on the bounded [`crate::open_pool`], never on
+//! the runtime's threads, and stops at the request's deadline.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dquant_engine::{EngineError, LocalSource, Pipeline, SourceError, TokenSource};
 use dquant_plan::{Cursor, Plan, Source};
@@ -15,31 +18,18 @@ use dquant_proto::v1::{
     CloseReply, CloseRequest, DatasetStat, ListReply, ListRequest, OpenReply, OpenRequest,
     OpenSourceRequest, StatRequest,
 };
-use dquant_remote::{open_source, AgentUri};
+use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
 use dquant_storage::Dataset;
 use tonic::{Request, Response, Status};
 
+use crate::auth::Caller;
+use crate::limits::LimitError;
+use crate::open_pool::Stop;
 use crate::sessions::Work;
 use crate::Shared;
 
 pub(crate) struct Service {
     pub shared: Arc<Shared>,
-}
-
-/// Runs blocking `f` on a plain thread (not the runtime's blocking pool: sources that dial
-/// other agents run their own control calls, which must not nest in this runtime).
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
-) -> Result<T, Status> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("dquant-open".into())
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .map_err(|e| Status::resource_exhausted(format!("cannot start a thread: {e}")))?;
-    rx.await
-        .map_err(|_| Status::internal("the request's worker thread panicked"))?
 }
 
 /// Opens a plan source on this agent: a dataset under a root, or (chaining) a dataset on
@@ -50,7 +40,21 @@ fn open_plan_source(
     wire_codec: &str,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
     if s.uri.starts_with(AgentUri::SCHEME) {
-        return open_source(s, None, wire_codec);
+        let u = dataset_uri(&s.uri)?;
+        let config = &shared.config;
+        // Checked before anything is dialed: the answer must not tell the client whether
+        // a port it named is open.
+        if !config.upstreams.contains(&u.authority) {
+            return Err(SourceError::Usage(format!(
+                "upstream agent {} is not in this agent's upstreams list; its operator allows \
+                 chaining with `upstreams = [\"{}\"]` in the config (or `dquant serve \
+                 --upstream {}`)",
+                u.authority, u.authority, u.authority
+            )));
+        }
+        let timeout = Duration::from_secs(config.upstream_timeout_secs);
+        let token = config.upstream_token.as_deref();
+        return open_on_agent(&u, s, wire_codec, timeout, token);
     }
     let found = shared
         .catalog
@@ -96,132 +100,222 @@ fn open_local(shared: &Shared, req: &StatRequest) -> Result<(LocalSource, Datase
     Ok((src, stat))
 }
 
+/// The control plane's interceptor: resolves the request's token to its [`Caller`] (kept in
+/// the request's extensions for the handlers), or refuses it before any handler runs.
+pub(crate) fn authenticate(
+    shared: Arc<Shared>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |mut req: Request<()>| match shared.auth.caller(req.metadata()) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            Ok(req)
+        }
+        Err(refusal) => {
+            let peer = req
+                .remote_addr()
+                .map_or_else(|| "unix socket".to_string(), |a| a.ip().to_string());
+            shared.refuse("control", &peer, refusal.reason(), "");
+            Err(refusal.status())
+        }
+    }
+}
+
+/// The caller the interceptor found. Never defaults: a request that did not pass through it
+/// is refused.
+fn caller_of<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::internal("request not authenticated"))
+}
+
+fn over_limit(e: LimitError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn full(e: crate::sessions::SessionError) -> Status {
+    Status::resource_exhausted(e.to_string())
+}
+
+/// Opens a plan's sources and positions it at `cursor`, stopping when `stop` says so.
+fn open_pipeline(
+    shared: &Shared,
+    plan: &Plan,
+    cursor: Cursor,
+    stop: Stop<'_>,
+) -> Result<Pipeline, Status> {
+    let open = |_: usize, s: &Source| open_plan_source(shared, s, &plan.wire_codec);
+    Pipeline::open_until(plan, cursor, open, stop).map_err(|e| match e {
+        // The pool reports its own deadline; this is what a cancelled request leaves.
+        e if e.is_stopped() => Status::cancelled(e.to_string()),
+        EngineError::Plan(_) => Status::invalid_argument(e.to_string()),
+        e if e.is_not_found() => Status::not_found(e.to_string()),
+        _ => Status::failed_precondition(e.to_string()),
+    })
+}
+
 #[tonic::async_trait]
 impl Agent for Service {
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListReply>, Status> {
         let shared = self.shared.clone();
+        let caller = caller_of(&req)?;
         let root = req.into_inner().root;
-        blocking(move || {
-            shared
-                .catalog
-                .list(&root)
-                .map(|entries| Response::new(ListReply { entries }))
-                .map_err(|e| Status::not_found(e.0))
-        })
-        .await
+        if !root.is_empty() {
+            caller.check_dataset(&root)?;
+        }
+        self.shared
+            .opens
+            .run("List", move |_| {
+                let mut entries = shared
+                    .catalog
+                    .list(&root)
+                    .map_err(|e| Status::not_found(e.0))?;
+                // The roots themselves: only those the caller may read.
+                entries.retain(|e| e.kind != "root" || caller.may_read(&e.name));
+                Ok(Response::new(ListReply { entries }))
+            })
+            .await
     }
 
     async fn stat(&self, req: Request<StatRequest>) -> Result<Response<DatasetStat>, Status> {
         let shared = self.shared.clone();
+        caller_of(&req)?.check_dataset(&req.get_ref().dataset)?;
         let req = req.into_inner();
-        blocking(move || open_local(&shared, &req).map(|(_, s)| Response::new(s))).await
+        self.shared
+            .opens
+            .run("Stat", move |_| {
+                open_local(&shared, &req).map(|(_, s)| Response::new(s))
+            })
+            .await
     }
 
     async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
-        let shared = self.shared.clone();
         let peer = req
             .remote_addr()
             .map_or_else(|| "?".to_string(), |a| a.to_string());
+        let caller = caller_of(&req)?;
         let req = req.into_inner();
-        blocking(move || {
-            let plan = Plan::from_json(&req.plan_json)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let wire = plan
-                .parsed_wire_codec()
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let cursor = Cursor {
-                epoch: req.epoch,
-                consumed_samples: req.consumed_samples,
-            };
-            let pipeline = Pipeline::open(&plan, cursor, |_, s| {
-                open_plan_source(&shared, s, &plan.wire_codec)
+        let plan =
+            Plan::from_json(&req.plan_json).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        for s in plan
+            .sources
+            .iter()
+            .filter(|s| !s.uri.starts_with(AgentUri::SCHEME))
+        {
+            caller.check_dataset(&s.uri)?;
+        }
+        let wire = plan
+            .parsed_wire_codec()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let limits = &self.shared.config.limits;
+        limits
+            .check_plan(&plan)
+            .and_then(|()| limits.check_wire("wire_codec", wire))
+            .map_err(over_limit)?;
+        let place = self.shared.sessions.reserve().map_err(full)?;
+        let cursor = Cursor {
+            epoch: req.epoch,
+            consumed_samples: req.consumed_samples,
+        };
+        let shared = self.shared.clone();
+        self.shared
+            .opens
+            .run("Open", move |stop| {
+                let pipeline = open_pipeline(&shared, &plan, cursor, stop)?;
+                let start = pipeline.cursor();
+                let sched = pipeline.schedule();
+                let mut reply = OpenReply {
+                    data_port: shared.data_port as u32,
+                    socket_path: shared.socket_path(),
+                    start_epoch: start.epoch,
+                    start_consumed_samples: start.consumed_samples,
+                    rank_batches: sched.rank_batches(),
+                    rank_samples: sched.rank_samples(),
+                    epoch_samples: sched.epoch_samples(),
+                    ..Default::default()
+                };
+                let work = Work::Plan {
+                    pipeline: Box::new(pipeline),
+                    output: plan.output,
+                    wire,
+                };
+                let (id, ticket) = place.add(work, caller.name());
+                reply.session = id;
+                reply.ticket = ticket.to_vec();
+                tracing::info!(
+                    session = id,
+                    %peer,
+                    tenant = caller.name(),
+                    sources = plan.sources.len(),
+                    rank = plan.rank,
+                    world = plan.world,
+                    wire = %plan.wire_codec,
+                    "plan opened"
+                );
+                Ok(Response::new(reply))
             })
-            .map_err(|e| match e {
-                EngineError::Plan(_) => Status::invalid_argument(e.to_string()),
-                e if e.is_not_found() => Status::not_found(e.to_string()),
-                _ => Status::failed_precondition(e.to_string()),
-            })?;
-            let start = pipeline.cursor();
-            let sched = pipeline.schedule();
-            let mut reply = OpenReply {
-                data_port: shared.data_port as u32,
-                socket_path: shared.socket_path(),
-                start_epoch: start.epoch,
-                start_consumed_samples: start.consumed_samples,
-                rank_batches: sched.rank_batches(),
-                rank_samples: sched.rank_samples(),
-                epoch_samples: sched.epoch_samples(),
-                ..Default::default()
-            };
-            let work = Work::Plan {
-                pipeline: Box::new(pipeline),
-                output: plan.output,
-                wire,
-            };
-            let (id, ticket) = shared
-                .sessions
-                .add(work)
-                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-            reply.session = id;
-            reply.ticket = ticket.to_vec();
-            tracing::info!(
-                session = id,
-                %peer,
-                sources = plan.sources.len(),
-                rank = plan.rank,
-                world = plan.world,
-                wire = %plan.wire_codec,
-                "plan opened"
-            );
-            Ok(Response::new(reply))
-        })
-        .await
+            .await
     }
 
     async fn open_source(
         &self,
         req: Request<OpenSourceRequest>,
     ) -> Result<Response<OpenReply>, Status> {
-        let shared = self.shared.clone();
+        let caller = caller_of(&req)?;
         let req = req.into_inner();
-        blocking(move || {
-            let ds = req
-                .dataset
-                .ok_or_else(|| Status::invalid_argument("dataset: missing"))?;
-            let codec = if req.wire_codec.is_empty() {
-                "auto+lz4"
-            } else {
-                &req.wire_codec
-            };
-            let wire = codec
-                .parse()
-                .map_err(|e| Status::invalid_argument(format!("wire_codec: {e}")))?;
-            let (src, stat) = open_local(&shared, &ds)?;
-            let work = Work::Source {
-                source: Box::new(src),
-                name: ds.dataset.clone(),
-                wire,
-            };
-            let (id, ticket) = shared
-                .sessions
-                .add(work)
-                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-            tracing::info!(session = id, dataset = %ds.dataset, %codec, "source opened");
-            Ok(Response::new(OpenReply {
-                session: id,
-                ticket: ticket.to_vec(),
-                data_port: shared.data_port as u32,
-                socket_path: shared.socket_path(),
-                stat: Some(stat),
-                ..Default::default()
-            }))
-        })
-        .await
+        let codec = if req.wire_codec.is_empty() {
+            "auto+lz4".to_string()
+        } else {
+            req.wire_codec.clone()
+        };
+        let wire = codec
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("wire_codec: {e}")))?;
+        self.shared
+            .config
+            .limits
+            .check_wire("wire_codec", wire)
+            .map_err(over_limit)?;
+        let ds = req
+            .dataset
+            .ok_or_else(|| Status::invalid_argument("dataset: missing"))?;
+        caller.check_dataset(&ds.dataset)?;
+        let place = self.shared.sessions.reserve().map_err(full)?;
+        let shared = self.shared.clone();
+        self.shared
+            .opens
+            .run("OpenSource", move |_| {
+                let (src, stat) = open_local(&shared, &ds)?;
+                let work = Work::Source {
+                    source: Box::new(src),
+                    name: ds.dataset.clone(),
+                    wire,
+                };
+                let (id, ticket) = place.add(work, caller.name());
+                tracing::info!(
+                    session = id,
+                    tenant = caller.name(),
+                    dataset = %ds.dataset,
+                    %codec,
+                    "source opened"
+                );
+                Ok(Response::new(OpenReply {
+                    session: id,
+                    ticket: ticket.to_vec(),
+                    data_port: shared.data_port as u32,
+                    socket_path: shared.socket_path(),
+                    stat: Some(stat),
+                    ..Default::default()
+                }))
+            })
+            .await
     }
 
     async fn close(&self, req: Request<CloseRequest>) -> Result<Response<CloseReply>, Status> {
-        let id = req.into_inner().session;
-        let existed = self.shared.sessions.close(id);
+        let caller = caller_of(&req)?;
+        let req = req.into_inner();
+        let id = req.session;
+        let existed = self.shared.sessions.close(id, &req.ticket, caller.name());
         if existed {
             tracing::info!(session = id, "session closed by the client");
         }

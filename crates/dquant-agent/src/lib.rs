@@ -17,11 +17,16 @@
 //! source may name another agent's dataset (`dquant://host:port/root/path`); the session then
 //! pulls token ranges from that agent — an agent near the host chained to one near storage.
 
+mod auth;
 mod catalog;
 mod config;
+mod control;
 mod data;
 mod grpc;
+mod limits;
 mod local;
+mod metrics;
+mod open_pool;
 mod produce;
 mod serve_plan;
 mod serve_ranges;
@@ -30,24 +35,44 @@ mod sessions;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tonic_health::ServingStatus;
+
+pub use auth::{TenantConfig, MIN_TOKEN_LEN};
 pub use catalog::{Catalog, NameError};
 pub use config::{AgentConfig, DEFAULT_LISTEN, DEFAULT_PREFETCH};
-pub use serve_ranges::MAX_RANGE_TOKENS;
+pub use limits::{LimitError, Limits, MAX_RANGE_TOKENS};
 
 /// State every handler and connection shares.
 pub(crate) struct Shared {
     pub config: AgentConfig,
+    pub auth: auth::Auth,
+    pub refusals: auth::RefusalLog,
+    pub metrics: metrics::Metrics,
     pub catalog: Catalog,
-    pub sessions: sessions::Sessions,
+    pub sessions: Arc<sessions::Sessions>,
+    pub opens: open_pool::OpenPool,
+    /// Connections (data port and Unix socket) that have not said hello yet.
+    pub handshakes: AtomicUsize,
     pub data_port: u16,
+    /// No new connections or requests: the agent is stopping.
     pub stopping: AtomicBool,
+    /// Plan sessions end after the batch in hand, telling their consumers where to resume
+    /// (graceful shutdown, [`AgentHandle::drain`]).
+    pub draining: AtomicBool,
 }
 
 impl Shared {
+    /// Refuses a request or connection: counted in the metrics, logged once per peer and
+    /// reason.
+    pub fn refuse(&self, plane: &str, peer: &str, reason: &'static str, detail: &str) {
+        self.metrics.refusal(reason);
+        self.refusals.refuse(plane, peer, reason, detail);
+    }
+
     /// The Unix socket path clients may hand rings to ("" when there is none).
     pub fn socket_path(&self) -> String {
         self.config
@@ -75,6 +100,15 @@ pub enum AgentError {
     Start(String),
 }
 
+/// What a graceful shutdown ([`AgentHandle::drain`]) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Plan sessions streaming when it began: each was told where to resume, unless forced.
+    pub streaming: usize,
+    /// Sessions still running at the end of the grace period, then cancelled.
+    pub forced: usize,
+}
+
 /// A running agent. Dropping it (or [`AgentHandle::shutdown`]) stops it.
 pub struct AgentHandle {
     control_addr: SocketAddr,
@@ -82,6 +116,9 @@ pub struct AgentHandle {
     shared: Arc<Shared>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
     server: Option<std::thread::JoinHandle<Result<(), String>>>,
+    /// Reports the agent's health (`grpc.health.v1`); turned to NOT_SERVING by a drain.
+    health: tonic_health::server::HealthReporter,
+    runtime: tokio::runtime::Handle,
 }
 
 impl AgentHandle {
@@ -111,6 +148,16 @@ impl AgentHandle {
         self.shared.sessions.counts()
     }
 
+    /// Requests queued for or running on the open workers right now.
+    pub fn open_queue(&self) -> usize {
+        self.shared.opens.depth()
+    }
+
+    /// Whether the control plane has stopped (a fatal error; [`AgentHandle::wait`] says which).
+    pub fn is_finished(&self) -> bool {
+        self.server.as_ref().is_none_or(|h| h.is_finished())
+    }
+
     /// Blocks until the control plane stops (it runs until shutdown or a fatal error).
     pub fn wait(mut self) -> Result<(), String> {
         match self.server.take() {
@@ -126,10 +173,40 @@ impl AgentHandle {
         self.stop_now();
     }
 
-    fn stop_now(&mut self) {
+    /// Shuts down gracefully: stops accepting connections and requests, lets each plan
+    /// session finish the batch it is making and then tells its consumer where to resume
+    /// ("agent shutting down; resume from consumed_samples N"), removes the Unix socket
+    /// file, and waits for the sessions to end, at most `grace`; those still running then
+    /// (a consumer that stopped reading) are cancelled.
+    pub fn drain(mut self, grace: Duration) -> DrainReport {
+        let deadline = Instant::now() + grace;
+        let not_serving = self
+            .health
+            .set_service_status(control::SERVICE, ServingStatus::NotServing);
+        self.runtime.block_on(not_serving);
+        self.shared.draining.store(true, Ordering::Relaxed);
         self.shared.stopping.store(true, Ordering::Relaxed);
+        let streaming = self.shared.sessions.drain();
+        self.stop_accepting();
+        while self.shared.sessions.counts().1 > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let forced = self.shared.sessions.counts().1;
         self.shared.sessions.close_all();
-        // Wake the accept loops so they see `stopping`.
+        // The control plane finishes the requests in flight; past the grace period it is
+        // left to the process's exit.
+        while self.server.as_ref().is_some_and(|h| !h.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(h) = self.server.take().filter(|h| h.is_finished()) {
+            let _ = h.join();
+        }
+        DrainReport { streaming, forced }
+    }
+
+    /// Wakes the accept loops (they see `stopping` and return), stops the control plane
+    /// and removes the Unix socket file.
+    fn stop_accepting(&mut self) {
         let _ = std::net::TcpStream::connect_timeout(&self.data_addr, Duration::from_secs(1));
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(true);
@@ -138,6 +215,12 @@ impl AgentHandle {
                 let _ = std::fs::remove_file(path);
             }
         }
+    }
+
+    fn stop_now(&mut self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        self.shared.sessions.close_all();
+        self.stop_accepting();
         if let Some(h) = self.server.take() {
             let _ = h.join();
         }
@@ -154,6 +237,9 @@ impl Drop for AgentHandle {
 pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     config.validate().map_err(AgentError::Config)?;
     let catalog = Catalog::new(&config.roots).map_err(AgentError::Config)?;
+    let roots: Vec<&str> = config.roots.keys().map(String::as_str).collect();
+    let auth = auth::Auth::new(&config.tenants, &roots).map_err(AgentError::Config)?;
+    auth::check_binds(&auth, &[config.listen, config.data_addr()]).map_err(AgentError::Config)?;
     let control = TcpListener::bind(config.listen).map_err(|source| AgentError::Bind {
         addr: config.listen,
         source,
@@ -169,17 +255,72 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let data_addr = data
         .local_addr()
         .map_err(|e| AgentError::Start(e.to_string()))?;
-    let local = config.socket.as_deref().map(bind_unix).transpose()?;
+    let local =
+        match config.socket.as_deref() {
+            Some(path) => {
+                let l = bind_unix(path)?;
+                let peers = local::Peers::new(path, &config.socket_uids, &config.socket_gids)
+                    .map_err(|e| AgentError::BindUnix {
+                        path: path.to_path_buf(),
+                        reason: e.to_string(),
+                    })?;
+                Some((l, peers))
+            }
+            None => None,
+        };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("dquant-grpc")
+        .enable_all()
+        .build()
+        .map_err(|e| AgentError::Start(format!("cannot start the control runtime: {e}")))?;
+    let metrics = match config.metrics_listen {
+        Some(addr) => {
+            // The exporter binds its listener in the runtime that serves it.
+            let _in_runtime = runtime.enter();
+            let (m, exporter) = metrics::Metrics::serve(addr).map_err(AgentError::Start)?;
+            runtime.spawn(async move {
+                if let Err(e) = exporter.await {
+                    tracing::error!(error = ?e, "metrics endpoint stopped");
+                }
+            });
+            m
+        }
+        None => metrics::Metrics::off(),
+    };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    runtime.block_on(health.set_service_status(control::SERVICE, ServingStatus::Serving));
+    let runtime_handle = runtime.handle().clone();
+    let l = &config.limits;
+    let opens = open_pool::OpenPool::new(
+        l.open_workers,
+        l.max_queued_opens,
+        Duration::from_secs(l.open_timeout_secs),
+    )
+    .map_err(|e| AgentError::Start(format!("cannot start the open workers: {e}")))?;
     let shared = Arc::new(Shared {
-        sessions: sessions::Sessions::new(
+        sessions: Arc::new(sessions::Sessions::new(
             config.max_sessions,
             Duration::from_secs(config.ticket_ttl_secs),
-        ),
+        )),
+        opens,
+        handshakes: AtomicUsize::new(0),
+        auth,
+        refusals: auth::RefusalLog::default(),
+        metrics,
         catalog,
         config,
         data_port: data_addr.port(),
         stopping: AtomicBool::new(false),
+        draining: AtomicBool::new(false),
     });
+    {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("dquant-reaper".into())
+            .spawn(move || reap(&shared))
+            .map_err(|e| AgentError::Start(e.to_string()))?;
+    }
     {
         let shared = shared.clone();
         std::thread::Builder::new()
@@ -188,67 +329,27 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             .map_err(|e| AgentError::Start(e.to_string()))?;
     }
     let grpc_local = match local {
-        Some(listener) => {
+        Some((listener, peers)) => {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<UnixStream>();
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("dquant-accept-local".into())
-                .spawn(move || local::accept_loop(listener, shared, tx))
+                .spawn(move || local::accept_loop(listener, shared, peers, tx))
                 .map_err(|e| AgentError::Start(e.to_string()))?;
             Some(rx)
         }
         None => None,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let svc = grpc::Service {
+    let server = control::spawn(control::Plane {
+        runtime,
+        listener: control,
+        local: grpc_local,
         shared: shared.clone(),
-    };
-    control
-        .set_nonblocking(true)
-        .map_err(|e| AgentError::Start(e.to_string()))?;
-    let server = std::thread::Builder::new()
-        .name("dquant-control".into())
-        .spawn(move || -> Result<(), String> {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("dquant-grpc")
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            rt.block_on(async move {
-                let listener =
-                    tokio::net::TcpListener::from_std(control).map_err(|e| e.to_string())?;
-                // Nagle off on the control connections: an Open must not wait on a delayed ACK
-                // (that cost 40 ms of time-to-first-batch).
-                let incoming =
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                let svc = dquant_proto::v1::agent_server::AgentServer::new(svc);
-                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-                    let _ = rx.wait_for(|stop| *stop).await;
-                };
-                let tcp = tonic::transport::Server::builder()
-                    .add_service(svc.clone())
-                    .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-                let Some(rx) = grpc_local else {
-                    return tcp.await.map_err(|e| e.to_string());
-                };
-                // Connections the Unix socket's router identified as gRPC.
-                let uds = tokio_stream::StreamExt::map(
-                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-                    |s| {
-                        s.set_nonblocking(true)?;
-                        tokio::net::UnixStream::from_std(s)
-                    },
-                );
-                let uds = tonic::transport::Server::builder()
-                    .add_service(svc)
-                    .serve_with_incoming_shutdown(uds, stopped(stop_rx));
-                tokio::try_join!(tcp, uds)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-        })
-        .map_err(|e| AgentError::Start(e.to_string()))?;
+        health: health_service,
+        stop: stop_rx,
+    })
+    .map_err(|e| AgentError::Start(e.to_string()))?;
     tracing::info!(
         control = %control_addr,
         data = %data_addr,
@@ -263,8 +364,27 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         shared,
         stop: Some(stop_tx),
         server: Some(server),
+        health,
+        runtime: runtime_handle,
     })
 }
+
+/// Frees the places of sessions whose data connection never came, once a second, until
+/// the agent stops. (Without it they expired only when the next `Open` looked, so a burst
+/// of abandoned opens locked every later client out.)
+fn reap(shared: &Shared) {
+    while !shared.stopping.load(Ordering::Relaxed) {
+        std::thread::sleep(REAP_EVERY);
+        shared.sessions.expire();
+        let (pending, streaming) = shared.sessions.counts();
+        shared
+            .metrics
+            .set_gauges(pending, streaming, shared.opens.depth());
+    }
+}
+
+/// How often [`reap`] looks.
+const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// Binds the agent's Unix socket. A socket file nobody answers on is what a killed agent
 /// leaves behind: it is replaced. One that answers belongs to a running agent: an error.
@@ -273,7 +393,7 @@ fn bind_unix(path: &Path) -> Result<UnixListener, AgentError> {
         path: path.to_path_buf(),
         reason,
     };
-    match UnixListener::bind(path) {
+    let listener = match UnixListener::bind(path) {
         Ok(l) => Ok(l),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
             use std::os::unix::fs::FileTypeExt;
@@ -290,5 +410,10 @@ fn bind_unix(path: &Path) -> Result<UnixListener, AgentError> {
             UnixListener::bind(path).map_err(|e| err(e.to_string()))
         }
         Err(e) => Err(err(e.to_string())),
-    }
+    }?;
+    // Owner and group only, whatever the umask; each peer is checked too (`local`).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| err(format!("setting its mode to 0660: {e}")))?;
+    Ok(listener)
 }

@@ -11,14 +11,14 @@
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dquant_transport::ring::{RingError, HANDSHAKE};
 use dquant_transport::shm::RingOffer;
 use dquant_transport::FrameWriter;
 use rustix::net::RecvFlags;
 
-use crate::data::{log_end, serve_each, HELLO_TIMEOUT};
+use crate::data::{log_end, serve_each, Handshake, HELLO_TIMEOUT};
 use crate::serve_plan::stream_ring;
 use crate::sessions::claim_error;
 use crate::Shared;
@@ -28,16 +28,88 @@ use crate::Shared;
 pub(crate) fn accept_loop(
     listener: UnixListener,
     shared: Arc<Shared>,
+    peers: Peers,
     grpc: tokio::sync::mpsc::UnboundedSender<UnixStream>,
 ) {
     let stopping = shared.clone();
+    let peers = Arc::new(peers);
     serve_each(
         listener.incoming(),
-        &stopping.stopping,
+        &stopping,
         "unix socket",
         "dquant-local",
-        move |conn| route(conn, shared.clone(), grpc.clone()),
+        refuse_busy,
+        move |conn, hs| {
+            if peers.admit(&conn, &shared) {
+                route(conn, shared.clone(), grpc.clone(), hs)
+            }
+        },
     );
+}
+
+/// Who may connect to the Unix socket: root, the agent's own user and group (those of the
+/// socket file it created), and the config's `socket_uids` / `socket_gids`. The file's mode
+/// (0660) keeps others from connecting at all; the peer check holds when the mode is widened
+/// or the directory is shared.
+pub(crate) struct Peers {
+    uids: Vec<u32>,
+    gids: Vec<u32>,
+}
+
+impl Peers {
+    /// The peers of the socket at `path` (just bound by this process).
+    pub fn new(path: &std::path::Path, uids: &[u32], gids: &[u32]) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        let mut p = Peers {
+            uids: [0, m.uid()]
+                .into_iter()
+                .chain(uids.iter().copied())
+                .collect(),
+            gids: [m.gid()].into_iter().chain(gids.iter().copied()).collect(),
+        };
+        p.uids.dedup();
+        Ok(p)
+    }
+
+    fn allows(&self, uid: u32, gid: u32) -> bool {
+        self.uids.contains(&uid) || self.gids.contains(&gid)
+    }
+
+    /// Checks the connecting process's credentials (`SO_PEERCRED`); a stranger's connection
+    /// is logged (once per uid) and closed.
+    fn admit(&self, conn: &UnixStream, shared: &Shared) -> bool {
+        let (uid, gid) = match rustix::net::sockopt::socket_peercred(conn) {
+            Ok(c) => (c.uid.as_raw(), c.gid.as_raw()),
+            Err(e) => {
+                let m = format!("cannot read the peer's credentials: {e}");
+                shared
+                    .refusals
+                    .refuse("unix socket", "?", "no credentials", &m);
+                return false;
+            }
+        };
+        if self.allows(uid, gid) {
+            return true;
+        }
+        let m = format!(
+            "uid {uid} gid {gid} may not connect (allow it with socket_uids or socket_gids)"
+        );
+        let peer = format!("uid {uid}");
+        shared
+            .refusals
+            .refuse("unix socket", &peer, "peer not allowed", &m);
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+        false
+    }
+}
+
+/// Refuses a connection over `limits.max_handshakes` from the accept loop (see
+/// `data::serve_each`): one small non-blocking write, no thread.
+fn refuse_busy(conn: UnixStream, msg: &str) {
+    let _ = conn.set_nonblocking(true);
+    let _ = FrameWriter::new(&conn).fail(msg);
+    let _ = conn.shutdown(std::net::Shutdown::Both);
 }
 
 /// Peeks at the first byte and routes the connection.
@@ -45,12 +117,14 @@ fn route(
     conn: UnixStream,
     shared: Arc<Shared>,
     grpc: tokio::sync::mpsc::UnboundedSender<UnixStream>,
+    handshake: Handshake,
 ) {
     let _ = conn.set_read_timeout(Some(HELLO_TIMEOUT));
     let mut first = [0u8; 1];
     match rustix::net::recv(&conn, &mut first, RecvFlags::PEEK) {
-        Ok((1, _)) if first[0] == HANDSHAKE[0] => ring_session(conn, &shared),
+        Ok((1, _)) if first[0] == HANDSHAKE[0] => ring_session(conn, &shared, handshake),
         Ok((1, _)) => {
+            drop(handshake);
             let _ = conn.set_read_timeout(None);
             // The tonic server owns it from here; a send fails only while shutting down.
             let _ = grpc.send(conn);
@@ -70,19 +144,21 @@ fn refuse(conn: &UnixStream, msg: &str) {
 
 /// Receives a ring with its session's hello, attaches to it and streams the session's plan
 /// into it.
-fn ring_session(conn: UnixStream, shared: &Shared) {
+fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
     let offer = match RingOffer::receive(&conn) {
         Ok(o) => o,
         Err(e) => return refuse(&conn, &e.to_string()),
     };
     let id = offer.hello.session;
-    let Some((work, cancel)) = shared.sessions.claim(id, &offer.hello.ticket, conn.as_fd()) else {
+    let Some((work, cancel, owner)) = shared.sessions.claim(id, &offer.hello.ticket, conn.as_fd())
+    else {
         return refuse(&conn, &claim_error(id));
     };
     let sink = conn
         .try_clone()
         .map_err(|source| RingError::Io { op: "dup", source })
-        .and_then(|sock| offer.accept(sock, cancel.clone()));
+        .and_then(|sock| offer.accept(sock, cancel.clone()))
+        .map(|sink| sink.with_idle_limit(Duration::from_secs(shared.config.consumer_idle_secs)));
     let sink = match sink {
         Ok(s) => s,
         Err(e) => {
@@ -90,6 +166,7 @@ fn ring_session(conn: UnixStream, shared: &Shared) {
             return refuse(&conn, &format!("shared-memory ring: {e}"));
         }
     };
+    drop(handshake);
     let _ = conn.set_read_timeout(None);
     let started = Instant::now();
     if let Some(l) = sink.layout() {
@@ -101,7 +178,8 @@ fn ring_session(conn: UnixStream, shared: &Shared) {
             "session streaming"
         );
     }
-    let result = stream_ring(work, sink, &cancel);
+    let meter = shared.metrics.meter(&owner);
+    let result = stream_ring(work, sink, &cancel, &shared.draining, meter);
     shared.sessions.finish(id);
-    log_end(id, "plan", "shm", started, result);
+    log_end(shared, id, "plan", "shm", started, result);
 }

@@ -14,8 +14,11 @@ use dquant_codec::encode_width;
 use dquant_engine::record::{max_payload_len, Payload, Record};
 use dquant_engine::{batch_header, plain_codec, EngineError, Pipeline, RecordEncoder};
 use dquant_plan::{OutputDType, WireCodec};
+use dquant_remote::shutdown_message;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchSink, SinkError};
+
+use crate::metrics::Meter;
 
 /// What one session moved, for the log line at its end.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +57,8 @@ pub(crate) struct Producer {
     encoder: Option<RecordEncoder>,
     /// Room for the largest record: header and the largest payload a full batch can have.
     room: usize,
+    /// Where each batch made is counted (the agent's metrics, by tenant).
+    meter: Meter,
 }
 
 impl Producer {
@@ -75,7 +80,19 @@ impl Producer {
             output,
             encoder,
             room: RECORD_HEADER_LEN + payload,
+            meter: Meter::off(),
         }
+    }
+
+    /// Counts each batch made in `meter`.
+    pub fn with_meter(mut self, meter: Meter) -> Self {
+        self.meter = meter;
+        self
+    }
+
+    /// Where the stream stands: the cursor once every batch made so far is consumed.
+    pub fn cursor(&self) -> dquant_plan::Cursor {
+        self.pipeline.cursor()
     }
 
     /// Bytes of room a record may need (what [`BatchSink::reserve`] is asked for).
@@ -159,14 +176,19 @@ pub(crate) enum Outcome {
     Stopped(String),
     /// The stream failed; the consumer was told this message after the last good batch.
     Failed(String),
+    /// The agent is shutting down: after the last batch made, the consumer was told where
+    /// to resume (this message).
+    Drained(String),
 }
 
-/// Drives `producer` into `sink` until the end, an error, a consumer that goes away, or
-/// `cancel`; `now` is the clock idle flushes go by.
+/// Drives `producer` into `sink` until the end, an error, a consumer that goes away,
+/// `cancel`, or `drain` (the agent is shutting down: the batch being made is finished, then
+/// the consumer gets its resume cursor); `now` is the clock idle flushes go by.
 pub(crate) fn run(
     producer: &mut Producer,
     sink: &mut dyn BatchSink,
     cancel: &AtomicBool,
+    drain: &AtomicBool,
     now: impl Fn() -> Instant,
 ) -> (Outcome, Stats) {
     let mut stats = Stats::default();
@@ -185,11 +207,17 @@ pub(crate) fn run(
         if cancel.load(Ordering::Relaxed) {
             return (Outcome::Stopped("closed by the client".into()), stats);
         }
+        if drain.load(Ordering::Relaxed) {
+            let m = shutdown_message(producer.cursor().consumed_samples);
+            sink.fail(&m);
+            return (Outcome::Drained(m), stats);
+        }
         let step = producer
             .step(sink)
             .and_then(|s| Ok((s, sink.flush_if_idle(now())?)));
         match step {
             Ok((Step::Batch { tokens, bytes }, ())) => {
+                producer.meter.add(1, tokens, bytes);
                 stats.records += 1;
                 stats.tokens += tokens;
                 stats.wire_bytes += bytes;
@@ -393,7 +421,8 @@ mod tests {
             clock.set(clock.get() + Duration::from_micros(100));
             clock.get()
         };
-        let (outcome, stats) = run(&mut prod, &mut sink, &AtomicBool::new(false), tick);
+        let no = AtomicBool::new(false);
+        let (outcome, stats) = run(&mut prod, &mut sink, &no, &no, tick);
         let want = format!(
             "sources[0] ({uri}): wire codec bits:15: token 60000 at offset 5000 does not fit in bits:15 (max 32767); it needs 16 bits: use bits:16 or wider"
         );
@@ -419,6 +448,7 @@ mod tests {
             &mut producer(&p),
             &mut sink,
             &AtomicBool::new(true),
+            &AtomicBool::new(false),
             Instant::now,
         );
         assert!(matches!(&outcome, Outcome::Stopped(m) if m == "closed by the client"));
@@ -427,6 +457,7 @@ mod tests {
         let (outcome, _) = run(
             &mut producer(&p),
             &mut sink,
+            &AtomicBool::new(false),
             &AtomicBool::new(false),
             Instant::now,
         );
@@ -465,6 +496,7 @@ mod tests {
             &mut producer(&p),
             &mut Tiny(sink),
             &AtomicBool::new(false),
+            &AtomicBool::new(false),
             Instant::now,
         );
         let want = "the transport's records hold 4096 bytes; this plan's batches need 8240 (i64)";
@@ -474,5 +506,56 @@ mod tests {
         );
         assert_eq!(stats.records, 0);
         assert_eq!(source.end(), Some(End::Failed(want.into())));
+    }
+
+    #[test]
+    fn a_drain_ends_the_stream_after_the_batch_in_hand_with_the_resume_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = dataset(dir.path(), 20_000, None);
+        let p = plan(&uri, OutputDType::U16, "auto+zstd:1");
+        let (mut sink, mut source) = pair(usize::MAX);
+        let (cancel, draining) = (AtomicBool::new(false), AtomicBool::new(false));
+        // The clock is asked once per step: the agent starts shutting down during step 7.
+        let steps = Cell::new(0);
+        let tick = || {
+            steps.set(steps.get() + 1);
+            if steps.get() == 7 {
+                draining.store(true, Ordering::Relaxed);
+            }
+            Instant::now()
+        };
+        let mut prod = producer(&p);
+        let (outcome, stats) = run(&mut prod, &mut sink, &cancel, &draining, tick);
+        // Seven batches of 4 samples were made and delivered; the consumer resumes after them.
+        let want = "agent shutting down; resume from consumed_samples 28";
+        assert!(
+            matches!(&outcome, Outcome::Drained(m) if m == want),
+            "{outcome:?}"
+        );
+        assert_eq!(stats.records, 7);
+        let mut got = Vec::new();
+        drain(&mut source, &mut got);
+        assert_eq!(got.len(), 7);
+        assert_eq!(source.end(), Some(End::Failed(want.into())));
+        // Resuming from that cursor continues with the eighth batch exactly: the two parts
+        // together are the whole stream.
+        let whole = |cursor: Cursor| {
+            let pl = Pipeline::open(&p, cursor, |_, s| {
+                Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?))
+            })
+            .unwrap();
+            let mut prod = Producer::new(Box::new(pl), p.output, p.parsed_wire_codec().unwrap());
+            let (mut sink, mut source) = pair(usize::MAX);
+            let no = AtomicBool::new(false);
+            run(&mut prod, &mut sink, &no, &no, Instant::now);
+            let mut out = Vec::new();
+            drain(&mut source, &mut out);
+            out
+        };
+        got.extend(whole(Cursor {
+            epoch: 0,
+            consumed_samples: 28,
+        }));
+        assert_eq!(got, whole(Cursor::START));
     }
 }

@@ -14,6 +14,7 @@ use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::TcpBatchSink;
 use dquant_transport::{BatchSink, FrameWriter};
 
+use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer, Stats};
 use crate::sessions::{StreamError, Work};
 
@@ -24,6 +25,8 @@ pub(crate) fn stream_plan(
     conn: TcpStream,
     prefetch: usize,
     cancel: Arc<AtomicBool>,
+    drain: &AtomicBool,
+    meter: Meter,
 ) -> Result<Stats, StreamError> {
     let Work::Plan {
         pipeline,
@@ -37,8 +40,8 @@ pub(crate) fn stream_plan(
     };
     let mut sink =
         TcpBatchSink::start(conn, prefetch, cancel.clone()).map_err(StreamError::Thread)?;
-    let mut producer = Producer::new(pipeline, output, wire);
-    let (outcome, stats) = run(&mut producer, &mut sink, &cancel, Instant::now);
+    let mut producer = Producer::new(pipeline, output, wire).with_meter(meter);
+    let (outcome, stats) = run(&mut producer, &mut sink, &cancel, drain, Instant::now);
     let sent = sink.join();
     ended(outcome, stats).and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped))
 }
@@ -50,6 +53,8 @@ pub(crate) fn stream_ring(
     work: Work,
     mut sink: RingSink,
     cancel: &AtomicBool,
+    drain: &AtomicBool,
+    meter: Meter,
 ) -> Result<Stats, StreamError> {
     let Work::Plan {
         pipeline, output, ..
@@ -59,8 +64,9 @@ pub(crate) fn stream_ring(
         sink.fail(m);
         return Err(StreamError::Failed(m.into()));
     };
-    let mut producer = Producer::new(pipeline, output, WireCodec::Fixed(plain_codec(output)));
-    let (outcome, stats) = run(&mut producer, &mut sink, cancel, Instant::now);
+    let plain = WireCodec::Fixed(plain_codec(output));
+    let mut producer = Producer::new(pipeline, output, plain).with_meter(meter);
+    let (outcome, stats) = run(&mut producer, &mut sink, cancel, drain, Instant::now);
     ended(outcome, stats)
 }
 
@@ -69,5 +75,6 @@ fn ended(outcome: Outcome, stats: Stats) -> Result<Stats, StreamError> {
         Outcome::Finished => Ok(stats),
         Outcome::Stopped(m) => Err(StreamError::Stopped(m)),
         Outcome::Failed(m) => Err(StreamError::Failed(m)),
+        Outcome::Drained(m) => Err(StreamError::Drained(m)),
     }
 }

@@ -22,8 +22,6 @@ use dquant_transport::{BufferPool, FrameReader, FrameWriter, RangeHeader, WireEr
 use crate::produce::Stats;
 use crate::sessions::{StreamError, Work};
 
-pub use dquant_transport::record::MAX_RANGE_TOKENS;
-
 /// Sends the error frame, then half-closes and reads what the client still sends until it
 /// hangs up (at most 2 s). A client that reads ahead has requests in flight when an error
 /// stops us; closing with them unread would make the kernel reset the connection, and a
@@ -61,6 +59,8 @@ struct Ranges {
     name: String,
     wire: WireCodec,
     total: u64,
+    /// The agent's `limits.max_range_tokens`.
+    max_len: u64,
     enc: Encoders,
     tokens: Vec<u32>,
     payload: Vec<u8>,
@@ -70,9 +70,11 @@ impl Ranges {
     /// The checked range `start + len`, or the message the client gets.
     fn check(&self, start: u64, len: u64) -> Result<Range<u64>, String> {
         let name = &self.name;
-        if len > MAX_RANGE_TOKENS {
+        if len > self.max_len {
             return Err(format!(
-                "{name}: token range {start}+{len} is longer than the {MAX_RANGE_TOKENS}-token limit of one request"
+                "{name}: token range {start}+{len} is longer than this agent's limit of {} \
+                 tokens per request (limits.max_range_tokens)",
+                self.max_len
             ));
         }
         let end = start.checked_add(len).filter(|&e| e <= self.total);
@@ -130,6 +132,7 @@ pub(crate) fn serve_ranges(
     work: Work,
     conn: TcpStream,
     frames: &mut FrameReader<TcpStream>,
+    max_len: u64,
     cancel: Arc<AtomicBool>,
 ) -> Result<Stats, StreamError> {
     let mut w = FrameWriter::new(conn);
@@ -144,6 +147,7 @@ pub(crate) fn serve_ranges(
         name,
         wire,
         total,
+        max_len,
         enc: Encoders::default(),
         tokens: Vec::new(),
         payload: Vec::new(),

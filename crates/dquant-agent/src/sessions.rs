@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,9 @@ pub(crate) enum StreamError {
     /// The stream failed; the consumer was sent this message.
     #[error("{0}")]
     Failed(String),
+    /// The agent shut down; the consumer was sent its resume cursor (this message).
+    #[error("{0}")]
+    Drained(String),
     #[error("{0}")]
     Wire(#[from] WireError),
     #[error("cannot start a thread: {0}")]
@@ -60,14 +63,26 @@ pub(crate) enum Work {
 
 struct Pending {
     ticket: [u8; 16],
+    /// The tenant that opened it (`""` when the agent serves anyone).
+    owner: String,
     work: Work,
     created: Instant,
 }
 
 struct Active {
+    /// Its owner's proof, asked again by `Close`.
+    ticket: [u8; 16],
+    owner: String,
+    /// A plan's batches (drained at shutdown), not a chained agent's ranges (cancelled).
+    plan: bool,
     cancel: Arc<AtomicBool>,
     /// The session's socket (TCP data connection or Unix ring socket), shut down to cancel.
     conn: OwnedFd,
+}
+
+/// Compares two tickets in constant time: a ticket is the only secret of a session.
+fn same_ticket(a: &[u8; 16], b: &[u8]) -> bool {
+    b.len() == a.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Wakes whatever the session's threads are blocked on in that socket.
@@ -77,11 +92,46 @@ fn shutdown(conn: &OwnedFd) {
 
 /// The agent's session table.
 pub(crate) struct Sessions {
-    next: AtomicU64,
     pending: Mutex<HashMap<u64, Pending>>,
     active: Mutex<HashMap<u64, Active>>,
+    /// Places promised to requests still opening their sources ([`Reservation`]).
+    reserved: AtomicUsize,
     max: usize,
     ttl: Duration,
+}
+
+/// A place in the session table, held while a request opens its sources: admission is
+/// decided before any dataset is opened, so a full agent refuses at once instead of doing
+/// the work and then refusing. Dropping it gives the place back.
+pub(crate) struct Reservation {
+    sessions: Arc<Sessions>,
+}
+
+impl Reservation {
+    /// Registers `work` in the reserved place; returns its id and ticket.
+    pub fn add(self, work: Work, owner: &str) -> (u64, [u8; 16]) {
+        let s = &self.sessions;
+        let mut pending = s.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = s.new_id(&pending);
+        let ticket: [u8; 16] = rand::random();
+        pending.insert(
+            id,
+            Pending {
+                ticket,
+                owner: owner.to_string(),
+                work,
+                created: Instant::now(),
+            },
+        );
+        (id, ticket)
+        // `self` drops here, giving back the reservation the pending entry now replaces.
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.sessions.reserved.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// How a claim failed; the message goes to the connecting client.
@@ -92,17 +142,57 @@ pub(crate) fn claim_error(session: u64) -> String {
 impl Sessions {
     pub fn new(max: usize, ttl: Duration) -> Self {
         Sessions {
-            next: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
             active: Mutex::new(HashMap::new()),
+            reserved: AtomicUsize::new(0),
             max,
             ttl,
         }
     }
 
-    /// Registers `work` and returns its id and ticket.
-    pub fn add(&self, work: Work) -> Result<(u64, [u8; 16]), SessionError> {
+    /// A random id no session has (ids are not secrets, the ticket is; random ids just do
+    /// not tell one client how many sessions others opened).
+    fn new_id(&self, pending: &HashMap<u64, Pending>) -> u64 {
+        let active = self.active.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let id: u64 = rand::random();
+            if id != 0 && !pending.contains_key(&id) && !active.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Reserves a place for a session about to be opened, or says the agent is full.
+    pub fn reserve(self: &Arc<Self>) -> Result<Reservation, SessionError> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        self.expire_locked(&mut pending);
+        let active = self
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        // Reservations are taken under the pending lock, so two requests cannot both take
+        // the last place.
+        let reserved = self.reserved.load(Ordering::Relaxed);
+        if pending.len() + active + reserved >= self.max {
+            return Err(SessionError::Full { max: self.max });
+        }
+        self.reserved.fetch_add(1, Ordering::Relaxed);
+        Ok(Reservation {
+            sessions: self.clone(),
+        })
+    }
+
+    /// Drops pending sessions whose data connection did not come within the ticket's
+    /// lifetime (the agent's reaper calls this every second, so their places are freed
+    /// without waiting for the next `Open`). Returns how many were dropped.
+    pub fn expire(&self) -> usize {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        self.expire_locked(&mut pending)
+    }
+
+    fn expire_locked(&self, pending: &mut HashMap<u64, Pending>) -> usize {
+        let before = pending.len();
         let now = Instant::now();
         pending.retain(|id, p| {
             let keep = now.duration_since(p.created) < self.ttl;
@@ -111,43 +201,20 @@ impl Sessions {
             }
             keep
         });
-        let active = self
-            .active
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
-        if pending.len() + active >= self.max {
-            return Err(SessionError::Full { max: self.max });
-        }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let ticket: [u8; 16] = rand::random();
-        pending.insert(
-            id,
-            Pending {
-                ticket,
-                work,
-                created: now,
-            },
-        );
-        Ok((id, ticket))
+        before - pending.len()
     }
 
-    /// Takes a pending session for the connection that presented `ticket`.
+    /// Takes a pending session for the connection that presented `ticket`: its work, its
+    /// cancel flag and its owner (the tenant, `""` when the agent serves anyone).
     pub fn claim(
         &self,
         id: u64,
         ticket: &[u8; 16],
         conn: BorrowedFd<'_>,
-    ) -> Option<(Work, Arc<AtomicBool>)> {
+    ) -> Option<(Work, Arc<AtomicBool>, String)> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let p = pending.get(&id)?;
-        // Constant-time compare: the ticket is the only secret on the data port.
-        let diff = p
-            .ticket
-            .iter()
-            .zip(ticket)
-            .fold(0u8, |a, (x, y)| a | (x ^ y));
-        if diff != 0 || p.created.elapsed() >= self.ttl {
+        if !same_ticket(&p.ticket, ticket) || p.created.elapsed() >= self.ttl {
             return None;
         }
         let p = pending.remove(&id)?;
@@ -159,11 +226,14 @@ impl Sessions {
             .insert(
                 id,
                 Active {
+                    ticket: p.ticket,
+                    owner: p.owner.clone(),
+                    plan: matches!(p.work, Work::Plan { .. }),
                     cancel: cancel.clone(),
                     conn,
                 },
             );
-        Some((p.work, cancel))
+        Some((p.work, cancel, p.owner))
     }
 
     pub fn finish(&self, id: u64) {
@@ -173,22 +243,27 @@ impl Sessions {
             .remove(&id);
     }
 
-    /// Cancels a session, pending or active. Returns whether it existed.
-    pub fn close(&self, id: u64) -> bool {
-        if self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id)
-            .is_some()
+    /// Cancels a session, pending or active, for the tenant that opened it showing its
+    /// ticket. Returns
+    /// whether such a session existed: a wrong ticket looks like an unknown id, so `Close`
+    /// tells a stranger nothing.
+    pub fn close(&self, id: u64, ticket: &[u8], owner: &str) -> bool {
         {
-            return true;
+            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(p) = pending.get(&id) {
+                let owner = same_ticket(&p.ticket, ticket) && p.owner == owner;
+                if owner {
+                    pending.remove(&id);
+                }
+                return owner;
+            }
         }
         match self
             .active
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&id)
+            .filter(|a| same_ticket(&a.ticket, ticket) && a.owner == owner)
         {
             Some(a) => {
                 a.cancel.store(true, Ordering::Relaxed);
@@ -197,6 +272,23 @@ impl Sessions {
             }
             None => false,
         }
+    }
+
+    /// Starts a graceful shutdown: pending sessions are dropped (their clients had no batch
+    /// yet), range sessions cancelled (a chained agent's reads fail and its own consumer is
+    /// told), and plan sessions left to end themselves with their resume cursor. Returns the
+    /// number of plan sessions streaming.
+    pub fn drain(&self) -> usize {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        let active = self.active.lock().unwrap_or_else(PoisonError::into_inner);
+        for a in active.values().filter(|a| !a.plan) {
+            a.cancel.store(true, Ordering::Relaxed);
+            shutdown(&a.conn);
+        }
+        active.values().filter(|a| a.plan).count()
     }
 
     /// Cancels everything (agent shutdown).

@@ -1,0 +1,91 @@
+//! The control plane's server: the `dquant.v1.Agent` service behind its authenticating
+//! interceptor, and the standard `grpc.health.v1.Health` service, on the TCP port and (when
+//! configured) on the connections the Unix socket's router hands over. Health is not
+//! authenticated: a load balancer or an orchestrator's probe has no tenant token.
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use tonic_health::pb::health_server::{Health, HealthServer};
+
+use crate::{grpc, Shared};
+
+/// The agent service's name, as health checks ask for it.
+pub(crate) const SERVICE: &str = dquant_proto::v1::agent_server::SERVICE_NAME;
+
+/// What the control plane serves, and on what.
+pub(crate) struct Plane<H> {
+    /// Runs the server; its metrics exporter (if any) already runs on it.
+    pub runtime: tokio::runtime::Runtime,
+    pub listener: TcpListener,
+    /// gRPC connections from the Unix socket's router.
+    pub local: Option<tokio::sync::mpsc::UnboundedReceiver<UnixStream>>,
+    pub shared: Arc<Shared>,
+    pub health: HealthServer<H>,
+    /// Flips to `true` to stop serving.
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Serves `plane` on a thread of its own until told to stop (or a fatal error, returned).
+pub(crate) fn spawn<H: Health>(
+    plane: Plane<H>,
+) -> std::io::Result<std::thread::JoinHandle<Result<(), String>>> {
+    plane.listener.set_nonblocking(true)?;
+    std::thread::Builder::new()
+        .name("dquant-control".into())
+        .spawn(move || {
+            let rt = &plane.runtime;
+            rt.block_on(serve(
+                plane.listener,
+                plane.local,
+                plane.shared,
+                plane.health,
+                plane.stop,
+            ))
+        })
+}
+
+async fn serve<H: Health>(
+    listener: TcpListener,
+    local: Option<tokio::sync::mpsc::UnboundedReceiver<UnixStream>>,
+    shared: Arc<Shared>,
+    health: HealthServer<H>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+    // Nagle off on the control connections: an Open must not wait on a delayed ACK (that
+    // cost 40 ms of time-to-first-batch).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let svc = dquant_proto::v1::agent_server::AgentServer::with_interceptor(
+        grpc::Service {
+            shared: shared.clone(),
+        },
+        grpc::authenticate(shared),
+    );
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let tcp = tonic::transport::Server::builder()
+        .add_service(svc.clone())
+        .add_service(health.clone())
+        .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
+    let Some(rx) = local else {
+        return tcp.await.map_err(|e| e.to_string());
+    };
+    // Connections the Unix socket's router identified as gRPC.
+    let uds = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        |s| {
+            s.set_nonblocking(true)?;
+            tokio::net::UnixStream::from_std(s)
+        },
+    );
+    let uds = tonic::transport::Server::builder()
+        .add_service(svc)
+        .add_service(health)
+        .serve_with_incoming_shutdown(uds, stopped(stop));
+    tokio::try_join!(tcp, uds)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

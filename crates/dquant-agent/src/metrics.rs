@@ -1,0 +1,130 @@
+//! The agent's Prometheus metrics, served at `metrics_listen` (off by default).
+//!
+//! Each agent keeps its own recorder rather than the process-global one: a process may run
+//! several agents (the tests do), and each must count only its own sessions. Handles are
+//! registered on that recorder directly (a session registers its tenant's counters once, then
+//! each batch is an atomic add), and `metrics-exporter-prometheus` serves it over HTTP. With
+//! no address configured every handle is a no-op.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `dquant_sessions` | gauge | `state`: `pending`, `streaming` |
+//! | `dquant_open_queue_depth` | gauge | |
+//! | `dquant_batches_total`, `dquant_tokens_total`, `dquant_bytes_total` | counter | `tenant` |
+//! | `dquant_session_ends_total` | counter | `how`: `finished`, `failed`, `stopped`, `drained` |
+//! | `dquant_refusals_total` | counter | `reason` |
+
+use std::net::SocketAddr;
+
+use metrics::{Counter, Gauge, Key, Label, Level, Metadata, Recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// One agent's metrics.
+pub(crate) struct Metrics {
+    recorder: Option<PrometheusRecorder>,
+    pending: Gauge,
+    streaming: Gauge,
+    open_queue: Gauge,
+}
+
+impl Metrics {
+    /// No metrics: every handle is a no-op.
+    pub fn off() -> Self {
+        Metrics {
+            recorder: None,
+            pending: Gauge::noop(),
+            streaming: Gauge::noop(),
+            open_queue: Gauge::noop(),
+        }
+    }
+
+    /// Metrics served over HTTP at `addr`. Must run inside the tokio runtime that will
+    /// drive the returned exporter future (the listener is bound here).
+    pub fn serve(
+        addr: SocketAddr,
+    ) -> Result<(Self, metrics_exporter_prometheus::ExporterFuture), String> {
+        let (recorder, exporter) = PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .build()
+            .map_err(|e| format!("metrics on {addr}: {e}"))?;
+        let mut m = Metrics {
+            recorder: Some(recorder),
+            ..Metrics::off()
+        };
+        m.pending = m.gauge("dquant_sessions", vec![Label::new("state", "pending")]);
+        m.streaming = m.gauge("dquant_sessions", vec![Label::new("state", "streaming")]);
+        m.open_queue = m.gauge("dquant_open_queue_depth", vec![]);
+        Ok((m, exporter))
+    }
+
+    fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
+        match &self.recorder {
+            Some(r) => r.register_counter(&Key::from_parts(name, labels), &METADATA),
+            None => Counter::noop(),
+        }
+    }
+
+    fn gauge(&self, name: &'static str, labels: Vec<Label>) -> Gauge {
+        match &self.recorder {
+            Some(r) => r.register_gauge(&Key::from_parts(name, labels), &METADATA),
+            None => Gauge::noop(),
+        }
+    }
+
+    /// The session table and the open queue, now (the reaper calls this every second).
+    pub fn set_gauges(&self, pending: usize, streaming: usize, open_queue: usize) {
+        self.pending.set(pending as f64);
+        self.streaming.set(streaming as f64);
+        self.open_queue.set(open_queue as f64);
+    }
+
+    /// The counters one session adds its batches to.
+    pub fn meter(&self, tenant: &str) -> Meter {
+        let t = || vec![Label::new("tenant", tenant.to_string())];
+        Meter {
+            batches: self.counter("dquant_batches_total", t()),
+            tokens: self.counter("dquant_tokens_total", t()),
+            bytes: self.counter("dquant_bytes_total", t()),
+        }
+    }
+
+    /// A session ended: `how` is `finished`, `failed`, `stopped` or `drained`.
+    pub fn session_end(&self, how: &'static str) {
+        self.counter("dquant_session_ends_total", vec![Label::new("how", how)])
+            .increment(1);
+    }
+
+    /// A request or connection was refused for `reason`.
+    pub fn refusal(&self, reason: &'static str) {
+        self.counter("dquant_refusals_total", vec![Label::new("reason", reason)])
+            .increment(1);
+    }
+}
+
+/// One session's counters (its tenant's series).
+pub(crate) struct Meter {
+    batches: Counter,
+    tokens: Counter,
+    bytes: Counter,
+}
+
+impl Meter {
+    /// Counts nothing (sessions of an agent without metrics, and tests).
+    pub fn off() -> Self {
+        Meter {
+            batches: Counter::noop(),
+            tokens: Counter::noop(),
+            bytes: Counter::noop(),
+        }
+    }
+
+    /// `batches` records of `tokens` tokens in `bytes` wire bytes went out.
+    pub fn add(&self, batches: u64, tokens: u64, bytes: u64) {
+        self.batches.increment(batches);
+        self.tokens.increment(tokens);
+        self.bytes.increment(bytes);
+    }
+}
