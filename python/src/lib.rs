@@ -33,11 +33,26 @@ pyo3::create_exception!(
     "The agent refused or failed a session, went away, or sent something malformed; the message is the agent's or says what was delivered."
 );
 
+pyo3::create_exception!(
+    _dquant,
+    AgentShutdown,
+    AgentError,
+    "The agent shut down gracefully after the last batch this reader delivered; `consumed_samples` is the cursor to open the plan again at (on another agent, or this one once back): nothing is skipped or repeated."
+);
+
 /// Maps a host API error to the Python exception a user expects, with the Rust message.
 fn to_py(e: ClientError) -> PyErr {
     let msg = e.to_string();
     if e.is_not_found() {
         return PyFileNotFoundError::new_err(msg);
+    }
+    if let Some(n) = e.resume_cursor() {
+        return Python::attach(|py| {
+            let err = AgentShutdown::new_err(msg);
+            // Setting an attribute on a fresh exception object cannot fail but for memory.
+            let _ = err.value(py).setattr("consumed_samples", n);
+            err
+        });
     }
     match e {
         ClientError::Plan(_) | ClientError::Usage(_) | ClientError::Output { .. } => {
@@ -382,6 +397,7 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reader>()?;
     m.add_class::<Batch>()?;
     m.add("AgentError", m.py().get_type::<AgentError>())?;
+    m.add("AgentShutdown", m.py().get_type::<AgentShutdown>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

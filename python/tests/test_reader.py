@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import dquant
-from conftest import SHIFT, on_agent, plan, stream
+from conftest import SHIFT, Agent, on_agent, plan, stream
 
 
 def digest(b: bytes) -> str:
@@ -220,6 +220,35 @@ def test_an_agent_killed_mid_stream_raises_and_the_interpreter_lives(data, fresh
     assert r.closed
     with pytest.raises(ValueError, match="closed dquant reader"):
         next(r)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_sigterm_mid_stream_raises_agent_shutdown_with_the_cursor_to_resume_from(
+    data, fresh_agent, tmp_path, transport
+):
+    local = plan(data, "r50k_int32", epochs=50)
+    want = stream(dquant.open(local, offload=False))
+    p = on_agent(local, data)
+    target = fresh_agent.socket if transport == "shm" else fresh_agent.uri
+    r = dquant.open(p, agent=target, transport=transport)
+    got = [next(r).tobytes() for _ in range(3)]
+    fresh_agent.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(dquant.AgentShutdown) as e:
+        for a in r:
+            got.append(a.tobytes())
+    n = e.value.consumed_samples
+    assert str(e.value) == f"agent shutting down; resume from consumed_samples {n}"
+    assert isinstance(e.value, dquant.AgentError)
+    assert r.cursor() == {"epoch": r.cursor()["epoch"], "consumed_samples": n}
+    assert fresh_agent.proc.wait(15) == 0
+    assert not os.path.exists(fresh_agent.socket)
+    # A new agent continues the stream from that cursor: nothing skipped or repeated.
+    again = Agent(data, tmp_path / "again.sock")
+    try:
+        rest = dquant.open(p, agent=again.uri, cursor={"consumed_samples": n})
+        assert b"".join(got) + stream(rest) == want
+    finally:
+        again.stop()
 
 
 # Reads one batch, then waits for a line (the test stops the agent meanwhile), reads on

@@ -147,13 +147,26 @@ impl Corpus {
     }
 
     /// An agent near the host: it serves nothing of its own (one empty root, kept alive by
-    /// the returned directory) and pulls from others when a plan names them.
-    pub fn near_agent(&self) -> (AgentHandle, tempfile::TempDir) {
+    /// the returned directory) and pulls from `upstream` when a plan names it.
+    pub fn near_agent(&self, upstream: &AgentHandle) -> (AgentHandle, tempfile::TempDir) {
         let empty = tempfile::tempdir().unwrap();
         let mut cfg = self.config();
         cfg.roots.clear();
         cfg.roots.insert("none".into(), empty.path().to_path_buf());
+        cfg.upstreams = vec![upstream.control_addr().to_string()];
         (dquant_agent::start(cfg).unwrap(), empty)
+    }
+
+    /// Asserts that `agent` (serving this corpus as `corpus`) still streams a good plan
+    /// correctly: the whole stream equals the in-process one. Tests of bad input call it
+    /// after each case.
+    pub fn assert_serving(&self, agent: &AgentHandle) {
+        let p = plan(&[("r50k.dqb", 0.5), ("wide", 0.5)], 127, 4);
+        let local = dquant_client::Reader::local(&self.localized(&p), dquant_plan::Cursor::START);
+        let want = crate::xxh3(&crate::stream::drain(&mut local.unwrap()).0);
+        let remote = dquant_client::open(&agent.uri(), &p, dquant_client::Offload::Yes);
+        let got = crate::xxh3(&crate::stream::drain(&mut remote.unwrap()).0);
+        assert_eq!(got, want, "the agent still serves correct data");
     }
 
     /// `plan` with its `corpus/NAME` sources replaced by local paths.

@@ -33,6 +33,11 @@ pub enum ClientError {
     /// The agent refused or failed; its message, verbatim.
     #[error("{0}")]
     Agent(String),
+    /// The agent shut down gracefully after the last batch this reader received. Open the
+    /// plan again (on another agent, or this one once back) at this cursor, and the stream
+    /// goes on with no batch skipped or repeated.
+    #[error("{}", dquant_remote::shutdown_message(*consumed_samples))]
+    AgentShutdown { consumed_samples: u64 },
     /// The agent has no such dataset; its message, verbatim.
     #[error("{0}")]
     NotFound(String),
@@ -52,6 +57,24 @@ impl ClientError {
             SourceError::Agent(m) => ClientError::Agent(m),
             SourceError::NotFound(m) => ClientError::NotFound(m),
             e => ClientError::Connect(e),
+        }
+    }
+
+    /// What an agent said at the end of a stream: its shutdown notice with the resume
+    /// cursor, or any other message verbatim.
+    pub(crate) fn from_agent_message(m: String) -> Self {
+        match dquant_remote::resume_point(&m) {
+            Some(consumed_samples) => ClientError::AgentShutdown { consumed_samples },
+            None => ClientError::Agent(m),
+        }
+    }
+
+    /// The cursor to resume from when the agent shut down mid-stream (see
+    /// [`ClientError::AgentShutdown`]).
+    pub fn resume_cursor(&self) -> Option<u64> {
+        match self {
+            ClientError::AgentShutdown { consumed_samples } => Some(*consumed_samples),
+            _ => None,
         }
     }
 
@@ -104,8 +127,13 @@ impl From<EngineError> for ClientError {
 impl From<ReceiveError> for ClientError {
     fn from(e: ReceiveError) -> Self {
         match e {
+            ReceiveError::Wire(WireError::Remote(m)) => match dquant_remote::resume_point(&m) {
+                Some(consumed_samples) => ClientError::AgentShutdown { consumed_samples },
+                None => ClientError::Wire(WireError::Remote(m)),
+            },
+            ReceiveError::Producer(m) => ClientError::from_agent_message(m),
             ReceiveError::Wire(e) => ClientError::Wire(e),
-            ReceiveError::Producer(m) | ReceiveError::Transport(m) => ClientError::Agent(m),
+            ReceiveError::Transport(m) => ClientError::Agent(m),
             ReceiveError::Source(e) => match e.downcast::<EngineError>() {
                 Ok(e) => (*e).into(),
                 Err(e) => ClientError::Agent(e.to_string()),

@@ -25,8 +25,12 @@ pub(crate) struct InProcess {
 
 impl InProcess {
     pub fn new(pipeline: Box<Pipeline>, output: OutputDType, pool: RecordPool) -> Self {
-        let full =
-            RECORD_HEADER_LEN + pipeline.schedule().batch_tokens() as usize * output.itemsize();
+        // Saturating: a plan can ask for more than memory holds; the record pool's
+        // allocation then fails, where wrapped arithmetic would hand out a small buffer.
+        let tokens = usize::try_from(pipeline.schedule().batch_tokens()).unwrap_or(usize::MAX);
+        let full = tokens
+            .saturating_mul(output.itemsize())
+            .saturating_add(RECORD_HEADER_LEN);
         InProcess {
             pipeline,
             output,

@@ -25,6 +25,8 @@ use crate::{shm, ClientError};
 struct AgentSession {
     control: Control,
     id: u64,
+    /// The session's ticket: `Close` must show it.
+    ticket: Vec<u8>,
 }
 
 /// Streams one rank's batches of a plan.
@@ -120,7 +122,7 @@ impl Reader {
         let source = match dquant_transport::connect(transport, &endpoint) {
             Ok(s) => s,
             Err(e) => {
-                let _ = control.close(reply.session);
+                let _ = control.close(reply.session, &reply.ticket);
                 return Err(ClientError::from_connect(e));
             }
         };
@@ -129,6 +131,7 @@ impl Reader {
             session: Some(AgentSession {
                 control,
                 id: reply.session,
+                ticket: reply.ticket.clone(),
             }),
             schedule: None,
             transport: Some(transport),
@@ -424,7 +427,7 @@ impl Drop for Reader {
     fn drop(&mut self) {
         self.source.shutdown();
         if let (Some(s), false) = (&self.session, self.ended) {
-            let _ = s.control.close(s.id);
+            let _ = s.control.close(s.id, &s.ticket);
         }
     }
 }

@@ -28,8 +28,10 @@ pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 /// holds exactly one batch, so a smaller one would not fit it and a larger one is memory
 /// the batch never uses.
 pub fn slot_size(plan: &Plan) -> u64 {
-    let record = RECORD_HEADER_LEN as u64 + plan.batch_bytes();
-    record.div_ceil(PAGE) * PAGE
+    // Saturating: an absurd plan gets an absurd slot size, which creating the ring refuses,
+    // rather than a wrapped small one.
+    let record = (RECORD_HEADER_LEN as u64).saturating_add(plan.batch_bytes());
+    record.div_ceil(PAGE).saturating_mul(PAGE)
 }
 
 /// Slots in a ring of `slot_size` slots unless the address says `slots=N`: enough for

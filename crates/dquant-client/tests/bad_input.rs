@@ -12,17 +12,7 @@ use dquant_plan::{Cursor, OutputDType};
 use dquant_proto::v1::OpenRequest;
 use dquant_storage::{Dataset, OpenOptions};
 use dquant_testkit::agent::{plan, wait_idle, Corpus};
-use dquant_testkit::stream::drain;
-use dquant_testkit::xxh3;
 use dquant_transport::{BufferPool, FrameKind, FrameReader, FrameWriter, Hello, WireError};
-
-/// A good plan still streams the right bytes through `agent`.
-fn assert_serving(c: &Corpus, agent: &AgentHandle) {
-    let p = plan(&[("r50k.dqb", 0.5), ("wide", 0.5)], 127, 4);
-    let want = xxh3(&drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0);
-    let got = xxh3(&drain(&mut open(&agent.uri(), &p, Offload::Yes).unwrap()).0);
-    assert_eq!(got, want, "the agent still serves correct data");
-}
 
 fn open_err(agent: &AgentHandle, names: &[(&str, f64)]) -> String {
     match open(&agent.uri(), &plan(names, 127, 4), Offload::Yes) {
@@ -73,7 +63,7 @@ fn unknown_datasets_and_path_escapes_are_refused() {
         "sources[0] (corpus/../secret): dataset \"corpus/../secret\": '..' is not allowed; names are relative to a root"
     );
     assert_eq!(agent.sessions(), (0, 0), "refused opens hold nothing");
-    assert_serving(&c, &agent);
+    c.assert_serving(&agent);
 }
 
 #[test]
@@ -132,7 +122,7 @@ fn malformed_plans_name_what_is_wrong() {
     );
     assert!(e.starts_with("cursor: "), "{e}");
     assert_eq!(agent.sessions(), (0, 0));
-    assert_serving(&c, &agent);
+    c.assert_serving(&agent);
 }
 
 #[test]
@@ -197,7 +187,7 @@ fn garbage_on_the_data_port_gets_an_error_frame() {
         let _ = s.write_all(&junk);
         let _ = s.read_to_end(&mut Vec::new());
     }
-    assert_serving(&c, &agent);
+    c.assert_serving(&agent);
 }
 
 #[test]
@@ -251,9 +241,9 @@ fn a_client_killed_mid_stream_frees_its_session() {
         })
         .unwrap();
     assert_eq!(short.sessions(), (1, 0));
-    assert!(ctl.close(reply.session).unwrap());
+    assert!(ctl.close(reply.session, &reply.ticket).unwrap());
     assert_eq!(short.sessions(), (0, 0));
-    assert_serving(&c, &agent);
+    c.assert_serving(&agent);
 }
 
 #[test]
@@ -274,7 +264,7 @@ fn session_limit_is_enforced_with_a_clear_error() {
     );
     drop((a, b));
     wait_idle(&agent);
-    assert_serving(&c, &agent);
+    c.assert_serving(&agent);
 }
 
 #[test]
@@ -325,7 +315,7 @@ fn tokens_too_wide_for_a_u16_wire_codec_are_an_exact_error() {
         )
     );
     wait_idle(&agent);
-    assert_serving(&c, &agent);
+    c.assert_serving(&agent);
 }
 
 fn drain_err(mut r: Reader) -> String {

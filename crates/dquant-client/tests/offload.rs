@@ -146,7 +146,7 @@ fn chained_agents_and_client_side_pulls_give_the_same_bytes() {
     let c = Corpus::new();
     let storage = c.agent();
     // The agent near the host: serves nothing of its own, pulls from the storage agent.
-    let (near, _empty) = c.near_agent();
+    let (near, _empty) = c.near_agent(&storage);
 
     let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 255, 4);
     p.samples = Some(300);
@@ -229,7 +229,7 @@ fn many_clients_at_once_each_get_their_own_stream() {
 fn chained_ranges_travel_in_the_plans_wire_codec() {
     let c = Corpus::new();
     let storage = c.agent();
-    let (near, _empty) = c.near_agent();
+    let (near, _empty) = c.near_agent(&storage);
 
     let ds = dquant_storage::Dataset::open(
         &c.root().join("wide"),

@@ -96,7 +96,9 @@ impl Big {
         let none = dir.path().join("none");
         std::fs::create_dir(&none).unwrap();
         let storage = agent::start(&[("big", root)]);
-        let near = agent::start(&[("none", none)]);
+        let mut cfg = agent::config(&[("none", none)]);
+        cfg.upstreams = vec![storage.control_addr().to_string()];
+        let near = dquant_agent::start(cfg).unwrap();
         Big { dir, storage, near }
     }
 

@@ -18,6 +18,7 @@ use dquant_proto::v1::{
     StatRequest,
 };
 use dquant_transport::{tcp, ConnectError, FrameWriter, Hello, RecordReader};
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::uri::{host_of, is_unix_authority};
@@ -95,17 +96,78 @@ fn status_message(s: tonic::Status) -> String {
     }
 }
 
+/// How long a control call may wait for its answer, by default. Generous: an `Open` may
+/// replay a blend to a far cursor, and the agent stops that at its own limit (60 s by
+/// default) and answers.
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A control-plane connection to one agent.
 #[derive(Clone)]
 pub struct Control {
     authority: String,
     client: AgentClient<Channel>,
+    /// Every call's deadline, and the data connections' read/write timeout: an agent that
+    /// accepts and then stalls costs its caller this long, never a thread forever.
+    timeout: Duration,
+    /// `Bearer TOKEN`, sent with every call to an agent that serves tenants.
+    token: Option<MetadataValue<Ascii>>,
+}
+
+/// The environment variable clients take their tenant token from.
+pub const TOKEN_ENV: &str = "DQUANT_TOKEN";
+
+/// Runs a control call under `timeout`; a call with no answer in time is an error naming
+/// the agent and the call.
+fn call_within<T: Send + 'static>(
+    authority: &str,
+    rpc: &str,
+    timeout: Duration,
+    f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+) -> Result<T, SourceError> {
+    match call(async move { tokio::time::timeout(timeout, f).await }) {
+        Ok(r) => r.map(|r| r.into_inner()).map_err(status_error),
+        Err(_) => Err(SourceError::Agent(format!(
+            "agent {authority}: no answer to {rpc} within {} s",
+            timeout.as_secs_f64()
+        ))),
+    }
 }
 
 impl Control {
     /// Connects to the agent at `HOST:PORT`, or at its Unix socket path (any authority
     /// with a `/`).
     pub fn connect(authority: &str) -> Result<Self, SourceError> {
+        let c = Self::connect_within(authority, DEFAULT_RPC_TIMEOUT)?;
+        match std::env::var(TOKEN_ENV) {
+            Ok(t) if !t.is_empty() => c.with_token(&t),
+            _ => Ok(c),
+        }
+    }
+
+    /// Sends `token` (a tenant's) with every call. A token that cannot travel as a gRPC
+    /// header (not printable ASCII) is an error here rather than a refusal there.
+    pub fn with_token(mut self, token: &str) -> Result<Self, SourceError> {
+        let v = format!("Bearer {token}").parse().map_err(|_| {
+            SourceError::Usage(format!(
+                "{TOKEN_ENV}: a token must be printable ASCII without spaces at its ends"
+            ))
+        })?;
+        self.token = Some(v);
+        Ok(self)
+    }
+
+    /// `req` with the token, when there is one.
+    fn request<T>(&self, req: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(req);
+        if let Some(t) = &self.token {
+            r.metadata_mut().insert("authorization", t.clone());
+        }
+        r
+    }
+
+    /// [`Control::connect`] with every call, and the connection itself, bounded by
+    /// `timeout` (an agent dialing an upstream uses its own, shorter, limit).
+    pub fn connect_within(authority: &str, timeout: Duration) -> Result<Self, SourceError> {
         let err = |reason: String| SourceError::Connect {
             addr: authority.to_string(),
             source: std::io::Error::other(reason),
@@ -114,8 +176,7 @@ impl Control {
             // tonic dials TCP itself; for a Unix socket it takes a connector, and the URI
             // below is only the HTTP/2 :authority, never resolved.
             let path = std::path::PathBuf::from(authority);
-            let ep =
-                Endpoint::from_static("http://localhost").connect_timeout(Duration::from_secs(10));
+            let ep = Endpoint::from_static("http://localhost").connect_timeout(timeout);
             call(async move {
                 ep.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                     let path = path.clone();
@@ -130,12 +191,16 @@ impl Control {
         } else {
             let ep = Endpoint::from_shared(format!("http://{authority}"))
                 .map_err(|e| err(chain(&e)))?
-                .connect_timeout(Duration::from_secs(10));
-            call(async move { ep.connect().await }).map_err(|e| err(chain(&e)))?
+                .connect_timeout(timeout);
+            call(async move { tokio::time::timeout(timeout, ep.connect()).await })
+                .map_err(|_| err(format!("no connection within {} s", timeout.as_secs_f64())))?
+                .map_err(|e| err(chain(&e)))?
         };
         Ok(Control {
             authority: authority.to_string(),
             client: AgentClient::new(ch),
+            timeout,
+            token: None,
         })
     }
 
@@ -145,56 +210,72 @@ impl Control {
 
     pub fn list(&self, root: &str) -> Result<Vec<ListEntry>, SourceError> {
         let mut c = self.client.clone();
-        let req = ListRequest { root: root.into() };
-        call(async move { c.list(req).await })
-            .map(|r| r.into_inner().entries)
-            .map_err(status_error)
+        let req = self.request(ListRequest { root: root.into() });
+        self.within("List", async move { c.list(req).await })
+            .map(|r| r.entries)
     }
 
     pub fn stat(&self, req: StatRequest) -> Result<DatasetStat, SourceError> {
         let mut c = self.client.clone();
-        call(async move { c.stat(req).await })
-            .map(|r| r.into_inner())
-            .map_err(status_error)
+        let req = self.request(req);
+        self.within("Stat", async move { c.stat(req).await })
     }
 
     pub fn open(&self, req: OpenRequest) -> Result<OpenReply, SourceError> {
         let mut c = self.client.clone();
-        call(async move { c.open(req).await })
-            .map(|r| r.into_inner())
-            .map_err(status_error)
+        let req = self.request(req);
+        self.within("Open", async move { c.open(req).await })
     }
 
     pub fn open_source(&self, req: OpenSourceRequest) -> Result<OpenReply, SourceError> {
         let mut c = self.client.clone();
-        call(async move { c.open_source(req).await })
-            .map(|r| r.into_inner())
-            .map_err(status_error)
+        let req = self.request(req);
+        self.within("OpenSource", async move { c.open_source(req).await })
     }
 
-    /// Ends `session` on the agent. Bounded by a short timeout: readers call this while
+    fn within<T: Send + 'static>(
+        &self,
+        rpc: &str,
+        f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+    ) -> Result<T, SourceError> {
+        call_within(&self.authority, rpc, self.timeout, f)
+    }
+
+    /// Ends `session` on the agent, proving ownership with its ticket (the `OpenReply`'s).
+    /// Bounded by a short timeout: readers call this while
     /// being dropped, and an unreachable agent must not hang them (it frees the session
     /// anyway when the data connection closes).
-    pub fn close(&self, session: u64) -> Result<bool, SourceError> {
+    pub fn close(&self, session: u64, ticket: &[u8]) -> Result<bool, SourceError> {
         let mut c = self.client.clone();
-        let r = call(async move {
-            tokio::time::timeout(Duration::from_secs(2), c.close(CloseRequest { session })).await
+        let req = self.request(CloseRequest {
+            session,
+            ticket: ticket.to_vec(),
         });
-        match r {
-            Ok(r) => r.map(|r| r.into_inner().existed).map_err(status_error),
-            Err(_) => Err(SourceError::Agent(format!(
-                "agent {}: no answer to Close within 2 s",
-                self.authority
-            ))),
-        }
+        let close_timeout = self.timeout.min(Duration::from_secs(2));
+        call_within(&self.authority, "Close", close_timeout, async move {
+            c.close(req).await
+        })
+        .map(|r| r.existed)
     }
 
     /// Opens the data connection for a session `Open`/`OpenSource` created and says hello.
+    /// Reads and writes on it time out after the control timeout: this is the connection of
+    /// a range source, whose answers come promptly or not at all.
     pub fn connect_data(
         &self,
         reply: &OpenReply,
     ) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), SourceError> {
-        tcp::connect(&self.data_addr(reply), &hello_of(reply)?).map_err(connect_error)
+        let (w, r) =
+            tcp::connect(&self.data_addr(reply), &hello_of(reply)?).map_err(connect_error)?;
+        let sock = w.get_ref();
+        let timeouts = sock
+            .set_read_timeout(Some(self.timeout))
+            .and_then(|()| sock.set_write_timeout(Some(self.timeout)));
+        timeouts.map_err(|source| SourceError::Connect {
+            addr: self.data_addr(reply),
+            source,
+        })?;
+        Ok((w, r))
     }
 
     /// The TCP data plane of the agent that sent `reply`, `HOST:PORT`.

@@ -8,11 +8,13 @@
 mod control;
 mod open;
 mod readahead;
+mod shutdown;
 mod source;
 mod uri;
 
-pub use control::{connect_error, hello_of, Control};
-pub use open::open_source;
+pub use control::{connect_error, hello_of, Control, DEFAULT_RPC_TIMEOUT, TOKEN_ENV};
+pub use open::{dataset_uri, open_on_agent, open_source};
 pub use readahead::ReadaheadConfig;
+pub use shutdown::{resume_point, shutdown_message};
 pub use source::{check_payload_len, RemoteSource};
 pub use uri::{AgentUri, Transport};

@@ -2,12 +2,55 @@
 //! full `dquant://HOST:PORT/DATASET` URI.
 
 use std::path::Path;
+use std::time::Duration;
 
 use dquant_engine::{LocalSource, SourceError, TokenSource};
 use dquant_plan::Source;
 use dquant_proto::v1::StatRequest;
 
+use crate::control::{DEFAULT_RPC_TIMEOUT, TOKEN_ENV};
 use crate::{AgentUri, Control, RemoteSource};
+
+/// Parses a source's `dquant://HOST:PORT/DATASET` URI, which must name a dataset.
+pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
+    let u = AgentUri::parse(uri).map_err(SourceError::Usage)?;
+    if u.dataset.is_empty() {
+        return Err(SourceError::Usage(
+            "the URI names an agent but no dataset (dquant://HOST:PORT/ROOT/PATH)".into(),
+        ));
+    }
+    Ok(u)
+}
+
+/// Opens `u`'s dataset on its agent as a range source, every control call and data read
+/// bounded by `timeout`, sending `token` (a tenant's) when given.
+pub fn open_on_agent(
+    u: &AgentUri,
+    s: &Source,
+    wire_codec: &str,
+    timeout: Duration,
+    token: Option<&str>,
+) -> Result<Box<dyn TokenSource>, SourceError> {
+    let mut c = Control::connect_within(&u.authority, timeout)?;
+    if let Some(t) = token {
+        c = c.with_token(t)?;
+    }
+    Ok(Box::new(RemoteSource::open(
+        c,
+        stat_of(u.dataset.clone(), s),
+        wire_codec,
+    )?))
+}
+
+/// What a range source asks the agent to open: the dataset, with the source's raw-file
+/// options.
+fn stat_of(dataset: String, s: &Source) -> StatRequest {
+    StatRequest {
+        dataset,
+        dtype: s.dtype.clone().unwrap_or_default(),
+        eod: s.eod,
+    }
+}
 
 /// Opens one plan source: a local path, a full `dquant://HOST:PORT/DATASET` URI, or (when
 /// `agent` is given) a dataset name on that agent. `wire_codec` is what remote ranges travel
@@ -17,29 +60,15 @@ pub fn open_source(
     agent: Option<&Control>,
     wire_codec: &str,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
-    let stat = |dataset: String| StatRequest {
-        dataset,
-        dtype: s.dtype.clone().unwrap_or_default(),
-        eod: s.eod,
-    };
     if s.uri.starts_with(AgentUri::SCHEME) {
-        let u = AgentUri::parse(&s.uri).map_err(SourceError::Usage)?;
-        if u.dataset.is_empty() {
-            return Err(SourceError::Usage(
-                "the URI names an agent but no dataset (dquant://HOST:PORT/ROOT/PATH)".into(),
-            ));
-        }
-        let c = Control::connect(&u.authority)?;
-        return Ok(Box::new(RemoteSource::open(
-            c,
-            stat(u.dataset),
-            wire_codec,
-        )?));
+        let u = dataset_uri(&s.uri)?;
+        let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+        return open_on_agent(&u, s, wire_codec, DEFAULT_RPC_TIMEOUT, token.as_deref());
     }
     match agent {
         Some(c) => Ok(Box::new(RemoteSource::open(
             c.clone(),
-            stat(s.uri.clone()),
+            stat_of(s.uri.clone(), s),
             wire_codec,
         )?)),
         None => Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?)),

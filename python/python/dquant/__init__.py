@@ -27,9 +27,9 @@ import json
 import os
 from typing import Any, Mapping, Optional, Union
 
-from ._dquant import AgentError, Batch, Reader, __version__, open_reader
+from ._dquant import AgentError, AgentShutdown, Batch, Reader, __version__, open_reader
 
-__all__ = ["open", "Reader", "Batch", "AgentError", "plan_of", "__version__"]
+__all__ = ["open", "Reader", "Batch", "AgentError", "AgentShutdown", "plan_of", "__version__"]
 
 _SCHEME = "dquant://"
 _TRANSPORTS = ("tcp", "shm")
