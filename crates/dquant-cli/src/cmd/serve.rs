@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dquant_agent::{AgentConfig, AgentHandle};
@@ -10,9 +12,10 @@ use dquant_agent::{AgentConfig, AgentHandle};
 const EXAMPLES: &str = "\
 Examples:
   dquant serve --root corpus=/data/tokens                 # loopback: 127.0.0.1:7878 (+ data :7879)
-  dquant serve --config agent.toml --listen 0.0.0.0:7878  # flags override the file
+  dquant serve --config agent.toml --listen 0.0.0.0:7878  # beyond loopback: needs [[tenants]]
   DQUANT_LOG=debug dquant serve --root corpus=data        # more log detail (default: info)
   dquant serve --root corpus=/data --socket /run/dquant.sock  # + a Unix socket: shared memory
+  dquant serve --root none=/empty --upstream 10.0.0.5:7878    # may chain to that agent
 
   # agent.toml (every field but [roots] is optional):
   #   listen = \"127.0.0.1:7878\"       # gRPC control plane
@@ -21,6 +24,28 @@ Examples:
   #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
   #   max_sessions = 256
   #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
+  #   upstreams = [\"10.0.0.5:7878\"]   # agents plans may chain to (default: none)
+  #   upstream_timeout_secs = 30      # each call to an upstream, each read on its data socket
+  #   shutdown_grace_secs = 10        # SIGTERM/SIGINT: time for streams to end at a batch
+  #   consumer_idle_secs = 1800       # a consumer reading nothing this long loses its session
+  #   metrics_listen = \"127.0.0.1:9464\" # Prometheus metrics (default: off)
+  #   [limits]                        # what one request may ask (defaults shown)
+  #   max_batch_bytes = 268435456     # batch_size x (seq_len + 1) x itemsize
+  #   max_batch_samples = 65536       # batch_size
+  #   max_sources = 1024
+  #   max_world = 65536
+  #   max_range_tokens = 16777216     # one range request of a chained agent
+  #   max_zstd_level = 9              # wire codecs
+  #   max_handshakes = 64             # connections that have not said hello yet
+  #   open_workers = 4                # threads opening datasets
+  #   max_queued_opens = 64           # requests waiting for one (more: refused as busy)
+  #   open_timeout_secs = 60          # one request's time in the open workers
+  #   socket_uids = [1000]            # besides root and the agent's user: who may use the socket
+  #   upstream_token = \"...\"           # sent to upstreams that serve tenants
+  #   [[tenants]]                     # required to listen beyond loopback; clients set DQUANT_TOKEN
+  #   name = \"team-a\"
+  #   token = \"at-least-16-characters\"
+  #   roots = [\"corpus\"]              # or [\"*\"]
   #   [roots]                         # relative paths are relative to the config file
   #   corpus = \"/data/tokens\"
   #   web = \"/mnt/web\"
@@ -32,7 +57,9 @@ Examples:
 
 /// Run the offload agent: serve named dataset roots, run plans near the data and stream
 /// batches to clients. Listens on loopback unless told otherwise. Prints one line to stderr
-/// when listening, then logs (DQUANT_LOG, default info) until killed (SIGINT/SIGTERM).
+/// when listening, then logs (DQUANT_LOG, default info) until SIGTERM or SIGINT, which drain
+/// it: each stream ends after its current batch with the cursor to resume from, the socket
+/// file is removed, and it exits 0 (within shutdown_grace_secs, default 10).
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
@@ -59,6 +86,14 @@ pub struct Args {
     /// Sessions open at once [default: 256].
     #[arg(long, value_name = "N")]
     pub max_sessions: Option<usize>,
+    /// An agent (HOST:PORT, as plans spell it in dquant://HOST:PORT/...) that plans may
+    /// chain to. Repeatable; adds to the config's `upstreams`. Without any, chained
+    /// sources are refused: the agent dials no host a client names.
+    #[arg(long = "upstream", value_name = "HOST:PORT")]
+    pub upstreams: Vec<String>,
+    /// Serve Prometheus metrics on this address (any path; no authentication) [default: off].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 fn parse_root(s: &str) -> Result<(String, PathBuf), String> {
@@ -106,6 +141,10 @@ pub fn config(a: &Args) -> Result<AgentConfig> {
     if let Some(n) = a.max_sessions {
         c.max_sessions = n;
     }
+    c.upstreams.extend(a.upstreams.iter().cloned());
+    if a.metrics_listen.is_some() {
+        c.metrics_listen = a.metrics_listen;
+    }
     for (name, dir) in &a.roots {
         c.roots.insert(name.clone(), dir.clone());
     }
@@ -142,8 +181,37 @@ pub fn listening_line(h: &AgentHandle, roots: &BTreeMap<String, PathBuf>) -> Str
 pub fn run(a: &Args) -> Result<()> {
     let c = config(a)?;
     let roots = c.roots.clone();
+    let grace = Duration::from_secs(c.shutdown_grace_secs);
+    // Installed before the agent starts, so a signal never finds the default handler (which
+    // would kill the agent without telling its consumers where to resume).
+    let (tx, signals) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("installing the SIGTERM/SIGINT handler")?;
     let h = start(c)?;
     eprintln!("{}", listening_line(&h, &roots));
-    h.wait()
-        .map_err(|e| anyhow::anyhow!("the agent stopped: {e}"))
+    loop {
+        match signals.recv_timeout(Duration::from_millis(200)) {
+            Ok(()) => break,
+            Err(RecvTimeoutError::Timeout) if !h.is_finished() => {}
+            // The control plane stopped on its own: a fatal error, which wait() returns.
+            Err(_) => {
+                return h
+                    .wait()
+                    .map_err(|e| anyhow::anyhow!("the agent stopped: {e}"))
+            }
+        }
+    }
+    tracing::info!(
+        grace_secs = grace.as_secs(),
+        "shutting down: draining sessions"
+    );
+    let r = h.drain(grace);
+    tracing::info!(
+        drained = r.streaming - r.forced.min(r.streaming),
+        forced = r.forced,
+        "agent stopped"
+    );
+    Ok(())
 }

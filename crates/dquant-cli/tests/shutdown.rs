@@ -1,0 +1,142 @@
+//! Graceful shutdown of a real `dquant serve` process: SIGTERM mid-stream gives every
+//! consumer (TCP and shared memory) the cursor to resume from after its last batch, the
+//! agent removes its socket file and exits 0, and resuming at that cursor on a new agent
+//! gives exactly the uninterrupted stream.
+
+use std::time::{Duration, Instant};
+
+use dquant_client::{open, open_at, ClientError, Offload, Reader};
+use dquant_plan::{Cursor, OutputDType, Plan, Source};
+use dquant_testkit::process::AgentProcess;
+use dquant_testkit::stream::drain;
+use dquant_testkit::{copy_fixture, xxh3};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dquant");
+
+/// A long plan over the fixture (100 epochs of 32 KiB batches: far more than the agent and
+/// the sockets buffer), on the agent (`fx/...`) or on the local copy.
+fn plan(uri: &str) -> Plan {
+    let mut p = Plan::new(vec![Source::new(uri)], 2047, 8);
+    p.output = OutputDType::U16;
+    p.epochs = Some(100);
+    p.seed = 7;
+    p
+}
+
+/// Reads `n` batches, appending their bytes to `out`.
+fn take(r: &mut Reader, n: usize, out: &mut Vec<u8>) {
+    for _ in 0..n {
+        let b = r.next_batch().unwrap().expect("the stream is longer");
+        out.extend_from_slice(b.tokens.as_bytes());
+    }
+}
+
+/// Reads to the agent's shutdown notice; returns its cursor, checked against the reader's.
+fn until_shutdown(r: &mut Reader, out: &mut Vec<u8>) -> u64 {
+    loop {
+        match r.next_batch() {
+            Ok(Some(b)) => out.extend_from_slice(b.tokens.as_bytes()),
+            Ok(None) => panic!("the stream ended before the shutdown"),
+            Err(e) => {
+                let ClientError::AgentShutdown { consumed_samples } = e else {
+                    panic!("expected the shutdown notice, got {e:?}");
+                };
+                assert_eq!(
+                    e.to_string(),
+                    format!("agent shutting down; resume from consumed_samples {consumed_samples}")
+                );
+                assert_eq!(r.cursor().consumed_samples, consumed_samples);
+                return consumed_samples;
+            }
+        }
+    }
+}
+
+fn rest(uri: &str, p: &Plan, consumed_samples: u64, out: &mut Vec<u8>) {
+    let at = Cursor {
+        epoch: 0,
+        consumed_samples,
+    };
+    out.extend(drain(&mut open_at(uri, p, at, Offload::Yes).unwrap()).0);
+}
+
+fn wait_exit(agent: &mut AgentProcess, within: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = agent.child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            t.elapsed() < within,
+            "the agent did not exit:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_mid_stream_gives_every_consumer_its_resume_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    copy_fixture("r50k_uint16", &root.join("r50k"));
+    let sock = dir.path().join("agent.sock");
+    let root_arg = format!("fx={}", root.display());
+    let args = ["--root", &root_arg, "--prefetch-frames", "1"];
+    let mut agent = AgentProcess::start(
+        BIN,
+        &[&args[..], &["--socket", sock.to_str().unwrap()]].concat(),
+    );
+
+    let p = plan("fx/r50k");
+    let local = plan(root.join("r50k").to_str().unwrap());
+    let whole = drain(&mut Reader::local(&local, Cursor::START).unwrap()).0;
+
+    let mut tcp = open(&agent.uri, &p, Offload::Yes).unwrap();
+    let mut shm = open(sock.to_str().unwrap(), &p, Offload::Yes).unwrap();
+    let (mut got_tcp, mut got_shm) = (Vec::new(), Vec::new());
+    take(&mut tcp, 20, &mut got_tcp);
+    take(&mut shm, 20, &mut got_shm);
+
+    agent.signal(libc::SIGTERM);
+    let at_tcp = until_shutdown(&mut tcp, &mut got_tcp);
+    let at_shm = until_shutdown(&mut shm, &mut got_shm);
+    // Mid-stream: after what was read before the signal, before the end.
+    for at in [at_tcp, at_shm] {
+        assert!((20 * 8..100 * 9 * 8).contains(&at), "{at}");
+    }
+    let status = wait_exit(&mut agent, Duration::from_secs(15));
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+    assert!(!sock.exists(), "the socket file is left behind");
+    let log = agent.log();
+    assert!(log.contains("session drained"), "{log}");
+
+    // Resuming each on a new agent at its cursor gives the uninterrupted stream.
+    let fresh = AgentProcess::start(BIN, &args);
+    rest(&fresh.uri, &p, at_tcp, &mut got_tcp);
+    rest(&fresh.uri, &p, at_shm, &mut got_shm);
+    assert_eq!(got_tcp.len(), whole.len());
+    assert_eq!(xxh3(&got_tcp), xxh3(&whole));
+    assert_eq!(xxh3(&got_shm), xxh3(&whole));
+}
+
+#[test]
+fn sigterm_with_no_session_exits_at_once_and_removes_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let root_arg = format!("fx={}", root.display());
+    let mut agent = AgentProcess::start(
+        BIN,
+        &["--root", &root_arg, "--socket", sock.to_str().unwrap()],
+    );
+    assert!(sock.exists());
+    let t = Instant::now();
+    agent.signal(libc::SIGINT);
+    let status = wait_exit(&mut agent, Duration::from_secs(10));
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(!sock.exists(), "the socket file is left behind");
+}
