@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds the fuzz targets with libFuzzer's coverage instrumentation on a stable toolchain and
+# runs them: `smoke` (CI: every target for a few seconds), `campaign` (long runs, one target
+# after another) or `build` (build only). See README.md for why it works this way.
+#
+#   fuzz/run.sh smoke [SECONDS]            each target SECONDS (default 6)
+#   fuzz/run.sh campaign RUNS [TARGET...]  each target RUNS executions, or FUZZ_MAX_TIME s
+#   fuzz/run.sh build
+#   FUZZ_TARGETS="hello plan_json" fuzz/run.sh smoke   a subset
+#
+# Corpora grow in fuzz/corpus/<target> (ignored by git), seeded from fuzz/seeds/<target>;
+# crashes land in fuzz/artifacts/<target>/.
+set -euo pipefail
+
+# Called by cargo as the rustc wrapper (see `build`): instrument dquant's own crates only.
+if [ "${DQUANT_FUZZ_WRAP:-}" = 1 ]; then
+  rustc=$1
+  shift
+  crate=
+  prev=
+  for a in "$@"; do
+    [ "$prev" = --crate-name ] && crate=$a
+    prev=$a
+  done
+  case "$crate" in
+    dquant_* | idx_parser | block_file | frame_stream | batch_records | hello | range_request | \
+      ring_header | ring_consumer | plan_json | plan_toml | grpc_open)
+      # shellcheck disable=SC2086
+      exec "$rustc" "$@" $DQUANT_FUZZ_FLAGS
+      ;;
+  esac
+  exec "$rustc" "$@"
+fi
+
+cd "$(dirname "$0")"
+ALL="idx_parser block_file frame_stream batch_records hello range_request ring_header ring_consumer plan_json plan_toml grpc_open"
+TARGETS=${FUZZ_TARGETS:-$ALL}
+host=$(rustc -vV | sed -n 's/^host: //p')
+# The flags cargo-fuzz passes for `--sanitizer none`, all of them stable rustc options:
+# coverage counters, their PC table and comparison tracing for libFuzzer, `cfg(fuzzing)`, and
+# debug assertions with overflow checks, so that a wrapped size is a crash, as in tests.
+export DQUANT_FUZZ_FLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
+# The campaign's optimised build, or the smoke's quicker one.
+profile=fuzz
+[ "${1:-}" = smoke ] && profile=fuzz-smoke
+bin=target/$host/$profile
+
+build() {
+  # `--target` keeps the flags off build scripts and proc macros (which cannot link the
+  # coverage callbacks); the wrapper keeps them off third-party crates, which halves the
+  # build and leaves the coverage map to the code under test.
+  DQUANT_FUZZ_WRAP=1 RUSTC_WRAPPER="$PWD/run.sh" RUSTFLAGS="--cfg fuzzing" \
+    cargo build --locked --profile "$profile" --target "$host" --bins
+}
+
+# Runs one target over its corpus (new inputs kept there) and its seeds.
+run() {
+  local t=$1
+  shift
+  mkdir -p "corpus/$t" "artifacts/$t"
+  "$bin/$t" "corpus/$t" "seeds/$t" -artifact_prefix="artifacts/$t/" -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 "$@"
+}
+
+case "${1:-}" in
+  build)
+    build
+    ;;
+  smoke)
+    secs=${2:-6}
+    build
+    for t in $TARGETS; do
+      log=$(mktemp)
+      # Quiet unless it fails: then the whole report (the panic, the input it wrote).
+      if ! run "$t" -max_total_time="$secs" >"$log" 2>&1; then
+        tail -n 60 "$log"
+        echo "fuzz smoke: $t failed; the input is in fuzz/artifacts/$t/" >&2
+        exit 1
+      fi
+      echo "fuzz smoke: $t: $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') runs in ${secs} s, corpus $(ls "corpus/$t" | wc -l) inputs"
+      rm -f "$log"
+    done
+    ;;
+  campaign)
+    runs=${2:?campaign needs a run count}
+    shift 2
+    build
+    # shellcheck disable=SC2086
+    [ $# -gt 0 ] || set -- $TARGETS
+    for t in "$@"; do
+      echo "== fuzz campaign: $t ($runs runs) $(date -u +%FT%TZ)"
+      run "$t" -runs="$runs" ${FUZZ_MAX_TIME:+-max_total_time=$FUZZ_MAX_TIME}
+    done
+    ;;
+  *)
+    sed -n '2,13p' "$0" >&2
+    exit 2
+    ;;
+esac
