@@ -7,6 +7,7 @@
 
 mod breakdown;
 mod lab;
+mod load;
 mod procs;
 mod report;
 mod ring;
@@ -33,6 +34,7 @@ Examples:
   dquant-offload-bench ttfb /data/zipf10g --repeats 5 --cold
   dquant-offload-bench breakdown /data/zipf1g_u16 --json
   dquant-offload-bench ring --gb 2 --runs 3
+  dquant-offload-bench load /data/zipf1g_u16 --json-out load.json   # 64 consumers + hostile clients
   dquant-offload-bench lab --smoke          # as root: the NIC-bound lab (bench/lab/run.sh)
 
 Build with --release: debug builds measure the compiler, not the agent.";
@@ -55,6 +57,19 @@ enum Cmd {
     Breakdown(breakdown::Args),
     Ring(ring::Args),
     Lab(lab::Args),
+    Load(load::Args),
+    /// (internal) A load benchmark client in its own process: streams a plan from an agent
+    /// (to be killed), or stalls after some batches.
+    #[command(hide = true)]
+    LoadClient {
+        #[arg(long)]
+        uri: String,
+        /// The plan, as JSON.
+        #[arg(long)]
+        plan: String,
+        #[arg(long)]
+        stall_after: Option<u64>,
+    },
     #[command(hide = true)]
     LabConsume(lab::consume::Args),
     /// (internal) Run an agent serving --root NAME=DIR on loopback; prints its URI, stops
@@ -250,6 +265,12 @@ fn main() -> Result<()> {
         Cmd::Breakdown(a) => breakdown::run(&a),
         Cmd::Ring(a) => ring::run(&a),
         Cmd::Lab(a) => lab::run(&a),
+        Cmd::Load(a) => load::run(&a),
+        Cmd::LoadClient {
+            uri,
+            plan,
+            stall_after,
+        } => load::run_child(&uri, &plan, stall_after),
         Cmd::LabConsume(a) => lab::consume::run(&a),
         Cmd::Agent {
             root,

@@ -82,7 +82,7 @@ fn phases(a: &Args, ds: &DataSpec, agent: &AgentProc) -> Result<Phases> {
     let (_w, records) = control.connect_data(&reply)?;
     let t3 = Instant::now();
     drop(records);
-    let _ = control.close(reply.session);
+    let _ = control.close(reply.session, &reply.ticket);
     Ok(Phases {
         connect_s: (tl - t0).as_secs_f64(),
         list_s,

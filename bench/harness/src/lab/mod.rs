@@ -293,6 +293,9 @@ const AGENT_PORT: u16 = 7878;
 const S3_KEY: &str = "lab";
 const S3_SECRET: &str = "lab-secret-key";
 const BUCKET: &str = "lab";
+/// The storage agent listens beyond loopback, so it serves a tenant (the lab's only one):
+/// consumers send this token (`DQUANT_TOKEN`), the host agent sends it upstream.
+const LAB_TOKEN: &str = "lab-tenant-token-0123456789";
 
 /// The lab's S3 client settings: its s3s-fs's credentials, for `bucket` at `endpoint`.
 fn s3_config(endpoint: &str, bucket: &str) -> s3::S3Config {
@@ -318,15 +321,40 @@ impl Ctx<'_> {
         p
     }
 
+    /// The agent config of the lab's storage agent (its tenant) or, chaining to
+    /// `upstream`, of the host agent (the tenant's token to send there); written once.
+    fn agent_config(&self, upstream: Option<&str>) -> Result<PathBuf> {
+        let (name, body) = match upstream {
+            None => (
+                "storage-agent.toml",
+                format!(
+                    "[[tenants]]\nname = \"lab\"\ntoken = \"{LAB_TOKEN}\"\nroots = [\"{BUCKET}\"]\n"
+                ),
+            ),
+            Some(u) => (
+                "host-agent.toml",
+                format!("upstreams = [\"{u}\"]\nupstream_token = \"{LAB_TOKEN}\"\n"),
+            ),
+        };
+        let path = self.scratch.path().join(name);
+        std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// `dquant serve` in namespace `ns`: the storage agent, or with `upstream` the host
+    /// agent allowed to chain to it.
     fn dquant_serve(
         &self,
         ns: &str,
         listen: &str,
         socket: Option<&Path>,
+        upstream: Option<&str>,
         what: &str,
     ) -> Result<netns::NsChild> {
         let mut cmd = Command::new(&self.tools.dquant);
         cmd.arg("serve")
+            .arg("--config")
+            .arg(self.agent_config(upstream)?)
             .arg("--root")
             .arg(format!(
                 "{BUCKET}={}",
@@ -337,9 +365,11 @@ impl Ctx<'_> {
         if let Some(s) = socket {
             cmd.arg("--socket").arg(s);
         }
-        let child = netns::spawn_in(ns, cmd, what)?;
-        netns::wait_listening(ns, listen, Duration::from_secs(20))
-            .with_context(|| format!("{what} did not start"))?;
+        let mut child = netns::spawn_in(ns, cmd, what)?;
+        if let Err(e) = netns::wait_listening(ns, listen, Duration::from_secs(20)) {
+            let (_, stderr) = child.stop();
+            return Err(e.context(format!("{what} did not start; its stderr:\n{stderr}")));
+        }
         Ok(child)
     }
 
@@ -349,7 +379,7 @@ impl Ctx<'_> {
         let storage_addr = format!("{STORAGE_IP}:{AGENT_PORT}");
         let mut servers: Vec<(String, netns::NsChild)> = Vec::new();
         let mut consumer = Command::new(&self.tools.me);
-        consumer.arg("lab-consume");
+        consumer.arg("lab-consume").env("DQUANT_TOKEN", LAB_TOKEN);
         let plan = match way {
             Way::Baseline => {
                 servers.push(("s3s-fs".into(), spawn_s3s_fs(self.tools, &self.s3_root)?));
@@ -365,7 +395,7 @@ impl Ctx<'_> {
             Way::Agent { wire } => {
                 servers.push((
                     "storage agent".into(),
-                    self.dquant_serve(STORAGE_NS, &storage_addr, None, "storage agent")?,
+                    self.dquant_serve(STORAGE_NS, &storage_addr, None, None, "storage agent")?,
                 ));
                 consumer
                     .arg("--agent")
@@ -375,7 +405,7 @@ impl Ctx<'_> {
             Way::Chain { wire } => {
                 servers.push((
                     "storage agent".into(),
-                    self.dquant_serve(STORAGE_NS, &storage_addr, None, "storage agent")?,
+                    self.dquant_serve(STORAGE_NS, &storage_addr, None, None, "storage agent")?,
                 ));
                 let sock = self
                     .scratch
@@ -383,7 +413,13 @@ impl Ctx<'_> {
                     .join(format!("host-{run}-{}.sock", c.name()));
                 servers.push((
                     "host agent".into(),
-                    self.dquant_serve(HOST_NS, "127.0.0.1:7878", Some(&sock), "host agent")?,
+                    self.dquant_serve(
+                        HOST_NS,
+                        "127.0.0.1:7878",
+                        Some(&sock),
+                        Some(&storage_addr),
+                        "host agent",
+                    )?,
                 ));
                 consumer.arg("--agent").arg(&sock);
                 self.plan(
