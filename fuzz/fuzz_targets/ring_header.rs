@@ -267,7 +267,7 @@ fn offered(f: &File, msg: &[u8], nfds: usize, commit_len: usize) {
         }
     };
     assert_eq!(nfds, 3);
-    assert_eq!(Some(offer.hello), hello);
+    assert_eq!(Some(offer.hello.clone()), hello);
     let sock = agent.try_clone().expect("dup");
     let mut sink = match offer.accept(sock, Arc::new(AtomicBool::new(false))) {
         Ok(s) => s,

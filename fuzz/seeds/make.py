@@ -59,8 +59,10 @@ def range_rec(start, n, payload, codec=U16):
     return b"DQRG" + codec + struct.pack("<QQII", start, n, len(payload), 0) + b"\0" * 16 + payload
 
 
-def hello(session, ticket=bytes(range(16))):
-    return b"DQHELLO1" + struct.pack("<Q", session) + ticket
+def hello(session, ticket=bytes(range(16)), token=None):
+    if token is None:
+        return b"DQHELLO1" + struct.pack("<Q", session) + ticket
+    return b"DQHELLO2" + struct.pack("<Q", session) + ticket + struct.pack("<H", len(token)) + token
 
 
 def request(ranges):
@@ -109,6 +111,7 @@ def main():
     # The hello: raw (a ring offer's bytes), framed, and a bad one.
     write("hello", "raw", hello(7))
     write("hello", "framed", stream([hello(1 << 40)], end=False))
+    write("hello", "token", stream([hello(5, token=b"tenant-a-token-0123456789")], end=False))
     write("hello", "http", stream([b"GET / HTTP/1.1\r\n"]))
 
     # Range requests: framed, and raw payloads split at \n--\n (the target frames those).

@@ -5,9 +5,11 @@
 //! roots it may read. A control call carries the token as gRPC metadata
 //! (`authorization: Bearer TOKEN`); the interceptor resolves it to a [`Caller`] before any
 //! handler runs, and handlers check each dataset's root against the caller's. A session is
-//! then bound to its tenant and its ticket, so the data plane needs only the ticket, which
-//! only an authenticated `Open` hands out. With no tenants configured the agent serves
-//! anyone, and [`check_binds`] refuses to start on anything but loopback.
+//! then bound to its tenant and its ticket. The data plane checks both: a connection's
+//! hello (or a ring hand-over's) carries the tenant's token as well as the ticket only an
+//! authenticated `Open` hands out, and the token must be the session's owner's
+//! ([`Auth::hello_owner`]). With no tenants configured the agent serves anyone, and
+//! [`check_binds`] refuses to start on anything but loopback.
 //!
 //! Refusals are logged once per peer and reason ([`RefusalLog`]), never with the secret.
 
@@ -15,6 +17,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use dquant_transport::record::MAX_TOKEN_LEN;
 use serde::Deserialize;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
@@ -114,6 +117,11 @@ impl Auth {
                     "{who}: token must be at least {MIN_TOKEN_LEN} characters"
                 ));
             }
+            if t.token.len() > MAX_TOKEN_LEN {
+                return Err(format!(
+                    "{who}: token must be at most {MAX_TOKEN_LEN} bytes (a data-plane hello carries it)"
+                ));
+            }
             if !tokens.insert(t.token.as_str()) {
                 return Err(format!("{who}: token is another tenant's too"));
             }
@@ -150,15 +158,33 @@ impl Auth {
             .as_bytes()
             .strip_prefix(b"Bearer ")
             .ok_or(Refusal::BadToken)?;
-        // Every tenant is compared, in constant time, so the time taken says nothing of
-        // which (or whether one) matched.
+        self.tenant_of(token)
+            .map(Caller::Tenant)
+            .ok_or(Refusal::BadToken)
+    }
+
+    /// The owner a data-plane hello's token names (`""` when the agent serves anyone): the
+    /// session it claims must be that tenant's.
+    pub fn hello_owner(&self, token: Option<&str>) -> Result<String, Refusal> {
+        if self.is_open() {
+            return Ok(String::new());
+        }
+        let token = token.ok_or(Refusal::NoToken)?;
+        self.tenant_of(token.as_bytes())
+            .map(|t| t.name.clone())
+            .ok_or(Refusal::BadToken)
+    }
+
+    /// The tenant whose token is `token`. Every tenant is compared, in constant time, so the
+    /// time taken says nothing of which (or whether one) matched.
+    fn tenant_of(&self, token: &[u8]) -> Option<Arc<Tenant>> {
         let mut found = None;
         for t in &self.tenants {
             if same(&t.token, token) {
                 found = Some(t.clone());
             }
         }
-        found.map(Caller::Tenant).ok_or(Refusal::BadToken)
+        found
     }
 }
 
@@ -178,12 +204,17 @@ impl Refusal {
     }
 
     pub fn status(self) -> Status {
-        Status::unauthenticated(match self {
+        Status::unauthenticated(self.message())
+    }
+
+    /// What the client is told (the data plane prefixes `data stream: `).
+    pub fn message(self) -> &'static str {
+        match self {
             Refusal::NoToken => {
                 "this agent serves tenants only: send a tenant's token (set DQUANT_TOKEN)"
             }
             Refusal::BadToken => "the token is not a tenant's of this agent",
-        })
+        }
     }
 }
 
@@ -279,6 +310,14 @@ mod tests {
             Auth::default().caller(&MetadataMap::new()),
             Ok(Caller::Anyone)
         ));
+        // The data plane's hello names the same tenants.
+        assert_eq!(
+            a.hello_owner(Some("oooooooooooooooo-secret")).unwrap(),
+            "ops"
+        );
+        assert_eq!(a.hello_owner(None).unwrap_err(), Refusal::NoToken);
+        assert_eq!(a.hello_owner(Some("nope")).unwrap_err(), Refusal::BadToken);
+        assert_eq!(Auth::default().hello_owner(None).unwrap(), "");
     }
 
     #[test]
@@ -288,6 +327,10 @@ mod tests {
         assert_eq!(
             e(&[tenant("a", "short", &["corpus"])]),
             "tenants: \"a\": token must be at least 16 characters"
+        );
+        assert_eq!(
+            e(&[tenant("a", &"x".repeat(201), &["corpus"])]),
+            "tenants: \"a\": token must be at most 200 bytes (a data-plane hello carries it)"
         );
         assert_eq!(
             e(&[tenant("a", "0123456789abcdef", &["web"])]),

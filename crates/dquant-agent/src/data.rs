@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dquant_transport::record::HELLO_LEN;
+use dquant_transport::record::MAX_HELLO_LEN;
 use dquant_transport::{BufferPool, FrameReader, FrameWriter, Hello};
 
 use crate::produce::Stats;
@@ -25,10 +25,10 @@ use crate::Shared;
 /// How long a new connection has to send its hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The largest hello frame read: a hello is [`HELLO_LEN`] bytes, so a connection that has
-/// not said who it is never gets a frame-sized buffer.
+/// The largest hello frame read: a hello is at most [`MAX_HELLO_LEN`] bytes, so a
+/// connection that has not said who it is never gets a frame-sized buffer.
 const HELLO_BUF: usize = 4096;
-const _: () = assert!(HELLO_LEN <= HELLO_BUF);
+const _: () = assert!(MAX_HELLO_LEN <= HELLO_BUF);
 
 pub(crate) fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let stopping = shared.clone();
@@ -128,9 +128,9 @@ fn handle(conn: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    let refuse = |conn: &TcpStream, msg: String| {
+    let refuse = |conn: &TcpStream, reason: &'static str, msg: String| {
         let ip = peer.rsplit_once(':').map_or(peer.as_str(), |(ip, _)| ip);
-        shared.refuse("data", ip, "bad hello", &msg);
+        shared.refuse("data", ip, reason, &msg);
         if let Ok(c) = conn.try_clone() {
             let _ = FrameWriter::new(c).fail(&msg);
         }
@@ -151,14 +151,17 @@ fn handle(conn: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     };
     let hello = match hello {
         Ok(h) => h,
-        Err(m) => return refuse(&conn, m),
+        Err(m) => return refuse(&conn, "bad hello", m),
     };
-    let Some((work, cancel, owner)) =
-        shared
-            .sessions
-            .claim(hello.session, &hello.ticket, conn.as_fd())
-    else {
-        return refuse(&conn, claim_error(hello.session));
+    let owner = match shared.auth.hello_owner(hello.token.as_deref()) {
+        Ok(o) => o,
+        Err(r) => return refuse(&conn, r.reason(), format!("data stream: {}", r.message())),
+    };
+    let claimed = shared
+        .sessions
+        .claim(hello.session, &hello.ticket, &owner, conn.as_fd());
+    let Some((work, cancel)) = claimed else {
+        return refuse(&conn, "bad hello", claim_error(hello.session));
     };
     drop(handshake);
     let _ = conn.set_read_timeout(None);

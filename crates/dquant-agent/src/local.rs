@@ -150,8 +150,17 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
         Err(e) => return refuse(&conn, &e.to_string()),
     };
     let id = offer.hello.session;
-    let Some((work, cancel, owner)) = shared.sessions.claim(id, &offer.hello.ticket, conn.as_fd())
-    else {
+    let owner = match shared.auth.hello_owner(offer.hello.token.as_deref()) {
+        Ok(o) => o,
+        Err(r) => {
+            shared.refuse("unix socket", "?", r.reason(), r.message());
+            return refuse(&conn, &format!("shared-memory ring: {}", r.message()));
+        }
+    };
+    let claimed = shared
+        .sessions
+        .claim(id, &offer.hello.ticket, &owner, conn.as_fd());
+    let Some((work, cancel)) = claimed else {
         return refuse(&conn, &claim_error(id));
     };
     let sink = conn

@@ -204,17 +204,19 @@ impl Sessions {
         before - pending.len()
     }
 
-    /// Takes a pending session for the connection that presented `ticket`: its work, its
-    /// cancel flag and its owner (the tenant, `""` when the agent serves anyone).
+    /// Takes a pending session of `owner` (the tenant the hello's token named, `""` when
+    /// the agent serves anyone) for the connection that presented `ticket`: its work and
+    /// its cancel flag. Another tenant's session looks like an unknown one.
     pub fn claim(
         &self,
         id: u64,
         ticket: &[u8; 16],
+        owner: &str,
         conn: BorrowedFd<'_>,
-    ) -> Option<(Work, Arc<AtomicBool>, String)> {
+    ) -> Option<(Work, Arc<AtomicBool>)> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let p = pending.get(&id)?;
-        if !same_ticket(&p.ticket, ticket) || p.created.elapsed() >= self.ttl {
+        if !same_ticket(&p.ticket, ticket) || p.owner != owner || p.created.elapsed() >= self.ttl {
             return None;
         }
         let p = pending.remove(&id)?;
@@ -233,7 +235,7 @@ impl Sessions {
                     conn,
                 },
             );
-        Some((p.work, cancel, p.owner))
+        Some((p.work, cancel))
     }
 
     pub fn finish(&self, id: u64) {

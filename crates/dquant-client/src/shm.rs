@@ -15,7 +15,7 @@ use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::ring::layout::PAGE;
 use dquant_transport::{Endpoint, RingShape};
 
-use dquant_remote::{hello_of, AgentUri, Control};
+use dquant_remote::{AgentUri, Control};
 
 use crate::ClientError;
 
@@ -60,7 +60,7 @@ pub(crate) fn endpoint(
         agent: uri.authority.clone(),
         data_addr: control.data_addr(reply),
         socket,
-        hello: hello_of(reply).map_err(ClientError::from_agent)?,
+        hello: control.hello(reply).map_err(ClientError::from_agent)?,
         ring: RingShape {
             slots: uri.slots.unwrap_or_else(|| default_slots(slot_size)),
             slot_size,

@@ -153,6 +153,7 @@ fn garbage_on_the_data_port_gets_an_error_frame() {
         &Hello {
             session: 99,
             ticket: [7; 16],
+            token: None,
         }
         .encode(),
     )

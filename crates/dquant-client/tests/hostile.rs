@@ -4,6 +4,7 @@
 
 use std::io::Read;
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use dquant_agent::{AgentConfig, AgentHandle};
@@ -13,7 +14,8 @@ use dquant_proto::v1::{OpenRequest, OpenSourceRequest, StatRequest};
 use dquant_testkit::agent::{plan, Corpus};
 use dquant_testkit::stream::drain;
 use dquant_testkit::xxh3;
-use dquant_transport::{BufferPool, FrameReader, WireError};
+use dquant_transport::ring::RingConsumer;
+use dquant_transport::{tcp, BufferPool, FrameReader, Hello, WireError};
 
 fn control(agent: &AgentHandle) -> Control {
     Control::connect(&agent.control_addr().to_string()).unwrap()
@@ -326,6 +328,82 @@ fn close_needs_the_ticket_and_the_owner() {
         e.to_string(),
         "this agent serves tenants only: send a tenant's token (set DQUANT_TOKEN)"
     );
+}
+
+/// With tenants, the data plane checks the token too: a hello (TCP, or a ring hand-over on
+/// the Unix socket) must carry the token of the tenant that opened the session, beside its
+/// ticket. Every refusal leaves the session pending for its owner, who then streams it.
+#[test]
+fn the_data_plane_hello_needs_the_sessions_tenant_token() {
+    let c = Corpus::new();
+    let mut cfg = c.config();
+    let sock = c.dir.path().join("tenants.sock");
+    cfg.socket = Some(sock.clone());
+    let (token_a, token_b) = ("tenant-a-0123456789", "tenant-b-0123456789");
+    for (name, token) in [("a", token_a), ("b", token_b)] {
+        cfg.tenants.push(dquant_agent::TenantConfig {
+            name: name.into(),
+            token: token.into(),
+            roots: vec!["corpus".into()],
+        });
+    }
+    let agent = start(cfg);
+    let a = control(&agent).with_token(token_a).unwrap();
+    let reply = a
+        .open(OpenRequest {
+            plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
+            epoch: 0,
+            consumed_samples: 0,
+        })
+        .unwrap();
+    let hello = |token: Option<&str>| Hello {
+        token: token.map(str::to_string),
+        ..a.hello(&reply).unwrap()
+    };
+    let no_token = "this agent serves tenants only: send a tenant's token (set DQUANT_TOKEN)";
+    let unknown = format!(
+        "data stream: unknown session {} or wrong ticket (sessions are claimed once, within \
+         the ticket's lifetime)",
+        reply.session
+    );
+    let mut buf = BufferPool::new(1, 1 << 20).get();
+    let tcp_refusal = |h: &Hello, buf: &mut _| {
+        let (_w, r) = tcp::connect(&agent.data_addr().to_string(), h).unwrap();
+        match FrameReader::new(r.get_ref().get_ref().try_clone().unwrap()).next_into(buf) {
+            Err(WireError::Remote(m)) => m,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        tcp_refusal(&hello(None), &mut buf),
+        format!("data stream: {no_token}")
+    );
+    assert_eq!(
+        tcp_refusal(&hello(Some("not-a-tenant-token-at-all")), &mut buf),
+        "data stream: the token is not a tenant's of this agent"
+    );
+    // Tenant b's token with tenant a's ticket: as if the session did not exist.
+    assert_eq!(tcp_refusal(&hello(Some(token_b)), &mut buf), unknown);
+    // The ring hand-over on the Unix socket, without a token.
+    let (_ring, fds) = RingConsumer::create(4, 1 << 20).unwrap();
+    let s = UnixStream::connect(&sock).unwrap();
+    fds.send_with(&s, &hello(None).encode()).unwrap();
+    match FrameReader::new(s).next_into(&mut buf) {
+        Err(WireError::Remote(m)) => assert_eq!(m, format!("shared-memory ring: {no_token}")),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        agent.sessions(),
+        (1, 0),
+        "every refusal left the session pending"
+    );
+    // The owner's hello, built by its control connection, carries its token and streams.
+    let (_w, r) = tcp::connect(&agent.data_addr().to_string(), &a.hello(&reply).unwrap()).unwrap();
+    let mut frames = FrameReader::new(r.get_ref().get_ref().try_clone().unwrap());
+    assert!(frames.next_into(&mut buf).unwrap());
+    assert_eq!(&buf[..4], b"DQBT");
+    assert_eq!(agent.sessions(), (0, 1));
+    assert!(a.close(reply.session, &reply.ticket).unwrap());
 }
 
 /// A consumer that stops reading holds its session only until `consumer_idle_secs`; then

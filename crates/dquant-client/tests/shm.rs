@@ -135,6 +135,7 @@ fn raw_ring(sock: &str, p: &Plan, ticket_flip: bool) -> (RingConsumer, UnixStrea
     let hello = Hello {
         session: reply.session,
         ticket,
+        token: None,
     };
     let (ring, fds) = RingConsumer::create(4, 1 << 20).unwrap();
     let s = UnixStream::connect(sock).unwrap();

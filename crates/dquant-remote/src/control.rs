@@ -17,6 +17,7 @@ use dquant_proto::v1::{
     CloseRequest, DatasetStat, ListEntry, ListRequest, OpenReply, OpenRequest, OpenSourceRequest,
     StatRequest,
 };
+use dquant_transport::record::MAX_TOKEN_LEN;
 use dquant_transport::{tcp, ConnectError, FrameWriter, Hello, RecordReader};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
@@ -111,6 +112,8 @@ pub struct Control {
     timeout: Duration,
     /// `Bearer TOKEN`, sent with every call to an agent that serves tenants.
     token: Option<MetadataValue<Ascii>>,
+    /// The token itself, for the data plane's hello.
+    secret: Option<String>,
 }
 
 /// The environment variable clients take their tenant token from.
@@ -147,12 +150,19 @@ impl Control {
     /// Sends `token` (a tenant's) with every call. A token that cannot travel as a gRPC
     /// header (not printable ASCII) is an error here rather than a refusal there.
     pub fn with_token(mut self, token: &str) -> Result<Self, SourceError> {
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(SourceError::Usage(format!(
+                "{TOKEN_ENV}: a token is at most {MAX_TOKEN_LEN} bytes (this one has {})",
+                token.len()
+            )));
+        }
         let v = format!("Bearer {token}").parse().map_err(|_| {
             SourceError::Usage(format!(
                 "{TOKEN_ENV}: a token must be printable ASCII without spaces at its ends"
             ))
         })?;
         self.token = Some(v);
+        self.secret = Some(token.to_string());
         Ok(self)
     }
 
@@ -201,6 +211,7 @@ impl Control {
             client: AgentClient::new(ch),
             timeout,
             token: None,
+            secret: None,
         })
     }
 
@@ -266,7 +277,7 @@ impl Control {
         reply: &OpenReply,
     ) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), SourceError> {
         let (w, r) =
-            tcp::connect(&self.data_addr(reply), &hello_of(reply)?).map_err(connect_error)?;
+            tcp::connect(&self.data_addr(reply), &self.hello(reply)?).map_err(connect_error)?;
         let sock = w.get_ref();
         let timeouts = sock
             .set_read_timeout(Some(self.timeout))
@@ -294,16 +305,20 @@ pub fn connect_error(e: ConnectError) -> SourceError {
     }
 }
 
-/// The hello a session's data connection (or ring hand-over) presents.
-pub fn hello_of(reply: &OpenReply) -> Result<Hello, SourceError> {
-    let ticket: [u8; 16] = reply.ticket.as_slice().try_into().map_err(|_| {
-        SourceError::Agent(format!(
-            "agent sent a {}-byte ticket, expected 16",
-            reply.ticket.len()
-        ))
-    })?;
-    Ok(Hello {
-        session: reply.session,
-        ticket,
-    })
+impl Control {
+    /// The hello a session's data connection (or ring hand-over) presents: the session and
+    /// ticket `reply` gave, and this connection's tenant token.
+    pub fn hello(&self, reply: &OpenReply) -> Result<Hello, SourceError> {
+        let ticket: [u8; 16] = reply.ticket.as_slice().try_into().map_err(|_| {
+            SourceError::Agent(format!(
+                "agent sent a {}-byte ticket, expected 16",
+                reply.ticket.len()
+            ))
+        })?;
+        Ok(Hello {
+            session: reply.session,
+            ticket,
+            token: self.secret.clone(),
+        })
+    }
 }

@@ -12,7 +12,7 @@ mod shutdown;
 mod source;
 mod uri;
 
-pub use control::{connect_error, hello_of, Control, DEFAULT_RPC_TIMEOUT, TOKEN_ENV};
+pub use control::{connect_error, Control, DEFAULT_RPC_TIMEOUT, TOKEN_ENV};
 pub use open::{dataset_uri, open_on_agent, open_source};
 pub use readahead::ReadaheadConfig;
 pub use shutdown::{resume_point, shutdown_message};

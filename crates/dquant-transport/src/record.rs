@@ -21,7 +21,9 @@
 //!
 //! The data connection opens with a *hello*: one data frame from the client whose payload is
 //! `DQHELLO1`, the session id (u64) and the 16-byte ticket from the control plane's `Open`
-//! reply. A source session's client then sends *range requests*: one data frame each,
+//! reply; or, from a client with a tenant token, `DQHELLO2`, the same two fields, the token's
+//! length (u16) and the token (at most [`MAX_TOKEN_LEN`] bytes of UTF-8), which an agent that
+//! serves tenants requires. A source session's client then sends *range requests*: one data frame each,
 //! `DQRQ`, a u32 count, then `count` pairs of (first token u64, token count u64); the agent
 //! answers with `count` range records, in order.
 
@@ -32,6 +34,12 @@ pub const BATCH_MAGIC: [u8; 4] = *b"DQBT";
 pub const RANGE_MAGIC: [u8; 4] = *b"DQRG";
 pub const HELLO_MAGIC: [u8; 8] = *b"DQHELLO1";
 pub const HELLO_LEN: usize = 32;
+/// The hello that carries a tenant token after the session and ticket.
+pub const HELLO_TOKEN_MAGIC: [u8; 8] = *b"DQHELLO2";
+/// The longest tenant token a hello carries (so a hello fits a ring hand-over message).
+pub const MAX_TOKEN_LEN: usize = 200;
+/// The longest hello: a `DQHELLO2` with a token of [`MAX_TOKEN_LEN`].
+pub const MAX_HELLO_LEN: usize = HELLO_LEN + 2 + MAX_TOKEN_LEN;
 pub const REQUEST_MAGIC: [u8; 4] = *b"DQRQ";
 /// Most ranges one request frame can carry.
 pub const MAX_REQUEST_RANGES: usize = (crate::frame::MAX_PAYLOAD - 8) / 16;
@@ -46,7 +54,7 @@ pub enum RecordError {
     BadMagic([u8; 4]),
     #[error("data stream: unknown wire codec bytes {0:02x?}")]
     BadCodec([u8; 4]),
-    #[error("data stream: bad hello (expected {HELLO_LEN} bytes starting with DQHELLO1, got {got} bytes)")]
+    #[error("data stream: bad hello (expected {HELLO_LEN} bytes starting with DQHELLO1, or DQHELLO2 with a token of at most {MAX_TOKEN_LEN} bytes of UTF-8; got {got} bytes)")]
     BadHello { got: usize },
     #[error("data stream: bad range request ({0})")]
     BadRequest(String),
@@ -144,29 +152,63 @@ impl RangeHeader {
     }
 }
 
-/// The hello a data connection opens with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The hello a data connection opens with: the session, its ticket and, for an agent that
+/// serves tenants, the tenant's token.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Hello {
     pub session: u64,
     pub ticket: [u8; 16],
+    /// The tenant's token (`DQUANT_TOKEN`), at most [`MAX_TOKEN_LEN`] bytes.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Hello {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hello")
+            .field("session", &self.session)
+            .field("token", &self.token.as_ref().map(|_| "<secret>"))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Hello {
-    pub fn encode(&self) -> [u8; HELLO_LEN] {
-        let mut b = [0u8; HELLO_LEN];
-        b[0..8].copy_from_slice(&HELLO_MAGIC);
-        b[8..16].copy_from_slice(&self.session.to_le_bytes());
-        b[16..32].copy_from_slice(&self.ticket);
+    /// `DQHELLO1` without a token, `DQHELLO2` with one. Panics on a token over
+    /// [`MAX_TOKEN_LEN`]: clients check it where the user gives it.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(MAX_HELLO_LEN);
+        let magic = match self.token {
+            None => HELLO_MAGIC,
+            Some(_) => HELLO_TOKEN_MAGIC,
+        };
+        b.extend_from_slice(&magic);
+        b.extend_from_slice(&self.session.to_le_bytes());
+        b.extend_from_slice(&self.ticket);
+        if let Some(t) = &self.token {
+            assert!(t.len() <= MAX_TOKEN_LEN, "token over {MAX_TOKEN_LEN} bytes");
+            b.extend_from_slice(&(t.len() as u16).to_le_bytes());
+            b.extend_from_slice(t.as_bytes());
+        }
         b
     }
 
     pub fn parse(b: &[u8]) -> Result<Self, RecordError> {
-        if b.len() != HELLO_LEN || b[0..8] != HELLO_MAGIC {
-            return Err(RecordError::BadHello { got: b.len() });
-        }
+        let bad = || RecordError::BadHello { got: b.len() };
+        let token = match (b.get(0..8), b.len()) {
+            (Some(m), HELLO_LEN) if m == HELLO_MAGIC => None,
+            (Some(m), n) if m == HELLO_TOKEN_MAGIC && n >= HELLO_LEN + 2 => {
+                let len = u16::from_le_bytes([b[HELLO_LEN], b[HELLO_LEN + 1]]) as usize;
+                if len > MAX_TOKEN_LEN || n != HELLO_LEN + 2 + len {
+                    return Err(bad());
+                }
+                let t = std::str::from_utf8(&b[HELLO_LEN + 2..]).map_err(|_| bad())?;
+                Some(t.to_string())
+            }
+            _ => return Err(bad()),
+        };
         Ok(Hello {
             session: u64_at(b, 8),
             ticket: b[16..32].try_into().expect("16 bytes"),
+            token,
         })
     }
 }
@@ -238,14 +280,40 @@ mod tests {
             BatchHeader::parse(&r.encode()).unwrap_err(),
             RecordError::BadMagic(RANGE_MAGIC)
         );
-        let hello = Hello {
+        let mut hello = Hello {
             session: 3,
             ticket: [9; 16],
+            token: None,
         };
+        assert_eq!(hello.encode().len(), HELLO_LEN);
         assert_eq!(Hello::parse(&hello.encode()).unwrap(), hello);
+        hello.token = Some("tenant-a-token-0123456789".into());
+        let b = hello.encode();
+        assert_eq!(&b[..8], b"DQHELLO2");
+        assert_eq!(b.len(), HELLO_LEN + 2 + 25);
+        assert_eq!(Hello::parse(&b).unwrap(), hello);
+        assert!(!format!("{hello:?}").contains("0123456789"));
+        let bad = "data stream: bad hello (expected 32 bytes starting with DQHELLO1, or DQHELLO2 \
+                   with a token of at most 200 bytes of UTF-8; got";
         assert_eq!(
             Hello::parse(b"GET / HTTP/1.1\r\n").unwrap_err().to_string(),
-            "data stream: bad hello (expected 32 bytes starting with DQHELLO1, got 16 bytes)"
+            format!("{bad} 16 bytes)")
+        );
+        // A token length that disagrees with the bytes, or bytes that are not UTF-8.
+        assert_eq!(
+            Hello::parse(&b[..b.len() - 1]).unwrap_err().to_string(),
+            format!("{bad} 58 bytes)")
+        );
+        let mut not_utf8 = b.clone();
+        not_utf8[HELLO_LEN + 2] = 0xff;
+        assert!(Hello::parse(&not_utf8).is_err());
+        let mut long = b[..HELLO_LEN].to_vec();
+        long[..8].copy_from_slice(b"DQHELLO2");
+        long.extend_from_slice(&201u16.to_le_bytes());
+        long.extend_from_slice(&[b'a'; 201]);
+        assert_eq!(
+            Hello::parse(&long).unwrap_err().to_string(),
+            format!("{bad} 235 bytes)")
         );
     }
 

@@ -17,13 +17,16 @@ use std::time::{Duration, Instant};
 
 use crate::frame::MAX_PAYLOAD;
 use crate::receive::{copy_payload, BatchSource, ReceiveError, RecordView};
-use crate::record::RECORD_HEADER_LEN;
-use crate::ring::{RingConsumer, RingError, RingFds, RingProducer, RingView};
+use crate::record::{MAX_HELLO_LEN, RECORD_HEADER_LEN};
+use crate::ring::{RingConsumer, RingError, RingFds, RingProducer, RingView, MAX_HANDSHAKE_EXTRA};
 use crate::sink::{BatchSink, SinkError};
 use crate::{BatchHeader, BufferPool, FrameReader, FrameWriter, Hello, RecordError, WireError};
 
 /// How often a producer waiting for a free slot checks whether its session was cancelled.
 const RING_POLL: Duration = Duration::from_millis(250);
+
+// Every hello, a tenant token's included, fits the ring hand-over's one message.
+const _: () = assert!(MAX_HELLO_LEN <= MAX_HANDSHAKE_EXTRA);
 
 /// A ring a consumer offered on the agent's Unix socket: its descriptors, and the hello of
 /// the session it is for (the agent checks that before it maps anything).

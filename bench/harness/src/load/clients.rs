@@ -479,6 +479,7 @@ impl Probe {
                 let hello = Hello {
                     session: rng.next_u64(),
                     ticket,
+                    token: None,
                 };
                 FrameWriter::new(&s)
                     .send(FrameKind::Data, &hello.encode())
