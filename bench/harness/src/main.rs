@@ -247,6 +247,15 @@ impl DataSpec {
         Ok(d.tokens())
     }
 
+    /// "dataset PATH (N GB on disk)", how every benchmark's report starts.
+    pub fn describe(&self) -> String {
+        format!(
+            "dataset {} ({:.2} GB on disk)",
+            self.local(),
+            self.bytes_on_disk() as f64 / 1e9
+        )
+    }
+
     pub fn bytes_on_disk(&self) -> u64 {
         [self.bin(), self.idx()]
             .iter()

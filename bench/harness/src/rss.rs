@@ -137,9 +137,8 @@ pub fn run(a: &Args) -> Result<()> {
         }
     }
     println!(
-        "dataset {} ({:.2} GB on disk) × {} pass(es), shuffle={}; plan: {}",
-        ds.local(),
-        ds.bytes_on_disk() as f64 / 1e9,
+        "{} × {} pass(es), shuffle={}; plan: {}",
+        ds.describe(),
         a.passes,
         !a.no_shuffle,
         a.plan.describe()

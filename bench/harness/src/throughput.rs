@@ -401,9 +401,8 @@ pub fn run(a: &Args) -> Result<()> {
         }
     }
     println!(
-        "dataset {} ({:.2} GB on disk); plan: {}; agent prefetch {} frames",
-        ds.local(),
-        ds.bytes_on_disk() as f64 / 1e9,
+        "{}; plan: {}; agent prefetch {} frames",
+        ds.describe(),
         a.plan.describe(),
         a.prefetch_frames
     );

@@ -228,9 +228,8 @@ pub fn run(a: &Args) -> Result<()> {
         }
     }
     println!(
-        "dataset {} ({:.2} GB on disk); plan: {}, shuffle={}; {} repeats each, medians (min–max) in ms;\npage faults: minor faults of the process running the plan (agent or this one), median\n",
-        ds.local(),
-        ds.bytes_on_disk() as f64 / 1e9,
+        "{}; plan: {}, shuffle={}; {} repeats each, medians (min–max) in ms;\npage faults: minor faults of the process running the plan (agent or this one), median\n",
+        ds.describe(),
         a.plan.describe(),
         !a.no_shuffle,
         a.repeats

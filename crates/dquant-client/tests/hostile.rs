@@ -33,6 +33,17 @@ fn open_refused(agent: &AgentHandle, p: &Plan, consumed_samples: u64) -> String 
     }
 }
 
+/// Adds tenants ((name, token)) that may read the corpus root.
+fn add_tenants(cfg: &mut AgentConfig, tenants: &[(&str, &str)]) {
+    for (name, token) in tenants {
+        cfg.tenants.push(dquant_agent::TenantConfig {
+            name: name.to_string(),
+            token: token.to_string(),
+            roots: vec!["corpus".into()],
+        });
+    }
+}
+
 fn start(cfg: AgentConfig) -> AgentHandle {
     dquant_agent::start(cfg).unwrap()
 }
@@ -292,13 +303,10 @@ fn a_stalled_upstream_fails_the_open_at_the_upstream_timeout() {
 fn close_needs_the_ticket_and_the_owner() {
     let c = Corpus::new();
     let mut cfg = c.config();
-    for (name, token) in [("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")] {
-        cfg.tenants.push(dquant_agent::TenantConfig {
-            name: name.into(),
-            token: token.into(),
-            roots: vec!["corpus".into()],
-        });
-    }
+    add_tenants(
+        &mut cfg,
+        &[("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")],
+    );
     let agent = start(cfg);
     let as_tenant = |t: &str| control(&agent).with_token(t).unwrap();
     let (a, b) = (
@@ -340,13 +348,7 @@ fn the_data_plane_hello_needs_the_sessions_tenant_token() {
     let sock = c.dir.path().join("tenants.sock");
     cfg.socket = Some(sock.clone());
     let (token_a, token_b) = ("tenant-a-0123456789", "tenant-b-0123456789");
-    for (name, token) in [("a", token_a), ("b", token_b)] {
-        cfg.tenants.push(dquant_agent::TenantConfig {
-            name: name.into(),
-            token: token.into(),
-            roots: vec!["corpus".into()],
-        });
-    }
+    add_tenants(&mut cfg, &[("a", token_a), ("b", token_b)]);
     let agent = start(cfg);
     let a = control(&agent).with_token(token_a).unwrap();
     let reply = a

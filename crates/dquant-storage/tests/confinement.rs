@@ -19,6 +19,9 @@ use dquant_storage::{
 };
 use tempfile::TempDir;
 
+mod common;
+use common::mkfifo;
+
 /// Both resolutions of one directory, named for failure messages.
 fn roots(dir: &Path) -> [(&'static str, LocalRoot); 2] {
     [
@@ -385,15 +388,4 @@ fn swapping_a_directory_for_a_link_never_serves_outside_bytes() {
         );
         assert_eq!(std::fs::read(root.join("d/f")).unwrap(), b"inside");
     }
-}
-
-fn mkfifo(p: &Path) {
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        p,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
 }

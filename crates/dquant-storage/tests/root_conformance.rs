@@ -13,6 +13,9 @@ use dquant_storage::{
 };
 use tempfile::TempDir;
 
+mod common;
+use common::mkfifo;
+
 /// A `LocalRoot` that owns its temporary directory.
 #[derive(Debug)]
 struct Scratch {
@@ -155,17 +158,6 @@ fn quickly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || tx.send(f()));
     rx.recv_timeout(Duration::from_secs(5))
         .expect("blocked on a FIFO")
-}
-
-fn mkfifo(p: &Path) {
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        p,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
 }
 
 #[test]

@@ -545,9 +545,8 @@ fn report(
     }
 
     println!(
-        "dataset {} ({:.2} GB on disk); plan: {}, shuffled, world {} (consumer i = rank i), 1000 epochs",
-        ds.local(),
-        ds.bytes_on_disk() as f64 / 1e9,
+        "{}; plan: {}, shuffled, world {} (consumer i = rank i), 1000 epochs",
+        ds.describe(),
         a.plan.describe(),
         a.consumers
     );
