@@ -15,9 +15,11 @@ use anyhow::{Context, Result};
 use dquant_client::{open, Offload};
 use dquant_plan::Plan;
 use dquant_transport::{FrameKind, FrameWriter, Hello};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{Rng, RngExt, SeedableRng};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::stats::{message_kind, SplitMix};
+use super::stats::message_kind;
 
 /// One well-behaved consumer's counters, read by the main thread while it runs.
 #[derive(Default)]
@@ -310,7 +312,7 @@ impl Hostile {
                 o.clone(),
             );
             handles.push(std::thread::spawn(move || {
-                let mut rng = SplitMix(o.seed);
+                let mut rng = Xoshiro256PlusPlus::seed_from_u64(o.seed);
                 while !stop.load(Ordering::Relaxed) {
                     let mut child = match spawn_child(&uri, &plan, None) {
                         Ok(c) => c,
@@ -344,7 +346,8 @@ impl Hostile {
                             break;
                         }
                     }
-                    let wait = Duration::from_millis(rng.range(o.kill_min_ms, o.kill_max_ms));
+                    let wait =
+                        Duration::from_millis(rng.random_range(o.kill_min_ms..=o.kill_max_ms));
                     let t = Instant::now();
                     while t.elapsed() < wait && !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(Duration::from_millis(10));
@@ -364,7 +367,7 @@ impl Hostile {
         {
             let (stop, tally, o) = (stop.clone(), tally.clone(), o.clone());
             handles.push(std::thread::spawn(move || {
-                let mut rng = SplitMix(o.seed ^ 0x5EED);
+                let mut rng = Xoshiro256PlusPlus::seed_from_u64(o.seed ^ 0x5EED);
                 while !stop.load(Ordering::Relaxed) {
                     let t = Instant::now();
                     for probe in Probe::ALL {
@@ -447,7 +450,7 @@ impl Probe {
         control: SocketAddr,
         data: SocketAddr,
         bytes: usize,
-        rng: &mut SplitMix,
+        rng: &mut Xoshiro256PlusPlus,
     ) -> String {
         let addr = match self {
             Probe::ControlRandom | Probe::ControlH2 => control,

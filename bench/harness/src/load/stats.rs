@@ -161,32 +161,6 @@ pub fn message_kind(m: &str) -> String {
     out
 }
 
-/// A small, fast, seedable generator (splitmix64) for the hostile clients' garbage and
-/// timings: nothing here needs more.
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,18 +254,5 @@ mod tests {
         let long = "é".repeat(200);
         let k = message_kind(&long);
         assert!(k.ends_with('…') && k.len() <= 160 + '…'.len_utf8());
-    }
-
-    #[test]
-    fn splitmix_is_deterministic_and_in_range() {
-        let (mut a, mut b) = (SplitMix(7), SplitMix(7));
-        assert_eq!(a.next_u64(), b.next_u64());
-        for _ in 0..1000 {
-            let v = a.range(200, 1500);
-            assert!((200..=1500).contains(&v));
-        }
-        let mut buf = [0u8; 13];
-        a.fill(&mut buf);
-        assert!(buf.iter().any(|&x| x != 0));
     }
 }
