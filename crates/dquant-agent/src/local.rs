@@ -83,9 +83,7 @@ impl Peers {
             Ok(c) => (c.uid.as_raw(), c.gid.as_raw()),
             Err(e) => {
                 let m = format!("cannot read the peer's credentials: {e}");
-                shared
-                    .refusals
-                    .refuse("unix socket", "?", "no credentials", &m);
+                shared.refuse("unix socket", "?", "no credentials", &m);
                 return false;
             }
         };
@@ -96,9 +94,7 @@ impl Peers {
             "uid {uid} gid {gid} may not connect (allow it with socket_uids or socket_gids)"
         );
         let peer = format!("uid {uid}");
-        shared
-            .refusals
-            .refuse("unix socket", &peer, "peer not allowed", &m);
+        shared.refuse("unix socket", &peer, "peer not allowed", &m);
         let _ = conn.shutdown(std::net::Shutdown::Both);
         false
     }
