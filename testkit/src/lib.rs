@@ -5,7 +5,8 @@
 //! - the Megatron-Core fixtures ([`fixtures_dir`], [`fixture`], …) and [`xxh3`];
 //! - [`process`]: `dquant serve` as a child process, and the signals tests send it;
 //! - with the `agent` feature, `agent` (agents in this process over a `Corpus` of real data)
-//!   and `stream` (what a reader yields, whole).
+//!   and `stream` (what a reader yields, whole);
+//! - with the `tls` feature, [`tls`]: a CA and agent certificates made per test.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,8 @@ pub mod agent;
 pub mod process;
 #[cfg(feature = "agent")]
 pub mod stream;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 /// The Megatron-Core fixtures (`r50k_*.{idx,bin}`, written by Megatron-Core itself, see its
 /// README): `shared/fixtures/megatron` in the `shared/` checkout that sits beside this

@@ -223,20 +223,33 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Refuses to serve a non-loopback address to anyone: without tenants, whoever reaches the
-/// port reads every root.
-pub(crate) fn check_binds(auth: &Auth, addrs: &[SocketAddr]) -> Result<(), String> {
-    if !auth.is_open() {
+/// Refuses to serve a non-loopback address to anyone (without tenants, whoever reaches the
+/// port reads every root), or in the clear (`tls_or_allowed`: TLS is configured, or the
+/// operator allowed plaintext): tokens would cross the network readable.
+pub(crate) fn check_binds(
+    auth: &Auth,
+    tls_or_allowed: bool,
+    addrs: &[SocketAddr],
+) -> Result<(), String> {
+    let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) else {
         return Ok(());
-    }
-    match addrs.iter().find(|a| !a.ip().is_loopback()) {
-        None => Ok(()),
-        Some(a) => Err(format!(
+    };
+    if auth.is_open() {
+        return Err(format!(
             "refusing to listen on {a} without tenants: anyone who can reach it could read \
              every root. Configure [[tenants]] with a token each (see README, Security and \
              limits), or listen on loopback (127.0.0.1)"
-        )),
+        ));
     }
+    if !tls_or_allowed {
+        return Err(format!(
+            "refusing to listen on {a} without TLS: tenant tokens and data would cross the \
+             network in the clear. Configure [tls] cert and key (or --tls-cert and \
+             --tls-key), set allow_plaintext = true for a link nobody else can read, or \
+             listen on loopback (127.0.0.1)"
+        ));
+    }
+    Ok(())
 }
 
 /// Logs each refusal once per peer and reason, so a client retrying in a loop (or a scan)
@@ -356,18 +369,25 @@ mod tests {
     }
 
     #[test]
-    fn non_loopback_binds_need_tenants() {
+    fn non_loopback_binds_need_tenants_and_tls() {
         let open = Auth::default();
         let lo: SocketAddr = "127.0.0.1:7878".parse().unwrap();
         let any: SocketAddr = "0.0.0.0:7878".parse().unwrap();
-        check_binds(&open, &[lo, lo]).unwrap();
+        check_binds(&open, false, &[lo, lo]).unwrap();
         assert_eq!(
-            check_binds(&open, &[lo, any]).unwrap_err(),
+            check_binds(&open, true, &[lo, any]).unwrap_err(),
             "refusing to listen on 0.0.0.0:7878 without tenants: anyone who can reach it \
              could read every root. Configure [[tenants]] with a token each (see README, \
              Security and limits), or listen on loopback (127.0.0.1)"
         );
         let closed = Auth::new(&[tenant("a", "0123456789abcdef", &["*"])], &[]).unwrap();
-        check_binds(&closed, &[any]).unwrap();
+        check_binds(&closed, true, &[any]).unwrap();
+        assert_eq!(
+            check_binds(&closed, false, &[lo, any]).unwrap_err(),
+            "refusing to listen on 0.0.0.0:7878 without TLS: tenant tokens and data would \
+             cross the network in the clear. Configure [tls] cert and key (or --tls-cert and \
+             --tls-key), set allow_plaintext = true for a link nobody else can read, or listen \
+             on loopback (127.0.0.1)"
+        );
     }
 }

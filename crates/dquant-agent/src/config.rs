@@ -83,6 +83,30 @@ pub struct AgentConfig {
     /// What one request may ask of the agent (`[limits]`; see [`Limits`] for each default).
     #[serde(default)]
     pub limits: Limits,
+    /// TLS on both TCP planes (`[tls]`: the certificate chain and key, PEM): gRPC and the
+    /// data port serve the same certificate. Required to listen beyond loopback, unless
+    /// `allow_plaintext` says otherwise. The Unix socket never uses it.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+    /// Listen beyond loopback without TLS: tokens and data then cross the network in the
+    /// clear. Only for a link nobody else can read (a DPU's internal port, a lab namespace).
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// The PEM file of CA certificates upstream agents' certificates must chain to: set, this
+    /// agent reaches its upstreams over TLS.
+    #[serde(default)]
+    pub upstream_tls_ca: Option<PathBuf>,
+    /// The name upstreams' certificates must carry, when it is not the host in `upstreams`.
+    #[serde(default)]
+    pub upstream_tls_name: Option<String>,
+}
+
+/// The agent's TLS certificate chain and private key, PEM files.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 fn default_listen() -> SocketAddr {
@@ -127,6 +151,10 @@ impl Default for AgentConfig {
             shutdown_grace_secs: default_shutdown_grace(),
             consumer_idle_secs: default_consumer_idle(),
             limits: Limits::default(),
+            tls: None,
+            allow_plaintext: false,
+            upstream_tls_ca: None,
+            upstream_tls_name: None,
         }
     }
 }

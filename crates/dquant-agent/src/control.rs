@@ -1,12 +1,14 @@
 //! The control plane's server: the `dquant.v1.Agent` service behind its authenticating
 //! interceptor, and the standard `grpc.health.v1.Health` service, on the TCP port and (when
 //! configured) on the connections the Unix socket's router hands over. Health is not
-//! authenticated: a load balancer or an orchestrator's probe has no tenant token.
+//! authenticated: a load balancer or an orchestrator's probe has no tenant token. The TCP
+//! port serves TLS when the agent has a certificate (`[tls]`); the Unix socket never does.
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::pb::health_server::{Health, HealthServer};
 
 use crate::{grpc, Shared};
@@ -57,6 +59,7 @@ async fn serve<H: Health>(
     // Nagle off on the control connections: an Open must not wait on a delayed ACK (that
     // cost 40 ms of time-to-first-batch).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let shared_tls = shared.tls.clone();
     let svc = dquant_proto::v1::agent_server::AgentServer::with_interceptor(
         grpc::Service {
             shared: shared.clone(),
@@ -66,7 +69,14 @@ async fn serve<H: Health>(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let tcp = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &shared_tls {
+        let identity = Identity::from_pem(tls.cert_pem(), tls.key_pem());
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .map_err(|e| format!("tls: {e}"))?;
+    }
+    let tcp = builder
         .add_service(svc.clone())
         .add_service(health.clone())
         .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));

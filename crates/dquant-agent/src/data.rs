@@ -5,7 +5,8 @@
 //! thread and nothing else. Connections that have not said hello are bounded
 //! (`limits.max_handshakes`) and get a hello-sized buffer only; a session's buffers come
 //! after its hello is accepted. Anything that is not a valid hello for a pending session gets an
-//! error frame saying why, and the connection is closed.
+//! error frame saying why, and the connection is closed. With `[tls]`, the TLS handshake
+//! comes first, within the same hello timeout and handshake count.
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dquant_transport::record::MAX_HELLO_LEN;
-use dquant_transport::{BufferPool, FrameReader, FrameWriter, Hello};
+use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, Hello};
 
 use crate::produce::Stats;
 use crate::serve_plan::stream_plan;
@@ -32,12 +33,16 @@ const _: () = assert!(MAX_HELLO_LEN <= HELLO_BUF);
 
 pub(crate) fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let stopping = shared.clone();
+    let refuse = match shared.tls {
+        Some(_) => refuse_busy_tls,
+        None => refuse_busy_tcp,
+    };
     serve_each(
         listener.incoming(),
         &stopping,
         "data plane",
         "dquant-conn",
-        refuse_busy_tcp,
+        refuse,
         move |conn, hs| handle(conn, shared.clone(), hs),
     );
 }
@@ -83,6 +88,13 @@ fn refuse_busy_tcp(conn: TcpStream, msg: &str) {
     let _ = conn.shutdown(std::net::Shutdown::Both);
 }
 
+/// Refuses a connection to a TLS data port from the accept loop: the reason cannot be said
+/// without a handshake, which the loop does not wait for, so the connection is closed (the
+/// refusal is logged and counted).
+fn refuse_busy_tls(conn: TcpStream, _msg: &str) {
+    let _ = conn.shutdown(std::net::Shutdown::Both);
+}
+
 /// Accepts connections until the agent is stopping, each handled on its own thread (shared
 /// by the TCP data plane and the Unix socket), with its [`Handshake`] place; one over the
 /// limit is refused with `refuse` and never gets a thread. A failed accept is logged and
@@ -123,21 +135,27 @@ pub(crate) fn serve_each<S: Send + 'static>(
     }
 }
 
-fn handle(conn: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
-    let peer = conn
+fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
+    let peer = sock
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    let refuse = |conn: &TcpStream, reason: &'static str, msg: String| {
-        let ip = peer.rsplit_once(':').map_or(peer.as_str(), |(ip, _)| ip);
-        shared.refuse("data", ip, reason, &msg);
-        if let Ok(c) = conn.try_clone() {
-            let _ = FrameWriter::new(c).fail(&msg);
-        }
-        let _ = conn.shutdown(std::net::Shutdown::Both);
+    let ip = peer.rsplit_once(':').map_or(peer.as_str(), |(ip, _)| ip);
+    let _ = sock.set_nodelay(true);
+    let _ = sock.set_read_timeout(Some(HELLO_TIMEOUT));
+    let _ = sock.set_write_timeout(Some(HELLO_TIMEOUT));
+    let conn = match &shared.tls {
+        None => DataStream::plain(sock),
+        Some(tls) => match tls.accept(sock) {
+            Ok(c) => c,
+            Err(e) => return shared.refuse("data", ip, "tls handshake", &e.to_string()),
+        },
     };
-    let _ = conn.set_nodelay(true);
-    let _ = conn.set_read_timeout(Some(HELLO_TIMEOUT));
+    let refuse = |conn: &DataStream, reason: &'static str, msg: String| {
+        shared.refuse("data", ip, reason, &msg);
+        let _ = FrameWriter::new(conn).fail(&msg);
+        let _ = conn.socket().shutdown(std::net::Shutdown::Both);
+    };
     let Ok(read_half) = conn.try_clone() else {
         return;
     };
@@ -157,15 +175,19 @@ fn handle(conn: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         Ok(o) => o,
         Err(r) => return refuse(&conn, r.reason(), format!("data stream: {}", r.message())),
     };
-    let claimed = shared
-        .sessions
-        .claim(hello.session, &hello.ticket, &owner, conn.as_fd());
+    let claimed =
+        shared
+            .sessions
+            .claim(hello.session, &hello.ticket, &owner, conn.socket().as_fd());
     let Some((work, cancel)) = claimed else {
         return refuse(&conn, "bad hello", claim_error(hello.session));
     };
     drop(handshake);
-    let _ = conn.set_read_timeout(None);
-    keep_alive(&conn, Duration::from_secs(shared.config.consumer_idle_secs));
+    let _ = conn.socket().set_read_timeout(None);
+    keep_alive(
+        conn.socket(),
+        Duration::from_secs(shared.config.consumer_idle_secs),
+    );
     let id = hello.session;
     let started = Instant::now();
     let kind = match &work {

@@ -53,8 +53,7 @@ fn open_plan_source(
             )));
         }
         let timeout = Duration::from_secs(config.upstream_timeout_secs);
-        let token = config.upstream_token.as_deref();
-        return open_on_agent(&u, s, wire_codec, timeout, token);
+        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream);
     }
     let found = shared
         .catalog

@@ -39,11 +39,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dquant_remote::Credentials;
+use dquant_transport::ServerTls;
 use tonic_health::ServingStatus;
 
 pub use auth::{TenantConfig, MIN_TOKEN_LEN};
 pub use catalog::{Catalog, NameError};
-pub use config::{AgentConfig, DEFAULT_LISTEN, DEFAULT_PREFETCH};
+pub use config::{AgentConfig, TlsFiles, DEFAULT_LISTEN, DEFAULT_PREFETCH};
 pub use limits::{LimitError, Limits, MAX_RANGE_TOKENS};
 
 /// State every handler and connection shares.
@@ -58,6 +60,10 @@ pub(crate) struct Shared {
     /// Connections (data port and Unix socket) that have not said hello yet.
     pub handshakes: AtomicUsize,
     pub data_port: u16,
+    /// TLS on both TCP planes, when configured.
+    pub tls: Option<ServerTls>,
+    /// What this agent presents to, and expects of, its upstreams.
+    pub upstream: Credentials,
     /// No new connections or requests: the agent is stopping.
     pub stopping: AtomicBool,
     /// Plan sessions end after the batch in hand, telling their consumers where to resume
@@ -233,13 +239,42 @@ impl Drop for AgentHandle {
     }
 }
 
+/// The agent's certificate and key, when `[tls]` names them.
+fn load_tls(config: &AgentConfig) -> Result<Option<ServerTls>, AgentError> {
+    let Some(f) = &config.tls else {
+        return Ok(None);
+    };
+    ServerTls::from_files(&f.cert, &f.key)
+        .map(Some)
+        .map_err(|e| AgentError::Config(format!("tls: {e}")))
+}
+
+/// The token and TLS this agent uses with its upstreams.
+fn upstream_credentials(config: &AgentConfig) -> Result<Credentials, AgentError> {
+    let tls = match &config.upstream_tls_ca {
+        None => None,
+        Some(ca) => Some(
+            Credentials::tls(ca, config.upstream_tls_name.as_deref())
+                .map_err(|e| AgentError::Config(format!("upstream_tls_ca: {e}")))?,
+        ),
+    };
+    Ok(Credentials {
+        token: config.upstream_token.clone(),
+        tls,
+    })
+}
+
 /// Starts an agent: binds both planes, then serves on background threads.
 pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     config.validate().map_err(AgentError::Config)?;
     let catalog = Catalog::new(&config.roots).map_err(AgentError::Config)?;
     let roots: Vec<&str> = config.roots.keys().map(String::as_str).collect();
     let auth = auth::Auth::new(&config.tenants, &roots).map_err(AgentError::Config)?;
-    auth::check_binds(&auth, &[config.listen, config.data_addr()]).map_err(AgentError::Config)?;
+    let tls = load_tls(&config)?;
+    let upstream = upstream_credentials(&config)?;
+    let plaintext_ok = tls.is_some() || config.allow_plaintext;
+    auth::check_binds(&auth, plaintext_ok, &[config.listen, config.data_addr()])
+        .map_err(AgentError::Config)?;
     let control = TcpListener::bind(config.listen).map_err(|source| AgentError::Bind {
         addr: config.listen,
         source,
@@ -311,6 +346,8 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         catalog,
         config,
         data_port: data_addr.port(),
+        tls,
+        upstream,
         stopping: AtomicBool::new(false),
         draining: AtomicBool::new(false),
     });
@@ -356,6 +393,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         socket = %shared.socket_path(),
         roots = ?shared.catalog.roots().keys().collect::<Vec<_>>(),
         prefetch_frames = shared.config.prefetch_frames,
+        tls = shared.tls.is_some(),
         "agent listening"
     );
     Ok(AgentHandle {

@@ -3,7 +3,6 @@
 //! one produce loop ([`crate::produce`]); only the codec policy differs (a ring carries the
 //! output dtype: memory is not a link).
 
-use std::net::TcpStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +11,7 @@ use dquant_engine::plain_codec;
 use dquant_plan::WireCodec;
 use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::TcpBatchSink;
-use dquant_transport::{BatchSink, FrameWriter};
+use dquant_transport::{BatchSink, DataStream, FrameWriter};
 
 use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer, Stats};
@@ -22,7 +21,7 @@ use crate::sessions::{StreamError, Work};
 /// disconnect or `cancel`, with `prefetch` frames of 1 MiB ahead of the socket.
 pub(crate) fn stream_plan(
     work: Work,
-    conn: TcpStream,
+    conn: DataStream,
     prefetch: usize,
     cancel: Arc<AtomicBool>,
     drain: &AtomicBool,

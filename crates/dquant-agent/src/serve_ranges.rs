@@ -5,7 +5,6 @@
 //! session's wire codec and answered as a range record, in order. A bad request gets an error
 //! frame naming the range, and the session ends; the agent serves on.
 
-use std::net::TcpStream;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use dquant_plan::WireCodec;
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
 use dquant_transport::tcp::FrameSink;
-use dquant_transport::{BufferPool, FrameReader, FrameWriter, RangeHeader, WireError};
+use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, RangeHeader, WireError};
 
 use crate::produce::Stats;
 use crate::sessions::{StreamError, Work};
@@ -27,12 +26,12 @@ use crate::sessions::{StreamError, Work};
 /// stops us; closing with them unread would make the kernel reset the connection, and a
 /// reset can overtake the error frame, so the client would see a truncated stream instead of
 /// the message.
-fn fail_and_linger(w: &mut FrameWriter<TcpStream>, message: &str) {
+fn fail_and_linger(w: &mut FrameWriter<DataStream>, message: &str) {
     use std::io::{ErrorKind, Read};
     if w.fail(message).is_err() {
         return;
     }
-    let s = w.get_ref();
+    let s = w.get_ref().socket();
     if s.shutdown(std::net::Shutdown::Write).is_err() {
         return;
     }
@@ -130,8 +129,8 @@ impl Ranges {
 /// Serves range requests for one dataset until the client hangs up.
 pub(crate) fn serve_ranges(
     work: Work,
-    conn: TcpStream,
-    frames: &mut FrameReader<TcpStream>,
+    conn: DataStream,
+    frames: &mut FrameReader<DataStream>,
     max_len: u64,
     cancel: Arc<AtomicBool>,
 ) -> Result<Stats, StreamError> {
@@ -156,7 +155,7 @@ pub(crate) fn serve_ranges(
     let mut req = pool.get();
     let mut ranges = Vec::new();
     let mut stats = Stats::default();
-    let fail = |w: &mut FrameWriter<TcpStream>, m: String| {
+    let fail = |w: &mut FrameWriter<DataStream>, m: String| {
         fail_and_linger(w, &m);
         Err(StreamError::Failed(m))
     };

@@ -66,5 +66,6 @@ pub(crate) fn endpoint(
             slot_size,
             verify: uri.verify,
         },
+        tls: control.tls().cloned(),
     })
 }

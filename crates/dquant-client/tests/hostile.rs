@@ -370,7 +370,7 @@ fn the_data_plane_hello_needs_the_sessions_tenant_token() {
     );
     let mut buf = BufferPool::new(1, 1 << 20).get();
     let tcp_refusal = |h: &Hello, buf: &mut _| {
-        let (_w, r) = tcp::connect(&agent.data_addr().to_string(), h).unwrap();
+        let (_w, r) = tcp::connect(&agent.data_addr().to_string(), h, None).unwrap();
         match FrameReader::new(r.get_ref().get_ref().try_clone().unwrap()).next_into(buf) {
             Err(WireError::Remote(m)) => m,
             other => panic!("expected a refusal, got {other:?}"),
@@ -400,7 +400,12 @@ fn the_data_plane_hello_needs_the_sessions_tenant_token() {
         "every refusal left the session pending"
     );
     // The owner's hello, built by its control connection, carries its token and streams.
-    let (_w, r) = tcp::connect(&agent.data_addr().to_string(), &a.hello(&reply).unwrap()).unwrap();
+    let (_w, r) = tcp::connect(
+        &agent.data_addr().to_string(),
+        &a.hello(&reply).unwrap(),
+        None,
+    )
+    .unwrap();
     let mut frames = FrameReader::new(r.get_ref().get_ref().try_clone().unwrap());
     assert!(frames.next_into(&mut buf).unwrap());
     assert_eq!(&buf[..4], b"DQBT");
@@ -434,4 +439,74 @@ fn a_consumer_that_stops_reading_is_released_after_the_idle_limit() {
         drop(r);
     }
     c.assert_serving(&agent);
+}
+
+/// A TLS agent's data port: connections that do not complete a handshake (a plaintext
+/// hello, bytes that are not TLS, a peer that hangs up mid-handshake) are closed one by one,
+/// each handing its handshake place back; a client with the agent's CA then opens a plan on
+/// the TLS control plane and streams it to its end over the TLS data plane.
+#[test]
+fn a_tls_data_port_closes_what_is_not_tls_and_serves_on() {
+    use dquant_client::Credentials;
+    use dquant_transport::ClientTls;
+    let c = Corpus::new();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dquant_testkit::tls::make_pki(dir.path(), "agent", &["127.0.0.1"]);
+    let mut cfg = c.config();
+    cfg.tls = Some(dquant_agent::TlsFiles {
+        cert: pki.cert.clone(),
+        key: pki.key.clone(),
+    });
+    cfg.limits.max_handshakes = 2;
+    let agent = start(cfg);
+    let plain_hello = Hello {
+        session: 1,
+        ticket: [7; 16],
+        token: None,
+    };
+    let mut hello_frame = Vec::new();
+    dquant_transport::FrameWriter::new(&mut hello_frame)
+        .send(dquant_transport::FrameKind::Data, &plain_hello.encode())
+        .unwrap();
+    let tls_start = [0x16u8, 3, 1, 0, 200, 1, 0];
+    for bytes in [&hello_frame[..], b"GET / HTTP/1.1\r\n\r\n", &tls_start[..]] {
+        for _ in 0..3 {
+            let mut s = TcpStream::connect(agent.data_addr()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            std::io::Write::write_all(&mut s, bytes).unwrap();
+            if bytes == &tls_start[..] {
+                // Half a ClientHello, then the peer hangs up.
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        }
+    }
+    let creds = Credentials {
+        token: None,
+        tls: Some(ClientTls::from_ca_file(&pki.ca).unwrap()),
+    };
+    let addr = agent.control_addr().to_string();
+    let ctl = Control::connect_with(&addr, Duration::from_secs(30), &creds).unwrap();
+    let p = plan(&[("r50k.dqb", 1.0)], 63, 4);
+    let reply = ctl
+        .open(OpenRequest {
+            plan_json: p.to_json(),
+            epoch: 0,
+            consumed_samples: 0,
+        })
+        .unwrap();
+    let (_w, mut records) = ctl.connect_data(&reply).unwrap();
+    assert!(records.get_ref().get_ref().is_tls());
+    let mut samples = Vec::new();
+    while let Some(h) = records.next_header().unwrap() {
+        let h = dquant_transport::BatchHeader::parse(&h).unwrap();
+        let mut payload = vec![0u8; h.payload_len as usize];
+        records.read_exact(&mut payload, "batch payload").unwrap();
+        samples.push(h.samples as usize * (h.sample_len as usize));
+    }
+    let mut local = Reader::local(&c.localized(&p), Cursor::START).unwrap();
+    let (tokens, _) = drain(&mut local);
+    let width = p.output.itemsize();
+    assert_eq!(samples.iter().sum::<usize>() * width, tokens.len());
 }

@@ -7,7 +7,7 @@
 //! data plane is plain blocking sockets, where the bytes are.
 
 use std::future::Future;
-use std::net::TcpStream;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,9 +18,11 @@ use dquant_proto::v1::{
     StatRequest,
 };
 use dquant_transport::record::MAX_TOKEN_LEN;
-use dquant_transport::{tcp, ConnectError, FrameWriter, Hello, RecordReader};
+use dquant_transport::{
+    tcp, ClientTls, ConnectError, DataStream, FrameWriter, Hello, RecordReader,
+};
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::uri::{host_of, is_unix_authority};
 
@@ -81,19 +83,23 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// An agent's refusal: [`SourceError::NotFound`] for a dataset it does not have, else
 /// [`SourceError::Agent`].
-fn status_error(s: tonic::Status) -> SourceError {
+fn status_error(s: tonic::Status, tls: bool) -> SourceError {
     if s.code() == tonic::Code::NotFound {
         SourceError::NotFound(s.message().to_string())
     } else {
-        SourceError::Agent(status_message(s))
+        SourceError::Agent(status_message(s, tls))
     }
 }
 
-fn status_message(s: tonic::Status) -> String {
-    if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown {
-        chain(&s)
-    } else {
-        s.message().to_string()
+/// The agent's message, or for a failure of the connection itself (the agent never
+/// answered) the whole error chain, with a TLS hint where it points that way.
+fn status_message(s: tonic::Status, tls: bool) -> String {
+    use tonic::Code::{Internal, Unavailable, Unknown};
+    match s.code() {
+        Unavailable | Unknown => tls_hint(chain(&s), tls),
+        // h2's own protocol errors: the peer spoke something else than HTTP/2 (TLS).
+        Internal if s.message().starts_with("h2 protocol error") => tls_hint(chain(&s), tls),
+        _ => s.message().to_string(),
     }
 }
 
@@ -114,10 +120,53 @@ pub struct Control {
     token: Option<MetadataValue<Ascii>>,
     /// The token itself, for the data plane's hello.
     secret: Option<String>,
+    /// TLS on both planes, when the agent is reached over TCP with a CA to trust.
+    tls: Option<ClientTls>,
 }
 
 /// The environment variable clients take their tenant token from.
 pub const TOKEN_ENV: &str = "DQUANT_TOKEN";
+/// The environment variable naming the PEM file of CA certificates an agent's TLS
+/// certificate must chain to. Set: every `dquant://` agent is reached over TLS.
+pub const TLS_CA_ENV: &str = "DQUANT_TLS_CA";
+/// The environment variable naming what agents' certificates must carry, when that is not
+/// the host in the address (an agent dialed by IP with a certificate for its DNS name).
+pub const TLS_NAME_ENV: &str = "DQUANT_TLS_NAME";
+
+/// How a client proves itself to agents and checks them: a tenant token, and the TLS it
+/// expects on TCP connections.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    pub token: Option<String>,
+    pub tls: Option<ClientTls>,
+}
+
+impl Credentials {
+    /// From `DQUANT_TOKEN`, `DQUANT_TLS_CA` and `DQUANT_TLS_NAME` (each unset or empty:
+    /// none).
+    pub fn from_env() -> Result<Self, SourceError> {
+        let var = |k| std::env::var(k).ok().filter(|v: &String| !v.is_empty());
+        let tls = match var(TLS_CA_ENV) {
+            None => None,
+            Some(ca) => Some(Self::tls(Path::new(&ca), var(TLS_NAME_ENV).as_deref())?),
+        };
+        Ok(Credentials {
+            token: var(TOKEN_ENV),
+            tls,
+        })
+    }
+
+    /// TLS trusting the CA certificates in the PEM file `ca`, expecting `name` in agents'
+    /// certificates when given (else the host dialed).
+    pub fn tls(ca: &Path, name: Option<&str>) -> Result<ClientTls, SourceError> {
+        let usage = |e: dquant_transport::TlsError| SourceError::Usage(e.to_string());
+        let tls = ClientTls::from_ca_file(ca).map_err(usage)?;
+        match name {
+            Some(n) => tls.with_name(n).map_err(usage),
+            None => Ok(tls),
+        }
+    }
+}
 
 /// Runs a control call under `timeout`; a call with no answer in time is an error naming
 /// the agent and the call.
@@ -125,10 +174,11 @@ fn call_within<T: Send + 'static>(
     authority: &str,
     rpc: &str,
     timeout: Duration,
+    tls: bool,
     f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
 ) -> Result<T, SourceError> {
     match call(async move { tokio::time::timeout(timeout, f).await }) {
-        Ok(r) => r.map(|r| r.into_inner()).map_err(status_error),
+        Ok(r) => r.map(|r| r.into_inner()).map_err(|e| status_error(e, tls)),
         Err(_) => Err(SourceError::Agent(format!(
             "agent {authority}: no answer to {rpc} within {} s",
             timeout.as_secs_f64()
@@ -138,12 +188,23 @@ fn call_within<T: Send + 'static>(
 
 impl Control {
     /// Connects to the agent at `HOST:PORT`, or at its Unix socket path (any authority
-    /// with a `/`).
+    /// with a `/`), with the [`Credentials`] of the environment.
     pub fn connect(authority: &str) -> Result<Self, SourceError> {
-        let c = Self::connect_within(authority, DEFAULT_RPC_TIMEOUT)?;
-        match std::env::var(TOKEN_ENV) {
-            Ok(t) if !t.is_empty() => c.with_token(&t),
-            _ => Ok(c),
+        Self::connect_with(authority, DEFAULT_RPC_TIMEOUT, &Credentials::from_env()?)
+    }
+
+    /// Connects with `creds`, every call (and the connection itself) bounded by `timeout`
+    /// (an agent dialing an upstream uses its own, shorter, limit).
+    pub fn connect_with(
+        authority: &str,
+        timeout: Duration,
+        creds: &Credentials,
+    ) -> Result<Self, SourceError> {
+        let tls = creds.tls.clone().filter(|_| !is_unix_authority(authority));
+        let c = Self::dial(authority, timeout, tls)?;
+        match &creds.token {
+            Some(t) => c.with_token(t),
+            None => Ok(c),
         }
     }
 
@@ -175,9 +236,12 @@ impl Control {
         r
     }
 
-    /// [`Control::connect`] with every call, and the connection itself, bounded by
-    /// `timeout` (an agent dialing an upstream uses its own, shorter, limit).
-    pub fn connect_within(authority: &str, timeout: Duration) -> Result<Self, SourceError> {
+    /// Opens the gRPC channel, over TLS when `tls` is given.
+    fn dial(
+        authority: &str,
+        timeout: Duration,
+        tls: Option<ClientTls>,
+    ) -> Result<Self, SourceError> {
         let err = |reason: String| SourceError::Connect {
             addr: authority.to_string(),
             source: std::io::Error::other(reason),
@@ -199,12 +263,20 @@ impl Control {
             })
             .map_err(|e| err(chain(&e)))?
         } else {
-            let ep = Endpoint::from_shared(format!("http://{authority}"))
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let mut ep = Endpoint::from_shared(format!("{scheme}://{authority}"))
                 .map_err(|e| err(chain(&e)))?
                 .connect_timeout(timeout);
+            if let Some(t) = &tls {
+                let name = t.name_for(host_of(authority)).trim_matches(['[', ']']);
+                let config = ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(t.ca_pem()))
+                    .domain_name(name);
+                ep = ep.tls_config(config).map_err(|e| err(chain(&e)))?;
+            }
             call(async move { tokio::time::timeout(timeout, ep.connect()).await })
                 .map_err(|_| err(format!("no connection within {} s", timeout.as_secs_f64())))?
-                .map_err(|e| err(chain(&e)))?
+                .map_err(|e| err(tls_hint(chain(&e), tls.is_some())))?
         };
         Ok(Control {
             authority: authority.to_string(),
@@ -212,7 +284,13 @@ impl Control {
             timeout,
             token: None,
             secret: None,
+            tls,
         })
+    }
+
+    /// The TLS this control connection uses (and its data connections will).
+    pub fn tls(&self) -> Option<&ClientTls> {
+        self.tls.as_ref()
     }
 
     pub fn authority(&self) -> &str {
@@ -249,7 +327,7 @@ impl Control {
         rpc: &str,
         f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
     ) -> Result<T, SourceError> {
-        call_within(&self.authority, rpc, self.timeout, f)
+        call_within(&self.authority, rpc, self.timeout, self.tls.is_some(), f)
     }
 
     /// Ends `session` on the agent, proving ownership with its ticket (the `OpenReply`'s).
@@ -263,7 +341,8 @@ impl Control {
             ticket: ticket.to_vec(),
         });
         let close_timeout = self.timeout.min(Duration::from_secs(2));
-        call_within(&self.authority, "Close", close_timeout, async move {
+        let tls = self.tls.is_some();
+        call_within(&self.authority, "Close", close_timeout, tls, async move {
             c.close(req).await
         })
         .map(|r| r.existed)
@@ -275,10 +354,10 @@ impl Control {
     pub fn connect_data(
         &self,
         reply: &OpenReply,
-    ) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), SourceError> {
-        let (w, r) =
-            tcp::connect(&self.data_addr(reply), &self.hello(reply)?).map_err(connect_error)?;
-        let sock = w.get_ref();
+    ) -> Result<(FrameWriter<DataStream>, RecordReader<DataStream>), SourceError> {
+        let (w, r) = tcp::connect(&self.data_addr(reply), &self.hello(reply)?, self.tls())
+            .map_err(connect_error)?;
+        let sock = w.get_ref().socket();
         let timeouts = sock
             .set_read_timeout(Some(self.timeout))
             .and_then(|()| sock.set_write_timeout(Some(self.timeout)));
@@ -293,6 +372,12 @@ impl Control {
     pub fn data_addr(&self, reply: &OpenReply) -> String {
         format!("{}:{}", host_of(&self.authority), reply.data_port)
     }
+}
+
+/// `message` (a failed connect's) with what to check when TLS is the likely cause.
+fn tls_hint(message: String, tls: bool) -> String {
+    let hint = dquant_transport::tls::hint(&message, tls);
+    message + hint
 }
 
 /// A data-plane connection error as a source error: unreachable, a broken stream, or what

@@ -12,7 +12,9 @@ mod shutdown;
 mod source;
 mod uri;
 
-pub use control::{connect_error, Control, DEFAULT_RPC_TIMEOUT, TOKEN_ENV};
+pub use control::{
+    connect_error, Control, Credentials, DEFAULT_RPC_TIMEOUT, TLS_CA_ENV, TLS_NAME_ENV, TOKEN_ENV,
+};
 pub use open::{dataset_uri, open_on_agent, open_source};
 pub use readahead::ReadaheadConfig;
 pub use shutdown::{resume_point, shutdown_message};

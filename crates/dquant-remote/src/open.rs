@@ -8,7 +8,7 @@ use dquant_engine::{LocalSource, SourceError, TokenSource};
 use dquant_plan::Source;
 use dquant_proto::v1::StatRequest;
 
-use crate::control::{DEFAULT_RPC_TIMEOUT, TOKEN_ENV};
+use crate::control::{Credentials, DEFAULT_RPC_TIMEOUT};
 use crate::{AgentUri, Control, RemoteSource};
 
 /// Parses a source's `dquant://HOST:PORT/DATASET` URI, which must name a dataset.
@@ -23,18 +23,15 @@ pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
 }
 
 /// Opens `u`'s dataset on its agent as a range source, every control call and data read
-/// bounded by `timeout`, sending `token` (a tenant's) when given.
+/// bounded by `timeout`, with `creds` (a tenant's token, the TLS to expect).
 pub fn open_on_agent(
     u: &AgentUri,
     s: &Source,
     wire_codec: &str,
     timeout: Duration,
-    token: Option<&str>,
+    creds: &Credentials,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
-    let mut c = Control::connect_within(&u.authority, timeout)?;
-    if let Some(t) = token {
-        c = c.with_token(t)?;
-    }
+    let c = Control::connect_with(&u.authority, timeout, creds)?;
     Ok(Box::new(RemoteSource::open(
         c,
         stat_of(u.dataset.clone(), s),
@@ -62,8 +59,8 @@ pub fn open_source(
 ) -> Result<Box<dyn TokenSource>, SourceError> {
     if s.uri.starts_with(AgentUri::SCHEME) {
         let u = dataset_uri(&s.uri)?;
-        let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
-        return open_on_agent(&u, s, wire_codec, DEFAULT_RPC_TIMEOUT, token.as_deref());
+        let creds = Credentials::from_env()?;
+        return open_on_agent(&u, s, wire_codec, DEFAULT_RPC_TIMEOUT, &creds);
     }
     match agent {
         Some(c) => Ok(Box::new(RemoteSource::open(

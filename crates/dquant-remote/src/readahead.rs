@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use dquant_engine::SourceError;
 
-use crate::source::DataStream;
+use crate::source::RangeStream;
 
 /// How a [`RemoteSource`] reads ahead of sequential reads (see `Window` for the mechanism).
 ///
@@ -135,7 +135,7 @@ impl Window {
     }
 
     /// Asks for chunks until `in_flight` are outstanding or the dataset's end is asked for.
-    pub(crate) fn top_up(&mut self, s: &mut DataStream, cfg: ReadaheadConfig, total: u64) {
+    pub(crate) fn top_up(&mut self, s: &mut RangeStream, cfg: ReadaheadConfig, total: u64) {
         while self.send_error.is_none() && self.in_flight.len() < cfg.in_flight && self.next < total
         {
             let len = cfg.chunk_tokens.min(total - self.next);
@@ -155,7 +155,7 @@ impl Window {
         &mut self,
         r: &Range<u64>,
         out: &mut [u32],
-        s: &mut DataStream,
+        s: &mut RangeStream,
         cfg: ReadaheadConfig,
         total: u64,
     ) -> Result<(), SourceError> {
@@ -185,7 +185,7 @@ impl Window {
     }
 
     /// Reads and drops the answers still in flight, leaving the stream at a request boundary.
-    pub(crate) fn drain(mut self, s: &mut DataStream) -> Result<(), SourceError> {
+    pub(crate) fn drain(mut self, s: &mut RangeStream) -> Result<(), SourceError> {
         while let Some((start, len)) = self.in_flight.pop_front() {
             s.recv(start, len, None)?;
         }

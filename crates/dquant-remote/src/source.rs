@@ -1,14 +1,13 @@
 //! A dataset on another agent as a [`TokenSource`]: token ranges asked for over the agent's
 //! data plane, with readahead for sequential reads.
 
-use std::net::TcpStream;
 use std::ops::Range;
 
 use dquant_codec::{Codec, Decoder};
 use dquant_engine::{SourceError, TokenSource};
 use dquant_proto::v1::{OpenSourceRequest, StatRequest};
 use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
-use dquant_transport::{FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
+use dquant_transport::{DataStream, FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
 
 use crate::control::Control;
 use crate::readahead::{ReadaheadConfig, Sequence, Window};
@@ -25,7 +24,7 @@ pub struct RemoteSource {
     session: u64,
     tokens: u64,
     max_token: u32,
-    stream: DataStream,
+    stream: RangeStream,
     readahead: ReadaheadConfig,
     seq: Sequence,
     /// Present while reading ahead.
@@ -59,7 +58,7 @@ impl RemoteSource {
             control,
             tokens,
             max_token,
-            stream: DataStream {
+            stream: RangeStream {
                 writer,
                 reader,
                 decoder: Decoder::new(),
@@ -200,9 +199,9 @@ impl TokenSource for RemoteSource {
 }
 
 /// The data connection of a source session: requests out, range records back, in order.
-pub(crate) struct DataStream {
-    writer: FrameWriter<TcpStream>,
-    reader: RecordReader<TcpStream>,
+pub(crate) struct RangeStream {
+    writer: FrameWriter<DataStream>,
+    reader: RecordReader<DataStream>,
     decoder: Decoder,
     request: Vec<u8>,
     payload: Vec<u8>,
@@ -210,7 +209,7 @@ pub(crate) struct DataStream {
     requested_tokens: u64,
 }
 
-impl DataStream {
+impl RangeStream {
     /// Sends one request for `pairs` (first token, tokens), at most `MAX_REQUEST_RANGES`.
     pub(crate) fn send(&mut self, pairs: &[(u64, u64)]) -> Result<(), SourceError> {
         self.request.clear();
@@ -264,6 +263,7 @@ impl Drop for RemoteSource {
             .stream
             .writer
             .get_ref()
+            .socket()
             .shutdown(std::net::Shutdown::Both);
     }
 }

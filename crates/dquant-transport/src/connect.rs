@@ -15,6 +15,7 @@ use crate::receive::BatchSource;
 use crate::ring::{RingConsumer, RingError};
 use crate::shm::RingSource;
 use crate::tcp::{self, TcpBatchSource};
+use crate::tls::{ClientTls, TlsError};
 use crate::{Hello, WireError};
 
 /// How batches of an offloaded plan reach this process.
@@ -79,6 +80,8 @@ pub struct Endpoint {
     pub hello: Hello,
     /// The ring to create, for [`Transport::Shm`].
     pub ring: RingShape,
+    /// TLS for the TCP data plane, when the agent serves it.
+    pub tls: Option<ClientTls>,
 }
 
 /// Why a data plane could not be connected.
@@ -95,6 +98,8 @@ pub enum ConnectError {
     Ring(#[from] RingError),
     #[error("{0}")]
     Wire(#[from] WireError),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
     #[error("transport=shm: the agent at {agent} has no Unix socket; start it on this host with `dquant serve --socket PATH` and use that path as its address")]
     NoSocket { agent: String },
 }
@@ -106,7 +111,8 @@ pub fn connect(
 ) -> Result<Box<dyn BatchSource>, ConnectError> {
     match transport {
         Transport::Tcp => {
-            let (_writer, records) = tcp::connect(&endpoint.data_addr, &endpoint.hello)?;
+            let (_writer, records) =
+                tcp::connect(&endpoint.data_addr, &endpoint.hello, endpoint.tls.as_ref())?;
             Ok(Box::new(TcpBatchSource::new(records)))
         }
         Transport::Shm => Ok(Box::new(connect_ring(endpoint)?)),

@@ -11,9 +11,10 @@
 //! buffers stalls the producer (back-pressure) instead of growing memory.
 //!
 //! The frame layer is transport-neutral: [`FrameWriter`]/[`FrameReader`] work over any
-//! `std::io::Write`/`Read` (a TCP stream today). The shared-memory ring and RDMA transports
+//! `std::io::Write`/`Read` (a [`DataStream`] today: TCP, or TLS over TCP). The shared-memory ring and RDMA transports
 //! carry the same frames in slots instead of a byte stream.
 
+mod conn;
 pub mod connect;
 pub mod frame;
 mod io;
@@ -26,7 +27,9 @@ pub mod shm;
 pub mod sink;
 mod stream;
 pub mod tcp;
+pub mod tls;
 
+pub use conn::DataStream;
 pub use connect::{connect, ConnectError, Endpoint, RingShape, Transport};
 pub use frame::{FrameHeader, FrameKind, WireError};
 pub use io::{FrameReader, FrameWriter};
@@ -35,3 +38,4 @@ pub use receive::{BatchSource, ReceiveError, RecordView};
 pub use record::{BatchHeader, Hello, RangeHeader, RecordError};
 pub use sink::{BatchSink, SinkError};
 pub use stream::RecordReader;
+pub use tls::{ClientTls, ServerTls, TlsError};

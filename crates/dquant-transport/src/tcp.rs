@@ -17,10 +17,12 @@ use std::time::{Duration, Instant};
 
 use dquant_codec::{encode_width, CodecError, Width};
 
+use crate::conn::DataStream;
 use crate::connect::ConnectError;
 use crate::frame::MAX_PAYLOAD;
 use crate::receive::{BatchSource, ReceiveError};
 use crate::sink::{BatchSink, SinkError};
+use crate::tls::ClientTls;
 use crate::{
     BatchHeader, BufferPool, FrameKind, FrameWriter, Hello, PooledBuf, RecordReader, WireError,
 };
@@ -81,7 +83,7 @@ enum FrameOut<'a> {
     /// To the sender thread. The counter holds the frames queued and not yet written.
     Channel(SyncSender<Msg>, Arc<AtomicUsize>),
     /// Straight to the socket (range sessions answer one request at a time).
-    Direct(&'a mut FrameWriter<TcpStream>),
+    Direct(&'a mut FrameWriter<DataStream>),
 }
 
 /// Packs record bytes into full frames from a fixed pool.
@@ -95,7 +97,7 @@ pub struct FrameSink<'a> {
 
 impl<'a> FrameSink<'a> {
     /// A packer that writes each frame straight to `w` (frames of the pool's buffer size).
-    pub fn direct(pool: BufferPool, w: &'a mut FrameWriter<TcpStream>) -> Self {
+    pub fn direct(pool: BufferPool, w: &'a mut FrameWriter<DataStream>) -> Self {
         Self::new(pool, FrameOut::Direct(w))
     }
 
@@ -245,7 +247,7 @@ impl TcpBatchSink {
     /// Starts the sender thread on `conn`, with `prefetch` 1 MiB frames the producer may run
     /// ahead by. A set `cancel` ends the stream ("closed by the client").
     pub fn start(
-        conn: TcpStream,
+        conn: DataStream,
         prefetch: usize,
         cancel: Arc<AtomicBool>,
     ) -> std::io::Result<Self> {
@@ -347,7 +349,7 @@ impl BatchSink for TcpBatchSink {
 
 /// The sender half: frames from the producer to the socket.
 fn send_frames(
-    conn: TcpStream,
+    conn: DataStream,
     rx: Receiver<Msg>,
     queued: &AtomicUsize,
     cancel: &AtomicBool,
@@ -371,7 +373,7 @@ fn send_frames(
         };
         if let Err(e) = r {
             // Dropping `rx` hands the queued buffers back and stops the producer.
-            return Err(send_error(&e, w.get_ref()));
+            return Err(send_error(&e, w.get_ref().socket()));
         }
     }
     Err("producer stopped".into())
@@ -394,19 +396,19 @@ fn send_error(e: &WireError, conn: &TcpStream) -> String {
 /// Batch records from a TCP connection: frames checked and unpacked by a [`RecordReader`],
 /// payloads copied out to where the consumer wants them.
 pub struct TcpBatchSource {
-    records: RecordReader<TcpStream>,
+    records: RecordReader<DataStream>,
     ended: bool,
 }
 
 impl TcpBatchSource {
-    pub fn new(records: RecordReader<TcpStream>) -> Self {
+    pub fn new(records: RecordReader<DataStream>) -> Self {
         TcpBatchSource {
             records,
             ended: false,
         }
     }
 
-    fn socket(&self) -> &TcpStream {
+    fn conn(&self) -> &DataStream {
         self.records.get_ref().get_ref()
     }
 }
@@ -430,23 +432,25 @@ impl BatchSource for TcpBatchSource {
     /// A batch whose first bytes have arrived counts as ready, though its last bytes may
     /// still be on the way.
     fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError> {
-        if self.ended || self.records.has_buffered() {
+        if self.ended || self.records.has_buffered() || self.conn().has_buffered() {
             return Ok(true);
         }
-        readable(self.socket(), timeout)
+        readable(self.conn().socket(), timeout)
     }
 
     fn shutdown(&mut self) {
-        let _ = self.socket().shutdown(std::net::Shutdown::Both);
+        let _ = self.conn().socket().shutdown(std::net::Shutdown::Both);
     }
 }
 
-/// Connects to a session's data plane at `addr` (`HOST:PORT`) and says `hello`: the
-/// connection's frame writer (range sessions send requests on it) and its record reader.
+/// Connects to a session's data plane at `addr` (`HOST:PORT`), over TLS when `tls` is
+/// given, and says `hello`: the connection's frame writer (range sessions send requests on
+/// it) and its record reader.
 pub fn connect(
     addr: &str,
     hello: &Hello,
-) -> Result<(FrameWriter<TcpStream>, RecordReader<TcpStream>), ConnectError> {
+    tls: Option<&ClientTls>,
+) -> Result<(FrameWriter<DataStream>, RecordReader<DataStream>), ConnectError> {
     let err = |source| ConnectError::Connect {
         addr: addr.to_string(),
         source,
@@ -458,10 +462,23 @@ pub fn connect(
         .ok_or_else(|| err(std::io::ErrorKind::NotFound.into()))?;
     let s = TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT).map_err(err)?;
     s.set_nodelay(true).map_err(err)?;
-    let mut w = FrameWriter::new(s.try_clone().map_err(err)?);
+    let conn = match tls {
+        None => DataStream::plain(s),
+        Some(tls) => {
+            // The handshake gets the connect's time; the caller sets the stream's own.
+            s.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(err)?;
+            s.set_write_timeout(Some(CONNECT_TIMEOUT)).map_err(err)?;
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+            let c = tls.connect(s, host)?;
+            c.socket().set_read_timeout(None).map_err(err)?;
+            c.socket().set_write_timeout(None).map_err(err)?;
+            c
+        }
+    };
+    let mut w = FrameWriter::new(conn.try_clone().map_err(err)?);
     w.send(FrameKind::Data, &hello.encode())?;
     w.flush()?;
-    Ok((w, RecordReader::new(s)))
+    Ok((w, RecordReader::new(conn)))
 }
 
 /// How long connecting a data plane may take.

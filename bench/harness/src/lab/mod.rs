@@ -294,7 +294,9 @@ const S3_KEY: &str = "lab";
 const S3_SECRET: &str = "lab-secret-key";
 const BUCKET: &str = "lab";
 /// The storage agent listens beyond loopback, so it serves a tenant (the lab's only one):
-/// consumers send this token (`DQUANT_TOKEN`), the host agent sends it upstream.
+/// consumers send this token (`DQUANT_TOKEN`), the host agent sends it upstream. It serves
+/// without TLS (`allow_plaintext`): its link is a veth pair between namespaces the lab made,
+/// which nobody else reads, and the lab's figures are the link's, not TLS's.
 const LAB_TOKEN: &str = "lab-tenant-token-0123456789";
 
 /// The lab's S3 client settings: its s3s-fs's credentials, for `bucket` at `endpoint`.
@@ -328,7 +330,7 @@ impl Ctx<'_> {
             None => (
                 "storage-agent.toml",
                 format!(
-                    "[[tenants]]\nname = \"lab\"\ntoken = \"{LAB_TOKEN}\"\nroots = [\"{BUCKET}\"]\n"
+                    "allow_plaintext = true\n[[tenants]]\nname = \"lab\"\ntoken = \"{LAB_TOKEN}\"\nroots = [\"{BUCKET}\"]\n"
                 ),
             ),
             Some(u) => (

@@ -7,12 +7,13 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dquant_agent::{AgentConfig, AgentHandle};
+use dquant_agent::{AgentConfig, AgentHandle, TlsFiles};
 
 const EXAMPLES: &str = "\
 Examples:
   dquant serve --root corpus=/data/tokens                 # loopback: 127.0.0.1:7878 (+ data :7879)
-  dquant serve --config agent.toml --listen 0.0.0.0:7878  # beyond loopback: needs [[tenants]]
+  dquant serve --config agent.toml --listen 0.0.0.0:7878  # beyond loopback: [[tenants]] + [tls]
+  dquant serve --config agent.toml --tls-cert agent.pem --tls-key agent.key  # TLS, both planes
   DQUANT_LOG=debug dquant serve --root corpus=data        # more log detail (default: info)
   dquant serve --root corpus=/data --socket /run/dquant.sock  # + a Unix socket: shared memory
   dquant serve --root none=/empty --upstream 10.0.0.5:7878    # may chain to that agent
@@ -42,11 +43,17 @@ Examples:
   #   open_timeout_secs = 60          # one request's time in the open workers
   #   socket_uids = [1000]            # besides root and the agent's user: who may use the socket
   #   upstream_token = \"...\"           # sent to upstreams that serve tenants
+  #   upstream_tls_ca = \"ca.pem\"      # reach upstreams over TLS, trusting this CA
+  #   upstream_tls_name = \"storage-1\" # the name upstreams' certificates carry (default: host)
+  #   allow_plaintext = false         # true: listen beyond loopback without TLS (trusted link only)
+  #   [tls]                           # required beyond loopback; clients set DQUANT_TLS_CA=ca.pem
+  #   cert = \"agent.pem\"              # certificate chain, PEM (gRPC and data port alike)
+  #   key = \"agent.key\"               # its private key, PEM
   #   [[tenants]]                     # required to listen beyond loopback; clients set DQUANT_TOKEN
   #   name = \"team-a\"
   #   token = \"at-least-16-characters\"
   #   roots = [\"corpus\"]              # or [\"*\"]
-  #   [roots]                         # relative paths are relative to the config file
+  #   [roots]                         # relative paths (here and in [tls]) are relative to the config file
   #   corpus = \"/data/tokens\"
   #   web = \"/mnt/web\"
 
@@ -94,6 +101,17 @@ pub struct Args {
     /// Serve Prometheus metrics on this address (any path; no authentication) [default: off].
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS certificate chain (PEM) for both TCP planes; needs --tls-key. Clients trust its CA
+    /// with DQUANT_TLS_CA.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Listen beyond loopback without TLS: tokens and batches cross the network in the
+    /// clear. Only for a link nobody else can read (a DPU's internal port, a lab namespace).
+    #[arg(long)]
+    pub allow_plaintext: bool,
 }
 
 fn parse_root(s: &str) -> Result<(String, PathBuf), String> {
@@ -122,6 +140,12 @@ pub fn config(a: &Args) -> Result<AgentConfig> {
                     *dir = base.join(&*dir);
                 }
             }
+            let files = c.tls.iter_mut().flat_map(|t| [&mut t.cert, &mut t.key]);
+            for f in files.chain(c.upstream_tls_ca.as_mut()) {
+                if f.is_relative() {
+                    *f = base.join(&*f);
+                }
+            }
             c
         }
         None => AgentConfig::default(),
@@ -148,6 +172,13 @@ pub fn config(a: &Args) -> Result<AgentConfig> {
     for (name, dir) in &a.roots {
         c.roots.insert(name.clone(), dir.clone());
     }
+    if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+        c.tls = Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        });
+    }
+    c.allow_plaintext |= a.allow_plaintext;
     Ok(c)
 }
 
