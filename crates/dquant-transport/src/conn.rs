@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::tls::TlsError;
 
 /// Raw bytes read from the socket at once (a TLS record is at most about 16.6 KiB).
-const RAW_CHUNK: usize = 32 << 10;
+const RAW_CHUNK: usize = 64 << 10;
+/// Plaintext rustls takes in one write: a frame and its header.
+const WRITE_LIMIT: usize = 2 << 20;
 
 /// One data-plane connection (see the module docs). Cloning with
 /// [`try_clone`](DataStream::try_clone) gives another handle on the same connection.
@@ -50,10 +52,13 @@ struct TlsShared {
     out: Mutex<Vec<u8>>,
 }
 
-/// The rustls connection and the raw bytes read from the socket it has not taken yet.
+/// The rustls connection and the raw bytes read from the socket it has not taken yet
+/// (`pending[pos..]`: rustls takes at most 4 KiB a call, so the buffer is walked, not
+/// drained, and emptied once taken whole).
 struct Incoming {
     conn: rustls::Connection,
     pending: Vec<u8>,
+    pos: usize,
     /// The socket reached its end; rustls is told once `pending` is empty.
     eof: bool,
 }
@@ -91,10 +96,13 @@ impl DataStream {
         while conn.wants_write() {
             conn.write_tls(&mut sock).map_err(fail)?;
         }
+        // A whole frame (1 MiB) is sealed in one go and leaves in one write.
+        conn.set_buffer_limit(Some(WRITE_LIMIT));
         let shared = TlsShared {
             conn: Mutex::new(Incoming {
                 conn,
                 pending: Vec::new(),
+                pos: 0,
                 eof: false,
             }),
             out: Mutex::new(Vec::new()),
@@ -136,7 +144,7 @@ impl DataStream {
             return false;
         };
         let mut inc = lock(&t.shared.conn);
-        if !inc.pending.is_empty() {
+        if inc.pos < inc.pending.len() {
             return true;
         }
         inc.conn
@@ -179,8 +187,7 @@ impl Tls {
             self.raw.resize(RAW_CHUNK, 0);
             let n = (&*sock).read(&mut self.raw)?;
             let mut inc = lock(&self.shared.conn);
-            inc.pending.extend_from_slice(&self.raw[..n]);
-            inc.eof |= n == 0;
+            inc.take_raw(&self.raw[..n]);
         }
     }
 
@@ -201,24 +208,42 @@ impl Tls {
 }
 
 impl Incoming {
-    /// Hands rustls what it has not taken of the raw bytes, or the socket's end; `false`
-    /// when there was nothing to hand over (the socket must be read).
+    /// Keeps `raw`, read from the socket, for rustls (an empty read is the socket's end).
+    fn take_raw(&mut self, raw: &[u8]) {
+        if self.pos > 0 {
+            self.pending.drain(..self.pos);
+            self.pos = 0;
+        }
+        self.pending.extend_from_slice(raw);
+        self.eof |= raw.is_empty();
+    }
+
+    /// Hands rustls the raw bytes it has not taken, until it has plaintext to give or has
+    /// taken them all, or tells it of the socket's end; `false` when there was nothing to
+    /// hand over (the socket must be read).
     fn feed(&mut self) -> io::Result<bool> {
-        if self.pending.is_empty() {
+        if self.pos == self.pending.len() {
+            self.pending.clear();
+            self.pos = 0;
             if !self.eof {
                 return Ok(false);
             }
             self.eof = false;
             self.conn.read_tls(&mut io::empty())?;
-        } else {
-            let mut rd: &[u8] = &self.pending;
-            let took = self.conn.read_tls(&mut rd)?;
+            self.conn.process_new_packets().map_err(tls_io)?;
+            return Ok(true);
+        }
+        while self.pos < self.pending.len() {
+            let took = self.conn.read_tls(&mut &self.pending[self.pos..])?;
             if took == 0 {
                 return Err(io::Error::other("TLS: the connection takes no more bytes"));
             }
-            self.pending.drain(..took);
+            self.pos += took;
+            let state = self.conn.process_new_packets().map_err(tls_io)?;
+            if state.plaintext_bytes_to_read() > 0 {
+                break;
+            }
         }
-        self.conn.process_new_packets().map_err(tls_io)?;
         Ok(true)
     }
 }
