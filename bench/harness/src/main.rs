@@ -83,6 +83,11 @@ enum Cmd {
         /// Also listen on this Unix socket (shared-memory clients).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Serve TLS on both planes with this certificate (and --tls-key).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// (internal) The plain-copy baseline's sender.
     #[command(hide = true)]
@@ -285,7 +290,14 @@ fn main() -> Result<()> {
             root,
             prefetch_frames,
             socket,
-        } => procs::run_agent(&root, prefetch_frames, socket),
+            tls_cert,
+            tls_key,
+        } => {
+            let tls = tls_cert
+                .zip(tls_key)
+                .map(|(cert, key)| dquant_agent::TlsFiles { cert, key });
+            procs::run_agent(&root, prefetch_frames, socket, tls)
+        }
         Cmd::Send {
             addr,
             bytes,

@@ -25,6 +25,20 @@ pub struct AgentProc {
 
 impl AgentProc {
     pub fn spawn(root: &Path, prefetch_frames: usize, with_socket: bool) -> Result<Self> {
+        Self::spawn_with(root, prefetch_frames, with_socket, None)
+    }
+
+    /// An agent serving TLS on both planes with this certificate and key.
+    pub fn spawn_tls(root: &Path, prefetch_frames: usize, cert: &Path, key: &Path) -> Result<Self> {
+        Self::spawn_with(root, prefetch_frames, false, Some((cert, key)))
+    }
+
+    fn spawn_with(
+        root: &Path,
+        prefetch_frames: usize,
+        with_socket: bool,
+        tls: Option<(&Path, &Path)>,
+    ) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find this executable")?;
         let socket_dir = with_socket.then(tempfile::tempdir).transpose()?;
         let socket = socket_dir.as_ref().map(|d| d.path().join("agent.sock"));
@@ -36,6 +50,9 @@ impl AgentProc {
             .arg(prefetch_frames.to_string());
         if let Some(s) = &socket {
             cmd.arg("--socket").arg(s);
+        }
+        if let Some((cert, key)) = tls {
+            cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -95,12 +112,14 @@ pub fn run_agent(
     roots: &[String],
     prefetch_frames: usize,
     socket: Option<std::path::PathBuf>,
+    tls: Option<dquant_agent::TlsFiles>,
 ) -> Result<()> {
     let mut cfg = dquant_agent::AgentConfig {
         listen: "127.0.0.1:0".parse()?,
         data_listen: Some("127.0.0.1:0".parse()?),
         socket,
         prefetch_frames,
+        tls,
         ..Default::default()
     };
     for r in roots {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use dquant_client::{open, Offload};
+use dquant_client::{open, AgentUri, Credentials, Offload, Reader};
+use dquant_plan::Cursor;
 use serde_json::json;
 
 use crate::procs::{self, AgentProc, SendMode};
@@ -20,6 +21,8 @@ const EXAMPLES: &str = "\
 Examples:
   dquant-offload-bench throughput /data/zipf1g_u16
   dquant-offload-bench throughput /data/zipf1g_u16 --runs 5 --json > throughput.json
+  # What TLS costs on the data plane: the plaintext agent against the TLS one, same run:
+  dquant-offload-bench throughput /data/zipf1g_u16 --cases plain,agent,agent-tls
   # Only the agent, unshuffled (e.g. to profile it with perf meanwhile):
   dquant-offload-bench throughput /data/zipf1g_u16 --runs 1 --cases agent";
 
@@ -46,7 +49,7 @@ pub struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "plain,memcpy,framed,threaded,agent,agent-shuffled,agent-shm,agent-shm-shuffled,inproc,inproc-shuffled"
+        default_value = "plain,memcpy,framed,threaded,agent,agent-shuffled,agent-tls,agent-tls-shuffled,agent-shm,agent-shm-shuffled,inproc,inproc-shuffled"
     )]
     pub cases: Vec<Case>,
     /// The agent's prefetch frames (1 MiB each) per session.
@@ -83,6 +86,11 @@ pub enum Case {
     AgentShm,
     /// The plan on the agent, through a shared-memory ring, shuffled.
     AgentShmShuffled,
+    /// The plan on an agent serving TLS (rustls, both planes), unshuffled: what encryption
+    /// costs against `agent`.
+    AgentTls,
+    /// The plan on the TLS agent, shuffled.
+    AgentTlsShuffled,
     /// The plan in this process, unshuffled.
     Inproc,
     /// The plan in this process, shuffled.
@@ -100,6 +108,8 @@ impl Case {
             Case::Threaded => "dquant frames, 2 threads",
             Case::Agent => "agent, shuffle=false",
             Case::AgentShuffled => "agent, shuffle=true",
+            Case::AgentTls => "agent TLS, shuffle=false",
+            Case::AgentTlsShuffled => "agent TLS, shuffle=true",
             Case::Inproc => "in-process, shuffle=false",
             Case::InprocShuffled => "in-process, shuffle=true",
         }
@@ -115,6 +125,8 @@ impl Case {
             Case::Threaded => "threaded",
             Case::Agent => "agent",
             Case::AgentShuffled => "agent-shuffled",
+            Case::AgentTls => "agent-tls",
+            Case::AgentTlsShuffled => "agent-tls-shuffled",
             Case::Inproc => "inproc",
             Case::InprocShuffled => "inproc-shuffled",
         }
@@ -194,21 +206,55 @@ fn plain(run: usize, case: Case, bytes: u64, buf: usize, itemsize: u64) -> Resul
     })
 }
 
+/// The TLS agent and what its clients trust (certificates made for this run).
+struct TlsAgent {
+    agent: AgentProc,
+    creds: Credentials,
+    _pki: tempfile::TempDir,
+}
+
+impl TlsAgent {
+    fn spawn(root: &std::path::Path, prefetch_frames: usize) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let pki = dquant_testkit::tls::make_pki(dir.path(), "bench", &["127.0.0.1"]);
+        let agent = AgentProc::spawn_tls(root, prefetch_frames, &pki.cert, &pki.key)?;
+        let tls = Credentials::tls(&pki.ca, None)?;
+        Ok(TlsAgent {
+            agent,
+            creds: Credentials {
+                token: None,
+                tls: Some(tls),
+            },
+            _pki: dir,
+        })
+    }
+}
+
 fn stream(
     run: usize,
     case: Case,
     a: &Args,
     ds: &DataSpec,
     agent: Option<&AgentProc>,
+    tls: Option<&TlsAgent>,
     expect: u64,
 ) -> Result<M> {
     let shuffle = matches!(
         case,
-        Case::AgentShuffled | Case::AgentShmShuffled | Case::InprocShuffled
+        Case::AgentShuffled
+            | Case::AgentShmShuffled
+            | Case::AgentTlsShuffled
+            | Case::InprocShuffled
     );
     let load = procs::loadavg();
-    let mut r = match agent {
-        Some(ag) => {
+    let agent = tls.map(|t| &t.agent).or(agent);
+    let mut r = match (agent, tls) {
+        (Some(ag), Some(t)) => {
+            let uri = AgentUri::parse(&ag.uri).map_err(anyhow::Error::msg)?;
+            let plan = a.plan.plan(&ds.remote(), shuffle);
+            Reader::remote_with(&uri, &plan, Cursor::START, &t.creds)?
+        }
+        (Some(ag), None) => {
             let uri = match case {
                 Case::AgentShm | Case::AgentShmShuffled => ag
                     .socket
@@ -219,7 +265,7 @@ fn stream(
             };
             open(&uri, &a.plan.plan(&ds.remote(), shuffle), Offload::Yes)?
         }
-        None => open("", &a.plan.plan(&ds.local(), shuffle), Offload::No)?,
+        (None, _) => open("", &a.plan.plan(&ds.local(), shuffle), Offload::No)?,
     };
     let peer0 = agent.map(|ag| procs::proc_cpu(ag.pid())).transpose()?;
     let cpu0 = procs::self_cpu();
@@ -327,6 +373,15 @@ pub fn run(a: &Args) -> Result<()> {
     } else {
         None
     };
+    let tls = if a
+        .cases
+        .iter()
+        .any(|c| matches!(c, Case::AgentTls | Case::AgentTlsShuffled))
+    {
+        Some(TlsAgent::spawn(&ds.dir, a.prefetch_frames)?)
+    } else {
+        None
+    };
     let mut ms: Vec<M> = Vec::new();
     for run in 1..=a.runs {
         for &case in &a.cases {
@@ -336,9 +391,14 @@ pub fn run(a: &Args) -> Result<()> {
                 }
                 Case::Memcpy => memcpy(run, expect, a, &ds)?,
                 Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled => {
-                    stream(run, case, a, &ds, agent.as_ref(), expect)?
+                    stream(run, case, a, &ds, agent.as_ref(), None, expect)?
                 }
-                Case::Inproc | Case::InprocShuffled => stream(run, case, a, &ds, None, expect)?,
+                Case::AgentTls | Case::AgentTlsShuffled => {
+                    stream(run, case, a, &ds, None, tls.as_ref(), expect)?
+                }
+                Case::Inproc | Case::InprocShuffled => {
+                    stream(run, case, a, &ds, None, None, expect)?
+                }
             };
             eprintln!(
                 "run {run}/{}: {:<27} {:>6.3} GB/s  (load {})",
@@ -351,6 +411,7 @@ pub fn run(a: &Args) -> Result<()> {
         }
     }
     drop(agent);
+    drop(tls);
 
     let base = |run: usize| {
         ms.iter()
@@ -362,16 +423,23 @@ pub fn run(a: &Args) -> Result<()> {
             .find(|m| m.run == run && m.case == Case::Memcpy)
             .map(M::gbps)
     };
-    // Consumer CPU per GB over shm against over TCP, same run, same shuffle.
-    let cpu_vs_tcp = |m: &M| {
+    // The plaintext TCP agent measurement a shm or TLS one compares with: same run, same
+    // shuffle.
+    let tcp_of = |m: &M| {
         let tcp = match m.case {
-            Case::AgentShm => Case::Agent,
-            Case::AgentShmShuffled => Case::AgentShuffled,
+            Case::AgentShm | Case::AgentTls => Case::Agent,
+            Case::AgentShmShuffled | Case::AgentTlsShuffled => Case::AgentShuffled,
             _ => return None,
         };
-        ms.iter()
-            .find(|t| t.run == m.run && t.case == tcp)
-            .map(|t| m.per_gb(m.consumer_cpu) / t.per_gb(t.consumer_cpu))
+        ms.iter().find(|t| t.run == m.run && t.case == tcp)
+    };
+    // Consumer CPU per GB against over plaintext TCP.
+    let cpu_vs_tcp = |m: &M| tcp_of(m).map(|t| m.per_gb(m.consumer_cpu) / t.per_gb(t.consumer_cpu));
+    // Throughput and the agent's CPU per GB against over plaintext TCP.
+    let gbps_vs_tcp = |m: &M| tcp_of(m).map(|t| m.gbps() / t.gbps());
+    let peer_vs_tcp = |m: &M| {
+        let t = tcp_of(m)?;
+        Some(m.per_gb(m.peer_cpu?) / t.per_gb(t.peer_cpu?))
     };
     {
         let rows: Vec<_> = ms
@@ -383,6 +451,8 @@ pub fn run(a: &Args) -> Result<()> {
                     "ratio_to_plain": base(m.run).map(|b| m.gbps() / b),
                     "ratio_to_memcpy": base_memcpy(m.run).map(|b| m.gbps() / b),
                     "consumer_cpu_ratio_to_tcp": cpu_vs_tcp(m),
+                    "ratio_to_agent_tcp": gbps_vs_tcp(m),
+                    "peer_cpu_ratio_to_tcp": peer_vs_tcp(m),
                     "consumer_cpu_s": m.consumer_cpu.as_secs_f64(),
                     "consumer_cpu_s_per_gb": m.per_gb(m.consumer_cpu),
                     "peer_cpu_s": m.peer_cpu.map(|d| d.as_secs_f64()),
@@ -448,6 +518,8 @@ pub fn run(a: &Args) -> Result<()> {
         "consumer CPU s/GB",
         "consumer CPU vs TCP",
         "peer CPU s/GB",
+        "GB/s vs TCP",
+        "peer CPU vs TCP",
     ]);
     for &case in &a.cases {
         let of: Vec<&M> = ms.iter().filter(|m| m.case == case).collect();
@@ -481,6 +553,8 @@ pub fn run(a: &Args) -> Result<()> {
                     .collect(),
                 3,
             ),
+            range(of.iter().filter_map(|m| gbps_vs_tcp(m)).collect(), 3),
+            range(of.iter().filter_map(|m| peer_vs_tcp(m)).collect(), 3),
         ]);
     }
     s.print();

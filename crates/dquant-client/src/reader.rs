@@ -13,7 +13,7 @@ use dquant_codec::{Compression, Decoder};
 use dquant_engine::{plain_codec, Pipeline, SourceError, TokenSource};
 use dquant_plan::{Cursor, OutputDType, Plan, Schedule, Source};
 use dquant_proto::v1::OpenRequest;
-use dquant_remote::{open_source, AgentUri, Control, Transport};
+use dquant_remote::{open_source, AgentUri, Control, Credentials, Transport, DEFAULT_RPC_TIMEOUT};
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, RecordView};
 
@@ -106,10 +106,23 @@ impl Reader {
     }
 
     /// Opens `plan` on the agent at `agent` and connects its data plane: TCP frames or a
-    /// shared-memory ring, as [`AgentUri::transport`] says.
+    /// shared-memory ring, as [`AgentUri::transport`] says. The tenant token and TLS come
+    /// from the environment (`DQUANT_TOKEN`, `DQUANT_TLS_CA`, [`Credentials::from_env`]).
     pub fn remote(agent: &AgentUri, plan: &Plan, cursor: Cursor) -> Result<Self, ClientError> {
+        let creds = Credentials::from_env().map_err(ClientError::Connect)?;
+        Self::remote_with(agent, plan, cursor, &creds)
+    }
+
+    /// [`Reader::remote`] with `creds` instead of the environment's.
+    pub fn remote_with(
+        agent: &AgentUri,
+        plan: &Plan,
+        cursor: Cursor,
+        creds: &Credentials,
+    ) -> Result<Self, ClientError> {
         plan.validate()?;
-        let control = Control::connect(&agent.authority).map_err(ClientError::Connect)?;
+        let control = Control::connect_with(&agent.authority, DEFAULT_RPC_TIMEOUT, creds)
+            .map_err(ClientError::Connect)?;
         let reply = control
             .open(OpenRequest {
                 plan_json: plan.to_json(),
