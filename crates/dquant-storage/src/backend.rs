@@ -6,7 +6,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fd::OwnedFd;
-use rustix::fs::{FileType, Mode, OFlags};
+use rustix::fs::{FileType, Mode, OFlags, Stat};
+
+use crate::root::ObjectVersion;
 
 /// A read-only object of known length that serves positional reads.
 ///
@@ -28,6 +30,12 @@ pub trait ReadAt: Send + Sync {
     /// Fills `buf` from `offset`; a short object is an `UnexpectedEof` error.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// The version of the object this reads (as its root's `stat` reports it), when the
+    /// store can tell: what a cache of opened datasets checks before sharing one.
+    fn version(&self) -> Option<ObjectVersion> {
+        None
+    }
+
     /// Fills `bufs` in order from the contiguous bytes at `offset`, as
     /// [`read_exact_at`](ReadAt::read_exact_at) would one after the other (which is what
     /// the default does).
@@ -46,6 +54,7 @@ pub trait ReadAt: Send + Sync {
 pub struct LocalFile {
     file: File,
     len: u64,
+    version: ObjectVersion,
     path: PathBuf,
 }
 
@@ -71,12 +80,13 @@ impl LocalFile {
         &self.path
     }
 
-    /// A file already opened (and checked to be regular) by a caller; `path` is what it is
-    /// reported as.
-    pub(crate) fn from_fd(fd: OwnedFd, len: u64, path: PathBuf) -> Self {
+    /// A file already opened (and checked to be regular) by a caller, with its `fstat`;
+    /// `path` is what it is reported as.
+    pub(crate) fn from_fd(fd: OwnedFd, st: &Stat, path: PathBuf) -> Self {
         LocalFile {
             file: File::from(fd),
-            len,
+            len: st.st_size as u64,
+            version: local_version(st),
             path,
         }
     }
@@ -92,11 +102,16 @@ fn open_regular(path: &Path) -> io::Result<Result<LocalFile, FileType>> {
     if kind != FileType::RegularFile {
         return Ok(Err(kind));
     }
-    Ok(Ok(LocalFile::from_fd(
-        fd,
-        st.st_size as u64,
-        path.to_path_buf(),
-    )))
+    Ok(Ok(LocalFile::from_fd(fd, &st, path.to_path_buf())))
+}
+
+/// A local file's version, from its status: device, inode, size and modification time
+/// (what `object_store`'s local store builds its e-tag from).
+pub(crate) fn local_version(st: &Stat) -> ObjectVersion {
+    ObjectVersion::tag(format!(
+        "{:x}-{:x}-{:x}-{:x}.{:x}",
+        st.st_dev, st.st_ino, st.st_size, st.st_mtime, st.st_mtime_nsec
+    ))
 }
 
 /// How every local object is opened for reading: `O_NONBLOCK` so that opening a FIFO does
@@ -113,6 +128,10 @@ impl ReadAt for LocalFile {
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         FileExt::read_exact_at(&self.file, buf, offset)
+    }
+
+    fn version(&self) -> Option<ObjectVersion> {
+        Some(self.version.clone())
     }
 
     /// One `preadv` per call (more only when the kernel returns short).

@@ -17,7 +17,7 @@ use dquant_format::{ContentChecksum, DType, DocIndex, DocIndexBuilder, FormatErr
 
 use crate::backend::{LocalFile, ReadAt};
 use crate::error::StorageError;
-use crate::root::{normalize_name, Root, RootError};
+use crate::root::{normalize_name, ObjectVersion, Root, RootError};
 
 /// How to interpret files that do not describe themselves.
 #[derive(Clone, Copy, Debug, Default)]
@@ -139,6 +139,8 @@ pub struct Dataset {
     index: DocIndex,
     source: Source,
     size: u64,
+    /// The objects it was opened from and their versions then (as their readers said).
+    versions: Vec<(PathBuf, Option<ObjectVersion>)>,
 }
 
 /// If `path` names a Megatron dataset, its prefix (`x` for `x`, `x.idx` or `x.bin`).
@@ -160,8 +162,18 @@ fn read_at(file: &dyn ReadAt, name: &Path, buf: &mut [u8], off: u64) -> Result<(
         .map_err(|e| read_error(file, name, off + buf.len() as u64, e))
 }
 
+/// A failed read as the storage error that says why: a file shorter than its format needs,
+/// or one that became shorter than it was when opened (truncated or rewritten while served:
+/// the reader gets this error, never a signal).
 fn read_error(file: &dyn ReadAt, name: &Path, needed: u64, e: std::io::Error) -> StorageError {
-    if e.kind() == ErrorKind::UnexpectedEof {
+    if e.kind() == ErrorKind::UnexpectedEof && needed <= file.len() {
+        let reason = format!(
+            "the file is shorter than when it was opened ({} bytes; a read needed {needed}): \
+             it was truncated or rewritten while being read",
+            file.len()
+        );
+        StorageError::io(name, std::io::Error::new(ErrorKind::UnexpectedEof, reason))
+    } else if e.kind() == ErrorKind::UnexpectedEof {
         StorageError::format(
             name,
             FormatError::Truncated {
@@ -237,6 +249,10 @@ impl Dataset {
         megatron::check_bin_len(&mi, file.len()).map_err(|e| StorageError::format(&bin_path, e))?;
         let MegatronIndex { dtype, index, .. } = mi;
         let want = megatron::bin_len(dtype, index.tokens());
+        let versions = vec![
+            (idx_path, idx.version()),
+            (bin_path.clone(), file.version()),
+        ];
         Ok(Dataset {
             id: next_id(),
             path: prefix.to_path_buf(),
@@ -245,6 +261,7 @@ impl Dataset {
             index,
             source: Source::Plain { file, dtype },
             size: want + idx_bytes.len() as u64,
+            versions,
         })
     }
 
@@ -267,6 +284,7 @@ impl Dataset {
         let mut footer = vec![0u8; trailer.footer_len as usize];
         read_at(&*file, path, &mut footer, trailer.footer_offset)?;
         let meta = BlockFile::parse(&head, &trailer, &footer).map_err(fe)?;
+        let versions = vec![(path.to_path_buf(), file.version())];
         Ok(Dataset {
             id: next_id(),
             path: path.to_path_buf(),
@@ -281,6 +299,7 @@ impl Dataset {
                 meta: Box::new(meta),
             },
             size: len,
+            versions,
         })
     }
 
@@ -305,6 +324,7 @@ impl Dataset {
         }
         let tokens = file.len() / item;
         let size = file.len();
+        let versions = vec![(path.to_path_buf(), file.version())];
         let mut ds = Dataset {
             id: next_id(),
             path: path.to_path_buf(),
@@ -313,6 +333,7 @@ impl Dataset {
             index: DocIndex::single(tokens),
             source: Source::Plain { file, dtype },
             size,
+            versions,
         };
         if let Some(eod) = eod {
             // Documents end after each end-of-document token; a tail without one is a last
@@ -333,6 +354,26 @@ impl Dataset {
             ds.index = b.finish();
         }
         Ok(ds)
+    }
+
+    /// Whether every object this dataset was opened from is still the version it read
+    /// (its root's `stat` says so): `false` for one replaced, rewritten, removed, or whose
+    /// store cannot tell.
+    pub fn is_current_in(&self, root: &dyn Root) -> bool {
+        self.versions.iter().all(|(name, v)| {
+            let now = name.to_str().and_then(|n| root.stat(n).ok());
+            matches!((v, now), (Some(v), Some(m)) if m.version.as_ref() == Some(v))
+        })
+    }
+
+    /// Whether its store gave every object it was opened from a version.
+    pub fn is_versioned(&self) -> bool {
+        self.versions.iter().all(|(_, v)| v.is_some())
+    }
+
+    /// Whether `other` was opened from the same objects, in the same versions.
+    pub fn same_versions(&self, other: &Dataset) -> bool {
+        self.is_versioned() && self.versions == other.versions
     }
 
     /// The path the dataset was opened by (the prefix, for Megatron datasets); for a dataset

@@ -12,6 +12,7 @@
 //! keep its resident set bounded, and mapped pages would count against it.
 
 mod backend;
+mod cache;
 #[doc(hidden)]
 pub mod conformance;
 mod dataset;
@@ -22,11 +23,13 @@ mod root;
 mod writer;
 
 pub use backend::{LocalFile, ReadAt};
+pub use cache::{CacheStats, DatasetCache};
 pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader};
 pub use error::StorageError;
 pub use local_root::LocalRoot;
 pub use memory_root::InMemoryRoot;
 pub use root::{
-    datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, Root, RootError,
+    datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, ObjectVersion, Root,
+    RootError,
 };
 pub use writer::{megatron_prefix_of, DatasetWriter, OutputFormat, WriteReport};

@@ -72,7 +72,7 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
-use crate::backend::{LocalFile, ReadAt, READ_FLAGS};
+use crate::backend::{local_version, LocalFile, ReadAt, READ_FLAGS};
 use crate::root::{normalize_name, ObjectMeta, Root, RootError};
 
 /// At most this many links are followed resolving one name (Linux's own limit).
@@ -212,10 +212,11 @@ impl LocalRoot {
                     continue;
                 };
                 match FileType::from_raw_mode(st.st_mode) {
-                    FileType::RegularFile => out.push(ObjectMeta {
-                        name: rel,
-                        len: st.st_size as u64,
-                    }),
+                    FileType::RegularFile => out.push(ObjectMeta::new(
+                        rel,
+                        st.st_size as u64,
+                        Some(local_version(&st)),
+                    )),
                     // Descend into real directories only: a symlinked directory may lead back
                     // up the tree and loop.
                     FileType::Directory => {
@@ -225,10 +226,7 @@ impl LocalRoot {
                     }
                     FileType::Symlink => {
                         if let Ok(meta) = self.stat(&rel) {
-                            out.push(ObjectMeta {
-                                name: rel,
-                                len: meta.len,
-                            });
+                            out.push(ObjectMeta { name: rel, ..meta });
                         }
                     }
                     // FIFOs, sockets and devices are never served.
@@ -353,15 +351,16 @@ impl Root for LocalRoot {
 
     fn stat(&self, name: &str) -> Result<ObjectMeta, RootError> {
         let (_, st, norm) = self.find(name, false)?;
-        Ok(ObjectMeta {
-            name: norm,
-            len: st.st_size as u64,
-        })
+        Ok(ObjectMeta::new(
+            norm,
+            st.st_size as u64,
+            Some(local_version(&st)),
+        ))
     }
 
     fn open(&self, name: &str) -> Result<Box<dyn ReadAt>, RootError> {
         let (fd, st, norm) = self.find(name, true)?;
         let path = self.dir.join(norm);
-        Ok(Box::new(LocalFile::from_fd(fd, st.st_size as u64, path)))
+        Ok(Box::new(LocalFile::from_fd(fd, &st, path)))
     }
 }

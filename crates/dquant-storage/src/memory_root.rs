@@ -10,7 +10,7 @@ use std::io;
 use std::sync::Arc;
 
 use crate::backend::ReadAt;
-use crate::root::{normalize_name, ObjectMeta, Root, RootError};
+use crate::root::{normalize_name, ObjectMeta, ObjectVersion, Root, RootError};
 
 /// A root whose objects are byte buffers in memory.
 #[derive(Clone, Default)]
@@ -61,19 +61,13 @@ impl Root for InMemoryRoot {
         Ok(self
             .objects
             .iter()
-            .map(|(name, bytes)| ObjectMeta {
-                name: name.clone(),
-                len: bytes.len() as u64,
-            })
+            .map(|(name, bytes)| ObjectMeta::new(name.clone(), bytes.len() as u64, version(bytes)))
             .collect())
     }
 
     fn stat(&self, name: &str) -> Result<ObjectMeta, RootError> {
         let (name, bytes) = self.get(name)?;
-        Ok(ObjectMeta {
-            name,
-            len: bytes.len() as u64,
-        })
+        Ok(ObjectMeta::new(name, bytes.len() as u64, version(bytes)))
     }
 
     fn open(&self, name: &str) -> Result<Box<dyn ReadAt>, RootError> {
@@ -82,12 +76,27 @@ impl Root for InMemoryRoot {
     }
 }
 
+/// An object's version: its buffer's address. Buffers are immutable and a replaced
+/// object gets a new one; a reader holds its buffer, so an address is not reused while a
+/// dataset opened from it lives.
+fn version(bytes: &Arc<[u8]>) -> Option<ObjectVersion> {
+    Some(ObjectVersion::tag(format!(
+        "mem-{:p}-{}",
+        Arc::as_ptr(bytes),
+        bytes.len()
+    )))
+}
+
 /// Positional reads over a shared byte buffer.
 struct MemoryObject(Arc<[u8]>);
 
 impl ReadAt for MemoryObject {
     fn len(&self) -> u64 {
         self.0.len() as u64
+    }
+
+    fn version(&self) -> Option<ObjectVersion> {
+        version(&self.0)
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -19,13 +19,44 @@ use std::io;
 
 use crate::backend::ReadAt;
 
-/// One object of a root: its name and length.
+/// One object of a root: its name, length and version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectMeta {
     /// Relative name, `/`-separated, normalized.
     pub name: String,
     /// Length in bytes.
     pub len: u64,
+    /// What changes when the object is replaced or rewritten, when the root can tell.
+    pub version: Option<ObjectVersion>,
+}
+
+impl ObjectMeta {
+    pub fn new(name: impl Into<String>, len: u64, version: Option<ObjectVersion>) -> Self {
+        ObjectMeta {
+            name: name.into(),
+            len,
+            version,
+        }
+    }
+}
+
+/// One version of an object: equal versions mean the same bytes. Like `object_store`'s
+/// `e_tag`, opaque; a local file's is built from its device, inode, size and modification
+/// time, so a file replaced by a rename or rewritten in place gets another.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectVersion(Box<str>);
+
+impl ObjectVersion {
+    /// A store's own tag (an S3 ETag, a generation number).
+    pub fn tag(tag: impl Into<String>) -> Self {
+        ObjectVersion(tag.into().into_boxed_str())
+    }
+}
+
+impl fmt::Display for ObjectVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// What kind of dataset a listed [`Entry`] is.
@@ -224,10 +255,7 @@ mod tests {
 
     #[test]
     fn objects_group_into_datasets() {
-        let o = |name: &str, len| ObjectMeta {
-            name: name.into(),
-            len,
-        };
+        let o = |name: &str, len| ObjectMeta::new(name, len, None);
         let got = datasets(&[
             o("a.bin", 8),
             o("a.idx", 3),
