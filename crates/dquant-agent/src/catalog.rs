@@ -30,6 +30,8 @@ pub struct NameError(pub String);
 /// A dataset name resolved to its root and its name under that root.
 #[derive(Clone, Debug)]
 pub struct Resolved {
+    /// The root's name (`corpus` of `corpus/sub/x`).
+    pub root_name: String,
     pub root: Arc<dyn Root>,
     /// The name under the root (`sub/x` of `corpus/sub/x`).
     pub name: String,
@@ -89,6 +91,7 @@ impl Catalog {
             Err(e) => return Err(refusal(name, root_name, &e)),
         }
         Ok(Resolved {
+            root_name: root_name.to_string(),
             root: root.clone(),
             name: rel.to_string(),
         })

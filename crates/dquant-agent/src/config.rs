@@ -38,6 +38,11 @@ pub struct AgentConfig {
     /// Sessions open at once, streaming or waiting for their data connection.
     #[serde(default = "default_max_sessions")]
     pub max_sessions: usize,
+    /// Datasets kept open while no session reads them (each holds its document index in
+    /// memory), so a trainer that restarts finds its datasets open. Datasets sessions read
+    /// are open once however many sessions read them.
+    #[serde(default = "default_dataset_cache")]
+    pub keep_datasets: usize,
     /// Seconds an opened session waits for its data connection before it is dropped.
     #[serde(default = "default_ticket_ttl")]
     pub ticket_ttl_secs: u64,
@@ -118,6 +123,9 @@ fn default_prefetch() -> usize {
 fn default_max_sessions() -> usize {
     256
 }
+fn default_dataset_cache() -> usize {
+    16
+}
 fn default_ticket_ttl() -> u64 {
     60
 }
@@ -139,6 +147,7 @@ impl Default for AgentConfig {
             socket: None,
             prefetch_frames: default_prefetch(),
             max_sessions: default_max_sessions(),
+            keep_datasets: default_dataset_cache(),
             ticket_ttl_secs: default_ticket_ttl(),
             roots: BTreeMap::new(),
             metrics_listen: None,

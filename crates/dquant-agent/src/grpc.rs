@@ -11,7 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dquant_engine::{EngineError, LocalSource, Pipeline, SourceError, TokenSource};
+use crate::catalog::Resolved;
+use dquant_engine::{open_options, EngineError, LocalSource, Pipeline, SourceError, TokenSource};
 use dquant_plan::{Cursor, Plan, Source};
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
@@ -59,8 +60,17 @@ fn open_plan_source(
         .catalog
         .resolve(&s.uri)
         .map_err(|e| SourceError::NotFound(e.0))?;
-    let src = LocalSource::open_in(&*found.root, &found.name, s)?;
-    Ok(Box::new(src))
+    Ok(Box::new(open_shared(shared, &found, s)?))
+}
+
+/// A source over the dataset `found`, opened once for every session that reads it (the
+/// agent's dataset cache).
+fn open_shared(shared: &Shared, found: &Resolved, s: &Source) -> Result<LocalSource, SourceError> {
+    let opts = open_options(s)?;
+    let ds = shared
+        .datasets
+        .open_in(&found.root_name, &*found.root, &found.name, &opts)?;
+    Ok(LocalSource::shared(ds))
 }
 
 fn stat_of(name: &str, ds: &Dataset) -> DatasetStat {
@@ -93,7 +103,7 @@ fn open_local(shared: &Shared, req: &StatRequest) -> Result<(LocalSource, Datase
         .catalog
         .resolve(&req.dataset)
         .map_err(|e| Status::not_found(e.0))?;
-    let src = LocalSource::open_in(&*found.root, &found.name, &source_of(req))
+    let src = open_shared(shared, &found, &source_of(req))
         .map_err(|e| Status::invalid_argument(format!("dataset {:?}: {e}", req.dataset)))?;
     let stat = stat_of(&req.dataset, src.dataset());
     Ok((src, stat))

@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     pub refusals: auth::RefusalLog,
     pub metrics: metrics::Metrics,
     pub catalog: Catalog,
+    /// Datasets opened once and shared by the sessions that read them.
+    pub datasets: dquant_storage::DatasetCache,
     pub sessions: Arc<sessions::Sessions>,
     pub opens: open_pool::OpenPool,
     /// Connections (data port and Unix socket) that have not said hello yet.
@@ -152,6 +154,11 @@ impl AgentHandle {
     /// (pending, active) sessions right now.
     pub fn sessions(&self) -> (usize, usize) {
         self.shared.sessions.counts()
+    }
+
+    /// What the shared dataset cache has done so far.
+    pub fn datasets(&self) -> dquant_storage::CacheStats {
+        self.shared.datasets.stats()
     }
 
     /// Requests queued for or running on the open workers right now.
@@ -344,6 +351,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         refusals: auth::RefusalLog::default(),
         metrics,
         catalog,
+        datasets: dquant_storage::DatasetCache::new(config.keep_datasets),
         config,
         data_port: data_addr.port(),
         tls,

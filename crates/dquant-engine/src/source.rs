@@ -8,6 +8,7 @@
 use std::io::IoSliceMut;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 use dquant_codec::{CodecError, Width};
 use dquant_format::{DType, FormatError};
@@ -89,12 +90,19 @@ pub trait TokenSource: Send {
 
 /// A dataset on this machine.
 pub struct LocalSource {
-    ds: Dataset,
+    /// Shared with every other session reading the same dataset (an agent's
+    /// [`DatasetCache`](dquant_storage::DatasetCache)); the read buffers are this source's.
+    ds: Arc<Dataset>,
     bufs: ReadBuffers,
 }
 
 impl LocalSource {
     pub fn new(ds: Dataset) -> Self {
+        Self::shared(Arc::new(ds))
+    }
+
+    /// A source over a dataset other sources may be reading too.
+    pub fn shared(ds: Arc<Dataset>) -> Self {
         LocalSource {
             ds,
             bufs: ReadBuffers::new(),

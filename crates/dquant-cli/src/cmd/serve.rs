@@ -24,6 +24,7 @@ Examples:
   #   socket = \"/run/dquant.sock\"     # local clients: control plane + shared-memory rings
   #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
   #   max_sessions = 256
+  #   keep_datasets = 16              # datasets kept open while no session reads them
   #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
   #   upstreams = [\"10.0.0.5:7878\"]   # agents plans may chain to (default: none)
   #   upstream_timeout_secs = 30      # each call to an upstream, each read on its data socket
