@@ -558,12 +558,12 @@ fn report(
         a.max_sessions
     );
     println!(
-        "memory bound = {} MiB + sessions × ({} MiB prefetch + {} MiB batch buffers + {} MiB index) = {} MiB + sessions × {} MiB",
+        "memory bound = {} MiB + {} MiB index (shared) + sessions × ({} MiB prefetch + {} MiB batch buffers) = {} MiB + sessions × {} MiB",
         a.base_mib,
+        mib(per_session.index / 1024),
         mib(per_session.prefetch / 1024),
         mib(per_session.batch / 1024),
-        mib(per_session.index / 1024),
-        a.base_mib,
+        a.base_mib + per_session.index / (1 << 20),
         mib(per_session.total() / 1024),
     );
     println!(

@@ -35,8 +35,8 @@ pub struct SessionMemory {
     /// token), and as much again for an encoded record when the wire codec is not the output
     /// dtype's plain codec (`RecordEncoder`).
     pub batch: u64,
-    /// The dataset's document index, loaded by each session's own `Dataset::open`: taken as
-    /// the `.idx` file's size.
+    /// The dataset's document index: taken as the `.idx` file's size. Loaded once for every
+    /// session (the agent's dataset cache), so the bound counts it once.
     pub index: u64,
 }
 
@@ -57,16 +57,18 @@ impl SessionMemory {
         }
     }
 
+    /// What each session adds: its frame pool and batch buffers.
     pub fn total(&self) -> u64 {
-        self.prefetch
-            .saturating_add(self.batch)
-            .saturating_add(self.index)
+        self.prefetch.saturating_add(self.batch)
     }
 }
 
-/// The agent's resident-memory bound: a fixed part plus `sessions` × one session's share.
+/// The agent's resident-memory bound: a fixed part, the shared index, and `sessions` × one
+/// session's share.
 pub fn rss_bound_bytes(base_bytes: u64, per_session: SessionMemory, sessions: u64) -> u64 {
-    base_bytes.saturating_add(per_session.total().saturating_mul(sessions))
+    base_bytes
+        .saturating_add(per_session.index)
+        .saturating_add(per_session.total().saturating_mul(sessions))
 }
 
 /// The agent's thread bound: the threads it has idle, two per streaming TCP session (the
@@ -196,12 +198,12 @@ mod tests {
         assert_eq!(s.prefetch, 8 << 20);
         assert_eq!(s.batch, 16 * 4096 * 4);
         assert_eq!(s.index, 10_000_000);
-        assert_eq!(s.total(), (8 << 20) + 262_144 + 10_000_000);
+        assert_eq!(s.total(), (8 << 20) + 262_144);
         let encoded = SessionMemory::new(8, 16, 4095, false, 0);
         assert_eq!(encoded.batch, 16 * 4096 * 8);
         assert_eq!(
             rss_bound_bytes(64 << 20, s, 66),
-            (64 << 20) + 66 * s.total()
+            (64 << 20) + 10_000_000 + 66 * s.total()
         );
         assert_eq!(thread_bound(12, 66, 64), 12 + 132 + 64);
         // Absurd configs saturate rather than wrap.
