@@ -44,57 +44,196 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Parses and validates a whole `.idx` file.
-pub fn parse_idx(b: &[u8]) -> Result<MegatronIndex, FormatError> {
-    if b.len() < HEADER_LEN {
-        return Err(FormatError::truncated(
-            "Megatron .idx header",
-            HEADER_LEN as u64,
-            b.len() as u64,
-        ));
-    }
-    if &b[..9] != MAGIC {
-        return Err(FormatError::BadMagic {
-            what: "Megatron .idx file",
-            found: String::from_utf8_lossy(&b[..9]).into_owned(),
-            expected: "MMIDIDX\0\0".into(),
-        });
-    }
-    let version = u64_at(b, 9);
-    if version != VERSION {
-        return Err(FormatError::UnsupportedVersion {
-            what: "Megatron .idx",
-            version,
-            supported: VERSION,
-        });
-    }
-    let dtype = DType::from_code(b[17])?;
-    let s = u64_at(b, 18);
-    let d = u64_at(b, 26);
-    let too_big = || FormatError::corrupt("Megatron .idx", format!("counts S={s} D={d} overflow"));
-    let arrays = s
-        .checked_mul(12)
-        .and_then(|x| d.checked_mul(8).and_then(|y| x.checked_add(y)))
-        .and_then(|x| x.checked_add(HEADER_LEN as u64))
-        .ok_or_else(too_big)?;
-    let have = b.len() as u64;
-    if have < arrays {
-        return Err(FormatError::truncated(
-            format!("Megatron .idx with {s} sequences and {d} document indices"),
-            arrays,
-            have,
-        ));
-    }
-    let multimodal = match have - arrays {
-        0 => false,
-        extra if extra == s => true,
-        extra => {
+/// What an `.idx` says before its arrays, checked against the file's length: enough to
+/// serve the tokens without reading the arrays ([`check_ends`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdxHeader {
+    pub dtype: DType,
+    /// Sequences: the length of `sequence_lengths` and `sequence_pointers`.
+    pub sequences: u64,
+    /// The length of `document_indices` (documents + 1).
+    pub doc_indices: u64,
+    /// The file carries a `sequence_modes` array (multimodal datasets).
+    pub multimodal: bool,
+}
+
+impl IdxHeader {
+    /// Parses the header (the file's first [`HEADER_LEN`] bytes, or all of a shorter file)
+    /// and checks that a file of `idx_len` bytes holds exactly the arrays it declares.
+    pub fn parse(b: &[u8], idx_len: u64) -> Result<Self, FormatError> {
+        if b.len() < HEADER_LEN {
+            return Err(FormatError::truncated(
+                "Megatron .idx header",
+                HEADER_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        if &b[..9] != MAGIC {
+            return Err(FormatError::BadMagic {
+                what: "Megatron .idx file",
+                found: String::from_utf8_lossy(&b[..9]).into_owned(),
+                expected: "MMIDIDX\0\0".into(),
+            });
+        }
+        let version = u64_at(b, 9);
+        if version != VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: "Megatron .idx",
+                version,
+                supported: VERSION,
+            });
+        }
+        let dtype = DType::from_code(b[17])?;
+        let (s, d) = (u64_at(b, 18), u64_at(b, 26));
+        let too_big =
+            || FormatError::corrupt("Megatron .idx", format!("counts S={s} D={d} overflow"));
+        let arrays = s
+            .checked_mul(12)
+            .and_then(|x| d.checked_mul(8).and_then(|y| x.checked_add(y)))
+            .and_then(|x| x.checked_add(HEADER_LEN as u64))
+            .ok_or_else(too_big)?;
+        if idx_len < arrays {
+            return Err(FormatError::truncated(
+                format!("Megatron .idx with {s} sequences and {d} document indices"),
+                arrays,
+                idx_len,
+            ));
+        }
+        let multimodal = match idx_len - arrays {
+            0 => false,
+            extra if extra == s => true,
+            extra => {
+                return Err(FormatError::corrupt(
+                    "Megatron .idx",
+                    format!("{extra} unexpected bytes after the document indices"),
+                ))
+            }
+        };
+        if d == 0 {
             return Err(FormatError::corrupt(
                 "Megatron .idx",
-                format!("{extra} unexpected bytes after the document indices"),
-            ))
+                "document_indices is empty (it must start with 0)",
+            ));
         }
+        Ok(IdxHeader {
+            dtype,
+            sequences: s,
+            doc_indices: d,
+            multimodal,
+        })
+    }
+
+    /// Byte offset of `sequence_lengths[i]`.
+    pub fn length_at(&self, i: u64) -> u64 {
+        HEADER_LEN as u64 + 4 * i
+    }
+
+    /// Byte offset of `sequence_pointers[i]`.
+    pub fn pointer_at(&self, i: u64) -> u64 {
+        HEADER_LEN as u64 + 4 * self.sequences + 8 * i
+    }
+
+    /// Byte offset of `document_indices[i]`.
+    pub fn doc_index_at(&self, i: u64) -> u64 {
+        HEADER_LEN as u64 + 12 * self.sequences + 8 * i
+    }
+
+    /// Documents: `document_indices` less its leading 0.
+    pub fn documents(&self) -> u64 {
+        self.doc_indices - 1
+    }
+}
+
+/// The ends of an `.idx`'s arrays, read on their own: enough to check it against its
+/// `.bin` without reading the arrays whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdxEnds {
+    pub first_pointer: u64,
+    pub last_pointer: u64,
+    pub last_length: i32,
+    pub first_doc_index: u64,
+    pub last_doc_index: u64,
+}
+
+/// Checks an `.idx`'s ends, as far as they can tell (the first sequence starts at byte 0,
+/// the last ends on a token boundary, the document indices run from 0 to the sequence
+/// count), and returns the token count they describe, for [`check_bin_tokens`].
+/// [`parse_idx`] checks every entry.
+pub fn check_ends(h: &IdxHeader, e: &IdxEnds) -> Result<u64, FormatError> {
+    let item = h.dtype.itemsize() as u64;
+    let bad = |m: String| Err(FormatError::corrupt("Megatron .idx", m));
+    if e.first_doc_index != 0 || e.last_doc_index != h.sequences {
+        return bad(format!(
+            "document_indices run from {} to {}, expected 0 to {} (the sequence count)",
+            e.first_doc_index, e.last_doc_index, h.sequences
+        ));
+    }
+    if h.sequences == 0 {
+        return Ok(0);
+    }
+    if e.first_pointer != 0 {
+        return bad(format!(
+            "sequence 0 starts at byte {}, expected 0",
+            e.first_pointer
+        ));
+    }
+    let Ok(last_len) = u64::try_from(e.last_length) else {
+        return bad(format!(
+            "sequence {} has negative length {}",
+            h.sequences - 1,
+            e.last_length
+        ));
     };
+    let end = e
+        .last_pointer
+        .checked_add(last_len * item)
+        .filter(|end| end % item == 0)
+        .ok_or_else(|| {
+            FormatError::corrupt(
+                "Megatron .idx",
+                format!(
+                    "the last sequence's pointer {} is not a token boundary",
+                    e.last_pointer
+                ),
+            )
+        })?;
+    Ok(end / item)
+}
+
+/// Checks a `.bin` of `bin_len` bytes against the `tokens` its `.idx` describes.
+pub fn check_bin_tokens(dtype: DType, tokens: u64, bin_len: u64) -> Result<(), FormatError> {
+    let want = bin_len_of(dtype, tokens);
+    if bin_len < want {
+        return Err(FormatError::truncated(
+            format!(
+                "Megatron .bin ({tokens} tokens of {} in the .idx)",
+                dtype.numpy_name()
+            ),
+            want,
+            bin_len,
+        ));
+    }
+    if bin_len > want {
+        return Err(FormatError::corrupt(
+            "Megatron .bin",
+            format!(
+                "{bin_len} bytes, but the .idx describes only {want} ({tokens} tokens of {}); \
+                 the .idx may be stale or truncated",
+                dtype.numpy_name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses and validates a whole `.idx` file.
+pub fn parse_idx(b: &[u8]) -> Result<MegatronIndex, FormatError> {
+    let IdxHeader {
+        dtype,
+        sequences: s,
+        doc_indices: d,
+        multimodal,
+    } = IdxHeader::parse(b, b.len() as u64)?;
     let (s, d) = (s as usize, d as usize);
     let lens = &b[HEADER_LEN..HEADER_LEN + 4 * s];
     let ptrs = &b[HEADER_LEN + 4 * s..HEADER_LEN + 12 * s];
@@ -147,35 +286,16 @@ pub fn parse_idx(b: &[u8]) -> Result<MegatronIndex, FormatError> {
 
 /// Size in bytes of the `.bin` that goes with an index.
 pub fn bin_len(dtype: DType, tokens: u64) -> u64 {
+    bin_len_of(dtype, tokens)
+}
+
+fn bin_len_of(dtype: DType, tokens: u64) -> u64 {
     tokens * dtype.itemsize() as u64
 }
 
 /// Checks the `.bin` length against what the `.idx` describes.
 pub fn check_bin_len(idx: &MegatronIndex, bin_len: u64) -> Result<(), FormatError> {
-    let want = self::bin_len(idx.dtype, idx.index.tokens());
-    if bin_len < want {
-        return Err(FormatError::truncated(
-            format!(
-                "Megatron .bin ({} tokens of {} in the .idx)",
-                idx.index.tokens(),
-                idx.dtype.numpy_name()
-            ),
-            want,
-            bin_len,
-        ));
-    }
-    if bin_len > want {
-        return Err(FormatError::corrupt(
-            "Megatron .bin",
-            format!(
-                "{bin_len} bytes, but the .idx describes only {want} ({} tokens of {}); \
-                 the .idx may be stale or truncated",
-                idx.index.tokens(),
-                idx.dtype.numpy_name()
-            ),
-        ));
-    }
-    Ok(())
+    check_bin_tokens(idx.dtype, idx.index.tokens(), bin_len)
 }
 
 /// Encodes an `.idx` for `index` stored as `dtype`, exactly as Megatron-Core's

@@ -7,19 +7,54 @@ use common::Rng;
 use common::*;
 use dquant_codec::{Codec, Width};
 use dquant_format::block::{BlockFile, BLOCK_HEADER_LEN, HEADER_LEN, TRAILER_LEN};
-use dquant_format::megatron::{encode_idx, parse_idx, MAGIC};
+use dquant_format::megatron::{
+    check_ends, encode_idx, parse_idx, IdxEnds, IdxHeader, HEADER_LEN as HEADER_LEN_IDX, MAGIC,
+};
 use proptest::prelude::*;
 
 /// Decoding a parsed file allocates its token count up front; damaged headers can claim
 /// billions of tokens, so only decode what a test can afford (the parse itself is bounded).
 const DECODE_LIMIT: u64 = 1 << 22;
 
+/// The tokens an `.idx` describes as a lazy open sees them: its header and the ends of its
+/// arrays only.
+fn lazy_tokens(b: &[u8]) -> Result<u64, dquant_format::FormatError> {
+    let h = IdxHeader::parse(&b[..b.len().min(HEADER_LEN_IDX)], b.len() as u64)?;
+    let u64_at =
+        |off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().unwrap());
+    let last = h.sequences.saturating_sub(1);
+    let ends = IdxEnds {
+        first_pointer: if h.sequences == 0 {
+            0
+        } else {
+            u64_at(h.pointer_at(0))
+        },
+        last_pointer: if h.sequences == 0 {
+            0
+        } else {
+            u64_at(h.pointer_at(last))
+        },
+        last_length: if h.sequences == 0 {
+            0
+        } else {
+            let at = h.length_at(last) as usize;
+            i32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+        },
+        first_doc_index: u64_at(h.doc_index_at(0)),
+        last_doc_index: u64_at(h.doc_index_at(h.doc_indices - 1)),
+    };
+    check_ends(&h, &ends)
+}
+
 fn check_idx(bytes: &[u8]) {
+    let lazy = lazy_tokens(bytes);
     if let Ok(p) = parse_idx(bytes) {
         let again = encode_idx(p.dtype, &p.index).expect("a parsed index encodes");
         let q = parse_idx(&again).expect("an encoded index parses");
         assert_eq!(q.index, p.index);
         assert_eq!(q.dtype, p.dtype);
+        // What the whole parse accepts, the lazy open accepts, with the same tokens.
+        assert_eq!(lazy.expect("a lazy open of a valid .idx"), p.index.tokens());
     }
 }
 
@@ -112,6 +147,7 @@ proptest! {
         let dt = dquant_format::DType::from_code(code).unwrap();
         let bytes = encode_idx(dt, &ix).unwrap();
         let p = parse_idx(&bytes).unwrap();
+        prop_assert_eq!(lazy_tokens(&bytes).unwrap(), ix.tokens());
         prop_assert_eq!(p.index, ix);
         prop_assert_eq!(p.dtype, dt);
     }
