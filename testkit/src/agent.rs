@@ -59,7 +59,7 @@ pub fn write_block_copy(src: &Path, dst: &Path, codec: Codec) {
     )
     .unwrap();
     ds.scan(1 << 16, |_, t| w.push(t)).unwrap();
-    w.finish(ds.index()).unwrap();
+    w.finish(ds.index().unwrap()).unwrap();
 }
 
 /// A directory served as root `corpus`:

@@ -78,8 +78,8 @@ fn stat_of(name: &str, ds: &Dataset) -> DatasetStat {
         dataset: name.to_string(),
         format: ds.format().name().to_string(),
         tokens: ds.tokens(),
-        documents: ds.index().documents() as u64,
-        sequences: ds.index().sequences() as u64,
+        documents: ds.documents(),
+        sequences: ds.sequences(),
         bytes_on_disk: ds.size_on_disk(),
         stored_max_token: ds.stored_max_token(),
         checksum: ds

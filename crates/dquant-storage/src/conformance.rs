@@ -267,7 +267,7 @@ fn summary(ds: &Dataset) -> (String, DocIndex, u64, Option<String>, Vec<u32>) {
     let format = ds.format().to_string();
     (
         format,
-        ds.index().clone(),
+        ds.index().expect("the index reads").clone(),
         ds.size_on_disk(),
         checksum,
         tokens,

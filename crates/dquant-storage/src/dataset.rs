@@ -9,10 +9,11 @@ use std::fmt;
 use std::io::{ErrorKind, IoSliceMut};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use dquant_codec::{Codec, Decoder};
 use dquant_format::block::{self, BlockFile, Trailer};
-use dquant_format::megatron::{self, MegatronIndex};
+use dquant_format::megatron::{self, IdxEnds, IdxHeader};
 use dquant_format::{ContentChecksum, DType, DocIndex, DocIndexBuilder, FormatError};
 
 use crate::backend::{LocalFile, ReadAt};
@@ -65,6 +66,106 @@ impl fmt::Display for Format {
             }
         }
     }
+}
+
+impl fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dataset")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("tokens", &self.tokens())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A dataset's document index: in memory, or (Megatron) described by its header and read
+/// when first asked for. Serving tokens needs only the token count, so an agent's sessions
+/// never hold a per-document copy, however many documents there are.
+enum Index {
+    Loaded(DocIndex),
+    Lazy(Box<LazyIndex>),
+}
+
+struct LazyIndex {
+    header: IdxHeader,
+    /// What the header and the arrays' ends describe (checked against the `.bin`).
+    tokens: u64,
+    idx: Box<dyn ReadAt>,
+    idx_path: PathBuf,
+    loaded: OnceLock<DocIndex>,
+}
+
+impl LazyIndex {
+    /// The whole index, read and checked once; an error is returned, not kept, so a later
+    /// call reads again.
+    fn get(&self) -> Result<&DocIndex, StorageError> {
+        if let Some(ix) = self.loaded.get() {
+            return Ok(ix);
+        }
+        let fe = |e| StorageError::format(&self.idx_path, e);
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(self.idx.len() as usize)
+            .map_err(|_| {
+                StorageError::Usage(format!(
+                    "{}: cannot allocate {} bytes to read the index",
+                    self.idx_path.display(),
+                    self.idx.len()
+                ))
+            })?;
+        bytes.resize(self.idx.len() as usize, 0);
+        read_at(&*self.idx, &self.idx_path, &mut bytes, 0)?;
+        let mi = megatron::parse_idx(&bytes).map_err(fe)?;
+        if mi.index.tokens() != self.tokens {
+            return Err(fe(FormatError::corrupt(
+                "Megatron .idx",
+                format!(
+                    "its sequences hold {} tokens, but its ends (and the .bin) say {}: it \
+                     changed while open",
+                    mi.index.tokens(),
+                    self.tokens
+                ),
+            )));
+        }
+        Ok(self.loaded.get_or_init(|| mi.index))
+    }
+}
+
+/// Reads an `.idx`'s header and the ends of its arrays (a few dozen bytes, whatever the
+/// document count) and checks them: the header and the token count they describe.
+fn lazy_idx(idx: &dyn ReadAt, path: &Path) -> Result<(IdxHeader, u64), StorageError> {
+    let fe = |e| StorageError::format(path, e);
+    let mut head = [0u8; megatron::HEADER_LEN];
+    let n = (idx.len() as usize).min(head.len());
+    read_at(idx, path, &mut head[..n], 0)?;
+    let h = IdxHeader::parse(&head[..n], idx.len()).map_err(fe)?;
+    let u64_at = |off: u64| -> Result<u64, StorageError> {
+        let mut b = [0u8; 8];
+        read_at(idx, path, &mut b, off)?;
+        Ok(u64::from_le_bytes(b))
+    };
+    let last = h.sequences.saturating_sub(1);
+    let mut len = [0u8; 4];
+    let ends = if h.sequences == 0 {
+        IdxEnds {
+            first_pointer: 0,
+            last_pointer: 0,
+            last_length: 0,
+            first_doc_index: u64_at(h.doc_index_at(0))?,
+            last_doc_index: u64_at(h.doc_index_at(h.doc_indices - 1))?,
+        }
+    } else {
+        read_at(idx, path, &mut len, h.length_at(last))?;
+        IdxEnds {
+            first_pointer: u64_at(h.pointer_at(0))?,
+            last_pointer: u64_at(h.pointer_at(last))?,
+            last_length: i32::from_le_bytes(len),
+            first_doc_index: u64_at(h.doc_index_at(0))?,
+            last_doc_index: u64_at(h.doc_index_at(h.doc_indices - 1))?,
+        }
+    };
+    let tokens = megatron::check_ends(&h, &ends).map_err(fe)?;
+    Ok((h, tokens))
 }
 
 enum Source {
@@ -136,7 +237,7 @@ pub struct Dataset {
     path: PathBuf,
     data_path: PathBuf,
     format: Format,
-    index: DocIndex,
+    index: Index,
     source: Source,
     size: u64,
     /// The objects it was opened from and their versions then (as their readers said).
@@ -242,15 +343,13 @@ impl Dataset {
         };
         let (idx_path, bin_path) = (sibling(".idx"), sibling(".bin"));
         let idx = objects.open(&idx_path)?;
-        let mut idx_bytes = vec![0u8; idx.len() as usize];
-        read_at(&*idx, &idx_path, &mut idx_bytes, 0)?;
-        let mi = megatron::parse_idx(&idx_bytes).map_err(|e| StorageError::format(&idx_path, e))?;
+        let (header, tokens) = lazy_idx(&*idx, &idx_path)?;
+        let dtype = header.dtype;
         let file = objects.open(&bin_path)?;
-        megatron::check_bin_len(&mi, file.len()).map_err(|e| StorageError::format(&bin_path, e))?;
-        let MegatronIndex { dtype, index, .. } = mi;
-        let want = megatron::bin_len(dtype, index.tokens());
+        megatron::check_bin_tokens(dtype, tokens, file.len())
+            .map_err(|e| StorageError::format(&bin_path, e))?;
         let versions = vec![
-            (idx_path, idx.version()),
+            (idx_path.clone(), idx.version()),
             (bin_path.clone(), file.version()),
         ];
         Ok(Dataset {
@@ -258,9 +357,15 @@ impl Dataset {
             path: prefix.to_path_buf(),
             data_path: bin_path,
             format: Format::Megatron { dtype },
-            index,
+            size: file.len() + idx.len(),
+            index: Index::Lazy(Box::new(LazyIndex {
+                header,
+                tokens,
+                idx,
+                idx_path,
+                loaded: OnceLock::new(),
+            })),
             source: Source::Plain { file, dtype },
-            size: want + idx_bytes.len() as u64,
             versions,
         })
     }
@@ -293,7 +398,7 @@ impl Dataset {
                 codec: meta.header.codec,
                 block_tokens: meta.header.block_tokens,
             },
-            index: meta.footer.index.clone(),
+            index: Index::Loaded(meta.footer.index.clone()),
             source: Source::Block {
                 file,
                 meta: Box::new(meta),
@@ -330,7 +435,7 @@ impl Dataset {
             path: path.to_path_buf(),
             data_path: path.to_path_buf(),
             format: Format::Raw { dtype },
-            index: DocIndex::single(tokens),
+            index: Index::Loaded(DocIndex::single(tokens)),
             source: Source::Plain { file, dtype },
             size,
             versions,
@@ -351,7 +456,7 @@ impl Dataset {
             if last < tokens {
                 b.push_document(tokens - last);
             }
-            ds.index = b.finish();
+            ds.index = Index::Loaded(b.finish());
         }
         Ok(ds)
     }
@@ -392,12 +497,36 @@ impl Dataset {
         self.format
     }
 
-    pub fn index(&self) -> &DocIndex {
-        &self.index
+    /// The document index, read whole (and checked entry by entry) on first use for a
+    /// Megatron dataset: serving its tokens never needs it.
+    pub fn index(&self) -> Result<&DocIndex, StorageError> {
+        match &self.index {
+            Index::Loaded(ix) => Ok(ix),
+            Index::Lazy(lazy) => lazy.get(),
+        }
     }
 
     pub fn tokens(&self) -> u64 {
-        self.index.tokens()
+        match &self.index {
+            Index::Loaded(ix) => ix.tokens(),
+            Index::Lazy(lazy) => lazy.tokens,
+        }
+    }
+
+    /// Documents, without reading the index.
+    pub fn documents(&self) -> u64 {
+        match &self.index {
+            Index::Loaded(ix) => ix.documents() as u64,
+            Index::Lazy(lazy) => lazy.header.documents(),
+        }
+    }
+
+    /// Sequences, without reading the index.
+    pub fn sequences(&self) -> u64 {
+        match &self.index {
+            Index::Loaded(ix) => ix.sequences() as u64,
+            Index::Lazy(lazy) => lazy.header.sequences,
+        }
     }
 
     /// Bytes on storage, all files of the dataset together.

@@ -103,7 +103,7 @@ pub fn run(c: &Cmd) -> Result<()> {
                 let (mut w, head) = BlockFileWriter::new(header, false)?;
                 let mut file = head.to_vec();
                 w.push(&tokens, &mut file)?;
-                w.finish(ds.index(), &mut file)?;
+                w.finish(ds.index()?, &mut file)?;
                 Ok(file)
             })?;
             let meta = BlockFile::from_bytes(&file)?;

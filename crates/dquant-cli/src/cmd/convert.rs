@@ -241,7 +241,7 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
         pb.inc(t.len() as u64);
         Ok(())
     })?;
-    let rep = w.finish(ds.index()).map_err(util::in_input(&src))?;
+    let rep = w.finish(ds.index()?).map_err(util::in_input(&src))?;
     pb.finish_and_clear();
     Ok((ds, fmt, rep, t0.elapsed().as_secs_f64()))
 }
@@ -264,7 +264,7 @@ pub fn run(a: &Args) -> Result<()> {
             "dst_format": describe(&fmt),
             "files": rep.files,
             "tokens": rep.tokens,
-            "documents": ds.index().documents(),
+            "documents": ds.documents(),
             "src_bytes": src_bytes,
             "dst_bytes": rep.bytes,
             "bytes_per_token": per_token(rep.bytes),
@@ -279,7 +279,7 @@ pub fn run(a: &Args) -> Result<()> {
     println!(
         "tokens      {} in {} documents",
         util::thousands(rep.tokens),
-        util::thousands(ds.index().documents() as u64)
+        util::thousands(ds.documents())
     );
     println!(
         "size        {} B -> {} B ({:.2}x smaller; {:.3} -> {:.3} bytes/token)",

@@ -55,7 +55,7 @@ pub fn scan(ds: &Dataset, quiet: bool) -> Result<Scan> {
     pb.finish_and_clear();
     Ok(Scan {
         max_token: max,
-        checksum: ContentChecksum::new(&h, ds.index()),
+        checksum: ContentChecksum::new(&h, ds.index()?),
     })
 }
 
@@ -126,7 +126,7 @@ pub fn block_sizes(ds: &Dataset, codecs: &[Codec], quiet: bool) -> Result<Vec<u6
     let mut sizes = Vec::new();
     for (w, n, mut buf) in writers {
         buf.clear();
-        w.finish(ds.index(), &mut buf)?;
+        w.finish(ds.index()?, &mut buf)?;
         sizes.push(n + buf.len() as u64);
     }
     Ok(sizes)
@@ -152,7 +152,7 @@ pub fn run(a: &Args) -> Result<()> {
     if !a.no_sizes {
         for dt in [DType::I32, DType::U16] {
             if s.max_token <= dt.max_token() {
-                let idx = megatron::encode_idx(dt, ds.index())
+                let idx = megatron::encode_idx(dt, ds.index()?)
                     .map(|b| b.len() as u64)
                     .unwrap_or(0);
                 rows.push((
@@ -184,8 +184,8 @@ pub fn run(a: &Args) -> Result<()> {
             "path": ds.path(),
             "format": ds.format().name(),
             "format_detail": ds.format().to_string(),
-            "documents": ds.index().documents(),
-            "sequences": ds.index().sequences(),
+            "documents": ds.documents(),
+            "sequences": ds.sequences(),
             "tokens": tokens,
             "max_token": s.max_token,
             "bits_needed": bits_needed(s.max_token),
@@ -199,8 +199,8 @@ pub fn run(a: &Args) -> Result<()> {
     println!("format      {}", ds.format());
     println!(
         "documents   {} ({} sequences)",
-        util::thousands(ds.index().documents() as u64),
-        util::thousands(ds.index().sequences() as u64)
+        util::thousands(ds.documents()),
+        util::thousands(ds.sequences())
     );
     println!("tokens      {}", util::thousands(tokens));
     println!(

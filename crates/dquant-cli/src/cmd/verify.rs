@@ -120,7 +120,7 @@ fn index_difference(a: &DocIndex, b: &DocIndex) -> Option<Difference> {
 
 /// Compares two datasets; `None` means identical.
 pub fn compare(a: &Dataset, b: &Dataset, quiet: bool) -> Result<Option<Difference>> {
-    if let Some(d) = index_difference(a.index(), b.index()) {
+    if let Some(d) = index_difference(a.index()?, b.index()?) {
         return Ok(Some(d));
     }
     let pb = util::bar(a.tokens(), "comparing", quiet);
@@ -135,7 +135,7 @@ pub fn compare(a: &Dataset, b: &Dataset, quiet: bool) -> Result<Option<Differenc
         if let Some(i) = ta.iter().zip(&tb).position(|(x, y)| x != y) {
             pb.finish_and_clear();
             let offset = start + i as u64;
-            let (document, in_document) = a.index().locate(offset).unwrap_or((0, offset));
+            let (document, in_document) = a.index()?.locate(offset).unwrap_or((0, offset));
             return Ok(Some(Difference::Token {
                 offset,
                 document,
@@ -160,7 +160,7 @@ pub fn run(a: &Args) -> Result<i32> {
             "a": da.path(), "b": db.path(),
             "identical": diff.is_none(),
             "tokens": da.tokens(),
-            "documents": da.index().documents(),
+            "documents": da.documents(),
             "difference": diff.as_ref().map(|d| d.to_string()),
         }))?;
     } else {
@@ -168,8 +168,8 @@ pub fn run(a: &Args) -> Result<i32> {
             None => println!(
                 "identical: {} tokens in {} documents ({} sequences)",
                 util::thousands(da.tokens()),
-                util::thousands(da.index().documents() as u64),
-                util::thousands(da.index().sequences() as u64)
+                util::thousands(da.documents()),
+                util::thousands(da.sequences())
             ),
             Some(d) => println!("different: {d}"),
         }
