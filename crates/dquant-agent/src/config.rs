@@ -38,9 +38,10 @@ pub struct AgentConfig {
     /// Sessions open at once, streaming or waiting for their data connection.
     #[serde(default = "default_max_sessions")]
     pub max_sessions: usize,
-    /// Datasets kept open while no session reads them (each holds its document index in
-    /// memory), so a trainer that restarts finds its datasets open. Datasets sessions read
-    /// are open once however many sessions read them.
+    /// Datasets kept open while no session reads them (each holds its open files, and a
+    /// block file or a raw file with `eod` its document index), so a trainer that restarts
+    /// finds its datasets open. Datasets sessions read are open once however many sessions
+    /// read them.
     #[serde(default = "default_dataset_cache")]
     pub keep_datasets: usize,
     /// Seconds an opened session waits for its data connection before it is dropped.

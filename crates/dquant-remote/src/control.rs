@@ -268,7 +268,7 @@ impl Control {
                 .map_err(|e| err(chain(&e)))?
                 .connect_timeout(timeout);
             if let Some(t) = &tls {
-                let name = t.name_for(host_of(authority)).trim_matches(['[', ']']);
+                let name = t.name_for(authority);
                 let config = ClientTlsConfig::new()
                     .ca_certificate(Certificate::from_pem(t.ca_pem()))
                     .domain_name(name);

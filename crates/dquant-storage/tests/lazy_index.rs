@@ -26,12 +26,18 @@ fn poke(prefix: &Path, off: u64, v: i64) {
     std::fs::write(p, b).unwrap();
 }
 
-#[test]
-fn counts_come_from_the_header_and_the_index_equals_the_whole_parse() {
+/// A copy of the r50k fixture as `DIR/x`, and its index parsed whole.
+fn fixture_copy() -> (tempfile::TempDir, PathBuf, megatron::MegatronIndex) {
     let dir = tempfile::tempdir().unwrap();
     let x = dir.path().join("x");
     copy_fixture("r50k_int32", &x);
     let whole = megatron::parse_idx(&std::fs::read(idx_path(&x)).unwrap()).unwrap();
+    (dir, x, whole)
+}
+
+#[test]
+fn counts_come_from_the_header_and_the_index_equals_the_whole_parse() {
+    let (dir, _, whole) = fixture_copy();
     let ds = open(dir.path(), "x").unwrap();
     assert_eq!(ds.tokens(), whole.index.tokens());
     assert_eq!(ds.documents(), whole.index.documents() as u64);
@@ -43,10 +49,7 @@ fn counts_come_from_the_header_and_the_index_equals_the_whole_parse() {
 
 #[test]
 fn damage_at_the_ends_fails_the_open_and_inside_fails_the_index() {
-    let dir = tempfile::tempdir().unwrap();
-    let x = dir.path().join("x");
-    copy_fixture("r50k_int32", &x);
-    let whole = megatron::parse_idx(&std::fs::read(idx_path(&x)).unwrap()).unwrap();
+    let (dir, x, whole) = fixture_copy();
     let (s, d) = (
         whole.index.sequences() as u64,
         whole.index.doc_seq().len() as u64,

@@ -468,8 +468,7 @@ pub fn connect(
             // The handshake gets the connect's time; the caller sets the stream's own.
             s.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(err)?;
             s.set_write_timeout(Some(CONNECT_TIMEOUT)).map_err(err)?;
-            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-            let c = tls.connect(s, host)?;
+            let c = tls.connect(s, addr)?;
             c.socket().set_read_timeout(None).map_err(err)?;
             c.socket().set_write_timeout(None).map_err(err)?;
             c

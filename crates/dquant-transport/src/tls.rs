@@ -216,14 +216,21 @@ impl ClientTls {
         &self.ca_pem
     }
 
-    /// The name an agent dialed at `host` must carry in its certificate.
-    pub fn name_for<'a>(&'a self, host: &'a str) -> &'a str {
-        self.name.as_deref().unwrap_or(host)
+    /// The name an agent dialed at `addr` (`HOST:PORT`, `[V6]:PORT`) must carry in its
+    /// certificate: the name given, else the address's host, without IPv6 brackets. The
+    /// one place both planes take it from.
+    pub fn name_for<'a>(&'a self, addr: &'a str) -> &'a str {
+        let name = match &self.name {
+            Some(n) => n.as_str(),
+            None => addr.rsplit_once(':').map_or(addr, |(host, _)| host),
+        };
+        name.trim_start_matches('[').trim_end_matches(']')
     }
 
-    /// Runs the client side of a handshake on `sock`, to an agent dialed at `host`.
-    pub fn connect(&self, sock: TcpStream, host: &str) -> Result<DataStream, TlsError> {
-        let name = server_name(self.name_for(host))?;
+    /// Runs the client side of a handshake on `sock`, to an agent dialed at `addr`
+    /// (`HOST:PORT`).
+    pub fn connect(&self, sock: TcpStream, addr: &str) -> Result<DataStream, TlsError> {
+        let name = server_name(self.name_for(addr))?;
         let conn = rustls::ClientConnection::new(self.config.clone(), name)
             .map_err(|e| TlsError::Identity(e.to_string()))?;
         DataStream::handshake(sock, conn.into())

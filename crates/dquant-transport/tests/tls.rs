@@ -40,9 +40,13 @@ fn send(mut w: DataStream, data: Vec<u8>) -> thread::JoinHandle<()> {
     })
 }
 
-fn receive_all(mut r: DataStream) -> Vec<u8> {
+/// Sends `out` on one handle of `conn` while reading the other to its end: what arrived.
+fn exchange(conn: DataStream, out: Vec<u8>) -> Vec<u8> {
+    let writer = send(conn.try_clone().unwrap(), out);
     let mut got = Vec::new();
+    let mut r = conn;
     r.read_to_end(&mut got).unwrap();
+    writer.join().unwrap();
     got
 }
 
@@ -62,9 +66,7 @@ fn both_halves_carry_bytes_exactly_in_both_directions() {
         let (s, _) = l.accept().unwrap();
         let conn = server.accept(s).unwrap();
         assert!(conn.is_tls());
-        let writer = send(conn.try_clone().unwrap(), down2);
-        let got = receive_all(conn);
-        writer.join().unwrap();
+        let got = exchange(conn, down2);
         assert!(
             got == up2,
             "client to agent: {} bytes of {}",
@@ -73,11 +75,9 @@ fn both_halves_carry_bytes_exactly_in_both_directions() {
         );
     });
     let conn = client
-        .connect(TcpStream::connect(addr).unwrap(), "127.0.0.1")
+        .connect(TcpStream::connect(addr).unwrap(), &addr.to_string())
         .unwrap();
-    let writer = send(conn.try_clone().unwrap(), up);
-    let got = receive_all(conn);
-    writer.join().unwrap();
+    let got = exchange(conn, up);
     agent.join().unwrap();
     assert!(
         got == down,
@@ -87,9 +87,9 @@ fn both_halves_carry_bytes_exactly_in_both_directions() {
     );
 }
 
-/// Runs a handshake against an agent with `p`'s certificate, as a client trusting `ca`
-/// that dials `host`; the client's error, with the agent's port replaced by PORT.
-fn refused(p: &TestPki, client: &ClientTls, host: &str) -> String {
+/// Runs a handshake against an agent with `p`'s certificate, as `client` dialing it at
+/// 127.0.0.1; the client's error, with the agent's port replaced by PORT.
+fn refused(p: &TestPki, client: &ClientTls) -> String {
     let server = ServerTls::from_files(&p.cert, &p.key).unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
@@ -98,7 +98,7 @@ fn refused(p: &TestPki, client: &ClientTls, host: &str) -> String {
         server.accept(s).map(|_| ()).unwrap_err()
     });
     let e = client
-        .connect(TcpStream::connect(addr).unwrap(), host)
+        .connect(TcpStream::connect(addr).unwrap(), &addr.to_string())
         .map(|_| ())
         .unwrap_err();
     let _ = agent.join().unwrap();
@@ -111,7 +111,7 @@ fn a_certificate_from_another_ca_or_for_another_name_is_refused_saying_why() {
     let (_other_dir, other) = pki_of("other", &["localhost", "127.0.0.1"]);
     let stranger = ClientTls::from_ca_file(&other.ca).unwrap();
     assert_eq!(
-        refused(&p, &stranger, "127.0.0.1"),
+        refused(&p, &stranger),
         "TLS handshake with 127.0.0.1:PORT failed: invalid peer certificate: UnknownIssuer \
          (the agent's certificate is not signed by a CA this client trusts: check \
          DQUANT_TLS_CA)"
@@ -119,7 +119,7 @@ fn a_certificate_from_another_ca_or_for_another_name_is_refused_saying_why() {
     let trusting = ClientTls::from_ca_file(&p.ca).unwrap();
     let named = trusting.clone().with_name("storage-7.example").unwrap();
     assert_eq!(
-        refused(&p, &named, "127.0.0.1"),
+        refused(&p, &named),
         "TLS handshake with 127.0.0.1:PORT failed: invalid peer certificate: certificate not \
          valid for name \"storage-7.example\"; certificate is only valid for \
          DnsName(\"localhost\") or IpAddress(127.0.0.1) (the agent's certificate does not \
