@@ -351,9 +351,13 @@ fn the_data_plane_hello_needs_the_sessions_tenant_token() {
     add_tenants(&mut cfg, &[("a", token_a), ("b", token_b)]);
     let agent = start(cfg);
     let a = control(&agent).with_token(token_a).unwrap();
+    // Far longer than the agent can run ahead (prefetch and socket buffers), so the session
+    // is still streaming when its owner closes it.
+    let mut long = plan(&[("r50k", 1.0)], 127, 4);
+    long.samples = Some(1_000_000);
     let reply = a
         .open(OpenRequest {
-            plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
+            plan_json: long.to_json(),
             epoch: 0,
             consumed_samples: 0,
         })
