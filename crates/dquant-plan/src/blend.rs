@@ -16,8 +16,9 @@
 //!
 //! The price of not storing the arrays is that jumping to sample `i` ([`Blender::seek`]) replays
 //! the rule from the start: O(i * #sources) time, O(#sources) memory. That is nanoseconds per
-//! sample (see the crate docs), so resuming at a billion samples costs seconds, once. A single
-//! source needs no replay.
+//! sample (see the crate docs), but minutes at 10^10 samples, so cursors carry the counts
+//! ([`crate::Cursor::blend`]) and [`Blender::restore`] resumes from them in O(#sources). A
+//! single source needs neither.
 
 use crate::error::PlanError;
 
@@ -97,6 +98,45 @@ impl Blender {
     /// How many of the samples `0..position()` came from each source.
     pub fn counts(&self) -> &[u64] {
         &self.counts
+    }
+
+    /// Moves to the position where each source `d` has been drawn `counts[d]` times (the
+    /// blend's state after `Σ counts` samples, as [`Blender::counts`] gave it): O(#sources),
+    /// where [`Blender::seek`] replays.
+    ///
+    /// The counts are checked against the weights: the rule keeps every source within
+    /// `#sources` samples of its share (`w_d * position`; its error `w_d * i - count_d` stays
+    /// in `[-1, #sources - 1]`), so counts that are not a state of this blend (another plan's,
+    /// or altered) are refused by name. Counts that pass but are not the rule's state at their
+    /// position give another, still proportionate, stream: a cursor is the caller's own data.
+    pub fn restore(&mut self, counts: &[u64]) -> Result<(), PlanError> {
+        let n = self.weights.len();
+        if counts.len() != n {
+            return Err(PlanError::Cursor(format!(
+                "blend has {} counts, the plan has {n} sources",
+                counts.len()
+            )));
+        }
+        let position = counts
+            .iter()
+            .try_fold(0u64, |s, &c| s.checked_add(c))
+            .ok_or_else(|| PlanError::Cursor("blend counts add up to more than 2^64 - 1".into()))?;
+        let i = position as f64;
+        // Generous slack for the rounding of `w_d * i` in f64 (a relative 2^-52).
+        let slack = 1.0 + i * 1e-12;
+        for (d, (&c, &w)) in counts.iter().zip(&self.weights).enumerate() {
+            let err = w * i - c as f64;
+            if err < -1.0 - slack || err > n as f64 - 1.0 + slack {
+                return Err(PlanError::Cursor(format!(
+                    "blend[{d}] = {c} is not this plan's blend after {position} samples \
+                     (source {d}'s share is {:.1})",
+                    w * i
+                )));
+            }
+        }
+        self.counts.copy_from_slice(counts);
+        self.position = position;
+        Ok(())
     }
 
     /// Draws global sample `position()`: its source and its index among that source's samples.

@@ -49,14 +49,20 @@
 //!    ranks stay in lockstep; without, every sample is delivered, the last batch may be short
 //!    and ranks may differ by one sample.
 //! 6. **Cursor.** [`Cursor::consumed_samples`] counts global samples consumed by all ranks
-//!    together (Megatron's `consumed_samples`), so it is a multiple of `world` (or the total,
-//!    at the end); anything else is an error. Resuming from a cursor yields exactly the rest of
-//!    the uninterrupted stream.
+//!    together (Megatron's `consumed_samples`). From a cursor, the rest of the stream is the
+//!    global samples from its watermark on that it does not list as `delivered`, and rank `r`
+//!    takes the `k`-th of them when `(consumed_samples + k) % world == r`: for a cursor saved
+//!    between steps (a multiple of `world`, nothing delivered past it) that is exactly the rest
+//!    of the uninterrupted stream, and for any cursor every remaining sample goes to exactly
+//!    one rank. [`merge_cursors`] makes one cursor of the cursors of all the sub-ranks of a run
+//!    (ranks × DataLoader workers, each at its own position), so a job resumes on another
+//!    topology with nothing lost and nothing repeated ([`resume`]).
 //!
 //! # Cost
 //! [`Schedule::new`] is O(#sources). Iterating a rank costs O(world * #sources) per sample
 //! (the blend advances through the other ranks' samples) plus an O(1) permutation lookup, and
-//! O(#sources) memory. Starting at a cursor (or [`Schedule::sample`]) replays the blend from 0:
+//! O(#sources) memory. Starting at a cursor that carries the blend's counts costs O(#sources);
+//! one without them (or [`Schedule::sample`]) replays the blend from 0:
 //! O(consumed_samples * #sources) time, no memory; with one source, O(1). `cargo bench -p
 //! dquant-plan` measures each of these per sample.
 //!
@@ -100,10 +106,12 @@ mod blend;
 mod error;
 pub mod permute;
 mod plan;
+pub mod resume;
 mod schedule;
 
 pub use blend::{normalize_weights, Blender};
 pub use error::PlanError;
 pub use permute::Permutation;
-pub use plan::{Cursor, OutputDType, Plan, Source, WireCodec};
+pub use plan::{cursor_trailer_len, Cursor, OutputDType, Plan, Source, WireCodec};
+pub use resume::{merge_cursors, MAX_DELIVERED};
 pub use schedule::{Batch, RankIter, SampleRef, Schedule, SourceInfo};

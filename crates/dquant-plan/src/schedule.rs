@@ -275,10 +275,12 @@ impl Schedule {
 
     /// This plan's rank's samples from `cursor` on, to the end of its share.
     ///
-    /// The cursor's `consumed_samples` must be a multiple of `world` (ranks consume in
-    /// lockstep, so a checkpoint taken between steps always is) or the plan's total; its
-    /// `epoch` is not used. Costs one [`Blender::seek`] to the cursor, then O(world * #sources)
-    /// per sample, O(#sources) memory.
+    /// The rest of the stream is the global samples from the cursor's watermark on, less those
+    /// it lists as `delivered`; rank `r` takes the `k`-th of them when
+    /// `(consumed_samples + k) % world == r` (see [`Cursor`]), so a cursor saved on any number
+    /// of ranks resumes on any other. Its `epoch` is not used. Costs O(#sources) with the
+    /// cursor's `blend` counts, else one [`Blender::seek`] to the watermark; then O(world ×
+    /// #sources) per sample, O(#sources) memory.
     pub fn iter_rank(&self, cursor: Cursor) -> Result<RankIter, PlanError> {
         self.iter_rank_until(cursor, &mut || false)
     }
@@ -291,48 +293,52 @@ impl Schedule {
         cursor: Cursor,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<RankIter, PlanError> {
+        let watermark = self.check_cursor(&cursor)?;
         let c = cursor.consumed_samples;
-        if c > self.total {
-            return Err(PlanError::Cursor(format!(
-                "consumed_samples {c} is past the end of the plan ({} samples)",
-                self.total
-            )));
-        }
-        if !c.is_multiple_of(self.world) && c != self.total {
-            return Err(PlanError::Cursor(format!(
-                "consumed_samples {c} is not a multiple of world {}: all ranks resume from the \
-                 same step, after each consumed the same number of samples",
-                self.world
-            )));
-        }
         let local = share(c, self.rank, self.world).min(self.rank_samples);
         let mut blender = self.blender();
-        if local < self.rank_samples {
-            let target = local * self.world + self.rank;
-            if !blender.seek_until(target, stop) {
-                let reached = blender.position();
-                return Err(PlanError::Stopped { reached, target });
-            }
+        let positioned = local < self.rank_samples;
+        if !cursor.blend.is_empty() {
+            blender.restore(&cursor.blend)?;
+        } else if positioned && !blender.seek_until(watermark, stop) {
+            let reached = blender.position();
+            return Err(PlanError::Stopped {
+                reached,
+                target: watermark,
+            });
         }
-        Ok(RankIter {
+        let known = positioned || !cursor.blend.is_empty();
+        let mut it = RankIter {
+            row: Row {
+                virt: c,
+                counts: known.then(|| blender.counts().to_vec()),
+                skip_at: 0,
+                epoch: cursor.epoch,
+            },
             perms: vec![None; self.sources()],
             schedule: self.clone(),
             blender,
+            virt: c,
+            skip: cursor.delivered,
+            skip_at: 0,
             local,
-        })
+        };
+        if positioned {
+            it.settle();
+            it.walk_to(local.saturating_mul(self.world).saturating_add(self.rank));
+        }
+        Ok(it)
     }
 
-    /// The cursor after `consumed_samples` global samples (its `epoch` filled in).
+    /// The plain cursor after `consumed_samples` global samples (its `epoch` filled in; no
+    /// blend counts, nothing delivered past it).
     pub fn cursor_at(&self, consumed_samples: u64) -> Cursor {
-        Cursor {
-            epoch: consumed_samples / self.epoch_samples,
-            consumed_samples,
-        }
+        Cursor::new(consumed_samples / self.epoch_samples, consumed_samples)
     }
 
     /// The cursor after every rank consumed `local_samples_consumed` more samples from `from`:
     /// `from.consumed_samples + local_samples_consumed * world`, capped at the plan's total.
-    pub fn cursor_after(&self, local_samples_consumed: u64, from: Cursor) -> Cursor {
+    pub fn cursor_after(&self, local_samples_consumed: u64, from: &Cursor) -> Cursor {
         let c = local_samples_consumed
             .saturating_mul(self.world)
             .saturating_add(from.consumed_samples)
@@ -351,17 +357,36 @@ fn share(n: u64, rank: u64, world: u64) -> u64 {
 }
 
 /// One rank's samples in order, from a cursor to the end of its share (see
-/// [`Schedule::iter_rank`]). Owns what it needs (O(#sources)), so it can move to another
-/// thread or task.
+/// [`Schedule::iter_rank`]). Owns what it needs (O(#sources) and the cursor's `delivered`),
+/// so it can move to another thread or task.
 #[derive(Clone, Debug)]
 pub struct RankIter {
     schedule: Schedule,
-    /// Positioned at global sample `local * world + rank` while samples remain.
+    /// At the global sample of stream position `virt` (delivered samples drawn past).
     blender: Blender,
-    /// Index of the next sample in this rank's stream.
+    /// Position in the stream of all ranks together: the cursor's `consumed_samples` plus the
+    /// samples of the rest of the stream passed since.
+    virt: u64,
+    /// The cursor's `delivered`: global samples the walk draws but does not count.
+    skip: Vec<u64>,
+    /// How many of `skip` the blender has passed.
+    skip_at: usize,
+    /// Index of the next sample in this rank's local stream.
     local: u64,
+    /// The cursor once every rank has consumed `local` samples.
+    row: Row,
     /// Per source, the permutation of the epoch it was last read in.
     perms: Vec<Option<(u64, Permutation)>>,
+}
+
+/// The walk's state where a cursor stands, kept as the walk passes it.
+#[derive(Clone, Debug)]
+struct Row {
+    virt: u64,
+    /// The blend's counts there; `None` at a cursor without counts that was never walked from.
+    counts: Option<Vec<u64>>,
+    skip_at: usize,
+    epoch: u64,
 }
 
 impl RankIter {
@@ -371,9 +396,21 @@ impl RankIter {
         self.local
     }
 
-    /// The cursor to checkpoint once every rank has consumed what this one has yielded.
+    /// The cursor to checkpoint once every rank has consumed what this one has yielded, with
+    /// the blend's counts (several sources) and what the starting cursor listed as delivered
+    /// past it.
     pub fn cursor(&self) -> Cursor {
-        self.schedule.cursor_after(self.local, Cursor::START)
+        let s = &self.schedule;
+        let blend = match &self.row.counts {
+            Some(c) if s.sources() > 1 => c.clone(),
+            _ => Vec::new(),
+        };
+        Cursor {
+            epoch: self.row.epoch,
+            consumed_samples: self.row.virt,
+            blend,
+            delivered: self.skip[self.row.skip_at..].to_vec(),
+        }
     }
 
     /// The rest of the current batch: the samples up to the next multiple of `batch_size` in
@@ -388,6 +425,43 @@ impl RankIter {
         let samples: Vec<SampleRef> = self.by_ref().take(n as usize).collect();
         Some(Batch { index, samples })
     }
+
+    /// Draws past the delivered samples at the blender's position.
+    #[inline]
+    fn settle(&mut self) {
+        while self.skip.get(self.skip_at) == Some(&self.blender.position()) {
+            self.blender.next_pick();
+            self.skip_at += 1;
+        }
+    }
+
+    /// Walks the stream to position `target`, keeping the cursor where every rank has
+    /// consumed `local` samples as it passes it.
+    fn walk_to(&mut self, target: u64) {
+        let s = &self.schedule;
+        let row_end = self.local.saturating_mul(s.world).min(s.total);
+        loop {
+            if self.virt == row_end && row_end > self.row.virt {
+                self.snapshot();
+            }
+            if self.virt >= target {
+                return;
+            }
+            self.blender.next_pick();
+            self.virt += 1;
+            self.settle();
+        }
+    }
+
+    fn snapshot(&mut self) {
+        self.row.virt = self.virt;
+        self.row.epoch = self.virt / self.schedule.epoch_samples;
+        self.row.skip_at = self.skip_at;
+        match &mut self.row.counts {
+            Some(c) => c.copy_from_slice(self.blender.counts()),
+            None => self.row.counts = Some(self.blender.counts().to_vec()),
+        }
+    }
 }
 
 impl Iterator for RankIter {
@@ -395,19 +469,28 @@ impl Iterator for RankIter {
 
     #[inline]
     fn next(&mut self) -> Option<SampleRef> {
-        let s = &self.schedule;
-        if self.local >= s.rank_samples {
+        let (rank_samples, world, rank, total) = {
+            let s = &self.schedule;
+            (s.rank_samples, s.world, s.rank, s.total)
+        };
+        if self.local >= rank_samples {
             return None;
         }
         let global = self.blender.position();
         let (d, j) = self.blender.next_pick();
+        self.virt += 1;
+        self.settle();
         self.local += 1;
-        if self.local < s.rank_samples {
-            for _ in 1..s.world {
-                self.blender.next_pick();
-            }
-        }
-        Some(s.source_sample_cached(global, d, j, &mut self.perms[d]))
+        let next = if self.local < rank_samples {
+            self.local.saturating_mul(world).saturating_add(rank)
+        } else {
+            self.local.saturating_mul(world).min(total)
+        };
+        self.walk_to(next);
+        Some(
+            self.schedule
+                .source_sample_cached(global, d, j, &mut self.perms[d]),
+        )
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

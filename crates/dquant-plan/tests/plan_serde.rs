@@ -111,10 +111,8 @@ fn output_dtypes() {
 
 #[test]
 fn cursor_serde() {
-    let c = Cursor {
-        epoch: 2,
-        consumed_samples: 4096,
-    };
+    // A plain cursor is Megatron's two numbers; the optional parts appear only when set.
+    let c = Cursor::new(2, 4096);
     let json = serde_json::to_string(&c).unwrap();
     assert_eq!(json, r#"{"epoch":2,"consumed_samples":4096}"#);
     assert_eq!(serde_json::from_str::<Cursor>(&json).unwrap(), c);
@@ -122,6 +120,18 @@ fn cursor_serde() {
         toml::from_str::<Cursor>(&toml::to_string(&c).unwrap()).unwrap(),
         c
     );
+    let full = Cursor {
+        blend: vec![1000, 3094],
+        delivered: vec![4095, 4097],
+        ..c
+    };
+    let json = serde_json::to_string(&full).unwrap();
+    assert_eq!(
+        json,
+        r#"{"epoch":2,"consumed_samples":4096,"blend":[1000,3094],"delivered":[4095,4097]}"#
+    );
+    assert_eq!(serde_json::from_str::<Cursor>(&json).unwrap(), full);
+    assert_eq!(full.watermark(), Some(4094));
     assert!(serde_json::from_str::<Cursor>(r#"{"consumed_samples":1,"step":3}"#).is_err());
 }
 

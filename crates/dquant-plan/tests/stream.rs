@@ -5,17 +5,9 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{plan, reference_global, reference_rank, schedule};
+use common::{arb_plan, plan, reference_global, reference_rank, schedule, with_rank};
 use dquant_plan::{Cursor, Plan, SampleRef, Schedule};
 use proptest::prelude::*;
-
-fn with_rank(p: &Plan, rank: u32, world: u32) -> Plan {
-    Plan {
-        rank,
-        world,
-        ..p.clone()
-    }
-}
 
 fn rank_stream(p: &Plan, tokens: &[u64], cursor: Cursor) -> Vec<SampleRef> {
     schedule(p, tokens).iter_rank(cursor).unwrap().collect()
@@ -222,16 +214,10 @@ fn cursor_bookkeeping() {
     assert_eq!(s.total_samples(), 45);
     assert_eq!(s.rank_samples(), 11); // 1, 5, ..., 41
     assert_eq!(s.rank_batches(), 3);
-    assert_eq!(
-        s.cursor_at(32),
-        Cursor {
-            epoch: 2,
-            consumed_samples: 32
-        }
-    );
-    assert_eq!(s.cursor_after(4, Cursor::START).consumed_samples, 16);
-    assert_eq!(s.cursor_after(4, s.cursor_at(16)).consumed_samples, 32);
-    assert_eq!(s.cursor_after(100, s.cursor_at(16)), s.cursor_at(45)); // capped at the end
+    assert_eq!(s.cursor_at(32), Cursor::new(2, 32));
+    assert_eq!(s.cursor_after(4, &Cursor::START).consumed_samples, 16);
+    assert_eq!(s.cursor_after(4, &s.cursor_at(16)).consumed_samples, 32);
+    assert_eq!(s.cursor_after(100, &s.cursor_at(16)), s.cursor_at(45)); // capped at the end
     let mut it = s.iter_rank(s.cursor_at(16)).unwrap();
     assert_eq!(it.local_position(), 4);
     assert_eq!(it.len(), 7);
@@ -242,10 +228,7 @@ fn cursor_bookkeeping() {
     assert_eq!((b.index, b.samples.len()), (1, 3));
     assert_eq!(s.iter_rank(s.cursor_at(45)).unwrap().count(), 0);
     // The epoch field is reporting only.
-    let odd = Cursor {
-        epoch: 7,
-        consumed_samples: 16,
-    };
+    let odd = Cursor::new(7, 16);
     assert_eq!(
         s.iter_rank(odd).unwrap().collect::<Vec<_>>(),
         s.iter_rank(s.cursor_at(16)).unwrap().collect::<Vec<_>>()
@@ -263,42 +246,58 @@ fn bad_cursors_are_named() {
             .to_string()
     };
     assert_eq!(
-        at(6),
-        "cursor: consumed_samples 6 is not a multiple of world 4: all ranks resume from the \
-         same step, after each consumed the same number of samples"
-    );
-    assert_eq!(
         at(11),
         "cursor: consumed_samples 11 is past the end of the plan (10 samples)"
     );
     // The end of the plan is a valid cursor even when not a multiple of world.
     assert_eq!(s.iter_rank(s.cursor_at(10)).unwrap().count(), 0);
-}
-
-fn arb_plan() -> impl Strategy<Value = (Plan, Vec<u64>)> {
-    (
-        prop::collection::vec((0.05f64..5.0, 2u64..3000), 1..4),
-        1u32..40,
-        1u32..5,
-        any::<u64>(),
-        any::<bool>(),
-        any::<bool>(),
-        1u32..6,
-        prop::option::of(1u64..1500),
-    )
-        .prop_filter_map(
-            "sources too small for seq_len",
-            |(srcs, seq_len, bs, seed, shuffle, drop_last, world, samples)| {
-                if srcs.iter().any(|&(_, t)| t <= seq_len as u64) {
-                    return None;
-                }
-                let w: Vec<f64> = srcs.iter().map(|s| s.0).collect();
-                let mut p = plan(&w, seq_len, bs);
-                (p.seed, p.shuffle, p.drop_last, p.world, p.samples) =
-                    (seed, shuffle, drop_last, world, samples);
-                Some((p, srcs.iter().map(|s| s.1).collect()))
-            },
-        )
+    let with = |blend: Vec<u64>, delivered: Vec<u64>, c| {
+        let cursor = Cursor {
+            blend,
+            delivered,
+            ..s.cursor_at(c)
+        };
+        s.iter_rank(cursor).map(|_| ()).unwrap_err().to_string()
+    };
+    assert_eq!(
+        with(vec![], vec![3, 5], 1),
+        "cursor: delivered lists 2 samples, more than consumed_samples 1"
+    );
+    assert_eq!(
+        with(vec![], vec![7, 7], 9),
+        "cursor: delivered is not strictly ascending: [0] = 7 then [1] = 7"
+    );
+    assert_eq!(
+        with(vec![], vec![2, 5], 6),
+        "cursor: delivered[0] = 2 is below the watermark 4"
+    );
+    assert_eq!(
+        with(vec![], vec![7, 10], 8),
+        "cursor: delivered[1] = 10 is past the end of the plan (10 samples)"
+    );
+    assert_eq!(
+        with(vec![3, 3], vec![], 4),
+        "cursor: blend has 2 counts, the plan has 1 sources"
+    );
+    let p2 = with_rank(&plan(&[1.0, 3.0], 10, 4), 0, 4);
+    let s2 = schedule(&p2, &[1001, 1001]);
+    let with2 = |blend: Vec<u64>, c| {
+        let cursor = Cursor {
+            blend,
+            ..s2.cursor_at(c)
+        };
+        s2.iter_rank(cursor).map(|_| ()).unwrap_err().to_string()
+    };
+    assert_eq!(
+        with2(vec![10, 30], 44),
+        "cursor: blend adds up to 40 samples, the cursor's watermark is 44 (consumed_samples \
+         44 less 0 delivered)"
+    );
+    assert_eq!(
+        with2(vec![30, 10], 40),
+        "cursor: blend[0] = 30 is not this plan's blend after 40 samples (source 0's share is \
+         10.0)"
+    );
 }
 
 proptest! {
@@ -329,10 +328,7 @@ fn a_far_cursor_in_a_blend_stops_when_asked() {
     let mut p = plan(&[1.0, 2.0], 4, 2);
     p.samples = Some(u64::MAX);
     let s = schedule(&p, &[1000, 1000]);
-    let far = Cursor {
-        epoch: 0,
-        consumed_samples: 1 << 62,
-    };
+    let far = Cursor::new(0, 1 << 62);
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(50);
     let e = s
         .iter_rank_until(far, &mut || std::time::Instant::now() >= deadline)
@@ -349,12 +345,9 @@ fn a_far_cursor_in_a_blend_stops_when_asked() {
         )
     );
     // The same schedule without a far cursor is unaffected by the stop condition.
-    let near = Cursor {
-        epoch: 0,
-        consumed_samples: 10,
-    };
+    let near = Cursor::new(0, 10);
     let a: Vec<SampleRef> = s
-        .iter_rank_until(near, &mut || false)
+        .iter_rank_until(near.clone(), &mut || false)
         .unwrap()
         .take(5)
         .collect();

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use dquant_plan::{Permutation, Plan, SampleRef, Schedule, Source, SourceInfo};
+use proptest::prelude::*;
 
 /// Megatron-Core's `build_blending_indices` (helpers.cpp), transcribed: weights normalized with
 /// numpy's `w / w.sum()`, then for every sample the argmax of `w_d * max(i, 1) - count_d`,
@@ -127,4 +128,41 @@ pub fn infos(tokens: &[u64]) -> Vec<SourceInfo> {
 
 pub fn schedule(plan: &Plan, tokens: &[u64]) -> Schedule {
     Schedule::new(plan, &infos(tokens)).unwrap()
+}
+
+/// `p` for rank `rank` of `world`.
+pub fn with_rank(p: &Plan, rank: u32, world: u32) -> Plan {
+    Plan {
+        rank,
+        world,
+        ..p.clone()
+    }
+}
+
+/// Random plans (1–3 sources, small seq_len and batch, any seed, world up to 5) with token
+/// counts large enough for one sample each.
+pub fn arb_plan() -> impl Strategy<Value = (Plan, Vec<u64>)> {
+    (
+        prop::collection::vec((0.05f64..5.0, 2u64..3000), 1..4),
+        1u32..40,
+        1u32..5,
+        any::<u64>(),
+        any::<bool>(),
+        any::<bool>(),
+        1u32..6,
+        prop::option::of(1u64..1500),
+    )
+        .prop_filter_map(
+            "sources too small for seq_len",
+            |(srcs, seq_len, bs, seed, shuffle, drop_last, world, samples)| {
+                if srcs.iter().any(|&(_, t)| t <= seq_len as u64) {
+                    return None;
+                }
+                let w: Vec<f64> = srcs.iter().map(|s| s.0).collect();
+                let mut p = plan(&w, seq_len, bs);
+                (p.seed, p.shuffle, p.drop_last, p.world, p.samples) =
+                    (seed, shuffle, drop_last, world, samples);
+                Some((p, srcs.iter().map(|s| s.1).collect()))
+            },
+        )
 }
