@@ -90,6 +90,14 @@ dq_reader *dq_open(const char *uri, const char *plan_json, int offload);
 dq_reader *dq_open_at(const char *uri, const char *plan_json, int offload, uint64_t epoch,
                       uint64_t consumed_samples);
 
+/* As dq_open_at, at a whole cursor in JSON, as dq_cursor_json or dq_merge_cursors wrote it:
+ * {"epoch":E,"consumed_samples":N,"blend":[...],"delivered":[...]}, the last two optional.
+ * With "blend" (the blend's per-source counts) a blended plan resumes without replaying the
+ * blend from sample 0; a merged cursor resumes on another number of ranks. cursor_json NULL
+ * starts at the beginning. Returns NULL on error. */
+dq_reader *dq_open_cursor(const char *uri, const char *plan_json, int offload,
+                          const char *cursor_json);
+
 /* Copies the next bytes of the stream (batches back to back, in the plan's output dtype)
  * into buf, up to len bytes. Returns the bytes written (fewer than len only at the end of the
  * stream), 0 at the end (or when len is 0), -1 on error.
@@ -107,6 +115,19 @@ int dq_next_batch(dq_reader *r, dq_batch *out);
  * out whole, by dq_next_batch or completely by dq_read) in *epoch and *consumed_samples.
  * Either pointer may be NULL to skip that value. Returns 0, or -1 on error. */
 int dq_cursor(const dq_reader *r, uint64_t *epoch, uint64_t *consumed_samples);
+
+/* Writes the reader's whole cursor (what dq_cursor gives, plus the blend's counts and the
+ * samples a merged cursor listed as delivered past it) as JSON into buf, snprintf-style: at
+ * most len bytes, NUL-terminated when len > 0. Returns the JSON's length without the NUL (a
+ * result >= len means buf was too small: call again with more), or -1 on error. */
+int64_t dq_cursor_json(const dq_reader *r, char *buf, size_t len);
+
+/* Merges the cursors of all n sub-ranks of one run (cursors[r]: the dq_cursor_json of the
+ * reader that ran the plan as rank r of world n, after the last batch the loop received from
+ * it) into one cursor that a job on any number of ranks opens with dq_open_cursor: nothing
+ * lost, nothing repeated. Writes it as JSON into buf, snprintf-style (as dq_cursor_json).
+ * Returns its length, or -1 on error. */
+int64_t dq_merge_cursors(const char *const *cursors, size_t n, char *buf, size_t len);
 
 /* Closes the reader (ending its session on the agent, if offloaded) and frees it. NULL is
  * ignored. Does not change dq_last_error(), so a program can close a reader before it

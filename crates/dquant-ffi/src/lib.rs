@@ -278,12 +278,127 @@ pub unsafe extern "C" fn dq_open_at(
     epoch: u64,
     consumed_samples: u64,
 ) -> *mut DqReader {
-    let cursor = Cursor {
-        epoch,
-        consumed_samples,
-    };
+    let cursor = Cursor::new(epoch, consumed_samples);
     // SAFETY: the caller upholds `open`'s contract, which is this function's.
     unsafe { open("dq_open_at", uri, plan_json, offload, cursor) }
+}
+
+/// As [`dq_open_at`], at a whole cursor in JSON, as [`dq_cursor_json`] or
+/// [`dq_merge_cursors`] wrote it (`{"epoch":E,"consumed_samples":N,"blend":[...],
+/// "delivered":[...]}`; the last two optional): with the blend's counts a blended plan resumes
+/// without replaying from sample 0, and a merged cursor resumes on another number of ranks.
+/// `cursor_json` NULL starts at the beginning. Returns NULL on error.
+///
+/// # Safety
+/// As [`dq_open`]; `cursor_json` is NULL or a NUL-terminated string valid during the call.
+#[no_mangle]
+pub unsafe extern "C" fn dq_open_cursor(
+    uri: *const c_char,
+    plan_json: *const c_char,
+    offload: c_int,
+    cursor_json: *const c_char,
+) -> *mut DqReader {
+    let func = "dq_open_cursor";
+    let cursor = guard(func, None, || {
+        // SAFETY: the caller guarantees `cursor_json` is NULL or a NUL-terminated string.
+        match unsafe { c_str(func, "cursor_json", cursor_json) }? {
+            None => Ok(Some(Cursor::START)),
+            Some(text) => parse_cursor(func, text).map(Some),
+        }
+    });
+    let Some(cursor) = cursor else {
+        return ptr::null_mut();
+    };
+    // SAFETY: the caller upholds `open`'s contract, which is this function's.
+    unsafe { open(func, uri, plan_json, offload, cursor) }
+}
+
+/// A cursor from its JSON text, the error naming `func`.
+fn parse_cursor(func: &str, text: &str) -> Result<Cursor, String> {
+    Cursor::from_json(text).map_err(|e| format!("{func}: {e}"))
+}
+
+/// Writes `text` and a NUL into `buf` (`len` bytes) as `snprintf` does: as much as fits, always
+/// NUL-terminated when `len > 0`; returns the length of the whole text (without the NUL), so a
+/// result `>= len` says the buffer was too small.
+///
+/// # Safety
+/// `buf` is NULL (then `len` must be 0) or valid for writes of `len` bytes.
+unsafe fn write_text(text: &str, buf: *mut c_char, len: usize) -> i64 {
+    if !buf.is_null() && len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: `buf` is valid for `len > n` bytes and does not overlap `text`.
+        unsafe {
+            ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), buf, n);
+            buf.add(n).write(0);
+        }
+    }
+    i64::try_from(text.len()).unwrap_or(i64::MAX)
+}
+
+/// Writes the reader's whole cursor (as [`dq_cursor`], with the blend's counts when the plan
+/// runs in this process and blends several sources, and the samples a merged cursor listed as
+/// delivered past it) as JSON into `buf`, `snprintf`-style: returns the JSON's length (call
+/// again with a larger buffer when it is `>= len`), or -1 on error.
+///
+/// # Safety
+/// `r` as for [`dq_cursor`]; `buf` is NULL with `len` 0, or valid for writes of `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn dq_cursor_json(r: *const DqReader, buf: *mut c_char, len: usize) -> i64 {
+    guard("dq_cursor_json", -1, || {
+        // SAFETY: the caller guarantees `r` is NULL or a live reader, read-only here.
+        let h = unsafe { r.as_ref() }.ok_or("dq_cursor_json: reader is NULL")?;
+        if h.broken {
+            return Err(
+                "dq_cursor_json: this reader is unusable after an internal error in an \
+                        earlier call; close it"
+                    .into(),
+            );
+        }
+        let text = h.reader.cursor().to_json();
+        // SAFETY: the caller's guarantee on `buf` and `len`.
+        Ok(unsafe { write_text(&text, buf, len) })
+    })
+}
+
+/// Merges the cursors of all `n` sub-ranks of one run (`cursors[r]`: sub-rank `r`'s cursor as
+/// [`dq_cursor_json`] wrote it, where sub-rank `r` is rank `r` of `n` in its plan) into one
+/// cursor that a job on any number of ranks opens with [`dq_open_cursor`], nothing lost and
+/// nothing repeated. Writes it as JSON into `buf`, `snprintf`-style; returns its length, or
+/// -1 on error.
+///
+/// # Safety
+/// `cursors` is valid for reads of `n` pointers, each a NUL-terminated string; `buf` as for
+/// [`dq_cursor_json`].
+#[no_mangle]
+pub unsafe extern "C" fn dq_merge_cursors(
+    cursors: *const *const c_char,
+    n: usize,
+    buf: *mut c_char,
+    len: usize,
+) -> i64 {
+    let func = "dq_merge_cursors";
+    guard(func, -1, || {
+        if cursors.is_null() {
+            return Err(format!("{func}: cursors is NULL"));
+        }
+        // SAFETY: the caller guarantees `cursors` holds `n` readable pointers.
+        let ptrs = unsafe { std::slice::from_raw_parts(cursors, n) };
+        let parsed = ptrs
+            .iter()
+            .enumerate()
+            .map(|(r, &p)| {
+                // SAFETY: each is a NUL-terminated string, by the caller's guarantee.
+                let text = unsafe { c_str(func, &format!("cursors[{r}]"), p) }?
+                    .ok_or_else(|| format!("{func}: cursors[{r}] is NULL"))?;
+                parse_cursor(func, text)
+            })
+            .collect::<Result<Vec<Cursor>, String>>()?;
+        let merged = dquant_plan::merge_cursors(&parsed).map_err(|e| format!("{func}: {e}"))?;
+        let text = merged.to_json();
+        // SAFETY: the caller's guarantee on `buf` and `len`.
+        Ok(unsafe { write_text(&text, buf, len) })
+    })
 }
 
 /// Copies up to `len` next bytes of the stream (batches back to back, in the plan's output

@@ -264,6 +264,98 @@ fn read_copies_the_same_stream_and_resumes_from_the_cursor() {
     );
 }
 
+/// The reader's cursor as JSON, through the snprintf-style call (first asking the length).
+fn cursor_json_of(r: *const DqReader) -> String {
+    // SAFETY: `r` is live; a NULL buffer with length 0 only asks the length.
+    let n = unsafe { dq_cursor_json(r, ptr::null_mut(), 0) };
+    assert!(n > 0, "{:?}", last_error());
+    let mut buf = vec![1 as c_char; n as usize + 1];
+    // SAFETY: `buf` is valid for writes of its length.
+    assert_eq!(unsafe { dq_cursor_json(r, buf.as_mut_ptr(), buf.len()) }, n);
+    // SAFETY: the call NUL-terminated `buf`.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Two sub-ranks of a two-source blend stop at different batches; their JSON cursors, merged
+/// through the ABI, resume on three ranks with every sample of the plan exactly once.
+#[test]
+fn json_cursors_merge_and_resume_on_another_world() {
+    let src = serde_json_string(&fixture_str("r50k_int32"));
+    let json_for = |rank: u32, world: u32| {
+        CString::new(format!(
+            r#"{{"sources":[{{"uri":{src}}},{{"uri":{src},"weight":3}}],"seq_len":64,"batch_size":2,"seed":5,"rank":{rank},"world":{world}}}"#
+        ))
+        .unwrap()
+    };
+    let mut samples: Vec<Vec<u8>> = Vec::new();
+    let take = |r: *mut DqReader, n: usize, out: &mut Vec<Vec<u8>>| {
+        let mut b = DqBatch::NONE;
+        for _ in 0..n {
+            // SAFETY: `r` is live; `b.data` is read before the next call.
+            if unsafe { dq_next_batch(r, &mut b) } != 1 {
+                break;
+            }
+            // SAFETY: `b.data` holds `b.bytes` bytes until the next call on `r`.
+            let bytes = unsafe { std::slice::from_raw_parts(b.data.cast::<u8>(), b.bytes) };
+            out.extend(bytes.chunks(65 * 4).map(<[u8]>::to_vec));
+        }
+    };
+    let mut cursors = Vec::new();
+    for (rank, n) in [(0, 3), (1, 5)] {
+        let r = open_local(&json_for(rank, 2));
+        take(r, n, &mut samples);
+        let c = cursor_json_of(r);
+        assert!(c.contains(r#""blend":["#), "{c}");
+        cursors.push(CString::new(c).unwrap());
+        // SAFETY: `r` is live and closed once.
+        unsafe { dq_close(r) };
+    }
+    let ptrs: Vec<*const c_char> = cursors.iter().map(|c| c.as_ptr()).collect();
+    let mut buf = vec![0 as c_char; 4096];
+    // SAFETY: `ptrs` holds 2 NUL-terminated strings; `buf` is valid for its length.
+    let n = unsafe { dq_merge_cursors(ptrs.as_ptr(), ptrs.len(), buf.as_mut_ptr(), buf.len()) };
+    assert!(n > 0 && (n as usize) < buf.len(), "{:?}", last_error());
+    // SAFETY: NUL-terminated by the call.
+    let merged = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_owned();
+    assert!(
+        merged.to_str().unwrap().contains(r#""delivered":["#),
+        "{merged:?}"
+    );
+    for rank in 0..3 {
+        // SAFETY: valid NUL-terminated plan and cursor, NULL uri.
+        let r =
+            unsafe { dq_open_cursor(ptr::null(), json_for(rank, 3).as_ptr(), 0, merged.as_ptr()) };
+        assert!(!r.is_null(), "{:?}", last_error());
+        take(r, usize::MAX, &mut samples);
+        // SAFETY: `r` is live and closed once.
+        unsafe { dq_close(r) };
+    }
+    let whole = open_local(&json_for(0, 1));
+    let mut want = Vec::new();
+    take(whole, usize::MAX, &mut want);
+    // SAFETY: `whole` is live and closed once.
+    unsafe { dq_close(whole) };
+    samples.sort();
+    want.sort();
+    assert_eq!(samples.len(), want.len());
+    assert!(
+        samples == want,
+        "the resumed samples are not the rest of the plan"
+    );
+    // Bad JSON is named.
+    let bad = CString::new(r#"{"consumed_samples":"x"}"#).unwrap();
+    // SAFETY: valid NUL-terminated strings.
+    let r = unsafe { dq_open_cursor(ptr::null(), json_for(0, 1).as_ptr(), 0, bad.as_ptr()) };
+    assert!(r.is_null());
+    assert_eq!(
+        last_error().unwrap(),
+        "dq_open_cursor: cursor: invalid type: string \"x\", expected u64 at line 1 column 23"
+    );
+}
+
 #[test]
 fn one_reader_is_read_one_way() {
     let json = plan_json(127, 4, "u16");

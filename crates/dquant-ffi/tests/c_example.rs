@@ -228,10 +228,7 @@ fn c_example_reads_a_local_plan_like_rust() {
 
     // Resuming with dq_open_at from a mid-stream cursor gives exactly the rest.
     let plan = local_plan("u16");
-    let mid = Cursor {
-        epoch: 0,
-        consumed_samples: 600,
-    };
+    let mid = Cursor::new(0, 600);
     let want = rust_summary(&plan, mid);
     let mut cmd = ex.command(&ex.exe, "-", &plan, 0, "batches");
     let got = parse(&run_ok(cmd.arg("0:600")));
