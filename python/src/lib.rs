@@ -122,24 +122,25 @@ impl Reader {
     }
 }
 
-/// Opens `plan_json` (a plan as JSON) at the cursor `(epoch, consumed_samples)`: on the agent
-/// at `agent` when `offload`, else in this process (`agent` may then name the agent that
-/// serves the plan's relative sources, or be empty).
+/// Opens `plan_json` (a plan as JSON) at the cursor `cursor_json` (a cursor as JSON, as
+/// `Reader.cursor()` gives it; empty for the start): on the agent at `agent` when `offload`,
+/// else in this process (`agent` may then name the agent that serves the plan's relative
+/// sources, or be empty).
 #[pyfunction]
-#[pyo3(signature = (plan_json, agent, offload, epoch=0, consumed_samples=0))]
+#[pyo3(signature = (plan_json, agent, offload, cursor_json=""))]
 fn open_reader(
     py: Python<'_>,
     plan_json: &str,
     agent: &str,
     offload: bool,
-    epoch: u64,
-    consumed_samples: u64,
+    cursor_json: &str,
 ) -> PyResult<Reader> {
     let plan = dquant_plan::Plan::from_json(plan_json)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let cursor = Cursor {
-        epoch,
-        consumed_samples,
+    let cursor = if cursor_json.is_empty() {
+        Cursor::START
+    } else {
+        Cursor::from_json(cursor_json).map_err(|e| PyValueError::new_err(e.to_string()))?
     };
     let offload = if offload { Offload::Yes } else { Offload::No };
     let reader = py
@@ -150,6 +151,37 @@ fn open_reader(
         sample_len: reader.sample_len(),
         inner: Mutex::new(Some(reader)),
     })
+}
+
+/// A cursor as a dict: `epoch` and `consumed_samples`, and `blend` / `delivered` when set.
+fn cursor_dict<'py>(py: Python<'py>, c: &Cursor) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("epoch", c.epoch)?;
+    d.set_item("consumed_samples", c.consumed_samples)?;
+    if !c.blend.is_empty() {
+        d.set_item("blend", c.blend.clone())?;
+    }
+    if !c.delivered.is_empty() {
+        d.set_item("delivered", c.delivered.clone())?;
+    }
+    Ok(d)
+}
+
+/// Merges the cursors (as JSON) of all sub-ranks of one run, `cursors_json[r]` being sub-rank
+/// `r`'s, into one cursor (as JSON) that any number of ranks resumes from: nothing lost,
+/// nothing repeated (dquant-plan's `merge_cursors`).
+#[pyfunction]
+fn merge_cursors_json(cursors_json: Vec<String>) -> PyResult<String> {
+    let cursors = cursors_json
+        .iter()
+        .enumerate()
+        .map(|(r, t)| {
+            Cursor::from_json(t).map_err(|e| PyValueError::new_err(format!("cursors[{r}]: {e}")))
+        })
+        .collect::<PyResult<Vec<Cursor>>>()?;
+    dquant_plan::merge_cursors(&cursors)
+        .map(|c| c.to_json())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 #[pymethods]
@@ -214,13 +246,12 @@ impl Reader {
         })
     }
 
-    /// Where a resumed reader would continue: `{"epoch": ..., "consumed_samples": ...}`.
+    /// Where a resumed reader would continue: `{"epoch": ..., "consumed_samples": ...}`, with
+    /// `"blend"` (the blend's per-source counts, when known) and `"delivered"` (samples a
+    /// merged cursor listed past its watermark) when set.
     fn cursor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.with(|r| r.cursor())?;
-        let d = PyDict::new(py);
-        d.set_item("epoch", c.epoch)?;
-        d.set_item("consumed_samples", c.consumed_samples)?;
-        Ok(d)
+        cursor_dict(py, &c)
     }
 
     /// Tokens per sample: `seq_len + 1`.
@@ -331,6 +362,12 @@ impl Batch {
         (self.batch.cursor.epoch, self.batch.cursor.consumed_samples)
     }
 
+    /// The whole cursor after this batch, as `Reader.cursor()` gives it.
+    #[getter]
+    fn full_cursor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        cursor_dict(py, &self.batch.cursor)
+    }
+
     /// Whether the memory is a shared-memory ring slot the agent wrote (else a heap buffer).
     #[getter]
     fn in_ring(&self) -> bool {
@@ -394,6 +431,7 @@ fn view<'py, T: Element>(
 #[pymodule]
 fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_reader, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_cursors_json, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Batch>()?;
     m.add("AgentError", m.py().get_type::<AgentError>())?;

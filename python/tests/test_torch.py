@@ -114,16 +114,70 @@ def test_state_dict_mismatches_are_refused(data):
     del it
     with pytest.raises(ValueError, match="^TokenDataset.load_state_dict: the state was saved for a different plan$"):
         TokenDataset(dict(p, seed=9)).load_state_dict(state)
-    with pytest.raises(ValueError, match="^TokenDataset.load_state_dict: the state is rank 0 of 1, this dataset is rank 1 of 2$"):
-        TokenDataset(p, rank=1, world_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="^TokenDataset.load_state_dict: not a TokenDataset state"):
         TokenDataset(p).load_state_dict({"cursor": 3})
-    ds3 = TokenDataset(p)
-    ds3.load_state_dict(state)
-    with pytest.raises(ValueError, match="saved with 2 DataLoader worker"):
+    # One rank of several does not know where the others stood: all their states are needed.
+    ds2 = TokenDataset(p, rank=0, world_size=2)
+    it2 = iter(DataLoader(ds2, num_workers=2))
+    next(it2)
+    state2 = ds2.state_dict()
+    del it2
+    with pytest.raises(
+        ValueError,
+        match="^TokenDataset.load_state_dict: the state is rank 0 of 2, this dataset is rank 1 "
+        "of 3: to resume on another number of ranks, load every rank's state_dict",
+    ):
+        TokenDataset(p, rank=1, world_size=3).load_state_dict(state2)
+    ds3 = TokenDataset(p, rank=0, world_size=2)
+    ds3.load_state_dict(state2)
+    with pytest.raises(ValueError, match="saved with 2 DataLoader worker.*this loader has 0"):
         next(iter(DataLoader(ds3, num_workers=0)))
+    with pytest.raises(ValueError, match=r"^TokenDataset.merge_states: need the states of ranks 0..1 \(world size 2\), got ranks \[0\]$"):
+        TokenDataset.merge_states([state2])
     with pytest.raises(ValueError, match="leave the DataLoader's batch_size as None"):
         DataLoader(ds3, batch_size=8)
+
+
+def run_ranks(p, world, workers, take, start=None):
+    """Runs `world` ranks of `workers` DataLoader workers (prefetching 4 batches each), rank
+    r's loop taking `take[r]` batches (all, when None); returns the samples the loops received
+    and each rank's state_dict."""
+    received, states = [], []
+    for r in range(world):
+        got = []
+        ds = TokenDataset(p, rank=r, world_size=world)
+        if start is not None:
+            ds.load_state_dict(start)
+        kw = {"num_workers": workers}
+        if workers:
+            kw["prefetch_factor"] = 4
+        for b in DataLoader(ds, **kw):
+            got.append(b)  # the loop received it: the state counts it
+            if len(got) == take[r]:
+                break
+        received.extend(got)
+        states.append(json.loads(json.dumps(ds.state_dict())))
+    return received, states
+
+
+@pytest.mark.parametrize("world,workers", [(3, 0), (1, 4)])
+def test_elastic_resume_from_2x3_delivers_every_sample_once(data, world, workers):
+    """2 ranks x 3 workers checkpoint with their workers at uneven positions; the job resumes
+    on 3 ranks x 1 worker, or on 1 rank x 4 workers: what the old loops received and what the
+    new ones receive is the plan's stream, as a multiset, with nothing twice."""
+    p = plan(data, ("r50k_int32", 0.7), ("shifted.i32", 0.3), epochs=2, batch_size=2, seed=5)
+    with dquant.open(p, offload=False) as r:
+        want = np.concatenate(list(r))
+    head, states = run_ranks(p, 2, 3, [7, 11])
+    # Each sub-rank's cursor carries the blend's counts (the plan runs in this process).
+    assert all("blend" in c for s in states for c in s["cursors"] if c["consumed_samples"])
+    merged = TokenDataset.merge_states(states)
+    assert merged["merged"]["delivered"], "uneven workers leave samples past the watermark"
+    # Loading the list is the same as loading the merged state.
+    rest, _ = run_ranks(p, world, workers, [None] * world, start=states if world == 3 else merged)
+    got = np.concatenate([samples_of(head), samples_of(rest)])
+    assert len(got) == len(want)
+    assert rows(got) == rows(want)
 
 
 def megatron_blend(weights: list[float], n: int) -> list[int]:

@@ -25,11 +25,28 @@ from __future__ import annotations
 import builtins
 import json
 import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
-from ._dquant import AgentError, AgentShutdown, Batch, Reader, __version__, open_reader
+from ._dquant import (
+    AgentError,
+    AgentShutdown,
+    Batch,
+    Reader,
+    __version__,
+    merge_cursors_json,
+    open_reader,
+)
 
-__all__ = ["open", "Reader", "Batch", "AgentError", "AgentShutdown", "plan_of", "__version__"]
+__all__ = [
+    "open",
+    "merge_cursors",
+    "Reader",
+    "Batch",
+    "AgentError",
+    "AgentShutdown",
+    "plan_of",
+    "__version__",
+]
 
 _SCHEME = "dquant://"
 _TRANSPORTS = ("tcp", "shm")
@@ -154,12 +171,39 @@ def open(
     if not offload and transport is not None:
         raise ValueError("transport applies only with offload=True (an agent sends the batches)")
     target = _with_transport(os.fspath(agent), transport) if agent is not None else ""
-    epoch, consumed = 0, 0
-    if cursor is not None:
-        try:
-            epoch, consumed = int(cursor.get("epoch", 0)), int(cursor["consumed_samples"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(
-                f"cursor must be {{'epoch': int, 'consumed_samples': int}}, got {cursor!r}"
-            ) from None
-    return open_reader(json.dumps(plan), target, bool(offload), epoch, consumed)
+    return open_reader(json.dumps(plan), target, bool(offload), _cursor_json(cursor))
+
+
+def _cursor_json(cursor: Optional[Mapping[str, Any]]) -> str:
+    """A cursor dict as the JSON the extension takes ("" for the start)."""
+    if cursor is None:
+        return ""
+    try:
+        c = {"epoch": int(cursor.get("epoch", 0)), "consumed_samples": int(cursor["consumed_samples"])}
+        for key in ("blend", "delivered"):
+            if cursor.get(key):
+                c[key] = [int(x) for x in cursor[key]]
+        unknown = set(cursor) - {"epoch", "consumed_samples", "blend", "delivered"}
+        if unknown:
+            raise KeyError(unknown)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ValueError(
+            "cursor must be {'epoch': int, 'consumed_samples': int} with optional 'blend' and "
+            f"'delivered' lists of ints, got {cursor!r}"
+        ) from None
+    return json.dumps(c)
+
+
+def merge_cursors(cursors: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Merges the cursors of all sub-ranks of one run into one cursor that a job on any
+    number of ranks (and DataLoader workers) resumes from, nothing lost and nothing repeated.
+
+    ``cursors[r]`` is where sub-rank ``r`` stands (the ``cursor()`` of the reader that ran the
+    plan as ``rank=r`` of ``world=len(cursors)``, after the last batch the training loop
+    received from it). Each new rank then opens the plan at the merged cursor with its own
+    ``rank`` and ``world``.
+
+        >>> merged = dquant.merge_cursors([r.cursor() for r in readers])
+        >>> reader = dquant.open(plan, cursor=merged, rank=0, world=3)
+    """
+    return json.loads(merge_cursors_json([_cursor_json(c) for c in cursors]))

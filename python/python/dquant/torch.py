@@ -17,6 +17,12 @@ tag each batch carries, which :class:`DataLoader` removes before the batch reach
 is enough. A resumed loader also continues the order in which workers' batches interleave,
 so a resumed run sees exactly the stream the uninterrupted run would have seen.
 
+Elastic resume. A job that restarts on another number of ranks or workers loads the list of
+every rank's state (``ds.load_state_dict([s0, s1, ...])``, or one state from
+:meth:`TokenDataset.merge_states`): the sub-ranks' cursors merge into one cursor, which lists
+what faster workers delivered past the slowest, and the new ranks share the rest of the stream
+with nothing lost and nothing repeated.
+
     >>> from dquant.torch import TokenDataset, DataLoader
     >>> ds = TokenDataset({"sources": [{"uri": "data/r50k_int32"}], "seq_len": 2048,
     ...                    "batch_size": 8})
@@ -42,7 +48,7 @@ import dquant
 __all__ = ["TokenDataset", "DataLoader"]
 
 _POSITION = "dquant_position"
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 _DTYPES = ("int64", "raw")
 
 
@@ -127,6 +133,9 @@ class TokenDataset(torch.utils.data.IterableDataset):
         # What the training loop has received: per sub-rank cursors, and which sub-rank's
         # batch comes next in the interleaving. `None` until the first batch or a load.
         self._state: Optional[Dict[str, Any]] = None
+        # The cursor a fresh iteration starts every sub-rank at: the start, or a cursor merged
+        # from a run on another topology.
+        self._start: Dict[str, Any] = dict(_START)
         # Set by dquant.torch.DataLoader: batches then carry their position to the main
         # process.
         self._tracked = False
@@ -160,24 +169,23 @@ class TokenDataset(torch.utils.data.IterableDataset):
             )
         state = self._state_for(workers)
         slot = (worker + state["next_slot"]) % workers
-        epoch, consumed = state["cursors"][slot]
         reader = dquant.open(
             self._plan_for(slot, workers),
             offload=self.offload,
             transport=self.transport,
             agent=self.agent,
-            cursor={"epoch": epoch, "consumed_samples": consumed},
+            cursor=state["cursors"][slot],
         )
         in_process = info is None
         try:
             for arr in reader:
                 item = self._item(arr)
-                epoch, consumed = arr.base.cursor
+                cursor = arr.base.full_cursor
                 if in_process:
                     # The loop receives this batch as soon as we yield it.
-                    self._delivered(slot, epoch, consumed, workers)
+                    self._delivered(slot, cursor, workers)
                 elif self._tracked:
-                    item[_POSITION] = torch.tensor([slot, epoch, consumed], dtype=torch.int64)
+                    item[_POSITION] = {"slot": slot, "cursor": json.dumps(cursor)}
                 yield item
         finally:
             reader.close()
@@ -198,7 +206,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
             "world_size": self.world_size,
             "num_workers": workers,
             "next_slot": 0,
-            "cursors": [[0, 0] for _ in range(workers)],
+            "cursors": [dict(self._start) for _ in range(workers)],
+            "start": dict(self._start),
             "finished": False,
         }
 
@@ -208,60 +217,149 @@ class TokenDataset(torch.utils.data.IterableDataset):
         if s is None or s["finished"]:
             return self._fresh_state(workers)
         if s["num_workers"] != workers:
-            # One sub-rank per rank stands for num_workers 0 (or 1).
-            def loader_workers(n: int) -> int:
-                return n if n > 1 else 0
-
-            raise ValueError(
-                f"TokenDataset: the data position was saved with {s['num_workers']} DataLoader "
-                f"worker(s) (sub-ranks), this loader has {loader_workers(workers)}"
-                f"; resume with num_workers={loader_workers(s['num_workers'])}"
-            )
+            if self.world_size != 1:
+                raise ValueError(
+                    f"TokenDataset: the data position was saved with {s['num_workers']} "
+                    f"DataLoader worker(s) per rank, this loader has {_loader_workers(workers)}: "
+                    "to resume on another number of workers, load every rank's state_dict() "
+                    "(a list, or TokenDataset.merge_states of it)"
+                )
+            # One rank holds every sub-rank: its cursors merge into one any loader starts from.
+            self._start = _merged_cursor([s])
+            self._state = None
+            return self._fresh_state(workers)
         return s
 
-    def _delivered(self, slot: int, epoch: int, consumed: int, workers: int) -> None:
+    def _delivered(self, slot: int, cursor: Dict[str, Any], workers: int) -> None:
         if self._state is None or self._state["finished"]:
             self._state = self._fresh_state(workers)
-        self._state["cursors"][slot] = [int(epoch), int(consumed)]
+        self._state["cursors"][slot] = cursor
         self._state["next_slot"] = (slot + 1) % workers
 
     def _finished(self) -> None:
         """The loop received the whole stream: the next iteration starts over."""
         if self._state is not None:
             self._state["finished"] = True
+        self._start = dict(_START)
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the training loop is in the stream: pass it to :meth:`load_state_dict` to
-        resume exactly after the last batch it received. Plain data (JSON-serializable)."""
+        resume exactly after the last batch it received. Plain data (JSON-serializable).
+
+        Each sub-rank's cursor carries the blend's per-source counts when the plan runs in this
+        process, so a resume does not replay the blend from the first sample."""
         s = self._state if self._state is not None else self._fresh_state(0)
         return json.loads(json.dumps(s))
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Any) -> None:
         """Resumes from :meth:`state_dict`'s result: the next iteration yields exactly the
-        rest of the stream. The plan, rank, world size and number of DataLoader workers must
-        be the ones the state was saved with."""
-        try:
-            version = state["version"]
-            s = {k: state[k] for k in self._fresh_state(0)}
-        except (KeyError, TypeError):
-            raise ValueError(f"TokenDataset.load_state_dict: not a TokenDataset state: {state!r}") from None
-        if version != _STATE_VERSION:
-            raise ValueError(f"TokenDataset.load_state_dict: state version {version}, expected {_STATE_VERSION}")
+        rest of the stream.
+
+        On the same ranks and DataLoader workers, pass this rank's state: the stream goes on
+        exactly as the uninterrupted run's. On another topology (more or fewer ranks or
+        workers), pass the list of every rank's state (or :meth:`merge_states` of it): every
+        sample the old run's loops did not receive is delivered once, to some rank, and none
+        they received comes again. A state saved with one rank is enough on its own."""
+        if isinstance(state, (list, tuple)):
+            state = TokenDataset.merge_states(state)
+        s = _checked_state(state)
         if s["plan"] != json.dumps(self.plan, sort_keys=True):
             raise ValueError("TokenDataset.load_state_dict: the state was saved for a different plan")
-        if (s["rank"], s["world_size"]) != (self.rank, self.world_size):
-            raise ValueError(
-                f"TokenDataset.load_state_dict: the state is rank {s['rank']} of {s['world_size']}, "
-                f"this dataset is rank {self.rank} of {self.world_size}"
-            )
-        n = s["num_workers"]
-        if len(s["cursors"]) != n or not 0 <= s["next_slot"] < max(n, 1):
-            raise ValueError("TokenDataset.load_state_dict: inconsistent state (cursors, next_slot)")
-        if n == 0:
-            # Saved before any batch: any number of workers may start it.
-            self._state = None
+        if "merged" in s:
+            self._start, self._state = dict(s["merged"]), None
             return
-        self._state = json.loads(json.dumps(s))
+        if (s["rank"], s["world_size"]) != (self.rank, self.world_size):
+            if s["world_size"] != 1:
+                raise ValueError(
+                    f"TokenDataset.load_state_dict: the state is rank {s['rank']} of "
+                    f"{s['world_size']}, this dataset is rank {self.rank} of {self.world_size}: "
+                    "to resume on another number of ranks, load every rank's state_dict() (a "
+                    "list, or TokenDataset.merge_states of it)"
+                )
+            self._start, self._state = _merged_cursor([s]), None
+            return
+        self._start = dict(s["start"])
+        self._state = None if s["num_workers"] == 0 else s
+
+    @staticmethod
+    def merge_states(states: Any) -> Dict[str, Any]:
+        """One state from the states of every rank of a run (``states[r]`` or any order: each
+        names its rank), which a dataset of any rank and world size loads with
+        :meth:`load_state_dict`: the ranks' DataLoader workers stood at different positions,
+        and the merged state lists what each delivered past the slowest, so nothing is lost
+        or repeated on the new topology."""
+        checked = [_checked_state(s) for s in states]
+        if not checked:
+            raise ValueError("TokenDataset.merge_states: no states")
+        plan = checked[0]["plan"]
+        if any(s["plan"] != plan for s in checked):
+            raise ValueError("TokenDataset.merge_states: the states were saved for different plans")
+        return {"version": _STATE_VERSION, "plan": plan, "merged": _merged_cursor(checked)}
+
+
+_START: Dict[str, Any] = {"epoch": 0, "consumed_samples": 0}
+
+
+def _loader_workers(n: int) -> int:
+    """The DataLoader's ``num_workers`` for ``n`` sub-ranks per rank (one stands for 0)."""
+    return n if n > 1 else 0
+
+
+def _checked_state(state: Any) -> Dict[str, Any]:
+    """A TokenDataset state (this version's, an earlier one's, or a merged one), checked and
+    copied; version 1 cursors (``[epoch, consumed]``) become cursor dicts."""
+    try:
+        version = state["version"]
+        if version not in (1, _STATE_VERSION):
+            raise ValueError(
+                f"TokenDataset.load_state_dict: state version {version}, expected {_STATE_VERSION}"
+            )
+        if "merged" in state:
+            return {"version": version, "plan": state["plan"], "merged": dict(state["merged"])}
+        keys = ("plan", "rank", "world_size", "num_workers", "next_slot", "cursors", "finished")
+        s = {k: state[k] for k in keys}
+        s["cursors"] = [
+            {"epoch": c[0], "consumed_samples": c[1]} if isinstance(c, (list, tuple)) else dict(c)
+            for c in s["cursors"]
+        ]
+        s["start"] = dict(state.get("start", _START))
+    except (KeyError, TypeError):
+        raise ValueError(f"TokenDataset.load_state_dict: not a TokenDataset state: {state!r}") from None
+    n = s["num_workers"]
+    if len(s["cursors"]) != n or not 0 <= s["next_slot"] < max(n, 1):
+        raise ValueError("TokenDataset.load_state_dict: inconsistent state (cursors, next_slot)")
+    return json.loads(json.dumps(s))
+
+
+def _merged_cursor(states: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The cursor every sub-rank of ``states`` (the checked states of all ranks of a run)
+    merges into: sub-rank ``rank * workers + worker`` is worker ``worker`` of rank ``rank``."""
+    world = states[0]["world_size"]
+    by_rank = {s["rank"]: s for s in states}
+    if sorted(by_rank) != list(range(world)) or len(states) != world:
+        raise ValueError(
+            f"TokenDataset.merge_states: need the states of ranks 0..{world - 1} (world size "
+            f"{world}), got ranks {sorted(s['rank'] for s in states)}"
+        )
+    if all(s["finished"] for s in states):
+        return dict(_START)
+    workers = max(s["num_workers"] for s in states)
+    if workers == 0:
+        return dict(states[0]["start"])
+    cursors: List[Dict[str, Any]] = []
+    for r in range(world):
+        s = by_rank[r]
+        if s["num_workers"] == workers:
+            cursors.extend(s["cursors"])
+        elif s["num_workers"] == 0:
+            # This rank's loop received nothing yet: its workers stand at its start.
+            cursors.extend(dict(s["start"]) for _ in range(workers))
+        else:
+            raise ValueError(
+                f"TokenDataset.merge_states: rank {r} ran {s['num_workers']} DataLoader "
+                f"worker(s), others {workers}"
+            )
+    return dquant.merge_cursors(cursors)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -289,8 +387,7 @@ class DataLoader(torch.utils.data.DataLoader):
         for batch in it:
             pos = batch.pop(_POSITION, None)
             if pos is not None:
-                slot, epoch, consumed = (int(x) for x in pos.tolist())
-                ds._delivered(slot, epoch, consumed, workers)
+                ds._delivered(int(pos["slot"]), json.loads(pos["cursor"]), workers)
             yield batch
         if self.num_workers > 0:
             ds._finished()
