@@ -47,6 +47,36 @@ fn read_writes_the_plan_and_resumes_from_a_cursor() {
         o.stdout == full[100 * 256 * 2..],
         "the resumed stream is the tail"
     );
+    // A whole cursor from a --json summary (the blend's counts included) resumes the same.
+    let part = dquant(&[
+        "read",
+        plan.to_str().unwrap(),
+        "--cursor",
+        "100",
+        "--json",
+        "--out",
+        "/dev/null",
+    ]);
+    let end: serde_json::Value = serde_json::from_slice(&part.stderr).unwrap();
+    assert_eq!(end["cursor"]["blend"].as_array().unwrap().len(), 2);
+    let mid = r#"{"epoch":0,"consumed_samples":100,"blend":[75,25]}"#;
+    let o = dquant(&["read", plan.to_str().unwrap(), "--cursor-json", mid, "-q"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.stdout == full[100 * 256 * 2..],
+        "--cursor-json resumes the tail"
+    );
+    let o = dquant(&[
+        "read",
+        plan.to_str().unwrap(),
+        "--cursor-json",
+        r#"{"epoch":0,"consumed_samples":100,"blend":[25,75]}"#,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "error: cursor: blend[0] = 25 is not this plan's blend after 100 samples (source 0's \
+         share is 75.0)\n"
+    );
 }
 
 #[test]

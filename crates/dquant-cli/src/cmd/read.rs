@@ -27,6 +27,9 @@ Examples:
   #   weight = 0.3
   dquant read plan.toml --out batches.u16
   dquant read plan.json --cursor 4096 | python3 train.py     # resume after 4096 samples
+  # A whole cursor (--json's \"cursor\", or dquant.merge_cursors of several ranks'): with the
+  # blend's counts a blended plan resumes without replaying the blend.
+  dquant read plan.json --cursor-json '{\"consumed_samples\":4096,\"blend\":[2867,1229]}'
 
   # On an agent (dquant serve --root corpus=/data): plan sources are then dataset names,
   # e.g. uri = \"corpus/web_int32\".
@@ -55,6 +58,11 @@ pub struct Args {
     /// the position is --cursor).
     #[arg(long, default_value_t = 0, value_name = "E")]
     pub epoch: u64,
+    /// Resume at a whole cursor, as JSON: {"epoch":E,"consumed_samples":N} with optional
+    /// "blend" (the blend's per-source counts: no replay) and "delivered" (a cursor merged
+    /// from the ranks of a run on another topology). --json's summary gives it.
+    #[arg(long, value_name = "JSON", conflicts_with_all = ["cursor", "epoch"])]
+    pub cursor_json: Option<String>,
     /// The agent whose datasets the plan names: dquant://HOST:PORT, or its Unix socket path
     /// (batches then arrive through a shared-memory ring). Options: ?transport=shm|tcp,
     /// verify=true (check each ring batch's crc32c), slots=N.
@@ -87,15 +95,11 @@ pub fn run(a: &Args) -> Result<()> {
     } else {
         Offload::No
     };
-    let mut r = dquant_client::open_at(
-        a.agent.as_deref().unwrap_or(""),
-        &plan,
-        Cursor {
-            epoch: a.epoch,
-            consumed_samples: a.cursor,
-        },
-        offload,
-    )?;
+    let start = match &a.cursor_json {
+        Some(text) => Cursor::from_json(text).context("--cursor-json")?,
+        None => Cursor::new(a.epoch, a.cursor),
+    };
+    let mut r = dquant_client::open_at(a.agent.as_deref().unwrap_or(""), &plan, start, offload)?;
     let sample_len = plan.sample_len() as u64;
     let remaining = r
         .rank_samples()
@@ -129,7 +133,7 @@ pub fn run(a: &Args) -> Result<()> {
     let summary = json!({
         "batches": batches, "tokens": tokens, "bytes": bytes, "output": plan.output.as_str(),
         "stream_xxh3": format!("{:016x}", h.digest()), "offloaded": r.is_offloaded(),
-        "cursor": {"epoch": c.epoch, "consumed_samples": c.consumed_samples},
+        "cursor": c,
         "seconds": secs,
     });
     if a.output.json {
