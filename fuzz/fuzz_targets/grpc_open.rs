@@ -98,6 +98,8 @@ fn open(req: &OpenRequest) {
     let cursor = Cursor {
         epoch: req.epoch,
         consumed_samples: req.consumed_samples,
+        blend: req.blend.clone(),
+        delivered: req.delivered.clone(),
     };
     let sample_len = plan.sample_len() as u64;
     let open_source = |d: usize, s: &Source| -> Result<Box<dyn TokenSource>, SourceError> {

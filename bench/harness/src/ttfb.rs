@@ -77,6 +77,7 @@ fn phases(a: &Args, ds: &DataSpec, agent: &AgentProc) -> Result<Phases> {
         plan_json: plan.to_json(),
         epoch: 0,
         consumed_samples: 0,
+        ..Default::default()
     })?;
     let t2 = Instant::now();
     let (_w, records) = control.connect_data(&reply)?;

@@ -225,6 +225,8 @@ impl Agent for Service {
         let cursor = Cursor {
             epoch: req.epoch,
             consumed_samples: req.consumed_samples,
+            blend: req.blend,
+            delivered: req.delivered,
         };
         let shared = self.shared.clone();
         self.shared

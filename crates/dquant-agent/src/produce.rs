@@ -12,8 +12,10 @@ use std::time::Instant;
 
 use dquant_codec::encode_width;
 use dquant_engine::record::{max_payload_len, Payload, Record};
-use dquant_engine::{batch_header, plain_codec, EngineError, Pipeline, RecordEncoder};
-use dquant_plan::{OutputDType, WireCodec};
+use dquant_engine::{
+    batch_header, plain_codec, put_cursor_trailer, EngineError, Pipeline, RecordEncoder,
+};
+use dquant_plan::{cursor_trailer_len, OutputDType, WireCodec};
 use dquant_remote::shutdown_message;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchSink, SinkError};
@@ -67,6 +69,7 @@ impl Producer {
     /// link).
     pub fn new(pipeline: Box<Pipeline>, output: OutputDType, wire: WireCodec) -> Self {
         let tokens = pipeline.schedule().batch_tokens() as usize;
+        let trailer = cursor_trailer_len(pipeline.schedule().sources());
         let plain = wire == WireCodec::Fixed(plain_codec(output));
         let payload = if plain {
             tokens * output.itemsize()
@@ -79,7 +82,7 @@ impl Producer {
             pipeline,
             output,
             encoder,
-            room: RECORD_HEADER_LEN + payload,
+            room: RECORD_HEADER_LEN + payload + trailer,
             meter: Meter::off(),
         }
     }
@@ -123,9 +126,10 @@ impl Producer {
         };
         let tokens = b.samples * sample_len;
         let payload_len = width.encoded_len(tokens);
-        let h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
+        let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
+        put_cursor_trailer(&mut h, &b.cursor.blend, body)?;
         head.copy_from_slice(&h.encode());
-        let len = RECORD_HEADER_LEN + payload_len;
+        let len = RECORD_HEADER_LEN + h.payload_len as usize;
         sink.commit(len)?;
         Ok(Step::Batch {
             tokens: tokens as u64,
@@ -144,21 +148,25 @@ impl Producer {
         let Some(enc) = self.encoder.as_mut() else {
             return Err(EngineError::Usage("an encoded step without an encoder".into()).into());
         };
-        let Record { header, payload } = enc.encode(&b, sample_len)?;
+        let Record {
+            mut header,
+            payload,
+        } = enc.encode(&b, sample_len)?;
         let room = sink.reserve(self.room)?;
-        let len = RECORD_HEADER_LEN + header.payload_len as usize;
         let (head, body) = room.split_at_mut(RECORD_HEADER_LEN);
-        head.copy_from_slice(&header.encode());
-        let body = &mut body[..header.payload_len as usize];
+        let data = &mut body[..header.payload_len as usize];
         match payload {
-            Payload::Bytes(p) => body.copy_from_slice(p),
+            Payload::Bytes(p) => data.copy_from_slice(p),
             Payload::Plain { width, tokens } => {
-                encode_width(width, tokens, body).map_err(|source| EngineError::Encode {
+                encode_width(width, tokens, data).map_err(|source| EngineError::Encode {
                     index: header.index,
                     source,
                 })?
             }
         }
+        put_cursor_trailer(&mut header, &b.cursor.blend, body)?;
+        head.copy_from_slice(&header.encode());
+        let len = RECORD_HEADER_LEN + header.payload_len as usize;
         sink.commit(len)?;
         Ok(Step::Batch {
             tokens,
@@ -552,10 +560,7 @@ mod tests {
             drain(&mut source, &mut out);
             out
         };
-        got.extend(whole(Cursor {
-            epoch: 0,
-            consumed_samples: 28,
-        }));
+        got.extend(whole(Cursor::new(0, 28)));
         assert_eq!(got, whole(Cursor::START));
     }
 }

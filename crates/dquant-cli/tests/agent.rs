@@ -559,7 +559,7 @@ fn an_agent_killed_mid_stream_loses_nothing_after_resume() {
 
         // Resume on a fresh agent (the dead one's socket file is stale and gets replaced)...
         let _agent = AgentProcess::start(BIN, &args);
-        let mut r = open_at(s(&sock), &on_agent, cursor, Offload::Yes).unwrap();
+        let mut r = open_at(s(&sock), &on_agent, cursor.clone(), Offload::Yes).unwrap();
         let mut rest = Vec::new();
         while let Some(b) = r.next_batch().unwrap() {
             rest.extend_from_slice(b.tokens.as_bytes());

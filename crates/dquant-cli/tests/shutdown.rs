@@ -53,10 +53,7 @@ fn until_shutdown(r: &mut Reader, out: &mut Vec<u8>) -> u64 {
 }
 
 fn rest(uri: &str, p: &Plan, consumed_samples: u64, out: &mut Vec<u8>) {
-    let at = Cursor {
-        epoch: 0,
-        consumed_samples,
-    };
+    let at = Cursor::new(0, consumed_samples);
     out.extend(drain(&mut open_at(uri, p, at, Offload::Yes).unwrap()).0);
 }
 

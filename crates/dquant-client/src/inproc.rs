@@ -2,15 +2,36 @@
 //! into a pooled heap record in the output dtype, so the reader takes it as it takes a ring
 //! slot from an agent (one reader path for every transport).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dquant_engine::{batch_header, plain_codec, EngineError, Pipeline};
-use dquant_plan::OutputDType;
+use dquant_plan::{Cursor, OutputDType};
 use dquant_transport::receive::copy_payload;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, ReceiveError, RecordView};
 
 use crate::batch::{HeapRecord, RecordPool};
+
+/// The whole cursor (the blend's counts included) after the latest batch made in-process,
+/// shared with the reader: a record header carries only `(epoch, consumed_samples)`.
+#[derive(Clone, Default)]
+pub(crate) struct LatestCursor(Arc<Mutex<Option<Cursor>>>);
+
+impl LatestCursor {
+    /// The cursor after the latest batch, if it is the one at `consumed_samples`.
+    pub fn at(&self, consumed_samples: u64) -> Option<Cursor> {
+        let latest = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        latest
+            .as_ref()
+            .filter(|c| c.consumed_samples == consumed_samples)
+            .cloned()
+    }
+
+    fn set(&self, c: Cursor) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+    }
+}
 
 /// A pipeline as a [`BatchSource`].
 pub(crate) struct InProcess {
@@ -21,10 +42,16 @@ pub(crate) struct InProcess {
     pool: RecordPool,
     /// The record [`next_header`](BatchSource::next_header) made, until it is taken.
     held: Option<HeapRecord>,
+    latest: LatestCursor,
 }
 
 impl InProcess {
-    pub fn new(pipeline: Box<Pipeline>, output: OutputDType, pool: RecordPool) -> Self {
+    pub fn new(
+        pipeline: Box<Pipeline>,
+        output: OutputDType,
+        pool: RecordPool,
+        latest: LatestCursor,
+    ) -> Self {
         // Saturating: a plan can ask for more than memory holds; the record pool's
         // allocation then fails, where wrapped arithmetic would hand out a small buffer.
         let tokens = usize::try_from(pipeline.schedule().batch_tokens()).unwrap_or(usize::MAX);
@@ -37,6 +64,7 @@ impl InProcess {
             full,
             pool,
             held: None,
+            latest,
         }
     }
 
@@ -51,6 +79,7 @@ impl InProcess {
         let payload_len = width.encoded_len(b.samples * sample_len);
         let h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
         head.copy_from_slice(&h.encode());
+        self.latest.set(b.cursor);
         rec.truncate(RECORD_HEADER_LEN + payload_len);
         self.held = Some(rec);
         Ok(Some(h))

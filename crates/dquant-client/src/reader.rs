@@ -18,7 +18,7 @@ use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, RecordView};
 
 use crate::batch::{tokens_of, Batch, OwnedBatch, RecordPool};
-use crate::inproc::InProcess;
+use crate::inproc::{InProcess, LatestCursor};
 use crate::{shm, ClientError};
 
 /// An agent session a reader streams, closed on the agent if the reader stops early.
@@ -50,6 +50,13 @@ pub struct Reader {
     samples_in_batch: usize,
     /// The cursor once the batch at hand is consumed.
     batch_cursor: Cursor,
+    /// Where the stream started: batch headers carry only `consumed_samples`, the rest of a
+    /// cursor (what it lists as delivered) follows from this one.
+    start: Cursor,
+    /// In-process: the whole cursor of each batch, the blend's counts included.
+    latest: Option<LatestCursor>,
+    /// Bytes of the cursor trailer an agent's batch records carry (0 or the plan's).
+    trailer_len: usize,
     /// Bytes of the batch at hand already handed out by `read`.
     read_pos: usize,
     /// Position after the last batch fully handed out.
@@ -68,6 +75,7 @@ struct Origin {
     schedule: Option<Schedule>,
     transport: Option<Transport>,
     start: Cursor,
+    latest: Option<LatestCursor>,
     rank_batches: u64,
     rank_samples: u64,
 }
@@ -89,14 +97,17 @@ impl Reader {
         let pipeline = Pipeline::open(plan, cursor, open)?;
         let schedule = pipeline.schedule().clone();
         let pool = RecordPool::default();
+        let latest = LatestCursor::default();
         let origin = Origin {
             start: pipeline.cursor(),
+            latest: Some(latest.clone()),
             rank_batches: schedule.rank_batches(),
             rank_samples: schedule.rank_samples(),
             source: Box::new(InProcess::new(
                 Box::new(pipeline),
                 plan.output,
                 pool.clone(),
+                latest,
             )),
             session: None,
             schedule: Some(schedule),
@@ -128,6 +139,8 @@ impl Reader {
                 plan_json: plan.to_json(),
                 epoch: cursor.epoch,
                 consumed_samples: cursor.consumed_samples,
+                blend: cursor.blend.clone(),
+                delivered: cursor.delivered.clone(),
             })
             .map_err(ClientError::from_agent)?;
         let transport = agent.transport();
@@ -148,10 +161,8 @@ impl Reader {
             }),
             schedule: None,
             transport: Some(transport),
-            start: Cursor {
-                epoch: reply.start_epoch,
-                consumed_samples: reply.start_consumed_samples,
-            },
+            start: cursor.moved_to(reply.start_epoch, reply.start_consumed_samples),
+            latest: None,
             rank_batches: reply.rank_batches,
             rank_samples: reply.rank_samples,
         };
@@ -174,9 +185,12 @@ impl Reader {
             batch_len: 0,
             batch_index: 0,
             samples_in_batch: 0,
-            batch_cursor: o.start,
+            batch_cursor: o.start.clone(),
             read_pos: 0,
-            cursor: o.start,
+            cursor: o.start.clone(),
+            start: o.start,
+            latest: o.latest,
+            trailer_len: plan.cursor_trailer_len(),
             pool,
             decoder: Decoder::new(),
             payload: Vec::new(),
@@ -221,7 +235,7 @@ impl Reader {
 
     /// Where a resumed reader would continue: after the last batch handed out whole.
     pub fn cursor(&self) -> Cursor {
-        self.cursor
+        self.cursor.clone()
     }
 
     /// Waits at most `timeout` for the next batch to be at hand: true once the next
@@ -259,14 +273,24 @@ impl Reader {
             Some(r) => self.check_in_place(&h, r, bytes)?,
             None => self.receive(&h, bytes)?,
         };
+        self.batch_cursor = match self.latest.as_ref().and_then(|l| l.at(h.cursor_consumed)) {
+            Some(c) => c,
+            None => {
+                let mut c = self.start.moved_to(h.cursor_epoch, h.cursor_consumed);
+                let trailer = &record[RECORD_HEADER_LEN + bytes..][..h.cursor_len as usize];
+                if !trailer.is_empty() {
+                    c.blend = trailer
+                        .chunks_exact(8)
+                        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                        .collect();
+                }
+                c
+            }
+        };
         self.record = Some(record);
         self.batch_len = bytes;
         self.batch_index = h.index;
         self.samples_in_batch = h.samples as usize;
-        self.batch_cursor = Cursor {
-            epoch: h.cursor_epoch,
-            consumed_samples: h.cursor_consumed,
-        };
         Ok(true)
     }
 
@@ -278,6 +302,13 @@ impl Reader {
             return Err(ClientError::Agent(format!(
                 "agent sent a batch of {} samples of {} tokens; the plan has batches of up to {batch_size} samples of {sample_len}",
                 h.samples, h.sample_len
+            )));
+        }
+        let trailer = self.trailer_len;
+        if h.cursor_len != 0 && h.cursor_len as usize != trailer {
+            return Err(ClientError::Agent(format!(
+                "agent sent batch {} with a {}-byte cursor trailer; the plan's is {trailer} bytes",
+                h.index, h.cursor_len
             )));
         }
         Ok(())
@@ -292,8 +323,8 @@ impl Reader {
     ) -> Result<RecordView, ClientError> {
         let want = plain_codec(self.output);
         if h.codec != want
-            || h.payload_len as usize != bytes
-            || record.len() < RECORD_HEADER_LEN + bytes
+            || h.data_len() as usize != bytes
+            || record.len() < RECORD_HEADER_LEN + h.payload_len as usize
         {
             return Err(ClientError::Agent(format!(
                 "shared-memory ring: batch {} holds {} bytes of {} in a {}-byte record; expected {bytes} bytes of {want}",
@@ -310,24 +341,28 @@ impl Reader {
     /// codec into the output dtype when it is not that already.
     fn receive(&mut self, h: &BatchHeader, bytes: usize) -> Result<RecordView, ClientError> {
         let n = h.tokens();
-        dquant_remote::check_payload_len(h.codec, n, h.payload_len)
+        let (data, trailer) = (h.data_len() as usize, h.cursor_len as usize);
+        dquant_remote::check_payload_len(h.codec, n, h.data_len())
             .map_err(ClientError::from_agent)?;
-        let mut rec = self.pool.get(RECORD_HEADER_LEN + bytes);
+        // The batch's tokens in the output dtype, then the cursor trailer, as in place.
+        let mut rec = self.pool.get(RECORD_HEADER_LEN + bytes + trailer);
         let out = &mut rec.bytes_mut()[RECORD_HEADER_LEN..];
         let width = self.output.width();
         let direct = h.codec.compression == Compression::None && h.codec.width == width;
-        if direct && h.payload_len as usize == bytes {
+        if direct && data == bytes {
             // The wire already holds the output dtype: frames copy straight into the batch.
-            self.source.read_payload(out)?;
+            self.source.read_payload(&mut out[..bytes + trailer])?;
         } else {
             self.payload.resize(h.payload_len as usize, 0);
             self.source.read_payload(&mut self.payload)?;
             self.decoded.resize(n, 0);
             let bad = |e| ClientError::Agent(format!("batch {}: {e}", h.index));
             self.decoder
-                .decode(h.codec, &self.payload, &mut self.decoded)
+                .decode(h.codec, &self.payload[..data], &mut self.decoded)
                 .map_err(bad)?;
-            store_plain(width, &self.decoded, out).map_err(bad)?;
+            let (tokens, rest) = out.split_at_mut(bytes);
+            store_plain(width, &self.decoded, tokens).map_err(bad)?;
+            rest[..trailer].copy_from_slice(&self.payload[data..]);
         }
         Ok(Box::new(rec))
     }
@@ -361,7 +396,7 @@ impl Reader {
             return Ok(None);
         }
         self.read_pos = self.batch_len;
-        self.cursor = self.batch_cursor;
+        self.cursor = self.batch_cursor.clone();
         Ok(Some(self.view()))
     }
 
@@ -374,7 +409,7 @@ impl Reader {
         if !self.fill()? {
             return Ok(None);
         }
-        self.cursor = self.batch_cursor;
+        self.cursor = self.batch_cursor.clone();
         // The batch leaves the reader: the next `read` or `next_batch` fills anew.
         let len = std::mem::take(&mut self.batch_len);
         let Some(record) = self.record.take() else {
@@ -385,7 +420,7 @@ impl Reader {
             samples: self.samples_in_batch,
             sample_len: self.sample_len,
             output: self.output,
-            cursor: self.cursor,
+            cursor: self.cursor.clone(),
             record,
             len,
             in_ring: self.source.shared_memory(),
@@ -426,7 +461,7 @@ impl Reader {
             n += k;
             self.read_pos += k;
             if self.read_pos == self.batch_len {
-                self.cursor = self.batch_cursor;
+                self.cursor = self.batch_cursor.clone();
             }
         }
         Ok(n)

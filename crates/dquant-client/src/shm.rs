@@ -23,14 +23,16 @@ use crate::ClientError;
 /// 1 MiB).
 pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 
-/// The slot size for `plan`: one whole batch record (header and tokens in the output
-/// dtype), page aligned. Slots are sized to the batch rather than fixed at 1 MiB: a slot
+/// The slot size for `plan`: one whole batch record (header, tokens in the output dtype and
+/// the cursor trailer), page aligned. Slots are sized to the batch rather than fixed at 1 MiB: a slot
 /// holds exactly one batch, so a smaller one would not fit it and a larger one is memory
 /// the batch never uses.
 pub fn slot_size(plan: &Plan) -> u64 {
     // Saturating: an absurd plan gets an absurd slot size, which creating the ring refuses,
     // rather than a wrapped small one.
-    let record = (RECORD_HEADER_LEN as u64).saturating_add(plan.batch_bytes());
+    let record = (RECORD_HEADER_LEN as u64)
+        .saturating_add(plan.batch_bytes())
+        .saturating_add(plan.cursor_trailer_len() as u64);
     record.div_ceil(PAGE).saturating_mul(PAGE)
 }
 

@@ -75,6 +75,7 @@ fn malformed_plans_name_what_is_wrong() {
         plan_json: json.into(),
         epoch: 0,
         consumed_samples: consumed,
+        ..Default::default()
     }) {
         Ok(_) => panic!("{json} was accepted"),
         Err(SourceError::Agent(m)) => m,
@@ -118,9 +119,39 @@ fn malformed_plans_name_what_is_wrong() {
     );
     let e = open_json(
         r#"{"sources":[{"uri":"corpus/r50k"}],"seq_len":8,"batch_size":2,"world":2}"#,
-        3,
+        1 << 50,
     );
-    assert!(e.starts_with("cursor: "), "{e}");
+    assert!(
+        e.starts_with("cursor: consumed_samples 1125899906842624 is past the end of the plan ("),
+        "{e}"
+    );
+    // A cursor's optional parts are checked before anything is sized from them.
+    let bad_cursor = |blend: Vec<u64>, delivered: Vec<u64>| {
+        match control.open(OpenRequest {
+        plan_json: r#"{"sources":[{"uri":"corpus/r50k"},{"uri":"corpus/r50k","weight":3}],"seq_len":8,"batch_size":2}"#.into(),
+        consumed_samples: 40,
+        blend,
+        delivered,
+        ..Default::default()
+    }) {
+        Ok(_) => panic!("accepted"),
+        Err(SourceError::Agent(m)) => m,
+        Err(e) => panic!("not an agent error: {e}"),
+    }
+    };
+    assert_eq!(
+        bad_cursor(vec![], vec![45, 41]),
+        "cursor: delivered is not strictly ascending: [0] = 45 then [1] = 41"
+    );
+    assert_eq!(
+        bad_cursor(vec![1; 3], vec![]),
+        "cursor: blend has 3 counts, the plan has 2 sources"
+    );
+    assert_eq!(
+        bad_cursor(vec![30, 10], vec![]),
+        "cursor: blend[0] = 30 is not this plan's blend after 40 samples (source 0's share is \
+         10.0)"
+    );
     assert_eq!(agent.sessions(), (0, 0));
     c.assert_serving(&agent);
 }
@@ -204,6 +235,7 @@ fn a_client_killed_mid_stream_frees_its_session() {
                 plan_json: p.to_json(),
                 epoch: 0,
                 consumed_samples: 0,
+                ..Default::default()
             })
             .unwrap();
         let (_w, mut records) = control.connect_data(&reply).unwrap();
@@ -229,6 +261,7 @@ fn a_client_killed_mid_stream_frees_its_session() {
         plan_json: p.to_json(),
         epoch: 0,
         consumed_samples: 0,
+        ..Default::default()
     })
     .unwrap();
     assert_eq!(short.sessions(), (1, 0));
@@ -239,6 +272,7 @@ fn a_client_killed_mid_stream_frees_its_session() {
             plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
             epoch: 0,
             consumed_samples: 0,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(short.sessions(), (1, 0));

@@ -27,6 +27,7 @@ fn open_refused(agent: &AgentHandle, p: &Plan, consumed_samples: u64) -> String 
         plan_json: p.to_json(),
         epoch: 0,
         consumed_samples,
+        ..Default::default()
     }) {
         Ok(r) => panic!("opened session {}", r.session),
         Err(e) => e.to_string(),
@@ -158,6 +159,7 @@ fn abandoned_opens_are_reaped_without_waiting_for_the_next_open() {
             plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
             epoch: 0,
             consumed_samples: 0,
+            ..Default::default()
         })
         .unwrap();
     }
@@ -318,6 +320,7 @@ fn close_needs_the_ticket_and_the_owner() {
             plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
             epoch: 0,
             consumed_samples: 0,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(agent.sessions(), (1, 0));
@@ -360,6 +363,7 @@ fn the_data_plane_hello_needs_the_sessions_tenant_token() {
             plan_json: long.to_json(),
             epoch: 0,
             consumed_samples: 0,
+            ..Default::default()
         })
         .unwrap();
     let hello = |token: Option<&str>| Hello {
@@ -498,6 +502,7 @@ fn a_tls_data_port_closes_what_is_not_tls_and_serves_on() {
             plan_json: p.to_json(),
             epoch: 0,
             consumed_samples: 0,
+            ..Default::default()
         })
         .unwrap();
     let (_w, mut records) = ctl.connect_data(&reply).unwrap();

@@ -329,12 +329,9 @@ fn the_stored_fast_path_equals_decoding() {
         let (b, sb) = batches(&ps, Cursor::START);
         assert_eq!(sa, sb, "{what}");
         assert!(a == b, "{what}: the fast path gives a different stream");
-        let mid = Cursor {
-            epoch: 0,
-            consumed_samples: (sa.len() as u64 / 2) * 4 * world as u64,
-        };
+        let mid = Cursor::new(0, (sa.len() as u64 / 2) * 4 * world as u64);
         assert!(
-            batches(&pf, mid).0 == batches(&ps, mid).0,
+            batches(&pf, mid.clone()).0 == batches(&ps, mid).0,
             "{what}: resumed"
         );
         let mut r = Reader::local(&pf, Cursor::START).unwrap();

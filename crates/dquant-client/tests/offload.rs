@@ -14,7 +14,7 @@ type Stream = (Vec<u8>, Vec<usize>);
 
 /// The stream of `p` in-process (local paths) and through the agent at `uri`.
 fn both(c: &Corpus, uri: &str, p: &Plan, from: Cursor) -> (Stream, Stream) {
-    let mut local = Reader::local(&c.localized(p), from).unwrap();
+    let mut local = Reader::local(&c.localized(p), from.clone()).unwrap();
     let mut remote = open_at(uri, p, from, Offload::Yes).unwrap();
     assert!(remote.is_offloaded());
     assert_eq!(remote.rank_batches(), local.rank_batches());
@@ -133,12 +133,70 @@ fn a_resumed_stream_is_the_tail_of_the_uninterrupted_one() {
     }
     let cursor = full.cursor();
     assert_eq!(cursor.consumed_samples, 7 * 4 * 2);
+    // The batch records carried the blend's counts: the resume below starts without a replay.
+    let mut replay = Reader::local(&c.localized(&p), Cursor::START)
+        .unwrap()
+        .schedule()
+        .unwrap()
+        .blender();
+    replay.seek(cursor.consumed_samples);
+    assert_eq!(cursor.blend, replay.counts());
     let (tail, _) = drain(&mut full);
     drop(full);
     // Resume through the agent and in-process: both equal the uninterrupted tail.
     let resumed = assert_parity(&c, &uri, &p, cursor);
     assert_eq!(resumed, xxh3(&tail));
     assert!(!head.is_empty());
+}
+
+/// Two offloaded ranks stop at different batches; their cursors, merged, resume on three
+/// offloaded ranks (the merged cursor's delivered samples travel in the Open request): every
+/// sample of the plan exactly once.
+#[test]
+fn merged_cursors_resume_through_the_agent_on_another_world() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let uri = agent.uri();
+    let mut p = plan(&[("r50k.dqb", 0.6), ("wide", 0.4)], 63, 3);
+    p.samples = Some(500);
+    let sample = 64 * 4;
+    let rows =
+        |bytes: &[u8]| -> Vec<Vec<u8>> { bytes.chunks(sample).map(<[u8]>::to_vec).collect() };
+    let mut got = Vec::new();
+    let mut cursors = Vec::new();
+    for (rank, take) in [(0, 9), (1, 14)] {
+        let q = Plan {
+            rank,
+            world: 2,
+            ..p.clone()
+        };
+        let mut r = open(&uri, &q, Offload::Yes).unwrap();
+        for _ in 0..take {
+            got.extend(rows(r.next_batch().unwrap().unwrap().tokens.as_bytes()));
+        }
+        cursors.push(r.cursor());
+    }
+    let merged = dquant_plan::merge_cursors(&cursors).unwrap();
+    assert_eq!(merged.consumed_samples, got.len() as u64);
+    assert!(!merged.delivered.is_empty());
+    for rank in 0..3 {
+        let q = Plan {
+            rank,
+            world: 3,
+            ..p.clone()
+        };
+        got.extend(rows(
+            &drain(&mut open_at(&uri, &q, merged.clone(), Offload::Yes).unwrap()).0,
+        ));
+    }
+    let mut want = rows(&drain(&mut open(&uri, &p, Offload::Yes).unwrap()).0);
+    got.sort();
+    want.sort();
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got == want,
+        "the resumed ranks do not deliver exactly the rest"
+    );
 }
 
 #[test]

@@ -151,17 +151,17 @@ fn plan(names: &[(&str, f64)], seq_len: u32, batch: u32) -> Plan {
 /// (`Offload::Yes`), this process pulling them by dataset name and by full URI
 /// (`Offload::No`). Returns the stream's checksum.
 fn assert_chained_parity(big: &Big, p: &Plan, from: Cursor) -> u64 {
-    let (want, want_sizes) = drain(&mut Reader::local(&big.localized(p), from).unwrap());
+    let (want, want_sizes) = drain(&mut Reader::local(&big.localized(p), from.clone()).unwrap());
     assert!(!want.is_empty(), "the plan yields data");
     let chained = big.chained(p);
     let paths = [
         (
             "near agent chained to the storage agent",
-            open_at(&big.near.uri(), &chained, from, Offload::Yes),
+            open_at(&big.near.uri(), &chained, from.clone(), Offload::Yes),
         ),
         (
             "client pulling ranges by name",
-            open_at(&big.storage.uri(), p, from, Offload::No),
+            open_at(&big.storage.uri(), p, from.clone(), Offload::No),
         ),
         (
             "client pulling ranges by URI",

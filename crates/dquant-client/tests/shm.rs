@@ -27,7 +27,7 @@ fn stream(uri: &str, p: &Plan, from: Cursor, transport: Transport) -> (u64, Vec<
 /// The plan's stream is the same in-process, over TCP, over shm (with and without crc
 /// checks), and over shm reached through the TCP address.
 fn assert_parity(c: &Corpus, agent: &AgentHandle, sock: &str, p: &Plan, from: Cursor) {
-    let mut local = Reader::local(&c.localized(p), from).unwrap();
+    let mut local = Reader::local(&c.localized(p), from.clone()).unwrap();
     let (lb, ls) = drain(&mut local);
     assert!(!lb.is_empty(), "the plan yields data");
     let want = (xxh3(&lb), ls, local.cursor());
@@ -39,7 +39,7 @@ fn assert_parity(c: &Corpus, agent: &AgentHandle, sock: &str, p: &Plan, from: Cu
         (format!("{tcp}?transport=shm"), Transport::Shm),
         (format!("{sock}?transport=tcp"), Transport::Tcp),
     ] {
-        assert_eq!(stream(&uri, p, from, t), want, "{uri}");
+        assert_eq!(stream(&uri, p, from.clone(), t), want, "{uri}");
     }
 }
 
@@ -65,16 +65,7 @@ fn shm_streams_equal_tcp_and_local_ones() {
     let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 511, 4);
     p.samples = Some(601);
     assert_parity(&c, &agent, &sock, &p, Cursor::START);
-    assert_parity(
-        &c,
-        &agent,
-        &sock,
-        &p,
-        Cursor {
-            epoch: 0,
-            consumed_samples: 200,
-        },
-    );
+    assert_parity(&c, &agent, &sock, &p, Cursor::new(0, 200));
     p.world = 4;
     p.rank = 3;
     assert_parity(&c, &agent, &sock, &p, Cursor::START);

@@ -19,5 +19,7 @@ mod source;
 pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
-pub use record::{auto_codec, batch_header, codec_for, plain_codec, RecordEncoder};
+pub use record::{
+    auto_codec, batch_header, codec_for, plain_codec, put_cursor_trailer, RecordEncoder,
+};
 pub use source::{open_options, LocalSource, SourceError, TokenSource};

@@ -54,13 +54,13 @@ impl TokenBatch<'_> {
         BatchInfo {
             index: self.index,
             samples: self.samples,
-            cursor: self.cursor,
+            cursor: self.cursor.clone(),
         }
     }
 }
 
 /// Where a batch written by [`Pipeline::next_batch_into`] sits in the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchInfo {
     pub index: u64,
     pub samples: usize,

@@ -80,9 +80,38 @@ pub fn batch_header(
         samples: u32::try_from(b.samples).map_err(|_| too_big())?,
         sample_len: u32::try_from(sample_len).map_err(|_| too_big())?,
         payload_len: u32::try_from(payload_len).map_err(|_| too_big())?,
+        cursor_len: 0,
         cursor_epoch: b.cursor.epoch,
         cursor_consumed: b.cursor.consumed_samples,
     })
+}
+
+/// Writes the cursor trailer of the batch of `h` (`blend`: the blend's counts at the cursor
+/// after it, empty for a single source) into `body` after the `h.payload_len` bytes of its
+/// tokens, and counts it in `h`. The record's room includes it
+/// ([`dquant_plan::cursor_trailer_len`]).
+pub fn put_cursor_trailer(
+    h: &mut BatchHeader,
+    blend: &[u64],
+    body: &mut [u8],
+) -> Result<(), EngineError> {
+    let at = h.payload_len as usize;
+    let len = 8 * blend.len();
+    let Some(room) = body.get_mut(at..at + len) else {
+        return Err(EngineError::Usage(format!(
+            "batch {}: no room for its {len}-byte cursor trailer",
+            h.index
+        )));
+    };
+    for (out, c) in room.chunks_exact_mut(8).zip(blend) {
+        out.copy_from_slice(&c.to_le_bytes());
+    }
+    let len = len as u32;
+    h.cursor_len = len;
+    h.payload_len = h.payload_len.checked_add(len).ok_or_else(|| {
+        EngineError::Usage(format!("batch {} encodes to more than 4 GiB", h.index))
+    })?;
+    Ok(())
 }
 
 /// Encoders by codec (an `auto` wire codec may switch width between batches).
