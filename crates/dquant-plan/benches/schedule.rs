@@ -1,7 +1,10 @@
 //! Cost of answering "which tokens next": per sample of a rank's stream, per sample replayed by
-//! a seek, per permutation lookup. Throughput is in samples.
+//! a seek, per permutation lookup (throughput in samples); and at scale (issue 15): resuming at
+//! 10^9 and 10^10 samples from a cursor with the blend's counts against a replay, and the
+//! schedule's cost per batch of 8 at world 1, 512 and 4096 with 1, 100 and 1,000 sources.
 //!
-//! `cargo bench -p dquant-plan`
+//! `cargo bench -p dquant-plan` (all), `cargo bench -p dquant-plan -- scale/` (the scale
+//! figures only)
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -113,6 +116,94 @@ fn permutation(c: &mut Criterion) {
     g.finish();
 }
 
+/// Unequal weights `1, 2, ..., n` (a blend with ties of every kind would flatter the rule).
+fn weights(n: usize) -> Vec<f64> {
+    (1..=n).map(|d| d as f64).collect()
+}
+
+/// A plan of 2^62 samples over `n` sources of 2^40 tokens each, rank 0 of `world`.
+fn scale_schedule(n: usize, world: u32) -> Schedule {
+    let mut plan = Plan::new(
+        weights(n)
+            .iter()
+            .enumerate()
+            .map(|(d, &w)| Source::new(format!("s{d}")).weight(w))
+            .collect(),
+        4096,
+        8,
+    );
+    (plan.world, plan.samples, plan.seed) = (world, Some(1 << 62), 1);
+    Schedule::new(&plan, &vec![SourceInfo { tokens: 1 << 40 }; n]).unwrap()
+}
+
+/// Counts at `at` samples that a cursor may carry: each source's share rounded down, the
+/// remainder to the first sources. (The rule's own counts there take a replay of `at` draws
+/// to know; `restore` costs the same O(#sources) for any counts it accepts.)
+fn counts_at(s: &Schedule, at: u64) -> Vec<u64> {
+    let b = s.blender();
+    let mut c: Vec<u64> = b.weights().iter().map(|w| (w * at as f64) as u64).collect();
+    let short = at - c.iter().sum::<u64>();
+    for x in c.iter_mut().take(short as usize) {
+        *x += 1;
+    }
+    c
+}
+
+/// Time to the first batch after a resume at 10^9 and 10^10 samples, from a cursor with the
+/// blend's counts; and a replay's cost per sample (the resume without counts), measured over
+/// 10^6 samples, to set against it.
+fn resume(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scale/resume");
+    for n in [1usize, 8, 100] {
+        let s = scale_schedule(n, 1);
+        for at in [1_000_000_000u64, 10_000_000_000] {
+            let cursor = Cursor {
+                blend: if n > 1 { counts_at(&s, at) } else { Vec::new() },
+                ..s.cursor_at(at)
+            };
+            g.bench_function(format!("with counts, {n} sources, at {at}"), |b| {
+                b.iter(|| {
+                    let mut it = s.iter_rank(black_box(cursor.clone())).unwrap();
+                    black_box(it.next_batch().unwrap().samples.len())
+                })
+            });
+        }
+        g.throughput(Throughput::Elements(1_000_000));
+        g.bench_function(format!("replay per sample, {n} sources"), |b| {
+            b.iter(|| {
+                let mut bl = s.blender();
+                bl.seek(black_box(1_000_000));
+                black_box(bl.counts()[0])
+            })
+        });
+    }
+    g.finish();
+}
+
+/// The schedule's cost per batch of 8 of one rank, by world size and number of sources.
+fn per_batch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scale/batch");
+    for n in [1usize, 100, 1000] {
+        for world in [1u32, 512, 4096] {
+            let s = scale_schedule(n, world);
+            let mut it = s.iter_rank(Cursor::START).unwrap();
+            g.bench_function(format!("world {world}, {n} sources"), |b| {
+                b.iter(|| black_box(it.next_batch().unwrap().samples.len()))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = scale;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(10);
+    targets = resume, per_batch
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
@@ -121,4 +212,4 @@ criterion_group! {
         .sample_size(20);
     targets = iterate, seek, permutation
 }
-criterion_main!(benches);
+criterion_main!(benches, scale);

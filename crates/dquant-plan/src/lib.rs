@@ -104,6 +104,7 @@
 
 mod blend;
 mod error;
+mod kinetic;
 pub mod permute;
 mod plan;
 pub mod resume;

@@ -440,6 +440,16 @@ impl RankIter {
     fn walk_to(&mut self, target: u64) {
         let s = &self.schedule;
         let row_end = self.local.saturating_mul(s.world).min(s.total);
+        if s.sources() == 1 && self.skip_at == self.skip.len() {
+            // One source and nothing left to skip: the blend is the position itself, so the
+            // walk is a jump (O(1) where world draws would be O(world)).
+            if row_end > self.row.virt && (self.virt..=target).contains(&row_end) {
+                self.jump(row_end);
+                self.snapshot();
+            }
+            self.jump(target);
+            return;
+        }
         loop {
             if self.virt == row_end && row_end > self.row.virt {
                 self.snapshot();
@@ -450,6 +460,15 @@ impl RankIter {
             self.blender.next_pick();
             self.virt += 1;
             self.settle();
+        }
+    }
+
+    /// Moves a single-source walk with nothing to skip to stream position `to` at once.
+    fn jump(&mut self, to: u64) {
+        if to > self.virt {
+            let at = self.blender.position() + (to - self.virt);
+            self.blender.seek(at);
+            self.virt = to;
         }
     }
 
