@@ -59,9 +59,11 @@
 //!    topology with nothing lost and nothing repeated ([`resume`]).
 //!
 //! # Cost
-//! [`Schedule::new`] is O(#sources). Iterating a rank costs O(world * #sources) per sample
-//! (the blend advances through the other ranks' samples) plus an O(1) permutation lookup, and
-//! O(#sources) memory. Starting at a cursor that carries the blend's counts costs O(#sources);
+//! [`Schedule::new`] is O(#sources). Iterating a rank costs `world` draws of the blend per
+//! sample (it advances through the other ranks' samples) plus an O(1) permutation lookup, and
+//! O(#sources) memory. A draw scans the sources (O(#sources)); from 256 sources on it asks a
+//! kinetic tournament (O(log #sources) nodes and those whose order changed); with one source
+//! the walk is a jump. Starting at a cursor that carries the blend's counts costs O(#sources);
 //! one without them (or [`Schedule::sample`]) replays the blend from 0:
 //! O(consumed_samples * #sources) time, no memory; with one source, O(1). `cargo bench -p
 //! dquant-plan` measures each of these per sample.
