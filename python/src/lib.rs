@@ -37,7 +37,7 @@ pyo3::create_exception!(
     _dquant,
     AgentShutdown,
     AgentError,
-    "The agent shut down gracefully after the last batch this reader delivered; `consumed_samples` is the cursor to open the plan again at (on another agent, or this one once back): nothing is skipped or repeated."
+    "The agent shut down gracefully after the last batch this reader delivered; the reader's `cursor()` is where to open the plan again (on another agent, or this one once back): nothing is skipped or repeated. `consumed_samples` is its position (the whole cursor when the stream started at a plain one)."
 );
 
 /// Maps a host API error to the Python exception a user expects, with the Rust message.
