@@ -12,7 +12,7 @@
 
 use crate::error::PlanError;
 use crate::plan::Cursor;
-use crate::schedule::Schedule;
+use crate::schedule::{share, Schedule};
 
 /// The most samples a cursor may list as delivered past its watermark. Workers' prefetch
 /// spreads sub-ranks by a few batches each, so real cursors list thousands; the bound keeps a
@@ -191,13 +191,4 @@ pub fn merge_cursors(cursors: &[Cursor]) -> Result<Cursor, PlanError> {
 fn is_subset(a: &[u64], b: &[u64]) -> bool {
     let mut b = b.iter();
     a.iter().all(|x| b.any(|y| y == x))
-}
-
-/// How many of the positions `0..n` are `r` modulo `world`.
-fn share(n: u64, r: u64, world: u64) -> u64 {
-    if n > r {
-        (n - r - 1) / world + 1
-    } else {
-        0
-    }
 }

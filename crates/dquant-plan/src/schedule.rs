@@ -347,8 +347,8 @@ impl Schedule {
     }
 }
 
-/// How many of the global samples `0..n` go to `rank`: those with `i % world == rank`.
-fn share(n: u64, rank: u64, world: u64) -> u64 {
+/// How many of the positions `0..n` go to `rank`: those with `i % world == rank`.
+pub(crate) fn share(n: u64, rank: u64, world: u64) -> u64 {
     if n > rank {
         (n - rank - 1) / world + 1
     } else {
