@@ -181,9 +181,7 @@ unsafe fn with_reader<T>(
         return fail;
     };
     if h.broken {
-        set_error(format!(
-            "{func}: this reader is unusable after an internal error in an earlier call; close it"
-        ));
+        set_error(unusable(func));
         return fail;
     }
     match catch_unwind(AssertUnwindSafe(|| body(&mut *h))) {
@@ -214,6 +212,26 @@ unsafe fn c_str<'a>(func: &str, name: &str, p: *const c_char) -> Result<Option<&
     s.to_str()
         .map(Some)
         .map_err(|e| format!("{func}: {name} is not valid UTF-8 ({e})"))
+}
+
+/// Why a call on a reader marked broken fails.
+fn unusable(func: &str) -> String {
+    format!("{func}: this reader is unusable after an internal error in an earlier call; close it")
+}
+
+/// The cursor of the reader behind `r`, read only: fails on a NULL or broken reader, as
+/// [`with_reader`] does.
+///
+/// # Safety
+/// `r` is NULL or a live reader from `dq_open*`, not being closed at the same time.
+unsafe fn cursor_of(func: &str, r: *const DqReader) -> Result<Cursor, String> {
+    // SAFETY: the caller guarantees `r` is NULL or a live reader; reading it through a shared
+    // reference is sound (the cursor calls take a `const dq_reader *`).
+    let h = unsafe { r.as_ref() }.ok_or_else(|| format!("{func}: reader is NULL"))?;
+    if h.broken {
+        return Err(unusable(func));
+    }
+    Ok(h.reader.cursor())
 }
 
 /// # Safety
@@ -337,8 +355,7 @@ unsafe fn write_text(text: &str, buf: *mut c_char, len: usize) -> i64 {
 }
 
 /// Writes the reader's whole cursor (as [`dq_cursor`], with the blend's counts when the plan
-/// runs in this process and blends several sources, and the samples a merged cursor listed as
-/// delivered past it) as JSON into `buf`, `snprintf`-style: returns the JSON's length (call
+/// blends several sources, and the samples a merged cursor listed as delivered past it) as JSON into `buf`, `snprintf`-style: returns the JSON's length (call
 /// again with a larger buffer when it is `>= len`), or -1 on error.
 ///
 /// # Safety
@@ -346,16 +363,8 @@ unsafe fn write_text(text: &str, buf: *mut c_char, len: usize) -> i64 {
 #[no_mangle]
 pub unsafe extern "C" fn dq_cursor_json(r: *const DqReader, buf: *mut c_char, len: usize) -> i64 {
     guard("dq_cursor_json", -1, || {
-        // SAFETY: the caller guarantees `r` is NULL or a live reader, read-only here.
-        let h = unsafe { r.as_ref() }.ok_or("dq_cursor_json: reader is NULL")?;
-        if h.broken {
-            return Err(
-                "dq_cursor_json: this reader is unusable after an internal error in an \
-                        earlier call; close it"
-                    .into(),
-            );
-        }
-        let text = h.reader.cursor().to_json();
+        // SAFETY: the caller guarantees `r` is NULL or a live reader not being closed.
+        let text = unsafe { cursor_of("dq_cursor_json", r) }?.to_json();
         // SAFETY: the caller's guarantee on `buf` and `len`.
         Ok(unsafe { write_text(&text, buf, len) })
     })
@@ -498,16 +507,8 @@ pub unsafe extern "C" fn dq_cursor(
     consumed_samples: *mut u64,
 ) -> c_int {
     guard("dq_cursor", -1, || {
-        // SAFETY: the caller guarantees `r` is NULL or a live reader; reading it through a
-        // shared reference is sound (`dq_cursor` takes a `const dq_reader *`).
-        let h = unsafe { r.as_ref() }.ok_or("dq_cursor: reader is NULL")?;
-        if h.broken {
-            return Err(
-                "dq_cursor: this reader is unusable after an internal error in an earlier call; close it"
-                    .into(),
-            );
-        }
-        let c = h.reader.cursor();
+        // SAFETY: the caller guarantees `r` is NULL or a live reader not being closed.
+        let c = unsafe { cursor_of("dq_cursor", r) }?;
         if !epoch.is_null() {
             // SAFETY: non-NULL, and the caller guarantees it is valid for writing a u64.
             unsafe { epoch.write(c.epoch) };
