@@ -2,69 +2,42 @@
 //! into a pooled heap record in the output dtype, so the reader takes it as it takes a ring
 //! slot from an agent (one reader path for every transport).
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dquant_engine::{batch_header, plain_codec, EngineError, Pipeline};
-use dquant_plan::{Cursor, OutputDType};
+use dquant_engine::{batch_header, plain_codec, put_cursor_trailer, EngineError, Pipeline};
+use dquant_plan::{cursor_trailer_len, OutputDType};
 use dquant_transport::receive::copy_payload;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, ReceiveError, RecordView};
 
 use crate::batch::{HeapRecord, RecordPool};
 
-/// The whole cursor (the blend's counts included) after the latest batch made in-process,
-/// shared with the reader: a record header carries only `(epoch, consumed_samples)`.
-#[derive(Clone, Default)]
-pub(crate) struct LatestCursor(Arc<Mutex<Option<Cursor>>>);
-
-impl LatestCursor {
-    /// The cursor after the latest batch, if it is the one at `consumed_samples`.
-    pub fn at(&self, consumed_samples: u64) -> Option<Cursor> {
-        let latest = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        latest
-            .as_ref()
-            .filter(|c| c.consumed_samples == consumed_samples)
-            .cloned()
-    }
-
-    fn set(&self, c: Cursor) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
-    }
-}
-
 /// A pipeline as a [`BatchSource`].
 pub(crate) struct InProcess {
     pipeline: Box<Pipeline>,
     output: OutputDType,
-    /// Room for a full batch record.
+    /// Room for a full batch record, its cursor trailer included.
     full: usize,
     pool: RecordPool,
     /// The record [`next_header`](BatchSource::next_header) made, until it is taken.
     held: Option<HeapRecord>,
-    latest: LatestCursor,
 }
 
 impl InProcess {
-    pub fn new(
-        pipeline: Box<Pipeline>,
-        output: OutputDType,
-        pool: RecordPool,
-        latest: LatestCursor,
-    ) -> Self {
+    pub fn new(pipeline: Box<Pipeline>, output: OutputDType, pool: RecordPool) -> Self {
         // Saturating: a plan can ask for more than memory holds; the record pool's
         // allocation then fails, where wrapped arithmetic would hand out a small buffer.
         let tokens = usize::try_from(pipeline.schedule().batch_tokens()).unwrap_or(usize::MAX);
+        let trailer = cursor_trailer_len(pipeline.schedule().sources());
         let full = tokens
             .saturating_mul(output.itemsize())
-            .saturating_add(RECORD_HEADER_LEN);
+            .saturating_add(RECORD_HEADER_LEN + trailer);
         InProcess {
             pipeline,
             output,
             full,
             pool,
             held: None,
-            latest,
         }
     }
 
@@ -77,10 +50,10 @@ impl InProcess {
             return Ok(None);
         };
         let payload_len = width.encoded_len(b.samples * sample_len);
-        let h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
+        let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
+        put_cursor_trailer(&mut h, &b.cursor.blend, body)?;
         head.copy_from_slice(&h.encode());
-        self.latest.set(b.cursor);
-        rec.truncate(RECORD_HEADER_LEN + payload_len);
+        rec.truncate(RECORD_HEADER_LEN + h.payload_len as usize);
         self.held = Some(rec);
         Ok(Some(h))
     }

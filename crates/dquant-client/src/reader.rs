@@ -18,7 +18,7 @@ use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, RecordView};
 
 use crate::batch::{tokens_of, Batch, OwnedBatch, RecordPool};
-use crate::inproc::{InProcess, LatestCursor};
+use crate::inproc::InProcess;
 use crate::{shm, ClientError};
 
 /// An agent session a reader streams, closed on the agent if the reader stops early.
@@ -53,8 +53,6 @@ pub struct Reader {
     /// Where the stream started: batch headers carry only `consumed_samples`, the rest of a
     /// cursor (what it lists as delivered) follows from this one.
     start: Cursor,
-    /// In-process: the whole cursor of each batch, the blend's counts included.
-    latest: Option<LatestCursor>,
     /// Bytes of the cursor trailer an agent's batch records carry (0 or the plan's).
     trailer_len: usize,
     /// Bytes of the batch at hand already handed out by `read`.
@@ -75,7 +73,6 @@ struct Origin {
     schedule: Option<Schedule>,
     transport: Option<Transport>,
     start: Cursor,
-    latest: Option<LatestCursor>,
     rank_batches: u64,
     rank_samples: u64,
 }
@@ -97,17 +94,14 @@ impl Reader {
         let pipeline = Pipeline::open(plan, cursor, open)?;
         let schedule = pipeline.schedule().clone();
         let pool = RecordPool::default();
-        let latest = LatestCursor::default();
         let origin = Origin {
             start: pipeline.cursor(),
-            latest: Some(latest.clone()),
             rank_batches: schedule.rank_batches(),
             rank_samples: schedule.rank_samples(),
             source: Box::new(InProcess::new(
                 Box::new(pipeline),
                 plan.output,
                 pool.clone(),
-                latest,
             )),
             session: None,
             schedule: Some(schedule),
@@ -162,7 +156,6 @@ impl Reader {
             schedule: None,
             transport: Some(transport),
             start: cursor.moved_to(reply.start_epoch, reply.start_consumed_samples),
-            latest: None,
             rank_batches: reply.rank_batches,
             rank_samples: reply.rank_samples,
         };
@@ -189,7 +182,6 @@ impl Reader {
             read_pos: 0,
             cursor: o.start.clone(),
             start: o.start,
-            latest: o.latest,
             trailer_len: plan.cursor_trailer_len(),
             pool,
             decoder: Decoder::new(),
@@ -273,20 +265,15 @@ impl Reader {
             Some(r) => self.check_in_place(&h, r, bytes)?,
             None => self.receive(&h, bytes)?,
         };
-        self.batch_cursor = match self.latest.as_ref().and_then(|l| l.at(h.cursor_consumed)) {
-            Some(c) => c,
-            None => {
-                let mut c = self.start.moved_to(h.cursor_epoch, h.cursor_consumed);
-                let trailer = &record[RECORD_HEADER_LEN + bytes..][..h.cursor_len as usize];
-                if !trailer.is_empty() {
-                    c.blend = trailer
-                        .chunks_exact(8)
-                        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-                        .collect();
-                }
-                c
-            }
-        };
+        let mut cursor = self.start.moved_to(h.cursor_epoch, h.cursor_consumed);
+        let trailer = &record[RECORD_HEADER_LEN + bytes..][..h.cursor_len as usize];
+        if !trailer.is_empty() {
+            cursor.blend = trailer
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect();
+        }
+        self.batch_cursor = cursor;
         self.record = Some(record);
         self.batch_len = bytes;
         self.batch_index = h.index;

@@ -79,9 +79,14 @@ proptest! {
         let global = global_stream(&p, &tokens);
         for r in 0..new_world {
             let s = schedule(&with_rank(&p, r, new_world), &tokens);
-            for x in s.iter_rank(merged.clone()).unwrap() {
+            let mut it = s.iter_rank(merged.clone()).unwrap();
+            while let Some(x) = it.next() {
                 prop_assert_eq!(&x, &global[x.global as usize]);
                 *seen.entry(x.global).or_insert(0) += 1;
+                // A reader that receives only `consumed_samples` rebuilds the same cursor.
+                let c = it.cursor();
+                let rebuilt = merged.moved_to(c.epoch, c.consumed_samples);
+                prop_assert_eq!(&rebuilt.delivered, &c.delivered);
             }
         }
         prop_assert_eq!(seen.len() as u64, any.total_samples());
@@ -116,6 +121,9 @@ fn run(
         }
         let c = it.cursor();
         assert_counts_exact(&s, &c);
+        // A reader that receives only `consumed_samples` rebuilds the same cursor.
+        let rebuilt = start.moved_to(c.epoch, c.consumed_samples);
+        assert_eq!(rebuilt.delivered, c.delivered, "sub-rank {r}");
         cursors.push(c);
     }
     (delivered, cursors)
