@@ -10,16 +10,19 @@
 //! tokens come from: [`LocalSource`] reads a dataset through `dquant-storage`; a dataset on
 //! another agent (`dquant_remote::RemoteSource`) implements the same trait.
 
+mod batch_reads;
 mod error;
 mod fit;
 mod pipeline;
+mod read_pool;
 pub mod record;
 mod source;
 
 pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
+pub use read_pool::ReadPool;
 pub use record::{
     auto_codec, batch_header, codec_for, plain_codec, put_cursor_trailer, RecordEncoder,
 };
-pub use source::{open_options, LocalSource, SourceError, TokenSource};
+pub use source::{open_options, LocalSource, SharedReads, SourceError, TokenSource};

@@ -5,13 +5,15 @@
 //! differ only in what they do with the tokens (store them in the output dtype here, encode
 //! them with the wire codec there). That is why offloaded and local runs are byte-identical.
 
-use std::io::IoSliceMut;
 use std::ops::Range;
+use std::sync::Arc;
 
 use dquant_codec::Width;
 use dquant_plan::{Cursor, Plan, RankIter, Schedule, Source, SourceInfo};
 
+use crate::batch_reads::{self, source_error};
 use crate::fit::check_fits;
+use crate::read_pool::ReadPool;
 use crate::source::{SourceError, TokenSource};
 use crate::EngineError;
 
@@ -46,6 +48,8 @@ pub struct Pipeline {
     /// The width every source stores its tokens in, when they all store the same one
     /// ([`TokenSource::stored_width`]): batches in that width are then copied, not converted.
     stored: Option<Width>,
+    /// Reads a batch on several threads, when set ([`Pipeline::set_read_pool`]).
+    pool: Option<Arc<ReadPool>>,
 }
 
 impl TokenBatch<'_> {
@@ -122,7 +126,15 @@ impl Pipeline {
             slots: vec![Vec::new(); n],
             read: Vec::new(),
             stored,
+            pool: None,
         })
+    }
+
+    /// Reads each batch's samples on `pool`'s threads (when its sources allow it: local
+    /// datasets do), or one after another on the caller's thread (`None`, the default). The
+    /// batches are the same either way.
+    pub fn set_read_pool(&mut self, pool: Option<Arc<ReadPool>>) {
+        self.pool = pool;
     }
 
     pub fn schedule(&self) -> &Schedule {
@@ -183,44 +195,22 @@ impl Pipeline {
             }
             // Consecutive samples of one source that continue each other (packing makes a
             // sample start on the last token of the one before) are one contiguous range of
-            // the file: one vectored read fills all their rows, each but the last one token
-            // short, and the shared tokens are copied after.
-            let row = l * bw;
-            let mut rows: Vec<&mut [u8]> = out[..need].chunks_exact_mut(row).collect();
-            let samples = &b.samples;
-            let mut k = 0;
-            while k < samples.len() {
-                let src = samples[k].source;
-                let mut end = k + 1;
-                while end < samples.len()
-                    && samples[end].source == src
-                    && samples[end].tokens.start + 1 == samples[end - 1].tokens.end
-                {
-                    end += 1;
-                }
-                let last = end - 1;
-                let mut bufs: Vec<IoSliceMut<'_>> = rows[k..end]
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        let n = if k + i == last { row } else { row - bw };
-                        IoSliceMut::new(&mut r[..n])
-                    })
-                    .collect();
-                self.sources[src]
-                    .read_stored(samples[k].tokens.start, &mut bufs)
-                    .map_err(|source| EngineError::Source {
-                        index: src,
-                        uri: self.uris[src].clone(),
-                        source,
-                    })?;
-                drop(bufs);
-                for i in k..last {
-                    let (a, b) = rows.split_at_mut(i + 1);
-                    a[i][row - bw..].copy_from_slice(&b[0][..bw]);
-                }
-                k = end;
-            }
+            // the file: one vectored read fills all their rows. With a pool, runs are capped
+            // so that every thread gets its share.
+            let cap = self
+                .pool
+                .as_ref()
+                .map_or(usize::MAX, |p| b.samples.len().div_ceil(p.threads()));
+            let runs = batch_reads::runs(&b.samples, cap);
+            batch_reads::read_stored(
+                &mut self.sources,
+                &self.uris,
+                self.pool.as_deref(),
+                &runs,
+                &mut out[..need],
+                l * bw,
+                bw,
+            )?;
             return Ok(Some(BatchInfo {
                 index: b.index,
                 samples: b.samples.len(),
@@ -280,18 +270,36 @@ impl Pipeline {
             self.slots[s.source].push(k);
         }
         resize_checked(&mut self.tokens, b.samples.len() * l)?;
-        // One request per source and batch: a remote source answers all its samples in one
-        // round trip.
+        let concurrently = batch_reads::read_tokens_concurrently(
+            &self.sources,
+            &self.uris,
+            self.pool.as_deref(),
+            &b.samples,
+            &mut self.tokens,
+            l,
+        )?;
+        if !concurrently {
+            self.read_by_source(l)?;
+        }
+        Ok(Some(TokenBatch {
+            index: b.index,
+            tokens: &self.tokens,
+            samples: b.samples.len(),
+            cursor: self.iter.cursor(),
+            provenance: &self.provenance,
+            uris: &self.uris,
+        }))
+    }
+
+    /// Reads the batch laid out in `ranges` and `slots` one source at a time, one request
+    /// per source: a remote source answers all its samples in one round trip.
+    fn read_by_source(&mut self, l: usize) -> Result<(), EngineError> {
         for d in 0..self.sources.len() {
             if self.ranges[d].is_empty() {
                 continue;
             }
             let slots = &self.slots[d];
-            let err = |source| EngineError::Source {
-                index: d,
-                uri: self.uris[d].clone(),
-                source,
-            };
+            let err = |e| source_error(&self.uris, d, e);
             let first = slots[0];
             if slots.iter().enumerate().all(|(i, &k)| k == first + i) {
                 // The source's samples are adjacent in the batch (always so for one source):
@@ -310,14 +318,7 @@ impl Pipeline {
                 }
             }
         }
-        Ok(Some(TokenBatch {
-            index: b.index,
-            tokens: &self.tokens,
-            samples: b.samples.len(),
-            cursor: self.iter.cursor(),
-            provenance: &self.provenance,
-            uris: &self.uris,
-        }))
+        Ok(())
     }
 }
 

@@ -86,6 +86,45 @@ pub trait TokenSource: Send {
             "read_stored: this source has no stored width to copy".into(),
         ))
     }
+
+    /// The source's reads, when they need no exclusive state: a batch's reads of it may then
+    /// run on several threads at once (a [`ReadPool`](crate::ReadPool)). `None` (the
+    /// default): they run one after another, through `&mut self`.
+    fn shared_reads(&self) -> Option<&dyn SharedReads> {
+        None
+    }
+}
+
+/// Reads that several threads may make at once: what a local dataset offers (each is one
+/// positional read), and a remote one does not (it answers a batch's ranges in one round
+/// trip, on its connection).
+pub trait SharedReads: Sync {
+    /// As [`TokenSource::read_stored`].
+    fn read_stored_at(&self, start: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<(), SourceError>;
+
+    /// The tokens of `range` into `out` (exactly its length), using the calling thread's
+    /// buffers `bufs`.
+    fn read_range(
+        &self,
+        range: Range<u64>,
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), SourceError>;
+}
+
+impl SharedReads for Dataset {
+    fn read_stored_at(&self, start: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<(), SourceError> {
+        Ok(self.read_stored_vectored(start, bufs)?)
+    }
+
+    fn read_range(
+        &self,
+        range: Range<u64>,
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), SourceError> {
+        Ok(self.read_into(range, out, bufs)?)
+    }
 }
 
 /// A dataset on this machine.
@@ -172,6 +211,10 @@ impl TokenSource for LocalSource {
 
     fn read_stored(&mut self, start: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<(), SourceError> {
         Ok(self.ds.read_stored_vectored(start, bufs)?)
+    }
+
+    fn shared_reads(&self) -> Option<&dyn SharedReads> {
+        Some(&*self.ds)
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {

@@ -1,0 +1,226 @@
+//! How a batch's samples are read from its sources: in which pieces, and on which threads.
+//!
+//! Two paths fill a batch. The *stored* path copies a dataset's stored bytes straight into
+//! the batch (a uint16 dataset into a `u16` batch): consecutive samples of one source are one
+//! contiguous range of the file, and one vectored read fills all their rows. The *token* path
+//! reads `u32` tokens, which the pipeline then converts or encodes. Either runs its reads one
+//! after another on the session's thread, or, with a [`ReadPool`] and sources whose reads
+//! need no exclusive state ([`SharedReads`]), on several threads at once. Both write every
+//! byte to the same place, so a batch is identical either way (the pipeline tests check it).
+
+use std::io::IoSliceMut;
+use std::ops::Range;
+
+use dquant_plan::SampleRef;
+
+use crate::read_pool::ReadPool;
+use crate::source::{SharedReads, SourceError, TokenSource};
+use crate::EngineError;
+
+/// The error of source `d`, named as the plan names it.
+pub(crate) fn source_error(uris: &[String], d: usize, source: SourceError) -> EngineError {
+    EngineError::Source {
+        index: d,
+        uri: uris[d].clone(),
+        source,
+    }
+}
+
+/// The pool and its shares, when a batch of `jobs` reads of `bytes` bytes in all is worth
+/// splitting and every source can be read from several threads.
+fn concurrent<'s>(
+    pool: Option<&'s ReadPool>,
+    sources: &'s [Box<dyn TokenSource>],
+    jobs: usize,
+    bytes: usize,
+) -> Option<(&'s ReadPool, usize, Vec<&'s dyn SharedReads>)> {
+    let pool = pool?;
+    let shares = pool.shares(jobs, bytes);
+    if shares < 2 {
+        return None;
+    }
+    let shared = sources
+        .iter()
+        .map(|s| s.shared_reads())
+        .collect::<Option<Vec<_>>>()?;
+    Some((pool, shares, shared))
+}
+
+/// Rows `rows` of a batch that one read of source `src` fills, from token `start`: each
+/// sample starts on the last token of the one before (packing), so their tokens are one
+/// contiguous range of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub src: usize,
+    pub start: u64,
+    pub rows: Range<usize>,
+}
+
+/// A batch's samples cut into [`Run`]s of at most `cap` rows each (so that a pool has pieces
+/// to share out even when a batch is one contiguous range).
+pub(crate) fn runs(samples: &[SampleRef], cap: usize) -> Vec<Run> {
+    let cap = cap.max(1);
+    let mut out = Vec::new();
+    let mut k = 0;
+    while k < samples.len() {
+        let src = samples[k].source;
+        let mut end = k + 1;
+        while end < samples.len()
+            && end - k < cap
+            && samples[end].source == src
+            && samples[end].tokens.start + 1 == samples[end - 1].tokens.end
+        {
+            end += 1;
+        }
+        out.push(Run {
+            src,
+            start: samples[k].tokens.start,
+            rows: k..end,
+        });
+        k = end;
+    }
+    out
+}
+
+/// One read of the stored path: a run's rows, each but the last one token short (the next
+/// row's first token is that token; it is copied after the read).
+struct StoredRead<'a> {
+    src: usize,
+    start: u64,
+    bufs: Vec<IoSliceMut<'a>>,
+}
+
+/// Fills `out`, rows of `row` bytes holding tokens of `bw` bytes, with the stored bytes of
+/// `runs` (which cover its rows in order).
+pub(crate) fn read_stored(
+    sources: &mut [Box<dyn TokenSource>],
+    uris: &[String],
+    pool: Option<&ReadPool>,
+    runs: &[Run],
+    out: &mut [u8],
+    row: usize,
+    bw: usize,
+) -> Result<(), EngineError> {
+    let bytes = out.len();
+    let mut rows = out.chunks_exact_mut(row);
+    let mut reads: Vec<StoredRead<'_>> = runs
+        .iter()
+        .map(|r| {
+            let last = r.rows.end - 1;
+            let bufs = r
+                .rows
+                .clone()
+                .zip(rows.by_ref())
+                .map(|(i, x)| {
+                    let n = if i == last { row } else { row - bw };
+                    IoSliceMut::new(&mut x[..n])
+                })
+                .collect();
+            StoredRead {
+                src: r.src,
+                start: r.start,
+                bufs,
+            }
+        })
+        .collect();
+    let conc = concurrent(pool, sources, reads.len(), bytes);
+    match conc {
+        Some((pool, shares, shared)) => pool.run(&mut reads, shares, &|r, _| {
+            shared[r.src]
+                .read_stored_at(r.start, &mut r.bufs)
+                .map_err(|e| source_error(uris, r.src, e))
+        })?,
+        None => {
+            for r in &mut reads {
+                sources[r.src]
+                    .read_stored(r.start, &mut r.bufs)
+                    .map_err(|e| source_error(uris, r.src, e))?;
+            }
+        }
+    }
+    drop(reads);
+    for r in runs {
+        for i in r.rows.start..r.rows.end - 1 {
+            let next = (i + 1) * row;
+            out.copy_within(next..next + bw, next - bw);
+        }
+    }
+    Ok(())
+}
+
+/// One read of the token path: a sample's tokens into its row.
+struct TokenRead<'a> {
+    src: usize,
+    range: Range<u64>,
+    row: &'a mut [u32],
+}
+
+/// Reads `samples` (each `sample_len` tokens) into `tokens`, row by row, with a pool when
+/// there is one and every source allows it; `false` when it read nothing (the caller then
+/// reads one source at a time).
+pub(crate) fn read_tokens_concurrently(
+    sources: &[Box<dyn TokenSource>],
+    uris: &[String],
+    pool: Option<&ReadPool>,
+    samples: &[SampleRef],
+    tokens: &mut [u32],
+    sample_len: usize,
+) -> Result<bool, EngineError> {
+    let Some((pool, shares, shared)) = concurrent(pool, sources, samples.len(), tokens.len() * 4)
+    else {
+        return Ok(false);
+    };
+    let mut reads: Vec<TokenRead<'_>> = samples
+        .iter()
+        .zip(tokens.chunks_exact_mut(sample_len))
+        .map(|(s, row)| TokenRead {
+            src: s.source,
+            range: s.tokens.clone(),
+            row,
+        })
+        .collect();
+    // In file order: a thread's consecutive samples of a block file then share the block it
+    // decoded last, and a cold disk sees ascending offsets.
+    reads.sort_unstable_by_key(|r| (r.src, r.range.start));
+    pool.run(&mut reads, shares, &|r, bufs| {
+        shared[r.src]
+            .read_range(r.range.clone(), r.row, bufs)
+            .map_err(|e| source_error(uris, r.src, e))
+    })?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(source: usize, start: u64, len: u64) -> SampleRef {
+        SampleRef {
+            global: 0,
+            source,
+            epoch: 0,
+            index: 0,
+            tokens: start..start + len,
+        }
+    }
+
+    #[test]
+    fn runs_join_continuing_samples_of_one_source_up_to_the_cap() {
+        let s = [
+            sample(0, 0, 5),
+            sample(0, 4, 5),
+            sample(0, 8, 5),
+            sample(1, 12, 5),
+            sample(1, 40, 5),
+        ];
+        let r = |src, start, rows| Run { src, start, rows };
+        assert_eq!(
+            runs(&s, usize::MAX),
+            [r(0, 0, 0..3), r(1, 12, 3..4), r(1, 40, 4..5)]
+        );
+        assert_eq!(
+            runs(&s, 2),
+            [r(0, 0, 0..2), r(0, 8, 2..3), r(1, 12, 3..4), r(1, 40, 4..5)]
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Concurrent reads for one batch.
+//!
+//! A shuffled plan reads each sample of a batch from its own place in a dataset: one small
+//! positional read after another, each paying a system call and a page-cache walk on the
+//! session's one thread. That left shuffled delivery at a third of a memory copy. A
+//! [`ReadPool`] lets a session issue a batch's reads from several threads at once: the
+//! session's own thread takes the first share, the pool's workers the rest, and the batch is
+//! returned once all are in. Every read lands in its own disjoint part of the batch, so the
+//! bytes are those a sequential reader writes, whatever the order the reads finish in.
+//!
+//! One pool serves every session of an agent (its size is the agent's `read_threads`), so
+//! reads never take more cores than the operator gave, however many sessions run; a session
+//! whose pool is busy still reads its own share. rayon provides the pool (work stealing,
+//! scoped borrows of the batch buffer); this module only decides how a batch is split.
+
+use std::cell::RefCell;
+use std::sync::Mutex;
+
+use dquant_storage::ReadBuffers;
+
+use crate::EngineError;
+
+/// Below this many bytes a share of a batch is not worth handing to another thread (the
+/// hand-over costs a few microseconds; a page-cache read of 16 KiB costs about as much).
+const MIN_SHARE_BYTES: usize = 16 * 1024;
+
+/// Threads that read a batch's samples concurrently, shared by every session of an agent.
+pub struct ReadPool {
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+impl std::fmt::Debug for ReadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadPool")
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+impl ReadPool {
+    /// A pool that reads a batch on up to `threads` threads: the caller's and `threads - 1`
+    /// workers. `threads` must be at least 2 (one thread is no pool: don't set one).
+    pub fn new(threads: usize) -> Result<Self, EngineError> {
+        if threads < 2 {
+            return Err(EngineError::Usage(format!(
+                "a read pool needs at least 2 threads, not {threads} (1 reads on the session's own thread: set no pool)"
+            )));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads - 1)
+            .thread_name(|i| format!("dquant-read-{i}"))
+            .build()
+            .map_err(|e| EngineError::Usage(format!("cannot start {threads} read threads: {e}")))?;
+        Ok(ReadPool { pool, threads })
+    }
+
+    /// Threads a batch is read on at most (the caller's included).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// How many shares to split `jobs` jobs of `bytes` bytes in all into.
+    pub(crate) fn shares(&self, jobs: usize, bytes: usize) -> usize {
+        self.threads.min(jobs).min((bytes / MIN_SHARE_BYTES).max(1))
+    }
+
+    /// Runs `read` on every job, `jobs` split into `shares` runs of consecutive jobs: the
+    /// first on the calling thread, the others on the pool. Each share stops at its first
+    /// error; the error returned is that of the earliest job that failed, so a failing batch
+    /// reports the same error however the reads were timed.
+    pub(crate) fn run<J: Send>(
+        &self,
+        jobs: &mut [J],
+        shares: usize,
+        read: &(dyn Fn(&mut J, &mut ReadBuffers) -> Result<(), EngineError> + Sync),
+    ) -> Result<(), EngineError> {
+        let per = jobs.len().div_ceil(shares.max(1)).max(1);
+        let first_error: Mutex<Option<(usize, EngineError)>> = Mutex::new(None);
+        let run_share = |at: usize, share: &mut [J]| {
+            let failed = with_buffers(|bufs| {
+                for (i, j) in share.iter_mut().enumerate() {
+                    if let Err(e) = read(j, bufs) {
+                        return Some((at + i, e));
+                    }
+                }
+                None
+            });
+            if let Some((i, e)) = failed {
+                let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.as_ref().is_none_or(|(k, _)| i < *k) {
+                    *slot = Some((i, e));
+                }
+            }
+        };
+        let mut chunks = jobs.chunks_mut(per).enumerate();
+        let first = chunks.next();
+        self.pool.in_place_scope(|s| {
+            for (c, share) in chunks {
+                let run_share = &run_share;
+                s.spawn(move |_| run_share(c * per, share));
+            }
+            if let Some((_, share)) = first {
+                run_share(0, share);
+            }
+        });
+        match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+thread_local! {
+    /// Each reading thread's decode buffers (and last decoded block), kept across batches.
+    static BUFFERS: RefCell<ReadBuffers> = RefCell::new(ReadBuffers::new());
+}
+
+/// Runs `f` with this thread's read buffers.
+fn with_buffers<R>(f: impl FnOnce(&mut ReadBuffers) -> R) -> R {
+    BUFFERS.with(|b| match b.try_borrow_mut() {
+        Ok(mut bufs) => f(&mut bufs),
+        // Only if `f` itself reached here again: give it buffers of its own.
+        Err(_) => f(&mut ReadBuffers::new()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_thread_is_no_pool() {
+        let e = ReadPool::new(1).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "a read pool needs at least 2 threads, not 1 (1 reads on the session's own thread: set no pool)"
+        );
+    }
+
+    #[test]
+    fn shares_need_enough_bytes_and_jobs() {
+        let p = ReadPool::new(4).unwrap();
+        assert_eq!(p.shares(16, 16 * 8192), 4);
+        assert_eq!(p.shares(2, 1 << 20), 2);
+        assert_eq!(p.shares(16, 20_000), 1);
+        assert_eq!(p.shares(16, 40_000), 2);
+    }
+
+    #[test]
+    fn every_job_runs_once_and_the_earliest_error_wins() {
+        let p = ReadPool::new(3).unwrap();
+        let mut jobs: Vec<(usize, u32)> = (0..10).map(|i| (i, 0)).collect();
+        p.run(&mut jobs, 3, &|j, _| {
+            j.1 += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert!(jobs.iter().all(|j| j.1 == 1));
+        let e = p
+            .run(&mut jobs, 3, &|j, _| match j.0 {
+                5 | 8 => Err(EngineError::Usage(format!("job {}", j.0))),
+                _ => Ok(()),
+            })
+            .unwrap_err();
+        assert_eq!(e.to_string(), "job 5");
+    }
+}
