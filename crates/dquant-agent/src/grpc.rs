@@ -154,13 +154,15 @@ fn open_pipeline(
     stop: Stop<'_>,
 ) -> Result<Pipeline, Status> {
     let open = |_: usize, s: &Source| open_plan_source(shared, s, &plan.wire_codec);
-    Pipeline::open_until(plan, cursor, open, stop).map_err(|e| match e {
+    let mut pipeline = Pipeline::open_until(plan, cursor, open, stop).map_err(|e| match e {
         // The pool reports its own deadline; this is what a cancelled request leaves.
         e if e.is_stopped() => Status::cancelled(e.to_string()),
         EngineError::Plan(_) => Status::invalid_argument(e.to_string()),
         e if e.is_not_found() => Status::not_found(e.to_string()),
         _ => Status::failed_precondition(e.to_string()),
-    })
+    })?;
+    pipeline.set_read_pool(shared.reads.clone());
+    Ok(pipeline)
 }
 
 #[tonic::async_trait]
