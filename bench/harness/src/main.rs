@@ -88,6 +88,9 @@ enum Cmd {
         tls_cert: Option<PathBuf>,
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
+        /// Threads reading each batch (the agent's `read_threads`) [default: the agent's].
+        #[arg(long)]
+        read_threads: Option<usize>,
     },
     /// (internal) The plain-copy baseline's sender.
     #[command(hide = true)]
@@ -292,11 +295,12 @@ fn main() -> Result<()> {
             socket,
             tls_cert,
             tls_key,
+            read_threads,
         } => {
             let tls = tls_cert
                 .zip(tls_key)
                 .map(|(cert, key)| dquant_agent::TlsFiles { cert, key });
-            procs::run_agent(&root, prefetch_frames, socket, tls)
+            procs::run_agent(&root, prefetch_frames, socket, tls, read_threads)
         }
         Cmd::Send {
             addr,

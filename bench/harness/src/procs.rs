@@ -25,12 +25,23 @@ pub struct AgentProc {
 
 impl AgentProc {
     pub fn spawn(root: &Path, prefetch_frames: usize, with_socket: bool) -> Result<Self> {
-        Self::spawn_with(root, prefetch_frames, with_socket, None)
+        Self::spawn_with(root, prefetch_frames, with_socket, None, None)
+    }
+
+    /// [`AgentProc::spawn`] reading each batch on `read_threads` threads (the agent's
+    /// default when `None`).
+    pub fn spawn_reading(
+        root: &Path,
+        prefetch_frames: usize,
+        with_socket: bool,
+        read_threads: Option<usize>,
+    ) -> Result<Self> {
+        Self::spawn_with(root, prefetch_frames, with_socket, None, read_threads)
     }
 
     /// An agent serving TLS on both planes with this certificate and key.
     pub fn spawn_tls(root: &Path, prefetch_frames: usize, cert: &Path, key: &Path) -> Result<Self> {
-        Self::spawn_with(root, prefetch_frames, false, Some((cert, key)))
+        Self::spawn_with(root, prefetch_frames, false, Some((cert, key)), None)
     }
 
     fn spawn_with(
@@ -38,6 +49,7 @@ impl AgentProc {
         prefetch_frames: usize,
         with_socket: bool,
         tls: Option<(&Path, &Path)>,
+        read_threads: Option<usize>,
     ) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find this executable")?;
         let socket_dir = with_socket.then(tempfile::tempdir).transpose()?;
@@ -50,6 +62,9 @@ impl AgentProc {
             .arg(prefetch_frames.to_string());
         if let Some(s) = &socket {
             cmd.arg("--socket").arg(s);
+        }
+        if let Some(n) = read_threads {
+            cmd.arg("--read-threads").arg(n.to_string());
         }
         if let Some((cert, key)) = tls {
             cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
@@ -113,14 +128,17 @@ pub fn run_agent(
     prefetch_frames: usize,
     socket: Option<std::path::PathBuf>,
     tls: Option<dquant_agent::TlsFiles>,
+    read_threads: Option<usize>,
 ) -> Result<()> {
+    let defaults = dquant_agent::AgentConfig::default();
     let mut cfg = dquant_agent::AgentConfig {
+        read_threads: read_threads.unwrap_or(defaults.read_threads),
         listen: "127.0.0.1:0".parse()?,
         data_listen: Some("127.0.0.1:0".parse()?),
         socket,
         prefetch_frames,
         tls,
-        ..Default::default()
+        ..defaults
     };
     for r in roots {
         let (name, dir) = r
