@@ -196,11 +196,11 @@ impl Pipeline {
             // Consecutive samples of one source that continue each other (packing makes a
             // sample start on the last token of the one before) are one contiguous range of
             // the file: one vectored read fills all their rows. With a pool, runs are capped
-            // so that every thread gets its share.
+            // so that every thread gets about two (and one that finishes first takes more).
             let cap = self
                 .pool
                 .as_ref()
-                .map_or(usize::MAX, |p| b.samples.len().div_ceil(p.threads()));
+                .map_or(usize::MAX, |p| b.samples.len().div_ceil(2 * p.threads()));
             let runs = batch_reads::runs(&b.samples, cap);
             batch_reads::read_stored(
                 &mut self.sources,
