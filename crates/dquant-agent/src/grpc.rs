@@ -20,7 +20,7 @@ use dquant_proto::v1::{
     OpenSourceRequest, StatRequest,
 };
 use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
-use dquant_storage::Dataset;
+use dquant_storage::{Dataset, Format, StorageError};
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
@@ -73,20 +73,31 @@ fn open_shared(shared: &Shared, found: &Resolved, s: &Source) -> Result<LocalSou
     Ok(LocalSource::shared(ds))
 }
 
-fn stat_of(name: &str, ds: &Dataset) -> DatasetStat {
-    DatasetStat {
+/// What the agent says of a dataset. `count` asks for its documents even when that means
+/// a scan (a raw file with `eod` seen for the first time): `Stat` asks, opening a source to
+/// read tokens does not (its stat then says 0 documents until someone has counted them).
+fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, StorageError> {
+    let documents = match count {
+        true => ds.documents()?,
+        false => ds.documents_if_known().unwrap_or(0),
+    };
+    Ok(DatasetStat {
         dataset: name.to_string(),
         format: ds.format().name().to_string(),
         tokens: ds.tokens(),
-        documents: ds.documents(),
-        sequences: ds.sequences(),
+        documents,
+        sequences: match ds.format() {
+            // A raw file's documents are one sequence each.
+            Format::Raw { .. } => documents,
+            _ => ds.sequences()?,
+        },
         bytes_on_disk: ds.size_on_disk(),
         stored_max_token: ds.stored_max_token(),
         checksum: ds
             .stored_checksum()
             .map(|c| c.to_string())
             .unwrap_or_default(),
-    }
+    })
 }
 
 fn source_of(req: &StatRequest) -> Source {
@@ -98,14 +109,19 @@ fn source_of(req: &StatRequest) -> Source {
     }
 }
 
-fn open_local(shared: &Shared, req: &StatRequest) -> Result<(LocalSource, DatasetStat), Status> {
+fn open_local(
+    shared: &Shared,
+    req: &StatRequest,
+    count: bool,
+) -> Result<(LocalSource, DatasetStat), Status> {
     let found = shared
         .catalog
         .resolve(&req.dataset)
         .map_err(|e| Status::not_found(e.0))?;
     let src = open_shared(shared, &found, &source_of(req))
         .map_err(|e| Status::invalid_argument(format!("dataset {:?}: {e}", req.dataset)))?;
-    let stat = stat_of(&req.dataset, src.dataset());
+    let stat = stat_of(&req.dataset, src.dataset(), count)
+        .map_err(|e| Status::failed_precondition(format!("dataset {:?}: {e}", req.dataset)))?;
     Ok((src, stat))
 }
 
@@ -195,7 +211,7 @@ impl Agent for Service {
         self.shared
             .opens
             .run("Stat", move |_| {
-                open_local(&shared, &req).map(|(_, s)| Response::new(s))
+                open_local(&shared, &req, true).map(|(_, s)| Response::new(s))
             })
             .await
     }
@@ -298,7 +314,7 @@ impl Agent for Service {
         self.shared
             .opens
             .run("OpenSource", move |_| {
-                let (src, stat) = open_local(&shared, &ds)?;
+                let (src, stat) = open_local(&shared, &ds, false)?;
                 let work = Work::Source {
                     source: Box::new(src),
                     name: ds.dataset.clone(),

@@ -14,9 +14,10 @@ use std::sync::OnceLock;
 use dquant_codec::{Codec, Decoder};
 use dquant_format::block::{self, BlockFile, Trailer};
 use dquant_format::megatron::{self, IdxEnds, IdxHeader};
-use dquant_format::{ContentChecksum, DType, DocIndex, DocIndexBuilder, FormatError};
+use dquant_format::{ContentChecksum, DType, DocIndex, FormatError};
 
 use crate::backend::{LocalFile, ReadAt};
+use crate::eod_index::EodIndex;
 use crate::error::StorageError;
 use crate::root::{normalize_name, ObjectVersion, Root, RootError};
 
@@ -84,6 +85,9 @@ impl fmt::Debug for Dataset {
 enum Index {
     Loaded(DocIndex),
     Lazy(Box<LazyIndex>),
+    /// A raw file's documents, found by a scan for its `eod` token the first time they are
+    /// asked for (and kept in a cache entry: see `eod_index`).
+    Eod(Box<EodIndex>),
 }
 
 struct LazyIndex {
@@ -429,36 +433,28 @@ impl Dataset {
         }
         let tokens = file.len() / item;
         let size = file.len();
-        let versions = vec![(path.to_path_buf(), file.version())];
-        let mut ds = Dataset {
+        let version = file.version();
+        // Documents end after each end-of-document token: found when first asked for, never
+        // at open (streaming does not need them).
+        let index = match eod {
+            Some(eod) => Index::Eod(Box::new(EodIndex::new(
+                eod,
+                tokens,
+                dtype,
+                version.as_ref().map(|v| v.to_string()),
+            ))),
+            None => Index::Loaded(DocIndex::single(tokens)),
+        };
+        Ok(Dataset {
             id: next_id(),
             path: path.to_path_buf(),
             data_path: path.to_path_buf(),
             format: Format::Raw { dtype },
-            index: Index::Loaded(DocIndex::single(tokens)),
+            index,
             source: Source::Plain { file, dtype },
             size,
-            versions,
-        };
-        if let Some(eod) = eod {
-            // Documents end after each end-of-document token; a tail without one is a last
-            // document of its own.
-            let mut b = DocIndexBuilder::new();
-            let mut last = 0u64;
-            ds.scan(1 << 20, |start, chunk| {
-                for (i, _) in chunk.iter().enumerate().filter(|(_, &t)| t == eod) {
-                    let end = start + i as u64 + 1;
-                    b.push_document(end - last);
-                    last = end;
-                }
-                Ok::<_, StorageError>(())
-            })?;
-            if last < tokens {
-                b.push_document(tokens - last);
-            }
-            ds.index = Index::Loaded(b.finish());
-        }
-        Ok(ds)
+            versions: vec![(path.to_path_buf(), version)],
+        })
     }
 
     /// Whether every object this dataset was opened from is still the version it read
@@ -498,11 +494,13 @@ impl Dataset {
     }
 
     /// The document index, read whole (and checked entry by entry) on first use for a
-    /// Megatron dataset: serving its tokens never needs it.
+    /// Megatron dataset, and found by a scan (or read from its cache entry) for a raw file
+    /// with `eod`: serving tokens never needs it.
     pub fn index(&self) -> Result<&DocIndex, StorageError> {
         match &self.index {
             Index::Loaded(ix) => Ok(ix),
             Index::Lazy(lazy) => lazy.get(),
+            Index::Eod(e) => e.index(&|f| self.scan_all(f)),
         }
     }
 
@@ -510,23 +508,54 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => ix.tokens(),
             Index::Lazy(lazy) => lazy.tokens,
+            Index::Eod(e) => e.tokens,
         }
     }
 
-    /// Documents, without reading the index.
-    pub fn documents(&self) -> u64 {
+    /// Documents: from the index's header (Megatron) or footer (block files); for a raw file
+    /// with `eod`, from its cache entry or, the first time, a scan of the whole file.
+    pub fn documents(&self) -> Result<u64, StorageError> {
         match &self.index {
-            Index::Loaded(ix) => ix.documents() as u64,
-            Index::Lazy(lazy) => lazy.header.documents(),
+            Index::Loaded(ix) => Ok(ix.documents() as u64),
+            Index::Lazy(lazy) => Ok(lazy.header.documents()),
+            Index::Eod(e) => e.documents(&|f| self.scan_all(f)),
         }
     }
 
-    /// Sequences, without reading the index.
-    pub fn sequences(&self) -> u64 {
+    /// Sequences, found as [`documents`](Dataset::documents) are (a raw file's documents are
+    /// one sequence each).
+    pub fn sequences(&self) -> Result<u64, StorageError> {
         match &self.index {
-            Index::Loaded(ix) => ix.sequences() as u64,
-            Index::Lazy(lazy) => lazy.header.sequences,
+            Index::Loaded(ix) => Ok(ix.sequences() as u64),
+            Index::Lazy(lazy) => Ok(lazy.header.sequences),
+            Index::Eod(e) => e.documents(&|f| self.scan_all(f)),
         }
+    }
+
+    /// [`documents`](Dataset::documents) when they are known without a scan (always, but for
+    /// a raw file with `eod` that was never scanned).
+    pub fn documents_if_known(&self) -> Option<u64> {
+        match &self.index {
+            Index::Eod(e) => e.known(),
+            _ => self.documents().ok(),
+        }
+    }
+
+    /// Where a raw file's document index is cached, when it is (`None` for other formats,
+    /// a store without versions, or the cache turned off).
+    pub fn index_cache_path(&self) -> Option<PathBuf> {
+        match &self.index {
+            Index::Eod(e) => e.cache_path(),
+            _ => None,
+        }
+    }
+
+    /// [`scan`](Dataset::scan) in the natural chunk, for a callback that cannot fail.
+    fn scan_all(&self, f: &mut dyn FnMut(u64, &[u32])) -> Result<(), StorageError> {
+        self.scan(1 << 20, |start, chunk| {
+            f(start, chunk);
+            Ok::<_, StorageError>(())
+        })
     }
 
     /// Bytes on storage, all files of the dataset together.

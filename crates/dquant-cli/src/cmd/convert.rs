@@ -256,6 +256,7 @@ pub fn run(a: &Args) -> Result<()> {
             b as f64 / rep.tokens as f64
         }
     };
+    let documents = ds.documents()?;
     if a.output.json {
         return util::write_json(&json!({
             "src": ds.path(),
@@ -264,7 +265,7 @@ pub fn run(a: &Args) -> Result<()> {
             "dst_format": describe(&fmt),
             "files": rep.files,
             "tokens": rep.tokens,
-            "documents": ds.documents(),
+            "documents": documents,
             "src_bytes": src_bytes,
             "dst_bytes": rep.bytes,
             "bytes_per_token": per_token(rep.bytes),
@@ -279,7 +280,7 @@ pub fn run(a: &Args) -> Result<()> {
     println!(
         "tokens      {} in {} documents",
         util::thousands(rep.tokens),
-        util::thousands(ds.documents())
+        util::thousands(documents)
     );
     println!(
         "size        {} B -> {} B ({:.2}x smaller; {:.3} -> {:.3} bytes/token)",

@@ -179,13 +179,14 @@ pub fn run(a: &Args) -> Result<()> {
             b as f64 / tokens as f64
         }
     };
+    let (documents, sequences) = (ds.documents()?, ds.sequences()?);
     if a.output.json {
         return util::write_json(&json!({
             "path": ds.path(),
             "format": ds.format().name(),
             "format_detail": ds.format().to_string(),
-            "documents": ds.documents(),
-            "sequences": ds.sequences(),
+            "documents": documents,
+            "sequences": sequences,
             "tokens": tokens,
             "max_token": s.max_token,
             "bits_needed": bits_needed(s.max_token),
@@ -199,8 +200,8 @@ pub fn run(a: &Args) -> Result<()> {
     println!("format      {}", ds.format());
     println!(
         "documents   {} ({} sequences)",
-        util::thousands(ds.documents()),
-        util::thousands(ds.sequences())
+        util::thousands(documents),
+        util::thousands(sequences)
     );
     println!("tokens      {}", util::thousands(tokens));
     println!(

@@ -155,12 +155,13 @@ pub fn run(a: &Args) -> Result<i32> {
     let da = util::open(&a.a, &a.input)?;
     let db = util::open(&a.b, &a.input)?;
     let diff = compare(&da, &db, a.output.quiet())?;
+    let (documents, sequences) = (da.documents()?, da.sequences()?);
     if a.output.json {
         util::write_json(&json!({
             "a": da.path(), "b": db.path(),
             "identical": diff.is_none(),
             "tokens": da.tokens(),
-            "documents": da.documents(),
+            "documents": documents,
             "difference": diff.as_ref().map(|d| d.to_string()),
         }))?;
     } else {
@@ -168,8 +169,8 @@ pub fn run(a: &Args) -> Result<i32> {
             None => println!(
                 "identical: {} tokens in {} documents ({} sequences)",
                 util::thousands(da.tokens()),
-                util::thousands(da.documents()),
-                util::thousands(da.sequences())
+                util::thousands(documents),
+                util::thousands(sequences)
             ),
             Some(d) => println!("different: {d}"),
         }
