@@ -88,9 +88,9 @@ enum Cmd {
         tls_cert: Option<PathBuf>,
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
-        /// Threads reading each batch (the agent's `read_threads`) [default: the agent's].
+        /// The agent's worker pool (`worker_threads`; 0: none) [default: the agent's].
         #[arg(long)]
-        read_threads: Option<usize>,
+        worker_threads: Option<usize>,
     },
     /// (internal) The plain-copy baseline's sender.
     #[command(hide = true)]
@@ -295,12 +295,12 @@ fn main() -> Result<()> {
             socket,
             tls_cert,
             tls_key,
-            read_threads,
+            worker_threads,
         } => {
             let tls = tls_cert
                 .zip(tls_key)
                 .map(|(cert, key)| dquant_agent::TlsFiles { cert, key });
-            procs::run_agent(&root, prefetch_frames, socket, tls, read_threads)
+            procs::run_agent(&root, prefetch_frames, socket, tls, worker_threads)
         }
         Cmd::Send {
             addr,

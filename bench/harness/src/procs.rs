@@ -28,15 +28,15 @@ impl AgentProc {
         Self::spawn_with(root, prefetch_frames, with_socket, None, None)
     }
 
-    /// [`AgentProc::spawn`] reading each batch on `read_threads` threads (the agent's
+    /// [`AgentProc::spawn`] with a worker pool of `worker_threads` threads (the agent's
     /// default when `None`).
-    pub fn spawn_reading(
+    pub fn spawn_working(
         root: &Path,
         prefetch_frames: usize,
         with_socket: bool,
-        read_threads: Option<usize>,
+        worker_threads: Option<usize>,
     ) -> Result<Self> {
-        Self::spawn_with(root, prefetch_frames, with_socket, None, read_threads)
+        Self::spawn_with(root, prefetch_frames, with_socket, None, worker_threads)
     }
 
     /// An agent serving TLS on both planes with this certificate and key.
@@ -49,7 +49,7 @@ impl AgentProc {
         prefetch_frames: usize,
         with_socket: bool,
         tls: Option<(&Path, &Path)>,
-        read_threads: Option<usize>,
+        worker_threads: Option<usize>,
     ) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find this executable")?;
         let socket_dir = with_socket.then(tempfile::tempdir).transpose()?;
@@ -63,8 +63,8 @@ impl AgentProc {
         if let Some(s) = &socket {
             cmd.arg("--socket").arg(s);
         }
-        if let Some(n) = read_threads {
-            cmd.arg("--read-threads").arg(n.to_string());
+        if let Some(n) = worker_threads {
+            cmd.arg("--worker-threads").arg(n.to_string());
         }
         if let Some((cert, key)) = tls {
             cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
@@ -128,11 +128,11 @@ pub fn run_agent(
     prefetch_frames: usize,
     socket: Option<std::path::PathBuf>,
     tls: Option<dquant_agent::TlsFiles>,
-    read_threads: Option<usize>,
+    worker_threads: Option<usize>,
 ) -> Result<()> {
     let defaults = dquant_agent::AgentConfig::default();
     let mut cfg = dquant_agent::AgentConfig {
-        read_threads: read_threads.unwrap_or(defaults.read_threads),
+        worker_threads: worker_threads.unwrap_or(defaults.worker_threads),
         listen: "127.0.0.1:0".parse()?,
         data_listen: Some("127.0.0.1:0".parse()?),
         socket,

@@ -25,8 +25,9 @@ Examples:
   dquant-offload-bench throughput /data/zipf1g_u16 --cases plain,agent,agent-tls
   # Only the agent, unshuffled (e.g. to profile it with perf meanwhile):
   dquant-offload-bench throughput /data/zipf1g_u16 --runs 1 --cases agent
-  # Shuffled reads on 1 thread against 2 (the agent's read_threads):
-  dquant-offload-bench throughput /data/zipf1g_u16 --cases memcpy,agent-shm-shuffled --read-threads 1";
+  # Shuffled reads with no worker pool (the session's thread alone), then with one worker:
+  dquant-offload-bench throughput /data/zipf1g_u16 --cases memcpy,agent-shm-shuffled --worker-threads 0
+  dquant-offload-bench throughput /data/zipf1g_u16 --cases memcpy,agent-shm-shuffled --worker-threads 1";
 
 /// Throughput of batches from an agent against a plain TCP copy, in the same run.
 ///
@@ -57,10 +58,10 @@ pub struct Args {
     /// The agent's prefetch frames (1 MiB each) per session.
     #[arg(long, default_value_t = dquant_agent::DEFAULT_PREFETCH)]
     pub prefetch_frames: usize,
-    /// Threads the agent reads each batch on (its `read_threads`; 1: the session's thread
-    /// alone) [default: the agent's default].
+    /// The agent's worker pool (its `worker_threads`: reads and compression shared by the
+    /// sessions; 0: none) [default: the agent's default].
     #[arg(long, value_name = "N")]
-    pub read_threads: Option<usize>,
+    pub worker_threads: Option<usize>,
     /// Buffer size of the plain copy's writes and reads.
     #[arg(long, default_value_t = 1 << 20)]
     pub copy_buf: usize,
@@ -375,11 +376,11 @@ pub fn run(a: &Args) -> Result<()> {
         )
     });
     let agent = if needs_agent {
-        Some(AgentProc::spawn_reading(
+        Some(AgentProc::spawn_working(
             &ds.dir,
             a.prefetch_frames,
             true,
-            a.read_threads,
+            a.worker_threads,
         )?)
     } else {
         None

@@ -35,12 +35,13 @@ pub struct AgentConfig {
     /// prefetch budget: a session's memory is bounded by it, whatever the dataset size.
     #[serde(default = "default_prefetch")]
     pub prefetch_frames: usize,
-    /// Threads that read one batch's samples at once: the session's own and a pool of
-    /// `read_threads - 1` shared by every session (so reads never take more cores than
-    /// this, however many sessions run). 1 reads on each session's thread alone. Default:
-    /// the cores the agent may use, at most 8.
-    #[serde(default = "default_read_threads")]
-    pub read_threads: usize,
+    /// Threads of the pool every session shares: it reads a batch's samples at once (with
+    /// the session's own thread), and compresses a session's next batches while the
+    /// session reads more. However many sessions run, the pool takes no more cores than
+    /// this. 0: no pool, each session works on its own thread alone. Default: the cores the
+    /// agent may use, at most 8 (on a DPU, its ARM cores).
+    #[serde(default = "default_worker_threads")]
+    pub worker_threads: usize,
     /// Sessions open at once, streaming or waiting for their data connection.
     #[serde(default = "default_max_sessions")]
     pub max_sessions: usize,
@@ -128,12 +129,12 @@ fn default_prefetch() -> usize {
     DEFAULT_PREFETCH
 }
 /// Most read threads an agent starts unless told otherwise.
-const MAX_DEFAULT_READ_THREADS: usize = 8;
+const MAX_DEFAULT_WORKER_THREADS: usize = 8;
 
-fn default_read_threads() -> usize {
+fn default_worker_threads() -> usize {
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(MAX_DEFAULT_READ_THREADS)
+        .min(MAX_DEFAULT_WORKER_THREADS)
 }
 fn default_max_sessions() -> usize {
     256
@@ -161,7 +162,7 @@ impl Default for AgentConfig {
             data_listen: None,
             socket: None,
             prefetch_frames: default_prefetch(),
-            read_threads: default_read_threads(),
+            worker_threads: default_worker_threads(),
             max_sessions: default_max_sessions(),
             keep_datasets: default_dataset_cache(),
             ticket_ttl_secs: default_ticket_ttl(),
@@ -194,9 +195,6 @@ impl AgentConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.prefetch_frames == 0 {
             return Err("prefetch_frames: must be at least 1".into());
-        }
-        if self.read_threads == 0 {
-            return Err("read_threads: must be at least 1".into());
         }
         if self.max_sessions == 0 {
             return Err("max_sessions: must be at least 1".into());

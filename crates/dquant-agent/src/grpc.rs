@@ -177,7 +177,7 @@ fn open_pipeline(
         e if e.is_not_found() => Status::not_found(e.to_string()),
         _ => Status::failed_precondition(e.to_string()),
     })?;
-    pipeline.set_read_pool(shared.reads.clone());
+    pipeline.set_worker_pool(shared.workers.clone());
     Ok(pipeline)
 }
 

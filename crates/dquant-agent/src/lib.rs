@@ -59,8 +59,9 @@ pub(crate) struct Shared {
     pub datasets: dquant_storage::DatasetCache,
     pub sessions: Arc<sessions::Sessions>,
     pub opens: open_pool::OpenPool,
-    /// Reads each batch's samples on several threads (`read_threads`); `None` for one.
-    pub reads: Option<Arc<dquant_engine::ReadPool>>,
+    /// The threads sessions share for reads and compression (`worker_threads`); `None`
+    /// for none (each session works alone).
+    pub workers: Option<Arc<dquant_engine::WorkerPool>>,
     /// Connections (data port and Unix socket) that have not said hello yet.
     pub handshakes: AtomicUsize,
     pub data_port: u16,
@@ -342,14 +343,14 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         Duration::from_secs(l.open_timeout_secs),
     )
     .map_err(|e| AgentError::Start(format!("cannot start the open workers: {e}")))?;
-    let reads = match config.read_threads {
-        1 => None,
-        n => Some(Arc::new(dquant_engine::ReadPool::new(n).map_err(|e| {
-            AgentError::Start(format!("cannot start the read threads: {e}"))
-        })?)),
+    let workers = match config.worker_threads {
+        0 => None,
+        n => Some(Arc::new(dquant_engine::WorkerPool::new(n).map_err(
+            |e| AgentError::Start(format!("cannot start the worker threads: {e}")),
+        )?)),
     };
     let shared = Arc::new(Shared {
-        reads,
+        workers,
         sessions: Arc::new(sessions::Sessions::new(
             config.max_sessions,
             Duration::from_secs(config.ticket_ttl_secs),
@@ -410,7 +411,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         socket = %shared.socket_path(),
         roots = ?shared.catalog.roots().keys().collect::<Vec<_>>(),
         prefetch_frames = shared.config.prefetch_frames,
-        read_threads = shared.config.read_threads,
+        worker_threads = shared.config.worker_threads,
         tls = shared.tls.is_some(),
         "agent listening"
     );

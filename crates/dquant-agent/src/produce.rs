@@ -11,11 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use dquant_codec::encode_width;
+use dquant_codec::Compression;
 use dquant_engine::record::{max_payload_len, Payload, Record};
 use dquant_engine::{
-    batch_header, plain_codec, put_cursor_trailer, EngineError, Pipeline, RecordEncoder,
+    batch_header, plain_codec, put_cursor_trailer, EncodeAhead, EngineError, Pipeline,
+    RecordEncoder,
 };
-use dquant_plan::{cursor_trailer_len, OutputDType, WireCodec};
+use dquant_plan::{cursor_trailer_len, Cursor, OutputDType, WireCodec};
 use dquant_remote::shutdown_message;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchSink, SinkError};
@@ -57,10 +59,17 @@ pub(crate) struct Producer {
     /// `None` when batches travel in the output dtype itself: made straight into the
     /// transport's room by [`Pipeline::next_batch_into`].
     encoder: Option<RecordEncoder>,
+    /// Batches compressed on the agent's worker pool, a few ahead of the one delivered
+    /// ([`Producer::encoding_ahead`]); `None`: each on the session's thread, when delivered.
+    ahead: Option<EncodeAhead>,
+    wire: WireCodec,
     /// Room for the largest record: header and the largest payload a full batch can have.
     room: usize,
     /// Where each batch made is counted (the agent's metrics, by tenant).
     meter: Meter,
+    /// The cursor once every batch committed so far is consumed (batches encoded ahead are
+    /// not: a drained stream resumes at the first of them).
+    delivered: Cursor,
 }
 
 impl Producer {
@@ -78,13 +87,40 @@ impl Producer {
         };
         // Checks that cannot fail are skipped: a u16 dataset always fits a u16 wire.
         let encoder = (!plain).then(|| RecordEncoder::new(wire, pipeline.max_token_bound()));
+        let delivered = pipeline.cursor();
         Producer {
             pipeline,
             output,
             encoder,
+            ahead: None,
+            wire,
             room: RECORD_HEADER_LEN + payload + trailer,
             meter: Meter::off(),
+            delivered,
         }
+    }
+
+    /// Compresses batches on the pipeline's worker pool, as many ahead as fit half of
+    /// `budget` bytes (the session's prefetch budget), and one more than the pool has
+    /// threads (one queued while each encodes), when the wire
+    /// codec compresses (plain and bit-packed codecs cost no more than the copy). Fewer than
+    /// two ahead would overlap nothing: then each batch stays on the session's thread.
+    pub fn encoding_ahead(mut self, budget: usize) -> Self {
+        let compresses = match self.wire {
+            WireCodec::Fixed(c) => c.compression != Compression::None,
+            WireCodec::Auto(c) => c != Compression::None,
+        };
+        let Some(pool) = self.pipeline.worker_pool().filter(|_| compresses) else {
+            return self;
+        };
+        let tokens = self.pipeline.schedule().batch_tokens() as usize;
+        let per_batch = self.room + 4 * tokens;
+        let window = (budget / 2 / per_batch.max(1)).min(pool.readers());
+        if window >= 2 {
+            let (bound, l) = (self.pipeline.max_token_bound(), self.pipeline.sample_len());
+            self.ahead = Some(EncodeAhead::new(pool.clone(), self.wire, bound, l, window));
+        }
+        self
     }
 
     /// Counts each batch made in `meter`.
@@ -93,9 +129,9 @@ impl Producer {
         self
     }
 
-    /// Where the stream stands: the cursor once every batch made so far is consumed.
-    pub fn cursor(&self) -> dquant_plan::Cursor {
-        self.pipeline.cursor()
+    /// Where the stream stands: the cursor once every batch committed so far is consumed.
+    pub fn cursor(&self) -> Cursor {
+        self.delivered.clone()
     }
 
     /// Bytes of room a record may need (what [`BatchSink::reserve`] is asked for).
@@ -110,8 +146,42 @@ impl Producer {
         if self.encoder.is_none() {
             return self.step_plain(sink);
         }
+        if self.ahead.is_some() {
+            return self.step_ahead(sink);
+        }
         sink.reserve(self.room)?;
         self.step_encoded(sink)
+    }
+
+    /// The next batch encoded ahead on the worker pool; the session's thread meanwhile takes
+    /// more batches from the pipeline (reads, packing, fit checks) for the pool.
+    fn step_ahead(&mut self, sink: &mut dyn BatchSink) -> Result<Step, ProduceError> {
+        let room = sink.reserve(self.room)?;
+        let Some(ahead) = self.ahead.as_mut() else {
+            return Err(EngineError::Usage("a step ahead without workers".into()).into());
+        };
+        ahead.fill(&mut self.pipeline, self.output.width());
+        let Some(next) = ahead.next() else {
+            return Ok(Step::End);
+        };
+        let mut e = next?;
+        let (head, body) = room.split_at_mut(RECORD_HEADER_LEN);
+        let Some(data) = body.get_mut(..e.payload.len()) else {
+            let m = format!("batch {}: encoded past its room", e.header.index);
+            return Err(EngineError::Usage(m).into());
+        };
+        data.copy_from_slice(&e.payload);
+        put_cursor_trailer(&mut e.header, &e.cursor.blend, body)?;
+        head.copy_from_slice(&e.header.encode());
+        let len = RECORD_HEADER_LEN + e.header.payload_len as usize;
+        sink.commit(len)?;
+        let tokens = e.tokens;
+        self.delivered = e.cursor.clone();
+        ahead.recycle(e);
+        Ok(Step::Batch {
+            tokens,
+            bytes: len as u64,
+        })
     }
 
     /// A batch in the output dtype, made where the record goes: from a dataset that stores
@@ -131,6 +201,7 @@ impl Producer {
         head.copy_from_slice(&h.encode());
         let len = RECORD_HEADER_LEN + h.payload_len as usize;
         sink.commit(len)?;
+        self.delivered = b.cursor;
         Ok(Step::Batch {
             tokens: tokens as u64,
             bytes: len as u64,
@@ -168,6 +239,7 @@ impl Producer {
         head.copy_from_slice(&header.encode());
         let len = RECORD_HEADER_LEN + header.payload_len as usize;
         sink.commit(len)?;
+        self.delivered = b.cursor.clone();
         Ok(Step::Batch {
             tokens,
             bytes: len as u64,
@@ -257,8 +329,10 @@ mod tests {
     use std::time::Duration;
 
     use dquant_codec::Decoder;
-    use dquant_engine::LocalSource;
-    use dquant_plan::{Cursor, Plan, Source};
+    use std::sync::Arc;
+
+    use dquant_engine::{LocalSource, WorkerPool};
+    use dquant_plan::{Plan, Source};
     use dquant_transport::memory::{pair, End, MemorySource};
     use dquant_transport::tcp::MAX_FRAME_AGE;
     use dquant_transport::BatchHeader;
@@ -297,7 +371,20 @@ mod tests {
     }
 
     fn producer(p: &Plan) -> Producer {
-        Producer::new(pipeline(p), p.output, p.parsed_wire_codec().unwrap())
+        producer_on(p, None)
+    }
+
+    /// A producer whose pipeline reads, and whose compressed batches are encoded ahead, on
+    /// `pool` (when given).
+    fn producer_on(p: &Plan, pool: Option<Arc<WorkerPool>>) -> Producer {
+        let mut pl = pipeline(p);
+        pl.set_worker_pool(pool);
+        Producer::new(pl, p.output, p.parsed_wire_codec().unwrap()).encoding_ahead(64 << 20)
+    }
+
+    /// No pool, and a pool of two workers.
+    fn pools() -> [Option<Arc<WorkerPool>>; 2] {
+        [None, Some(Arc::new(WorkerPool::new(2).unwrap()))]
     }
 
     /// One received record: its header and its tokens decoded.
@@ -333,16 +420,20 @@ mod tests {
     fn the_stream_through_a_small_memory_pair_equals_the_in_process_one() {
         let dir = tempfile::tempdir().unwrap();
         let uri = dataset(dir.path(), 20_000, None);
-        for (output, wire) in [
+        let cases = [
             (OutputDType::U16, "u16"),
             (OutputDType::I32, "auto+zstd:1"),
             (OutputDType::I64, "auto+lz4"),
             (OutputDType::I32, "bits:16"),
             (OutputDType::U16, "auto"),
-        ] {
+            (OutputDType::I32, "u16+zstd:3"),
+        ];
+        for ((output, wire), pool) in cases.into_iter().flat_map(|c| pools().map(|p| (c, p))) {
             let p = plan(&uri, output, wire);
             let want = local(&p);
-            let mut prod = producer(&p);
+            let pooled = pool.is_some();
+            let mut prod = producer_on(&p, pool);
+            assert_eq!(prod.ahead.is_some(), pooled && wire.contains('z'), "{wire}");
             let (mut sink, mut source) = pair(2);
             let mut got = Vec::new();
             let mut t = Instant::now();
@@ -420,30 +511,36 @@ mod tests {
     fn a_token_over_a_fixed_wire_codec_fails_after_the_batches_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let uri = dataset(dir.path(), 20_000, Some(60_000));
-        let mut p = plan(&uri, OutputDType::I32, "bits:15");
-        p.shuffle = false;
-        let mut prod = producer(&p);
-        let (mut sink, mut source) = pair(usize::MAX);
-        let clock = Cell::new(Instant::now());
-        let tick = || {
-            clock.set(clock.get() + Duration::from_micros(100));
-            clock.get()
-        };
-        let no = AtomicBool::new(false);
-        let (outcome, stats) = run(&mut prod, &mut sink, &no, &no, tick);
-        let want = format!(
-            "sources[0] ({uri}): wire codec bits:15: token 60000 at offset 5000 does not fit in bits:15 (max 32767); it needs 16 bits: use bits:16 or wider"
-        );
-        assert!(
-            matches!(&outcome, Outcome::Failed(m) if *m == want),
-            "{outcome:?}"
-        );
-        // Token 5000 is in sample 79 (tokens 4977..5041) of batch 19.
-        assert_eq!(stats.records, 19);
-        let mut got = Vec::new();
-        drain(&mut source, &mut got);
-        assert_eq!(got.len(), 19);
-        assert_eq!(source.end(), Some(End::Failed(want)));
+        for (wire, pool) in ["bits:15", "bits:15+zstd:1"]
+            .into_iter()
+            .flat_map(|w| pools().map(|p| (w, p)))
+        {
+            let mut p = plan(&uri, OutputDType::I32, wire);
+            p.shuffle = false;
+            let mut prod = producer_on(&p, pool);
+            let (mut sink, mut source) = pair(usize::MAX);
+            let clock = Cell::new(Instant::now());
+            let tick = || {
+                clock.set(clock.get() + Duration::from_micros(100));
+                clock.get()
+            };
+            let no = AtomicBool::new(false);
+            let (outcome, stats) = run(&mut prod, &mut sink, &no, &no, tick);
+            let want = format!(
+                "sources[0] ({uri}): wire codec {wire}: token 60000 at offset 5000 does not fit in bits:15 (max 32767); it needs 16 bits: use bits:16 or wider"
+            );
+            assert!(
+                matches!(&outcome, Outcome::Failed(m) if *m == want),
+                "{outcome:?}"
+            );
+            // Token 5000 is in sample 79 (tokens 4977..5041) of batch 19: the batches before
+            // it are delivered first, also when later ones were taken ahead.
+            assert_eq!(stats.records, 19);
+            let mut got = Vec::new();
+            drain(&mut source, &mut got);
+            assert_eq!(got.len(), 19);
+            assert_eq!(source.end(), Some(End::Failed(want)));
+        }
     }
 
     #[test]
@@ -518,6 +615,14 @@ mod tests {
 
     #[test]
     fn a_drain_ends_the_stream_after_the_batch_in_hand_with_the_resume_cursor() {
+        for pool in pools() {
+            drain_resumes_after_the_delivered_batches(pool);
+        }
+    }
+
+    /// Batches encoded ahead but not delivered are not skipped: the resume cursor is the
+    /// delivered batches'.
+    fn drain_resumes_after_the_delivered_batches(pool: Option<Arc<WorkerPool>>) {
         let dir = tempfile::tempdir().unwrap();
         let uri = dataset(dir.path(), 20_000, None);
         let p = plan(&uri, OutputDType::U16, "auto+zstd:1");
@@ -532,7 +637,7 @@ mod tests {
             }
             Instant::now()
         };
-        let mut prod = producer(&p);
+        let mut prod = producer_on(&p, pool);
         let (outcome, stats) = run(&mut prod, &mut sink, &cancel, &draining, tick);
         // Seven batches of 4 samples were made and delivered; the consumer resumes after them.
         let want = "agent shutting down; resume from consumed_samples 28";

@@ -39,7 +39,9 @@ pub(crate) fn stream_plan(
     };
     let mut sink =
         TcpBatchSink::start(conn, prefetch, cancel.clone()).map_err(StreamError::Thread)?;
-    let mut producer = Producer::new(pipeline, output, wire).with_meter(meter);
+    let mut producer = Producer::new(pipeline, output, wire)
+        .with_meter(meter)
+        .encoding_ahead(prefetch.saturating_mul(dquant_transport::frame::MAX_PAYLOAD));
     let (outcome, stats) = run(&mut producer, &mut sink, &cancel, drain, Instant::now);
     let sent = sink.join();
     ended(outcome, stats).and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped))

@@ -4,7 +4,7 @@
 //! the batch (a uint16 dataset into a `u16` batch): consecutive samples of one source are one
 //! contiguous range of the file, and one vectored read fills all their rows. The *token* path
 //! reads `u32` tokens, which the pipeline then converts or encodes. Either runs its reads one
-//! after another on the session's thread, or, with a [`ReadPool`] and sources whose reads
+//! after another on the session's thread, or, with a [`WorkerPool`] and sources whose reads
 //! need no exclusive state ([`SharedReads`]), on several threads at once. Both write every
 //! byte to the same place, so a batch is identical either way (the pipeline tests check it).
 
@@ -13,8 +13,8 @@ use std::ops::Range;
 
 use dquant_plan::SampleRef;
 
-use crate::read_pool::ReadPool;
 use crate::source::{SharedReads, SourceError, TokenSource};
+use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 
 /// The error of source `d`, named as the plan names it.
@@ -29,11 +29,11 @@ pub(crate) fn source_error(uris: &[String], d: usize, source: SourceError) -> En
 /// The pool and its shares, when a batch of `jobs` reads of `bytes` bytes in all is worth
 /// splitting and every source can be read from several threads.
 fn concurrent<'s>(
-    pool: Option<&'s ReadPool>,
+    pool: Option<&'s WorkerPool>,
     sources: &'s [Box<dyn TokenSource>],
     jobs: usize,
     bytes: usize,
-) -> Option<(&'s ReadPool, usize, Vec<&'s dyn SharedReads>)> {
+) -> Option<(&'s WorkerPool, usize, Vec<&'s dyn SharedReads>)> {
     let pool = pool?;
     let shares = pool.shares(jobs, bytes);
     if shares < 2 {
@@ -95,7 +95,7 @@ struct StoredRead<'a> {
 pub(crate) fn read_stored(
     sources: &mut [Box<dyn TokenSource>],
     uris: &[String],
-    pool: Option<&ReadPool>,
+    pool: Option<&WorkerPool>,
     runs: &[Run],
     out: &mut [u8],
     row: usize,
@@ -161,7 +161,7 @@ struct TokenRead<'a> {
 pub(crate) fn read_tokens_concurrently(
     sources: &[Box<dyn TokenSource>],
     uris: &[String],
-    pool: Option<&ReadPool>,
+    pool: Option<&WorkerPool>,
     samples: &[SampleRef],
     tokens: &mut [u32],
     sample_len: usize,

@@ -11,18 +11,21 @@
 //! another agent (`dquant_remote::RemoteSource`) implements the same trait.
 
 mod batch_reads;
+mod encode_ahead;
 mod error;
 mod fit;
 mod pipeline;
-mod read_pool;
 pub mod record;
 mod source;
+mod worker_pool;
 
+pub use encode_ahead::{EncodeAhead, Encoded};
 pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
-pub use read_pool::ReadPool;
 pub use record::{
-    auto_codec, batch_header, codec_for, plain_codec, put_cursor_trailer, RecordEncoder,
+    auto_codec, batch_header, checked_codec, codec_for, plain_codec, put_cursor_trailer,
+    RecordEncoder,
 };
 pub use source::{open_options, LocalSource, SharedReads, SourceError, TokenSource};
+pub use worker_pool::WorkerPool;

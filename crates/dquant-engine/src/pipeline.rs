@@ -13,8 +13,8 @@ use dquant_plan::{Cursor, Plan, RankIter, Schedule, Source, SourceInfo};
 
 use crate::batch_reads::{self, source_error};
 use crate::fit::check_fits;
-use crate::read_pool::ReadPool;
 use crate::source::{SourceError, TokenSource};
+use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 
 /// One batch of tokens, borrowed from the pipeline.
@@ -48,8 +48,8 @@ pub struct Pipeline {
     /// The width every source stores its tokens in, when they all store the same one
     /// ([`TokenSource::stored_width`]): batches in that width are then copied, not converted.
     stored: Option<Width>,
-    /// Reads a batch on several threads, when set ([`Pipeline::set_read_pool`]).
-    pool: Option<Arc<ReadPool>>,
+    /// Reads a batch on several threads, when set ([`Pipeline::set_worker_pool`]).
+    pool: Option<Arc<WorkerPool>>,
 }
 
 impl TokenBatch<'_> {
@@ -133,8 +133,13 @@ impl Pipeline {
     /// Reads each batch's samples on `pool`'s threads (when its sources allow it: local
     /// datasets do), or one after another on the caller's thread (`None`, the default). The
     /// batches are the same either way.
-    pub fn set_read_pool(&mut self, pool: Option<Arc<ReadPool>>) {
+    pub fn set_worker_pool(&mut self, pool: Option<Arc<WorkerPool>>) {
         self.pool = pool;
+    }
+
+    /// The pool set by [`set_worker_pool`](Pipeline::set_worker_pool), if any.
+    pub fn worker_pool(&self) -> Option<&Arc<WorkerPool>> {
+        self.pool.as_ref()
     }
 
     pub fn schedule(&self) -> &Schedule {
@@ -200,7 +205,7 @@ impl Pipeline {
             let cap = self
                 .pool
                 .as_ref()
-                .map_or(usize::MAX, |p| b.samples.len().div_ceil(2 * p.threads()));
+                .map_or(usize::MAX, |p| b.samples.len().div_ceil(2 * p.readers()));
             let runs = batch_reads::runs(&b.samples, cap);
             batch_reads::read_stored(
                 &mut self.sources,

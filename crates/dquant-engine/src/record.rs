@@ -33,6 +33,23 @@ pub fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
     }
 }
 
+/// The codec `wire` gives batch `b`, every token checked to fit it (a fixed codec may not
+/// hold a token; the error names the codec, the source and the token). `bound`: no token of
+/// the plan's sources exceeds it, so checks against a codec that holds it are skipped.
+pub fn checked_codec(
+    wire: WireCodec,
+    bound: u32,
+    b: &TokenBatch<'_>,
+    sample_len: usize,
+) -> Result<Codec, EngineError> {
+    let codec = codec_for(wire, b.tokens);
+    // An `auto` codec's width was chosen from this batch's largest token: it fits.
+    if matches!(wire, WireCodec::Fixed(_)) && bound > codec.width.max_token() {
+        check_fits(b, sample_len, codec.width, &format!("wire codec {codec}: "))?;
+    }
+    Ok(codec)
+}
+
 /// The plain codec of an output dtype: how a batch travels when it is delivered as it is.
 pub fn plain_codec(output: OutputDType) -> Codec {
     Codec {
@@ -179,11 +196,7 @@ impl RecordEncoder {
         b: &TokenBatch<'a>,
         sample_len: usize,
     ) -> Result<Record<'a>, EngineError> {
-        let codec = codec_for(self.wire, b.tokens);
-        // An `auto` codec's width was chosen from this batch's largest token: it fits.
-        if matches!(self.wire, WireCodec::Fixed(_)) && self.bound > codec.width.max_token() {
-            check_fits(b, sample_len, codec.width, &format!("wire codec {codec}: "))?;
-        }
+        let codec = checked_codec(self.wire, self.bound, b, sample_len)?;
         // Plain byte-aligned codecs are encoded where the payload goes; others here.
         let payload = match codec.width.byte_width() {
             Some(_) if codec.compression == Compression::None => Payload::Plain {

@@ -88,7 +88,7 @@ pub trait TokenSource: Send {
     }
 
     /// The source's reads, when they need no exclusive state: a batch's reads of it may then
-    /// run on several threads at once (a [`ReadPool`](crate::ReadPool)). `None` (the
+    /// run on several threads at once (a [`WorkerPool`](crate::WorkerPool)). `None` (the
     /// default): they run one after another, through `&mut self`.
     fn shared_reads(&self) -> Option<&dyn SharedReads> {
         None

@@ -1,4 +1,4 @@
-//! A batch read on a [`ReadPool`] is the batch read one sample after another: the same bytes,
+//! A batch read on a [`WorkerPool`] is the batch read one sample after another: the same bytes,
 //! batch by batch, the same cursors, for shuffled and unshuffled plans, on the stored path
 //! (uint16 bytes copied into a `u16` batch) and the token path (int32 and block files), with
 //! the reads really spread over several threads. A file truncated under a pooled read gives
@@ -13,7 +13,8 @@ use std::thread::ThreadId;
 
 use dquant_codec::Width;
 use dquant_engine::{
-    BatchInfo, EngineError, LocalSource, Pipeline, ReadPool, SharedReads, SourceError, TokenSource,
+    BatchInfo, EngineError, LocalSource, Pipeline, SharedReads, SourceError, TokenSource,
+    WorkerPool,
 };
 use dquant_format::block::{block_tokens_for, DEFAULT_BLOCK_BYTES};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
@@ -106,7 +107,7 @@ fn plan(paths: &[&Path], shuffle: bool, output: OutputDType) -> Plan {
 }
 
 /// A pipeline over `plan`, on `pool` when given; also the threads that made shared reads.
-fn open(plan: &Plan, pool: Option<Arc<ReadPool>>) -> (Pipeline, Arc<Mutex<HashSet<ThreadId>>>) {
+fn open(plan: &Plan, pool: Option<Arc<WorkerPool>>) -> (Pipeline, Arc<Mutex<HashSet<ThreadId>>>) {
     let threads = Arc::new(Mutex::new(HashSet::new()));
     let t = threads.clone();
     let mut p = Pipeline::open(plan, Cursor::START, |_, s| {
@@ -117,7 +118,7 @@ fn open(plan: &Plan, pool: Option<Arc<ReadPool>>) -> (Pipeline, Arc<Mutex<HashSe
         }) as Box<dyn TokenSource>)
     })
     .unwrap();
-    p.set_read_pool(pool);
+    p.set_worker_pool(pool);
     (p, threads)
 }
 
@@ -141,8 +142,8 @@ fn token_batches(p: &mut Pipeline) -> Vec<(Vec<u32>, Cursor)> {
     all
 }
 
-fn pool() -> Option<Arc<ReadPool>> {
-    Some(Arc::new(ReadPool::new(3).unwrap()))
+fn pool() -> Option<Arc<WorkerPool>> {
+    Some(Arc::new(WorkerPool::new(2).unwrap()))
 }
 
 #[test]

@@ -23,7 +23,7 @@ Examples:
   #   data_listen = \"127.0.0.1:7879\"  # data plane (default: control port + 1)
   #   socket = \"/run/dquant.sock\"     # local clients: control plane + shared-memory rings
   #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
-  #   read_threads = 2                # threads reading one batch at once (default: cores, at most 8)
+  #   worker_threads = 8              # reads + compression, shared by sessions (default: cores, at most 8)
   #   max_sessions = 256
   #   keep_datasets = 16              # datasets kept open while no session reads them
   #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
@@ -92,10 +92,11 @@ pub struct Args {
     /// 1 MiB frames each session may prefetch ahead of its consumer [default: 8].
     #[arg(long, value_name = "N")]
     pub prefetch_frames: Option<usize>,
-    /// Threads that read one batch's samples at once: each session's own plus a pool shared
-    /// by all sessions; 1 reads on the session's thread alone [default: the cores, at most 8].
+    /// Threads of the pool all sessions share for reads and compression (besides each
+    /// session's own); 0: none, each session on its own thread [default: the cores, at
+    /// most 8].
     #[arg(long, value_name = "N")]
-    pub read_threads: Option<usize>,
+    pub worker_threads: Option<usize>,
     /// Sessions open at once [default: 256].
     #[arg(long, value_name = "N")]
     pub max_sessions: Option<usize>,
@@ -168,8 +169,8 @@ pub fn config(a: &Args) -> Result<AgentConfig> {
     if let Some(n) = a.prefetch_frames {
         c.prefetch_frames = n;
     }
-    if let Some(n) = a.read_threads {
-        c.read_threads = n;
+    if let Some(n) = a.worker_threads {
+        c.worker_threads = n;
     }
     if let Some(n) = a.max_sessions {
         c.max_sessions = n;

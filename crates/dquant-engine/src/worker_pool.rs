@@ -1,17 +1,19 @@
-//! Concurrent reads for one batch.
+//! The threads a session's work spreads over: a batch's reads at once, and the next
+//! batches' compression while the session reads more ([`crate::EncodeAhead`]).
 //!
 //! A shuffled plan reads each sample of a batch from its own place in a dataset: one small
 //! positional read after another, each paying a system call and a page-cache walk on the
 //! session's one thread. That left shuffled delivery at a third of a memory copy. A
-//! [`ReadPool`] lets a session issue a batch's reads from several threads at once: the
+//! [`WorkerPool`] lets a session issue a batch's reads from several threads at once: the
 //! session's own thread takes the first share, the pool's workers the rest, and the batch is
 //! returned once all are in. Every read lands in its own disjoint part of the batch, so the
 //! bytes are those a sequential reader writes, whatever the order the reads finish in.
 //!
-//! One pool serves every session of an agent (its size is the agent's `read_threads`), so
-//! reads never take more cores than the operator gave, however many sessions run; a session
-//! whose pool is busy still reads its own share. rayon provides the pool (work stealing,
-//! scoped borrows of the batch buffer); this module only decides how a batch is split.
+//! One pool serves every session of an agent (its size is the agent's `worker_threads`), so
+//! the work never takes more cores than the operator gave, however many sessions run; a
+//! session whose pool is busy still reads its own share. rayon provides the pool (work
+//! stealing, scoped borrows of the batch buffer); this module only decides how a batch is
+//! split.
 
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -24,45 +26,62 @@ use crate::EngineError;
 /// hand-over costs a few microseconds; a page-cache read of 16 KiB costs about as much).
 const MIN_SHARE_BYTES: usize = 16 * 1024;
 
-/// Threads that read a batch's samples concurrently, shared by every session of an agent.
-pub struct ReadPool {
+/// Threads that read a batch's samples concurrently and compress batches ahead, shared by
+/// every session of an agent.
+pub struct WorkerPool {
     pool: rayon::ThreadPool,
-    threads: usize,
+    workers: usize,
 }
 
-impl std::fmt::Debug for ReadPool {
+impl std::fmt::Debug for WorkerPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadPool")
-            .field("threads", &self.threads)
+        f.debug_struct("WorkerPool")
+            .field("workers", &self.workers)
             .finish()
     }
 }
 
-impl ReadPool {
-    /// A pool that reads a batch on up to `threads` threads: the caller's and `threads - 1`
-    /// workers. `threads` must be at least 2 (one thread is no pool: don't set one).
-    pub fn new(threads: usize) -> Result<Self, EngineError> {
-        if threads < 2 {
-            return Err(EngineError::Usage(format!(
-                "a read pool needs at least 2 threads, not {threads} (1 reads on the session's own thread: set no pool)"
-            )));
+impl WorkerPool {
+    /// A pool of `workers` threads (at least 1: no workers is no pool, don't set one).
+    pub fn new(workers: usize) -> Result<Self, EngineError> {
+        if workers == 0 {
+            return Err(EngineError::Usage(
+                "a worker pool needs at least 1 thread (0: set no pool; sessions then work on their own threads)".into(),
+            ));
         }
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads - 1)
-            .thread_name(|i| format!("dquant-read-{i}"))
+            .num_threads(workers)
+            .thread_name(|i| format!("dquant-work-{i}"))
+            // A job that panics (a bug) must not abort the agent: its session sees its
+            // result's channel closed and fails with an error instead.
+            .panic_handler(|_| ())
             .build()
-            .map_err(|e| EngineError::Usage(format!("cannot start {threads} read threads: {e}")))?;
-        Ok(ReadPool { pool, threads })
+            .map_err(|e| {
+                EngineError::Usage(format!("cannot start {workers} worker threads: {e}"))
+            })?;
+        Ok(WorkerPool { pool, workers })
     }
 
-    /// Threads a batch is read on at most (the caller's included).
-    pub fn threads(&self) -> usize {
-        self.threads
+    /// The pool's threads.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Threads that read one batch at most: the pool's and the caller's.
+    pub fn readers(&self) -> usize {
+        self.workers + 1
+    }
+
+    /// Runs `job` on one of the pool's threads, some time soon.
+    pub(crate) fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        self.pool.spawn(job);
     }
 
     /// How many shares to split `jobs` jobs of `bytes` bytes in all into.
     pub(crate) fn shares(&self, jobs: usize, bytes: usize) -> usize {
-        self.threads.min(jobs).min((bytes / MIN_SHARE_BYTES).max(1))
+        self.readers()
+            .min(jobs)
+            .min((bytes / MIN_SHARE_BYTES).max(1))
     }
 
     /// Runs `read` on every job, `jobs` split into `shares` runs of consecutive jobs: the
@@ -130,17 +149,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_thread_is_no_pool() {
-        let e = ReadPool::new(1).unwrap_err().to_string();
+    fn no_workers_is_no_pool() {
+        let e = WorkerPool::new(0).unwrap_err().to_string();
         assert_eq!(
             e,
-            "a read pool needs at least 2 threads, not 1 (1 reads on the session's own thread: set no pool)"
+            "a worker pool needs at least 1 thread (0: set no pool; sessions then work on their own threads)"
         );
     }
 
     #[test]
     fn shares_need_enough_bytes_and_jobs() {
-        let p = ReadPool::new(4).unwrap();
+        let p = WorkerPool::new(3).unwrap();
         assert_eq!(p.shares(16, 16 * 8192), 4);
         assert_eq!(p.shares(2, 1 << 20), 2);
         assert_eq!(p.shares(16, 20_000), 1);
@@ -149,7 +168,7 @@ mod tests {
 
     #[test]
     fn every_job_runs_once_and_the_earliest_error_wins() {
-        let p = ReadPool::new(3).unwrap();
+        let p = WorkerPool::new(2).unwrap();
         let mut jobs: Vec<(usize, u32)> = (0..10).map(|i| (i, 0)).collect();
         p.run(&mut jobs, 3, &|j, _| {
             j.1 += 1;
