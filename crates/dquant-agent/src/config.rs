@@ -39,7 +39,7 @@ pub struct AgentConfig {
     /// the session's own thread), and compresses a session's next batches while the
     /// session reads more. However many sessions run, the pool takes no more cores than
     /// this. 0: no pool, each session works on its own thread alone. Default: the cores the
-    /// agent may use, at most 8 (on a DPU, its ARM cores).
+    /// agent may use but one, at most 8 (on a DPU, its ARM cores).
     #[serde(default = "default_worker_threads")]
     pub worker_threads: usize,
     /// Sessions open at once, streaming or waiting for their data connection.
@@ -131,10 +131,11 @@ fn default_prefetch() -> usize {
 /// Most read threads an agent starts unless told otherwise.
 const MAX_DEFAULT_WORKER_THREADS: usize = 8;
 
+/// One worker per core but one (sessions' own threads and the transports need a core:
+/// on 2 cores, two workers beside them made unshuffled delivery slower), at most 8.
 fn default_worker_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(MAX_DEFAULT_WORKER_THREADS)
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores - 1).min(MAX_DEFAULT_WORKER_THREADS)
 }
 fn default_max_sessions() -> usize {
     256

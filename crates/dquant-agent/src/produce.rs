@@ -103,14 +103,21 @@ impl Producer {
     /// Compresses batches on the pipeline's worker pool, as many ahead as fit half of
     /// `budget` bytes (the session's prefetch budget), and one more than the pool has
     /// threads (one queued while each encodes), when the wire
-    /// codec compresses (plain and bit-packed codecs cost no more than the copy). Fewer than
-    /// two ahead would overlap nothing: then each batch stays on the session's thread.
+    /// codec compresses (plain and bit-packed codecs cost no more than the copy) and the
+    /// pool has two workers or more. Fewer than two ahead would overlap nothing. Otherwise
+    /// each batch is compressed on the session's thread.
     pub fn encoding_ahead(mut self, budget: usize) -> Self {
         let compresses = match self.wire {
             WireCodec::Fixed(c) => c.compression != Compression::None,
             WireCodec::Auto(c) => c != Compression::None,
         };
-        let Some(pool) = self.pipeline.worker_pool().filter(|_| compresses) else {
+        // One worker only moves the compression off the session's thread: on 2 cores that
+        // cost more (batches crossing cores) than the reads it overlaps saved.
+        let Some(pool) = self
+            .pipeline
+            .worker_pool()
+            .filter(|p| compresses && p.workers() >= 2)
+        else {
             return self;
         };
         let tokens = self.pipeline.schedule().batch_tokens() as usize;

@@ -98,6 +98,10 @@ pub struct Args {
     /// Samples per batch.
     #[arg(long, default_value_t = 16)]
     pub batch_size: u32,
+    /// The agents' worker pool (`dquant serve --worker-threads`: reads and compression
+    /// shared by sessions; 0: none) [default: the agent's, the cores but one].
+    #[arg(long, value_name = "N")]
+    pub worker_threads: Option<usize>,
     /// Remove the namespaces a killed lab left behind, and exit.
     #[arg(long)]
     pub cleanup: bool,
@@ -284,6 +288,7 @@ struct Ctx<'a> {
     /// s3s-fs's root: the bucket `lab` with the int32 files, uploaded by PUT.
     s3_root: PathBuf,
     scratch: tempfile::TempDir,
+    worker_threads: Option<usize>,
     seq_len: u32,
     batch_size: u32,
 }
@@ -366,6 +371,9 @@ impl Ctx<'_> {
             .env("DQUANT_LOG", "warn");
         if let Some(s) = socket {
             cmd.arg("--socket").arg(s);
+        }
+        if let Some(n) = self.worker_threads {
+            cmd.arg("--worker-threads").arg(n.to_string());
         }
         let mut child = netns::spawn_in(ns, cmd, what)?;
         if let Err(e) = netns::wait_listening(ns, listen, Duration::from_secs(20)) {
@@ -582,6 +590,7 @@ pub fn run(args: &Args) -> Result<()> {
         bucket_root,
         s3_root,
         scratch: tempfile::tempdir()?,
+        worker_threads: args.worker_threads,
         seq_len: args.seq_len,
         batch_size: args.batch_size,
     };

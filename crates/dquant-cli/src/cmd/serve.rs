@@ -23,7 +23,7 @@ Examples:
   #   data_listen = \"127.0.0.1:7879\"  # data plane (default: control port + 1)
   #   socket = \"/run/dquant.sock\"     # local clients: control plane + shared-memory rings
   #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
-  #   worker_threads = 8              # reads + compression, shared by sessions (default: cores, at most 8)
+  #   worker_threads = 8              # reads + compression, shared by sessions (default: cores - 1, at most 8)
   #   max_sessions = 256
   #   keep_datasets = 16              # datasets kept open while no session reads them
   #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
@@ -93,8 +93,8 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub prefetch_frames: Option<usize>,
     /// Threads of the pool all sessions share for reads and compression (besides each
-    /// session's own); 0: none, each session on its own thread [default: the cores, at
-    /// most 8].
+    /// session's own); 0: none, each session on its own thread [default: the cores but
+    /// one, at most 8].
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
     /// Sessions open at once [default: 256].
