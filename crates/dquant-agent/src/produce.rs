@@ -168,7 +168,7 @@ impl Producer {
             return Err(EngineError::Usage("a step ahead without workers".into()).into());
         };
         ahead.fill(&mut self.pipeline, self.output.width());
-        let Some(next) = ahead.next() else {
+        let Some(next) = ahead.next_encoded() else {
             return Ok(Step::End);
         };
         let mut e = next?;

@@ -141,7 +141,7 @@ impl EncodeAhead {
 
     /// The next batch in order, once encoded; `None` after the last. An error is the
     /// pipeline's or the encoder's for that batch (the stream ends there).
-    pub fn next(&mut self) -> Option<Result<Encoded, EngineError>> {
+    pub fn next_encoded(&mut self) -> Option<Result<Encoded, EngineError>> {
         Some(match self.queue.pop_front()? {
             Ahead::Failed(e) => Err(e),
             Ahead::Job { index, result } => result.recv().unwrap_or_else(|_| {
