@@ -46,6 +46,21 @@ fn concurrent<'s>(
     Some((pool, shares, shared))
 }
 
+/// The most rows one read of the stored path may fill: about two per reading thread when
+/// a batch of `samples` samples and `bytes` bytes is read concurrently (so every thread gets
+/// its share), no limit when it is read on the caller's thread alone.
+pub(crate) fn run_cap(
+    pool: Option<&WorkerPool>,
+    sources: &[Box<dyn TokenSource>],
+    samples: usize,
+    bytes: usize,
+) -> usize {
+    match concurrent(pool, sources, samples, bytes) {
+        Some((pool, ..)) => samples.div_ceil(2 * pool.readers()),
+        None => usize::MAX,
+    }
+}
+
 /// Rows `rows` of a batch that one read of source `src` fills, from token `start`: each
 /// sample starts on the last token of the one before (packing), so their tokens are one
 /// contiguous range of the file.
@@ -179,9 +194,9 @@ pub(crate) fn read_tokens_concurrently(
             row,
         })
         .collect();
-    // In file order: a thread's consecutive samples of a block file then share the block it
-    // decoded last, and a cold disk sees ascending offsets.
-    reads.sort_unstable_by_key(|r| (r.src, r.range.start));
+    // Source by source, each in batch order: the order the sequential path reads them in,
+    // so the first failing read (the error reported) is the same either way.
+    reads.sort_by_key(|r| r.src);
     pool.run(&mut reads, shares, &|r, bufs| {
         shared[r.src]
             .read_range(r.range.clone(), r.row, bufs)

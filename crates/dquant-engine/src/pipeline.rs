@@ -202,10 +202,8 @@ impl Pipeline {
             // sample start on the last token of the one before) are one contiguous range of
             // the file: one vectored read fills all their rows. With a pool, runs are capped
             // so that every thread gets about two (and one that finishes first takes more).
-            let cap = self
-                .pool
-                .as_ref()
-                .map_or(usize::MAX, |p| b.samples.len().div_ceil(2 * p.readers()));
+            let pool = self.pool.as_deref();
+            let cap = batch_reads::run_cap(pool, &self.sources, b.samples.len(), need);
             let runs = batch_reads::runs(&b.samples, cap);
             batch_reads::read_stored(
                 &mut self.sources,

@@ -123,6 +123,11 @@ impl SharedReads for Dataset {
         out: &mut [u32],
         bufs: &mut ReadBuffers,
     ) -> Result<(), SourceError> {
+        if out.len() as u64 != range.end.saturating_sub(range.start) {
+            return Err(SourceError::Usage(
+                "read_range: the buffer is not the range's length".into(),
+            ));
+        }
         Ok(self.read_into(range, out, bufs)?)
     }
 }

@@ -36,6 +36,14 @@ pub trait ReadAt: Send + Sync {
         None
     }
 
+    /// Whether [`version`](ReadAt::version) names these bytes beyond this process's life (a
+    /// local file's device, inode, size and modification time; a store's ETag), so that what
+    /// is derived from them may be kept on disk under it. `false` by default (an in-memory
+    /// object's version is only unique while it lives).
+    fn version_is_durable(&self) -> bool {
+        false
+    }
+
     /// Fills `bufs` in order from the contiguous bytes at `offset`, as
     /// [`read_exact_at`](ReadAt::read_exact_at) would one after the other (which is what
     /// the default does).
@@ -132,6 +140,10 @@ impl ReadAt for LocalFile {
 
     fn version(&self) -> Option<ObjectVersion> {
         Some(self.version.clone())
+    }
+
+    fn version_is_durable(&self) -> bool {
+        true
     }
 
     /// One `preadv` per call (more only when the kernel returns short).

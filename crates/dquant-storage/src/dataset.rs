@@ -435,14 +435,14 @@ impl Dataset {
         let size = file.len();
         let version = file.version();
         // Documents end after each end-of-document token: found when first asked for, never
-        // at open (streaming does not need them).
+        // at open (streaming does not need them); cached on disk only under a version that
+        // outlives this process.
+        let durable = version
+            .as_ref()
+            .filter(|_| file.version_is_durable())
+            .map(|v| v.to_string());
         let index = match eod {
-            Some(eod) => Index::Eod(Box::new(EodIndex::new(
-                eod,
-                tokens,
-                dtype,
-                version.as_ref().map(|v| v.to_string()),
-            ))),
+            Some(eod) => Index::Eod(Box::new(EodIndex::new(eod, tokens, dtype, durable))),
             None => Index::Loaded(DocIndex::single(tokens)),
         };
         Ok(Dataset {

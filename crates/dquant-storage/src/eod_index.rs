@@ -23,7 +23,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use dquant_format::{DType, DocIndex, DocIndexBuilder};
 use xxhash_rust::xxh3::Xxh3;
@@ -59,6 +59,8 @@ pub(crate) struct EodIndex {
     key: Option<String>,
     count: OnceLock<u64>,
     loaded: OnceLock<DocIndex>,
+    /// Held while scanning: sessions asking at once wait for one scan, not one each.
+    scanning: Mutex<()>,
 }
 
 impl EodIndex {
@@ -70,12 +72,14 @@ impl EodIndex {
             key,
             count: OnceLock::new(),
             loaded: OnceLock::new(),
+            scanning: Mutex::new(()),
         }
     }
 
-    /// This file's cache entry, when there is a cache and the file has a version.
+    /// This file's cache entry, when there is a cache and the file has a durable version
+    /// (of a sane length).
     pub fn cache_path(&self) -> Option<PathBuf> {
-        let key = self.key.as_ref()?;
+        let key = self.key.as_ref().filter(|k| k.len() <= MAX_KEY)?;
         let name = format!(
             "eod-{:016x}.idx",
             xxhash_rust::xxh3::xxh3_64(key.as_bytes())
@@ -85,6 +89,11 @@ impl EodIndex {
 
     /// Documents: from memory, the cache entry (its last bytes), or a scan.
     pub fn documents(&self, scan: Scan<'_>) -> Result<u64, StorageError> {
+        if let Some(n) = self.known() {
+            return Ok(n);
+        }
+        let _one = self.scanning.lock().unwrap_or_else(|p| p.into_inner());
+        // Another caller may have counted while this one waited.
         match self.known() {
             Some(n) => Ok(n),
             None => self.build(scan).map(|n| *self.count.get_or_init(|| n)),
@@ -112,14 +121,21 @@ impl EodIndex {
         if let Some(ix) = path.as_deref().and_then(|p| self.read_index(p)) {
             return Ok(self.loaded.get_or_init(|| ix));
         }
+        let _one = self.scanning.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ix) = self.loaded.get() {
+            return Ok(ix);
+        }
         self.build(scan)?;
         if let Some(ix) = path.as_deref().and_then(|p| self.read_index(p)) {
             return Ok(self.loaded.get_or_init(|| ix));
         }
-        // No entry to read back: `build` kept the index in memory.
-        self.loaded.get().ok_or_else(|| {
-            StorageError::Usage("the raw file's document index was not built".into())
-        })
+        if let Some(ix) = self.loaded.get() {
+            // No entry: `build` kept the index in memory.
+            return Ok(ix);
+        }
+        // The entry was written but is gone again (a cache cleaner): scan into memory.
+        let ix = self.scan_into_memory(scan)?.1;
+        Ok(self.loaded.get_or_init(|| ix))
     }
 
     /// Scans the file for `eod`: the document ends stream to the cache entry when one can be
@@ -131,14 +147,20 @@ impl EodIndex {
                 return Ok(n);
             }
         }
+        let (n, ix) = self.scan_into_memory(scan)?;
+        let _ = self.loaded.set(ix);
+        Ok(n)
+    }
+
+    /// The document count and index, by a scan, in memory.
+    fn scan_into_memory(&self, scan: Scan<'_>) -> Result<(u64, DocIndex), StorageError> {
         let mut b = DocIndexBuilder::new();
         let mut at = 0;
         let n = self.ends(scan, &mut |e| {
             b.push_document(e - at);
             at = e;
         })?;
-        let _ = self.loaded.set(b.finish());
-        Ok(n)
+        Ok((n, b.finish()))
     }
 
     /// Calls `f` with each document's end, in order; the document count.
@@ -211,6 +233,8 @@ impl EodIndex {
     /// The whole cache entry, checked (head, checksum, ends ascending to the token count),
     /// as an index; `None` for anything else.
     fn read_index(&self, path: &Path) -> Option<DocIndex> {
+        // Its head, tail and length first: a file that is not this entry is not read whole.
+        self.read_count(path)?;
         let bytes = std::fs::read(path).ok()?;
         let at = self.head_len()?;
         let tail = bytes.get(bytes.len().checked_sub(16)?..)?;

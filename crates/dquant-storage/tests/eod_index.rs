@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use dquant_format::{DType, DocIndex, DocIndexBuilder};
-use dquant_storage::{Dataset, OpenOptions};
+use dquant_storage::{Dataset, InMemoryRoot, OpenOptions};
 
 const EOD: u32 = 9;
 
@@ -179,4 +179,23 @@ fn an_unwritable_cache_keeps_the_index_in_memory() {
     assert_eq!(ds.documents().unwrap(), 2);
     assert_eq!(ends(ds.index().unwrap()), [2, 3]);
     std::fs::remove_dir(&entry).unwrap();
+}
+
+#[test]
+fn an_in_memory_object_is_counted_but_never_cached() {
+    cache();
+    // Its version (an address) is unique only while it lives: nothing on disk may name it.
+    let bytes: Vec<u8> = [1u32, EOD, 2, EOD]
+        .iter()
+        .flat_map(|&t| (t as u16).to_le_bytes())
+        .collect();
+    let root = InMemoryRoot::from_objects(&[("m.u16", &bytes)]).unwrap();
+    let opts = OpenOptions {
+        raw_dtype: Some(DType::U16),
+        eod: Some(EOD),
+    };
+    let ds = Dataset::open_in(&root, "m.u16", &opts).unwrap();
+    assert_eq!(ds.index_cache_path(), None);
+    assert_eq!(ds.documents().unwrap(), 2);
+    assert_eq!(ends(ds.index().unwrap()), [2, 4]);
 }
