@@ -1,8 +1,8 @@
 //! A batch read on a [`WorkerPool`] is the batch read one sample after another: the same bytes,
 //! batch by batch, the same cursors, for shuffled and unshuffled plans, on the stored path
 //! (uint16 bytes copied into a `u16` batch) and the token path (int32 and block files), with
-//! the reads really spread over several threads. A file truncated under a pooled read gives
-//! the session an error that names the source, never a crash.
+//! the reads really spread over several threads. A file truncated under pooled reads gives
+//! the session the error sequential reads give (naming the source), never a crash.
 
 use std::collections::HashSet;
 use std::io::IoSliceMut;
@@ -207,20 +207,26 @@ fn a_file_truncated_under_pooled_reads_is_an_error_naming_the_source() {
     let path = dir.path().join("d");
     let p = plan(&[&path], true, OutputDType::I32);
     let (mut par, _) = open(&p, pool());
+    let (mut seq, _) = open(&p, None);
     par.next_batch().unwrap();
+    seq.next_batch().unwrap();
     let bin = std::fs::OpenOptions::new()
         .write(true)
         .open(path.with_extension("bin"))
         .unwrap();
     bin.set_len(4096).unwrap();
-    let e: EngineError = loop {
-        match par.next_batch() {
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("the stream ended over a truncated file"),
-            Err(e) => break e,
+    let first_error = |pl: &mut Pipeline| -> EngineError {
+        loop {
+            match pl.next_batch() {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended over a truncated file"),
+                Err(e) => break e,
+            }
         }
     };
-    let msg = e.to_string();
+    let msg = first_error(&mut par).to_string();
+    // The same read fails first with and without the pool: the same message.
+    assert_eq!(msg, first_error(&mut seq).to_string());
     assert!(
         msg.starts_with(&format!("sources[0] ({})", path.display())),
         "{msg}"
