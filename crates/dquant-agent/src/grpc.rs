@@ -20,7 +20,7 @@ use dquant_proto::v1::{
     OpenSourceRequest, StatRequest,
 };
 use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
-use dquant_storage::{Dataset, Format, StorageError};
+use dquant_storage::{Dataset, StorageError};
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
@@ -77,20 +77,19 @@ fn open_shared(shared: &Shared, found: &Resolved, s: &Source) -> Result<LocalSou
 /// a scan (a raw file with `eod` seen for the first time): `Stat` asks, opening a source to
 /// read tokens does not (its stat then says 0 documents until someone has counted them).
 fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, StorageError> {
-    let documents = match count {
-        true => ds.documents()?,
-        false => ds.documents_if_known().unwrap_or(0),
+    let (documents, sequences) = match count {
+        true => (ds.documents()?, ds.sequences()?),
+        false => (
+            ds.documents_if_known().unwrap_or(0),
+            ds.sequences_if_known().unwrap_or(0),
+        ),
     };
     Ok(DatasetStat {
         dataset: name.to_string(),
         format: ds.format().name().to_string(),
         tokens: ds.tokens(),
         documents,
-        sequences: match ds.format() {
-            // A raw file's documents are one sequence each.
-            Format::Raw { .. } => documents,
-            _ => ds.sequences()?,
-        },
+        sequences,
         bytes_on_disk: ds.size_on_disk(),
         stored_max_token: ds.stored_max_token(),
         checksum: ds

@@ -46,34 +46,19 @@ fn concurrent<'s>(
     Some((pool, shares, shared))
 }
 
-/// The most rows one read of the stored path may fill: about two per reading thread when
-/// a batch of `samples` samples and `bytes` bytes is read concurrently (so every thread gets
-/// its share), no limit when it is read on the caller's thread alone.
-pub(crate) fn run_cap(
-    pool: Option<&WorkerPool>,
-    sources: &[Box<dyn TokenSource>],
-    samples: usize,
-    bytes: usize,
-) -> usize {
-    match concurrent(pool, sources, samples, bytes) {
-        Some((pool, ..)) => samples.div_ceil(2 * pool.readers()),
-        None => usize::MAX,
-    }
-}
-
 /// Rows `rows` of a batch that one read of source `src` fills, from token `start`: each
 /// sample starts on the last token of the one before (packing), so their tokens are one
 /// contiguous range of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Run {
-    pub src: usize,
-    pub start: u64,
-    pub rows: Range<usize>,
+struct Run {
+    src: usize,
+    start: u64,
+    rows: Range<usize>,
 }
 
 /// A batch's samples cut into [`Run`]s of at most `cap` rows each (so that a pool has pieces
 /// to share out even when a batch is one contiguous range).
-pub(crate) fn runs(samples: &[SampleRef], cap: usize) -> Vec<Run> {
+fn runs(samples: &[SampleRef], cap: usize) -> Vec<Run> {
     let cap = cap.max(1);
     let mut out = Vec::new();
     let mut k = 0;
@@ -106,17 +91,23 @@ struct StoredRead<'a> {
 }
 
 /// Fills `out`, rows of `row` bytes holding tokens of `bw` bytes, with the stored bytes of
-/// `runs` (which cover its rows in order).
+/// `samples`. Consecutive samples of one source that continue each other are one run, one
+/// vectored read; when the batch is read concurrently, runs are capped at about two per
+/// reading thread so that every thread gets its share.
 pub(crate) fn read_stored(
     sources: &mut [Box<dyn TokenSource>],
     uris: &[String],
     pool: Option<&WorkerPool>,
-    runs: &[Run],
+    samples: &[SampleRef],
     out: &mut [u8],
     row: usize,
     bw: usize,
 ) -> Result<(), EngineError> {
-    let bytes = out.len();
+    let conc = concurrent(pool, sources, samples.len(), out.len());
+    let cap = conc.as_ref().map_or(usize::MAX, |(pool, ..)| {
+        samples.len().div_ceil(2 * pool.readers())
+    });
+    let runs = runs(samples, cap);
     let mut rows = out.chunks_exact_mut(row);
     let mut reads: Vec<StoredRead<'_>> = runs
         .iter()
@@ -138,7 +129,10 @@ pub(crate) fn read_stored(
             }
         })
         .collect();
-    let conc = concurrent(pool, sources, reads.len(), bytes);
+    // Fewer runs than shares are read by fewer threads; a single run, by this one.
+    let conc = conc
+        .map(|(pool, shares, shared)| (pool, shares.min(reads.len()), shared))
+        .filter(|(_, shares, _)| *shares >= 2);
     match conc {
         Some((pool, shares, shared)) => pool.run(&mut reads, shares, &|r, _| {
             shared[r.src]

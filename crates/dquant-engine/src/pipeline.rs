@@ -200,16 +200,12 @@ impl Pipeline {
             }
             // Consecutive samples of one source that continue each other (packing makes a
             // sample start on the last token of the one before) are one contiguous range of
-            // the file: one vectored read fills all their rows. With a pool, runs are capped
-            // so that every thread gets about two (and one that finishes first takes more).
-            let pool = self.pool.as_deref();
-            let cap = batch_reads::run_cap(pool, &self.sources, b.samples.len(), need);
-            let runs = batch_reads::runs(&b.samples, cap);
+            // the file: one vectored read fills all their rows.
             batch_reads::read_stored(
                 &mut self.sources,
                 &self.uris,
                 self.pool.as_deref(),
-                &runs,
+                &b.samples,
                 &mut out[..need],
                 l * bw,
                 bw,

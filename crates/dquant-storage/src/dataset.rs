@@ -541,6 +541,15 @@ impl Dataset {
         }
     }
 
+    /// [`sequences`](Dataset::sequences) when they are known without a scan, as
+    /// [`documents_if_known`](Dataset::documents_if_known).
+    pub fn sequences_if_known(&self) -> Option<u64> {
+        match &self.index {
+            Index::Eod(e) => e.known(),
+            _ => self.sequences().ok(),
+        }
+    }
+
     /// Where a raw file's document index is cached, when it is (`None` for other formats,
     /// a store without versions, or the cache turned off).
     pub fn index_cache_path(&self) -> Option<PathBuf> {
