@@ -73,9 +73,11 @@ fn open_shared(shared: &Shared, found: &Resolved, s: &Source) -> Result<LocalSou
     Ok(LocalSource::shared(ds))
 }
 
-/// What the agent says of a dataset. `count` asks for its documents even when that means
-/// a scan (a raw file with `eod` seen for the first time): `Stat` asks, opening a source to
-/// read tokens does not (its stat then says 0 documents until someone has counted them).
+/// What the agent says of a dataset. `count` asks for its documents and its stored checksum
+/// even when that means a scan (a raw file with `eod` seen for the first time) or reading an
+/// index (a block file's checksum covers its document index): `Stat` asks, opening a source
+/// to read tokens does not (its stat then says 0 documents until someone has counted them,
+/// and no checksum until someone has read the index).
 fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, StorageError> {
     let (documents, sequences) = match count {
         true => (ds.documents()?, ds.sequences()?),
@@ -92,10 +94,12 @@ fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, Storage
         sequences,
         bytes_on_disk: ds.size_on_disk(),
         stored_max_token: ds.stored_max_token(),
-        checksum: ds
-            .stored_checksum()
-            .map(|c| c.to_string())
-            .unwrap_or_default(),
+        checksum: match count {
+            true => ds.stored_checksum()?,
+            false => ds.stored_checksum_if_known(),
+        }
+        .map(|c| c.to_string())
+        .unwrap_or_default(),
     })
 }
 

@@ -318,13 +318,65 @@ impl Footer {
         b
     }
 
-    /// Parses and cross-checks a footer against the header and trailer.
+    /// A footer from its head and index.
+    pub fn from_parts(head: FooterHead, index: DocIndex) -> Self {
+        Footer {
+            token_count: head.token_count,
+            max_token: head.max_token,
+            tokens_checksum: head.tokens_checksum,
+            block_offsets: head.block_offsets,
+            index,
+        }
+    }
+}
+
+const FOOTER: &str = "block file footer";
+
+/// A footer's totals and block table: all that reading tokens needs. The document index that
+/// follows them is parsed only when asked for ([`FooterHead::parse_index`]), so a reader of a
+/// file with 100 M documents keeps 8 bytes a block, not 16 a document, and reads
+/// `FOOTER_FIXED_LEN + 8 * (blocks + 1)` bytes of footer at open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FooterHead {
+    pub token_count: u64,
+    pub max_token: u32,
+    /// [`TokenHasher`] of all tokens.
+    pub tokens_checksum: u64,
+    /// Byte offset of every block, then the footer offset (`blocks + 1` entries).
+    pub block_offsets: Vec<u64>,
+    /// Counts of the index's entries.
+    pub sequences: u64,
+    pub documents: u64,
+}
+
+impl FooterHead {
+    /// How many footer bytes the head takes, from the footer's first [`FOOTER_FIXED_LEN`]
+    /// bytes (`None` if there are fewer, or the block count is absurd).
+    pub fn len_from_fixed(fixed: &[u8]) -> Option<u64> {
+        if fixed.len() < FOOTER_FIXED_LEN {
+            return None;
+        }
+        let blocks = u64_at(fixed, 24);
+        blocks
+            .checked_add(1)?
+            .checked_mul(8)?
+            .checked_add(FOOTER_FIXED_LEN as u64)
+    }
+
+    /// Bytes of footer the head takes.
+    pub fn encoded_len(&self) -> usize {
+        FOOTER_FIXED_LEN + 8 * self.block_offsets.len()
+    }
+
+    /// Parses and cross-checks the head from the footer's first bytes (at least
+    /// [`FooterHead::len_from_fixed`] of them; more are ignored), against the header and the
+    /// trailer: the counts must fit in the footer the trailer describes, and the block table
+    /// must start after the header, rise by at least a block header a block, and end where
+    /// the footer starts. The footer's checksum is not checked here: it covers the index too.
     pub fn parse(b: &[u8], header: &FileHeader, trailer: &Trailer) -> Result<Self, FormatError> {
-        const W: &str = "block file footer";
-        check_crc(|| W.into(), trailer.footer_crc, b)?;
         if b.len() < FOOTER_FIXED_LEN {
             return Err(FormatError::truncated(
-                W,
+                FOOTER,
                 FOOTER_FIXED_LEN as u64,
                 b.len() as u64,
             ));
@@ -338,7 +390,7 @@ impl Footer {
         let expected_blocks = token_count.div_ceil(header.block_tokens as u64);
         if blocks != expected_blocks {
             return Err(FormatError::corrupt(
-                W,
+                FOOTER,
                 format!(
                     "{blocks} blocks for {token_count} tokens of {} per block (expected {expected_blocks})",
                     header.block_tokens
@@ -348,60 +400,50 @@ impl Footer {
         // Every count is bounded by the bytes that must encode it, so a corrupt count cannot
         // make us allocate more than the footer's own size.
         let table_len = (blocks + 1).saturating_mul(8);
-        let rest = (b.len() - FOOTER_FIXED_LEN) as u64;
+        let rest = trailer.footer_len.saturating_sub(FOOTER_FIXED_LEN as u64);
         if table_len.saturating_add(seqs).saturating_add(docs) > rest {
             return Err(FormatError::corrupt(
-                W,
+                FOOTER,
                 format!(
                     "{blocks} blocks, {seqs} sequences and {docs} documents do not fit in {} bytes",
-                    b.len()
+                    trailer.footer_len
                 ),
             ));
         }
-        let mut pos = FOOTER_FIXED_LEN;
-        let mut block_offsets = Vec::with_capacity(blocks as usize + 1);
-        for _ in 0..=blocks {
-            block_offsets.push(u64_at(b, pos));
-            pos += 8;
-        }
-        if block_offsets[0] != HEADER_LEN as u64 {
-            return Err(FormatError::corrupt(
-                W,
-                format!(
-                    "first block at byte {}, expected {HEADER_LEN}",
-                    block_offsets[0]
-                ),
+        let table_end = FOOTER_FIXED_LEN + table_len as usize;
+        if b.len() < table_end {
+            return Err(FormatError::truncated(
+                FOOTER,
+                table_end as u64,
+                b.len() as u64,
             ));
         }
-        if let Some(i) = block_offsets
-            .windows(2)
-            .position(|w| w[1] < w[0].saturating_add(BLOCK_HEADER_LEN as u64))
-        {
-            return Err(FormatError::corrupt(
-                W,
-                format!(
-                    "block {} at byte {} overlaps block {i} at byte {}",
-                    i + 1,
-                    block_offsets[i + 1],
-                    block_offsets[i]
-                ),
-            ));
-        }
-        if block_offsets[blocks as usize] != trailer.footer_offset {
-            return Err(FormatError::corrupt(
-                W,
-                format!(
-                    "blocks end at byte {} but the footer starts at {}",
-                    block_offsets[blocks as usize], trailer.footer_offset
-                ),
-            ));
-        }
+        let block_offsets: Vec<u64> = b[FOOTER_FIXED_LEN..table_end]
+            .chunks_exact(8)
+            .map(|c| u64_at(c, 0))
+            .collect();
+        check_block_table(&block_offsets, trailer.footer_offset)?;
+        Ok(FooterHead {
+            token_count,
+            max_token,
+            tokens_checksum,
+            block_offsets,
+            sequences: seqs,
+            documents: docs,
+        })
+    }
+
+    /// Parses the document index: the footer's bytes after the head, to its end. Each count
+    /// is checked against the tokens and the bytes left.
+    pub fn parse_index(&self, b: &[u8]) -> Result<DocIndex, FormatError> {
+        let token_count = self.token_count;
+        let mut pos = 0;
         let mut ib = DocIndexBuilder::new();
-        for _ in 0..seqs {
-            let len = varint::get(b, &mut pos, W)?;
+        for _ in 0..self.sequences {
+            let len = varint::get(b, &mut pos, FOOTER)?;
             if ib.tokens().checked_add(len).is_none_or(|t| t > token_count) {
                 return Err(FormatError::corrupt(
-                    W,
+                    FOOTER,
                     format!("sequence lengths exceed the {token_count} tokens"),
                 ));
             }
@@ -409,7 +451,7 @@ impl Footer {
         }
         if ib.tokens() != token_count {
             return Err(FormatError::corrupt(
-                W,
+                FOOTER,
                 format!(
                     "sequences hold {} tokens, the file has {token_count}",
                     ib.tokens()
@@ -417,35 +459,74 @@ impl Footer {
             ));
         }
         let mut seq_pos = 0u64;
-        let mut doc_seq = Vec::with_capacity(docs as usize + 1);
+        let mut doc_seq = Vec::with_capacity(self.documents as usize + 1);
         doc_seq.push(0);
-        for _ in 0..docs {
-            seq_pos = seq_pos.saturating_add(varint::get(b, &mut pos, W)?);
+        for _ in 0..self.documents {
+            seq_pos = seq_pos.saturating_add(varint::get(b, &mut pos, FOOTER)?);
             doc_seq.push(seq_pos);
         }
         if pos != b.len() {
             return Err(FormatError::corrupt(
-                W,
+                FOOTER,
                 format!("{} unexpected trailing bytes", b.len() - pos),
             ));
         }
         let seq_offsets = ib.finish().seq_offsets().to_vec();
-        let index = DocIndex::new(seq_offsets, doc_seq)?;
-        Ok(Footer {
-            token_count,
-            max_token,
-            tokens_checksum,
-            block_offsets,
-            index,
-        })
+        DocIndex::new(seq_offsets, doc_seq)
     }
 }
 
-/// A parsed block file's metadata: everything needed to find and decode any token range.
+/// The block table starts right after the file header, each block leaves room for a block
+/// header, and the last entry is where the footer starts.
+fn check_block_table(block_offsets: &[u64], footer_offset: u64) -> Result<(), FormatError> {
+    if block_offsets[0] != HEADER_LEN as u64 {
+        return Err(FormatError::corrupt(
+            FOOTER,
+            format!(
+                "first block at byte {}, expected {HEADER_LEN}",
+                block_offsets[0]
+            ),
+        ));
+    }
+    if let Some(i) = block_offsets
+        .windows(2)
+        .position(|w| w[1] < w[0].saturating_add(BLOCK_HEADER_LEN as u64))
+    {
+        return Err(FormatError::corrupt(
+            FOOTER,
+            format!(
+                "block {} at byte {} overlaps block {i} at byte {}",
+                i + 1,
+                block_offsets[i + 1],
+                block_offsets[i]
+            ),
+        ));
+    }
+    let last = block_offsets[block_offsets.len() - 1];
+    if last != footer_offset {
+        return Err(FormatError::corrupt(
+            FOOTER,
+            format!("blocks end at byte {last} but the footer starts at {footer_offset}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A parsed block file's metadata: its layout and its document index.
+///
+/// It dereferences to its [`BlockLayout`], so reads look the same with or without the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockFile {
-    pub header: FileHeader,
-    pub footer: Footer,
+    pub layout: BlockLayout,
+    pub index: DocIndex,
+}
+
+impl std::ops::Deref for BlockFile {
+    type Target = BlockLayout;
+
+    fn deref(&self) -> &BlockLayout {
+        &self.layout
+    }
 }
 
 impl BlockFile {
@@ -453,8 +534,16 @@ impl BlockFile {
     /// bytes, and the footer bytes the trailer points at (see [`Trailer::parse`]).
     pub fn parse(header: &[u8], trailer: &Trailer, footer: &[u8]) -> Result<Self, FormatError> {
         let header = FileHeader::parse(header)?;
-        let footer = Footer::parse(footer, &header, trailer)?;
-        Ok(BlockFile { header, footer })
+        check_crc(|| FOOTER.into(), trailer.footer_crc, footer)?;
+        let head = FooterHead::parse(footer, &header, trailer)?;
+        let index = head.parse_index(&footer[head.encoded_len()..])?;
+        Ok(BlockFile {
+            layout: BlockLayout {
+                header,
+                footer: head,
+            },
+            index,
+        })
     }
 
     /// Parses the metadata of a whole file held in memory (tests, fuzzing, small files).
@@ -468,6 +557,39 @@ impl BlockFile {
         let start = trailer.footer_offset as usize;
         let footer = &file[start..start + trailer.footer_len as usize];
         BlockFile::parse(head, &trailer, footer)
+    }
+
+    /// The stored content checksum (as [`ContentChecksum`] would compute it from the data).
+    pub fn content_checksum(&self) -> ContentChecksum {
+        ContentChecksum::from_parts(self.footer.tokens_checksum, &self.index)
+    }
+
+    /// The whole footer, as the writer wrote it.
+    pub fn footer(&self) -> Footer {
+        Footer::from_parts(self.footer.clone(), self.index.clone())
+    }
+}
+
+/// What finding and decoding any token range of a block file needs: its header and its
+/// footer's totals and block table, without the document index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockLayout {
+    pub header: FileHeader,
+    pub footer: FooterHead,
+}
+
+impl BlockLayout {
+    /// Parses the layout from the file's first [`HEADER_LEN`] bytes, the trailer, and the
+    /// footer's first bytes (at least [`FooterHead::len_from_fixed`]). The footer's checksum
+    /// is left to whoever reads its index.
+    pub fn parse(
+        header: &[u8],
+        trailer: &Trailer,
+        footer_head: &[u8],
+    ) -> Result<Self, FormatError> {
+        let header = FileHeader::parse(header)?;
+        let footer = FooterHead::parse(footer_head, &header, trailer)?;
+        Ok(BlockLayout { header, footer })
     }
 
     /// Decodes every token of a whole file held in memory.
@@ -519,11 +641,6 @@ impl BlockFile {
     /// File byte range of a run of blocks: one contiguous read.
     pub fn byte_range(&self, blocks: Range<usize>) -> Range<u64> {
         self.footer.block_offsets[blocks.start]..self.footer.block_offsets[blocks.end]
-    }
-
-    /// The stored content checksum (as [`ContentChecksum`] would compute it from the data).
-    pub fn content_checksum(&self) -> ContentChecksum {
-        ContentChecksum::from_parts(self.footer.tokens_checksum, &self.footer.index)
     }
 
     /// Decodes block `i` from exactly its bytes (header and payload) into `out`, which must

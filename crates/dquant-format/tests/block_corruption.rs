@@ -48,7 +48,7 @@ fn base_file_layout() {
     assert_eq!(footer_span(&file), (4720, 48 + 48 + 6 + 3));
     assert_eq!(file.len(), 4720 + 105 + 32);
     assert_eq!(bf.decode_all(&file).unwrap(), tokens);
-    assert_eq!(bf.footer.index, ix);
+    assert_eq!(bf.index, ix);
 }
 
 #[test]
@@ -430,7 +430,11 @@ fn footer_crc_mismatch() {
 /// A footer with the file's real totals and block table but another index.
 fn footer_with(file: &[u8], index: DocIndex) -> Vec<u8> {
     let bf = BlockFile::from_bytes(file).unwrap();
-    Footer { index, ..bf.footer }.encode()
+    Footer {
+        index,
+        ..bf.footer()
+    }
+    .encode()
 }
 
 #[test]

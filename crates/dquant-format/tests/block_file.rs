@@ -32,7 +32,7 @@ fn check_file(codec: Codec, bt: u32, tokens: &[u32], index: &DocIndex, file: &[u
     let n = tokens.len() as u64;
     assert_eq!(bf.tokens(), n, "{ctx}");
     assert_eq!(bf.blocks() as u64, n.div_ceil(bt as u64), "{ctx}");
-    assert_eq!(bf.footer.index, *index, "{ctx}");
+    assert_eq!(bf.index, *index, "{ctx}");
     assert_eq!(
         bf.footer.max_token,
         tokens.iter().copied().max().unwrap_or(0),
@@ -484,11 +484,11 @@ fn document_index_survives_the_footer() {
             let codec: Codec = codec.parse().unwrap();
             let (file, s) = write_chunked(codec, 256, &tokens, ix, &[], false);
             let bf = BlockFile::from_bytes(&file).unwrap();
-            assert_eq!(bf.footer.index, *ix);
-            assert_eq!(bf.footer.index.seq_offsets(), ix.seq_offsets());
-            assert_eq!(bf.footer.index.doc_seq(), ix.doc_seq());
+            assert_eq!(bf.index, *ix);
+            assert_eq!(bf.index.seq_offsets(), ix.seq_offsets());
+            assert_eq!(bf.index.doc_seq(), ix.doc_seq());
             for d in 0..ix.documents() {
-                assert_eq!(bf.footer.index.document(d), ix.document(d));
+                assert_eq!(bf.index.document(d), ix.document(d));
             }
             assert_eq!(bf.content_checksum(), s.content);
             assert_eq!(s.content, content_of(&tokens, ix));

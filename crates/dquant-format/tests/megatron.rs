@@ -283,11 +283,11 @@ fn fixtures_through_a_block_file_and_back() {
         let (file, s) = write_chunked(codec, 1 << 14, &tokens, &ix, &[4099], true);
         let bf = BlockFile::from_bytes(&file).unwrap();
         assert_eq!(bf.decode_all(&file).unwrap(), tokens);
-        assert_eq!(bf.footer.index, ix);
+        assert_eq!(bf.index, ix);
         assert_eq!(s.content, content_of(&tokens, &ix));
         assert_eq!(s.max_token, 50256);
         // And out to Megatron again: the same .idx and .bin bytes.
-        let idx = encode_idx(DType::I32, &bf.footer.index).unwrap();
+        let idx = encode_idx(DType::I32, &bf.index).unwrap();
         assert!(idx == read_fixture("r50k_int32_multiseq.idx"));
         let mut bin = vec![0; tokens.len() * 2];
         DType::U16.encode(&tokens, &mut bin, 0).unwrap();

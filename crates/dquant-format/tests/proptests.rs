@@ -227,7 +227,7 @@ proptest! {
         prop_assert_eq!(s.content, content_of(&tokens, &ix));
         let bf = BlockFile::from_bytes(&file).unwrap();
         prop_assert_eq!(bf.content_checksum(), s.content);
-        prop_assert_eq!(&bf.footer.index, &ix);
+        prop_assert_eq!(&bf.index, &ix);
         prop_assert!(bf.decode_all(&file).unwrap() == tokens);
         // A random range through the block table.
         if n > 0 {

@@ -263,7 +263,10 @@ fn summary(ds: &Dataset) -> (String, DocIndex, u64, Option<String>, Vec<u32>) {
         Ok::<_, crate::StorageError>(())
     })
     .expect("scan");
-    let checksum = ds.stored_checksum().map(|c| c.to_string());
+    let checksum = ds
+        .stored_checksum()
+        .expect("the stored checksum reads")
+        .map(|c| c.to_string());
     let format = ds.format().to_string();
     (
         format,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use dquant_codec::{Codec, Decoder};
-use dquant_format::block::{self, BlockFile, Trailer};
+use dquant_format::block::{self, BlockLayout, FooterHead, Trailer};
 use dquant_format::megatron::{self, IdxEnds, IdxHeader};
 use dquant_format::{ContentChecksum, DType, DocIndex, FormatError};
 
@@ -79,12 +79,15 @@ impl fmt::Debug for Dataset {
     }
 }
 
-/// A dataset's document index: in memory, or (Megatron) described by its header and read
-/// when first asked for. Serving tokens needs only the token count, so an agent's sessions
-/// never hold a per-document copy, however many documents there are.
+/// A dataset's document index: in memory, or (Megatron, block files) described by its header
+/// and read when first asked for. Serving tokens needs only the token count, so an agent's
+/// sessions never hold a per-document copy, however many documents there are.
 enum Index {
     Loaded(DocIndex),
     Lazy(Box<LazyIndex>),
+    /// A block file's: the footer's bytes after its head, checked (the footer's checksum, the
+    /// counts) and parsed when first asked for.
+    Footer(Box<FooterIndex>),
     /// A raw file's documents, found by a scan for its `eod` token the first time they are
     /// asked for (and kept in a cache entry: see `eod_index`).
     Eod(Box<EodIndex>),
@@ -107,17 +110,7 @@ impl LazyIndex {
             return Ok(ix);
         }
         let fe = |e| StorageError::format(&self.idx_path, e);
-        let mut bytes = Vec::new();
-        bytes
-            .try_reserve_exact(self.idx.len() as usize)
-            .map_err(|_| {
-                StorageError::Usage(format!(
-                    "{}: cannot allocate {} bytes to read the index",
-                    self.idx_path.display(),
-                    self.idx.len()
-                ))
-            })?;
-        bytes.resize(self.idx.len() as usize, 0);
+        let mut bytes = alloc_for(self.idx.len(), &self.idx_path, "the index")?;
         read_at(&*self.idx, &self.idx_path, &mut bytes, 0)?;
         let mi = megatron::parse_idx(&bytes).map_err(fe)?;
         if mi.index.tokens() != self.tokens {
@@ -133,6 +126,56 @@ impl LazyIndex {
         }
         Ok(self.loaded.get_or_init(|| mi.index))
     }
+}
+
+struct FooterIndex {
+    head: FooterHead,
+    /// Where the index's bytes are (the rest of the footer) and the footer's stored checksum,
+    /// with the checksum of its head, read at open, to carry on from.
+    at: u64,
+    len: u64,
+    footer_crc: u32,
+    head_crc: u32,
+    loaded: OnceLock<DocIndex>,
+}
+
+impl FooterIndex {
+    /// The whole index, read and checked once from `file`; an error is returned, not kept,
+    /// so a later call reads again.
+    fn get(&self, file: &dyn ReadAt, path: &Path) -> Result<&DocIndex, StorageError> {
+        if let Some(ix) = self.loaded.get() {
+            return Ok(ix);
+        }
+        let fe = |e| StorageError::format(path, e);
+        let mut bytes = alloc_for(self.len, path, "the block file's document index")?;
+        read_at(file, path, &mut bytes, self.at)?;
+        let computed = crc32c::crc32c_append(self.head_crc, &bytes);
+        if computed != self.footer_crc {
+            return Err(fe(FormatError::Checksum {
+                what: "block file footer".into(),
+                stored: self.footer_crc,
+                computed,
+            }));
+        }
+        let index = self.head.parse_index(&bytes).map_err(fe)?;
+        Ok(self.loaded.get_or_init(|| index))
+    }
+}
+
+/// A zeroed buffer of `len` bytes for `what`, or an error naming it when memory is short.
+fn alloc_for(len: u64, path: &Path, what: &str) -> Result<Vec<u8>, StorageError> {
+    let mut bytes = Vec::new();
+    usize::try_from(len)
+        .ok()
+        .and_then(|n| bytes.try_reserve_exact(n).ok())
+        .ok_or_else(|| {
+            StorageError::Usage(format!(
+                "{}: cannot allocate {len} bytes to read {what}",
+                path.display()
+            ))
+        })?;
+    bytes.resize(len as usize, 0);
+    Ok(bytes)
 }
 
 /// Reads an `.idx`'s header and the ends of its arrays (a few dozen bytes, whatever the
@@ -179,7 +222,7 @@ enum Source {
     },
     Block {
         file: Box<dyn ReadAt>,
-        meta: Box<BlockFile>,
+        meta: Box<BlockLayout>,
     },
 }
 
@@ -390,9 +433,24 @@ impl Dataset {
         }
         read_at(&*file, path, &mut tail, len - block::TRAILER_LEN as u64)?;
         let trailer = Trailer::parse(&tail, len).map_err(fe)?;
-        let mut footer = vec![0u8; trailer.footer_len as usize];
-        read_at(&*file, path, &mut footer, trailer.footer_offset)?;
-        let meta = BlockFile::parse(&head, &trailer, &footer).map_err(fe)?;
+        // The footer's head (totals and block table): its fixed part says how long it is.
+        // The trailer's checks keep both reads inside the file.
+        let mut fixed = vec![0u8; block::FOOTER_FIXED_LEN.min(trailer.footer_len as usize)];
+        read_at(&*file, path, &mut fixed, trailer.footer_offset)?;
+        let head_len = FooterHead::len_from_fixed(&fixed)
+            .unwrap_or(0)
+            .clamp(fixed.len() as u64, trailer.footer_len);
+        let mut head_bytes = alloc_for(head_len, path, "the block table")?;
+        read_at(&*file, path, &mut head_bytes, trailer.footer_offset)?;
+        let meta = BlockLayout::parse(&head, &trailer, &head_bytes).map_err(fe)?;
+        let index = FooterIndex {
+            head: meta.footer.clone(),
+            at: trailer.footer_offset + head_len,
+            len: trailer.footer_len - head_len,
+            footer_crc: trailer.footer_crc,
+            head_crc: crc32c::crc32c(&head_bytes),
+            loaded: OnceLock::new(),
+        };
         let versions = vec![(path.to_path_buf(), file.version())];
         Ok(Dataset {
             id: next_id(),
@@ -402,7 +460,7 @@ impl Dataset {
                 codec: meta.header.codec,
                 block_tokens: meta.header.block_tokens,
             },
-            index: Index::Loaded(meta.footer.index.clone()),
+            index: Index::Footer(Box::new(index)),
             source: Source::Block {
                 file,
                 meta: Box::new(meta),
@@ -500,6 +558,10 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => Ok(ix),
             Index::Lazy(lazy) => lazy.get(),
+            Index::Footer(f) => match &self.source {
+                Source::Block { file, .. } => f.get(&**file, &self.path),
+                Source::Plain { .. } => unreachable!("a block file's index without its blocks"),
+            },
             Index::Eod(e) => e.index(&|f| self.scan_all(f)),
         }
     }
@@ -508,6 +570,7 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => ix.tokens(),
             Index::Lazy(lazy) => lazy.tokens,
+            Index::Footer(f) => f.head.token_count,
             Index::Eod(e) => e.tokens,
         }
     }
@@ -518,6 +581,7 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => Ok(ix.documents() as u64),
             Index::Lazy(lazy) => Ok(lazy.header.documents()),
+            Index::Footer(f) => Ok(f.head.documents),
             Index::Eod(e) => e.documents(&|f| self.scan_all(f)),
         }
     }
@@ -528,6 +592,7 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => Ok(ix.sequences() as u64),
             Index::Lazy(lazy) => Ok(lazy.header.sequences),
+            Index::Footer(f) => Ok(f.head.sequences),
             Index::Eod(e) => e.documents(&|f| self.scan_all(f)),
         }
     }
@@ -580,16 +645,32 @@ impl Dataset {
         }
     }
 
-    /// The content checksum, when the format stores it (block files).
-    pub fn stored_checksum(&self) -> Option<ContentChecksum> {
+    /// The content checksum, when the format stores it (block files). It covers the document
+    /// index, so the first call reads it ([`Dataset::index`]).
+    pub fn stored_checksum(&self) -> Result<Option<ContentChecksum>, StorageError> {
         match &self.source {
-            Source::Block { meta, .. } => Some(meta.content_checksum()),
-            Source::Plain { .. } => None,
+            Source::Block { meta, .. } => Ok(Some(ContentChecksum::from_parts(
+                meta.footer.tokens_checksum,
+                self.index()?,
+            ))),
+            Source::Plain { .. } => Ok(None),
         }
     }
 
-    /// The block file's metadata, for block files.
-    pub fn block_file(&self) -> Option<&BlockFile> {
+    /// [`stored_checksum`](Dataset::stored_checksum) when it needs no read: a block file's
+    /// whose index was read already.
+    pub fn stored_checksum_if_known(&self) -> Option<ContentChecksum> {
+        match (&self.source, &self.index) {
+            (Source::Block { meta, .. }, Index::Footer(f)) => f
+                .loaded
+                .get()
+                .map(|ix| ContentChecksum::from_parts(meta.footer.tokens_checksum, ix)),
+            _ => None,
+        }
+    }
+
+    /// The block file's layout (header, totals, block table), for block files.
+    pub fn block_layout(&self) -> Option<&BlockLayout> {
         match &self.source {
             Source::Block { meta, .. } => Some(meta),
             Source::Plain { .. } => None,

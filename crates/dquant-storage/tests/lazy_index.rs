@@ -2,11 +2,17 @@
 //! document and sequence counts are right without the index in memory; the whole index,
 //! when asked for, equals Megatron-Core's file parsed whole; damage at the ends fails the
 //! open, damage inside fails the first use of the index, each with the error that names it.
+//!
+//! A block file (`.dqb`) opens the same way: from its header, trailer and the footer's totals
+//! and block table; its document index (the rest of the footer) and the footer's checksum are
+//! read and checked when first asked for.
 
 use std::path::{Path, PathBuf};
 
+use dquant_codec::Codec;
+use dquant_format::block::{BlockFile, Trailer, FOOTER_FIXED_LEN, TRAILER_LEN};
 use dquant_format::megatron::{self, HEADER_LEN};
-use dquant_storage::{Dataset, LocalRoot, OpenOptions};
+use dquant_storage::{Dataset, DatasetWriter, LocalRoot, OpenOptions, OutputFormat};
 use dquant_testkit::copy_fixture;
 
 fn idx_path(prefix: &Path) -> PathBuf {
@@ -109,5 +115,133 @@ fn damage_at_the_ends_fails_the_open_and_inside_fails_the_index() {
     assert_eq!(
         open(dir.path(), "x").unwrap().index().unwrap(),
         &whole.index
+    );
+}
+
+/// The r50k fixture as `DIR/x.dqb` (u16+zstd:3, blocks of 256 tokens), its metadata parsed whole, and
+/// where its footer is.
+fn block_copy() -> (tempfile::TempDir, PathBuf, BlockFile, Trailer) {
+    let (dir, x, _) = fixture_copy();
+    let dqb = dir.path().join("x.dqb");
+    let codec: Codec = "u16+zstd:3".parse().unwrap();
+    let ds = Dataset::open(&x, &OpenOptions::default()).unwrap();
+    // The smallest blocks a header allows, so that the fixture spans many.
+    let block_tokens = 256;
+    let format = OutputFormat::Block {
+        codec,
+        block_tokens,
+        vocab_size: 0,
+    };
+    let mut w = DatasetWriter::create(&dqb, format).unwrap();
+    ds.scan(1 << 16, |_, t| w.push(t)).unwrap();
+    w.finish(ds.index().unwrap()).unwrap();
+    let bytes = std::fs::read(&dqb).unwrap();
+    let whole = BlockFile::from_bytes(&bytes).unwrap();
+    let trailer = Trailer::parse(&bytes[bytes.len() - TRAILER_LEN..], bytes.len() as u64).unwrap();
+    (dir, dqb, whole, trailer)
+}
+
+fn all_tokens(ds: &Dataset) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    ds.reader()
+        .read(0..ds.tokens(), &mut out)
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Flips one bit of `path` at `off`.
+fn flip(path: &Path, off: u64) {
+    let mut b = std::fs::read(path).unwrap();
+    b[off as usize] ^= 0x10;
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn a_block_file_opens_from_its_block_table_and_reads_its_index_when_asked() {
+    let (dir, _, whole, _) = block_copy();
+    assert!(whole.blocks() > 8, "the fixture spans many blocks");
+    let ds = open(dir.path(), "x.dqb").unwrap();
+    assert_eq!(ds.tokens(), whole.tokens());
+    assert_eq!(ds.documents().unwrap(), whole.index.documents() as u64);
+    assert_eq!(ds.sequences().unwrap(), whole.index.sequences() as u64);
+    // Not read yet: the checksum that covers the index is not known without a read.
+    assert_eq!(ds.stored_checksum_if_known(), None);
+    assert_eq!(ds.block_layout().unwrap(), &whole.layout);
+    assert_eq!(ds.index().unwrap(), &whole.index);
+    assert!(std::ptr::eq(ds.index().unwrap(), ds.index().unwrap()));
+    assert_eq!(
+        ds.stored_checksum().unwrap(),
+        Some(whole.content_checksum())
+    );
+    assert_eq!(
+        ds.stored_checksum_if_known(),
+        Some(whole.content_checksum())
+    );
+}
+
+#[test]
+fn damage_in_a_block_files_index_fails_the_index_not_the_tokens() {
+    let (dir, dqb, whole, trailer) = block_copy();
+    let tokens = all_tokens(&open(dir.path(), "x.dqb").unwrap()).unwrap();
+    // A bit flipped in the document index (the footer's last bytes): the file opens and
+    // streams every token; the index, and the checksum that covers it, fail by name, and
+    // fail again when asked again.
+    flip(&dqb, trailer.footer_offset + trailer.footer_len - 1);
+    let ds = open(dir.path(), "x.dqb").unwrap();
+    assert_eq!(all_tokens(&ds).unwrap(), tokens);
+    assert_eq!(ds.documents().unwrap(), whole.index.documents() as u64);
+    let err = ds.index().unwrap_err().to_string();
+    assert!(
+        err.starts_with("x.dqb: checksum mismatch in block file footer"),
+        "{err}"
+    );
+    assert_eq!(ds.index().unwrap_err().to_string(), err);
+    assert_eq!(ds.stored_checksum().unwrap_err().to_string(), err);
+    flip(&dqb, trailer.footer_offset + trailer.footer_len - 1);
+    assert_eq!(
+        ds.index().unwrap(),
+        &whole.index,
+        "read again once repaired"
+    );
+}
+
+#[test]
+fn damage_in_a_block_files_table_fails_the_open() {
+    let (dir, dqb, whole, trailer) = block_copy();
+    let entry = |i: u64| trailer.footer_offset + FOOTER_FIXED_LEN as u64 + 8 * i;
+    let pristine = std::fs::read(&dqb).unwrap();
+    let poke_u64 = |off: u64, v: u64| {
+        let mut b = pristine.clone();
+        b[off as usize..off as usize + 8].copy_from_slice(&v.to_le_bytes());
+        std::fs::write(&dqb, b).unwrap();
+    };
+    let err = |what: &str| format!("x.dqb: {what}");
+    // Block 2 moved before block 1 ends.
+    let b1 = whole.footer.block_offsets[1];
+    poke_u64(entry(2), b1 + 4);
+    assert_eq!(
+        open(dir.path(), "x.dqb").unwrap_err(),
+        err(&format!(
+            "corrupt block file footer: block 2 at byte {} overlaps block 1 at byte {b1}",
+            b1 + 4
+        ))
+    );
+    // A block count that does not match the tokens.
+    poke_u64(trailer.footer_offset + 24, whole.blocks() as u64 + 1);
+    assert!(open(dir.path(), "x.dqb")
+        .unwrap_err()
+        .starts_with(&err(&format!(
+            "corrupt block file footer: {} blocks for",
+            whole.blocks() + 1
+        ))),);
+    // The last entry is not where the footer starts.
+    poke_u64(entry(whole.blocks() as u64), trailer.footer_offset - 1);
+    assert_eq!(
+        open(dir.path(), "x.dqb").unwrap_err(),
+        err(&format!(
+            "corrupt block file footer: blocks end at byte {} but the footer starts at {}",
+            trailer.footer_offset - 1,
+            trailer.footer_offset
+        ))
     );
 }

@@ -136,7 +136,7 @@ pub fn run(a: &Args) -> Result<()> {
     let ds = util::open(&a.path, &a.input)?;
     let quiet = a.output.quiet();
     let s = scan(&ds, quiet)?;
-    if let Some(stored) = ds.stored_checksum() {
+    if let Some(stored) = ds.stored_checksum()? {
         anyhow::ensure!(
             stored == s.checksum,
             "{}: content checksum {} does not match the stored {}",
