@@ -82,8 +82,12 @@ pub struct Args {
     #[arg(long)]
     pub smoke: bool,
     /// Run only the phase with hostile clients (no baseline).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_hostile")]
     pub no_baseline: bool,
+    /// Run only the baseline phase (no hostile clients): memory by session count alone, as
+    /// bench/scale/run.sh measures it.
+    #[arg(long)]
+    pub no_hostile: bool,
     /// Stalled clients in the hostile phase.
     #[arg(long, default_value_t = 1)]
     pub stalled: usize,
@@ -271,7 +275,7 @@ pub fn run(a: &Args) -> Result<()> {
     let mut phases = Vec::new();
     let mut config_text = String::new();
     for (name, with_hostile) in [("baseline", false), ("hostile", true)] {
-        if a.no_baseline && !with_hostile {
+        if (a.no_baseline && !with_hostile) || (a.no_hostile && with_hostile) {
             continue;
         }
         eprintln!(
