@@ -85,7 +85,13 @@ cleanup() {
 trap cleanup EXIT
 
 # -- corpus -----------------------------------------------------------------------------------
-if [[ ! -f "$CORPUS.bin" || ! -f "$CORPUS.idx" ]]; then
+# Only open, memory and shuffled read it.
+if skip open && skip memory && skip shuffled; then
+  NEED_CORPUS=0
+else
+  NEED_CORPUS=1
+fi
+if ((NEED_CORPUS)) && [[ ! -f "$CORPUS.bin" || ! -f "$CORPUS.idx" ]]; then
   need=$((TOKENS * 4 + TOKENS / 32 * 20 + 1000000000))
   free=$(df --output=avail -B1 "$DATA" | tail -1)
   if ((free < need)); then
@@ -97,8 +103,10 @@ if [[ ! -f "$CORPUS.bin" || ! -f "$CORPUS.idx" ]]; then
   "$DQ" corpus zipf "$CORPUS" --tokens "$TOKENS" --mean-doc-len 32 --vocab 50257 --eod 50256 -q
   echo "generated in $(($(date +%s) - start)) s" | tee "$OUT/corpus.txt"
 fi
-"$DQ" inspect "$CORPUS" --no-sizes --json >"$OUT/corpus.json" 2>/dev/null || true
-ls -l "$CORPUS".bin "$CORPUS".idx | tee -a "$OUT/corpus.txt"
+if ((NEED_CORPUS)); then
+  "$DQ" inspect "$CORPUS" --no-sizes --json >"$OUT/corpus.json" 2>/dev/null || true
+  ls -l "$CORPUS".bin "$CORPUS".idx | tee -a "$OUT/corpus.txt"
+fi
 
 # -- measurements -----------------------------------------------------------------------------
 if ! skip open; then

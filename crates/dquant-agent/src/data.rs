@@ -203,7 +203,8 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         }
         w @ Work::Source { .. } => {
             let max_len = shared.config.limits.max_range_tokens;
-            let r = serve_ranges(w, conn, &mut frames, max_len, cancel);
+            let pool = shared.workers.clone();
+            let r = serve_ranges(w, conn, &mut frames, max_len, pool, cancel);
             if let Ok(s) = &r {
                 shared
                     .metrics

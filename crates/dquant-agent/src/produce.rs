@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use dquant_codec::encode_width;
-use dquant_codec::Compression;
 use dquant_engine::record::{max_payload_len, Payload, Record};
 use dquant_engine::{
     batch_header, plain_codec, put_cursor_trailer, EncodeAhead, EngineError, Pipeline,
@@ -107,10 +106,7 @@ impl Producer {
     /// pool has two workers or more. Fewer than two ahead would overlap nothing. Otherwise
     /// each batch is compressed on the session's thread.
     pub fn encoding_ahead(mut self, budget: usize) -> Self {
-        let compresses = match self.wire {
-            WireCodec::Fixed(c) => c.compression != Compression::None,
-            WireCodec::Auto(c) => c != Compression::None,
-        };
+        let compresses = self.wire.compresses();
         // One worker only moves the compression off the session's thread: on 2 cores that
         // cost more (batches crossing cores) than the reads it overlaps saved.
         let Some(pool) = self

@@ -4,19 +4,30 @@
 //! Requests arrive as frames on the session's connection; each range is read, encoded in the
 //! session's wire codec and answered as a range record, in order. A bad request gets an error
 //! frame naming the range, and the session ends; the agent serves on.
+//!
+//! With a compressing wire codec and a worker pool of two threads or more, a session works on
+//! the requests its client keeps in flight (readahead: 4 chunks) at once: the session's thread
+//! reads each range and hands its compression to the pool, takes the next request already
+//! waiting on the connection, and writes the answers strictly in order. Compression is what
+//! bounds a chained storage agent (one thread at `zstd:1` against a link), so it spreads over
+//! the pool as a plan session's batches do (`dquant_engine::EncodeAhead`). The records are
+//! the same bytes either way.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use dquant_engine::record::Encoders;
-use dquant_engine::{codec_for, TokenSource};
+use dquant_engine::{codec_for, TokenSource, WorkerPool};
 use dquant_plan::WireCodec;
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
 use dquant_transport::tcp::FrameSink;
-use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, RangeHeader, WireError};
+use dquant_transport::{
+    BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader, WireError,
+};
 
 use crate::produce::Stats;
 use crate::sessions::{StreamError, Work};
@@ -52,6 +63,31 @@ fn fail_and_linger(w: &mut FrameWriter<DataStream>, message: &str) {
     }
 }
 
+/// Requests a session works on at once on a worker pool: the client's readahead keeps 4 in
+/// flight (`dquant_remote::ReadaheadConfig::DEFAULT`), so each waits behind at most 3.
+const AHEAD: usize = 4;
+
+/// A range read and being encoded on the pool: its tokens and payload buffers come back with
+/// its record header (or the message for the client).
+struct Encoding {
+    len: u64,
+    result: mpsc::Receiver<Encoded>,
+}
+
+struct Encoded {
+    head: Result<[u8; RECORD_HEADER_LEN], String>,
+    tokens: Vec<u32>,
+    payload: Vec<u8>,
+}
+
+/// A request's answers in order: ranges being encoded, then, if one cannot be served, the
+/// message that ends the session after the ranges before it.
+#[derive(Default)]
+struct Answers {
+    ranges: Vec<Encoding>,
+    failed: Option<String>,
+}
+
 /// One dataset and what answering its ranges needs.
 struct Ranges {
     source: Box<dyn TokenSource>,
@@ -63,6 +99,8 @@ struct Ranges {
     enc: Encoders,
     tokens: Vec<u32>,
     payload: Vec<u8>,
+    /// Buffers of answers written, for the next ranges encoded on the pool.
+    spare: Vec<(Vec<u32>, Vec<u8>)>,
 }
 
 impl Ranges {
@@ -105,6 +143,82 @@ impl Ranges {
         Ok(h.encode())
     }
 
+    /// Reads each of a request's ranges and hands its encoding to `pool`, up to the first
+    /// range that cannot be served.
+    fn start(&mut self, ranges: &[(u64, u64)], pool: &WorkerPool) -> Answers {
+        let mut answers = Answers::default();
+        for &(start, len) in ranges {
+            match self.start_one(start, len, pool) {
+                Ok(e) => answers.ranges.push(e),
+                Err(m) => {
+                    answers.failed = Some(m);
+                    break;
+                }
+            }
+        }
+        answers
+    }
+
+    fn start_one(&mut self, start: u64, len: u64, pool: &WorkerPool) -> Result<Encoding, String> {
+        let r = self.check(start, len)?;
+        let (mut tokens, mut payload) = self.spare.pop().unwrap_or_default();
+        tokens.resize(len as usize, 0);
+        self.source
+            .read_ranges(std::slice::from_ref(&r), &mut tokens)
+            .map_err(|e| format!("{}: {e}", self.name))?;
+        let codec = codec_for(self.wire, &tokens);
+        let name = self.name.clone();
+        let result = pool.encode_job(move |enc| {
+            let head = enc
+                .encode(codec, &tokens, &mut payload)
+                .map_err(|e| format!("{name}: {}", e.at_base(start)))
+                .map(|()| {
+                    let payload_len = payload.len() as u32;
+                    RangeHeader {
+                        codec,
+                        start,
+                        len,
+                        payload_len,
+                    }
+                    .encode()
+                });
+            Encoded {
+                head,
+                tokens,
+                payload,
+            }
+        });
+        Ok(Encoding { len, result })
+    }
+
+    /// Writes a request's answers into `sink` as their encodings finish, in order: as
+    /// [`Ranges::answer`] does.
+    fn deliver(
+        &mut self,
+        answers: Answers,
+        sink: &mut FrameSink<'_>,
+        stats: &mut Stats,
+    ) -> Result<bool, String> {
+        for e in answers.ranges {
+            let Ok(done) = e.result.recv() else {
+                return Err(format!(
+                    "{}: a range's encoding ended without a result (a worker thread failed)",
+                    self.name
+                ));
+            };
+            let head = done.head?;
+            if sink.write(&head).is_err() || sink.write(&done.payload).is_err() {
+                return Ok(false);
+            }
+            stats.records += 1;
+            stats.tokens += e.len;
+            if self.spare.len() < 2 * AHEAD {
+                self.spare.push((done.tokens, done.payload));
+            }
+        }
+        answers.failed.map_or(Ok(true), Err)
+    }
+
     /// Answers one request's ranges into `sink`, in order: Ok(false) when the client went
     /// away, Err with the message for the first range that cannot be served.
     fn answer(
@@ -126,12 +240,53 @@ impl Ranges {
     }
 }
 
-/// Serves range requests for one dataset until the client hangs up.
+/// Why a session stops taking requests: the client closed its side, or sent what is not a
+/// request (the message for it).
+enum Stop {
+    Closed,
+    Bad(String),
+}
+
+/// The next request's ranges into `ranges`: Ok(false) when the client closed its side.
+fn next_request(
+    frames: &mut FrameReader<DataStream>,
+    req: &mut PooledBuf,
+    ranges: &mut Vec<(u64, u64)>,
+) -> Result<bool, String> {
+    match frames.next_into(req) {
+        Ok(true) => {}
+        Ok(false) | Err(WireError::Truncated { .. }) => return Ok(false),
+        Err(e) => return Err(e.to_string()),
+    }
+    parse_request(req, ranges).map_err(|e| e.to_string())?;
+    Ok(true)
+}
+
+/// Whether a request (or the end of the stream) is already waiting: its bytes are buffered in
+/// the connection or the socket is readable now.
+fn request_waiting(frames: &FrameReader<DataStream>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let conn = frames.get_ref();
+    if conn.has_buffered() {
+        return true;
+    }
+    let mut fds = [PollFd::new(conn.socket(), PollFlags::IN)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // Errors and hang-ups count as waiting: the read that follows reports them.
+    poll(&mut fds, Some(&now)).is_ok_and(|n| n > 0)
+}
+
+/// Serves range requests for one dataset until the client hangs up: on `pool` when the wire
+/// codec compresses and the pool has two threads or more, else on this thread.
 pub(crate) fn serve_ranges(
     work: Work,
     conn: DataStream,
     frames: &mut FrameReader<DataStream>,
     max_len: u64,
+    pool: Option<Arc<WorkerPool>>,
     cancel: Arc<AtomicBool>,
 ) -> Result<Stats, StreamError> {
     let mut w = FrameWriter::new(conn);
@@ -141,7 +296,7 @@ pub(crate) fn serve_ranges(
         return Err(StreamError::Failed(m.into()));
     };
     let total = source.tokens();
-    let mut ds = Ranges {
+    let ds = Ranges {
         source,
         name,
         wire,
@@ -150,40 +305,109 @@ pub(crate) fn serve_ranges(
         enc: Encoders::default(),
         tokens: Vec::new(),
         payload: Vec::new(),
+        spare: Vec::new(),
     };
-    let pool = BufferPool::new(2, MAX_PAYLOAD);
-    let mut req = pool.get();
-    let mut ranges = Vec::new();
-    let mut stats = Stats::default();
-    let fail = |w: &mut FrameWriter<DataStream>, m: String| {
-        fail_and_linger(w, &m);
-        Err(StreamError::Failed(m))
+    let session = Session {
+        w,
+        frames,
+        buffers: BufferPool::new(2, MAX_PAYLOAD),
+        stats: Stats::default(),
+        cancel,
     };
-    loop {
-        if cancel.load(Ordering::Relaxed) {
-            return Ok(stats);
+    match pool.filter(|p| wire.compresses() && p.workers() >= 2) {
+        Some(pool) => session.serve_ahead(ds, &pool),
+        None => session.serve(ds),
+    }
+}
+
+/// A source session's connection and counters.
+struct Session<'f> {
+    w: FrameWriter<DataStream>,
+    frames: &'f mut FrameReader<DataStream>,
+    buffers: BufferPool,
+    stats: Stats,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Session<'_> {
+    /// One request at a time, each range read and encoded on this thread.
+    fn serve(mut self, mut ds: Ranges) -> Result<Stats, StreamError> {
+        let mut req = self.buffers.get();
+        let mut ranges = Vec::new();
+        loop {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Ok(self.stats);
+            }
+            match next_request(self.frames, &mut req, &mut ranges) {
+                Ok(true) => {}
+                Ok(false) => return Ok(self.stats),
+                Err(m) => return self.fail(m),
+            }
+            if let Some(end) = self.respond(|sink, stats| ds.answer(&ranges, sink, stats)) {
+                return end;
+            }
         }
-        match frames.next_into(&mut req) {
-            Ok(true) => {}
-            Ok(false) | Err(WireError::Truncated { .. }) => return Ok(stats),
-            Err(e) => return fail(&mut w, e.to_string()),
+    }
+
+    /// Up to [`AHEAD`] requests at once: each read here and encoded on `pool` while the next
+    /// waiting requests are taken, the answers written in order.
+    fn serve_ahead(mut self, mut ds: Ranges, pool: &WorkerPool) -> Result<Stats, StreamError> {
+        let mut req = self.buffers.get();
+        let mut ranges = Vec::new();
+        let mut queue: VecDeque<Answers> = VecDeque::new();
+        let mut stop = None;
+        loop {
+            while stop.is_none()
+                && queue.len() < AHEAD
+                && (queue.is_empty() || request_waiting(self.frames))
+            {
+                if self.cancel.load(Ordering::Relaxed) {
+                    return Ok(self.stats);
+                }
+                match next_request(self.frames, &mut req, &mut ranges) {
+                    Ok(true) => queue.push_back(ds.start(&ranges, pool)),
+                    Ok(false) => stop = Some(Stop::Closed),
+                    Err(m) => stop = Some(Stop::Bad(m)),
+                }
+            }
+            // The requests before a bad frame or the client's end are answered first, as
+            // one at a time would.
+            let Some(answers) = queue.pop_front() else {
+                return match stop {
+                    Some(Stop::Bad(m)) => self.fail(m),
+                    _ => Ok(self.stats),
+                };
+            };
+            if let Some(end) = self.respond(|sink, stats| ds.deliver(answers, sink, stats)) {
+                return end;
+            }
         }
-        if let Err(e) = parse_request(&req, &mut ranges) {
-            return fail(&mut w, e.to_string());
+    }
+
+    /// Writes one request's answers (`answer` puts them in the sink) and flushes them; says
+    /// whether (and how) the session ends.
+    fn respond(
+        &mut self,
+        answer: impl FnOnce(&mut FrameSink<'_>, &mut Stats) -> Result<bool, String>,
+    ) -> Option<Result<Stats, StreamError>> {
+        let mut sink = FrameSink::direct(self.buffers.clone(), &mut self.w);
+        let answered = answer(&mut sink, &mut self.stats);
+        let flushed = sink.flush();
+        self.stats.wire_bytes += sink.bytes();
+        drop(sink);
+        if flushed.is_err() {
+            return Some(Ok(self.stats));
         }
-        let mut sink = FrameSink::direct(pool.clone(), &mut w);
-        let answered = ds.answer(&ranges, &mut sink, &mut stats);
-        if sink.flush().is_err() {
-            return Ok(stats);
-        }
-        stats.wire_bytes += sink.bytes();
         match answered {
             Ok(true) => {}
-            Ok(false) => return Ok(stats),
-            Err(m) => return fail(&mut w, m),
+            Ok(false) => return Some(Ok(self.stats)),
+            Err(m) => return Some(self.fail(m)),
         }
-        if w.flush().is_err() {
-            return Ok(stats);
-        }
+        self.w.flush().is_err().then_some(Ok(self.stats))
+    }
+
+    fn fail(&mut self, m: String) -> Result<Stats, StreamError> {
+        fail_and_linger(&mut self.w, &m);
+        Err(StreamError::Failed(m))
     }
 }

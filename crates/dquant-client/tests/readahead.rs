@@ -75,6 +75,12 @@ fn write(
 
 impl Big {
     fn new() -> Self {
+        Self::with_storage_workers(None)
+    }
+
+    /// The storage agent with `workers` worker threads (`None`: the default, the cores but
+    /// one): with two or more, it compresses ranges on them, several requests at once.
+    fn with_storage_workers(workers: Option<usize>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("big");
         std::fs::create_dir(&root).unwrap();
@@ -95,7 +101,11 @@ impl Big {
         });
         let none = dir.path().join("none");
         std::fs::create_dir(&none).unwrap();
-        let storage = agent::start(&[("big", root)]);
+        let mut storage_cfg = agent::config(&[("big", root)]);
+        if let Some(n) = workers {
+            storage_cfg.worker_threads = n;
+        }
+        let storage = dquant_agent::start(storage_cfg).unwrap();
         let mut cfg = agent::config(&[("none", none)]);
         cfg.upstreams = vec![storage.control_addr().to_string()];
         let near = dquant_agent::start(cfg).unwrap();
@@ -239,13 +249,60 @@ fn rank_1_of_3_of_an_unshuffled_plan_is_the_same_stream_chained() {
 
 #[test]
 fn compressed_wire_codecs_give_the_same_stream_chained() {
-    let big = Big::new();
-    for codec in ["auto+zstd:1", "u24+lz4"] {
-        let mut p = plan(&[("a", 0.5), ("b", 0.5)], 2047, 4);
-        p.shuffle = false;
-        p.wire_codec = codec.into();
-        assert_chained_parity(&big, &p, Cursor::START);
+    // A storage agent that compresses on its session threads, and one that compresses
+    // several requests at once on a pool of two.
+    for workers in [0, 2] {
+        let big = Big::with_storage_workers(Some(workers));
+        for codec in ["auto+zstd:1", "u24+lz4"] {
+            let mut p = plan(&[("a", 0.5), ("b", 0.5)], 2047, 4);
+            p.shuffle = false;
+            p.wire_codec = codec.into();
+            assert_chained_parity(&big, &p, Cursor::START);
+        }
     }
+}
+
+/// Ranges compressed on the storage agent's pool, several requests at once, come back in
+/// order with every token; a range that cannot be encoded fails with the message one thread
+/// gives, after the ranges before it.
+#[test]
+fn ranges_compressed_on_the_pool_are_exact_and_fail_as_on_one_thread() {
+    let pooled = Big::with_storage_workers(Some(2));
+    let single = Big::with_storage_workers(Some(0));
+    let cfg = ReadaheadConfig {
+        chunk_tokens: 100_000,
+        in_flight: 4,
+    };
+    let mut p = plan(&[("a", 1.0)], 1023, 4);
+    p.shuffle = false;
+    for codec in ["auto+zstd:1", "u16+lz4"] {
+        let mut remote = pooled.remote("a", codec);
+        remote.set_readahead(cfg);
+        read_both(&pooled, &p, "a", &mut remote);
+        assert!(remote.requests() > 20, "{codec}: reading ahead");
+    }
+    // The wide token of `late` does not fit `u16+zstd:1`: the scan gets exact tokens up to
+    // it, then the agent's message, the same from both agents.
+    let scan = |big: &Big| {
+        let mut src = big.remote("late", "u16+zstd:1");
+        src.set_readahead(cfg);
+        let mut local = big.local("late");
+        let (mut want, mut got) = (vec![0u32; 100], vec![0u32; 100]);
+        let mut i = 0;
+        loop {
+            let r = i * 99..i * 99 + 100;
+            assert!(r.start <= LATE_BAD, "no error up to the wide token");
+            local.read_ranges(from_ref(&r), &mut want).unwrap();
+            match src.read_ranges(from_ref(&r), &mut got) {
+                Ok(()) => assert_eq!(got, want, "tokens {r:?}"),
+                Err(e) => break e.to_string(),
+            }
+            i += 1;
+        }
+    };
+    let (a, b) = (scan(&pooled), scan(&single));
+    assert!(a.contains("u16"), "{a}");
+    assert_eq!(a, b);
 }
 
 /// Reads the rank's stream of `p` (its single source `name`) from `remote` and from the local

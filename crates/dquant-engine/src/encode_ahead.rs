@@ -13,7 +13,6 @@
 //! encoded payload) besides the transport's prefetch; the caller sizes `window` from its
 //! prefetch budget.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -23,7 +22,7 @@ use dquant_plan::{Cursor, WireCodec};
 use dquant_transport::BatchHeader;
 
 use crate::pipeline::{BatchInfo, Pipeline};
-use crate::record::{batch_header, checked_codec, Encoders};
+use crate::record::{batch_header, checked_codec};
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 
@@ -62,11 +61,6 @@ pub struct EncodeAhead {
     spare: Vec<(Vec<u32>, Vec<u8>)>,
     /// The pipeline has no more batches (or failed): take none.
     ended: bool,
-}
-
-thread_local! {
-    /// Each worker's encoders (zstd and lz4 contexts), kept across batches and sessions.
-    static ENCODERS: RefCell<Encoders> = RefCell::new(Encoders::default());
 }
 
 impl EncodeAhead {
@@ -118,12 +112,10 @@ impl EncodeAhead {
 
     /// Hands batch `info` (its tokens in `buf`) to the pool to encode in `codec`.
     fn spawn(&mut self, codec: Codec, info: BatchInfo, buf: Vec<u32>, mut payload: Vec<u8>) {
-        let (tx, rx) = mpsc::sync_channel(1);
         let index = info.index;
         let sample_len = self.sample_len;
-        self.pool.spawn(move || {
-            let encoded = ENCODERS.with(|e| e.borrow_mut().encode(codec, &buf, &mut payload));
-            let done = encoded
+        let result = self.pool.encode_job(move |enc| {
+            enc.encode(codec, &buf, &mut payload)
                 .map_err(|source| EngineError::Encode { index, source })
                 .and_then(|()| batch_header(codec, &info, sample_len, payload.len()))
                 .map(|header| Encoded {
@@ -132,11 +124,9 @@ impl EncodeAhead {
                     cursor: info.cursor,
                     tokens: buf.len() as u64,
                     buf,
-                });
-            // The session may be gone (its consumer left): nobody wants the batch.
-            let _ = tx.send(done);
+                })
         });
-        self.queue.push_back(Ahead::Job { index, result: rx });
+        self.queue.push_back(Ahead::Job { index, result });
     }
 
     /// The next batch in order, once encoded; `None` after the last. An error is the

@@ -16,11 +16,17 @@
 //! split.
 
 use std::cell::RefCell;
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 
 use dquant_storage::ReadBuffers;
 
+use crate::record::Encoders;
 use crate::EngineError;
+
+thread_local! {
+    /// Each worker's encoders, kept across jobs and sessions.
+    static ENCODERS: RefCell<Encoders> = RefCell::new(Encoders::default());
+}
 
 /// Below this many bytes a share of a batch is not worth handing to another thread (the
 /// hand-over costs a few microseconds; a page-cache read of 16 KiB costs about as much).
@@ -72,9 +78,21 @@ impl WorkerPool {
         self.workers + 1
     }
 
-    /// Runs `job` on one of the pool's threads, some time soon.
-    pub(crate) fn spawn(&self, job: impl FnOnce() + Send + 'static) {
-        self.pool.spawn(job);
+    /// Runs `job` on one of the pool's threads, some time soon, with that thread's encoders
+    /// (zstd and lz4 contexts, kept across jobs and sessions). Its result comes back on the
+    /// receiver, which closes without one if the job panicked (a bug: the caller reports it
+    /// as its own error, and the agent serves on).
+    pub fn encode_job<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Encoders) -> T + Send + 'static,
+    ) -> mpsc::Receiver<T> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.pool.spawn(move || {
+            let done = ENCODERS.with(|e| job(&mut e.borrow_mut()));
+            // The caller may be gone (its consumer left): nobody wants the result.
+            let _ = tx.send(done);
+        });
+        rx
     }
 
     /// How many shares to split `jobs` jobs of `bytes` bytes in all into.

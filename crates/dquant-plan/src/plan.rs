@@ -416,6 +416,17 @@ pub enum WireCodec {
     Fixed(Codec),
 }
 
+impl WireCodec {
+    /// Whether it compresses (zstd or lz4): plain and bit-packed codecs cost about a copy, so
+    /// only compression is worth spreading over worker threads.
+    pub fn compresses(self) -> bool {
+        match self {
+            WireCodec::Fixed(c) => c.compression != Compression::None,
+            WireCodec::Auto(c) => c != Compression::None,
+        }
+    }
+}
+
 impl FromStr for WireCodec {
     type Err = dquant_codec::CodecError;
 
