@@ -6,14 +6,10 @@
 //! frame naming the range, and the session ends; the agent serves on.
 //!
 //! With a compressing wire codec and a worker pool of two threads or more, a session works on
-//! the requests its client keeps in flight (readahead: 4 chunks) at once: the session's thread
-//! reads each range and hands its compression to the pool, takes the next request already
-//! waiting on the connection, and writes the answers strictly in order. Compression is what
-//! bounds a chained storage agent (one thread at `zstd:1` against a link), so it spreads over
-//! the pool as a plan session's batches do (`dquant_engine::EncodeAhead`). The records are
-//! the same bytes either way.
+//! the requests its client keeps in flight at once, their compression on the pool ([`ahead`]),
+//! as a plan session's batches are (`dquant_engine::EncodeAhead`). The records are the same
+//! bytes either way.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -31,6 +27,10 @@ use dquant_transport::{
 
 use crate::produce::Stats;
 use crate::sessions::{StreamError, Work};
+
+mod ahead;
+
+use ahead::{Ahead, REQUESTS_AHEAD};
 
 /// Sends the error frame, then half-closes and reads what the client still sends until it
 /// hangs up (at most 2 s). A client that reads ahead has requests in flight when an error
@@ -63,10 +63,6 @@ fn fail_and_linger(w: &mut FrameWriter<DataStream>, message: &str) {
     }
 }
 
-/// Requests a session works on at once on a worker pool: the client's readahead keeps 4 in
-/// flight (`dquant_remote::ReadaheadConfig::DEFAULT`), so each waits behind at most 3.
-const AHEAD: usize = 4;
-
 /// A range read and being encoded on the pool: its tokens and payload buffers come back with
 /// its record header (or the message for the client).
 struct Encoding {
@@ -78,14 +74,6 @@ struct Encoded {
     head: Result<[u8; RECORD_HEADER_LEN], String>,
     tokens: Vec<u32>,
     payload: Vec<u8>,
-}
-
-/// A request's answers in order: ranges being encoded, then, if one cannot be served, the
-/// message that ends the session after the ranges before it.
-#[derive(Default)]
-struct Answers {
-    ranges: Vec<Encoding>,
-    failed: Option<String>,
 }
 
 /// One dataset and what answering its ranges needs.
@@ -143,23 +131,8 @@ impl Ranges {
         Ok(h.encode())
     }
 
-    /// Reads each of a request's ranges and hands its encoding to `pool`, up to the first
-    /// range that cannot be served.
-    fn start(&mut self, ranges: &[(u64, u64)], pool: &WorkerPool) -> Answers {
-        let mut answers = Answers::default();
-        for &(start, len) in ranges {
-            match self.start_one(start, len, pool) {
-                Ok(e) => answers.ranges.push(e),
-                Err(m) => {
-                    answers.failed = Some(m);
-                    break;
-                }
-            }
-        }
-        answers
-    }
-
-    fn start_one(&mut self, start: u64, len: u64, pool: &WorkerPool) -> Result<Encoding, String> {
+    /// Reads range `start + len` (checked) and hands its encoding to `pool`.
+    fn start(&mut self, start: u64, len: u64, pool: &WorkerPool) -> Result<Encoding, String> {
         let r = self.check(start, len)?;
         let (mut tokens, mut payload) = self.spare.pop().unwrap_or_default();
         tokens.resize(len as usize, 0);
@@ -191,32 +164,30 @@ impl Ranges {
         Ok(Encoding { len, result })
     }
 
-    /// Writes a request's answers into `sink` as their encodings finish, in order: as
-    /// [`Ranges::answer`] does.
+    /// Writes a range encoded on the pool into `sink` once its encoding is done: Ok(false)
+    /// when the client went away, Err with the message for the client.
     fn deliver(
         &mut self,
-        answers: Answers,
+        e: Encoding,
         sink: &mut FrameSink<'_>,
         stats: &mut Stats,
     ) -> Result<bool, String> {
-        for e in answers.ranges {
-            let Ok(done) = e.result.recv() else {
-                return Err(format!(
-                    "{}: a range's encoding ended without a result (a worker thread failed)",
-                    self.name
-                ));
-            };
-            let head = done.head?;
-            if sink.write(&head).is_err() || sink.write(&done.payload).is_err() {
-                return Ok(false);
-            }
-            stats.records += 1;
-            stats.tokens += e.len;
-            if self.spare.len() < 2 * AHEAD {
-                self.spare.push((done.tokens, done.payload));
-            }
+        let Ok(done) = e.result.recv() else {
+            return Err(format!(
+                "{}: a range's encoding ended without a result (a worker thread failed)",
+                self.name
+            ));
+        };
+        let head = done.head?;
+        if sink.write(&head).is_err() || sink.write(&done.payload).is_err() {
+            return Ok(false);
         }
-        answers.failed.map_or(Ok(true), Err)
+        stats.records += 1;
+        stats.tokens += e.len;
+        if self.spare.len() < 2 * REQUESTS_AHEAD {
+            self.spare.push((done.tokens, done.payload));
+        }
+        Ok(true)
     }
 
     /// Answers one request's ranges into `sink`, in order: Ok(false) when the client went
@@ -349,36 +320,38 @@ impl Session<'_> {
         }
     }
 
-    /// Up to [`AHEAD`] requests at once: each read here and encoded on `pool` while the next
-    /// waiting requests are taken, the answers written in order.
+    /// Up to [`REQUESTS_AHEAD`] requests taken at once, their ranges read here and
+    /// compressed on `pool` ([`Ahead`]), the answers written in order.
     fn serve_ahead(mut self, mut ds: Ranges, pool: &WorkerPool) -> Result<Stats, StreamError> {
         let mut req = self.buffers.get();
         let mut ranges = Vec::new();
-        let mut queue: VecDeque<Answers> = VecDeque::new();
+        let mut ahead = Ahead::default();
         let mut stop = None;
         loop {
             while stop.is_none()
-                && queue.len() < AHEAD
-                && (queue.is_empty() || request_waiting(self.frames))
+                && ahead.requests() < REQUESTS_AHEAD
+                && (ahead.requests() == 0 || request_waiting(self.frames))
             {
                 if self.cancel.load(Ordering::Relaxed) {
                     return Ok(self.stats);
                 }
                 match next_request(self.frames, &mut req, &mut ranges) {
-                    Ok(true) => queue.push_back(ds.start(&ranges, pool)),
+                    Ok(true) => ahead.take(&ranges),
                     Ok(false) => stop = Some(Stop::Closed),
                     Err(m) => stop = Some(Stop::Bad(m)),
                 }
             }
             // The requests before a bad frame or the client's end are answered first, as
             // one at a time would.
-            let Some(answers) = queue.pop_front() else {
+            if ahead.requests() == 0 {
                 return match stop {
                     Some(Stop::Bad(m)) => self.fail(m),
                     _ => Ok(self.stats),
                 };
-            };
-            if let Some(end) = self.respond(|sink, stats| ds.deliver(answers, sink, stats)) {
+            }
+            let answered =
+                self.respond(|sink, stats| ahead.answer_next(&mut ds, pool, sink, stats));
+            if let Some(end) = answered {
                 return end;
             }
         }

@@ -281,6 +281,24 @@ fn ranges_compressed_on_the_pool_are_exact_and_fail_as_on_one_thread() {
         read_both(&pooled, &p, "a", &mut remote);
         assert!(remote.requests() > 20, "{codec}: reading ahead");
     }
+    // Shuffled: one request of several ranges per batch, no readahead.
+    let mut shuffled = p.clone();
+    shuffled.shuffle = true;
+    let mut remote = pooled.remote("a", "auto+zstd:1");
+    let (reads, _) = read_both(&pooled, &shuffled, "a", &mut remote);
+    assert_eq!(remote.requests(), reads);
+    // One request asking for more than the session reads ahead (3 Mi tokens in 3 ranges,
+    // the last one short): answered in full and in order.
+    let mut remote = pooled.remote("a", "auto+zstd:1");
+    remote.set_readahead(ReadaheadConfig::OFF);
+    let total = remote.tokens();
+    let ranges = [0..1 << 20, 2 << 20..total, 1 << 20..2 << 20];
+    let n: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    let (mut want, mut got) = (vec![0u32; n as usize], vec![1u32; n as usize]);
+    pooled.local("a").read_ranges(&ranges, &mut want).unwrap();
+    remote.read_ranges(&ranges, &mut got).unwrap();
+    assert_eq!(remote.requests(), 1);
+    assert!(got == want, "three large ranges in one request");
     // The wide token of `late` does not fit `u16+zstd:1`: the scan gets exact tokens up to
     // it, then the agent's message, the same from both agents.
     let scan = |big: &Big| {
