@@ -20,7 +20,9 @@ use crate::source::RangeStream;
 ///   (512 Ki × 4 B = 2 MiB of decoded u32), and one chunk's payload (at most 2 MiB, often a
 ///   quarter of that). Answers in flight wait in socket buffers (kernel, bounded by TCP's
 ///   window whatever the count in flight) and on the upstream agent, which materialises one
-///   range at a time (tokens and payload of one chunk: at most 4 MiB). So about 4 MiB per
+///   range at a time (tokens and payload of one chunk: at most 4 MiB), or, compressing on its
+///   worker pool, the chunks in flight (at most 2 Mi tokens: 8 MiB and their payloads). So
+///   about 4 MiB per
 ///   remote source here and per session there: a blend of several remote sources stays far
 ///   under an agent's ~72 MiB RSS target. 1 Mi-token chunks would double that, and 16 Mi
 ///   (the agent's `MAX_RANGE_TOKENS`) would cost 128 MiB, for no more throughput.
