@@ -228,6 +228,14 @@ proptest! {
         let bf = BlockFile::from_bytes(&file).unwrap();
         prop_assert_eq!(bf.content_checksum(), s.content);
         prop_assert_eq!(&bf.index, &ix);
+        // The checksum's index half straight from the footer's index bytes, as a reader
+        // that never builds the index finds it.
+        let footer_end = file.len() - TRAILER_LEN;
+        let index_at = bf.footer.block_offsets[bf.blocks()] as usize + bf.footer.encoded_len();
+        prop_assert_eq!(
+            bf.footer.index_checksum(&file[index_at..footer_end]).unwrap(),
+            s.content.index
+        );
         prop_assert!(bf.decode_all(&file).unwrap() == tokens);
         // A random range through the block table.
         if n > 0 {

@@ -137,6 +137,8 @@ struct FooterIndex {
     footer_crc: u32,
     head_crc: u32,
     loaded: OnceLock<DocIndex>,
+    /// The index half of the content checksum, when found without keeping the index.
+    checksum: OnceLock<u64>,
 }
 
 impl FooterIndex {
@@ -146,19 +148,53 @@ impl FooterIndex {
         if let Some(ix) = self.loaded.get() {
             return Ok(ix);
         }
-        let fe = |e| StorageError::format(path, e);
+        let bytes = self.read_checked(file, path)?;
+        let index = self
+            .head
+            .parse_index(&bytes)
+            .map_err(|e| StorageError::format(path, e))?;
+        Ok(self.loaded.get_or_init(|| index))
+    }
+
+    /// The index half of the content checksum: from the index if it was read, else from its
+    /// bytes, read and checked as [`FooterIndex::get`] does but not kept (an agent's `Stat`
+    /// asks for the checksum; 100 M documents would hold 1.6 GB of index for it).
+    fn checksum(&self, file: &dyn ReadAt, path: &Path) -> Result<u64, StorageError> {
+        if let Some(c) = self.known_checksum() {
+            return Ok(c);
+        }
+        let bytes = self.read_checked(file, path)?;
+        let c = self
+            .head
+            .index_checksum(&bytes)
+            .map_err(|e| StorageError::format(path, e))?;
+        Ok(*self.checksum.get_or_init(|| c))
+    }
+
+    fn known_checksum(&self) -> Option<u64> {
+        let from_index = || {
+            let ix = self.loaded.get()?;
+            Some(ContentChecksum::from_parts(self.head.tokens_checksum, ix).index)
+        };
+        self.checksum.get().copied().or_else(from_index)
+    }
+
+    /// The index's bytes, the footer's crc32c checked over the head and them.
+    fn read_checked(&self, file: &dyn ReadAt, path: &Path) -> Result<Vec<u8>, StorageError> {
         let mut bytes = alloc_for(self.len, path, "the block file's document index")?;
         read_at(file, path, &mut bytes, self.at)?;
         let computed = crc32c::crc32c_append(self.head_crc, &bytes);
         if computed != self.footer_crc {
-            return Err(fe(FormatError::Checksum {
-                what: "block file footer".into(),
-                stored: self.footer_crc,
-                computed,
-            }));
+            return Err(StorageError::format(
+                path,
+                FormatError::Checksum {
+                    what: "block file footer".into(),
+                    stored: self.footer_crc,
+                    computed,
+                },
+            ));
         }
-        let index = self.head.parse_index(&bytes).map_err(fe)?;
-        Ok(self.loaded.get_or_init(|| index))
+        Ok(bytes)
     }
 }
 
@@ -450,6 +486,7 @@ impl Dataset {
             footer_crc: trailer.footer_crc,
             head_crc: crc32c::crc32c(&head_bytes),
             loaded: OnceLock::new(),
+            checksum: OnceLock::new(),
         };
         let versions = vec![(path.to_path_buf(), file.version())];
         Ok(Dataset {
@@ -645,26 +682,26 @@ impl Dataset {
         }
     }
 
-    /// The content checksum, when the format stores it (block files). It covers the document
-    /// index, so the first call reads it ([`Dataset::index`]).
+    /// The content checksum, when the format stores it (block files). Its index half covers
+    /// the document index, so the first call reads the index's bytes (without keeping the
+    /// index, unless [`Dataset::index`] read it).
     pub fn stored_checksum(&self) -> Result<Option<ContentChecksum>, StorageError> {
-        match &self.source {
-            Source::Block { meta, .. } => Ok(Some(ContentChecksum::from_parts(
-                meta.footer.tokens_checksum,
-                self.index()?,
-            ))),
-            Source::Plain { .. } => Ok(None),
+        match (&self.source, &self.index) {
+            (Source::Block { file, meta }, Index::Footer(f)) => Ok(Some(ContentChecksum {
+                tokens: meta.footer.tokens_checksum,
+                index: f.checksum(&**file, &self.path)?,
+            })),
+            _ => Ok(None),
         }
     }
 
-    /// [`stored_checksum`](Dataset::stored_checksum) when it needs no read: a block file's
-    /// whose index was read already.
+    /// [`stored_checksum`](Dataset::stored_checksum) when it needs no read.
     pub fn stored_checksum_if_known(&self) -> Option<ContentChecksum> {
         match (&self.source, &self.index) {
-            (Source::Block { meta, .. }, Index::Footer(f)) => f
-                .loaded
-                .get()
-                .map(|ix| ContentChecksum::from_parts(meta.footer.tokens_checksum, ix)),
+            (Source::Block { meta, .. }, Index::Footer(f)) => Some(ContentChecksum {
+                tokens: meta.footer.tokens_checksum,
+                index: f.known_checksum()?,
+            }),
             _ => None,
         }
     }

@@ -167,16 +167,17 @@ fn a_block_file_opens_from_its_block_table_and_reads_its_index_when_asked() {
     // Not read yet: the checksum that covers the index is not known without a read.
     assert_eq!(ds.stored_checksum_if_known(), None);
     assert_eq!(ds.block_layout().unwrap(), &whole.layout);
+    // The checksum reads the index's bytes but keeps only the checksum.
+    let want = Some(whole.content_checksum());
+    assert_eq!(ds.stored_checksum().unwrap(), want);
+    assert_eq!(ds.stored_checksum_if_known(), want);
     assert_eq!(ds.index().unwrap(), &whole.index);
     assert!(std::ptr::eq(ds.index().unwrap(), ds.index().unwrap()));
-    assert_eq!(
-        ds.stored_checksum().unwrap(),
-        Some(whole.content_checksum())
-    );
-    assert_eq!(
-        ds.stored_checksum_if_known(),
-        Some(whole.content_checksum())
-    );
+    // Once the index is read, the checksum comes from it, on a fresh open too.
+    let ds = open(dir.path(), "x.dqb").unwrap();
+    ds.index().unwrap();
+    assert_eq!(ds.stored_checksum_if_known(), want);
+    assert_eq!(ds.stored_checksum().unwrap(), want);
 }
 
 #[test]
