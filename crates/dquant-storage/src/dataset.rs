@@ -128,8 +128,10 @@ impl LazyIndex {
     }
 }
 
+/// A block file's document index, read on first use. Its counts and totals are the footer
+/// head's, which the dataset's blocks hold ([`Dataset::footer_parts`]), so this keeps only
+/// where the index is and what was found from it.
 struct FooterIndex {
-    head: FooterHead,
     /// Where the index's bytes are (the rest of the footer) and the footer's stored checksum,
     /// with the checksum of its head, read at open, to carry on from.
     at: u64,
@@ -144,13 +146,17 @@ struct FooterIndex {
 impl FooterIndex {
     /// The whole index, read and checked once from `file`; an error is returned, not kept,
     /// so a later call reads again.
-    fn get(&self, file: &dyn ReadAt, path: &Path) -> Result<&DocIndex, StorageError> {
+    fn get(
+        &self,
+        head: &FooterHead,
+        file: &dyn ReadAt,
+        path: &Path,
+    ) -> Result<&DocIndex, StorageError> {
         if let Some(ix) = self.loaded.get() {
             return Ok(ix);
         }
         let bytes = self.read_checked(file, path)?;
-        let index = self
-            .head
+        let index = head
             .parse_index(&bytes)
             .map_err(|e| StorageError::format(path, e))?;
         Ok(self.loaded.get_or_init(|| index))
@@ -159,22 +165,26 @@ impl FooterIndex {
     /// The index half of the content checksum: from the index if it was read, else from its
     /// bytes, read and checked as [`FooterIndex::get`] does but not kept (an agent's `Stat`
     /// asks for the checksum; 100 M documents would hold 1.6 GB of index for it).
-    fn checksum(&self, file: &dyn ReadAt, path: &Path) -> Result<u64, StorageError> {
-        if let Some(c) = self.known_checksum() {
+    fn checksum(
+        &self,
+        head: &FooterHead,
+        file: &dyn ReadAt,
+        path: &Path,
+    ) -> Result<u64, StorageError> {
+        if let Some(c) = self.known_checksum(head) {
             return Ok(c);
         }
         let bytes = self.read_checked(file, path)?;
-        let c = self
-            .head
+        let c = head
             .index_checksum(&bytes)
             .map_err(|e| StorageError::format(path, e))?;
         Ok(*self.checksum.get_or_init(|| c))
     }
 
-    fn known_checksum(&self) -> Option<u64> {
+    fn known_checksum(&self, head: &FooterHead) -> Option<u64> {
         let from_index = || {
             let ix = self.loaded.get()?;
-            Some(ContentChecksum::from_parts(self.head.tokens_checksum, ix).index)
+            Some(ContentChecksum::from_parts(head.tokens_checksum, ix).index)
         };
         self.checksum.get().copied().or_else(from_index)
     }
@@ -480,7 +490,6 @@ impl Dataset {
         read_at(&*file, path, &mut head_bytes, trailer.footer_offset)?;
         let meta = BlockLayout::parse(&head, &trailer, &head_bytes).map_err(fe)?;
         let index = FooterIndex {
-            head: meta.footer.clone(),
             at: trailer.footer_offset + head_len,
             len: trailer.footer_len - head_len,
             footer_crc: trailer.footer_crc,
@@ -588,6 +597,14 @@ impl Dataset {
         self.format
     }
 
+    /// A block file's footer head and data object, which its `Index::Footer` reads through.
+    fn footer_parts(&self) -> (&FooterHead, &dyn ReadAt) {
+        match &self.source {
+            Source::Block { file, meta } => (&meta.footer, &**file),
+            Source::Plain { .. } => unreachable!("a block file's index without its blocks"),
+        }
+    }
+
     /// The document index, read whole (and checked entry by entry) on first use for a
     /// Megatron dataset, and found by a scan (or read from its cache entry) for a raw file
     /// with `eod`: serving tokens never needs it.
@@ -595,10 +612,10 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => Ok(ix),
             Index::Lazy(lazy) => lazy.get(),
-            Index::Footer(f) => match &self.source {
-                Source::Block { file, .. } => f.get(&**file, &self.path),
-                Source::Plain { .. } => unreachable!("a block file's index without its blocks"),
-            },
+            Index::Footer(f) => {
+                let (head, file) = self.footer_parts();
+                f.get(head, file, &self.path)
+            }
             Index::Eod(e) => e.index(&|f| self.scan_all(f)),
         }
     }
@@ -607,7 +624,7 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => ix.tokens(),
             Index::Lazy(lazy) => lazy.tokens,
-            Index::Footer(f) => f.head.token_count,
+            Index::Footer(_) => self.footer_parts().0.token_count,
             Index::Eod(e) => e.tokens,
         }
     }
@@ -618,7 +635,7 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => Ok(ix.documents() as u64),
             Index::Lazy(lazy) => Ok(lazy.header.documents()),
-            Index::Footer(f) => Ok(f.head.documents),
+            Index::Footer(_) => Ok(self.footer_parts().0.documents),
             Index::Eod(e) => e.documents(&|f| self.scan_all(f)),
         }
     }
@@ -629,7 +646,7 @@ impl Dataset {
         match &self.index {
             Index::Loaded(ix) => Ok(ix.sequences() as u64),
             Index::Lazy(lazy) => Ok(lazy.header.sequences),
-            Index::Footer(f) => Ok(f.head.sequences),
+            Index::Footer(_) => Ok(self.footer_parts().0.sequences),
             Index::Eod(e) => e.documents(&|f| self.scan_all(f)),
         }
     }
@@ -689,7 +706,7 @@ impl Dataset {
         match (&self.source, &self.index) {
             (Source::Block { file, meta }, Index::Footer(f)) => Ok(Some(ContentChecksum {
                 tokens: meta.footer.tokens_checksum,
-                index: f.checksum(&**file, &self.path)?,
+                index: f.checksum(&meta.footer, &**file, &self.path)?,
             })),
             _ => Ok(None),
         }
@@ -700,7 +717,7 @@ impl Dataset {
         match (&self.source, &self.index) {
             (Source::Block { meta, .. }, Index::Footer(f)) => Some(ContentChecksum {
                 tokens: meta.footer.tokens_checksum,
-                index: f.known_checksum()?,
+                index: f.known_checksum(&meta.footer)?,
             }),
             _ => None,
         }
