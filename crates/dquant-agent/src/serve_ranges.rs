@@ -233,21 +233,10 @@ fn next_request(
     Ok(true)
 }
 
-/// Whether a request (or the end of the stream) is already waiting: its bytes are buffered in
-/// the connection or the socket is readable now.
+/// Whether a request (or the end of the stream, or an error: the read that follows reports
+/// them) is already waiting on the connection.
 fn request_waiting(frames: &FrameReader<DataStream>) -> bool {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let conn = frames.get_ref();
-    if conn.has_buffered() {
-        return true;
-    }
-    let mut fds = [PollFd::new(conn.socket(), PollFlags::IN)];
-    let now = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // Errors and hang-ups count as waiting: the read that follows reports them.
-    poll(&mut fds, Some(&now)).is_ok_and(|n| n > 0)
+    frames.get_ref().readable(Duration::ZERO).unwrap_or(true)
 }
 
 /// Serves range requests for one dataset until the client hangs up: on `pool` when the wire

@@ -18,6 +18,7 @@
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::tls::TlsError;
 
@@ -150,6 +151,26 @@ impl DataStream {
         inc.conn
             .process_new_packets()
             .map_or(true, |s| s.plaintext_bytes_to_read() > 0)
+    }
+
+    /// Whether a read would find something within `timeout`: bytes buffered here (TLS) or on
+    /// the socket, or its end or an error (the read that follows reports them). A signal
+    /// cuts the wait short and counts as not yet.
+    pub fn readable(&self, timeout: Duration) -> io::Result<bool> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        if self.has_buffered() {
+            return Ok(true);
+        }
+        let t = Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        let mut fds = [PollFd::new(&self.sock, PollFlags::IN)];
+        match poll(&mut fds, Some(&t)) {
+            Ok(n) => Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

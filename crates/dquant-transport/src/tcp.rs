@@ -432,10 +432,10 @@ impl BatchSource for TcpBatchSource {
     /// A batch whose first bytes have arrived counts as ready, though its last bytes may
     /// still be on the way.
     fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ReceiveError> {
-        if self.ended || self.records.has_buffered() || self.conn().has_buffered() {
+        if self.ended || self.records.has_buffered() {
             return Ok(true);
         }
-        readable(self.conn().socket(), timeout)
+        Ok(self.conn().readable(timeout).map_err(WireError::Io)?)
     }
 
     fn shutdown(&mut self) {
@@ -482,23 +482,6 @@ pub fn connect(
 
 /// How long connecting a data plane may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Whether `sock` has bytes to read (or its end or an error) within `timeout`; a signal
-/// cuts the wait short and counts as not yet.
-fn readable(sock: &TcpStream, timeout: Duration) -> Result<bool, ReceiveError> {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let t = Timespec {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as _,
-        tv_nsec: timeout.subsec_nanos() as _,
-    };
-    let mut fds = [PollFd::new(sock, PollFlags::IN)];
-    match poll(&mut fds, Some(&t)) {
-        // Errors and hang-ups count as ready: the read that follows reports them.
-        Ok(n) => Ok(n > 0),
-        Err(rustix::io::Errno::INTR) => Ok(false),
-        Err(e) => Err(WireError::Io(std::io::Error::from(e)).into()),
-    }
-}
 
 #[cfg(test)]
 mod tests {
