@@ -304,23 +304,29 @@ fn ranges_compressed_on_the_pool_are_exact_and_fail_as_on_one_thread() {
     let scan = |big: &Big| {
         let mut src = big.remote("late", "u16+zstd:1");
         src.set_readahead(cfg);
-        let mut local = big.local("late");
-        let (mut want, mut got) = (vec![0u32; 100], vec![0u32; 100]);
-        let mut i = 0;
-        loop {
-            let r = i * 99..i * 99 + 100;
-            assert!(r.start <= LATE_BAD, "no error up to the wide token");
-            local.read_ranges(from_ref(&r), &mut want).unwrap();
-            match src.read_ranges(from_ref(&r), &mut got) {
-                Ok(()) => assert_eq!(got, want, "tokens {r:?}"),
-                Err(e) => break e.to_string(),
-            }
-            i += 1;
-        }
+        scan_late_to_its_error(big, &mut src).to_string()
     };
     let (a, b) = (scan(&pooled), scan(&single));
     assert!(a.contains("u16"), "{a}");
     assert_eq!(a, b);
+}
+
+/// Reads `late` from `src` sample by sample (100 tokens from every 99th, sequential), each
+/// checked against the local file, until a read fails; returns that error. No read may get
+/// past the wide token.
+fn scan_late_to_its_error(big: &Big, src: &mut RemoteSource) -> SourceError {
+    let mut local = big.local("late");
+    let (mut want, mut got) = (vec![0u32; 100], vec![0u32; 100]);
+    for i in 0.. {
+        let r = i * 99..i * 99 + 100;
+        assert!(r.start <= LATE_BAD, "no error up to the wide token");
+        local.read_ranges(from_ref(&r), &mut want).unwrap();
+        match src.read_ranges(from_ref(&r), &mut got) {
+            Ok(()) => assert_eq!(got, want, "tokens {r:?}"),
+            Err(e) => return e,
+        }
+    }
+    unreachable!("the scan ends at the wide token")
 }
 
 /// Reads the rank's stream of `p` (its single source `name`) from `remote` and from the local
@@ -451,7 +457,6 @@ fn agent_errors_met_reading_ahead_or_draining_surface_as_stop_and_wait_ones() {
         chunk_tokens: 100_000,
         in_flight: 3,
     };
-    let sample = |i: u64| i * 99..i * 99 + 100;
 
     // Stop-and-wait: asking for a range holding the wide token fails with the agent's
     // message.
@@ -491,19 +496,7 @@ fn agent_errors_met_reading_ahead_or_draining_surface_as_stop_and_wait_ones() {
     // later than the read that needs the wide token.
     let mut src = big.remote("late", "u16");
     src.set_readahead(cfg);
-    let mut local = big.local("late");
-    let (mut want, mut got) = (vec![0u32; 100], vec![0u32; 100]);
-    let mut i = 0;
-    let e = loop {
-        let r = sample(i);
-        assert!(r.start <= LATE_BAD, "no error up to the wide token");
-        local.read_ranges(from_ref(&r), &mut want).unwrap();
-        match src.read_ranges(from_ref(&r), &mut got) {
-            Ok(()) => assert_eq!(got, want, "tokens {r:?}"),
-            Err(e) => break e,
-        }
-        i += 1;
-    };
+    let e = scan_late_to_its_error(&big, &mut src);
     assert!(src.requests() <= 20, "{} requests", src.requests());
     assert!(
         matches!(&e, SourceError::Wire(WireError::Remote(m)) if m.contains("u16")),
