@@ -630,7 +630,7 @@ impl BlockFile {
     }
 
     /// The whole footer, as the writer wrote it.
-    pub fn footer(&self) -> Footer {
+    pub fn to_footer(&self) -> Footer {
         Footer::from_parts(self.footer.clone(), self.index.clone())
     }
 }

@@ -432,7 +432,7 @@ fn footer_with(file: &[u8], index: DocIndex) -> Vec<u8> {
     let bf = BlockFile::from_bytes(file).unwrap();
     Footer {
         index,
-        ..bf.footer()
+        ..bf.to_footer()
     }
     .encode()
 }
