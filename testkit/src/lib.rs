@@ -6,6 +6,7 @@
 //! - [`process`]: `dquant serve` as a child process, and the signals tests send it;
 //! - with the `agent` feature, `agent` (agents in this process over a `Corpus` of real data)
 //!   and `stream` (what a reader yields, whole);
+//! - with the `s3` feature, [`s3`]: an S3 server on loopback and a proxy that breaks it;
 //! - with the `tls` feature, [`tls`]: a CA and agent certificates made per test.
 
 use std::path::{Path, PathBuf};
@@ -13,6 +14,8 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod process;
+#[cfg(feature = "s3")]
+pub mod s3;
 #[cfg(feature = "agent")]
 pub mod stream;
 #[cfg(feature = "tls")]

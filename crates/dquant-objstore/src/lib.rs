@@ -1,0 +1,27 @@
+//! Object-store roots: datasets in S3-compatible buckets (AWS S3, MinIO, Ceph RGW), served
+//! like a local directory.
+//!
+//! An agent given `--root corpus=s3://BUCKET/PREFIX` holds an [`ObjectRoot`]: the storage
+//! layer's [`Root`](dquant_storage::Root) over the `object_store` crate. Everything above the
+//! storage layer (the catalog, `Dataset::open_in`, sessions) is unchanged: a Megatron pair,
+//! a `.dqb` or a raw object opens and reads as from a directory, each read a ranged GET (or
+//! several, in flight together; sequential reads are read ahead, see `file.rs`). The root
+//! passes the same conformance suite as the local and in-memory roots.
+//!
+//! Crate layout: [`location`](S3Location) parses `s3://` URIs, [`settings`](S3Settings) turns
+//! the config and the `AWS_*` variables into a client, `root.rs` lists, stats and opens,
+//! `file.rs` reads, `runtime.rs` bridges the async client to the storage layer's blocking
+//! reads.
+
+mod error;
+mod file;
+mod location;
+mod root;
+mod runtime;
+mod settings;
+
+pub use error::ObjectRootError;
+pub use file::ObjectStats;
+pub use location::{is_object_uri, S3Location, S3_SCHEME};
+pub use root::ObjectRoot;
+pub use settings::{ReadSettings, S3Settings};
