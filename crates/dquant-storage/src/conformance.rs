@@ -30,6 +30,7 @@ pub fn run(make: Factory<'_>) {
     reads_at_offsets(make);
     reads_vectored(make);
     opens_datasets_as_by_path(make);
+    truncated_datasets_fail_as_by_path(make);
 }
 
 /// Bytes `0, 7, 14, ...` modulo 251: every offset has a distinct neighbourhood.
@@ -335,4 +336,53 @@ fn stored_reads_match(root: &dyn Root, dir: &Path) {
         .expect("stored read");
     let bytes = std::fs::read(dir.join("r.u16")).expect("read raw");
     assert_eq!(got.concat(), bytes[10..28]);
+}
+
+/// Opens `name` and reads every token: the first error, as text, with `dir/` (where the
+/// dataset was opened by path) taken out.
+fn open_and_scan(
+    open: impl FnOnce() -> Result<Dataset, crate::StorageError>,
+    dir: &Path,
+) -> String {
+    let r = open().and_then(|ds| ds.scan(1000, |_, _| Ok::<_, crate::StorageError>(())));
+    match r {
+        Ok(()) => "no error".into(),
+        Err(e) => e.to_string().replace(&format!("{}/", dir.display()), ""),
+    }
+}
+
+/// A block file, a Megatron `.bin` and a raw file cut short fail to open or read with the
+/// same message through the root as by path (never a panic, never short data).
+pub fn truncated_datasets_fail_as_by_path(make: Factory<'_>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut files = fixtures(dir.path());
+    for (name, bytes) in files.iter_mut() {
+        let keep = match name.as_str() {
+            "b.dqb" => bytes.len() / 2,
+            "sub/m.bin" => bytes.len() * 3 / 4,
+            "r.u16" => bytes.len() - 1,
+            _ => continue,
+        };
+        bytes.truncate(keep);
+        std::fs::write(dir.path().join(&*name), &bytes).expect("truncate fixture");
+    }
+    let objects: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), &b[..])).collect();
+    let root = make(&objects);
+    let raw = OpenOptions {
+        raw_dtype: Some(DType::U16),
+        eod: Some(0),
+    };
+    for (name, opts) in [
+        ("b.dqb", OpenOptions::default()),
+        ("sub/m", OpenOptions::default()),
+        ("r.u16", raw),
+    ] {
+        let by_path = open_and_scan(|| Dataset::open(&dir.path().join(name), &opts), dir.path());
+        let in_root = open_and_scan(|| Dataset::open_in(&*root, name, &opts), dir.path());
+        assert_ne!(
+            by_path, "no error",
+            "{name}: a truncated dataset read whole"
+        );
+        assert_eq!(in_root, by_path, "{name}");
+    }
 }
