@@ -1,8 +1,8 @@
 //! The datasets an agent serves: named roots, and the confinement of every name to its root.
 //!
 //! A client names a dataset `ROOT/RELATIVE/PATH`. Only configured roots are served, each a
-//! [`LocalRoot`] held as an `Arc<dyn Root>` (so a store of another kind is one more root,
-//! not a change here). The roots do the confining: a name with `..` or an absolute path is
+//! [`LocalRoot`] for a directory or an [`ObjectRoot`] for `s3://BUCKET/PREFIX`, held as an
+//! `Arc<dyn Root>`. The roots do the confining: a name with `..` or an absolute path is
 //! refused before any file is opened, and every file a root stats or opens must lie, after
 //! every symlink is resolved, inside the root's real directory, so a link planted inside a
 //! root cannot reach `/etc` (`LocalRoot` opens beneath a held directory handle with
@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use dquant_objstore::{is_object_uri, ObjectRoot, S3Location, S3Settings};
 use dquant_proto::v1::ListEntry;
 use dquant_storage::{LocalRoot, NameProblem, Root, RootError};
 
@@ -38,9 +39,10 @@ pub struct Resolved {
 }
 
 impl Catalog {
-    /// Checks that every root exists and is a directory; root names must be single path
-    /// segments.
-    pub fn new(roots: &BTreeMap<String, PathBuf>) -> Result<Self, String> {
+    /// Checks that every directory root exists and is a directory, and that every
+    /// `s3://BUCKET/PREFIX` root parses and has a client (reached with `s3`; nothing is
+    /// requested until a client asks); root names must be single path segments.
+    pub fn new(roots: &BTreeMap<String, PathBuf>, s3: &S3Settings) -> Result<Self, String> {
         let mut out = BTreeMap::new();
         for (name, dir) in roots {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
@@ -48,9 +50,7 @@ impl Catalog {
                     "root name {name:?}: must be one path segment, without '/'"
                 ));
             }
-            let root = LocalRoot::new(dir)
-                .map_err(|e| format!("root {name:?} ({}): {e}", dir.display()))?;
-            out.insert(name.clone(), Arc::new(root) as Arc<dyn Root>);
+            out.insert(name.clone(), open_root(name, dir, s3)?);
         }
         Ok(Catalog { roots: out })
     }
@@ -132,6 +132,18 @@ impl Catalog {
     }
 }
 
+/// The root at `at`: a bucket prefix for `s3://…`, else a local directory.
+fn open_root(name: &str, at: &std::path::Path, s3: &S3Settings) -> Result<Arc<dyn Root>, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("root {name:?} ({}): {e}", at.display());
+    match at.to_str().filter(|s| is_object_uri(s)) {
+        Some(uri) => {
+            let loc = S3Location::parse(uri).map_err(|e| fail(&e))?;
+            Ok(Arc::new(ObjectRoot::s3(&loc, s3).map_err(|e| fail(&e))?))
+        }
+        None => Ok(Arc::new(LocalRoot::new(at).map_err(|e| fail(&e))?)),
+    }
+}
+
 /// Whether the dataset `rel` is under `root`: the name itself (a `.dqb` or raw file), or else
 /// a Megatron prefix's `.bin` or `.idx`. A refusal of any of them is an error.
 fn find(root: &dyn Root, rel: &str) -> Result<bool, RootError> {
@@ -184,7 +196,7 @@ mod tests {
         // A directory link back up the tree must not make `list` loop.
         std::os::unix::fs::symlink(&root, root.join("sub/loop")).unwrap();
         let roots = BTreeMap::from([("corpus".to_string(), root)]);
-        let c = Catalog::new(&roots).unwrap();
+        let c = Catalog::new(&roots, &S3Settings::default()).unwrap();
         (t, c)
     }
 

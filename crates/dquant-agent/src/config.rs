@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use dquant_objstore::S3Settings;
 use serde::Deserialize;
 
 use crate::auth::TenantConfig;
@@ -54,9 +55,14 @@ pub struct AgentConfig {
     /// Seconds an opened session waits for its data connection before it is dropped.
     #[serde(default = "default_ticket_ttl")]
     pub ticket_ttl_secs: u64,
-    /// Named dataset roots: `name = "/path/to/dir"`. Clients name datasets `name/relative`.
+    /// Named dataset roots: `name = "/path/to/dir"` or `name = "s3://BUCKET/PREFIX"`.
+    /// Clients name datasets `name/relative`.
     #[serde(default)]
     pub roots: BTreeMap<String, PathBuf>,
+    /// How `s3://` roots are reached (`[s3]`: endpoint, region, credentials, timeouts,
+    /// retries, readahead); unset fields come from the `AWS_*` variables.
+    #[serde(default)]
+    pub s3: S3Settings,
     /// Where to serve Prometheus metrics (`GET` any path on this address). Off by default.
     /// The endpoint has no authentication: bind it where only the monitoring system reaches.
     #[serde(default)]
@@ -168,6 +174,7 @@ impl Default for AgentConfig {
             keep_datasets: default_dataset_cache(),
             ticket_ttl_secs: default_ticket_ttl(),
             roots: BTreeMap::new(),
+            s3: S3Settings::default(),
             metrics_listen: None,
             tenants: Vec::new(),
             socket_uids: Vec::new(),
@@ -201,6 +208,7 @@ impl AgentConfig {
             return Err("max_sessions: must be at least 1".into());
         }
         self.limits.validate()?;
+        self.s3.validate()?;
         if self.consumer_idle_secs == 0 {
             return Err("consumer_idle_secs: must be at least 1".into());
         }
@@ -209,7 +217,7 @@ impl AgentConfig {
         }
         if self.roots.is_empty() {
             return Err(
-                "roots: no dataset roots configured (give --root NAME=DIR or a [roots] table)"
+                "roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)"
                     .into(),
             );
         }
@@ -252,7 +260,7 @@ mod tests {
         assert!(e.contains("unknown field `max_wrld`"), "{e}");
         assert_eq!(
             AgentConfig::default().validate().unwrap_err(),
-            "roots: no dataset roots configured (give --root NAME=DIR or a [roots] table)"
+            "roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)"
         );
     }
 }

@@ -277,7 +277,7 @@ fn upstream_credentials(config: &AgentConfig) -> Result<Credentials, AgentError>
 /// Starts an agent: binds both planes, then serves on background threads.
 pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     config.validate().map_err(AgentError::Config)?;
-    let catalog = Catalog::new(&config.roots).map_err(AgentError::Config)?;
+    let catalog = Catalog::new(&config.roots, &config.s3).map_err(AgentError::Config)?;
     let roots: Vec<&str> = config.roots.keys().map(String::as_str).collect();
     let auth = auth::Auth::new(&config.tenants, &roots).map_err(AgentError::Config)?;
     let tls = load_tls(&config)?;

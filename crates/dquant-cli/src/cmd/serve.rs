@@ -17,6 +17,8 @@ Examples:
   DQUANT_LOG=debug dquant serve --root corpus=data        # more log detail (default: info)
   dquant serve --root corpus=/data --socket /run/dquant.sock  # + a Unix socket: shared memory
   dquant serve --root none=/empty --upstream 10.0.0.5:7878    # may chain to that agent
+  AWS_ENDPOINT_URL=http://127.0.0.1:9000 AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \
+    dquant serve --root web=s3://corpus/web                  # a bucket prefix, by ranged GETs
 
   # agent.toml (every field but [roots] is optional):
   #   listen = \"127.0.0.1:7878\"       # gRPC control plane
@@ -57,7 +59,19 @@ Examples:
   #   roots = [\"corpus\"]              # or [\"*\"]
   #   [roots]                         # relative paths (here and in [tls]) are relative to the config file
   #   corpus = \"/data/tokens\"
-  #   web = \"/mnt/web\"
+  #   web = \"s3://bucket/web\"        # an S3-compatible bucket prefix
+  #   [s3]                            # for s3:// roots; unset: the AWS_* variables (defaults shown)
+  #   endpoint = \"https://minio.internal:9000\" # AWS_ENDPOINT_URL; default AWS itself
+  #   region = \"us-east-1\"           # AWS_REGION
+  #   access_key_id = \"...\"          # AWS_ACCESS_KEY_ID (unset: instance/pod credentials)
+  #   secret_access_key = \"...\"      # AWS_SECRET_ACCESS_KEY
+  #   allow_http = false              # plain http:// beyond loopback (trusted link only)
+  #   connect_timeout_secs = 5
+  #   read_timeout_secs = 15          # a body that stalls this long is retried
+  #   request_timeout_secs = 120
+  #   max_retries = 3                 # per request, with exponential back-off
+  #   part_bytes = 8388608            # bytes per ranged GET
+  #   readahead_bytes = 33554432      # requested ahead of each sequential reader
 
   # then, from a client:
   dquant ls dquant://127.0.0.1:7878/corpus
@@ -75,9 +89,10 @@ pub struct Args {
     /// Agent config file (TOML; see the example below). Flags override its values.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// A dataset root: clients name its datasets NAME/RELATIVE/PATH. Repeatable; replaces a
-    /// root of the same name from the config file.
-    #[arg(long = "root", value_name = "NAME=DIR", value_parser = parse_root)]
+    /// A dataset root, a directory or an S3-compatible bucket prefix (s3://BUCKET/PREFIX,
+    /// reached as the [s3] table and the AWS_* variables say): clients name its datasets
+    /// NAME/RELATIVE/PATH. Repeatable; replaces a root of the same name from the config file.
+    #[arg(long = "root", value_name = "NAME=DIR|s3://BUCKET/PREFIX", value_parser = parse_root)]
     pub roots: Vec<(String, PathBuf)>,
     /// Control plane (gRPC) address [default: 127.0.0.1:7878].
     #[arg(long, value_name = "ADDR")]
@@ -127,9 +142,14 @@ fn parse_root(s: &str) -> Result<(String, PathBuf), String> {
             Ok((name.to_string(), PathBuf::from(dir)))
         }
         _ => Err(format!(
-            "expected NAME=DIR (e.g. corpus=/data/tokens), got {s:?}"
+            "expected NAME=DIR or NAME=s3://BUCKET/PREFIX (e.g. corpus=/data/tokens), got {s:?}"
         )),
     }
+}
+
+/// Whether a root is an object-store URI rather than a directory.
+fn is_uri(p: &Path) -> bool {
+    p.to_str().is_some_and(dquant_objstore::is_object_uri)
 }
 
 /// The config file (if any) with the flags applied on top.
@@ -142,7 +162,8 @@ pub fn config(a: &Args) -> Result<AgentConfig> {
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             // Relative roots in a file mean "next to the file", wherever the agent starts.
             let base = path.parent().unwrap_or(Path::new(""));
-            for dir in c.roots.values_mut() {
+            let dirs = c.roots.values_mut().filter(|d| !is_uri(d));
+            for dir in dirs {
                 if dir.is_relative() {
                     *dir = base.join(&*dir);
                 }

@@ -1,0 +1,117 @@
+//! An agent serving an `s3://` root (a real S3 server, s3s-fs, on loopback) streams exactly
+//! what the same files give in-process: whole-stream checksums for Megatron, block-file and
+//! blended plans, listing, and missing datasets refused end to end.
+
+use std::path::PathBuf;
+
+use dquant_client::{open, Control, Offload, Reader};
+use dquant_objstore::S3Settings;
+use dquant_plan::{Cursor, Plan};
+use dquant_testkit::agent::{plan, plan_in, Corpus};
+use dquant_testkit::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
+use dquant_testkit::stream::drain;
+use dquant_testkit::xxh3;
+
+/// The corpus's files put under `s3://corpus/tokens/` on `server`.
+fn upload(c: &Corpus, server: &S3Server) {
+    for e in std::fs::read_dir(c.root()).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        server.put(
+            "corpus",
+            &format!("tokens/{name}"),
+            &std::fs::read(e.path()).unwrap(),
+        );
+    }
+}
+
+/// Small parts, so that the fixtures span many GETs and the readahead.
+fn settings(server: &S3Server) -> S3Settings {
+    S3Settings {
+        endpoint: Some(server.endpoint()),
+        access_key_id: Some(ACCESS_KEY.into()),
+        secret_access_key: Some(SECRET_KEY.into()),
+        part_bytes: 64 << 10,
+        readahead_bytes: 256 << 10,
+        ..S3Settings::default()
+    }
+}
+
+/// `p` (over `corpus/…`) run in-process from the local files.
+fn local(c: &Corpus, p: &Plan) -> u64 {
+    let mut r = Reader::local(&c.localized(p), Cursor::START).unwrap();
+    xxh3(&drain(&mut r).0)
+}
+
+/// `p` with its `corpus/` sources read from root `s3` of the agent at `uri`.
+fn through_s3(uri: &str, p: &Plan) -> u64 {
+    let mut p = p.clone();
+    for s in &mut p.sources {
+        s.uri = s.uri.replacen("corpus/", "s3/", 1);
+    }
+    let mut r = open(uri, &p, Offload::Yes).unwrap();
+    assert!(r.is_offloaded());
+    xxh3(&drain(&mut r).0)
+}
+
+#[test]
+fn an_s3_root_streams_what_the_local_files_do() {
+    let c = Corpus::new();
+    let server = S3Server::start();
+    upload(&c, &server);
+    let mut cfg = c.config();
+    cfg.roots
+        .insert("s3".into(), PathBuf::from("s3://corpus/tokens"));
+    cfg.s3 = settings(&server);
+    let agent = dquant_agent::start(cfg).unwrap();
+    let uri = agent.uri();
+
+    // Megatron int32, shuffled; the block-file copy; a blend with a wide vocabulary and a
+    // compressing wire codec; unshuffled over two epochs.
+    let mut plans = vec![
+        plan(&[("r50k", 1.0)], 255, 8),
+        plan(&[("r50k.dqb", 1.0)], 255, 8),
+    ];
+    let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 511, 4);
+    p.wire_codec = "auto+zstd:1".into();
+    p.samples = Some(600);
+    plans.push(p);
+    let mut p = plan(&[("r50k", 1.0)], 100, 5);
+    p.shuffle = false;
+    p.epochs = Some(2);
+    plans.push(p);
+    for p in &plans {
+        assert_eq!(through_s3(&uri, p), local(&c, p), "{:?}", p.sources);
+    }
+
+    // Listed like the directory it was copied from.
+    let ctl = Control::connect(&agent.control_addr().to_string()).unwrap();
+    let names = |root: &str| -> Vec<(String, String, u64)> {
+        ctl.list(root)
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.name.split_once('/').unwrap().1.to_string(),
+                    e.kind,
+                    e.bytes,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(names("s3"), names("corpus"));
+
+    // A missing dataset is NotFound end to end.
+    let e = open(
+        &uri,
+        &plan_in("s3", &[("missing", 1.0)], 127, 4, 1),
+        Offload::Yes,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert_eq!(
+        e,
+        "sources[0] (s3/missing): dataset \"s3/missing\": no such dataset under root \"s3\""
+    );
+}
