@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dquant_format::DType;
+use dquant_objstore::{is_object_uri, split_object_uri, ObjectRoot, S3Settings};
 use dquant_storage::{Dataset, OpenOptions, StorageError};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -38,15 +39,24 @@ impl OutputOpts {
     }
 }
 
+/// Opens an input: a local path, or `s3://BUCKET/KEY` (reached as the `AWS_*` variables
+/// say: `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...), read by ranged GETs.
 pub fn open(path: &Path, o: &InputOpts) -> Result<Dataset> {
-    Dataset::open(
-        path,
-        &OpenOptions {
-            raw_dtype: o.dtype,
-            eod: o.eod,
-        },
-    )
-    .map_err(anyhow::Error::from)
+    let opts = OpenOptions {
+        raw_dtype: o.dtype,
+        eod: o.eod,
+    };
+    let Some(uri) = object_uri(path) else {
+        return Ok(Dataset::open(path, &opts)?);
+    };
+    let (bucket, key) = split_object_uri(uri)?;
+    let root = ObjectRoot::s3(&bucket, &S3Settings::default())?;
+    Ok(Dataset::open_in(&root, &key, &opts)?)
+}
+
+/// `path` as an `s3://` URI, when it is one.
+pub fn object_uri(path: &Path) -> Option<&str> {
+    path.to_str().filter(|s| is_object_uri(s))
 }
 
 /// Attaches the input's path to data errors (a token that does not fit the output, say), so

@@ -8,11 +8,15 @@
 //! several, in flight together; sequential reads are read ahead, see `file.rs`). The root
 //! passes the same conformance suite as the local and in-memory roots.
 //!
+//! [`ObjectDestination`] is the other direction: `dquant convert` writes its outputs into a
+//! bucket as multipart uploads, completed only when the whole output is written.
+//!
 //! Crate layout: [`location`](S3Location) parses `s3://` URIs, [`settings`](S3Settings) turns
 //! the config and the `AWS_*` variables into a client, `root.rs` lists, stats and opens,
 //! `file.rs` reads, `runtime.rs` bridges the async client to the storage layer's blocking
 //! reads.
 
+mod destination;
 mod error;
 mod file;
 mod location;
@@ -20,8 +24,9 @@ mod root;
 mod runtime;
 mod settings;
 
+pub use destination::ObjectDestination;
 pub use error::ObjectRootError;
 pub use file::ObjectStats;
-pub use location::{is_object_uri, S3Location, S3_SCHEME};
+pub use location::{is_object_uri, split_object_uri, S3Location, S3_SCHEME};
 pub use root::ObjectRoot;
 pub use settings::{ReadSettings, S3Settings};

@@ -69,6 +69,26 @@ impl S3Location {
     }
 }
 
+/// An `s3://BUCKET/KEY` naming one object or dataset: its bucket (as a location with an
+/// empty prefix) and its key. The key must not be empty.
+pub fn split_object_uri(uri: &str) -> Result<(S3Location, String), ObjectRootError> {
+    let at = S3Location::parse(uri)?;
+    if at.prefix.is_empty() {
+        return Err(ObjectRootError::Location {
+            location: uri.to_string(),
+            problem: "expected s3://BUCKET/KEY, with a key".into(),
+        });
+    }
+    let key = at.prefix.clone();
+    Ok((
+        S3Location {
+            bucket: at.bucket,
+            prefix: String::new(),
+        },
+        key,
+    ))
+}
+
 impl fmt::Display for S3Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{S3_SCHEME}{}", self.bucket)?;

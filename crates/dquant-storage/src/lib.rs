@@ -16,6 +16,7 @@ mod cache;
 #[doc(hidden)]
 pub mod conformance;
 mod dataset;
+mod destination;
 mod eod_index;
 mod error;
 mod local_root;
@@ -26,6 +27,7 @@ mod writer;
 pub use backend::{LocalFile, ReadAt};
 pub use cache::{CacheStats, DatasetCache};
 pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader};
+pub use destination::{Destination, LocalFiles, StagedObject};
 pub use eod_index::cache_dir as index_cache_dir;
 pub use error::StorageError;
 pub use local_root::LocalRoot;

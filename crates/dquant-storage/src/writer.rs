@@ -1,15 +1,13 @@
 //! Streaming, atomic dataset writers.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use crate::destination::{Destination, LocalFiles, StagedObject};
+use crate::error::StorageError;
 use dquant_codec::{Codec, TokenHasher};
 use dquant_format::block::{BlockFileWriter, FileHeader};
 use dquant_format::{megatron, ContentChecksum, DType, DocIndex, FormatError};
-use tempfile::NamedTempFile;
-
-use crate::error::StorageError;
 
 /// The format a [`DatasetWriter`] produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,35 +35,19 @@ pub struct WriteReport {
     pub content: ContentChecksum,
 }
 
-/// A file written under a temporary name in the destination's directory and renamed over the
-/// destination only on [`Staged::commit`]. Dropping it uncommitted deletes it.
+/// One output file being written to a [`Destination`], counted.
 struct Staged {
     dst: PathBuf,
-    out: BufWriter<NamedTempFile>,
+    out: Box<dyn StagedObject>,
     bytes: u64,
 }
 
 impl Staged {
-    fn create(dst: &Path) -> Result<Self, StorageError> {
-        let dir = match dst.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let name = dst
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        // Like any file the user creates (0o666 less the umask), not tempfile's private 0o600:
-        // the dataset is usually read by other users (the trainer, the agent).
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}."))
-            .suffix(".tmp")
-            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-            .tempfile_in(dir)
-            .map_err(|e| StorageError::io(dir, e))?;
+    fn create(to: &dyn Destination, dst: &Path) -> Result<Self, StorageError> {
+        let out = to.stage(dst).map_err(|e| StorageError::io(dst, e))?;
         Ok(Staged {
             dst: dst.to_path_buf(),
-            out: BufWriter::with_capacity(1 << 20, tmp),
+            out,
             bytes: 0,
         })
     }
@@ -77,24 +59,10 @@ impl Staged {
             .map_err(|e| StorageError::io(&self.dst, e))
     }
 
-    /// Flushes, fsyncs and renames over the destination.
+    /// Makes the file appear under its name; returns its length.
     fn commit(self) -> Result<u64, StorageError> {
         let dst = self.dst;
-        let tmp = self
-            .out
-            .into_inner()
-            .map_err(|e| StorageError::io(&dst, e.into_error()))?;
-        tmp.as_file()
-            .sync_all()
-            .map_err(|e| StorageError::io(&dst, e))?;
-        tmp.persist(&dst)
-            .map_err(|e| StorageError::io(&dst, e.error))?;
-        if let Some(dir) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
-            // Make the rename itself durable.
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
-        }
+        self.out.commit().map_err(|e| StorageError::io(&dst, e))?;
         Ok(self.bytes)
     }
 }
@@ -118,6 +86,7 @@ enum Sink {
 /// Streams tokens into a dataset file with bounded memory, validating every token against the
 /// output's width, and commits atomically on [`DatasetWriter::finish`].
 pub struct DatasetWriter {
+    to: Arc<dyn Destination>,
     sink: Sink,
     tokens: u64,
     /// Hash of the tokens of plain (Megatron, raw) outputs.
@@ -141,11 +110,21 @@ impl DatasetWriter {
     /// Starts writing `path` (a prefix for Megatron output). Nothing appears under the final
     /// name until [`DatasetWriter::finish`] succeeds.
     pub fn create(path: &Path, format: OutputFormat) -> Result<Self, StorageError> {
+        Self::create_in(Arc::new(LocalFiles), path, format)
+    }
+
+    /// Starts writing `path` (a name in `to`) the same way.
+    pub fn create_in(
+        to: Arc<dyn Destination>,
+        path: &Path,
+        format: OutputFormat,
+    ) -> Result<Self, StorageError> {
+        let stage = |p: &Path| Staged::create(&*to, p);
         let sink = match format {
             OutputFormat::Megatron { dtype } => {
                 let prefix = megatron_prefix_of(path);
                 Sink::Megatron {
-                    bin: Staged::create(Path::new(&format!("{}.bin", prefix.display())))?,
+                    bin: stage(Path::new(&format!("{}.bin", prefix.display())))?,
                     idx_path: PathBuf::from(format!("{}.idx", prefix.display())),
                     dtype,
                 }
@@ -162,7 +141,7 @@ impl DatasetWriter {
                 };
                 let (writer, head) = BlockFileWriter::new(header, true)
                     .map_err(|e| StorageError::format(path, e))?;
-                let mut file = Staged::create(path)?;
+                let mut file = stage(path)?;
                 file.write(&head)?;
                 Sink::Block {
                     file,
@@ -170,11 +149,12 @@ impl DatasetWriter {
                 }
             }
             OutputFormat::Raw { dtype } => Sink::Raw {
-                file: Staged::create(path)?,
+                file: stage(path)?,
                 dtype,
             },
         };
         Ok(DatasetWriter {
+            to,
             sink,
             tokens: 0,
             hasher: TokenHasher::new(),
@@ -253,7 +233,7 @@ impl DatasetWriter {
             } => {
                 let idx = megatron::encode_idx(dtype, index)
                     .map_err(|e| StorageError::format(&idx_path, e))?;
-                let mut idx_file = Staged::create(&idx_path)?;
+                let mut idx_file = Staged::create(&*self.to, &idx_path)?;
                 idx_file.write(&idx)?;
                 files.push(bin.dst.clone());
                 bytes += bin.commit()?;

@@ -1,6 +1,7 @@
 //! `dquant convert`: re-encode a dataset losslessly, streaming, verified, atomic.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -9,7 +10,10 @@ use dquant_format::block::block_tokens_for;
 #[cfg(test)]
 use dquant_format::block::DEFAULT_BLOCK_BYTES;
 use dquant_format::DType;
-use dquant_storage::{Dataset, DatasetWriter, OutputFormat, WriteReport};
+use dquant_objstore::{split_object_uri, ObjectDestination, ObjectRoot, S3Location, S3Settings};
+use dquant_storage::{
+    Dataset, DatasetWriter, Destination, LocalFiles, OutputFormat, Root, RootError, WriteReport,
+};
 use serde_json::json;
 
 use crate::util::{self, InputOpts, OutputOpts};
@@ -23,7 +27,10 @@ Examples:
   # -> bit-packed to 17 bits (a 100k vocabulary), declared vocabulary checked
   dquant convert data/cl100k_int32 data/cl100k.dqb --codec bits:17 --vocab 100277
   # raw little-endian int32 tokens, documents split at token 50256
-  dquant convert tokens.i32 out.dqb --dtype i32 --eod 50256";
+  dquant convert tokens.i32 out.dqb --dtype i32 --eod 50256
+  # in place in an S3-compatible bucket (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... say where):
+  # read by ranged GETs, written by a multipart upload completed only when all is written
+  dquant convert s3://corpus/web_int32 s3://corpus/web.dqb --codec auto --zstd 3";
 
 /// Output format, when the destination's name does not say.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,9 +49,11 @@ pub enum OutKind {
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Input dataset: a Megatron prefix (or its .bin/.idx), a .dqb file, or a raw file with --dtype.
+    /// Input dataset: a Megatron prefix (or its .bin/.idx), a .dqb file, or a raw file with
+    /// --dtype; a local path or s3://BUCKET/KEY.
     pub src: PathBuf,
-    /// Output: a .dqb file, a Megatron prefix, or a raw file with --format raw.
+    /// Output: a .dqb file, a Megatron prefix, or a raw file with --format raw; a local path
+    /// or s3://BUCKET/KEY.
     pub dst: PathBuf,
     /// Width and compression: auto, u8, u16, u24, u32, i32, i64 or bits:N, optionally with
     /// +zstd:L or +lz4 (e.g. u16+zstd:3). `auto` picks the narrowest lossless width from
@@ -202,15 +211,16 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
     let ds = util::open(&a.src, &a.input)?;
     let kind = out_kind(&a.dst, a.format);
     let (spec, comp) = parse_codec(&a.codec, a.zstd, a.lz4)?;
+    let out = Output::of(&a.dst)?;
     let dst_main = match kind {
         OutKind::Megatron => PathBuf::from(format!(
             "{}.idx",
-            dquant_storage::megatron_prefix_of(&a.dst).display()
+            dquant_storage::megatron_prefix_of(&out.name).display()
         )),
-        _ => a.dst.clone(),
+        _ => out.name.clone(),
     };
-    if !a.force && dst_main.exists() {
-        bail!("{} exists; pass --force to replace it", dst_main.display());
+    if !a.force && out.exists(&dst_main)? {
+        bail!("{} exists; pass --force to replace it", out.show(&dst_main));
     }
     if let Some(0) = a.vocab {
         bail!("--vocab must be at least 1");
@@ -223,7 +233,7 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
     let fmt = resolve_output(kind, spec, comp, max, a.block_size, a.vocab)?;
     let quiet = a.output.quiet();
     let pb = util::bar(ds.tokens(), "converting", quiet);
-    let mut w = DatasetWriter::create(&a.dst, fmt)?;
+    let mut w = DatasetWriter::create_in(out.to.clone(), &out.name, fmt)?;
     let src = ds.data_path().to_path_buf();
     ds.scan(1 << 22, |start, t| {
         if let Some(v) = a.vocab {
@@ -241,9 +251,62 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
         pb.inc(t.len() as u64);
         Ok(())
     })?;
-    let rep = w.finish(ds.index()?).map_err(util::in_input(&src))?;
+    let mut rep = w.finish(ds.index()?).map_err(util::in_input(&src))?;
     pb.finish_and_clear();
+    for f in &mut rep.files {
+        *f = PathBuf::from(out.show(f));
+    }
     Ok((ds, fmt, rep, t0.elapsed().as_secs_f64()))
+}
+
+/// Where a convert writes: local files (renamed into place) or an S3 bucket (multipart
+/// uploads, completed at the end).
+struct Output {
+    to: Arc<dyn Destination>,
+    /// The output's name in `to`: a path, or a key.
+    name: PathBuf,
+    /// The bucket, for `s3://` outputs.
+    bucket: Option<(S3Location, ObjectRoot)>,
+}
+
+impl Output {
+    fn of(dst: &Path) -> Result<Self> {
+        let Some(uri) = util::object_uri(dst) else {
+            return Ok(Output {
+                to: Arc::new(LocalFiles),
+                name: dst.to_path_buf(),
+                bucket: None,
+            });
+        };
+        let (bucket, key) = split_object_uri(uri)?;
+        let settings = S3Settings::default();
+        let root = ObjectRoot::s3(&bucket, &settings)?;
+        Ok(Output {
+            to: Arc::new(ObjectDestination::s3(&bucket, &settings)?),
+            name: PathBuf::from(key),
+            bucket: Some((bucket, root)),
+        })
+    }
+
+    fn exists(&self, name: &Path) -> Result<bool> {
+        let Some((_, root)) = &self.bucket else {
+            return Ok(name.exists());
+        };
+        let key = name.to_str().unwrap_or_default();
+        match root.stat(key) {
+            Ok(_) => Ok(true),
+            Err(RootError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// How the user names `name`: the path, or `s3://BUCKET/KEY`.
+    fn show(&self, name: &Path) -> String {
+        match &self.bucket {
+            Some((b, _)) => format!("{b}/{}", name.display()),
+            None => name.display().to_string(),
+        }
+    }
 }
 
 pub fn run(a: &Args) -> Result<()> {
