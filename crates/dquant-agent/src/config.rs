@@ -86,6 +86,14 @@ pub struct AgentConfig {
     /// its operator listed it (a plan is not a license to reach the agent's network).
     #[serde(default)]
     pub upstreams: Vec<String>,
+    /// Where datasets live when they are not under this agent's roots (`[placement]`): a
+    /// dataset name prefix (`"web/"`, `"code/python/"`) and the storage agents that hold
+    /// replicas of everything under it (`HOST:PORT`, as in `upstreams`). A plan source whose
+    /// name starts with a prefix (the longest that matches) is read from those agents, spread
+    /// across them, failing over between them: the host agent routes, plans name only
+    /// datasets.
+    #[serde(default)]
+    pub placement: BTreeMap<String, Vec<String>>,
     /// Seconds any call to an upstream agent, and any read or write on its data connection,
     /// may take before the session fails.
     #[serde(default = "default_upstream_timeout")]
@@ -181,6 +189,7 @@ impl Default for AgentConfig {
             socket_gids: Vec::new(),
             upstream_token: None,
             upstreams: Vec::new(),
+            placement: BTreeMap::new(),
             upstream_timeout_secs: default_upstream_timeout(),
             shutdown_grace_secs: default_shutdown_grace(),
             consumer_idle_secs: default_consumer_idle(),
@@ -212,16 +221,38 @@ impl AgentConfig {
         if self.consumer_idle_secs == 0 {
             return Err("consumer_idle_secs: must be at least 1".into());
         }
+        for (prefix, agents) in &self.placement {
+            let ok = |a: &String| {
+                a.rsplit_once(':').is_some_and(|(h, p)| {
+                    !h.is_empty() && !h.contains(',') && p.parse::<u16>().is_ok()
+                })
+            };
+            if prefix.is_empty() || agents.is_empty() || !agents.iter().all(ok) {
+                return Err(format!(
+                    "placement {prefix:?}: give a non-empty dataset prefix and at least one \
+                     agent as HOST:PORT"
+                ));
+            }
+        }
         if self.upstream_timeout_secs == 0 {
             return Err("upstream_timeout_secs: must be at least 1".into());
         }
-        if self.roots.is_empty() {
+        if self.roots.is_empty() && self.placement.is_empty() {
             return Err(
                 "roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)"
                     .into(),
             );
         }
         Ok(())
+    }
+
+    /// The agents the placement map routes dataset `name` to: the longest prefix's.
+    pub fn placement_of(&self, name: &str) -> Option<&[String]> {
+        self.placement
+            .iter()
+            .filter(|(prefix, _)| name.starts_with(prefix.as_str()))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map(|(_, agents)| agents.as_slice())
     }
 
     /// The data plane address this config resolves to.

@@ -34,26 +34,40 @@ pub(crate) struct Service {
 }
 
 /// Opens a plan source on this agent: a dataset under a root, or (chaining) a dataset on
-/// another agent, whose token ranges then travel in the plan's wire codec.
+/// other agents (named by the source, `dquant://HOST:PORT[,HOST:PORT...]/ROOT/PATH`, or
+/// routed there by the config's placement map), whose token ranges then travel in the plan's
+/// wire codec.
 fn open_plan_source(
     shared: &Shared,
     s: &Source,
     wire_codec: &str,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
+    let config = &shared.config;
+    let timeout = Duration::from_secs(config.upstream_timeout_secs);
     if s.uri.starts_with(AgentUri::SCHEME) {
         let u = dataset_uri(&s.uri)?;
-        let config = &shared.config;
         // Checked before anything is dialed: the answer must not tell the client whether
         // a port it named is open.
-        if !config.upstreams.contains(&u.authority) {
+        if let Some(a) = u
+            .replicas()
+            .into_iter()
+            .find(|a| !config.upstreams.iter().any(|u| u == a))
+        {
             return Err(SourceError::Usage(format!(
-                "upstream agent {} is not in this agent's upstreams list; its operator allows \
-                 chaining with `upstreams = [\"{}\"]` in the config (or `dquant serve \
-                 --upstream {}`)",
-                u.authority, u.authority, u.authority
+                "upstream agent {a} is not in this agent's upstreams list; its operator allows \
+                 chaining with `upstreams = [\"{a}\"]` in the config (or `dquant serve \
+                 --upstream {a}`)"
             )));
         }
-        let timeout = Duration::from_secs(config.upstream_timeout_secs);
+        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream);
+    }
+    if let Some(agents) = config.placement_of(&s.uri) {
+        let u = dataset_uri(&format!(
+            "{}{}/{}",
+            AgentUri::SCHEME,
+            agents.join(","),
+            s.uri
+        ))?;
         return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream);
     }
     let found = shared

@@ -200,6 +200,12 @@ impl Control {
         timeout: Duration,
         creds: &Credentials,
     ) -> Result<Self, SourceError> {
+        if authority.contains(',') && !is_unix_authority(authority) {
+            return Err(SourceError::Usage(format!(
+                "{authority}: one agent address is needed here; several (replicas of a \
+                 dataset) are for plan sources, dquant://HOST1:PORT,HOST2:PORT/ROOT/PATH"
+            )));
+        }
         let tls = creds.tls.clone().filter(|_| !is_unix_authority(authority));
         let c = Self::dial(authority, timeout, tls)?;
         match &creds.token {

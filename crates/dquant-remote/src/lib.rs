@@ -8,6 +8,7 @@
 mod control;
 mod open;
 mod readahead;
+mod replicas;
 mod shutdown;
 mod source;
 mod uri;
@@ -17,6 +18,7 @@ pub use control::{
 };
 pub use open::{dataset_uri, open_on_agent, open_source};
 pub use readahead::ReadaheadConfig;
+pub use replicas::ReplicatedSource;
 pub use shutdown::{resume_point, shutdown_message};
 pub use source::{check_payload_len, RemoteSource};
 pub use uri::{AgentUri, Transport};

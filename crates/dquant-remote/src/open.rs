@@ -9,7 +9,7 @@ use dquant_plan::Source;
 use dquant_proto::v1::StatRequest;
 
 use crate::control::{Credentials, DEFAULT_RPC_TIMEOUT};
-use crate::{AgentUri, Control, RemoteSource};
+use crate::{AgentUri, Control, RemoteSource, ReplicatedSource};
 
 /// Parses a source's `dquant://HOST:PORT/DATASET` URI, which must name a dataset.
 pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
@@ -23,7 +23,8 @@ pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
 }
 
 /// Opens `u`'s dataset on its agent as a range source, every control call and data read
-/// bounded by `timeout`, with `creds` (a tenant's token, the TLS to expect).
+/// bounded by `timeout`, with `creds` (a tenant's token, the TLS to expect). Several agents
+/// (`dquant://HOST1:PORT,HOST2:PORT/...`) are replicas: a [`ReplicatedSource`] over them.
 pub fn open_on_agent(
     u: &AgentUri,
     s: &Source,
@@ -31,6 +32,12 @@ pub fn open_on_agent(
     timeout: Duration,
     creds: &Credentials,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
+    let replicas = u.replicas();
+    if replicas.len() > 1 {
+        let dataset = stat_of(u.dataset.clone(), s);
+        let r = ReplicatedSource::open(&replicas, dataset, wire_codec, timeout, creds)?;
+        return Ok(Box::new(r));
+    }
     let c = Control::connect_with(&u.authority, timeout, creds)?;
     Ok(Box::new(RemoteSource::open(
         c,

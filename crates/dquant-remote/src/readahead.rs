@@ -9,6 +9,30 @@ use dquant_engine::SourceError;
 
 use crate::source::RangeStream;
 
+/// The data streams a [`Window`] asks chunks on: one agent's (a [`RangeStream`]), or one per
+/// replica of a dataset (`ReplicatedSource`), where chunks go round-robin so every
+/// replica's link carries part of a sequential read.
+pub(crate) trait Streams {
+    /// The stream the next chunk is asked on, or why none can take it.
+    fn pick(&mut self) -> Result<usize, SourceError>;
+    fn stream(&mut self, i: usize) -> &mut RangeStream;
+    /// Whether stream `i` is still connected (a replica taken out is not: what it owed is
+    /// not read off it).
+    fn alive(&self, _i: usize) -> bool {
+        true
+    }
+}
+
+impl Streams for RangeStream {
+    fn pick(&mut self) -> Result<usize, SourceError> {
+        Ok(0)
+    }
+
+    fn stream(&mut self, _: usize) -> &mut RangeStream {
+        self
+    }
+}
+
 /// How a [`RemoteSource`] reads ahead of sequential reads (see `Window` for the mechanism).
 ///
 /// Why these sizes ([`ReadaheadConfig::DEFAULT`]: 512 Ki-token chunks, 4 in flight):
@@ -111,14 +135,17 @@ pub(crate) struct Window {
     start: u64,
     /// Decoded tokens from `start` on.
     tokens: Vec<u32>,
-    /// Chunks asked for and not received yet, in request order: (first token, tokens).
-    in_flight: VecDeque<(u64, u64)>,
+    /// Chunks asked for and not received yet, in request order: (first token, tokens, the
+    /// stream asked).
+    in_flight: VecDeque<(u64, u64, usize)>,
     /// The first token not asked for yet.
     next: u64,
     /// A chunk request that could not be sent. Reported only when the reader needs that
     /// chunk: the answers before it (often the agent's error frame, which says why the
     /// connection broke) are read first.
-    send_error: Option<SourceError>,
+    send_error: Option<(usize, SourceError)>,
+    /// The stream whose send or receive failed last.
+    failed: Option<usize>,
 }
 
 impl Window {
@@ -129,6 +156,7 @@ impl Window {
             in_flight: VecDeque::new(),
             next: at,
             send_error: None,
+            failed: None,
         }
     }
 
@@ -137,18 +165,31 @@ impl Window {
     }
 
     /// Asks for chunks until `in_flight` are outstanding or the dataset's end is asked for.
-    pub(crate) fn top_up(&mut self, s: &mut RangeStream, cfg: ReadaheadConfig, total: u64) {
+    pub(crate) fn top_up(&mut self, s: &mut dyn Streams, cfg: ReadaheadConfig, total: u64) {
         while self.send_error.is_none() && self.in_flight.len() < cfg.in_flight && self.next < total
         {
             let len = cfg.chunk_tokens.min(total - self.next);
-            match s.send(&[(self.next, len)]) {
+            let i = match s.pick() {
+                Ok(i) => i,
+                // No stream can take it: the reader learns why when it needs the chunk.
+                Err(e) => {
+                    self.send_error = Some((usize::MAX, e));
+                    return;
+                }
+            };
+            match s.stream(i).send(&[(self.next, len)]) {
                 Ok(()) => {
-                    self.in_flight.push_back((self.next, len));
+                    self.in_flight.push_back((self.next, len, i));
                     self.next += len;
                 }
-                Err(e) => self.send_error = Some(e),
+                Err(e) => self.send_error = Some((i, e)),
             }
         }
+    }
+
+    /// The stream whose failure the last error came from, if a stream failed.
+    pub(crate) fn failed_stream(&self) -> Option<usize> {
+        self.failed.filter(|&i| i != usize::MAX)
     }
 
     /// Copies the tokens of `r` into `out`, receiving chunks until the window holds them.
@@ -157,20 +198,24 @@ impl Window {
         &mut self,
         r: &Range<u64>,
         out: &mut [u32],
-        s: &mut RangeStream,
+        s: &mut dyn Streams,
         cfg: ReadaheadConfig,
         total: u64,
     ) -> Result<(), SourceError> {
         debug_assert!(self.start <= r.start && r.start <= self.end() && r.end <= total);
         while self.end() < r.end {
             self.top_up(s, cfg, total);
-            let Some((start, len)) = self.in_flight.pop_front() else {
-                return Err(self.send_error.take().unwrap_or_else(|| {
-                    SourceError::Usage(format!(
+            let Some((start, len, i)) = self.in_flight.pop_front() else {
+                return Err(match self.send_error.take() {
+                    Some((i, e)) => {
+                        self.failed = Some(i);
+                        e
+                    }
+                    None => SourceError::Usage(format!(
                         "readahead: nothing in flight for tokens {}..{}",
                         r.start, r.end
-                    ))
-                }));
+                    )),
+                });
             };
             debug_assert_eq!(start, self.end());
             // No later read needs the tokens before `r` (reads here only go forward).
@@ -179,17 +224,27 @@ impl Window {
             self.start += consumed as u64;
             let at = self.tokens.len();
             self.tokens.resize(at + len as usize, 0);
-            s.recv(start, len, Some(&mut self.tokens[at..]))?;
+            if let Err(e) = s.stream(i).recv(start, len, Some(&mut self.tokens[at..])) {
+                self.failed = Some(i);
+                return Err(e);
+            }
         }
         let a = (r.start - self.start) as usize;
         out.copy_from_slice(&self.tokens[a..a + out.len()]);
         Ok(())
     }
 
-    /// Reads and drops the answers still in flight, leaving the stream at a request boundary.
-    pub(crate) fn drain(mut self, s: &mut RangeStream) -> Result<(), SourceError> {
-        while let Some((start, len)) = self.in_flight.pop_front() {
-            s.recv(start, len, None)?;
+    /// Reads and drops the answers still in flight, leaving the streams at a request
+    /// boundary.
+    pub(crate) fn drain(&mut self, s: &mut dyn Streams) -> Result<(), SourceError> {
+        while let Some((start, len, i)) = self.in_flight.pop_front() {
+            if !s.alive(i) {
+                continue;
+            }
+            if let Err(e) = s.stream(i).recv(start, len, None) {
+                self.failed = Some(i);
+                return Err(e);
+            }
         }
         Ok(())
     }

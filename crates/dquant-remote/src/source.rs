@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use dquant_codec::{Codec, Decoder};
 use dquant_engine::{SourceError, TokenSource};
-use dquant_proto::v1::{OpenSourceRequest, StatRequest};
+use dquant_proto::v1::{DatasetStat, OpenSourceRequest, StatRequest};
 use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
 use dquant_transport::{DataStream, FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
 
@@ -24,7 +24,9 @@ pub struct RemoteSource {
     session: u64,
     tokens: u64,
     max_token: u32,
-    stream: RangeStream,
+    /// What the agent said of the dataset when the source opened.
+    pub(crate) stat: DatasetStat,
+    pub(crate) stream: RangeStream,
     readahead: ReadaheadConfig,
     seq: Sequence,
     /// Present while reading ahead.
@@ -58,6 +60,7 @@ impl RemoteSource {
             control,
             tokens,
             max_token,
+            stat: reply.stat.clone().unwrap_or_default(),
             stream: RangeStream {
                 writer,
                 reader,
@@ -135,7 +138,7 @@ impl RemoteSource {
             if done == ranges.len() {
                 // Keep the pipeline full while the consumer works on these tokens.
                 w.top_up(&mut self.stream, cfg, total);
-            } else if let Some(w) = self.window.take() {
+            } else if let Some(mut w) = self.window.take() {
                 // The read left the sequence: what is in flight is of no use, but its
                 // answers are on the stream ahead of any new one.
                 w.drain(&mut self.stream)?;

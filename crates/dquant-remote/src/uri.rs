@@ -4,7 +4,8 @@
 pub use dquant_transport::Transport;
 
 /// An agent's address, from one of:
-/// - `dquant://HOST:PORT[/DATASET]`, over TCP;
+/// - `dquant://HOST:PORT[/DATASET]`, over TCP; a plan source may name replicas of its
+///   dataset, `dquant://HOST1:PORT,HOST2:PORT/ROOT/PATH` (see [`AgentUri::replicas`]);
 /// - `unix:PATH`, `unix://PATH` or a plain path (`/run/dquant.sock`, `./agent.sock`): the
 ///   agent's Unix socket, on this host; offloaded plans then use a shared-memory ring.
 ///
@@ -16,7 +17,8 @@ pub use dquant_transport::Transport;
 /// `slots` sizes the ring (default: `dquant_client::shm::default_slots`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentUri {
-    /// `HOST:PORT`, or the socket path for a Unix-socket agent.
+    /// `HOST:PORT` (or `HOST1:PORT,HOST2:PORT` for replicas), or the socket path for a
+    /// Unix-socket agent.
     pub authority: String,
     /// The dataset name after the authority (`root/path`), empty if none.
     pub dataset: String,
@@ -37,10 +39,11 @@ impl AgentUri {
         let (addr, query) = uri.split_once('?').unwrap_or((uri, ""));
         let mut me = if let Some(rest) = addr.strip_prefix(Self::SCHEME) {
             let (authority, dataset) = rest.split_once('/').unwrap_or((rest, ""));
-            let port_ok = authority
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-            if !port_ok {
+            let port_ok = |a: &str| {
+                a.rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+            };
+            if !authority.split(',').all(port_ok) {
                 return Err(format!(
                     "{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
                 ));
@@ -106,6 +109,12 @@ impl AgentUri {
         }
     }
 
+    /// The agents holding the dataset: the `HOST:PORT`s of a comma-separated authority, in
+    /// the order given (one for a plain address).
+    pub fn replicas(&self) -> Vec<&str> {
+        self.authority.split(',').collect()
+    }
+
     /// Whether the agent is addressed by its Unix socket.
     pub fn is_unix(&self) -> bool {
         is_unix_authority(&self.authority)
@@ -165,6 +174,16 @@ mod tests {
             assert_eq!(u.host(), "127.0.0.1");
         }
         assert_eq!(AgentUri::parse("./a.sock").unwrap().authority, "./a.sock");
+        // Replicas of a source's dataset.
+        let u = AgentUri::parse("dquant://10.0.0.1:7878,storage-2:7878/corpus/x").unwrap();
+        assert_eq!(u.replicas(), ["10.0.0.1:7878", "storage-2:7878"]);
+        assert_eq!(u.dataset, "corpus/x");
+        assert_eq!(
+            AgentUri::parse("dquant://h:1/x").unwrap().replicas(),
+            ["h:1"]
+        );
+        assert!(AgentUri::parse("dquant://h:1,/x").is_err());
+        assert!(AgentUri::parse("dquant://h:1,h2/x").is_err());
         let u = AgentUri::parse("dquant://h:1?transport=shm&verify=true&slots=16").unwrap();
         assert_eq!(
             (u.transport(), u.verify, u.slots, u.authority.as_str()),

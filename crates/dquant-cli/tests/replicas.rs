@@ -1,0 +1,227 @@
+//! Replicas: a plan source `dquant://A,B/ROOT/PATH` read through a host agent from two
+//! storage agents (`dquant serve` processes). One storage agent SIGKILLed mid-stream: the
+//! stream is byte-identical to an uninterrupted one. Both killed: an error, and the stream
+//! resumed from the reader's cursor gives exactly the rest. A replica with other data is
+//! refused at open. The placement map routes plain dataset names the same way.
+
+use std::path::Path;
+use std::time::Duration;
+
+use dquant_client::{open, open_at, Offload, Reader};
+use dquant_format::{DType, DocIndexBuilder};
+use dquant_plan::{Cursor, OutputDType, Plan, Source};
+use dquant_storage::{DatasetWriter, OutputFormat};
+use dquant_testkit::process::AgentProcess;
+use dquant_testkit::xxh3;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dquant");
+
+/// Writes `DIR/corpus/big` (Megatron int32): 4 Mi tokens in documents of 100..4000, ids
+/// below 50 000 from `seed` (an LCG: deterministic).
+fn corpus(dir: &Path, seed: u64) {
+    let root = dir.join("corpus");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut w = DatasetWriter::create(
+        &root.join("big"),
+        OutputFormat::Megatron { dtype: DType::I32 },
+    )
+    .unwrap();
+    let mut ix = DocIndexBuilder::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ seed;
+    let mut next = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as u32
+    };
+    let mut left: u64 = 4 << 20;
+    while left > 0 {
+        let n = (100 + next() as u64 % 3900).min(left);
+        let doc: Vec<u32> = (0..n).map(|_| next() % 50_000).collect();
+        w.push(&doc).unwrap();
+        ix.push_document(n);
+        left -= n;
+    }
+    w.finish(&ix.finish()).unwrap();
+}
+
+fn storage(dir: &Path) -> AgentProcess {
+    let root = format!("corpus={}", dir.join("corpus").display());
+    AgentProcess::start(BIN, &["--root", &root, "--worker-threads", "0"])
+}
+
+fn authority(a: &AgentProcess) -> String {
+    a.uri.strip_prefix("dquant://").unwrap().to_string()
+}
+
+/// A host agent (in this process) that may chain to `upstreams`, with one frame of
+/// prefetch, so that it reads from its upstreams as the consumer goes.
+fn host(upstreams: &[String]) -> (dquant_agent::AgentHandle, tempfile::TempDir) {
+    let empty = tempfile::tempdir().unwrap();
+    let mut cfg = dquant_testkit::agent::config(&[("none", empty.path().to_path_buf())]);
+    cfg.upstreams = upstreams.to_vec();
+    cfg.prefetch_frames = 1;
+    cfg.upstream_timeout_secs = 5;
+    (dquant_agent::start(cfg).unwrap(), empty)
+}
+
+fn plan(uri: &str, shuffle: bool) -> Plan {
+    let mut p = Plan::new(vec![Source::new(uri)], 255, 8);
+    p.seed = 7;
+    p.shuffle = shuffle;
+    p.output = OutputDType::U16;
+    p
+}
+
+/// The whole stream of `p` over the local file.
+fn local(dir: &Path, p: &Plan) -> Vec<u8> {
+    let mut p = p.clone();
+    p.sources[0].uri = dir.join("corpus/big").display().to_string();
+    read_rest(&mut Reader::local(&p, Cursor::START).unwrap()).0
+}
+
+/// Everything `r` yields until its end or its first error.
+fn read_rest(r: &mut Reader) -> (Vec<u8>, Option<String>) {
+    let mut bytes = Vec::new();
+    loop {
+        match r.next_batch() {
+            Ok(Some(b)) => bytes.extend_from_slice(b.tokens.as_bytes()),
+            Ok(None) => return (bytes, None),
+            Err(e) => return (bytes, Some(e.to_string())),
+        }
+    }
+}
+
+/// Reads `n` batches of `r`.
+fn read_batches(r: &mut Reader, n: usize) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for _ in 0..n {
+        let b = r.next_batch().unwrap().expect("the stream is longer");
+        bytes.extend_from_slice(b.tokens.as_bytes());
+    }
+    bytes
+}
+
+#[test]
+fn a_replica_killed_mid_stream_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path(), 0);
+    for shuffle in [false, true] {
+        let (a, mut b) = (storage(dir.path()), storage(dir.path()));
+        let reps = [authority(&a), authority(&b)];
+        let (h, _empty) = host(&reps);
+        let p = plan(
+            &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
+            shuffle,
+        );
+        let want = local(dir.path(), &p);
+        let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+        let mut got = read_batches(&mut r, 20);
+        b.signal(libc::SIGKILL);
+        let _ = b.child.wait();
+        let (rest, err) = read_rest(&mut r);
+        assert_eq!(err, None, "shuffle={shuffle}");
+        got.extend(rest);
+        assert_eq!(got.len(), want.len(), "shuffle={shuffle}");
+        assert!(
+            xxh3(&got) == xxh3(&want),
+            "shuffle={shuffle}: the streams differ"
+        );
+        drop(a);
+    }
+}
+
+#[test]
+fn all_replicas_killed_is_an_error_and_the_cursor_resumes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path(), 0);
+    let (a, b) = (storage(dir.path()), storage(dir.path()));
+    let reps = [authority(&a), authority(&b)];
+    let (h, _empty) = host(&reps);
+    let p = plan(
+        &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
+        false,
+    );
+    let want = local(dir.path(), &p);
+    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+    let mut got = read_batches(&mut r, 10);
+    for s in [&a, &b] {
+        s.signal(libc::SIGKILL);
+    }
+    let (rest, err) = read_rest(&mut r);
+    got.extend(rest);
+    let err = err.expect("every replica is gone");
+    assert!(
+        err.contains("every replica of corpus/big failed ("),
+        "{err}"
+    );
+    let cursor = r.cursor();
+    drop(r);
+    // Another storage agent with the same data; the stream goes on from the cursor.
+    let c = storage(dir.path());
+    let (h2, _empty2) = host(&[authority(&c)]);
+    let p2 = plan(&format!("{}/corpus/big", c.uri), false);
+    let mut r = open_at(&h2.uri(), &p2, cursor, Offload::Yes).unwrap();
+    let (rest, err) = read_rest(&mut r);
+    assert_eq!(err, None);
+    got.extend(rest);
+    assert_eq!(got.len(), want.len());
+    assert!(xxh3(&got) == xxh3(&want), "the resumed stream differs");
+}
+
+#[test]
+fn a_replica_with_other_data_is_refused_at_open() {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    corpus(one.path(), 0);
+    corpus(two.path(), 0);
+    // Same documents, one token changed near the end.
+    let bin = two.path().join("corpus/big.bin");
+    let mut bytes = std::fs::read(&bin).unwrap();
+    let at = bytes.len() - 40;
+    bytes[at] ^= 1;
+    std::fs::write(&bin, &bytes).unwrap();
+    let (a, b) = (storage(one.path()), storage(two.path()));
+    let reps = [authority(&a), authority(&b)];
+    let (h, _empty) = host(&reps);
+    let p = plan(
+        &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
+        false,
+    );
+    let e = open(&h.uri(), &p, Offload::Yes).err().unwrap().to_string();
+    let last = (4u64 << 20) - 32;
+    assert_eq!(
+        e,
+        format!(
+            "sources[0] ({}): replica {} of corpus/big holds other data than replica {}: \
+             tokens {last}..{} differ; every replica must serve the same dataset",
+            p.sources[0].uri,
+            reps[1],
+            reps[0],
+            last + 32
+        )
+    );
+}
+
+#[test]
+fn the_placement_map_routes_datasets_to_their_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path(), 0);
+    let (a, mut b) = (storage(dir.path()), storage(dir.path()));
+    let reps = vec![authority(&a), authority(&b)];
+    let mut cfg = dquant_testkit::agent::config(&[]);
+    cfg.placement.insert("corpus/".into(), reps.clone());
+    cfg.prefetch_frames = 1;
+    cfg.upstream_timeout_secs = 5;
+    let h = dquant_agent::start(cfg).unwrap();
+    let p = plan("corpus/big", true);
+    let want = local(dir.path(), &p);
+    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+    let mut got = read_batches(&mut r, 5);
+    b.signal(libc::SIGKILL);
+    let _ = b.child.wait();
+    std::thread::sleep(Duration::from_millis(50));
+    let (rest, err) = read_rest(&mut r);
+    assert_eq!(err, None);
+    got.extend(rest);
+    assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+}

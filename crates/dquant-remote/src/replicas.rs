@@ -1,0 +1,592 @@
+//! One dataset held by several storage agents: reads spread across them, and moved to the
+//! others when one dies or stalls, with nothing lost.
+//!
+//! # Why a source of its own
+//! A plan source `dquant://HOST1:PORT,HOST2:PORT/ROOT/PATH` names replicas: agents that
+//! serve identical copies of a dataset. Token ranges are idempotent (a range read twice, from
+//! either replica, is the same tokens), so a read that fails on one replica can simply be
+//! asked again of another: the consumer sees no error and the stream stays byte-identical
+//! to an uninterrupted one. Only when every replica is gone does the read fail, and the
+//! consumer resumes from its cursor like after any other failure.
+//!
+//! # Spreading reads
+//! Sequential reads keep a readahead window (the same [`Window`] a single agent's source
+//! uses) whose chunks are asked round-robin of the live replicas, so every replica's link
+//! carries part of one sequential stream. Jumping reads (a shuffled batch) are split into one
+//! request per live replica, all sent before any answer is read.
+//!
+//! # Identical data
+//! A replica is used only once it matches the first one opened: tokens, documents, the
+//! maximum token and the content checksum where both agents know them, and the tokens of a
+//! few probe ranges spread over the dataset. A mismatch at open fails the open with both
+//! sides of the difference; a replica coming back with other data stays out, with that
+//! error.
+//!
+//! # Coming back
+//! A replica that failed is retried after a back-off (1 s, doubling to 30 s) on a thread of
+//! its own, so a reader never waits on a dead host's connect timeout; once it opens and
+//! matches, reads use it again.
+
+use std::ops::Range;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use dquant_engine::{SourceError, TokenSource};
+use dquant_proto::v1::{DatasetStat, StatRequest};
+use dquant_transport::record::MAX_REQUEST_RANGES;
+
+use crate::control::{Control, Credentials};
+use crate::readahead::{ReadaheadConfig, Sequence, Streams, Window};
+use crate::source::{RangeStream, RemoteSource};
+
+/// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.
+const PROBES: u64 = 8;
+const PROBE_TOKENS: u64 = 32;
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How a replica is opened: everything but its address.
+#[derive(Clone)]
+struct Opener {
+    dataset: StatRequest,
+    wire_codec: String,
+    timeout: Duration,
+    creds: Credentials,
+}
+
+impl Opener {
+    fn open(&self, authority: &str) -> Result<RemoteSource, SourceError> {
+        let c = Control::connect_with(authority, self.timeout, &self.creds)?;
+        let mut s = RemoteSource::open(c, self.dataset.clone(), &self.wire_codec)?;
+        s.set_readahead(ReadaheadConfig::OFF);
+        Ok(s)
+    }
+}
+
+/// What every replica must match: the first replica's stat and probe tokens.
+struct Reference {
+    authority: String,
+    stat: DatasetStat,
+    probes: Vec<(Range<u64>, Vec<u32>)>,
+}
+
+/// The probe ranges of a dataset of `tokens` tokens: spread evenly, first and last included.
+fn probe_ranges(tokens: u64) -> Vec<Range<u64>> {
+    let len = PROBE_TOKENS.min(tokens);
+    if len == 0 {
+        return Vec::new();
+    }
+    let mut starts: Vec<u64> = (0..PROBES)
+        .map(|i| (tokens - len) * i / (PROBES - 1))
+        .collect();
+    starts.dedup();
+    starts.into_iter().map(|s| s..s + len).collect()
+}
+
+/// Reads `ranges` stop-and-wait on `s`.
+fn read_probes(s: &mut RangeStream, ranges: &[Range<u64>]) -> Result<Vec<Vec<u32>>, SourceError> {
+    let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end - r.start)).collect();
+    s.send(&pairs)?;
+    ranges
+        .iter()
+        .map(|r| {
+            let mut out = vec![0u32; (r.end - r.start) as usize];
+            s.recv(r.start, r.end - r.start, Some(&mut out))?;
+            Ok(out)
+        })
+        .collect()
+}
+
+impl Reference {
+    fn of(authority: &str, src: &mut RemoteSource) -> Result<Self, SourceError> {
+        let ranges = probe_ranges(src.stat.tokens);
+        let tokens = read_probes(&mut src.stream, &ranges)?;
+        Ok(Reference {
+            authority: authority.to_string(),
+            stat: src.stat.clone(),
+            probes: ranges.into_iter().zip(tokens).collect(),
+        })
+    }
+
+    /// Why `src` (at `authority`) does not hold the reference's data, if it does not.
+    fn mismatch(&self, authority: &str, src: &mut RemoteSource) -> Result<(), SourceError> {
+        let (a, b) = (&self.stat, &src.stat);
+        let refuse = |what: String| {
+            SourceError::Agent(format!(
+                "replica {authority} of {} holds other data than replica {}: {what}; every \
+                 replica must serve the same dataset",
+                self.stat.dataset, self.authority
+            ))
+        };
+        let differs = |what: &str, x: &dyn std::fmt::Display, y: &dyn std::fmt::Display| {
+            refuse(format!(
+                "{what} {x} on {}, {y} on {authority}",
+                self.authority
+            ))
+        };
+        if a.tokens != b.tokens {
+            return Err(differs("tokens", &a.tokens, &b.tokens));
+        }
+        if a.documents != 0 && b.documents != 0 && a.documents != b.documents {
+            return Err(differs("documents", &a.documents, &b.documents));
+        }
+        if let (Some(x), Some(y)) = (a.stored_max_token, b.stored_max_token) {
+            if x != y {
+                return Err(differs("largest token", &x, &y));
+            }
+        }
+        if !a.checksum.is_empty() && !b.checksum.is_empty() && a.checksum != b.checksum {
+            return Err(differs("content checksum", &a.checksum, &b.checksum));
+        }
+        let ranges: Vec<Range<u64>> = self.probes.iter().map(|p| p.0.clone()).collect();
+        let got = read_probes(&mut src.stream, &ranges)?;
+        for ((r, want), got) in self.probes.iter().zip(got) {
+            if *want != got {
+                return Err(refuse(format!("tokens {}..{} differ", r.start, r.end)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a replica is out, and when it is tried again.
+struct Down {
+    error: String,
+    retry_at: Instant,
+    backoff: Duration,
+    /// A reopen running on its own thread.
+    trying: bool,
+}
+
+struct Replica {
+    authority: String,
+    conn: Option<RemoteSource>,
+    down: Option<Down>,
+}
+
+/// A reopen attempt's result: the replica's index and its source, checked.
+type Revived = (usize, Result<RemoteSource, SourceError>);
+
+/// A dataset on several agents as one [`TokenSource`] (see the module docs).
+pub struct ReplicatedSource {
+    opener: Opener,
+    replicas: Vec<Replica>,
+    reference: std::sync::Arc<Reference>,
+    tokens: u64,
+    max_token: u32,
+    readahead: ReadaheadConfig,
+    seq: Sequence,
+    window: Option<Window>,
+    /// The replica the next chunk or request goes to, round-robin.
+    next: usize,
+    revived_tx: Sender<Revived>,
+    revived: Receiver<Revived>,
+    failovers: u64,
+}
+
+impl ReplicatedSource {
+    /// Opens `dataset` on every replica in `authorities`, checks that they hold the same data
+    /// (see the module docs), and reads from those that opened. Fails when none opens, or
+    /// when one holds other data.
+    pub fn open(
+        authorities: &[&str],
+        dataset: StatRequest,
+        wire_codec: &str,
+        timeout: Duration,
+        creds: &Credentials,
+    ) -> Result<Self, SourceError> {
+        let opener = Opener {
+            dataset,
+            wire_codec: wire_codec.to_string(),
+            timeout,
+            creds: creds.clone(),
+        };
+        let mut replicas = Vec::new();
+        let mut reference: Option<Reference> = None;
+        let mut errors = Vec::new();
+        for a in authorities {
+            let mut r = Replica {
+                authority: a.to_string(),
+                conn: None,
+                down: None,
+            };
+            match opener.open(a) {
+                Ok(mut src) => {
+                    match &reference {
+                        None => reference = Some(Reference::of(a, &mut src)?),
+                        Some(refr) => refr.mismatch(a, &mut src)?,
+                    }
+                    r.conn = Some(src);
+                }
+                Err(e) => {
+                    errors.push(format!("{a}: {e}"));
+                    r.down = Some(Down {
+                        error: e.to_string(),
+                        retry_at: Instant::now() + FIRST_BACKOFF,
+                        backoff: FIRST_BACKOFF,
+                        trying: false,
+                    });
+                }
+            }
+            replicas.push(r);
+        }
+        let Some(reference) = reference else {
+            return Err(SourceError::Agent(format!(
+                "no replica of {} could be opened: {}",
+                opener.dataset.dataset,
+                errors.join("; ")
+            )));
+        };
+        let max_token = replicas
+            .iter()
+            .filter_map(|r| r.conn.as_ref().map(|c| c.max_token_bound()))
+            .max()
+            .unwrap_or(u32::MAX);
+        let (revived_tx, revived) = channel();
+        Ok(ReplicatedSource {
+            tokens: reference.stat.tokens,
+            max_token,
+            opener,
+            replicas,
+            reference: std::sync::Arc::new(reference),
+            readahead: ReadaheadConfig::DEFAULT,
+            seq: Sequence::default(),
+            window: None,
+            next: 0,
+            revived_tx,
+            revived,
+            failovers: 0,
+        })
+    }
+
+    /// Replicas serving reads now.
+    pub fn live(&self) -> usize {
+        self.replicas.iter().filter(|r| r.conn.is_some()).count()
+    }
+
+    /// Reads moved off a failed replica so far.
+    pub fn failovers(&self) -> u64 {
+        self.failovers
+    }
+
+    pub fn set_readahead(&mut self, config: ReadaheadConfig) {
+        self.readahead = config;
+    }
+
+    /// Takes a replica out after `e`, to be tried again after its back-off.
+    fn fail(&mut self, i: usize, e: &SourceError) {
+        let r = &mut self.replicas[i];
+        r.conn = None;
+        let backoff = r
+            .down
+            .as_ref()
+            .map_or(FIRST_BACKOFF, |d| (d.backoff * 2).min(MAX_BACKOFF));
+        r.down = Some(Down {
+            error: e.to_string(),
+            retry_at: Instant::now() + backoff,
+            backoff,
+            trying: false,
+        });
+        self.failovers += 1;
+    }
+
+    /// Installs replicas reopened since the last read, and starts reopening those whose
+    /// back-off has passed.
+    fn revive(&mut self) {
+        while let Ok((i, r)) = self.revived.try_recv() {
+            match r {
+                Ok(src) => {
+                    self.replicas[i].conn = Some(src);
+                    self.replicas[i].down = None;
+                }
+                Err(e) => {
+                    if let Some(d) = &mut self.replicas[i].down {
+                        d.error = e.to_string();
+                        d.trying = false;
+                        d.backoff = (d.backoff * 2).min(MAX_BACKOFF);
+                        d.retry_at = Instant::now() + d.backoff;
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        for (i, r) in self.replicas.iter_mut().enumerate() {
+            let Some(d) = &mut r.down else { continue };
+            if d.trying || d.retry_at > now {
+                continue;
+            }
+            d.trying = true;
+            let (opener, reference, authority) = (
+                self.opener.clone(),
+                self.reference.clone(),
+                r.authority.clone(),
+            );
+            let tx = self.revived_tx.clone();
+            std::thread::spawn(move || {
+                let r = opener.open(&authority).and_then(|mut src| {
+                    reference.mismatch(&authority, &mut src)?;
+                    Ok(src)
+                });
+                let _ = tx.send((i, r));
+            });
+        }
+    }
+
+    /// The error when no replica is left: each one's last error.
+    fn all_down(&self) -> SourceError {
+        let why: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|r| {
+                let e = r.down.as_ref().map_or("", |d| d.error.as_str());
+                format!("{}: {e}", r.authority)
+            })
+            .collect();
+        SourceError::Agent(format!(
+            "every replica of {} failed ({})",
+            self.opener.dataset.dataset,
+            why.join("; ")
+        ))
+    }
+
+    /// Drops the readahead window, reading the answers still in flight on live replicas off
+    /// their streams (a replica that fails meanwhile is taken out).
+    fn abandon_window(&mut self) {
+        let Some(mut w) = self.window.take() else {
+            return;
+        };
+        loop {
+            let mut live = Live {
+                replicas: &mut self.replicas,
+                next: &mut self.next,
+            };
+            match w.drain(&mut live) {
+                Ok(()) => return,
+                Err(e) => match w.failed_stream() {
+                    Some(i) => self.fail(i, &e),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// One try of a read on the live replicas; an error says which replica failed, when one
+    /// did.
+    fn try_read(
+        &mut self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+    ) -> Result<(), (Option<usize>, SourceError)> {
+        let total = self.tokens;
+        let cfg = self.readahead;
+        let serves = |seq: &Sequence, r: &Range<u64>| {
+            cfg.in_flight > 0 && r.end <= total && seq.continues(r)
+        };
+        if self.window.is_none()
+            && self.seq.streak > 0
+            && ranges.first().is_some_and(|r| serves(&self.seq, r))
+        {
+            self.window = Some(Window::new(ranges[0].start));
+        }
+        let (mut at, mut done) = (0, 0);
+        if let Some(w) = &mut self.window {
+            let mut live = Live {
+                replicas: &mut self.replicas,
+                next: &mut self.next,
+            };
+            while done < ranges.len() && serves(&self.seq, &ranges[done]) {
+                let r = &ranges[done];
+                let n = (r.end - r.start) as usize;
+                w.read(r, &mut out[at..at + n], &mut live, cfg, total)
+                    .map_err(|e| (w.failed_stream(), e))?;
+                self.seq.note(r);
+                at += n;
+                done += 1;
+            }
+            if done == ranges.len() {
+                w.top_up(&mut live, cfg, total);
+                return Ok(());
+            }
+            self.abandon_window();
+        }
+        self.read_spread(&ranges[done..], &mut out[at..])
+    }
+
+    /// Stop-and-wait for `ranges`, split into one request per live replica (at most
+    /// `MAX_REQUEST_RANGES` each), all sent before any answer is read. When one replica
+    /// fails, the answers the others still owe are read off their streams (so they stay
+    /// usable), and the read fails with that replica's error.
+    fn read_spread(
+        &mut self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+    ) -> Result<(), (Option<usize>, SourceError)> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let per = ranges
+            .len()
+            .div_ceil(self.live().max(1))
+            .min(MAX_REQUEST_RANGES);
+        let mut live = Live {
+            replicas: &mut self.replicas,
+            next: &mut self.next,
+        };
+        let mut sent = Vec::new();
+        let mut failed: Option<(usize, SourceError)> = None;
+        for group in ranges.chunks(per) {
+            let i = match live.pick() {
+                Ok(i) => i,
+                Err(e) => {
+                    failed = Some((usize::MAX, e));
+                    break;
+                }
+            };
+            let pairs: Vec<(u64, u64)> = group.iter().map(|r| (r.start, r.end - r.start)).collect();
+            if let Err(e) = live.stream(i).send(&pairs) {
+                failed = Some((i, e));
+                break;
+            }
+            sent.push((i, group));
+        }
+        let mut at = 0;
+        let mut also_failed = Vec::new();
+        for (i, group) in sent {
+            for r in group {
+                let n = (r.end - r.start) as usize;
+                match &failed {
+                    // This replica's stream is dropped anyway.
+                    Some((f, _)) if *f == i => break,
+                    // Read what is owed, to keep the stream usable.
+                    Some(_) => {
+                        if let Err(e) = live.stream(i).recv(r.start, r.end - r.start, None) {
+                            also_failed.push((i, e));
+                            break;
+                        }
+                    }
+                    None => {
+                        let got = live.stream(i).recv(
+                            r.start,
+                            r.end - r.start,
+                            Some(&mut out[at..at + n]),
+                        );
+                        if let Err(e) = got {
+                            failed = Some((i, e));
+                            break;
+                        }
+                    }
+                }
+                at += n;
+            }
+        }
+        for (i, e) in also_failed {
+            self.fail(i, &e);
+        }
+        match failed {
+            None => {
+                for r in ranges {
+                    self.seq.note(r);
+                }
+                Ok(())
+            }
+            Some((usize::MAX, e)) => Err((None, e)),
+            Some((i, e)) => Err((Some(i), e)),
+        }
+    }
+}
+
+/// The live replicas' streams, for a [`Window`] and for spread reads.
+struct Live<'a> {
+    replicas: &'a mut [Replica],
+    next: &'a mut usize,
+}
+
+impl Streams for Live<'_> {
+    fn pick(&mut self) -> Result<usize, SourceError> {
+        let n = self.replicas.len();
+        for k in 0..n {
+            let i = (*self.next + k) % n;
+            if self.replicas[i].conn.is_some() {
+                *self.next = (i + 1) % n;
+                return Ok(i);
+            }
+        }
+        Err(SourceError::Agent("no replica is live".into()))
+    }
+
+    fn stream(&mut self, i: usize) -> &mut RangeStream {
+        // Only streams `pick` chose are asked for, and a replica's connection is dropped only
+        // after every window and request on it is abandoned.
+        &mut self.replicas[i]
+            .conn
+            .as_mut()
+            .expect("a picked replica has its connection")
+            .stream
+    }
+
+    fn alive(&self, i: usize) -> bool {
+        self.replicas[i].conn.is_some()
+    }
+}
+
+impl TokenSource for ReplicatedSource {
+    fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    fn max_token_bound(&self) -> u32 {
+        self.max_token
+    }
+
+    fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
+        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+        if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
+            return Err(SourceError::Usage(
+                "read_ranges: the buffer does not match the ranges".into(),
+            ));
+        }
+        if let Some(r) = ranges.iter().find(|r| r.end > self.tokens) {
+            return Err(SourceError::Usage(format!(
+                "{}: token range {}..{} is outside its {} tokens",
+                self.opener.dataset.dataset, r.start, r.end, self.tokens
+            )));
+        }
+        loop {
+            self.revive();
+            if self.live() == 0 {
+                return Err(self.all_down());
+            }
+            match self.try_read(ranges, out) {
+                Ok(()) => return Ok(()),
+                Err((Some(i), e)) => {
+                    tracing::warn!(
+                        replica = %self.replicas[i].authority,
+                        dataset = %self.opener.dataset.dataset,
+                        error = %e,
+                        "replica failed; its reads move to the others"
+                    );
+                    self.fail(i, &e);
+                    self.abandon_window();
+                    // A failed read leaves no sequence to go on from: start afresh.
+                    self.seq = Sequence::default();
+                }
+                Err((None, e)) => return Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_cover_the_dataset_ends() {
+        assert_eq!(probe_ranges(0), Vec::<Range<u64>>::new());
+        assert_eq!(probe_ranges(10), vec![0..10]);
+        let p = probe_ranges(1000);
+        assert_eq!(p.len(), 8);
+        assert_eq!(p[0], 0..32);
+        assert_eq!(p[7], 968..1000);
+    }
+}
