@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use dquant_objstore::{is_object_uri, ObjectRoot, S3Location, S3Settings};
 use dquant_proto::v1::ListEntry;
-use dquant_storage::{LocalRoot, NameProblem, Root, RootError};
+use dquant_storage::{BlockCache, CachedRoot, LocalRoot, NameProblem, Root, RootError};
 
 /// Named dataset roots, canonicalized at start-up.
 #[derive(Clone, Debug)]
@@ -42,7 +42,11 @@ impl Catalog {
     /// Checks that every directory root exists and is a directory, and that every
     /// `s3://BUCKET/PREFIX` root parses and has a client (reached with `s3`; nothing is
     /// requested until a client asks); root names must be single path segments.
-    pub fn new(roots: &BTreeMap<String, PathBuf>, s3: &S3Settings) -> Result<Self, String> {
+    pub fn new(
+        roots: &BTreeMap<String, PathBuf>,
+        s3: &S3Settings,
+        cache: Option<&Arc<BlockCache>>,
+    ) -> Result<Self, String> {
         let mut out = BTreeMap::new();
         for (name, dir) in roots {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
@@ -50,7 +54,7 @@ impl Catalog {
                     "root name {name:?}: must be one path segment, without '/'"
                 ));
             }
-            out.insert(name.clone(), open_root(name, dir, s3)?);
+            out.insert(name.clone(), open_root(name, dir, s3, cache)?);
         }
         Ok(Catalog { roots: out })
     }
@@ -132,13 +136,23 @@ impl Catalog {
     }
 }
 
-/// The root at `at`: a bucket prefix for `s3://…`, else a local directory.
-fn open_root(name: &str, at: &std::path::Path, s3: &S3Settings) -> Result<Arc<dyn Root>, String> {
+/// The root at `at`: a bucket prefix for `s3://…` (read through the block cache, when there
+/// is one), else a local directory.
+fn open_root(
+    name: &str,
+    at: &std::path::Path,
+    s3: &S3Settings,
+    cache: Option<&Arc<BlockCache>>,
+) -> Result<Arc<dyn Root>, String> {
     let fail = |e: &dyn std::fmt::Display| format!("root {name:?} ({}): {e}", at.display());
     match at.to_str().filter(|s| is_object_uri(s)) {
         Some(uri) => {
             let loc = S3Location::parse(uri).map_err(|e| fail(&e))?;
-            Ok(Arc::new(ObjectRoot::s3(&loc, s3).map_err(|e| fail(&e))?))
+            let root: Arc<dyn Root> = Arc::new(ObjectRoot::s3(&loc, s3).map_err(|e| fail(&e))?);
+            Ok(match cache {
+                Some(c) => Arc::new(CachedRoot::new(root, uri, c.clone())),
+                None => root,
+            })
         }
         None => Ok(Arc::new(LocalRoot::new(at).map_err(|e| fail(&e))?)),
     }
@@ -196,7 +210,7 @@ mod tests {
         // A directory link back up the tree must not make `list` loop.
         std::os::unix::fs::symlink(&root, root.join("sub/loop")).unwrap();
         let roots = BTreeMap::from([("corpus".to_string(), root)]);
-        let c = Catalog::new(&roots, &S3Settings::default()).unwrap();
+        let c = Catalog::new(&roots, &S3Settings::default(), None).unwrap();
         (t, c)
     }
 

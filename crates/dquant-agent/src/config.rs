@@ -63,6 +63,10 @@ pub struct AgentConfig {
     /// retries, readahead); unset fields come from the `AWS_*` variables.
     #[serde(default)]
     pub s3: S3Settings,
+    /// A local disk cache of blocks read from `s3://` roots (`[block_cache]`): off unless
+    /// set.
+    #[serde(default)]
+    pub block_cache: Option<BlockCacheConfig>,
     /// Where to serve Prometheus metrics (`GET` any path on this address). Off by default.
     /// The endpoint has no authentication: bind it where only the monitoring system reaches.
     #[serde(default)]
@@ -128,6 +132,23 @@ pub struct AgentConfig {
     pub upstream_tls_name: Option<String>,
 }
 
+/// The block cache of remote roots: where, how much, in what blocks.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BlockCacheConfig {
+    /// A directory on a local disk (created if missing; entries already there are kept).
+    pub dir: PathBuf,
+    /// Bytes all entries may take together; least recently used blocks go first.
+    pub max_bytes: u64,
+    /// Bytes per block [default: 1 MiB]: what a miss reads from the store at least.
+    #[serde(default = "default_cache_block")]
+    pub block_bytes: u64,
+}
+
+fn default_cache_block() -> u64 {
+    1 << 20
+}
+
 /// The agent's TLS certificate chain and private key, PEM files.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +204,7 @@ impl Default for AgentConfig {
             ticket_ttl_secs: default_ticket_ttl(),
             roots: BTreeMap::new(),
             s3: S3Settings::default(),
+            block_cache: None,
             metrics_listen: None,
             tenants: Vec::new(),
             socket_uids: Vec::new(),

@@ -45,7 +45,7 @@ use tonic_health::ServingStatus;
 
 pub use auth::{TenantConfig, MIN_TOKEN_LEN};
 pub use catalog::{Catalog, NameError};
-pub use config::{AgentConfig, TlsFiles, DEFAULT_LISTEN, DEFAULT_PREFETCH};
+pub use config::{AgentConfig, BlockCacheConfig, TlsFiles, DEFAULT_LISTEN, DEFAULT_PREFETCH};
 pub use limits::{LimitError, Limits, MAX_RANGE_TOKENS};
 
 /// State every handler and connection shares.
@@ -277,7 +277,16 @@ fn upstream_credentials(config: &AgentConfig) -> Result<Credentials, AgentError>
 /// Starts an agent: binds both planes, then serves on background threads.
 pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     config.validate().map_err(AgentError::Config)?;
-    let catalog = Catalog::new(&config.roots, &config.s3).map_err(AgentError::Config)?;
+    let cache = match &config.block_cache {
+        Some(c) => Some(
+            dquant_storage::BlockCache::open(&c.dir, c.max_bytes, c.block_bytes).map_err(|e| {
+                AgentError::Config(format!("block_cache ({}): {e}", c.dir.display()))
+            })?,
+        ),
+        None => None,
+    };
+    let catalog =
+        Catalog::new(&config.roots, &config.s3, cache.as_ref()).map_err(AgentError::Config)?;
     let roots: Vec<&str> = config.roots.keys().map(String::as_str).collect();
     let auth = auth::Auth::new(&config.tenants, &roots).map_err(AgentError::Config)?;
     let tls = load_tls(&config)?;

@@ -327,7 +327,7 @@ fn bad_agent_configs_fail_clearly() {
         ),
         (
             vec![],
-            "error: agent config: roots: no dataset roots configured (give --root NAME=DIR or a [roots] table)".into(),
+            "error: agent config: roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)".into(),
         ),
         (
             vec!["--config".into(), conf.display().to_string()],

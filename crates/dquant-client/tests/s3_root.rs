@@ -115,3 +115,35 @@ fn an_s3_root_streams_what_the_local_files_do() {
         "sources[0] (s3/missing): dataset \"s3/missing\": no such dataset under root \"s3\""
     );
 }
+
+#[test]
+fn a_block_cache_serves_repeats_and_changes_nothing() {
+    let c = Corpus::new();
+    let server = S3Server::start();
+    upload(&c, &server);
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = c.config();
+    cfg.roots
+        .insert("s3".into(), PathBuf::from("s3://corpus/tokens"));
+    cfg.s3 = settings(&server);
+    cfg.block_cache = Some(dquant_agent::BlockCacheConfig {
+        dir: cache.path().to_path_buf(),
+        max_bytes: 64 << 20,
+        block_bytes: 64 << 10,
+    });
+    let agent = dquant_agent::start(cfg).unwrap();
+    let p = plan(&[("r50k.dqb", 0.5), ("wide", 0.5)], 255, 8);
+    let want = local(&c, &p);
+    assert_eq!(through_s3(&agent.uri(), &p), want);
+    let files = std::fs::read_dir(cache.path()).unwrap().count();
+    assert!(files > 0, "the cache holds blocks");
+    // Every entry damaged: the stream is still the store's, and the entries are rewritten.
+    for e in std::fs::read_dir(cache.path()).unwrap() {
+        let p = e.unwrap().path();
+        let mut b = std::fs::read(&p).unwrap();
+        b[0] ^= 1;
+        std::fs::write(&p, &b).unwrap();
+    }
+    assert_eq!(through_s3(&agent.uri(), &p), want);
+    assert_eq!(through_s3(&agent.uri(), &p), want);
+}

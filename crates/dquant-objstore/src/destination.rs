@@ -6,7 +6,7 @@ use std::io;
 use std::path::Path as FsPath;
 use std::sync::Arc;
 
-use dquant_storage::{Destination, StagedObject};
+use dquant_storage::{Destination, StagedObject, StorageError};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt as _, WriteMultipart};
 
@@ -41,13 +41,23 @@ fn other(e: object_store::Error) -> io::Error {
 }
 
 impl Destination for ObjectDestination {
-    fn stage(&self, name: &FsPath) -> io::Result<Box<dyn StagedObject>> {
+    fn stage(&self, name: &FsPath) -> Result<Box<dyn StagedObject>, StorageError> {
+        let fail = |e| StorageError::Io {
+            path: name.to_path_buf(),
+            source: e,
+        };
         let key = name
             .to_str()
             .and_then(|k| Path::parse(k).ok())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a valid object key"))?;
+            .ok_or_else(|| {
+                fail(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a valid object key",
+                ))
+            })?;
         let store = self.store.clone();
-        let upload = run(async move { store.put_multipart(&key).await }).map_err(other)?;
+        let upload =
+            run(async move { store.put_multipart(&key).await }).map_err(|e| fail(other(e)))?;
         Ok(Box::new(Upload {
             w: Some(WriteMultipart::new_with_chunk_size(upload, self.part_bytes)),
         }))

@@ -14,11 +14,13 @@ use std::path::Path;
 
 use tempfile::NamedTempFile;
 
+use crate::error::StorageError;
+
 /// A place outputs are written to.
 pub trait Destination: Send + Sync {
     /// Starts the object `name` (a path, or a key for a store). Nothing is visible under
-    /// `name` until [`StagedObject::commit`].
-    fn stage(&self, name: &Path) -> io::Result<Box<dyn StagedObject>>;
+    /// `name` until [`StagedObject::commit`]. The error names what could not be created.
+    fn stage(&self, name: &Path) -> Result<Box<dyn StagedObject>, StorageError>;
 }
 
 /// One output being written.
@@ -40,7 +42,7 @@ struct LocalStaged {
 }
 
 impl Destination for LocalFiles {
-    fn stage(&self, dst: &Path) -> io::Result<Box<dyn StagedObject>> {
+    fn stage(&self, dst: &Path) -> Result<Box<dyn StagedObject>, StorageError> {
         let dir = match dst.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -55,7 +57,8 @@ impl Destination for LocalFiles {
             .prefix(&format!(".{name}."))
             .suffix(".tmp")
             .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-            .tempfile_in(dir)?;
+            .tempfile_in(dir)
+            .map_err(|e| StorageError::io(dir, e))?;
         Ok(Box::new(LocalStaged {
             dst: dst.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, tmp),

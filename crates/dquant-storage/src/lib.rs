@@ -12,6 +12,7 @@
 //! keep its resident set bounded, and mapped pages would count against it.
 
 mod backend;
+mod block_cache;
 mod cache;
 #[doc(hidden)]
 pub mod conformance;
@@ -25,6 +26,7 @@ mod root;
 mod writer;
 
 pub use backend::{LocalFile, ReadAt};
+pub use block_cache::{BlockCache, BlockCacheStats, CachedRoot};
 pub use cache::{CacheStats, DatasetCache};
 pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader};
 pub use destination::{Destination, LocalFiles, StagedObject};

@@ -44,7 +44,7 @@ struct Staged {
 
 impl Staged {
     fn create(to: &dyn Destination, dst: &Path) -> Result<Self, StorageError> {
-        let out = to.stage(dst).map_err(|e| StorageError::io(dst, e))?;
+        let out = to.stage(dst)?;
         Ok(Staged {
             dst: dst.to_path_buf(),
             out,

@@ -72,6 +72,10 @@ Examples:
   #   max_retries = 3                 # per request, with exponential back-off
   #   part_bytes = 8388608            # bytes per ranged GET
   #   readahead_bytes = 33554432      # requested ahead of each sequential reader
+  #   [block_cache]                   # blocks of s3:// roots on a local disk (default: off)
+  #   dir = \"/var/cache/dquant/blocks\"
+  #   max_bytes = 107374182400        # least recently used blocks go first
+  #   block_bytes = 1048576
 
   # then, from a client:
   dquant ls dquant://127.0.0.1:7878/corpus
