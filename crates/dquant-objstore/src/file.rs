@@ -250,15 +250,24 @@ impl ObjectFile {
         };
         let st = &mut s.list[i];
         st.used = now;
-        st.prev_end = b.end;
+        // A straggler (another thread's read of a sample the window has moved past, as when
+        // the worker pool reads a batch's samples at once) is fetched on its own: restarting
+        // the window there would fetch everything after it twice.
+        if st.window.as_ref().is_some_and(|w| b.start < w.start()) {
+            drop(s);
+            return self.direct(b);
+        }
+        st.prev_end = st.prev_end.max(b.end);
         let mut w = match st.window.take() {
-            Some(w) if w.start() <= b.start && b.start <= w.next => w,
+            Some(w) if b.start <= w.next => w,
             _ => Window {
                 parts: VecDeque::new(),
                 next: b.start,
             },
         };
-        while w.parts.front().is_some_and(|p| p.range.end <= b.start) {
+        // Parts wholly before the read, but one, are done with (the one kept serves reads
+        // that arrive slightly out of order).
+        while w.parts.len() > 1 && w.parts.get(1).is_some_and(|p| p.range.end <= b.start) {
             w.parts.pop_front();
         }
         loop {

@@ -174,3 +174,37 @@ fn missing_objects_and_buckets_are_not_found() {
     assert!(matches!(root.stat("nope"), Err(RootError::NotFound { .. })));
     assert_eq!(root.objects().unwrap(), vec![]);
 }
+
+#[test]
+fn reads_slightly_out_of_order_are_fetched_once() {
+    let server = S3Server::start();
+    let data = pattern(8 * MIB);
+    server.put("lab", "data/big", &data);
+    let root = root(server.endpoint(), 0);
+    let f = root.open("big").unwrap();
+    // Samples of 100 KiB read as a two-thread pool reads a batch: 0, 2, 1, 4, 3, 6, 5, ...
+    let piece = 100 << 10;
+    let n = data.len() / piece;
+    let mut order: Vec<usize> = vec![0];
+    for k in (1..n).step_by(2) {
+        order.extend([k + 1, k].iter().filter(|&&i| i < n));
+    }
+    for &i in &order {
+        assert_eq!(
+            read(&*f, (i * piece) as u64, piece).unwrap(),
+            data[i * piece..(i + 1) * piece]
+        );
+    }
+    let s = root.stats();
+    // Every part once, plus the stragglers fetched on their own (at most one per sample).
+    assert!(
+        s.bytes <= (n * piece) as u64 + (n as u64 / 2 + 2) * piece as u64 / 2 + (256 << 10),
+        "{s:?}"
+    );
+    assert!(
+        s.bytes < (n * piece) as u64 * 13 / 10,
+        "fetched {} for {}",
+        s.bytes,
+        n * piece
+    );
+}

@@ -46,6 +46,9 @@ pub struct Consumed {
     /// Time inside `open` and `next_batch`: waiting for (or, in-process, making) data.
     pub stall_s: f64,
     pub first_batch_s: f64,
+    /// The longest single wait inside `next_batch` (a failover's stall shows here).
+    #[serde(default)]
+    pub max_wait_s: f64,
     /// User + system CPU of the whole consumer process, all threads.
     pub cpu_s: f64,
     pub peak_rss: u64,
@@ -113,10 +116,14 @@ pub fn consume(args: &Args) -> Result<Consumed> {
     let mut first = None;
     let mut h = Xxh3::new();
     let (mut tokens, mut batches) = (0u64, 0u64);
+    let mut max_wait = Duration::ZERO;
     loop {
         let t = Instant::now();
         let batch = reader.next_batch()?;
         stall += t.elapsed();
+        if batches > 0 {
+            max_wait = max_wait.max(t.elapsed());
+        }
         let Some(b) = batch else { break };
         first.get_or_insert_with(|| t0.elapsed());
         h.update(b.tokens.as_bytes());
@@ -138,6 +145,7 @@ pub fn consume(args: &Args) -> Result<Consumed> {
         wall_s: wall.as_secs_f64(),
         stall_s: stall.as_secs_f64(),
         first_batch_s: first.unwrap_or(Duration::ZERO).as_secs_f64(),
+        max_wait_s: max_wait.as_secs_f64(),
         cpu_s: secs(ru.ru_utime) + secs(ru.ru_stime),
         peak_rss: ru.ru_maxrss as u64 * 1024,
         xxh3: format!("{:016x}", h.digest()),

@@ -10,7 +10,12 @@
 //!   batches, and the client in `host` decodes them;
 //! - **(c) DPU-style chain**: the storage agent → link → an agent in `host` (the DPU's role)
 //!   → shared-memory ring → the consumer process;
-//! - **(d) in-process** on local files: a ceiling, not link-bound.
+//! - **(d) in-process** on local files: a ceiling, not link-bound;
+//! - **(e) the DPU reads S3**: the host agent (the DPU's role) reads int32 straight from the
+//!   S3 server in `storage` through an `s3://` root, narrows and packs, and delivers through
+//!   shared memory: the baseline's data path with dquant on the host side only;
+//! - **(f) failover**: (c) with two storage agents holding the dataset as replicas; one is
+//!   SIGKILLed a third of the way through, and the lab reports the longest wait it caused.
 //!
 //! Why it is built this way: the product's claim is that data loading is NIC-bound, and that
 //! narrowing and compressing in the network path multiplies what the link delivers and frees
@@ -119,6 +124,10 @@ pub enum Way {
     Chain { wire: String },
     /// (d) in-process on local files.
     Local,
+    /// (e) s3s-fs in `storage`; the host agent reads it through an `s3://` root → shm ring.
+    S3Root,
+    /// (f) two storage agents (replicas) → host agent → shm; one is killed mid-stream.
+    Failover { wire: String },
 }
 
 impl Way {
@@ -128,6 +137,8 @@ impl Way {
             Way::Agent { wire } => format!("(b) agent {wire}"),
             Way::Chain { wire } => format!("(c) chain {wire} + shm"),
             Way::Local => "(d) in-process, local".into(),
+            Way::S3Root => "(e) DPU reads S3 int32 + shm".into(),
+            Way::Failover { wire } => format!("(f) failover {wire} + shm"),
         }
     }
 
@@ -148,6 +159,9 @@ pub struct Measure {
     pub link_up: u64,
     /// The servers' peak RSS and CPU over the run.
     pub servers: Vec<netns::ProcStats>,
+    /// (f): seconds into the run the replica was killed (`None`: the stream ended first).
+    #[serde(default)]
+    pub killed_after_s: Option<f64>,
 }
 
 impl Measure {
@@ -316,6 +330,13 @@ fn s3_config(endpoint: &str, bucket: &str) -> s3::S3Config {
 }
 
 impl Ctx<'_> {
+    /// The host agent's Unix socket for one run.
+    fn socket(&self, run: u32, c: &Corpus) -> PathBuf {
+        self.scratch
+            .path()
+            .join(format!("host-{run}-{}.sock", c.name()))
+    }
+
     fn plan(&self, c: &Corpus, uri: String, dtype: Option<&str>, wire: &str) -> Plan {
         let mut s = Source::new(uri);
         s.dtype = dtype.map(str::to_string);
@@ -330,17 +351,19 @@ impl Ctx<'_> {
 
     /// The agent config of the lab's storage agent (its tenant) or, chaining to
     /// `upstream`, of the host agent (the tenant's token to send there); written once.
-    fn agent_config(&self, upstream: Option<&str>) -> Result<PathBuf> {
-        let (name, body) = match upstream {
-            None => (
-                "storage-agent.toml",
+    fn agent_config(&self, upstreams: &[String]) -> Result<PathBuf> {
+        let (name, body) = match upstreams {
+            [] => (
+                "storage-agent.toml".to_string(),
                 format!(
                     "allow_plaintext = true\n[[tenants]]\nname = \"lab\"\ntoken = \"{LAB_TOKEN}\"\nroots = [\"{BUCKET}\"]\n"
                 ),
             ),
-            Some(u) => (
-                "host-agent.toml",
-                format!("upstreams = [\"{u}\"]\nupstream_token = \"{LAB_TOKEN}\"\n"),
+            u => (
+                format!("host-agent-{}.toml", u.len()),
+                format!(
+                    "upstreams = {u:?}\nupstream_token = \"{LAB_TOKEN}\"\nupstream_timeout_secs = 5\n"
+                ),
             ),
         };
         let path = self.scratch.path().join(name);
@@ -348,27 +371,38 @@ impl Ctx<'_> {
         Ok(path)
     }
 
-    /// `dquant serve` in namespace `ns`: the storage agent, or with `upstream` the host
-    /// agent allowed to chain to it.
+    /// `dquant serve` in namespace `ns`: the storage agent, or with `upstreams` the host
+    /// agent allowed to chain to them. It serves the corpora's directory as root `lab`, or
+    /// with `s3_root` s3s-fs's bucket (the s3:// root, reached as the AWS_* variables say).
     fn dquant_serve(
         &self,
         ns: &str,
         listen: &str,
         socket: Option<&Path>,
-        upstream: Option<&str>,
+        upstreams: &[String],
+        s3_root: bool,
         what: &str,
     ) -> Result<netns::NsChild> {
         let mut cmd = Command::new(&self.tools.dquant);
+        let root = match s3_root {
+            true => format!("{BUCKET}=s3://{BUCKET}"),
+            false => format!("{BUCKET}={}", self.bucket_root.join(BUCKET).display()),
+        };
         cmd.arg("serve")
             .arg("--config")
-            .arg(self.agent_config(upstream)?)
+            .arg(self.agent_config(upstreams)?)
             .arg("--root")
-            .arg(format!(
-                "{BUCKET}={}",
-                self.bucket_root.join(BUCKET).display()
-            ))
+            .arg(root)
             .args(["--listen", listen])
             .env("DQUANT_LOG", "warn");
+        if s3_root {
+            // Plain HTTP beyond loopback: the lab's veth pair, which nobody else reads.
+            cmd.env("AWS_ENDPOINT_URL", format!("http://{STORAGE_IP}:{S3_PORT}"))
+                .env("AWS_ACCESS_KEY_ID", S3_KEY)
+                .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+                .env("AWS_REGION", "us-east-1")
+                .env("AWS_ALLOW_HTTP", "true");
+        }
         if let Some(s) = socket {
             cmd.arg("--socket").arg(s);
         }
@@ -405,39 +439,68 @@ impl Ctx<'_> {
             Way::Agent { wire } => {
                 servers.push((
                     "storage agent".into(),
-                    self.dquant_serve(STORAGE_NS, &storage_addr, None, None, "storage agent")?,
+                    self.dquant_serve(
+                        STORAGE_NS,
+                        &storage_addr,
+                        None,
+                        &[],
+                        false,
+                        "storage agent",
+                    )?,
                 ));
                 consumer
                     .arg("--agent")
                     .arg(format!("dquant://{storage_addr}"));
                 self.plan(c, format!("{BUCKET}/{}", c.name()), None, wire)
             }
-            Way::Chain { wire } => {
-                servers.push((
-                    "storage agent".into(),
-                    self.dquant_serve(STORAGE_NS, &storage_addr, None, None, "storage agent")?,
-                ));
-                let sock = self
-                    .scratch
-                    .path()
-                    .join(format!("host-{run}-{}.sock", c.name()));
+            Way::Chain { wire } | Way::Failover { wire } => {
+                let mut reps = vec![storage_addr.clone()];
+                if matches!(way, Way::Failover { .. }) {
+                    reps.push(format!("{STORAGE_IP}:{}", AGENT_PORT + 2));
+                }
+                for (i, addr) in reps.iter().enumerate() {
+                    let what = format!("storage agent {i}");
+                    servers.push((
+                        what.clone(),
+                        self.dquant_serve(STORAGE_NS, addr, None, &[], false, &what)?,
+                    ));
+                }
+                let sock = self.socket(run, c);
                 servers.push((
                     "host agent".into(),
                     self.dquant_serve(
                         HOST_NS,
                         "127.0.0.1:7878",
                         Some(&sock),
-                        Some(&storage_addr),
+                        &reps,
+                        false,
                         "host agent",
                     )?,
                 ));
                 consumer.arg("--agent").arg(&sock);
                 self.plan(
                     c,
-                    format!("dquant://{storage_addr}/{BUCKET}/{}", c.name()),
+                    format!("dquant://{}/{BUCKET}/{}", reps.join(","), c.name()),
                     None,
                     wire,
                 )
+            }
+            Way::S3Root => {
+                servers.push(("s3s-fs".into(), spawn_s3s_fs(self.tools, &self.s3_root)?));
+                let sock = self.socket(run, c);
+                servers.push((
+                    "host agent".into(),
+                    self.dquant_serve(
+                        HOST_NS,
+                        "127.0.0.1:7878",
+                        Some(&sock),
+                        &[],
+                        true,
+                        "host agent",
+                    )?,
+                ));
+                consumer.arg("--agent").arg(&sock);
+                self.plan(c, format!("{BUCKET}/{}.bin", c.name()), Some("i32"), "auto")
             }
             Way::Local => self.plan(c, c.prefix.display().to_string(), None, "auto"),
         };
@@ -447,14 +510,29 @@ impl Ctx<'_> {
         // Generous: the baseline at 5% of the link rate, plus start-up.
         let secs = c.tokens as f64 * 4.0 / (self.link.spec.bytes_per_s() * 0.05) + 60.0;
         let mut threads: Vec<netns::ThreadCpu> = vec![Default::default(); servers.len()];
+        // (f): the second storage agent is killed once a third of the corpus (at one byte a
+        // token, a lower bound of any wire codec here) has crossed the link.
+        let kill = matches!(way, Way::Failover { .. }).then_some(1usize);
+        let mut killed_after_s = None;
+        let started = Instant::now();
         let (ok, out, err) = child.finish(Duration::from_secs_f64(secs), || {
             for ((_, s), t) in servers.iter().zip(&mut threads) {
                 s.sample_threads(t);
+            }
+            if let (Some(i), None) = (kill, killed_after_s) {
+                let sent = self.link.counters().map_or(0, |(d, _)| d - down0);
+                if sent >= c.tokens / 3 {
+                    servers[i].1.kill();
+                    killed_after_s = Some(started.elapsed().as_secs_f64());
+                }
             }
         })?;
         let (down1, up1) = self.link.counters()?;
         let mut stats = Vec::new();
         for ((name, s), t) in servers.iter_mut().zip(&mut threads) {
+            if killed_after_s.is_some() && name == "storage agent 1" {
+                continue;
+            }
             s.sample_threads(t);
             stats.push(s.stats(name, t)?);
             if !s.running() {
@@ -481,6 +559,7 @@ impl Ctx<'_> {
             link_down: down1 - down0,
             link_up: up1 - up0,
             servers: stats,
+            killed_after_s,
         })
     }
 }
@@ -531,6 +610,13 @@ fn scenarios(c: &Corpus, compressed: &[String]) -> Vec<Way> {
     ];
     v.extend(compressed.iter().map(|w| Way::Agent { wire: w.clone() }));
     v.extend(compressed.iter().map(|w| Way::Chain { wire: w.clone() }));
+    v.push(Way::S3Root);
+    v.extend(
+        compressed
+            .iter()
+            .take(1)
+            .map(|w| Way::Failover { wire: w.clone() }),
+    );
     v.push(Way::Local);
     v
 }

@@ -407,6 +407,11 @@ impl NsChild {
     }
 
     /// Whether the process is still running.
+    /// SIGKILLs the process (a crash, as the failover run needs); [`NsChild::stop`] reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }

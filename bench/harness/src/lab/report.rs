@@ -50,6 +50,10 @@ pub struct Row {
     /// Consumer CPU per token ÷ the same run's baseline's.
     pub cpu_ratio: Vec<f64>,
     pub stall: Vec<f64>,
+    /// The longest wait for one batch, per run.
+    pub max_wait_s: Vec<f64>,
+    /// (f): whether the replica was killed before the stream ended, per run.
+    pub killed: Vec<bool>,
     pub consumer_rss: u64,
     /// Per server: name, peak RSS (max over runs), CPU-s per 10⁹ tokens and the busiest
     /// thread's share of the wall time (medians).
@@ -101,6 +105,8 @@ pub(super) fn summarize(all: &[Measure], spec: &LinkSpec) -> Vec<Row> {
                     cpu_per_gtok: vec![],
                     cpu_ratio: vec![],
                     stall: vec![],
+                    max_wait_s: vec![],
+                    killed: vec![],
                     consumer_rss: 0,
                     servers: vec![],
                 });
@@ -115,6 +121,8 @@ pub(super) fn summarize(all: &[Measure], spec: &LinkSpec) -> Vec<Row> {
         r.cpu_per_gtok.push(m.cpu_per_gtok());
         r.cpu_ratio.push(m.cpu_per_gtok() / base.cpu_per_gtok());
         r.stall.push(m.consumer.stall_s / m.consumer.wall_s);
+        r.max_wait_s.push(m.consumer.max_wait_s);
+        r.killed.push(m.killed_after_s.is_some());
         r.consumer_rss = r.consumer_rss.max(m.consumer.peak_rss);
         for p in &m.servers {
             let i = match r.servers.iter().position(|x| x.name == p.name) {
@@ -181,7 +189,35 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
             met: ratio >= 3.0 && link >= 0.9,
         });
     }
-    for r in rows.iter().filter(|r| matches!(r.way, Way::Chain { .. })) {
+    // (f): the stall a replica's death caused, beside the longest wait of the same chain
+    // without a failure. The stream itself is checked against the baseline's in every run.
+    for r in rows.iter() {
+        let Way::Failover { wire } = &r.way else {
+            continue;
+        };
+        let calm = find(&r.corpus, &Way::Chain { wire: wire.clone() });
+        let calm_wait = calm.map_or(0.0, |c| median(&c.max_wait_s));
+        let killed = r.killed.iter().filter(|&&k| k).count();
+        g.push(Goal {
+            what: format!(
+                "{} on {}: a replica SIGKILLed mid-stream; longest wait for a batch",
+                r.label, r.corpus
+            ),
+            target: "identical stream".into(),
+            got: format!(
+                "identical; {:.0} ms (runs {}; the same chain without a kill: {:.0} ms); killed in {killed}/{} runs",
+                median(&r.max_wait_s) * 1e3,
+                span(&r.max_wait_s, |x| format!("{:.0}", x * 1e3)),
+                calm_wait * 1e3,
+                r.killed.len()
+            ),
+            met: killed == r.killed.len(),
+        });
+    }
+    for r in rows
+        .iter()
+        .filter(|r| matches!(r.way, Way::Chain { .. } | Way::S3Root))
+    {
         let got = median(&r.cpu_ratio);
         g.push(Goal {
             what: format!(
@@ -431,6 +467,7 @@ mod tests {
                 wall_s,
                 stall_s: wall_s / 2.0,
                 first_batch_s: 0.0,
+                max_wait_s: 0.01,
                 cpu_s,
                 peak_rss: 1 << 20,
                 xxh3: "0".into(),
@@ -438,6 +475,7 @@ mod tests {
             link_down: tokens * 2,
             link_up: 0,
             servers: vec![],
+            killed_after_s: None,
         }
     }
 
