@@ -14,8 +14,12 @@
 //! - **(e) the DPU reads S3**: the host agent (the DPU's role) reads int32 straight from the
 //!   S3 server in `storage` through an `s3://` root, narrows and packs, and delivers through
 //!   shared memory: the baseline's data path with dquant on the host side only;
+//! - **(g) scale-out**: N storage agents, each in its own namespace behind its own shaped
+//!   link, hold the dataset as replicas and serve one host agent (the chain's way); the
+//!   aggregate is compared with N × the one-link figure;
 //! - **(f) failover**: (c) with two storage agents holding the dataset as replicas; one is
-//!   SIGKILLed a third of the way through, and the lab reports the longest wait it caused.
+//!   SIGKILLed a fifth to a third of the way through, and the lab reports the longest wait
+//!   it caused.
 //!
 //! Why it is built this way: the product's claim is that data loading is NIC-bound, and that
 //! narrowing and compressing in the network path multiplies what the link delivers and frees
@@ -107,6 +111,10 @@ pub struct Args {
     /// shared by sessions; 0: none) [default: the agent's, the cores but one].
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
+    /// Scale-out runs (g) with 1, 2, ... up to N storage nodes, each behind its own link
+    /// (at most 4) [default: 3; 0 with --smoke].
+    #[arg(long, value_name = "N")]
+    pub scale_out: Option<usize>,
     /// Remove the namespaces a killed lab left behind, and exit.
     #[arg(long)]
     pub cleanup: bool,
@@ -128,6 +136,8 @@ pub enum Way {
     S3Root,
     /// (f) two storage agents (replicas) → host agent → shm; one is killed mid-stream.
     Failover { wire: String },
+    /// (g) `n` storage agents, each behind its own link, as replicas → host agent → shm.
+    ScaleOut { n: usize, wire: String },
 }
 
 impl Way {
@@ -139,6 +149,7 @@ impl Way {
             Way::Local => "(d) in-process, local".into(),
             Way::S3Root => "(e) DPU reads S3 int32 + shm".into(),
             Way::Failover { wire } => format!("(f) failover {wire} + shm"),
+            Way::ScaleOut { n, wire } => format!("(g) scale-out {n} link(s) {wire}"),
         }
     }
 
@@ -162,6 +173,13 @@ pub struct Measure {
     /// (f): seconds into the run the replica was killed (`None`: the stream ended first).
     #[serde(default)]
     pub killed_after_s: Option<f64>,
+    /// Links the run's data crossed (several for (g)).
+    #[serde(default = "one")]
+    pub links: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Measure {
@@ -182,7 +200,7 @@ impl Measure {
     /// Fraction of the link's rate this run's bytes used: tokens/s ÷ (rate ÷ wire bytes per
     /// token), the "link rate ÷ wire bytes per token" bound.
     pub fn link_use(&self, link: &LinkSpec) -> f64 {
-        self.link_down as f64 / self.consumer.wall_s / link.bytes_per_s()
+        self.link_down as f64 / self.consumer.wall_s / (link.bytes_per_s() * self.links as f64)
     }
 }
 
@@ -453,18 +471,30 @@ impl Ctx<'_> {
                     .arg(format!("dquant://{storage_addr}"));
                 self.plan(c, format!("{BUCKET}/{}", c.name()), None, wire)
             }
-            Way::Chain { wire } | Way::Failover { wire } => {
-                let mut reps = vec![storage_addr.clone()];
-                if matches!(way, Way::Failover { .. }) {
-                    reps.push(format!("{STORAGE_IP}:{}", AGENT_PORT + 2));
+            Way::Chain { wire } | Way::Failover { wire } | Way::ScaleOut { wire, .. } => {
+                // (namespace, address) of each storage agent.
+                let mut reps = vec![(STORAGE_NS.to_string(), storage_addr.clone())];
+                match way {
+                    Way::Failover { .. } => reps.push((
+                        STORAGE_NS.to_string(),
+                        format!("{STORAGE_IP}:{}", AGENT_PORT + 2),
+                    )),
+                    Way::ScaleOut { n, .. } => reps.extend((1..*n).map(|i| {
+                        (
+                            netns::storage_ns(i),
+                            format!("{}:{AGENT_PORT}", netns::storage_ip(i)),
+                        )
+                    })),
+                    _ => {}
                 }
-                for (i, addr) in reps.iter().enumerate() {
+                for (i, (ns, addr)) in reps.iter().enumerate() {
                     let what = format!("storage agent {i}");
                     servers.push((
                         what.clone(),
-                        self.dquant_serve(STORAGE_NS, addr, None, &[], false, &what)?,
+                        self.dquant_serve(ns, addr, None, &[], false, &what)?,
                     ));
                 }
+                let reps: Vec<String> = reps.into_iter().map(|r| r.1).collect();
                 let sock = self.socket(run, c);
                 servers.push((
                     "host agent".into(),
@@ -510,8 +540,9 @@ impl Ctx<'_> {
         // Generous: the baseline at 5% of the link rate, plus start-up.
         let secs = c.tokens as f64 * 4.0 / (self.link.spec.bytes_per_s() * 0.05) + 60.0;
         let mut threads: Vec<netns::ThreadCpu> = vec![Default::default(); servers.len()];
-        // (f): the second storage agent is killed once a third of the corpus (at one byte a
-        // token, a lower bound of any wire codec here) has crossed the link.
+        // (f): the second storage agent is killed once an eighth of a byte per token has
+        // crossed the link: a fifth to a third of the way at the 0.4-0.7 bytes per token of
+        // the compressed codecs.
         let kill = matches!(way, Way::Failover { .. }).then_some(1usize);
         let mut killed_after_s = None;
         let started = Instant::now();
@@ -521,7 +552,7 @@ impl Ctx<'_> {
             }
             if let (Some(i), None) = (kill, killed_after_s) {
                 let sent = self.link.counters().map_or(0, |(d, _)| d - down0);
-                if sent >= c.tokens / 3 {
+                if sent >= c.tokens / 8 {
                     servers[i].1.kill();
                     killed_after_s = Some(started.elapsed().as_secs_f64());
                 }
@@ -560,6 +591,10 @@ impl Ctx<'_> {
             link_up: up1 - up0,
             servers: stats,
             killed_after_s,
+            links: match way {
+                Way::ScaleOut { n, .. } => *n,
+                _ => 1,
+            },
         })
     }
 }
@@ -601,7 +636,7 @@ fn stage_s3(tools: &Tools, s3_root: &Path, corpora: &[Corpus]) -> Result<()> {
     })?
 }
 
-fn scenarios(c: &Corpus, compressed: &[String]) -> Vec<Way> {
+fn scenarios(c: &Corpus, compressed: &[String], scale_out: usize) -> Vec<Way> {
     let mut v = vec![
         Way::Baseline,
         Way::Agent {
@@ -617,6 +652,12 @@ fn scenarios(c: &Corpus, compressed: &[String]) -> Vec<Way> {
             .take(1)
             .map(|w| Way::Failover { wire: w.clone() }),
     );
+    // Narrowed, not compressed: one link is then link-bound, not CPU-bound, so N links can
+    // show N times the tokens.
+    v.extend((1..=scale_out).map(|n| Way::ScaleOut {
+        n,
+        wire: c.narrow_codec(),
+    }));
     v.push(Way::Local);
     v
 }
@@ -646,6 +687,12 @@ pub fn run(args: &Args) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("--compressed {w:?}: {e}"))?;
     }
     let spec = LinkSpec::new(&args.rate, args.mtu)?;
+    let scale_out = args.scale_out.unwrap_or(if args.smoke { 0 } else { 3 });
+    ensure!(
+        scale_out <= netns::MAX_STORAGE_NODES,
+        "--scale-out {scale_out}: at most {} storage nodes",
+        netns::MAX_STORAGE_NODES
+    );
     let tools = find_tools(args)?;
     // One directory per size, so that a smoke run does not replace the full corpora.
     let bucket_root = args.data.join(format!("size{size}"));
@@ -663,7 +710,7 @@ pub fn run(args: &Args) -> Result<()> {
     std::fs::create_dir_all(&out)?;
 
     netns::install_signal_cleanup()?;
-    let link = Link::create(spec.clone())?;
+    let link = Link::create(spec.clone(), scale_out.max(1))?;
     eprintln!(
         "lab: namespaces {STORAGE_NS} ({STORAGE_IP}) and {HOST_NS} ({}), veth shaped to {} (mtu {})",
         netns::HOST_IP, spec.rate, spec.mtu
@@ -685,7 +732,7 @@ pub fn run(args: &Args) -> Result<()> {
     for run in 1..=runs {
         for c in &corpora {
             let mut baseline: Option<Measure> = None;
-            for way in scenarios(c, &compressed) {
+            for way in scenarios(c, &compressed, scale_out) {
                 let m = match ctx.run(run, c, &way) {
                     Ok(m) => m,
                     // The handler is removing the lab and exits; its message says why.

@@ -34,6 +34,38 @@ pub const STORAGE_IP: &str = "10.77.0.1";
 pub const HOST_DEV: &str = "dqlab-host";
 pub const HOST_IP: &str = "10.77.0.2";
 
+/// Storage nodes the scale-out runs may add beside `storage`: `storage1`, `storage2`, ...,
+/// each joined to `host` by a shaped veth pair of its own.
+pub const MAX_STORAGE_NODES: usize = 4;
+
+/// Storage node `i`'s namespace: `storage`, then `storage1`, `storage2`, ...
+pub fn storage_ns(i: usize) -> String {
+    match i {
+        0 => STORAGE_NS.to_string(),
+        i => format!("storage{i}"),
+    }
+}
+
+/// Storage node `i`'s address (`10.77.i.1`; node 0 is [`STORAGE_IP`]).
+pub fn storage_ip(i: usize) -> String {
+    match i {
+        0 => STORAGE_IP.to_string(),
+        i => format!("10.77.{i}.1"),
+    }
+}
+
+/// Node `i`'s veth ends (storage side, host side) and the host side's address.
+fn pair(i: usize) -> (String, String, String) {
+    match i {
+        0 => (STORAGE_DEV.into(), HOST_DEV.into(), HOST_IP.into()),
+        i => (
+            format!("{STORAGE_DEV}{i}"),
+            format!("dqlab-h{i}"),
+            format!("10.77.{i}.2"),
+        ),
+    }
+}
+
 /// What the lab has created and not yet removed: what the signal handler must undo.
 #[derive(Default)]
 struct Live {
@@ -117,10 +149,13 @@ fn netns_exists(name: &str) -> bool {
 /// Removes namespaces a lab killed by SIGKILL left behind (`--cleanup`). Returns their names.
 pub fn remove_leftovers() -> Result<Vec<String>> {
     let mut gone = Vec::new();
-    for ns in [STORAGE_NS, HOST_NS] {
-        if netns_exists(ns) {
-            run("ip", &["netns", "del", ns])?;
-            gone.push(ns.to_string());
+    let all = (0..MAX_STORAGE_NODES)
+        .map(storage_ns)
+        .chain([HOST_NS.to_string()]);
+    for ns in all {
+        if netns_exists(&ns) {
+            run("ip", &["netns", "del", &ns])?;
+            gone.push(ns);
         }
     }
     Ok(gone)
@@ -188,21 +223,31 @@ pub fn parse_rate(s: &str) -> Result<f64> {
     Ok(n * mult * if bits { 1.0 } else { 8.0 })
 }
 
-/// The two namespaces and the shaped veth pair between them. Dropping it removes them.
+/// The namespaces and the shaped veth pairs between them. Dropping it removes them.
 pub struct Link {
     pub spec: LinkSpec,
+    /// Storage nodes (namespaces `storage`, `storage1`, ...), each with its own link.
+    pub nodes: usize,
 }
 
 impl Link {
-    /// Creates `storage` and `host`, the veth pair, addresses and both `tbf` qdiscs.
-    pub fn create(spec: LinkSpec) -> Result<Link> {
+    /// Creates `host` and `nodes` storage namespaces, a veth pair from each to `host`,
+    /// addresses and `tbf` qdiscs on both ends of every pair.
+    pub fn create(spec: LinkSpec, nodes: usize) -> Result<Link> {
+        if !(1..=MAX_STORAGE_NODES).contains(&nodes) {
+            bail!("the lab makes 1 to {MAX_STORAGE_NODES} storage nodes, not {nodes}");
+        }
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             bail!(
                 "the lab creates network namespaces and must run as root (sudo bench/lab/run.sh)"
             );
         }
-        for ns in [STORAGE_NS, HOST_NS] {
+        let namespaces: Vec<String> = (0..nodes)
+            .map(storage_ns)
+            .chain([HOST_NS.to_string()])
+            .collect();
+        for ns in &namespaces {
             if netns_exists(ns) {
                 bail!(
                     "network namespace {ns:?} already exists (left by a lab that was killed?); \
@@ -210,31 +255,34 @@ impl Link {
                 );
             }
         }
-        let link = Link { spec };
-        for ns in [STORAGE_NS, HOST_NS] {
+        let link = Link { spec, nodes };
+        for ns in &namespaces {
             run("ip", &["netns", "add", ns])?;
-            live(|l| l.namespaces.push(ns.to_string()));
+            live(|l| l.namespaces.push(ns.clone()));
         }
+        for i in 0..nodes {
+            link.add_pair(i)?;
+        }
+        Ok(link)
+    }
+
+    /// The veth pair of storage node `i`, shaped at both ends.
+    fn add_pair(&self, i: usize) -> Result<()> {
+        let (st_dev, host_dev, host_ip) = pair(i);
+        let (st_ns, st_ip) = (storage_ns(i), storage_ip(i));
         // Created in the host's root namespace, then moved: the pair is deleted with either
         // namespace.
         run(
             "ip",
             &[
-                "link",
-                "add",
-                STORAGE_DEV,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                HOST_DEV,
+                "link", "add", &st_dev, "type", "veth", "peer", "name", &host_dev,
             ],
         )?;
-        let mtu = link.spec.mtu.to_string();
-        let burst = link.spec.burst_bytes().to_string();
+        let mtu = self.spec.mtu.to_string();
+        let burst = self.spec.burst_bytes().to_string();
         for (ns, dev, ip) in [
-            (STORAGE_NS, STORAGE_DEV, STORAGE_IP),
-            (HOST_NS, HOST_DEV, HOST_IP),
+            (&st_ns, &st_dev, &st_ip),
+            (&HOST_NS.to_string(), &host_dev, &host_ip),
         ] {
             run("ip", &["link", "set", dev, "netns", ns])?;
             run(
@@ -255,7 +303,7 @@ impl Link {
                     "root",
                     "tbf",
                     "rate",
-                    &link.spec.rate,
+                    &self.spec.rate,
                     "burst",
                     &burst,
                     "latency",
@@ -263,15 +311,18 @@ impl Link {
                 ],
             )?;
         }
-        Ok(link)
+        Ok(())
     }
 
-    /// Bytes sent by each veth end so far: (storage → host, host → storage).
+    /// Bytes sent so far over all the links: (storage → host, host → storage).
     pub fn counters(&self) -> Result<(u64, u64)> {
-        Ok((
-            tx_bytes(STORAGE_NS, STORAGE_DEV)?,
-            tx_bytes(HOST_NS, HOST_DEV)?,
-        ))
+        let (mut down, mut up) = (0, 0);
+        for i in 0..self.nodes {
+            let (st_dev, host_dev, _) = pair(i);
+            down += tx_bytes(&storage_ns(i), &st_dev)?;
+            up += tx_bytes(HOST_NS, &host_dev)?;
+        }
+        Ok((down, up))
     }
 }
 

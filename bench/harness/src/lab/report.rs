@@ -189,6 +189,38 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
             met: ratio >= 3.0 && link >= 0.9,
         });
     }
+    // (g): N links against N × one link, the same way and codec.
+    for r in rows.iter() {
+        let Way::ScaleOut { n, wire } = &r.way else {
+            continue;
+        };
+        if *n < 2 {
+            continue;
+        }
+        let Some(one) = find(
+            &r.corpus,
+            &Way::ScaleOut {
+                n: 1,
+                wire: wire.clone(),
+            },
+        ) else {
+            continue;
+        };
+        let (got, single) = (median(&r.mtok_s), median(&one.mtok_s));
+        let ratio = got / (*n as f64 * single);
+        g.push(Goal {
+            what: format!(
+                "{} on {}: aggregate tokens/s vs {n} × one link",
+                r.label, r.corpus
+            ),
+            target: "≥ 0.9×".into(),
+            got: format!(
+                "{ratio:.2}× ({got:.1} vs {n} × {single:.1} M tok/s; link use {:.0}%)",
+                median(&r.link_use) * 100.0
+            ),
+            met: ratio >= 0.9,
+        });
+    }
     // (f): the stall a replica's death caused, beside the longest wait of the same chain
     // without a failure. The stream itself is checked against the baseline's in every run.
     for r in rows.iter() {
@@ -476,6 +508,7 @@ mod tests {
             link_up: 0,
             servers: vec![],
             killed_after_s: None,
+            links: 1,
         }
     }
 
