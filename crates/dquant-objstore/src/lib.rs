@@ -29,4 +29,4 @@ pub use error::ObjectRootError;
 pub use file::ObjectStats;
 pub use location::{is_object_uri, split_object_uri, S3Location, S3_SCHEME};
 pub use root::ObjectRoot;
-pub use settings::{ReadSettings, S3Settings};
+pub use settings::{install_tls_provider, ReadSettings, S3Settings};

@@ -167,6 +167,7 @@ impl S3Settings {
                 problem,
             })?;
         let http = self.check_http(at)?;
+        install_tls_provider();
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&at.bucket)
             .with_client_options(self.client_options(http))
@@ -217,6 +218,16 @@ impl S3Settings {
             max_retries: self.max_retries,
             retry_timeout: Duration::from_secs(self.request_timeout_secs * 2),
         }
+    }
+}
+
+/// Makes ring the process's rustls provider unless one is installed: object_store's HTTP
+/// client (reqwest, built without a provider of its own, so that no second crypto library
+/// is compiled in) takes the process's. Idempotent; an application's own choice stands.
+pub fn install_tls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err only when another thread installed one first: theirs stands.
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 

@@ -60,6 +60,7 @@ pub struct S3Config {
 /// benchmark should see failures, not hide them behind minutes of backoff), a 5 s connect
 /// timeout, a 15 s stall (read) timeout and a 120 s limit per request.
 pub fn s3_store(cfg: &S3Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    dquant_objstore::install_tls_provider();
     let client = ClientOptions::new()
         .with_allow_http(true)
         .with_connect_timeout(Duration::from_secs(5))
