@@ -37,7 +37,7 @@ use dquant_transport::record::MAX_REQUEST_RANGES;
 
 use crate::control::{Control, Credentials};
 use crate::readahead::{ReadaheadConfig, Sequence, Streams, Window};
-use crate::source::{RangeStream, RemoteSource};
+use crate::source::{check_ranges, RangeStream, RemoteSource};
 
 /// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.
 const PROBES: u64 = 8;
@@ -539,12 +539,7 @@ impl TokenSource for ReplicatedSource {
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
-        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
-        if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
-            return Err(SourceError::Usage(
-                "read_ranges: the buffer does not match the ranges".into(),
-            ));
-        }
+        check_ranges(ranges, out)?;
         if let Some(r) = ranges.iter().find(|r| r.end > self.tokens) {
             return Err(SourceError::Usage(format!(
                 "{}: token range {}..{} is outside its {} tokens",

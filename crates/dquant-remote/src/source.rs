@@ -179,12 +179,7 @@ impl TokenSource for RemoteSource {
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
-        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
-        if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
-            return Err(SourceError::Usage(
-                "read_ranges: the buffer does not match the ranges".into(),
-            ));
-        }
+        check_ranges(ranges, out)?;
         if let Some(why) = &self.failed {
             return Err(SourceError::Agent(format!(
                 "agent {}: the data stream of session {} failed earlier ({why}); reopen the source",
@@ -199,6 +194,17 @@ impl TokenSource for RemoteSource {
         }
         r
     }
+}
+
+/// Refuses ranges that run backwards or do not add up to `out`'s length.
+pub(crate) fn check_ranges(ranges: &[Range<u64>], out: &[u32]) -> Result<(), SourceError> {
+    let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+    if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
+        return Err(SourceError::Usage(
+            "read_ranges: the buffer does not match the ranges".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The data connection of a source session: requests out, range records back, in order.

@@ -6,27 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dquant_storage::conformance;
-use dquant_storage::{BlockCache, CachedRoot, LocalRoot, ObjectMeta, ReadAt, Root, RootError};
+use dquant_storage::{BlockCache, CachedRoot, LocalRoot, ReadAt, Root};
 use tempfile::TempDir;
 
-/// A cached local root that owns its directories.
-#[derive(Debug)]
-struct Owned {
-    _dirs: (TempDir, TempDir),
-    root: CachedRoot,
-}
-
-impl Root for Owned {
-    fn objects(&self) -> Result<Vec<ObjectMeta>, RootError> {
-        self.root.objects()
-    }
-    fn stat(&self, name: &str) -> Result<ObjectMeta, RootError> {
-        self.root.stat(name)
-    }
-    fn open(&self, name: &str) -> Result<Box<dyn ReadAt>, RootError> {
-        self.root.open(name)
-    }
-}
+mod common;
+use common::Owned;
 
 fn cached(objects: &[(&str, &[u8])]) -> Box<dyn Root> {
     let data = tempfile::tempdir().unwrap();
@@ -40,7 +24,7 @@ fn cached(objects: &[(&str, &[u8])]) -> Box<dyn Root> {
     let local = Arc::new(LocalRoot::new(data.path()).unwrap());
     Box::new(Owned {
         root: CachedRoot::new(local, "local", cache),
-        _dirs: (data, cache_dir),
+        _keep: (data, cache_dir),
     })
 }
 

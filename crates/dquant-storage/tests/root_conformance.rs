@@ -8,34 +8,13 @@ use std::time::Duration;
 use dquant_format::{DType, DocIndex};
 use dquant_storage::conformance;
 use dquant_storage::{
-    Dataset, DatasetWriter, InMemoryRoot, LocalRoot, ObjectMeta, OpenOptions, OutputFormat, ReadAt,
-    Root, RootError, StorageError,
+    Dataset, DatasetWriter, InMemoryRoot, LocalRoot, OpenOptions, OutputFormat, Root, RootError,
+    StorageError,
 };
 use tempfile::TempDir;
 
 mod common;
-use common::mkfifo;
-
-/// A `LocalRoot` that owns its temporary directory.
-#[derive(Debug)]
-struct Scratch {
-    _dir: TempDir,
-    root: LocalRoot,
-}
-
-impl Root for Scratch {
-    fn objects(&self) -> Result<Vec<ObjectMeta>, RootError> {
-        self.root.objects()
-    }
-
-    fn stat(&self, name: &str) -> Result<ObjectMeta, RootError> {
-        self.root.stat(name)
-    }
-
-    fn open(&self, name: &str) -> Result<Box<dyn ReadAt>, RootError> {
-        self.root.open(name)
-    }
-}
+use common::{mkfifo, Owned};
 
 /// A `LocalRoot` made by `new` holding `objects`.
 fn local_with(
@@ -49,7 +28,7 @@ fn local_with(
         std::fs::write(&p, bytes).unwrap();
     }
     let root = new(dir.path()).unwrap();
-    Box::new(Scratch { _dir: dir, root })
+    Box::new(Owned { root, _keep: dir })
 }
 
 fn local(objects: &[(&str, &[u8])]) -> Box<dyn Root> {

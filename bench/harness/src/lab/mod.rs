@@ -348,6 +348,25 @@ fn s3_config(endpoint: &str, bucket: &str) -> s3::S3Config {
 }
 
 impl Ctx<'_> {
+    /// The host agent (the DPU's role) in `host`, serving consumers on `sock`: chaining to
+    /// `upstreams`, or reading the S3 server with `s3_root`.
+    fn host_agent(
+        &self,
+        sock: &Path,
+        upstreams: &[String],
+        s3_root: bool,
+    ) -> Result<netns::NsChild> {
+        let listen = "127.0.0.1:7878";
+        self.dquant_serve(
+            HOST_NS,
+            listen,
+            Some(sock),
+            upstreams,
+            s3_root,
+            "host agent",
+        )
+    }
+
     /// The host agent's Unix socket for one run.
     fn socket(&self, run: u32, c: &Corpus) -> PathBuf {
         self.scratch
@@ -496,17 +515,7 @@ impl Ctx<'_> {
                 }
                 let reps: Vec<String> = reps.into_iter().map(|r| r.1).collect();
                 let sock = self.socket(run, c);
-                servers.push((
-                    "host agent".into(),
-                    self.dquant_serve(
-                        HOST_NS,
-                        "127.0.0.1:7878",
-                        Some(&sock),
-                        &reps,
-                        false,
-                        "host agent",
-                    )?,
-                ));
+                servers.push(("host agent".into(), self.host_agent(&sock, &reps, false)?));
                 consumer.arg("--agent").arg(&sock);
                 self.plan(
                     c,
@@ -518,17 +527,7 @@ impl Ctx<'_> {
             Way::S3Root => {
                 servers.push(("s3s-fs".into(), spawn_s3s_fs(self.tools, &self.s3_root)?));
                 let sock = self.socket(run, c);
-                servers.push((
-                    "host agent".into(),
-                    self.dquant_serve(
-                        HOST_NS,
-                        "127.0.0.1:7878",
-                        Some(&sock),
-                        &[],
-                        true,
-                        "host agent",
-                    )?,
-                ));
+                servers.push(("host agent".into(), self.host_agent(&sock, &[], true)?));
                 consumer.arg("--agent").arg(&sock);
                 self.plan(c, format!("{BUCKET}/{}.bin", c.name()), Some("i32"), "auto")
             }

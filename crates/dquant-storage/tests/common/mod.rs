@@ -1,6 +1,30 @@
-//! Helpers the storage tests share.
+//! Helpers the storage tests share (each test binary uses some of them).
+#![allow(dead_code)]
 
 use std::path::Path;
+
+use dquant_storage::{ObjectMeta, ReadAt, Root, RootError};
+
+/// A root together with what must outlive it (its temporary directories).
+#[derive(Debug)]
+pub struct Owned<R, K> {
+    pub root: R,
+    pub _keep: K,
+}
+
+impl<R: Root, K: std::fmt::Debug + Send + Sync> Root for Owned<R, K> {
+    fn objects(&self) -> Result<Vec<ObjectMeta>, RootError> {
+        self.root.objects()
+    }
+
+    fn stat(&self, name: &str) -> Result<ObjectMeta, RootError> {
+        self.root.stat(name)
+    }
+
+    fn open(&self, name: &str) -> Result<Box<dyn ReadAt>, RootError> {
+        self.root.open(name)
+    }
+}
 
 /// Makes a FIFO at `p`: a name that blocks whoever opens it for reading, which confinement
 /// must refuse by its type before opening.
