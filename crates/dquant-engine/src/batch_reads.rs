@@ -46,6 +46,24 @@ fn concurrent<'s>(
     Some((pool, shares, shared))
 }
 
+/// Tells each source which of its token ranges the batch `samples` is about to read (see
+/// [`TokenSource::will_read`]), before any read starts.
+pub(crate) fn announce(sources: &[Box<dyn TokenSource>], samples: &[SampleRef]) {
+    if samples.len() < 2 {
+        return;
+    }
+    for (d, s) in sources.iter().enumerate() {
+        let ranges: Vec<Range<u64>> = samples
+            .iter()
+            .filter(|x| x.source == d)
+            .map(|x| x.tokens.clone())
+            .collect();
+        if ranges.len() > 1 {
+            s.will_read(&ranges);
+        }
+    }
+}
+
 /// Rows `rows` of a batch that one read of source `src` fills, from token `start`: each
 /// sample starts on the last token of the one before (packing), so their tokens are one
 /// contiguous range of the file.
@@ -103,6 +121,7 @@ pub(crate) fn read_stored(
     row: usize,
     bw: usize,
 ) -> Result<(), EngineError> {
+    announce(sources, samples);
     let conc = concurrent(pool, sources, samples.len(), out.len());
     let cap = conc.as_ref().map_or(usize::MAX, |(pool, ..)| {
         samples.len().div_ceil(2 * pool.readers())

@@ -87,6 +87,13 @@ pub trait TokenSource: Send {
         ))
     }
 
+    /// A hint: a batch is about to read `ranges` (token ranges, in any order). A source whose
+    /// reads are round trips (an object store behind it) starts them all now; the default
+    /// does nothing.
+    fn will_read(&self, ranges: &[Range<u64>]) {
+        let _ = ranges;
+    }
+
     /// The source's reads, when they need no exclusive state: a batch's reads of it may then
     /// run on several threads at once (a [`WorkerPool`](crate::WorkerPool)). `None` (the
     /// default): they run one after another, through `&mut self`.
@@ -220,6 +227,10 @@ impl TokenSource for LocalSource {
 
     fn shared_reads(&self) -> Option<&dyn SharedReads> {
         Some(&*self.ds)
+    }
+
+    fn will_read(&self, ranges: &[Range<u64>]) {
+        self.ds.will_read(ranges);
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {

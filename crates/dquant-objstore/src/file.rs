@@ -15,6 +15,13 @@
 //! [`MAX_STREAMS`], the least recently used dropped first), so two readers never take each
 //! other's readahead for a random read.
 //!
+//! # Announced reads
+//! A shuffled batch's samples are scattered; read one by one, each is a round trip. The
+//! engine announces a batch's ranges before reading them (`ReadAt::will_read`), and the
+//! object starts every GET at once (ranges closer than 64 KiB merged into one), so the
+//! batch costs about one round trip. Announced parts are held, bounded, until read or
+//! pushed out by later announcements; sequential announcements are left to the readahead.
+//!
 //! # Waiting without holding the object
 //! A part is a [`Part`]: its bytes arrive on the runtime and are waited for with a condvar.
 //! The window is locked only to decide which parts a read needs; the waiting and copying
@@ -44,6 +51,12 @@ use crate::settings::ReadSettings;
 
 /// Sequential readers of one object that keep their own readahead.
 const MAX_STREAMS: usize = 8;
+/// Announced reads (`will_read`) held at once per object, in parts and in bytes: a few
+/// shuffled batches of several sessions.
+const MAX_PREFETCH_PARTS: usize = 512;
+const MAX_PREFETCH_BYTES: u64 = 64 << 20;
+/// Announced ranges closer than this are fetched by one GET.
+const MERGE_GAP: u64 = 64 << 10;
 
 /// Requests an object-store root made, for tests and reports.
 #[derive(Debug, Default)]
@@ -158,6 +171,8 @@ pub(crate) struct ObjectFile {
     read: ReadSettings,
     counters: Arc<Counters>,
     streams: Mutex<Streams>,
+    /// GETs started for announced reads (`will_read`), oldest first.
+    prefetched: Mutex<VecDeque<Arc<Part>>>,
 }
 
 impl ObjectFile {
@@ -177,6 +192,7 @@ impl ObjectFile {
             read,
             counters,
             streams: Mutex::default(),
+            prefetched: Mutex::default(),
         }
     }
 
@@ -216,9 +232,68 @@ impl ObjectFile {
             .collect()
     }
 
-    /// The parts that hold `b`, requested as needed: from the window of the stream `b`
-    /// continues, or directly (and `b` becomes a stream that a next read may continue).
+    /// Whether `ranges` go on from one another (give or take a part), as an unshuffled
+    /// batch's samples do: the readahead serves those.
+    fn sequential(&self, ranges: &[Range<u64>]) -> bool {
+        let part = self.read.part_bytes;
+        ranges
+            .windows(2)
+            .all(|w| w[1].start.saturating_add(part) >= w[0].end && w[1].start <= w[0].end + part)
+    }
+
+    /// Starts GETs for announced `ranges` (merged when closer than [`MERGE_GAP`]), unless
+    /// they are sequential or already held; the oldest announced parts go when more than
+    /// [`MAX_PREFETCH_PARTS`] or [`MAX_PREFETCH_BYTES`] are held.
+    fn prefetch(&self, ranges: &[Range<u64>]) {
+        if ranges.len() < 2 || self.sequential(ranges) {
+            return;
+        }
+        let mut v: Vec<Range<u64>> = ranges
+            .iter()
+            .filter(|r| r.start < r.end && r.end <= self.len)
+            .cloned()
+            .collect();
+        v.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<u64>> = Vec::new();
+        for r in v {
+            match merged.last_mut() {
+                Some(m) if r.start <= m.end + MERGE_GAP => m.end = m.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        let mut pre = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        for r in merged {
+            let held = pre
+                .iter()
+                .any(|p| p.range.start <= r.start && r.end <= p.range.end);
+            if held || r.end - r.start > MAX_PREFETCH_BYTES / 4 {
+                continue;
+            }
+            pre.push_back(self.spawn(r));
+            let bytes = |pre: &VecDeque<Arc<Part>>| -> u64 {
+                pre.iter().map(|p| p.range.end - p.range.start).sum()
+            };
+            while pre.len() > MAX_PREFETCH_PARTS || bytes(&pre) > MAX_PREFETCH_BYTES {
+                pre.pop_front();
+            }
+        }
+    }
+
+    /// The announced part holding `b`, if one does.
+    fn prefetched(&self, b: &Range<u64>) -> Option<Arc<Part>> {
+        let pre = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        pre.iter()
+            .find(|p| p.range.start <= b.start && b.end <= p.range.end)
+            .cloned()
+    }
+
+    /// The parts that hold `b`, requested as needed: an announced part, the window of the
+    /// stream `b` continues, or directly (and `b` becomes a stream that a next read may
+    /// continue).
     fn plan(&self, b: Range<u64>) -> Vec<Arc<Part>> {
+        if let Some(p) = self.prefetched(&b) {
+            return vec![p];
+        }
         let mut s = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         s.clock += 1;
         let now = s.clock;
@@ -311,11 +386,16 @@ impl ObjectFile {
             let bytes = match p.wait() {
                 Ok(b) => b,
                 Err(e) => {
-                    // Nothing failed stays in a window: the next read asks again.
+                    // Nothing failed stays in a window or among announced parts: the next
+                    // read asks again.
                     self.streams
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .list
+                        .clear();
+                    self.prefetched
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
                         .clear();
                     return Err(e);
                 }
@@ -417,6 +497,12 @@ impl ReadAt for ObjectFile {
     /// An ETag names the bytes for as long as the object exists.
     fn version_is_durable(&self) -> bool {
         self.etag.is_some()
+    }
+
+    /// Announced reads are fetched at once: a shuffled batch costs one round trip, not one
+    /// per sample.
+    fn will_read(&self, ranges: &[Range<u64>]) {
+        self.prefetch(ranges);
     }
 
     /// One plan for all the buffers: consecutive rows of a batch are one range of GETs.

@@ -216,3 +216,40 @@ fn reads_slightly_out_of_order_are_fetched_once() {
         n * piece
     );
 }
+
+#[test]
+fn announced_reads_are_fetched_at_once_and_sequential_ones_left_to_the_readahead() {
+    let server = S3Server::start();
+    let data = pattern(8 * MIB);
+    server.put("lab", "data/big", &data);
+    let root = root(server.endpoint(), 0);
+    let f = root.open("big").unwrap();
+    // A shuffled batch: far-apart samples of 4000 bytes, and two within 64 KiB of each other.
+    let starts = [
+        6 * MIB,
+        100_000,
+        3 * MIB,
+        5 * MIB,
+        5 * MIB + 30_000,
+        7 * MIB,
+    ];
+    let ranges: Vec<std::ops::Range<u64>> =
+        starts.iter().map(|&s| s as u64..s as u64 + 4000).collect();
+    f.will_read(&ranges);
+    let s = root.stats();
+    assert_eq!(s.gets, 5, "one GET per range, the close two merged: {s:?}");
+    for r in &ranges {
+        let (a, b) = (r.start as usize, r.end as usize);
+        assert_eq!(read(&*f, r.start, 4000).unwrap(), data[a..b]);
+    }
+    let s = root.stats();
+    assert_eq!(
+        s.gets, 5,
+        "the reads were served by the announced GETs: {s:?}"
+    );
+    assert_eq!(s.bytes, 4 * 4000 + 34_000);
+    // An unshuffled batch's ranges go on from one another: nothing is fetched ahead of them.
+    let seq: Vec<std::ops::Range<u64>> = (0..8u64).map(|i| i * 4000..(i + 1) * 4000 + 1).collect();
+    f.will_read(&seq);
+    assert_eq!(root.stats().gets, 5);
+}

@@ -30,6 +30,14 @@ pub trait ReadAt: Send + Sync {
     /// Fills `buf` from `offset`; a short object is an `UnexpectedEof` error.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// A hint: these byte ranges are about to be read (in any order, perhaps from several
+    /// threads), as a shuffled batch's samples are. A store where each read is a round trip
+    /// (an object store) starts fetching them all at once; a local file ignores it (the
+    /// default), the page cache and the worker pool do that job.
+    fn will_read(&self, ranges: &[std::ops::Range<u64>]) {
+        let _ = ranges;
+    }
+
     /// The version of the object this reads (as its root's `stat` reports it), when the
     /// store can tell: what a cache of opened datasets checks before sharing one.
     fn version(&self) -> Option<ObjectVersion> {

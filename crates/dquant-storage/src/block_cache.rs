@@ -26,6 +26,7 @@
 use std::fmt;
 use std::fs;
 use std::io::{self, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -168,6 +169,11 @@ impl BlockCache {
             let _ = fs::remove_file(self.dir.join(&name));
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether entry `name` is held (without touching its recency).
+    fn holds(&self, name: &str) -> bool {
+        self.lock().lru.contains(name)
     }
 
     fn forget(&self, name: &str) {
@@ -386,5 +392,27 @@ impl ReadAt for CachedObject {
 
     fn version_is_durable(&self) -> bool {
         self.inner.version_is_durable()
+    }
+
+    /// Passes on the blocks the cache does not hold, as the block-aligned ranges a miss
+    /// will read.
+    fn will_read(&self, ranges: &[Range<u64>]) {
+        let bs = self.cache.block_bytes;
+        let mut missing: Vec<Range<u64>> = Vec::new();
+        for r in ranges
+            .iter()
+            .filter(|r| r.start < r.end && r.end <= self.len())
+        {
+            for b in r.start / bs..=(r.end - 1) / bs {
+                if !self.cache.holds(&self.entry(b)) {
+                    let (s, e) = self.block_range(b);
+                    match missing.last_mut() {
+                        Some(m) if m.end == s => m.end = e,
+                        _ => missing.push(s..e),
+                    }
+                }
+            }
+        }
+        self.inner.will_read(&missing);
     }
 }

@@ -845,6 +845,30 @@ impl Dataset {
             .map_err(|e| read_error(&**file, &self.data_path, end * item, e))
     }
 
+    /// Tells the dataset's object that the tokens of `ranges` are about to be read (see
+    /// [`ReadAt::will_read`]): the bytes of plain files' tokens, a block file's covering
+    /// blocks. Ranges outside the dataset are left out (their reads will say why).
+    pub fn will_read(&self, ranges: &[Range<u64>]) {
+        let tokens = self.tokens();
+        let inside = ranges.iter().filter(|r| r.start < r.end && r.end <= tokens);
+        let (file, bytes): (&dyn ReadAt, Vec<Range<u64>>) = match &self.source {
+            Source::Plain { file, dtype } => {
+                let item = dtype.itemsize() as u64;
+                (
+                    &**file,
+                    inside.map(|r| r.start * item..r.end * item).collect(),
+                )
+            }
+            Source::Block { file, meta } => (
+                &**file,
+                inside
+                    .map(|r| meta.byte_range(meta.blocks_covering(r.clone())))
+                    .collect(),
+            ),
+        };
+        file.will_read(&bytes);
+    }
+
     /// Fills `out` (exactly `range.end - range.start` long) with the tokens of `range`, as
     /// [`Dataset::read`] does; for callers that assemble many ranges in one buffer.
     ///
