@@ -17,8 +17,8 @@ Examples:
   DQUANT_LOG=debug dquant serve --root corpus=data        # more log detail (default: info)
   dquant serve --root corpus=/data --socket /run/dquant.sock  # + a Unix socket: shared memory
   dquant serve --root none=/empty --upstream 10.0.0.5:7878    # may chain to that agent
-  AWS_ENDPOINT_URL=http://127.0.0.1:9000 AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \
-    dquant serve --root web=s3://corpus/web                  # a bucket prefix, by ranged GETs
+  dquant serve --root web=s3://corpus/web                 # a bucket prefix, by ranged GETs;
+                                      # endpoint and keys: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or [s3]
 
   # agent.toml (every field but [roots] is optional):
   #   listen = \"127.0.0.1:7878\"       # gRPC control plane
