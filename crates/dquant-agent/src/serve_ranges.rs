@@ -190,6 +190,18 @@ impl Ranges {
         Ok(true)
     }
 
+    /// Tells the dataset a request's ranges (those inside it) before they are read: a
+    /// storage agent in front of an object store fetches a shuffled request's ranges at once.
+    fn announce(&self, ranges: &[(u64, u64)]) {
+        let inside: Vec<Range<u64>> = ranges
+            .iter()
+            .filter_map(|&(start, len)| self.check(start, len).ok())
+            .collect();
+        if inside.len() > 1 {
+            self.source.will_read(&inside);
+        }
+    }
+
     /// Answers one request's ranges into `sink`, in order: Ok(false) when the client went
     /// away, Err with the message for the first range that cannot be served.
     fn answer(
@@ -198,6 +210,7 @@ impl Ranges {
         sink: &mut FrameSink<'_>,
         stats: &mut Stats,
     ) -> Result<bool, String> {
+        self.announce(ranges);
         for &(start, len) in ranges {
             let r = self.check(start, len)?;
             let head = self.encode(r)?;
@@ -325,7 +338,10 @@ impl Session<'_> {
                     return Ok(self.stats);
                 }
                 match next_request(self.frames, &mut req, &mut ranges) {
-                    Ok(true) => ahead.take(&ranges),
+                    Ok(true) => {
+                        ds.announce(&ranges);
+                        ahead.take(&ranges)
+                    }
                     Ok(false) => stop = Some(Stop::Closed),
                     Err(m) => stop = Some(Stop::Bad(m)),
                 }

@@ -84,6 +84,15 @@ fn an_s3_root_streams_what_the_local_files_do() {
         assert_eq!(through_s3(&uri, p), local(&c, p), "{:?}", p.sources);
     }
 
+    // Chained: a near agent pulls shuffled ranges from the S3 root of this one (each
+    // request's ranges announced to the store), the same stream again.
+    let (near, _empty) = c.near_agent(&agent);
+    let mut p = plan(&[("r50k", 1.0)], 255, 8);
+    let want = local(&c, &p);
+    p.sources[0].uri = format!("dquant://{}/s3/r50k", agent.control_addr());
+    let mut r = open(&near.uri(), &p, Offload::Yes).unwrap();
+    assert_eq!(xxh3(&drain(&mut r).0), want);
+
     // Listed like the directory it was copied from.
     let ctl = Control::connect(&agent.control_addr().to_string()).unwrap();
     let names = |root: &str| -> Vec<(String, String, u64)> {
