@@ -244,11 +244,7 @@ impl AgentConfig {
             return Err("consumer_idle_secs: must be at least 1".into());
         }
         for (prefix, agents) in &self.placement {
-            let ok = |a: &String| {
-                a.rsplit_once(':').is_some_and(|(h, p)| {
-                    !h.is_empty() && !h.contains(',') && p.parse::<u16>().is_ok()
-                })
-            };
+            let ok = |a: &String| dquant_remote::is_host_port(a);
             if prefix.is_empty() || agents.is_empty() || !agents.iter().all(ok) {
                 return Err(format!(
                     "placement {prefix:?}: give a non-empty dataset prefix and at least one \

@@ -21,4 +21,4 @@ pub use readahead::ReadaheadConfig;
 pub use replicas::ReplicatedSource;
 pub use shutdown::{resume_point, shutdown_message};
 pub use source::{check_payload_len, RemoteSource};
-pub use uri::{AgentUri, Transport};
+pub use uri::{is_host_port, AgentUri, Transport};

@@ -111,6 +111,55 @@ impl Sequence {
     }
 }
 
+/// How far [`read_ahead`] got: the leading ranges (and their tokens) it served.
+pub(crate) struct Served {
+    pub ranges: usize,
+    pub tokens: usize,
+}
+
+/// Serves the leading ranges of `ranges` that go on from `seq` through the readahead
+/// `window`, starting one when this read goes on from a range that itself went on from the
+/// one before (a shuffled plan's reads line up like that by chance about once in (samples
+/// per epoch)², and would pay for a whole window each time). When every range was served
+/// the window is topped up, so the link stays busy while the consumer works; when the read
+/// left the sequence the window is left in place, its answers still owed: the caller drains
+/// or abandons it before asking anything else. The one readahead path of a single agent's
+/// source and of a replicated one.
+pub(crate) fn read_ahead(
+    window: &mut Option<Window>,
+    seq: &mut Sequence,
+    s: &mut dyn Streams,
+    cfg: ReadaheadConfig,
+    total: u64,
+    ranges: &[Range<u64>],
+    out: &mut [u32],
+) -> Result<Served, SourceError> {
+    let serves =
+        |seq: &Sequence, r: &Range<u64>| cfg.in_flight > 0 && r.end <= total && seq.continues(r);
+    if window.is_none() && seq.streak > 0 && ranges.first().is_some_and(|r| serves(seq, r)) {
+        *window = Some(Window::new(ranges[0].start));
+    }
+    let mut served = Served {
+        ranges: 0,
+        tokens: 0,
+    };
+    let Some(w) = window else {
+        return Ok(served);
+    };
+    while served.ranges < ranges.len() && serves(seq, &ranges[served.ranges]) {
+        let r = &ranges[served.ranges];
+        let n = (r.end - r.start) as usize;
+        w.read(r, &mut out[served.tokens..served.tokens + n], s, cfg, total)?;
+        seq.note(r);
+        served.tokens += n;
+        served.ranges += 1;
+    }
+    if served.ranges == ranges.len() {
+        w.top_up(s, cfg, total);
+    }
+    Ok(served)
+}
+
 /// Sequential readahead: decoded tokens ahead of the reader, and the chunk requests in
 /// flight beyond them.
 ///

@@ -36,7 +36,7 @@ use dquant_proto::v1::{DatasetStat, StatRequest};
 use dquant_transport::record::MAX_REQUEST_RANGES;
 
 use crate::control::{Control, Credentials};
-use crate::readahead::{ReadaheadConfig, Sequence, Streams, Window};
+use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Streams, Window};
 use crate::source::{check_ranges, RangeStream, RemoteSource};
 
 /// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.
@@ -158,6 +158,20 @@ struct Down {
     trying: bool,
 }
 
+impl Down {
+    /// Out after `error`: tried again after [`FIRST_BACKOFF`], or twice the back-off of
+    /// `before` (a failure while it was out already) up to [`MAX_BACKOFF`].
+    fn after(before: Option<&Down>, error: &SourceError) -> Down {
+        let backoff = before.map_or(FIRST_BACKOFF, |d| (d.backoff * 2).min(MAX_BACKOFF));
+        Down {
+            error: error.to_string(),
+            retry_at: Instant::now() + backoff,
+            backoff,
+            trying: false,
+        }
+    }
+}
+
 struct Replica {
     authority: String,
     conn: Option<RemoteSource>,
@@ -220,12 +234,7 @@ impl ReplicatedSource {
                 }
                 Err(e) => {
                     errors.push(format!("{a}: {e}"));
-                    r.down = Some(Down {
-                        error: e.to_string(),
-                        retry_at: Instant::now() + FIRST_BACKOFF,
-                        backoff: FIRST_BACKOFF,
-                        trying: false,
-                    });
+                    r.down = Some(Down::after(None, &e));
                 }
             }
             replicas.push(r);
@@ -277,16 +286,7 @@ impl ReplicatedSource {
     fn fail(&mut self, i: usize, e: &SourceError) {
         let r = &mut self.replicas[i];
         r.conn = None;
-        let backoff = r
-            .down
-            .as_ref()
-            .map_or(FIRST_BACKOFF, |d| (d.backoff * 2).min(MAX_BACKOFF));
-        r.down = Some(Down {
-            error: e.to_string(),
-            retry_at: Instant::now() + backoff,
-            backoff,
-            trying: false,
-        });
+        r.down = Some(Down::after(r.down.as_ref(), e));
         self.failovers += 1;
     }
 
@@ -300,12 +300,8 @@ impl ReplicatedSource {
                     self.replicas[i].down = None;
                 }
                 Err(e) => {
-                    if let Some(d) = &mut self.replicas[i].down {
-                        d.error = e.to_string();
-                        d.trying = false;
-                        d.backoff = (d.backoff * 2).min(MAX_BACKOFF);
-                        d.retry_at = Instant::now() + d.backoff;
-                    }
+                    let r = &mut self.replicas[i];
+                    r.down = Some(Down::after(r.down.as_ref(), &e));
                 }
             }
         }
@@ -377,36 +373,24 @@ impl ReplicatedSource {
         ranges: &[Range<u64>],
         out: &mut [u32],
     ) -> Result<(), (Option<usize>, SourceError)> {
-        let total = self.tokens;
-        let cfg = self.readahead;
-        let serves = |seq: &Sequence, r: &Range<u64>| {
-            cfg.in_flight > 0 && r.end <= total && seq.continues(r)
+        let mut live = Live {
+            replicas: &mut self.replicas,
+            next: &mut self.next,
         };
-        if self.window.is_none()
-            && self.seq.streak > 0
-            && ranges.first().is_some_and(|r| serves(&self.seq, r))
-        {
-            self.window = Some(Window::new(ranges[0].start));
-        }
-        let (mut at, mut done) = (0, 0);
-        if let Some(w) = &mut self.window {
-            let mut live = Live {
-                replicas: &mut self.replicas,
-                next: &mut self.next,
-            };
-            while done < ranges.len() && serves(&self.seq, &ranges[done]) {
-                let r = &ranges[done];
-                let n = (r.end - r.start) as usize;
-                w.read(r, &mut out[at..at + n], &mut live, cfg, total)
-                    .map_err(|e| (w.failed_stream(), e))?;
-                self.seq.note(r);
-                at += n;
-                done += 1;
-            }
-            if done == ranges.len() {
-                w.top_up(&mut live, cfg, total);
-                return Ok(());
-            }
+        let read = read_ahead(
+            &mut self.window,
+            &mut self.seq,
+            &mut live,
+            self.readahead,
+            self.tokens,
+            ranges,
+            out,
+        );
+        let Served {
+            ranges: done,
+            tokens: at,
+        } = read.map_err(|e| (self.window.as_ref().and_then(|w| w.failed_stream()), e))?;
+        if done < ranges.len() {
             self.abandon_window();
         }
         self.read_spread(&ranges[done..], &mut out[at..])

@@ -10,7 +10,7 @@ use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
 use dquant_transport::{DataStream, FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
 
 use crate::control::Control;
-use crate::readahead::{ReadaheadConfig, Sequence, Window};
+use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Window};
 
 /// A dataset served by another agent, read by token ranges over its data plane.
 ///
@@ -110,35 +110,20 @@ impl RemoteSource {
     }
 
     fn read(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
-        let total = self.tokens;
-        let cfg = self.readahead;
-        let serves = |seq: &Sequence, r: &Range<u64>| {
-            cfg.in_flight > 0 && r.end <= total && seq.continues(r)
-        };
-        // Start reading ahead only when this read goes on from a range that itself went on
-        // from the one before: a shuffled plan's reads line up like that by chance about
-        // once in (samples per epoch)², and would pay for a whole window each time.
-        if self.window.is_none()
-            && self.seq.streak > 0
-            && ranges.first().is_some_and(|r| serves(&self.seq, r))
-        {
-            self.window = Some(Window::new(ranges[0].start));
-        }
-        let mut at = 0;
-        let mut done = 0;
-        if let Some(w) = &mut self.window {
-            while done < ranges.len() && serves(&self.seq, &ranges[done]) {
-                let r = &ranges[done];
-                let n = (r.end - r.start) as usize;
-                w.read(r, &mut out[at..at + n], &mut self.stream, cfg, total)?;
-                self.seq.note(r);
-                at += n;
-                done += 1;
-            }
-            if done == ranges.len() {
-                // Keep the pipeline full while the consumer works on these tokens.
-                w.top_up(&mut self.stream, cfg, total);
-            } else if let Some(mut w) = self.window.take() {
+        let Served {
+            ranges: done,
+            tokens: mut at,
+        } = read_ahead(
+            &mut self.window,
+            &mut self.seq,
+            &mut self.stream,
+            self.readahead,
+            self.tokens,
+            ranges,
+            out,
+        )?;
+        if done < ranges.len() {
+            if let Some(mut w) = self.window.take() {
                 // The read left the sequence: what is in flight is of no use, but its
                 // answers are on the stream ahead of any new one.
                 w.drain(&mut self.stream)?;

@@ -39,11 +39,7 @@ impl AgentUri {
         let (addr, query) = uri.split_once('?').unwrap_or((uri, ""));
         let mut me = if let Some(rest) = addr.strip_prefix(Self::SCHEME) {
             let (authority, dataset) = rest.split_once('/').unwrap_or((rest, ""));
-            let port_ok = |a: &str| {
-                a.rsplit_once(':')
-                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-            };
-            if !authority.split(',').all(port_ok) {
+            if !authority.split(',').all(is_host_port) {
                 return Err(format!(
                     "{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
                 ));
@@ -135,6 +131,13 @@ impl AgentUri {
     pub fn host(&self) -> &str {
         host_of(&self.authority)
     }
+}
+
+/// Whether `a` is one agent's TCP address, `HOST:PORT` (a host without `,`, which separates
+/// replicas, and a port that fits 16 bits).
+pub fn is_host_port(a: &str) -> bool {
+    a.rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && !h.contains(',') && p.parse::<u16>().is_ok())
 }
 
 /// Unix socket authorities are paths; TCP ones are `HOST:PORT`.
