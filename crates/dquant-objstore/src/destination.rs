@@ -12,8 +12,11 @@ use object_store::{ObjectStore, ObjectStoreExt as _, WriteMultipart};
 
 use crate::error::ObjectRootError;
 use crate::location::S3Location;
-use crate::runtime::{run, runtime};
+use crate::runtime::{block_in, run};
 use crate::settings::S3Settings;
+
+/// S3's least size of a multipart upload's parts, but the last.
+const MIN_PART_BYTES: usize = 5 << 20;
 
 /// Part uploads in flight per output before a write waits.
 const UPLOADS_IN_FLIGHT: usize = 4;
@@ -30,9 +33,13 @@ impl ObjectDestination {
         Ok(Self::new(settings.store(at)?, settings.part_bytes as usize))
     }
 
-    /// Writes into `store` in parts of `part_bytes` (at least 5 MiB for S3, but the last).
+    /// Writes into `store` in parts of `part_bytes`, raised to S3's least part size (5 MiB:
+    /// every part but the last must be that long) when smaller, as a read-tuned setting may be.
     pub fn new(store: Arc<dyn ObjectStore>, part_bytes: usize) -> Self {
-        ObjectDestination { store, part_bytes }
+        ObjectDestination {
+            store,
+            part_bytes: part_bytes.max(MIN_PART_BYTES),
+        }
     }
 }
 
@@ -76,8 +83,7 @@ impl StagedObject for Upload {
             .as_mut()
             .ok_or_else(|| io::Error::other("upload already ended"))?;
         // Part uploads are spawned on the runtime; this thread only waits for room.
-        let _in_runtime = runtime().enter();
-        futures::executor::block_on(w.wait_for_capacity(UPLOADS_IN_FLIGHT)).map_err(other)?;
+        block_in(w.wait_for_capacity(UPLOADS_IN_FLIGHT)).map_err(other)?;
         w.write(bytes);
         Ok(())
     }
@@ -87,8 +93,7 @@ impl StagedObject for Upload {
             .w
             .take()
             .ok_or_else(|| io::Error::other("upload already ended"))?;
-        let _in_runtime = runtime().enter();
-        futures::executor::block_on(w.finish()).map_err(other)?;
+        block_in(w.finish()).map_err(other)?;
         Ok(())
     }
 }
@@ -96,8 +101,7 @@ impl StagedObject for Upload {
 impl Drop for Upload {
     fn drop(&mut self) {
         if let Some(w) = self.w.take() {
-            let _in_runtime = runtime().enter();
-            let _ = futures::executor::block_on(w.abort());
+            let _ = block_in(w.abort());
         }
     }
 }

@@ -38,7 +38,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSliceMut};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 
 use bytes::Bytes;
 use dquant_storage::{ObjectVersion, ReadAt};
@@ -113,7 +113,7 @@ struct Part {
 
 impl Part {
     fn wait(&self) -> io::Result<Bytes> {
-        let mut r = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = lock(&self.result);
         loop {
             if let Some(r) = r.as_ref() {
                 return r.clone().map_err(io::Error::from);
@@ -123,7 +123,7 @@ impl Part {
     }
 
     fn finish(&self, r: Result<Bytes, Failure>) {
-        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        *lock(&self.result) = Some(r);
         self.done.notify_all();
     }
 }
@@ -232,13 +232,19 @@ impl ObjectFile {
             .collect()
     }
 
-    /// Whether `ranges` go on from one another (give or take a part), as an unshuffled
-    /// batch's samples do: the readahead serves those.
-    fn sequential(&self, ranges: &[Range<u64>]) -> bool {
+    /// Whether a read from `start` goes on from one that ended at `prev_end`, give or take a
+    /// part (consecutive samples share a token; a rank skips the other ranks' samples).
+    fn continues(&self, prev_end: u64, start: u64) -> bool {
         let part = self.read.part_bytes;
+        start.saturating_add(part) >= prev_end && start <= prev_end + part
+    }
+
+    /// Whether `ranges` go on from one another, as an unshuffled batch's samples do: the
+    /// readahead serves those.
+    fn sequential(&self, ranges: &[Range<u64>]) -> bool {
         ranges
             .windows(2)
-            .all(|w| w[1].start.saturating_add(part) >= w[0].end && w[1].start <= w[0].end + part)
+            .all(|w| self.continues(w[0].end, w[1].start))
     }
 
     /// Starts GETs for announced `ranges` (merged when closer than [`MERGE_GAP`]), unless
@@ -261,7 +267,9 @@ impl ObjectFile {
                 _ => merged.push(r),
             }
         }
-        let mut pre = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        let len = |p: &Part| p.range.end - p.range.start;
+        let mut pre = lock(&self.prefetched);
+        let mut bytes: u64 = pre.iter().map(|p| len(p)).sum();
         for r in merged {
             let held = pre
                 .iter()
@@ -269,20 +277,21 @@ impl ObjectFile {
             if held || r.end - r.start > MAX_PREFETCH_BYTES / 4 {
                 continue;
             }
-            pre.push_back(self.spawn(r));
-            let bytes = |pre: &VecDeque<Arc<Part>>| -> u64 {
-                pre.iter().map(|p| p.range.end - p.range.start).sum()
-            };
-            while pre.len() > MAX_PREFETCH_PARTS || bytes(&pre) > MAX_PREFETCH_BYTES {
-                pre.pop_front();
+            let p = self.spawn(r);
+            bytes += len(&p);
+            pre.push_back(p);
+            while pre.len() > MAX_PREFETCH_PARTS || bytes > MAX_PREFETCH_BYTES {
+                if let Some(old) = pre.pop_front() {
+                    bytes -= len(&old);
+                }
             }
         }
     }
 
     /// The announced part holding `b`, if one does.
     fn prefetched(&self, b: &Range<u64>) -> Option<Arc<Part>> {
-        let pre = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
-        pre.iter()
+        lock(&self.prefetched)
+            .iter()
             .find(|p| p.range.start <= b.start && b.end <= p.range.end)
             .cloned()
     }
@@ -294,16 +303,15 @@ impl ObjectFile {
         if let Some(p) = self.prefetched(&b) {
             return vec![p];
         }
-        let mut s = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = lock(&self.streams);
         s.clock += 1;
         let now = s.clock;
-        let part = self.read.part_bytes;
         let inflight = self.read.inflight();
         let found = (inflight > 0)
             .then(|| {
-                s.list.iter().position(|st| {
-                    b.start.saturating_add(part) >= st.prev_end && b.start <= st.prev_end + part
-                })
+                s.list
+                    .iter()
+                    .position(|st| self.continues(st.prev_end, b.start))
             })
             .flatten();
         let Some(i) = found else {
@@ -340,6 +348,14 @@ impl ObjectFile {
                 next: b.start,
             },
         };
+        let parts = self.advance(&mut w, &b, inflight);
+        st.window = Some(w);
+        parts
+    }
+
+    /// Moves window `w` to read `b`: drops the parts done with, requests what `b` needs and
+    /// `inflight` parts beyond it, and returns the parts holding `b`.
+    fn advance(&self, w: &mut Window, b: &Range<u64>, inflight: usize) -> Vec<Arc<Part>> {
         // Parts wholly before the read, but one, are done with (the one kept serves reads
         // that arrive slightly out of order).
         while w.parts.len() > 1 && w.parts.get(1).is_some_and(|p| p.range.end <= b.start) {
@@ -350,18 +366,15 @@ impl ObjectFile {
             if w.next >= self.len || (w.next >= b.end && ahead >= inflight) {
                 break;
             }
-            let range = w.next..(w.next + part).min(self.len);
+            let range = w.next..(w.next + self.read.part_bytes).min(self.len);
             w.next = range.end;
             w.parts.push_back(self.spawn(range));
         }
-        let parts = w
-            .parts
+        w.parts
             .iter()
             .filter(|p| p.range.end > b.start && p.range.start < b.end)
             .cloned()
-            .collect();
-        s.list[i].window = Some(w);
-        parts
+            .collect()
     }
 
     /// Fills `bufs` in order from the bytes at `offset`.
@@ -388,15 +401,8 @@ impl ObjectFile {
                 Err(e) => {
                     // Nothing failed stays in a window or among announced parts: the next
                     // read asks again.
-                    self.streams
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .list
-                        .clear();
-                    self.prefetched
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clear();
+                    lock(&self.streams).list.clear();
+                    lock(&self.prefetched).clear();
                     return Err(e);
                 }
             };
@@ -406,6 +412,12 @@ impl ObjectFile {
         }
         Ok(())
     }
+}
+
+/// The state behind `m`, also after a reader panicked holding it (what it guards is
+/// consistent between statements).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Writes consecutive byte runs across a list of buffers, in order.

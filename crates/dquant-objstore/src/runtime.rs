@@ -44,3 +44,10 @@ where
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
+
+/// Waits on this thread for `fut`, which may spawn tasks of its own on the runtime (a
+/// multipart upload's parts): it is polled here, inside the runtime's context.
+pub(crate) fn block_in<F: Future>(fut: F) -> F::Output {
+    let _in_runtime = runtime().enter();
+    futures::executor::block_on(fut)
+}
