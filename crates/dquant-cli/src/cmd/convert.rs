@@ -10,7 +10,7 @@ use dquant_format::block::block_tokens_for;
 #[cfg(test)]
 use dquant_format::block::DEFAULT_BLOCK_BYTES;
 use dquant_format::DType;
-use dquant_objstore::{split_object_uri, ObjectDestination, ObjectRoot, S3Location, S3Settings};
+use dquant_objstore::{split_object_uri, ObjectDestination, ObjectRoot, S3Settings};
 use dquant_storage::{
     Dataset, DatasetWriter, Destination, LocalFiles, OutputFormat, Root, RootError, WriteReport,
 };
@@ -265,8 +265,8 @@ struct Output {
     to: Arc<dyn Destination>,
     /// The output's name in `to`: a path, or a key.
     name: PathBuf,
-    /// The bucket, for `s3://` outputs.
-    bucket: Option<(S3Location, ObjectRoot)>,
+    /// The bucket, for `s3://` outputs: what tells whether an output exists there.
+    bucket: Option<ObjectRoot>,
 }
 
 impl Output {
@@ -279,17 +279,19 @@ impl Output {
             });
         };
         let (bucket, key) = split_object_uri(uri)?;
+        // One client for both the existence check and the upload.
         let settings = S3Settings::default();
-        let root = ObjectRoot::s3(&bucket, &settings)?;
+        let store = settings.store(&bucket)?;
+        let root = ObjectRoot::new(store.clone(), bucket.to_string(), "", settings.read());
         Ok(Output {
-            to: Arc::new(ObjectDestination::s3(&bucket, &settings)?),
+            to: Arc::new(ObjectDestination::new(store, settings.part_bytes as usize)),
             name: PathBuf::from(key),
-            bucket: Some((bucket, root)),
+            bucket: Some(root),
         })
     }
 
     fn exists(&self, name: &Path) -> Result<bool> {
-        let Some((_, root)) = &self.bucket else {
+        let Some(root) = &self.bucket else {
             return Ok(name.exists());
         };
         let key = name.to_str().unwrap_or_default();
@@ -303,7 +305,7 @@ impl Output {
     /// How the user names `name`: the path, or `s3://BUCKET/KEY`.
     fn show(&self, name: &Path) -> String {
         match &self.bucket {
-            Some((b, _)) => format!("{b}/{}", name.display()),
+            Some(root) => format!("{}/{}", root.location(), name.display()),
             None => name.display().to_string(),
         }
     }
