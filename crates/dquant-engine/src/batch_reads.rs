@@ -46,22 +46,29 @@ fn concurrent<'s>(
     Some((pool, shares, shared))
 }
 
-/// Tells each source which of its token ranges the batch `samples` is about to read (see
-/// [`TokenSource::will_read`]), before any read starts.
-pub(crate) fn announce(sources: &[Box<dyn TokenSource>], samples: &[SampleRef]) {
+/// Tells each source the token ranges a batch is about to read from it, `by_source[d]`
+/// for source `d` (see [`TokenSource::will_read`]), before any read starts. A source with
+/// a single range is not told: its one read is all there is to start.
+pub(crate) fn announce(sources: &[Box<dyn TokenSource>], by_source: &[Vec<Range<u64>>]) {
+    for (s, ranges) in sources.iter().zip(by_source) {
+        if ranges.len() > 1 {
+            s.will_read(ranges);
+        }
+    }
+}
+
+/// [`announce`] for a batch's `samples`, grouped by source in one pass.
+fn announce_samples(sources: &[Box<dyn TokenSource>], samples: &[SampleRef]) {
     if samples.len() < 2 {
         return;
     }
-    for (d, s) in sources.iter().enumerate() {
-        let ranges: Vec<Range<u64>> = samples
-            .iter()
-            .filter(|x| x.source == d)
-            .map(|x| x.tokens.clone())
-            .collect();
-        if ranges.len() > 1 {
-            s.will_read(&ranges);
+    let mut by_source: Vec<Vec<Range<u64>>> = vec![Vec::new(); sources.len()];
+    for x in samples {
+        if let Some(v) = by_source.get_mut(x.source) {
+            v.push(x.tokens.clone());
         }
     }
+    announce(sources, &by_source);
 }
 
 /// Rows `rows` of a batch that one read of source `src` fills, from token `start`: each
@@ -121,7 +128,7 @@ pub(crate) fn read_stored(
     row: usize,
     bw: usize,
 ) -> Result<(), EngineError> {
-    announce(sources, samples);
+    announce_samples(sources, samples);
     let conc = concurrent(pool, sources, samples.len(), out.len());
     let cap = conc.as_ref().map_or(usize::MAX, |(pool, ..)| {
         samples.len().div_ceil(2 * pool.readers())

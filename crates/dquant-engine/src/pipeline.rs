@@ -269,7 +269,7 @@ impl Pipeline {
             self.slots[s.source].push(k);
         }
         resize_checked(&mut self.tokens, b.samples.len() * l)?;
-        batch_reads::announce(&self.sources, &b.samples);
+        batch_reads::announce(&self.sources, &self.ranges);
         let concurrently = batch_reads::read_tokens_concurrently(
             &self.sources,
             &self.uris,
