@@ -25,7 +25,7 @@
 
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -191,28 +191,30 @@ impl BlockCache {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        let intact = fs::read(self.dir.join(name))
-            .ok()
-            .filter(|b| b.len() == out.len() + TRAILER)
-            .filter(|b| {
-                let (payload, t) = b.split_at(out.len());
-                let len = u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize;
-                let crc = u32::from_le_bytes([t[4], t[5], t[6], t[7]]);
-                len == payload.len() && crc == crc32c::crc32c(payload)
-            });
-        match intact {
-            Some(b) => {
-                out.copy_from_slice(&b[..out.len()]);
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            None => {
-                self.corrupt.fetch_add(1, Ordering::Relaxed);
-                self.misses.fetch_add(1, Ordering::Relaxed);
-                self.forget(name);
-                false
-            }
+        if self.read_entry(name, out).unwrap_or(false) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return true;
         }
+        self.corrupt.fetch_add(1, Ordering::Relaxed);
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.forget(name);
+        false
+    }
+
+    /// Reads entry `name` into `out` (scratch: altered even when the entry is not intact)
+    /// and says whether it is whole and unaltered. Its length is checked before anything is
+    /// read, so a file grown in place costs nothing.
+    fn read_entry(&self, name: &str, out: &mut [u8]) -> io::Result<bool> {
+        let mut f = fs::File::open(self.dir.join(name))?;
+        if f.metadata()?.len() != (out.len() + TRAILER) as u64 {
+            return Ok(false);
+        }
+        let mut t = [0u8; TRAILER];
+        f.read_exact(out)?;
+        f.read_exact(&mut t)?;
+        let len = u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize;
+        let crc = u32::from_le_bytes([t[4], t[5], t[6], t[7]]);
+        Ok(len == out.len() && crc == crc32c::crc32c(out))
     }
 
     /// Stores `payload` as entry `name`. A failure to write only means the block is not
