@@ -50,7 +50,8 @@ pub struct S3Settings {
     /// Retries of one request after the first try.
     pub max_retries: usize,
     /// Bytes per ranged GET: reads longer than this are split into GETs of this size, run
-    /// concurrently; sequential reads are read ahead in parts of this size.
+    /// concurrently; sequential reads are read ahead in parts of this size. Also the part
+    /// size of multipart uploads (`dquant convert` to `s3://`), at least S3's 5 MiB there.
     pub part_bytes: u64,
     /// Bytes each sequential reader of an object keeps requested ahead of what it has read
     /// (several GETs in flight); 0: no readahead.
