@@ -105,6 +105,7 @@
 #![warn(missing_docs)]
 
 mod blend;
+pub mod boundaries;
 mod error;
 mod kinetic;
 pub mod permute;
@@ -113,6 +114,7 @@ pub mod resume;
 mod schedule;
 
 pub use blend::{normalize_weights, Blender};
+pub use boundaries::{Boundaries, DocStarts, DocStartsError};
 pub use error::PlanError;
 pub use permute::Permutation;
 pub use plan::{cursor_trailer_len, Cursor, OutputDType, Plan, Source, WireCodec};

@@ -7,6 +7,7 @@ use dquant_codec::{Codec, Compression, Width};
 use dquant_format::DType;
 use serde::{Deserialize, Serialize};
 
+use crate::boundaries::{doc_section_bound, Boundaries};
 use crate::error::PlanError;
 
 /// A declarative description of the batches a consumer wants: which sources, blended how,
@@ -63,6 +64,28 @@ pub struct Plan {
     /// ranks may differ by one sample.
     #[serde(default)]
     pub drop_last: bool,
+    /// How document boundaries inside samples are found, for the boundary outputs:
+    /// `"eod"` (a document ends with the `eod` token, as Megatron finds them) or
+    /// `"documents"` (the sources' document indices). Unset (default): batches carry no
+    /// boundaries. See [`crate::boundaries`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boundaries: Option<Boundaries>,
+    /// The end-of-document token for `boundaries = "eod"` (Megatron's `eod` id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eod: Option<u32>,
+    /// Deliver `position_ids` that restart at each document (Megatron's
+    /// `reset_position_ids`). Needs `boundaries`. Default `false`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub position_ids: bool,
+    /// Deliver a `loss_mask` that is 0 where the target is another document's first token
+    /// (Megatron's `eod_mask_loss`). Needs `boundaries`. Default `false`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub loss_mask: bool,
+    /// Deliver `cu_seqlens` and `max_seqlen` for variable-length attention, so packed
+    /// documents do not attend to each other (Megatron's `reset_attention_mask`, as
+    /// `PackedSeqParams`). Needs `boundaries`. Default `false`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cu_seqlens: bool,
 }
 
 /// One token dataset of a plan.
@@ -236,6 +259,10 @@ pub fn cursor_trailer_len(sources: usize) -> usize {
     }
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 fn default_shuffle() -> bool {
     true
 }
@@ -269,6 +296,11 @@ impl Plan {
             rank: 0,
             world: default_world(),
             drop_last: false,
+            boundaries: None,
+            eod: None,
+            position_ids: false,
+            loss_mask: false,
+            cu_seqlens: false,
         }
     }
 
@@ -296,6 +328,17 @@ impl Plan {
     /// resumes in O(#sources).
     pub fn cursor_trailer_len(&self) -> usize {
         cursor_trailer_len(self.sources.len())
+    }
+
+    /// Bytes of a batch record's trailer at most: the document-start section when the plan
+    /// has `boundaries` ([`crate::boundaries::doc_section_bound`]), then the cursor trailer.
+    /// What a producer reserves, and a receiver accepts, past the tokens.
+    pub fn trailer_bound(&self) -> u64 {
+        let docs = match self.boundaries {
+            Some(_) => doc_section_bound(self.batch_size, self.seq_len),
+            None => 0,
+        };
+        docs + self.cursor_trailer_len() as u64
     }
 
     /// Parses and validates a plan written in JSON.
@@ -390,6 +433,7 @@ impl Plan {
             _ => {}
         }
         self.parsed_wire_codec()?;
+        self.validate_boundaries()?;
         if self.world == 0 {
             return Err(PlanError::invalid("world", "must be at least 1"));
         }
@@ -402,6 +446,46 @@ impl Plan {
         // The blend's weights must also survive normalization.
         let weights: Vec<f64> = self.sources.iter().map(|s| s.weight).collect();
         crate::blend::Blender::new(&weights)?;
+        Ok(())
+    }
+
+    /// The boundary fields agree: outputs need `boundaries`, `"eod"` needs `eod`, and `eod`
+    /// means nothing without it.
+    fn validate_boundaries(&self) -> Result<(), PlanError> {
+        let outputs = [
+            ("position_ids", self.position_ids),
+            ("loss_mask", self.loss_mask),
+            ("cu_seqlens", self.cu_seqlens),
+        ];
+        match (self.boundaries, self.eod) {
+            (None, _) => {
+                if let Some((name, _)) = outputs.iter().find(|(_, on)| *on) {
+                    return Err(PlanError::invalid(
+                        *name,
+                        "needs boundaries = \"eod\" (with eod = ID) or boundaries = \"documents\"",
+                    ));
+                }
+                if self.eod.is_some() {
+                    return Err(PlanError::invalid(
+                        "eod",
+                        "only applies with boundaries = \"eod\"",
+                    ));
+                }
+            }
+            (Some(Boundaries::Eod), None) => {
+                return Err(PlanError::invalid(
+                    "boundaries",
+                    "\"eod\" needs the end-of-document token: eod = ID",
+                ))
+            }
+            (Some(Boundaries::Documents), Some(_)) => {
+                return Err(PlanError::invalid(
+                    "eod",
+                    "only applies with boundaries = \"eod\" (\"documents\" takes the starts from the index)",
+                ))
+            }
+            _ => {}
+        }
         Ok(())
     }
 }

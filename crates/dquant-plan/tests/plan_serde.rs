@@ -3,7 +3,9 @@
 mod common;
 
 use dquant_codec::{Codec, Compression, Width};
-use dquant_plan::{Cursor, OutputDType, Plan, PlanError, Schedule, Source, SourceInfo, WireCodec};
+use dquant_plan::{
+    Boundaries, Cursor, OutputDType, Plan, PlanError, Schedule, Source, SourceInfo, WireCodec,
+};
 
 fn full_plan() -> Plan {
     Plan {
@@ -38,6 +40,11 @@ fn full_plan() -> Plan {
         rank: 3,
         world: 8,
         drop_last: true,
+        boundaries: Some(Boundaries::Eod),
+        eod: Some(50256),
+        position_ids: true,
+        loss_mask: true,
+        cu_seqlens: true,
     }
 }
 
@@ -219,6 +226,57 @@ fn validation_names_the_field() {
 }
 
 #[test]
+fn boundary_fields_agree() {
+    assert_eq!(
+        invalid(|p| p.boundaries = None),
+        "position_ids: needs boundaries = \"eod\" (with eod = ID) or boundaries = \"documents\""
+    );
+    assert_eq!(
+        invalid(|p| (p.boundaries, p.position_ids, p.loss_mask) = (None, false, false)),
+        "cu_seqlens: needs boundaries = \"eod\" (with eod = ID) or boundaries = \"documents\""
+    );
+    assert_eq!(
+        invalid(|p| p.eod = None),
+        "boundaries: \"eod\" needs the end-of-document token: eod = ID"
+    );
+    assert_eq!(
+        invalid(|p| p.boundaries = Some(Boundaries::Documents)),
+        "eod: only applies with boundaries = \"eod\" (\"documents\" takes the starts from the index)"
+    );
+    assert_eq!(
+        invalid(|p| {
+            p.boundaries = None;
+            (p.position_ids, p.loss_mask, p.cu_seqlens) = (false, false, false);
+        }),
+        "eod: only applies with boundaries = \"eod\""
+    );
+    // Each mode, as a person writes it.
+    let toml = r#"
+        seq_len = 8
+        batch_size = 2
+        boundaries = "documents"
+        loss_mask = true
+        [[sources]]
+        uri = "a"
+    "#;
+    let p = Plan::from_toml(toml).unwrap();
+    assert_eq!(p.boundaries, Some(Boundaries::Documents));
+    assert!(p.loss_mask && !p.position_ids && !p.cu_seqlens);
+    assert_eq!(
+        json_err(r#", "boundaries": "eos""#),
+        "plan: unknown variant `eos`, expected `eod` or `documents` at line 1 column 78"
+    );
+    // A plan without boundaries serializes as it did before they existed.
+    let plain = common::plan(&[1.0], 8, 2);
+    assert!(!plain.to_json().contains("boundaries"));
+    assert!(!plain.to_toml().unwrap().contains("loss_mask"));
+    // The trailer bound: the document section (8 + 2 × ⌈8 / 8⌉ bytes, padded) and no cursor
+    // counts for one source.
+    assert_eq!(p.trailer_bound(), 16);
+    assert_eq!(plain.trailer_bound(), 0);
+}
+
+#[test]
 fn wire_codecs_accepted() {
     // (as written, as displayed): `zstd` means zstd:3.
     for (c, canonical) in [
@@ -259,7 +317,8 @@ fn text_errors_have_line_and_column() {
         json_err(r#", "bogus": 1"#),
         "plan: unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, \
          `seed`, `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, \
-         `drop_last` at line 1 column 66"
+         `drop_last`, `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens` at line 1 \
+         column 66"
     );
     assert_eq!(
         Plan::from_json(r#"{"sources": [{"uri": "a", "wieght": 2}], "seq_len": 1, "batch_size": 1}"#)
