@@ -361,7 +361,8 @@ fn text_errors_have_line_and_column() {
             .to_string(),
         "plan: TOML parse error at line 3, column 1\n  |\n3 | bogus = 2\n  | ^^^^^\n\
          unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, `seed`, \
-         `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, `drop_last`\n"
+         `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, `drop_last`, \
+         `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`\n"
     );
     assert_eq!(
         Plan::from_toml("seq_len = 1\nbatch_size = 1\n[[sources]]\nuri = \"a\"\nwieght = 1\n")
