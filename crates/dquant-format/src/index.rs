@@ -104,6 +104,25 @@ impl DocIndex {
         self.seq_offsets[self.doc_seq[d] as usize]..self.seq_offsets[self.doc_seq[d + 1] as usize]
     }
 
+    /// The offsets of the documents that start strictly inside `range` (after its first
+    /// token, before its end), ascending and without repeats (empty documents start where
+    /// the next one does). O(log documents + the starts found).
+    pub fn starts_in(&self, range: Range<u64>) -> impl Iterator<Item = u64> + '_ {
+        let docs = &self.doc_seq[..self.documents()];
+        let start_of = |s: &u64| self.seq_offsets[*s as usize];
+        let d0 = docs.partition_point(|s| start_of(s) <= range.start);
+        let mut last = range.start;
+        docs[d0..]
+            .iter()
+            .map(start_of)
+            .take_while(move |&s| s < range.end)
+            .filter(move |&s| {
+                let new = s > last;
+                last = s;
+                new
+            })
+    }
+
     /// The document holding token `t`, and `t`'s offset inside it. Empty documents are
     /// skipped; `None` past the end.
     pub fn locate(&self, t: u64) -> Option<(usize, u64)> {
@@ -197,6 +216,19 @@ mod tests {
         );
         assert_eq!(DocIndex::single(0).documents(), 0);
         assert_eq!(DocIndex::single(7).document(0), 0..7);
+    }
+
+    #[test]
+    fn starts_inside_a_range() {
+        // Documents at 0, 3 (two sequences: 3..5, 5..6), an empty one at 6, then 6 and 10.
+        let ix = DocIndex::new(vec![0, 3, 5, 6, 6, 10, 12], vec![0, 1, 3, 3, 4, 5, 6]).unwrap();
+        let starts = |r: std::ops::Range<u64>| ix.starts_in(r).collect::<Vec<_>>();
+        assert_eq!(starts(0..12), [3, 6, 10]);
+        assert_eq!(starts(3..7), [6]);
+        assert_eq!(starts(2..4), [3]);
+        assert_eq!(starts(6..10), Vec::<u64>::new());
+        assert_eq!(starts(4..5), Vec::<u64>::new());
+        assert_eq!(starts(9..12), [10]);
     }
 
     #[test]
