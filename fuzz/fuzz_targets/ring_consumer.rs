@@ -126,7 +126,7 @@ impl Run {
                 samples: 1,
                 sample_len: (len - RECORD_HEADER_LEN) as u32,
                 payload_len: (len - RECORD_HEADER_LEN) as u32,
-                cursor_len: 0,
+                trailer_len: 0,
                 cursor_epoch: 0,
                 cursor_consumed: 1,
             };

@@ -13,10 +13,9 @@ use std::time::Instant;
 use dquant_codec::encode_width;
 use dquant_engine::record::{max_payload_len, Payload, Record};
 use dquant_engine::{
-    batch_header, plain_codec, put_cursor_trailer, EncodeAhead, EngineError, Pipeline,
-    RecordEncoder,
+    batch_header, plain_codec, put_trailer, EncodeAhead, EngineError, Pipeline, RecordEncoder,
 };
-use dquant_plan::{cursor_trailer_len, Cursor, OutputDType, WireCodec};
+use dquant_plan::{Cursor, OutputDType, WireCodec};
 use dquant_remote::shutdown_message;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchSink, SinkError};
@@ -77,7 +76,7 @@ impl Producer {
     /// link).
     pub fn new(pipeline: Box<Pipeline>, output: OutputDType, wire: WireCodec) -> Self {
         let tokens = pipeline.schedule().batch_tokens() as usize;
-        let trailer = cursor_trailer_len(pipeline.schedule().sources());
+        let trailer = pipeline.trailer_bound();
         let plain = wire == WireCodec::Fixed(plain_codec(output));
         let payload = if plain {
             tokens * output.itemsize()
@@ -174,7 +173,7 @@ impl Producer {
             return Err(EngineError::Usage(m).into());
         };
         data.copy_from_slice(&e.payload);
-        put_cursor_trailer(&mut e.header, &e.cursor.blend, body)?;
+        put_trailer(&mut e.header, e.docs.as_ref(), &e.cursor.blend, body)?;
         head.copy_from_slice(&e.header.encode());
         let len = RECORD_HEADER_LEN + e.header.payload_len as usize;
         sink.commit(len)?;
@@ -200,7 +199,7 @@ impl Producer {
         let tokens = b.samples * sample_len;
         let payload_len = width.encoded_len(tokens);
         let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
-        put_cursor_trailer(&mut h, &b.cursor.blend, body)?;
+        put_trailer(&mut h, b.docs.as_ref(), &b.cursor.blend, body)?;
         head.copy_from_slice(&h.encode());
         let len = RECORD_HEADER_LEN + h.payload_len as usize;
         sink.commit(len)?;
@@ -238,7 +237,7 @@ impl Producer {
                 })?
             }
         }
-        put_cursor_trailer(&mut header, &b.cursor.blend, body)?;
+        put_trailer(&mut header, b.docs, &b.cursor.blend, body)?;
         head.copy_from_slice(&header.encode());
         let len = RECORD_HEADER_LEN + header.payload_len as usize;
         sink.commit(len)?;

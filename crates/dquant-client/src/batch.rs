@@ -10,7 +10,7 @@
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use dquant_plan::{Cursor, OutputDType};
+use dquant_plan::{Cursor, DocStarts, OutputDType};
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::RecordView;
 
@@ -23,6 +23,10 @@ pub struct Batch<'a> {
     /// `seq_len + 1`.
     pub sample_len: usize,
     pub tokens: Tokens<'a>,
+    /// Where documents start inside each sample, when the plan has `boundaries`: expand
+    /// them with [`DocStarts::position_ids`], [`DocStarts::loss_mask`] and
+    /// [`DocStarts::cu_seqlens`].
+    pub docs: Option<&'a DocStarts>,
 }
 
 /// A batch's tokens in the plan's output dtype.
@@ -81,6 +85,8 @@ pub struct OwnedBatch {
     pub output: OutputDType,
     /// Where a resumed reader continues after this batch.
     pub cursor: Cursor,
+    /// Where documents start inside each sample, when the plan has `boundaries`.
+    pub docs: Option<DocStarts>,
     pub(crate) record: RecordView,
     /// Payload bytes after the record header.
     pub(crate) len: usize,

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use dquant_engine::{batch_header, plain_codec, put_cursor_trailer, EngineError, Pipeline};
-use dquant_plan::{cursor_trailer_len, OutputDType};
+use dquant_engine::{batch_header, plain_codec, put_trailer, EngineError, Pipeline};
+use dquant_plan::OutputDType;
 use dquant_transport::receive::copy_payload;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, ReceiveError, RecordView};
@@ -28,10 +28,11 @@ impl InProcess {
         // Saturating: a plan can ask for more than memory holds; the record pool's
         // allocation then fails, where wrapped arithmetic would hand out a small buffer.
         let tokens = usize::try_from(pipeline.schedule().batch_tokens()).unwrap_or(usize::MAX);
-        let trailer = cursor_trailer_len(pipeline.schedule().sources());
+        let trailer = pipeline.trailer_bound();
         let full = tokens
             .saturating_mul(output.itemsize())
-            .saturating_add(RECORD_HEADER_LEN + trailer);
+            .saturating_add(RECORD_HEADER_LEN)
+            .saturating_add(trailer);
         InProcess {
             pipeline,
             output,
@@ -51,7 +52,7 @@ impl InProcess {
         };
         let payload_len = width.encoded_len(b.samples * sample_len);
         let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
-        put_cursor_trailer(&mut h, &b.cursor.blend, body)?;
+        put_trailer(&mut h, b.docs.as_ref(), &b.cursor.blend, body)?;
         head.copy_from_slice(&h.encode());
         rec.truncate(RECORD_HEADER_LEN + h.payload_len as usize);
         self.held = Some(rec);

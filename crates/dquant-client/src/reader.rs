@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use dquant_codec::kernels::store_plain;
 use dquant_codec::{Compression, Decoder};
-use dquant_engine::{plain_codec, Pipeline, SourceError, TokenSource};
-use dquant_plan::{Cursor, OutputDType, Plan, Schedule, Source};
+use dquant_engine::{doc_section, plain_codec, Pipeline, SourceError, TokenSource};
+use dquant_plan::{Cursor, DocStarts, OutputDType, Plan, Schedule, Source};
 use dquant_proto::v1::OpenRequest;
 use dquant_remote::{open_source, AgentUri, Control, Credentials, Transport, DEFAULT_RPC_TIMEOUT};
 use dquant_transport::record::RECORD_HEADER_LEN;
@@ -54,7 +54,13 @@ pub struct Reader {
     /// cursor (what it lists as delivered) follows from this one.
     start: Cursor,
     /// Bytes of the cursor trailer an agent's batch records carry (0 or the plan's).
-    trailer_len: usize,
+    cursor_len: usize,
+    /// Whether batch records carry document starts (the plan has boundaries).
+    boundaries: bool,
+    /// Bytes a batch record's trailer may take ([`Plan::trailer_bound`]).
+    trailer_bound: u64,
+    /// The document starts of the batch at hand, when the plan has boundaries.
+    docs: Option<DocStarts>,
     /// Bytes of the batch at hand already handed out by `read`.
     read_pos: usize,
     /// Position after the last batch fully handed out.
@@ -182,7 +188,10 @@ impl Reader {
             read_pos: 0,
             cursor: o.start.clone(),
             start: o.start,
-            trailer_len: plan.cursor_trailer_len(),
+            cursor_len: plan.cursor_trailer_len(),
+            boundaries: plan.boundaries.is_some(),
+            trailer_bound: plan.trailer_bound(),
+            docs: None,
             pool,
             decoder: Decoder::new(),
             payload: Vec::new(),
@@ -265,14 +274,16 @@ impl Reader {
             Some(r) => self.check_in_place(&h, r, bytes)?,
             None => self.receive(&h, bytes)?,
         };
+        let trailer = &record[RECORD_HEADER_LEN + bytes..][..h.trailer_len as usize];
+        let (docs, blend) = self.parse_trailer(&h, trailer)?;
         let mut cursor = self.start.moved_to(h.cursor_epoch, h.cursor_consumed);
-        let trailer = &record[RECORD_HEADER_LEN + bytes..][..h.cursor_len as usize];
-        if !trailer.is_empty() {
-            cursor.blend = trailer
+        if !blend.is_empty() {
+            cursor.blend = blend
                 .chunks_exact(8)
                 .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
                 .collect();
         }
+        self.docs = docs;
         self.batch_cursor = cursor;
         self.record = Some(record);
         self.batch_len = bytes;
@@ -291,14 +302,39 @@ impl Reader {
                 h.samples, h.sample_len
             )));
         }
-        let trailer = self.trailer_len;
-        if h.cursor_len != 0 && h.cursor_len as usize != trailer {
+        if u64::from(h.trailer_len) > self.trailer_bound {
             return Err(ClientError::Agent(format!(
-                "agent sent batch {} with a {}-byte cursor trailer; the plan's is {trailer} bytes",
-                h.index, h.cursor_len
+                "agent sent batch {} with a {}-byte trailer; the plan's is at most {} bytes",
+                h.index, h.trailer_len, self.trailer_bound
             )));
         }
         Ok(())
+    }
+
+    /// Splits a batch's trailer into its document starts (when the plan has boundaries) and
+    /// the cursor trailer (none, or the plan's length).
+    fn parse_trailer<'t>(
+        &self,
+        h: &BatchHeader,
+        trailer: &'t [u8],
+    ) -> Result<(Option<DocStarts>, &'t [u8]), ClientError> {
+        let bad = |e: String| ClientError::Agent(format!("agent sent batch {}: {e}", h.index));
+        let (docs, rest) = if self.boundaries {
+            let seq_len = (self.sample_len - 1) as u32;
+            let (d, used) = doc_section::decode(trailer, h.samples as usize, seq_len)
+                .map_err(|e| bad(e.to_string()))?;
+            (Some(d), &trailer[used..])
+        } else {
+            (None, trailer)
+        };
+        if !rest.is_empty() && rest.len() != self.cursor_len {
+            return Err(bad(format!(
+                "a {}-byte cursor trailer; the plan's is {} bytes",
+                rest.len(),
+                self.cursor_len
+            )));
+        }
+        Ok((docs, rest))
     }
 
     /// A record taken where it lies must already be the tokens in the output dtype.
@@ -328,7 +364,7 @@ impl Reader {
     /// codec into the output dtype when it is not that already.
     fn receive(&mut self, h: &BatchHeader, bytes: usize) -> Result<RecordView, ClientError> {
         let n = h.tokens();
-        let (data, trailer) = (h.data_len() as usize, h.cursor_len as usize);
+        let (data, trailer) = (h.data_len() as usize, h.trailer_len as usize);
         dquant_remote::check_payload_len(h.codec, n, h.data_len())
             .map_err(ClientError::from_agent)?;
         // The batch's tokens in the output dtype, then the cursor trailer, as in place.
@@ -368,6 +404,7 @@ impl Reader {
             samples: self.samples_in_batch,
             sample_len: self.sample_len,
             tokens: tokens_of(self.output, self.batch_bytes()),
+            docs: self.docs.as_ref(),
         }
     }
 
@@ -408,6 +445,7 @@ impl Reader {
             sample_len: self.sample_len,
             output: self.output,
             cursor: self.cursor.clone(),
+            docs: self.docs.take(),
             record,
             len,
             in_ring: self.source.shared_memory(),

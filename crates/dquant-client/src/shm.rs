@@ -24,7 +24,7 @@ use crate::ClientError;
 pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 
 /// The slot size for `plan`: one whole batch record (header, tokens in the output dtype and
-/// the cursor trailer), page aligned. Slots are sized to the batch rather than fixed at 1 MiB: a slot
+/// the trailer: document starts and cursor counts), page aligned. Slots are sized to the batch rather than fixed at 1 MiB: a slot
 /// holds exactly one batch, so a smaller one would not fit it and a larger one is memory
 /// the batch never uses.
 pub fn slot_size(plan: &Plan) -> u64 {
@@ -32,7 +32,7 @@ pub fn slot_size(plan: &Plan) -> u64 {
     // rather than a wrapped small one.
     let record = (RECORD_HEADER_LEN as u64)
         .saturating_add(plan.batch_bytes())
-        .saturating_add(plan.cursor_trailer_len() as u64);
+        .saturating_add(plan.trailer_bound());
     record.div_ceil(PAGE).saturating_mul(PAGE)
 }
 

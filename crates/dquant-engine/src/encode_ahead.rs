@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use dquant_codec::{Codec, Width};
-use dquant_plan::{Cursor, WireCodec};
+use dquant_plan::{Cursor, DocStarts, WireCodec};
 use dquant_transport::BatchHeader;
 
 use crate::pipeline::{BatchInfo, Pipeline};
@@ -33,6 +33,8 @@ pub struct Encoded {
     pub payload: Vec<u8>,
     /// The cursor once it is consumed (its `blend` is the batch's cursor trailer).
     pub cursor: Cursor,
+    /// Its document starts, when the plan has boundaries.
+    pub docs: Option<DocStarts>,
     /// Tokens in the batch.
     pub tokens: u64,
     /// The batch's tokens, kept to be reused for a later batch.
@@ -122,6 +124,7 @@ impl EncodeAhead {
                     header,
                     payload,
                     cursor: info.cursor,
+                    docs: info.docs,
                     tokens: buf.len() as u64,
                     buf,
                 })

@@ -11,6 +11,8 @@
 //! another agent (`dquant_remote::RemoteSource`) implements the same trait.
 
 mod batch_reads;
+pub mod doc_section;
+mod doc_starts;
 mod encode_ahead;
 mod error;
 mod fit;
@@ -24,8 +26,7 @@ pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
 pub use record::{
-    auto_codec, batch_header, checked_codec, codec_for, plain_codec, put_cursor_trailer,
-    RecordEncoder,
+    auto_codec, batch_header, checked_codec, codec_for, plain_codec, put_trailer, RecordEncoder,
 };
 pub use source::{open_options, LocalSource, SharedReads, SourceError, TokenSource};
 pub use worker_pool::WorkerPool;

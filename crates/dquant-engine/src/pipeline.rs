@@ -9,9 +9,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use dquant_codec::Width;
-use dquant_plan::{Cursor, Plan, RankIter, Schedule, Source, SourceInfo};
+use dquant_plan::{Cursor, DocStarts, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo};
 
 use crate::batch_reads::{self, source_error};
+use crate::doc_starts::{BatchTokens, Finder};
 use crate::fit::check_fits;
 use crate::source::{SourceError, TokenSource};
 use crate::worker_pool::WorkerPool;
@@ -30,6 +31,8 @@ pub struct TokenBatch<'a> {
     pub provenance: &'a [(usize, u64)],
     /// The plan's source URIs, as the plan spelled them (for error messages).
     pub uris: &'a [String],
+    /// Each sample's document starts, when the plan has boundaries.
+    pub docs: Option<&'a DocStarts>,
 }
 
 /// A plan bound to opened sources, positioned at a cursor.
@@ -50,6 +53,14 @@ pub struct Pipeline {
     stored: Option<Width>,
     /// Reads a batch on several threads, when set ([`Pipeline::set_worker_pool`]).
     pool: Option<Arc<WorkerPool>>,
+    /// How the plan's document boundaries are found, when it has them.
+    finder: Option<Finder>,
+    /// The last batch's document starts.
+    docs: DocStarts,
+    /// The plan's `seq_len`.
+    seq_len: u32,
+    /// Bytes a batch record's trailer may take ([`Plan::trailer_bound`]).
+    trailer_bound: usize,
 }
 
 impl TokenBatch<'_> {
@@ -59,6 +70,7 @@ impl TokenBatch<'_> {
             index: self.index,
             samples: self.samples,
             cursor: self.cursor.clone(),
+            docs: self.docs.cloned(),
         }
     }
 }
@@ -70,6 +82,8 @@ pub struct BatchInfo {
     pub samples: usize,
     /// The cursor once this batch is consumed.
     pub cursor: Cursor,
+    /// Each sample's document starts, when the plan has boundaries.
+    pub docs: Option<DocStarts>,
 }
 
 impl Pipeline {
@@ -114,10 +128,15 @@ impl Pipeline {
         let n = sources.len();
         let stored = sources[0].stored_width();
         let stored = stored.filter(|&w| sources.iter().all(|s| s.stored_width() == Some(w)));
+        let uris: Vec<String> = plan.sources.iter().map(|s| s.uri.clone()).collect();
+        let finder = Finder::of(plan);
+        if let Some(f) = finder {
+            f.check(&sources, &uris)?;
+        }
         Ok(Pipeline {
             schedule,
             iter,
-            uris: plan.sources.iter().map(|s| s.uri.clone()).collect(),
+            uris,
             sources,
             sample_len: plan.sample_len(),
             tokens: Vec::new(),
@@ -127,6 +146,10 @@ impl Pipeline {
             read: Vec::new(),
             stored,
             pool: None,
+            finder,
+            docs: DocStarts::new(plan.seq_len),
+            seq_len: plan.seq_len,
+            trailer_bound: usize::try_from(plan.trailer_bound()).unwrap_or(usize::MAX),
         })
     }
 
@@ -153,6 +176,12 @@ impl Pipeline {
 
     pub fn sample_len(&self) -> usize {
         self.sample_len
+    }
+
+    /// Bytes a batch record's trailer may take after its tokens: the document starts, when
+    /// the plan has boundaries, and the cursor trailer ([`Plan::trailer_bound`]).
+    pub fn trailer_bound(&self) -> usize {
+        self.trailer_bound
     }
 
     /// No token of any source exceeds this: checks against a width that holds it can be
@@ -210,10 +239,16 @@ impl Pipeline {
                 l * bw,
                 bw,
             )?;
+            let tokens = BatchTokens::Stored {
+                width,
+                bytes: &out[..need],
+            };
+            self.find_docs(&b.samples, tokens)?;
             return Ok(Some(BatchInfo {
                 index: b.index,
                 samples: b.samples.len(),
                 cursor: self.iter.cursor(),
+                docs: self.finder.map(|_| self.docs.clone()),
             }));
         }
         let Some(b) = self.next_batch_checked(width)? else {
@@ -281,6 +316,18 @@ impl Pipeline {
         if !concurrently {
             self.read_by_source(l)?;
         }
+        if let Some(f) = self.finder {
+            let tokens = BatchTokens::U32(&self.tokens);
+            let (sources, uris) = (&self.sources, &self.uris);
+            f.fill(
+                &mut self.docs,
+                self.seq_len,
+                &b.samples,
+                tokens,
+                sources,
+                uris,
+            )?;
+        }
         Ok(Some(TokenBatch {
             index: b.index,
             tokens: &self.tokens,
@@ -288,7 +335,24 @@ impl Pipeline {
             cursor: self.iter.cursor(),
             provenance: &self.provenance,
             uris: &self.uris,
+            docs: self.finder.map(|_| &self.docs),
         }))
+    }
+
+    /// Finds the document starts of `samples`, whose tokens are `tokens`, when the plan has
+    /// boundaries.
+    fn find_docs(
+        &mut self,
+        samples: &[SampleRef],
+        tokens: BatchTokens<'_>,
+    ) -> Result<(), EngineError> {
+        match self.finder {
+            Some(f) => {
+                let (sources, uris) = (&self.sources, &self.uris);
+                f.fill(&mut self.docs, self.seq_len, samples, tokens, sources, uris)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Reads the batch laid out in `ranges` and `slots` one source at a time, one request

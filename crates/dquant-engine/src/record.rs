@@ -9,9 +9,10 @@ use std::collections::HashMap;
 
 use dquant_codec::kernels::max_token;
 use dquant_codec::{Codec, CodecError, Compression, Encoder, Width};
-use dquant_plan::{OutputDType, WireCodec};
+use dquant_plan::{DocStarts, OutputDType, WireCodec};
 use dquant_transport::BatchHeader;
 
+use crate::doc_section;
 use crate::fit::check_fits;
 use crate::pipeline::{BatchInfo, TokenBatch};
 use crate::EngineError;
@@ -97,35 +98,42 @@ pub fn batch_header(
         samples: u32::try_from(b.samples).map_err(|_| too_big())?,
         sample_len: u32::try_from(sample_len).map_err(|_| too_big())?,
         payload_len: u32::try_from(payload_len).map_err(|_| too_big())?,
-        cursor_len: 0,
+        trailer_len: 0,
         cursor_epoch: b.cursor.epoch,
         cursor_consumed: b.cursor.consumed_samples,
     })
 }
 
-/// Writes the cursor trailer of the batch of `h` (`blend`: the blend's counts at the cursor
-/// after it, empty for a single source) into `body` after the `h.payload_len` bytes of its
-/// tokens, and counts it in `h`. The record's room includes it
-/// ([`dquant_plan::cursor_trailer_len`]).
-pub fn put_cursor_trailer(
+/// Writes the trailer of the batch of `h` into `body` after the `h.payload_len` bytes of its
+/// tokens, and counts it in `h`: the batch's document starts when the plan has boundaries
+/// ([`crate::doc_section`]), then the cursor trailer (`blend`: the blend's counts at the
+/// cursor after the batch, empty for a single source). The record's room includes it
+/// ([`dquant_plan::Plan::trailer_bound`]).
+pub fn put_trailer(
     h: &mut BatchHeader,
+    docs: Option<&DocStarts>,
     blend: &[u64],
     body: &mut [u8],
 ) -> Result<(), EngineError> {
-    let at = h.payload_len as usize;
+    let no_room =
+        |what: &str| EngineError::Usage(format!("batch {}: no room for its {what}", h.index));
+    let mut at = h.payload_len as usize;
+    if let Some(d) = docs {
+        let room = body
+            .get_mut(at..)
+            .ok_or_else(|| no_room("document starts"))?;
+        at += doc_section::encode(d, room).ok_or_else(|| no_room("document starts"))?;
+    }
     let len = 8 * blend.len();
-    let Some(room) = body.get_mut(at..at + len) else {
-        return Err(EngineError::Usage(format!(
-            "batch {}: no room for its {len}-byte cursor trailer",
-            h.index
-        )));
-    };
+    let room = body
+        .get_mut(at..at + len)
+        .ok_or_else(|| no_room("cursor trailer"))?;
     for (out, c) in room.chunks_exact_mut(8).zip(blend) {
         out.copy_from_slice(&c.to_le_bytes());
     }
-    let len = len as u32;
-    h.cursor_len = len;
-    h.payload_len = h.payload_len.checked_add(len).ok_or_else(|| {
+    let trailer = (at + len - h.payload_len as usize) as u32;
+    h.trailer_len = trailer;
+    h.payload_len = h.payload_len.checked_add(trailer).ok_or_else(|| {
         EngineError::Usage(format!("batch {} encodes to more than 4 GiB", h.index))
     })?;
     Ok(())

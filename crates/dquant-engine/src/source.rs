@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dquant_codec::{CodecError, Width};
-use dquant_format::{DType, FormatError};
+use dquant_format::{DType, DocIndex, FormatError};
 use dquant_plan::Source;
 use dquant_storage::{Dataset, Format, OpenOptions, ReadBuffers, Root, StorageError};
 use dquant_transport::WireError;
@@ -92,6 +92,13 @@ pub trait TokenSource: Send {
     /// does nothing.
     fn will_read(&self, ranges: &[Range<u64>]) {
         let _ = ranges;
+    }
+
+    /// The source's document index, for plans with `boundaries = "documents"`: `None` (the
+    /// default) when the source does not carry one (a dataset on another agent), else the
+    /// index, read and checked on first use.
+    fn document_index(&self) -> Option<Result<&DocIndex, SourceError>> {
+        None
     }
 
     /// The source's reads, when they need no exclusive state: a batch's reads of it may then
@@ -231,6 +238,10 @@ impl TokenSource for LocalSource {
 
     fn will_read(&self, ranges: &[Range<u64>]) {
         self.ds.will_read(ranges);
+    }
+
+    fn document_index(&self) -> Option<Result<&DocIndex, SourceError>> {
+        Some(self.ds.index().map_err(SourceError::from))
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {

@@ -225,7 +225,11 @@ impl DocStarts {
         let mut last = 0i64;
         for k in 0..self.samples() {
             let base = k as i64 * l;
-            let inner = self.sample(k).iter().map(|&b| i64::from(b)).filter(|&b| b < l);
+            let inner = self
+                .sample(k)
+                .iter()
+                .map(|&b| i64::from(b))
+                .filter(|&b| b < l);
             for at in std::iter::once(0).chain(inner) {
                 let at = base + at;
                 if at > last {

@@ -257,7 +257,7 @@ mod tests {
             samples: 1,
             sample_len: (payload.len() / 2) as u32,
             payload_len: payload.len() as u32,
-            cursor_len: 0,
+            trailer_len: 0,
             cursor_epoch: 0,
             cursor_consumed: index + 1,
         };

@@ -15,14 +15,16 @@
 //! | 16 | 4 | samples in the batch | tokens in the range (low 32 bits) |
 //! | 20 | 4 | tokens per sample (`seq_len + 1`) | tokens in the range (high 32 bits) |
 //! | 24 | 4 | payload bytes that follow | payload bytes that follow |
-//! | 28 | 4 | of those, the cursor trailer's bytes | reserved, zero |
+//! | 28 | 4 | of those, the trailer's bytes | reserved, zero |
 //! | 32 | 8 | cursor after this batch: epoch | reserved, zero |
 //! | 40 | 8 | cursor after this batch: consumed samples | reserved, zero |
 //!
-//! A batch record's payload is its tokens in the wire codec, then the *cursor trailer*: the
-//! blend's per-source counts at the cursor after the batch, one u64 each (none for a single
-//! source), so a reader that receives the batch can checkpoint a cursor that resumes without
-//! replaying the blend.
+//! A batch record's payload is its tokens in the wire codec, then its *trailer* (a multiple of
+//! 8 bytes): first, when the plan asks for document boundaries, the batch's document starts
+//! (`dquant_engine::doc_section`, which describes its own length); then the *cursor
+//! trailer*, the blend's per-source counts at the cursor after the batch, one u64 each (none
+//! for a single source), so a reader that receives the batch can checkpoint a cursor that
+//! resumes without replaying the blend.
 //!
 //! The data connection opens with a *hello*: one data frame from the client whose payload is
 //! `DQHELLO1`, the session id (u64) and the 16-byte ticket from the control plane's `Open`
@@ -61,8 +63,8 @@ pub enum RecordError {
     BadCodec([u8; 4]),
     #[error("data stream: bad hello (expected {HELLO_LEN} bytes starting with DQHELLO1, or DQHELLO2 with a token of at most {MAX_TOKEN_LEN} bytes of UTF-8; got {got} bytes)")]
     BadHello { got: usize },
-    #[error("data stream: a batch's cursor trailer of {cursor_len} bytes does not fit its {payload_len}-byte payload in whole u64s")]
-    BadCursorTrailer { cursor_len: u32, payload_len: u32 },
+    #[error("data stream: a batch's trailer of {trailer_len} bytes does not fit its {payload_len}-byte payload in whole u64s")]
+    BadTrailer { trailer_len: u32, payload_len: u32 },
     #[error("data stream: bad range request ({0})")]
     BadRequest(String),
 }
@@ -84,8 +86,9 @@ pub struct BatchHeader {
     pub sample_len: u32,
     /// Payload bytes, the cursor trailer included.
     pub payload_len: u32,
-    /// Bytes at the end of the payload that hold the cursor's blend counts (u64 each).
-    pub cursor_len: u32,
+    /// Bytes at the end of the payload after the tokens: the document starts, when the plan
+    /// has boundaries, then the cursor's blend counts (u64 each).
+    pub trailer_len: u32,
     pub cursor_epoch: u64,
     pub cursor_consumed: u64,
 }
@@ -99,7 +102,7 @@ impl BatchHeader {
         b[16..20].copy_from_slice(&self.samples.to_le_bytes());
         b[20..24].copy_from_slice(&self.sample_len.to_le_bytes());
         b[24..28].copy_from_slice(&self.payload_len.to_le_bytes());
-        b[28..32].copy_from_slice(&self.cursor_len.to_le_bytes());
+        b[28..32].copy_from_slice(&self.trailer_len.to_le_bytes());
         b[32..40].copy_from_slice(&self.cursor_epoch.to_le_bytes());
         b[40..48].copy_from_slice(&self.cursor_consumed.to_le_bytes());
         b
@@ -111,10 +114,10 @@ impl BatchHeader {
             return Err(RecordError::BadMagic(magic));
         }
         let cb: [u8; 4] = b[4..8].try_into().expect("4 bytes");
-        let (payload_len, cursor_len) = (u32_at(b, 24), u32_at(b, 28));
-        if cursor_len > payload_len || cursor_len % 8 != 0 {
-            return Err(RecordError::BadCursorTrailer {
-                cursor_len,
+        let (payload_len, trailer_len) = (u32_at(b, 24), u32_at(b, 28));
+        if trailer_len > payload_len || trailer_len % 8 != 0 {
+            return Err(RecordError::BadTrailer {
+                trailer_len,
                 payload_len,
             });
         }
@@ -124,15 +127,15 @@ impl BatchHeader {
             samples: u32_at(b, 16),
             sample_len: u32_at(b, 20),
             payload_len,
-            cursor_len,
+            trailer_len,
             cursor_epoch: u64_at(b, 32),
             cursor_consumed: u64_at(b, 40),
         })
     }
 
-    /// Payload bytes that hold tokens: the payload less the cursor trailer.
+    /// Payload bytes that hold tokens: the payload less the trailer.
     pub fn data_len(&self) -> u32 {
-        self.payload_len - self.cursor_len
+        self.payload_len - self.trailer_len
     }
 
     /// Tokens the payload decodes to.
@@ -289,22 +292,22 @@ mod tests {
             samples: 8,
             sample_len: 4097,
             payload_len: 1234,
-            cursor_len: 16,
+            trailer_len: 16,
             cursor_epoch: 1,
             cursor_consumed: 64,
         };
         assert_eq!(BatchHeader::parse(&h.encode()).unwrap(), h);
         assert_eq!(h.data_len(), 1218);
-        for (cursor_len, payload_len) in [(1240, 1234), (12, 1234)] {
+        for (trailer_len, payload_len) in [(1240, 1234), (12, 1234)] {
             let bad = BatchHeader {
-                cursor_len,
+                trailer_len,
                 payload_len,
                 ..h
             };
             assert_eq!(
                 BatchHeader::parse(&bad.encode()).unwrap_err().to_string(),
                 format!(
-                    "data stream: a batch's cursor trailer of {cursor_len} bytes does not fit \
+                    "data stream: a batch's trailer of {trailer_len} bytes does not fit \
                      its {payload_len}-byte payload in whole u64s"
                 )
             );
