@@ -17,9 +17,9 @@
 use std::sync::{Mutex, MutexGuard};
 
 use dquant_client::{open_at, ClientError, Offload, OwnedBatch, Tokens, Transport};
-use dquant_plan::{Cursor, OutputDType};
+use dquant_plan::{Cursor, DocStarts, OutputDType};
 use numpy::ndarray::ArrayView2;
-use numpy::{Element, PyArray2};
+use numpy::{Element, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::exceptions::{
     PyConnectionError, PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError,
 };
@@ -386,6 +386,46 @@ impl Batch {
         self.batch.bytes().len()
     }
 
+    /// Where documents start inside each sample, when the plan has `boundaries`:
+    /// `(offsets, starts)`, uint32 arrays; sample `k`'s starts (input positions in
+    /// `1..=seq_len`) are `starts[offsets[k]:offsets[k + 1]]`. `None` without boundaries.
+    #[getter]
+    fn doc_starts<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let d = self.batch.docs.as_ref()?;
+        Some((
+            PyArray1::from_slice(py, d.offsets()).into_any(),
+            PyArray1::from_slice(py, d.starts()).into_any(),
+        ))
+    }
+
+    /// `position_ids`, int64 of shape `(samples, seq_len)`, restarting at each document
+    /// (Megatron's `reset_position_ids`).
+    fn position_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let d = self.docs("position_ids")?;
+        let mut v = vec![0i64; d.positions()];
+        py.detach(|| d.position_ids(&mut v));
+        grid(py, v, d)
+    }
+
+    /// `loss_mask`, float32 of shape `(samples, seq_len)`: 0 where the target is another
+    /// document's first token (Megatron's `eod_mask_loss`), else 1.
+    fn loss_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let d = self.docs("loss_mask")?;
+        let mut v = vec![0f32; d.positions()];
+        py.detach(|| d.loss_mask(&mut v, 1.0, 0.0));
+        grid(py, v, d)
+    }
+
+    /// `(cu_seqlens, max_seqlen)`: int32 offsets of each document segment of the batch's
+    /// inputs laid end to end (`samples × seq_len` tokens; a segment never spans two
+    /// samples), and the longest segment, for variable-length attention kernels.
+    fn cu_seqlens<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, i32)> {
+        let d = self.docs("cu_seqlens")?;
+        let mut v = Vec::new();
+        let max = d.cu_seqlens(&mut v);
+        Ok((PyArray1::from_vec(py, v).into_any(), max))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<dquant.Batch {} of {} samples x {} {} in {}>",
@@ -400,6 +440,22 @@ impl Batch {
             }
         )
     }
+}
+
+impl Batch {
+    fn docs(&self, what: &str) -> PyResult<&DocStarts> {
+        self.batch.docs.as_ref().ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{what}: the plan has no boundaries (set boundaries = \"eod\" with eod = ID, or \"documents\")"
+            ))
+        })
+    }
+}
+
+/// `v` (one value per input position of `d`'s batch) as a `(samples, seq_len)` array.
+fn grid<'py, T: Element>(py: Python<'py>, v: Vec<T>, d: &DocStarts) -> PyResult<Bound<'py, PyAny>> {
+    let shape = [d.samples(), d.seq_len() as usize];
+    Ok(PyArray1::from_vec(py, v).reshape(shape)?.into_any())
 }
 
 /// A `(samples, sample_len)` array over `owner`'s memory, with `owner` as its base.

@@ -33,12 +33,12 @@ fn row_bytes(seq_len: u32) -> usize {
 
 /// The format the section of `d` takes, and its length in bytes (padded).
 pub fn section_len(d: &DocStarts) -> (u32, usize) {
-    let list = 8 + 4 * (d.samples() + d.starts().len());
-    let bitmask = 8 + d.samples() * row_bytes(d.seq_len());
+    let list = pad8(8 + 4 * (d.samples() + d.starts().len()));
+    let bitmask = pad8(8 + d.samples() * row_bytes(d.seq_len()));
     if list <= bitmask {
-        (LIST, pad8(list))
+        (LIST, list)
     } else {
-        (BITMASK, pad8(bitmask))
+        (BITMASK, bitmask)
     }
 }
 
@@ -184,10 +184,11 @@ mod tests {
 
     #[test]
     fn garbage_is_refused_by_name() {
-        let d = docs(16, &[vec![3, 9], vec![16]]);
+        let d = docs(256, &[vec![3, 9], vec![256]]);
         let mut buf = vec![0; 64];
         let len = encode(&d, &mut buf).unwrap();
-        let err = |b: &[u8]| decode(b, 2, 16).unwrap_err().to_string();
+        assert_eq!(section_len(&d), (LIST, 32));
+        let err = |b: &[u8]| decode(b, 2, 256).unwrap_err().to_string();
         assert_eq!(
             err(&buf[..4]),
             "document starts: a 4-byte trailer has no room for the section's 8-byte head"
@@ -204,10 +205,10 @@ mod tests {
              the trailer has 64"
         );
         let mut past = buf.clone();
-        past[20..24].copy_from_slice(&17u32.to_le_bytes());
+        past[20..24].copy_from_slice(&257u32.to_le_bytes());
         assert_eq!(
             err(&past),
-            "document starts: sample 0's starts [3, 17] are not ascending within 1..=16"
+            "document starts: sample 0's starts [3, 257] are not ascending within 1..=256"
         );
         let mut fmt = buf.clone();
         fmt[0] = 7;

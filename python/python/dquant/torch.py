@@ -50,6 +50,7 @@ __all__ = ["TokenDataset", "DataLoader"]
 _POSITION = "dquant_position"
 _STATE_VERSION = 2
 _DTYPES = ("int64", "raw")
+_NAMES = ("hf", "megatron")
 
 
 def _distributed() -> Optional[tuple[int, int]]:
@@ -67,6 +68,14 @@ class TokenDataset(torch.utils.data.IterableDataset):
     ``{"input_ids": (B, seq_len), "labels": (B, seq_len)}``, labels shifted by one token.
     Use it with ``batch_size=None`` in the DataLoader (:class:`DataLoader` sets that).
 
+    Boundary outputs. A plan with ``boundaries`` (``"eod"`` with ``eod=ID``, or
+    ``"documents"``) adds what it asks for, each ``(B, seq_len)`` unless said, in Megatron's
+    dtypes: ``position_ids`` (int64, restarting at each document), ``loss_mask`` (float32, 0
+    where the target is another document's first token), and with ``cu_seqlens``,
+    ``cu_seqlens`` (int32, the documents of the batch's inputs laid end to end) and
+    ``max_seqlen`` (an int32 scalar tensor). The agent ships only each sample's document
+    starts; the arrays are expanded here.
+
     Args:
         plan: a plan dict, JSON text, a ``.json``/``.toml`` file, or one dataset URI (see
             :func:`dquant.plan_of`).
@@ -82,6 +91,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
             whatever the plan's ``output``), or ``"raw"`` for the plan's output dtype
             (``uint16``/``int32``/``int64``). Either way ``input_ids`` and ``labels`` are
             views of one batch buffer, not copies.
+        names: ``"hf"`` (default) names the inputs ``input_ids``; ``"megatron"`` names them
+            ``tokens``, as Megatron-Core's GPTDataset does.
         **fields: plan fields set on top of the plan (``seq_len=``, ``batch_size=``, ...).
     """
 
@@ -95,11 +106,14 @@ class TokenDataset(torch.utils.data.IterableDataset):
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         dtype: str = "int64",
+        names: str = "hf",
         **fields: Any,
     ) -> None:
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, not {dtype!r}")
+        if names not in _NAMES:
+            raise ValueError(f"names must be one of {_NAMES}, not {names!r}")
         self.plan = dquant.plan_of(plan, **fields)
         sources = self.plan.get("sources")
         uris = [s.get("uri", "") for s in sources] if isinstance(sources, list) else []
@@ -110,6 +124,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
         self.offload = (agent is not None or names_agent) if offload is None else offload
         self.transport = transport
         self.dtype = dtype
+        self._inputs = "input_ids" if names == "hf" else "tokens"
+        self._outputs = tuple(
+            k for k in ("position_ids", "loss_mask", "cu_seqlens") if self.plan.get(k)
+        )
         dist = _distributed()
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
@@ -194,7 +212,18 @@ class TokenDataset(torch.utils.data.IterableDataset):
 
     def _item(self, arr) -> Dict[str, torch.Tensor]:
         t = torch.from_numpy(arr)  # shares the batch's memory
-        return {"input_ids": t[:, :-1], "labels": t[:, 1:]}
+        item = {self._inputs: t[:, :-1], "labels": t[:, 1:]}
+        if self._outputs:
+            batch = arr.base
+            if "loss_mask" in self._outputs:
+                item["loss_mask"] = torch.from_numpy(batch.loss_mask())
+            if "position_ids" in self._outputs:
+                item["position_ids"] = torch.from_numpy(batch.position_ids())
+            if "cu_seqlens" in self._outputs:
+                cu, longest = batch.cu_seqlens()
+                item["cu_seqlens"] = torch.from_numpy(cu)
+                item["max_seqlen"] = torch.tensor(longest, dtype=torch.int32)
+        return item
 
     # -- state ---------------------------------------------------------------------------
 
