@@ -68,6 +68,17 @@ typedef struct dq_batch {
     uint32_t sample_len;
     /* Bytes per token id: 2, 4 or 8. */
     uint32_t itemsize;
+    /* Document boundaries, when the plan sets "boundaries" ("eod" with "eod": ID, or
+     * "documents"); NULL and 0 otherwise. Sample k's document starts, the input positions
+     * in 1..=seq_len at which a document begins, are doc_starts[doc_offsets[k]] up to
+     * doc_starts[doc_offsets[k + 1]] (exclusive); doc_offsets has samples + 1 entries.
+     * Then position_ids[i] = i - (the last start <= i, or 0), loss_mask[i] = 0 where i + 1
+     * is a start, and each start below seq_len begins a cu_seqlens segment. Borrowed like
+     * data. */
+    const uint32_t *doc_offsets;
+    const uint32_t *doc_starts;
+    /* Entries at doc_starts. */
+    size_t doc_starts_len;
 } dq_batch;
 
 /* Opens plan_json (a plan as JSON) from the start of its stream.

@@ -104,6 +104,15 @@ pub struct DqBatch {
     pub sample_len: u32,
     /// Bytes per token id: 2 (`u16`), 4 (`i32`) or 8 (`i64`), from the plan's `output`.
     pub itemsize: u32,
+    /// When the plan has `boundaries`: `samples + 1` offsets into `doc_starts` (sample `k`'s
+    /// starts are `doc_starts[doc_offsets[k]..doc_offsets[k + 1]]`); NULL without. Borrowed
+    /// like `data`.
+    pub doc_offsets: *const u32,
+    /// Every sample's document starts (input positions in `1..=seq_len`), back to back; NULL
+    /// without boundaries.
+    pub doc_starts: *const u32,
+    /// Entries at `doc_starts`.
+    pub doc_starts_len: usize,
 }
 
 impl DqBatch {
@@ -115,6 +124,9 @@ impl DqBatch {
         samples: 0,
         sample_len: 0,
         itemsize: 0,
+        doc_offsets: ptr::null(),
+        doc_starts: ptr::null(),
+        doc_starts_len: 0,
     };
 }
 
@@ -483,6 +495,9 @@ pub unsafe extern "C" fn dq_next_batch(r: *mut DqReader, out: *mut DqBatch) -> c
                 Tokens::I32(_) => 4,
                 Tokens::I64(_) => 8,
             },
+            doc_offsets: b.docs.map_or(ptr::null(), |d| d.offsets().as_ptr()),
+            doc_starts: b.docs.map_or(ptr::null(), |d| d.starts().as_ptr()),
+            doc_starts_len: b.docs.map_or(0, |d| d.starts().len()),
         };
         // SAFETY: `out` is non-NULL and valid for writing a `dq_batch`, as above. `data`
         // borrows the reader's batch buffer, which lives in the boxed reader and is only

@@ -415,6 +415,43 @@ fn a_panic_becomes_an_error_and_breaks_only_its_reader() {
 }
 
 #[test]
+fn batches_carry_the_document_starts_of_the_rust_api() {
+    let src = serde_json_string(&fixture_str("r50k_int32"));
+    let json = CString::new(format!(
+        r#"{{"sources":[{{"uri":{src}}}],"seq_len":255,"batch_size":3,"boundaries":"eod","eod":50256}}"#
+    ))
+    .unwrap();
+    let plan = Plan::from_json(json.to_str().unwrap()).unwrap();
+    let mut want = Reader::local(&plan, Cursor::START).unwrap();
+    let r = open_local(&json);
+    let mut b = DqBatch::NONE;
+    let mut starts = 0;
+    // SAFETY: `r` is live; `b` is valid for writes; its arrays are read before the next call.
+    unsafe {
+        while dq_next_batch(r, &mut b) == 1 {
+            let w = want.next_batch().unwrap().unwrap();
+            let d = w.docs.unwrap();
+            let offsets = std::slice::from_raw_parts(b.doc_offsets, b.samples as usize + 1);
+            let got = std::slice::from_raw_parts(b.doc_starts, b.doc_starts_len);
+            assert_eq!((offsets, got), (d.offsets(), d.starts()));
+            starts += got.len();
+        }
+        assert!(b.doc_offsets.is_null() && b.doc_starts.is_null() && b.doc_starts_len == 0);
+        dq_close(r);
+    }
+    assert!(want.next_batch().unwrap().is_none());
+    assert!(starts > 20, "{starts} document starts");
+    // A plan without boundaries leaves them NULL.
+    let r = open_local(&plan_json(127, 4, "i32"));
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(dq_next_batch(r, &mut b), 1);
+        assert!(b.doc_offsets.is_null() && b.doc_starts.is_null() && b.doc_starts_len == 0);
+        dq_close(r);
+    }
+}
+
+#[test]
 fn batch_layout_is_the_headers() {
     use std::mem::{align_of, offset_of, size_of};
     assert_eq!(offset_of!(DqBatch, data), 0);
@@ -423,6 +460,15 @@ fn batch_layout_is_the_headers() {
     assert_eq!(offset_of!(DqBatch, samples), 2 * size_of::<usize>() + 8);
     assert_eq!(offset_of!(DqBatch, sample_len), 2 * size_of::<usize>() + 12);
     assert_eq!(offset_of!(DqBatch, itemsize), 2 * size_of::<usize>() + 16);
+    assert_eq!(
+        offset_of!(DqBatch, doc_offsets),
+        2 * size_of::<usize>() + 24
+    );
+    assert_eq!(offset_of!(DqBatch, doc_starts), 3 * size_of::<usize>() + 24);
+    assert_eq!(
+        offset_of!(DqBatch, doc_starts_len),
+        4 * size_of::<usize>() + 24
+    );
     assert_eq!(align_of::<DqBatch>(), 8);
 
     // The header declares the same fields in the same order, with the C twin of each type.
@@ -453,6 +499,9 @@ fn batch_layout_is_the_headers() {
         ("uint32_t", "samples"),
         ("uint32_t", "sample_len"),
         ("uint32_t", "itemsize"),
+        ("const uint32_t *", "doc_offsets"),
+        ("const uint32_t *", "doc_starts"),
+        ("size_t", "doc_starts_len"),
     ];
     let c_fields: Vec<(&str, &str)> = c_fields
         .iter()

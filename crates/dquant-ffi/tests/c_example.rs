@@ -314,6 +314,9 @@ fn header_compiles_as_c_and_cpp_with_the_rust_layout() {
         ("samples", offset_of!(DqBatch, samples)),
         ("sample_len", offset_of!(DqBatch, sample_len)),
         ("itemsize", offset_of!(DqBatch, itemsize)),
+        ("doc_offsets", offset_of!(DqBatch, doc_offsets)),
+        ("doc_starts", offset_of!(DqBatch, doc_starts)),
+        ("doc_starts_len", offset_of!(DqBatch, doc_starts_len)),
     ] {
         src += &format!(
             "_Static_assert(offsetof(dq_batch, {field}) == {offset}, \"dq_batch.{field}\");\n"
@@ -346,7 +349,7 @@ fn header_compiles_as_c_and_cpp_with_the_rust_layout() {
     std::fs::write(
         &cpp,
         "#include \"dquant.h\"\n\
-         static_assert(sizeof(dq_batch) == sizeof(void *) * 2 + 24, \"dq_batch\");\n\
+         static_assert(sizeof(dq_batch) == sizeof(void *) * 5 + 24, \"dq_batch\");\n\
          int main() { dq_close(dq_open(nullptr, \"{}\", 0)); return dq_last_error() == nullptr; }\n",
     )
     .unwrap();
