@@ -20,8 +20,11 @@
 //! ([`crate::Cursor::blend`]) and [`Blender::restore`] resumes from them in O(#sources). A
 //! single source needs neither.
 
+use std::sync::Arc;
+
 use crate::error::PlanError;
 use crate::kinetic::Tournament;
+use crate::mixture::Mixture;
 
 /// From this many sources on, a pick asks a [`Tournament`] (O(log #sources) nodes, plus those
 /// whose certificates ran out) instead of scanning every source. Measured (`cargo bench -p
@@ -59,14 +62,23 @@ pub struct Blender {
     position: u64,
     /// With many sources, where picks come from (a cache of the argmax; see `kinetic`).
     tournament: Option<Tournament>,
+    /// Weights that change during the run ([`crate::mixture`]); `None`: `weights` throughout.
+    mixture: Option<Arc<Mixture>>,
+    /// The mixture's segment holding `position`.
+    segment: usize,
 }
 
 impl PartialEq for Blender {
     /// Equal blenders draw the same stream: same weights, same state (the tournament is a
     /// cache of it).
     fn eq(&self, other: &Self) -> bool {
-        (&self.weights, &self.counts, self.position)
-            == (&other.weights, &other.counts, other.position)
+        (&self.weights, &self.counts, self.position, &self.mixture)
+            == (
+                &other.weights,
+                &other.counts,
+                other.position,
+                &other.mixture,
+            )
     }
 }
 
@@ -101,10 +113,46 @@ impl Blender {
             tournament: (weights.len() >= TOURNAMENT_FROM).then(|| Tournament::new(weights.len())),
             weights,
             position: 0,
+            mixture: None,
+            segment: 0,
         })
     }
 
-    /// The normalized weights.
+    /// A blender at sample 0 whose weights follow `mixture` (a constant one is
+    /// [`Blender::new`]'s). Picks with stages scan every source: O(#sources) a draw.
+    pub fn with_mixture(mixture: Mixture) -> Self {
+        let weights = mixture.first_weights().to_vec();
+        let constant = mixture.is_constant();
+        Blender {
+            counts: vec![0; weights.len()],
+            tournament: (constant && weights.len() >= TOURNAMENT_FROM)
+                .then(|| Tournament::new(weights.len())),
+            weights,
+            position: 0,
+            mixture: (!constant).then(|| Arc::new(mixture)),
+            segment: 0,
+        }
+    }
+
+    /// Source `d`'s target at the current position: what it is owed (`w_d * position`
+    /// without stages).
+    fn target(&self, d: usize) -> f64 {
+        match &self.mixture {
+            Some(m) => m.target(self.segment, d, self.position),
+            None => self.weights[d] * self.position as f64,
+        }
+    }
+
+    /// Its weights as a function of the sample: the mixture it follows, or the constant one
+    /// of its weights.
+    pub fn mixture(&self) -> Mixture {
+        match &self.mixture {
+            Some(m) => (**m).clone(),
+            None => Mixture::constant(self.weights.clone()),
+        }
+    }
+
+    /// The normalized weights (from sample 0).
     pub fn weights(&self) -> &[f64] {
         &self.weights
     }
@@ -143,18 +191,22 @@ impl Blender {
         let i = position as f64;
         // Generous slack for the rounding of `w_d * i` in f64 (a relative 2^-52).
         let slack = 1.0 + i * 1e-12;
-        for (d, (&c, &w)) in counts.iter().zip(&self.weights).enumerate() {
-            let err = w * i - c as f64;
+        let mut at = self.clone();
+        at.position = position;
+        at.segment = self.mixture.as_ref().map_or(0, |m| m.segment_at(position));
+        for (d, &c) in counts.iter().enumerate() {
+            let share = at.target(d);
+            let err = share - c as f64;
             if err < -1.0 - slack || err > n as f64 - 1.0 + slack {
                 return Err(PlanError::Cursor(format!(
                     "blend[{d}] = {c} is not this plan's blend after {position} samples \
-                     (source {d}'s share is {:.1})",
-                    w * i
+                     (source {d}'s share is {share:.1})"
                 )));
             }
         }
         self.counts.copy_from_slice(counts);
         self.position = position;
+        self.segment = at.segment;
         if let Some(t) = &mut self.tournament {
             t.forget();
         }
@@ -179,6 +231,11 @@ impl Blender {
         if let Some(t) = &mut self.tournament {
             t.touched(d);
         }
+        if let Some(m) = &self.mixture {
+            if self.position >= m.segment_end(self.segment) {
+                self.segment += 1;
+            }
+        }
     }
 
     /// Megatron's argmax, without drawing.
@@ -186,6 +243,9 @@ impl Blender {
     fn pick(&mut self) -> usize {
         if self.weights.len() == 1 {
             return 0;
+        }
+        if let Some(m) = &self.mixture {
+            return m.argmax(self.segment, self.position, &self.counts);
         }
         let i = (self.position as f64).max(1.0);
         match &mut self.tournament {
@@ -213,11 +273,13 @@ impl Blender {
         if self.weights.len() == 1 {
             self.counts[0] = i;
             self.position = i;
+            self.segment = self.mixture.as_ref().map_or(0, |m| m.segment_at(i));
             return true;
         }
         if i < self.position {
             self.counts.iter_mut().for_each(|c| *c = 0);
             self.position = 0;
+            self.segment = 0;
             if let Some(t) = &mut self.tournament {
                 t.forget();
             }

@@ -106,8 +106,10 @@
 
 mod blend;
 pub mod boundaries;
+mod change;
 mod error;
 mod kinetic;
+pub mod mixture;
 pub mod permute;
 mod plan;
 pub mod resume;
@@ -115,8 +117,12 @@ mod schedule;
 
 pub use blend::{normalize_weights, Blender};
 pub use boundaries::{Boundaries, DocStarts, DocStartsError};
+pub use change::check_plan_change;
 pub use error::PlanError;
+pub use mixture::Mixture;
 pub use permute::Permutation;
-pub use plan::{cursor_trailer_len, Cursor, OutputDType, Plan, Source, WireCodec};
+pub use plan::{
+    cursor_trailer_len, Cursor, Interpolate, OutputDType, Plan, Source, Stage, WireCodec,
+};
 pub use resume::{merge_cursors, MAX_DELIVERED};
 pub use schedule::{Batch, RankIter, SampleRef, Schedule, SourceInfo};

@@ -86,6 +86,46 @@ pub struct Plan {
     /// `PackedSeqParams`). Needs `boundaries`. Default `false`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cu_seqlens: bool,
+    /// Later blend weights: each stage's `weights` hold from its start on (the sources'
+    /// `weight`s hold from sample 0). See [`crate::mixture`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<Stage>,
+    /// How weights go from one stage to the next: `"step"` (default) or `"linear"`.
+    #[serde(default, skip_serializing_if = "Interpolate::is_step")]
+    pub interpolate: Interpolate,
+}
+
+/// A change of blend weights during a run (a `[[stages]]` entry).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// The global sample the stage starts at (above 0). Give this or `start_fraction`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_sample: Option<u64>,
+    /// Where the stage starts as a fraction of the run's samples, in `(0, 1)`: sample
+    /// `floor(start_fraction × total)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_fraction: Option<f64>,
+    /// One weight per source, in the order of `sources`: finite, at least 0 (a source may
+    /// sit a stage out), not all 0. Normalized as the sources' weights are.
+    pub weights: Vec<f64>,
+}
+
+/// How blend weights move between stages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interpolate {
+    /// Each stage's weights hold from its start to the next stage's.
+    #[default]
+    Step,
+    /// Weights move linearly from each stage's start to the next's, and hold after the last.
+    Linear,
+}
+
+impl Interpolate {
+    fn is_step(&self) -> bool {
+        *self == Interpolate::Step
+    }
 }
 
 /// One token dataset of a plan.
@@ -301,6 +341,8 @@ impl Plan {
             position_ids: false,
             loss_mask: false,
             cu_seqlens: false,
+            stages: Vec::new(),
+            interpolate: Interpolate::Step,
         }
     }
 
@@ -434,6 +476,7 @@ impl Plan {
         }
         self.parsed_wire_codec()?;
         self.validate_boundaries()?;
+        self.validate_stages()?;
         if self.world == 0 {
             return Err(PlanError::invalid("world", "must be at least 1"));
         }
@@ -446,6 +489,69 @@ impl Plan {
         // The blend's weights must also survive normalization.
         let weights: Vec<f64> = self.sources.iter().map(|s| s.weight).collect();
         crate::blend::Blender::new(&weights)?;
+        Ok(())
+    }
+
+    /// Each stage has one start, in range, increasing among starts of its kind, and one
+    /// usable weight per source. (Starts of both kinds are ordered once the run's length is
+    /// known: [`crate::mixture::Mixture::resolve`].)
+    fn validate_stages(&self) -> Result<(), PlanError> {
+        let n = self.sources.len();
+        let (mut last_sample, mut last_fraction) = (0u64, 0f64);
+        for (k, s) in self.stages.iter().enumerate() {
+            let at = |f: &str| format!("stages[{k}].{f}");
+            match (s.start_sample, s.start_fraction) {
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(PlanError::invalid(
+                        format!("stages[{k}]"),
+                        "give one of start_sample and start_fraction",
+                    ))
+                }
+                (Some(v), None) => {
+                    if v <= last_sample {
+                        let why = match last_sample {
+                            0 => "must be above 0 (the sources' weights hold from 0)".into(),
+                            p => format!("{v} is not after the previous stage's {p}"),
+                        };
+                        return Err(PlanError::invalid(at("start_sample"), why));
+                    }
+                    last_sample = v;
+                }
+                (None, Some(f)) => {
+                    if !(f > last_fraction && f < 1.0) {
+                        let why = if last_fraction == 0.0 {
+                            format!("must be in (0, 1) (got {f})")
+                        } else {
+                            format!(
+                                "{f} is not in ({last_fraction}, 1), after the previous stage's"
+                            )
+                        };
+                        return Err(PlanError::invalid(at("start_fraction"), why));
+                    }
+                    last_fraction = f;
+                }
+            }
+            if s.weights.len() != n {
+                return Err(PlanError::invalid(
+                    at("weights"),
+                    format!("has {} weights for {n} sources", s.weights.len()),
+                ));
+            }
+            if let Some((d, w)) = s
+                .weights
+                .iter()
+                .enumerate()
+                .find(|(_, w)| !(w.is_finite() && **w >= 0.0))
+            {
+                return Err(PlanError::invalid(
+                    format!("stages[{k}].weights[{d}]"),
+                    format!("must be a finite number >= 0 (got {w})"),
+                ));
+            }
+            if s.weights.iter().all(|&w| w == 0.0) {
+                return Err(PlanError::invalid(at("weights"), "are all 0"));
+            }
+        }
         Ok(())
     }
 

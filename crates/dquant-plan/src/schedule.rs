@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use crate::blend::Blender;
 use crate::error::PlanError;
+use crate::mixture::Mixture;
 use crate::permute::{epoch_key, Permutation};
 use crate::plan::{Cursor, Plan};
 
@@ -115,7 +116,12 @@ impl Schedule {
                 })?
             }
         };
-        let weights: Vec<f64> = plan.sources.iter().map(|s| s.weight).collect();
+        let blender = if plan.stages.is_empty() {
+            let weights: Vec<f64> = plan.sources.iter().map(|s| s.weight).collect();
+            Blender::new(&weights)?
+        } else {
+            Blender::with_mixture(Mixture::resolve(plan, total)?)
+        };
         let (rank, world, batch_size) = (
             u64::from(plan.rank),
             u64::from(plan.world),
@@ -138,7 +144,7 @@ impl Schedule {
             epoch_samples,
             total,
             rank_samples,
-            blender: Blender::new(&weights)?,
+            blender,
         })
     }
 
@@ -209,6 +215,11 @@ impl Schedule {
     /// Batches this plan's rank gets (the last one short when the plan keeps it).
     pub fn rank_batches(&self) -> u64 {
         self.rank_samples.div_ceil(self.batch_size)
+    }
+
+    /// The blend's weights as a function of the global sample (constant without stages).
+    pub fn mixture(&self) -> Mixture {
+        self.blender.mixture()
     }
 
     /// The blend at global sample 0: an endless stream of `(source, j)`.
