@@ -184,6 +184,29 @@ fn merge_cursors_json(cursors_json: Vec<String>) -> PyResult<String> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// Whether the cursors (as JSON) saved while running `saved_json` may continue under
+/// `new_json`, nothing lost or repeated: returns what changes, or raises ValueError saying why
+/// not (dquant-client's `check_plan_change`; `agent` serves relative source names, or is
+/// empty).
+#[pyfunction]
+fn check_plan_change(
+    py: Python<'_>,
+    saved_json: &str,
+    new_json: &str,
+    cursors_json: Vec<String>,
+    agent: &str,
+) -> PyResult<String> {
+    let plan =
+        |t: &str| dquant_plan::Plan::from_json(t).map_err(|e| PyValueError::new_err(e.to_string()));
+    let (saved, new) = (plan(saved_json)?, plan(new_json)?);
+    let cursors = cursors_json
+        .iter()
+        .map(|t| Cursor::from_json(t).map_err(|e| PyValueError::new_err(e.to_string())))
+        .collect::<PyResult<Vec<Cursor>>>()?;
+    py.detach(|| dquant_client::check_plan_change(agent, &saved, &new, &cursors))
+        .map_err(to_py)
+}
+
 #[pymethods]
 impl Reader {
     /// The next batch as a numpy array of shape `(samples, seq_len + 1)` in the plan's output
@@ -488,6 +511,7 @@ fn view<'py, T: Element>(
 fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_reader, m)?)?;
     m.add_function(wrap_pyfunction!(merge_cursors_json, m)?)?;
+    m.add_function(wrap_pyfunction!(check_plan_change, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Batch>()?;
     m.add("AgentError", m.py().get_type::<AgentError>())?;

@@ -112,7 +112,12 @@ def test_state_dict_mismatches_are_refused(data):
     next(it)
     state = ds.state_dict()
     del it
-    with pytest.raises(ValueError, match="^TokenDataset.load_state_dict: the state was saved for a different plan$"):
+    with pytest.raises(
+        ValueError,
+        match="^TokenDataset.load_state_dict: the state was saved for a different plan, and it "
+        "cannot continue under this one: cursor: the plan's seed differs from the saved plan's: "
+        "only stages, interpolate, samples and epochs may change while a run resumes$",
+    ):
         TokenDataset(dict(p, seed=9)).load_state_dict(state)
     with pytest.raises(ValueError, match="^TokenDataset.load_state_dict: not a TokenDataset state"):
         TokenDataset(p).load_state_dict({"cursor": 3})
@@ -260,3 +265,37 @@ def test_the_training_example_resumes_exactly(data, agent, where):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "resumed losses match the uninterrupted run's" in out.stdout
+
+
+def test_a_schedule_changed_after_the_saved_position_resumes_exactly(data):
+    """Megatron issue 457: a running job's mixture changes. Stages after the saved position
+    may change; the stream goes on from the exact counts, and nothing before it changes."""
+    stages = [{"start_sample": 1200, "weights": [0.2, 0.8]}]
+    p = plan(data, ("r50k_int32", 0.7), ("shifted.i32", 0.3), batch_size=4, seed=2,
+             samples=2000, stages=stages)
+    ds = TokenDataset(p)
+    head = []
+    for b in DataLoader(ds, num_workers=2):
+        head.append(b)
+        if len(head) == 100:  # 400 samples
+            break
+    state = json.loads(json.dumps(ds.state_dict()))
+    annealed = dict(p, stages=[{"start_sample": 1000, "weights": [0.1, 0.9]}], samples=2400)
+    ds2 = TokenDataset(annealed)
+    note = ds2.load_state_dict(state)
+    assert note.startswith("accepted: the mixture changes from sample 1000 on")
+    assert "the run has 2400 samples (was 2000)" in note and ds2.resume_note == note
+    rest = list(DataLoader(ds2, num_workers=2))
+    # The changed plan run from the start gives the same head: the rest is its tail.
+    want = samples_of(DataLoader(TokenDataset(annealed), num_workers=2))
+    got = np.concatenate([samples_of(head), samples_of(rest)])
+    np.testing.assert_array_equal(got, want)
+    # The new stage's weights hold after sample 1000 (shifted ids mark source 1).
+    tail = got[1000:]
+    share = (tail[:, 0] >= SHIFT).mean()
+    assert abs(share - 0.9) < 0.01, share
+    # A change that reaches before the saved position is refused, saying where.
+    early = dict(p, stages=[{"start_sample": 300, "weights": [0.1, 0.9]}])
+    with pytest.raises(ValueError, match="blends differently from sample 300 on, before the "
+                       "saved position"):
+        TokenDataset(early).load_state_dict(state)

@@ -67,13 +67,54 @@ pub fn open_at(
         )),
         (Offload::Yes, Some(a)) => Reader::remote(&a, plan, cursor),
         (Offload::No, a) => {
-            let control = match a {
-                Some(a) => Some(Control::connect(&a.authority).map_err(ClientError::Connect)?),
-                None => None,
-            };
+            let control = connect(a.as_ref())?;
             Reader::local_with(plan, cursor, |_, s| {
                 open_source(s, control.as_ref(), &plan.wire_codec)
             })
         }
     }
+}
+
+/// The control plane of `agent`, when there is one.
+fn connect(agent: Option<&AgentUri>) -> Result<Option<Control>, ClientError> {
+    match agent {
+        Some(a) => Ok(Some(
+            Control::connect(&a.authority).map_err(ClientError::Connect)?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Whether cursors saved while running `saved` may continue under `new` with nothing lost or
+/// repeated, and what changes ([`dquant_plan::check_plan_change`]: only the mixture's stages
+/// after the saved position, and the run's length, may). The sources' sizes decide where
+/// `start_fraction` stages fall, so they are opened as [`open_at`] would (`uri`: the agent
+/// that serves relative source names, or empty).
+pub fn check_plan_change(
+    uri: &str,
+    saved: &Plan,
+    new: &Plan,
+    cursors: &[Cursor],
+) -> Result<String, ClientError> {
+    saved.validate()?;
+    new.validate()?;
+    let agent = match uri {
+        "" => None,
+        u => Some(AgentUri::parse(u).map_err(ClientError::Usage)?),
+    };
+    let control = connect(agent.as_ref())?;
+    let mut infos = Vec::with_capacity(new.sources.len());
+    for (index, s) in new.sources.iter().enumerate() {
+        let src = open_source(s, control.as_ref(), &new.wire_codec).map_err(|source| {
+            ClientError::Source {
+                index,
+                uri: s.uri.clone(),
+                source,
+            }
+        })?;
+        infos.push(dquant_plan::SourceInfo {
+            tokens: src.tokens(),
+        });
+    }
+    Ok(dquant_plan::check_plan_change(saved, new, &infos, cursors)?)
 }

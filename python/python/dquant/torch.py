@@ -37,6 +37,7 @@ with nothing lost and nothing repeated.
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
@@ -48,6 +49,7 @@ import dquant
 __all__ = ["TokenDataset", "DataLoader"]
 
 _POSITION = "dquant_position"
+_log = logging.getLogger("dquant")
 _STATE_VERSION = 2
 _DTYPES = ("int64", "raw")
 _NAMES = ("hf", "megatron")
@@ -158,6 +160,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
         # process.
         self._tracked = False
         self._warned = False
+        # What the last load_state_dict accepted.
+        self.resume_note: Optional[str] = None
 
     # -- sharding ------------------------------------------------------------------------
 
@@ -280,7 +284,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
         s = self._state if self._state is not None else self._fresh_state(0)
         return json.loads(json.dumps(s))
 
-    def load_state_dict(self, state: Any) -> None:
+    def load_state_dict(self, state: Any) -> str:
         """Resumes from :meth:`state_dict`'s result: the next iteration yields exactly the
         rest of the stream.
 
@@ -288,15 +292,35 @@ class TokenDataset(torch.utils.data.IterableDataset):
         exactly as the uninterrupted run's. On another topology (more or fewer ranks or
         workers), pass the list of every rank's state (or :meth:`merge_states` of it): every
         sample the old run's loops did not receive is delivered once, to some rank, and none
-        they received comes again. A state saved with one rank is enough on its own."""
+        they received comes again. A state saved with one rank is enough on its own.
+
+        The plan may have changed since, in its ``stages``/``interpolate`` after the saved
+        position and in the run's length (``samples``/``epochs``): the stream goes on from
+        the saved cursors' exact per-source counts, and every sample before them stays as it
+        was. Any other change is refused, saying which field. Returns what was accepted (also
+        in ``self.resume_note``, and logged on the ``dquant`` logger)."""
         if isinstance(state, (list, tuple)):
             state = TokenDataset.merge_states(state)
         s = _checked_state(state)
-        if s["plan"] != json.dumps(self.plan, sort_keys=True):
-            raise ValueError("TokenDataset.load_state_dict: the state was saved for a different plan")
+        plan = json.dumps(self.plan, sort_keys=True)
+        if s["plan"] == plan:
+            self.resume_note = "the plan is unchanged"
+        else:
+            cursors = [s["merged"]] if "merged" in s else s["cursors"] or [s["start"]]
+            try:
+                self.resume_note = dquant._dquant.check_plan_change(
+                    s["plan"], plan, [json.dumps(c) for c in cursors], self.agent or ""
+                )
+            except ValueError as e:
+                raise ValueError(
+                    f"TokenDataset.load_state_dict: the state was saved for a different plan, "
+                    f"and it cannot continue under this one: {e}"
+                ) from None
+            _log.info("TokenDataset.load_state_dict: %s", self.resume_note)
+            s["plan"] = plan
         if "merged" in s:
             self._start, self._state = dict(s["merged"]), None
-            return
+            return self.resume_note
         if (s["rank"], s["world_size"]) != (self.rank, self.world_size):
             if s["world_size"] != 1:
                 raise ValueError(
@@ -306,9 +330,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
                     "list, or TokenDataset.merge_states of it)"
                 )
             self._start, self._state = _merged_cursor([s]), None
-            return
+            return self.resume_note
         self._start = dict(s["start"])
         self._state = None if s["num_workers"] == 0 else s
+        return self.resume_note
 
     @staticmethod
     def merge_states(states: Any) -> Dict[str, Any]:
