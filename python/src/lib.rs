@@ -277,6 +277,25 @@ impl Reader {
         cursor_dict(py, &c)
     }
 
+    /// How much of each source the stream consumed so far, in plan order: a list of
+    /// `{"samples": N, "epochs": E}` (E = N / the source's samples per epoch), or `None` when
+    /// unknown.
+    fn source_use<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
+        let Some(used) = self.with(|r| r.source_use())? else {
+            return Ok(None);
+        };
+        let dicts = used
+            .iter()
+            .map(|u| {
+                let d = PyDict::new(py);
+                d.set_item("samples", u.samples)?;
+                d.set_item("epochs", u.epochs)?;
+                Ok(d)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Some(dicts))
+    }
+
     /// Tokens per sample: `seq_len + 1`.
     #[getter]
     fn sample_len(&self) -> usize {

@@ -325,3 +325,18 @@ def test_ctrl_c_while_the_agent_stalls_raises_keyboard_interrupt_and_loses_nothi
         os.kill(fresh_agent.proc.pid, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
+
+
+def test_source_use_says_how_many_epochs_each_source_gave(data, agent):
+    from conftest import on_agent
+    p = plan(data, ("r50k_int32", 0.5), ("shifted.i32", 0.5), batch_size=5, samples=3000,
+             when_exhausted="renormalize")
+    p["sources"][1]["max_samples"] = 400
+    for r in (dquant.open(p, offload=False), dquant.open(on_agent(p, data), agent=agent.uri)):
+        assert r.source_use() == [{"samples": 0, "epochs": 0.0}, {"samples": 0, "epochs": 0.0}]
+        for _ in r:
+            pass
+        used = r.source_use()
+        # (161032 - 1) // 127 = 1267 samples an epoch; source 1 stops at its 400.
+        assert used == [{"samples": 2600, "epochs": 2600 / 1267},
+                        {"samples": 400, "epochs": 400 / 1267}], used

@@ -119,10 +119,9 @@ fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, Storage
 
 fn source_of(req: &StatRequest) -> Source {
     Source {
-        uri: req.dataset.clone(),
-        weight: 1.0,
         dtype: (!req.dtype.is_empty()).then(|| req.dtype.clone()),
         eod: req.eod,
+        ..Source::new(req.dataset.clone())
     }
 }
 
@@ -278,6 +277,9 @@ impl Agent for Service {
                     rank_batches: sched.rank_batches(),
                     rank_samples: sched.rank_samples(),
                     epoch_samples: sched.epoch_samples(),
+                    samples_per_epoch: (0..sched.sources())
+                        .map(|d| sched.samples_per_epoch(d))
+                        .collect(),
                     ..Default::default()
                 };
                 let work = Work::Plan {

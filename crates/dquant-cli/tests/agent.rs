@@ -114,7 +114,20 @@ fn read_on_an_agent_gives_the_local_bytes() {
         assert_eq!(v["stream_xxh3"], l["stream_xxh3"]);
         assert_eq!(v["cursor"], l["cursor"]);
         assert_eq!(v["bytes"], bytes.len());
+        for d in 0..2 {
+            for k in ["samples", "epochs"] {
+                assert_eq!(v["sources"][d][k], l["sources"][d][k]);
+            }
+        }
     }
+    // The plan's 1262 samples at weights 3:1, in epochs of 631 samples, whoever ran it.
+    let used = &l["sources"];
+    assert_eq!(
+        (used[0]["samples"].as_u64(), used[1]["samples"].as_u64()),
+        (Some(946), Some(316))
+    );
+    assert_eq!(used[1]["epochs"].as_f64(), Some(316.0 / 631.0));
+    assert_eq!(o["sources"][0]["uri"], "fx/r50k_int32");
 
     // Resuming on the agent writes exactly the rest, to stdout; the text summary names the
     // cursor to resume from.

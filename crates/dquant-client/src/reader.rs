@@ -11,7 +11,7 @@ use std::time::Duration;
 use dquant_codec::kernels::store_plain;
 use dquant_codec::{Compression, Decoder};
 use dquant_engine::{doc_section, plain_codec, Pipeline, SourceError, TokenSource};
-use dquant_plan::{Cursor, DocStarts, OutputDType, Plan, Schedule, Source};
+use dquant_plan::{Cursor, DocStarts, OutputDType, Plan, Schedule, Source, SourceUse};
 use dquant_proto::v1::OpenRequest;
 use dquant_remote::{open_source, AgentUri, Control, Credentials, Transport, DEFAULT_RPC_TIMEOUT};
 use dquant_transport::record::RECORD_HEADER_LEN;
@@ -41,6 +41,8 @@ pub struct Reader {
     batch_size: usize,
     rank_batches: u64,
     rank_samples: u64,
+    /// Samples in one epoch of each source (empty when an agent did not say).
+    per_epoch: Vec<u64>,
     /// Whether the source said the stream ended.
     ended: bool,
     /// The batch at hand: its record (header, then `batch_len` payload bytes).
@@ -81,6 +83,7 @@ struct Origin {
     start: Cursor,
     rank_batches: u64,
     rank_samples: u64,
+    per_epoch: Vec<u64>,
 }
 
 impl Reader {
@@ -104,6 +107,9 @@ impl Reader {
             start: pipeline.cursor(),
             rank_batches: schedule.rank_batches(),
             rank_samples: schedule.rank_samples(),
+            per_epoch: (0..schedule.sources())
+                .map(|d| schedule.samples_per_epoch(d))
+                .collect(),
             source: Box::new(InProcess::new(
                 Box::new(pipeline),
                 plan.output,
@@ -164,6 +170,7 @@ impl Reader {
             start: cursor.moved_to(reply.start_epoch, reply.start_consumed_samples),
             rank_batches: reply.rank_batches,
             rank_samples: reply.rank_samples,
+            per_epoch: reply.samples_per_epoch.clone(),
         };
         Ok(Self::new(origin, plan, RecordPool::default()))
     }
@@ -179,6 +186,7 @@ impl Reader {
             batch_size: plan.batch_size as usize,
             rank_batches: o.rank_batches,
             rank_samples: o.rank_samples,
+            per_epoch: o.per_epoch,
             ended: false,
             record: None,
             batch_len: 0,
@@ -217,6 +225,16 @@ impl Reader {
     /// Samples in this rank's whole stream.
     pub fn rank_samples(&self) -> u64 {
         self.rank_samples
+    }
+
+    /// How much of each source the stream consumed up to [`cursor`](Reader::cursor): samples
+    /// and epochs, by source in plan order. `None` when unknown (an agent too old to say its
+    /// sources' epoch sizes).
+    pub fn source_use(&self) -> Option<Vec<SourceUse>> {
+        if self.per_epoch.is_empty() {
+            return None;
+        }
+        dquant_plan::source_use(&self.per_epoch, &self.cursor)
     }
 
     /// The plan's resolved schedule, when it runs in this process.

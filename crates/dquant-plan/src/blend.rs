@@ -66,6 +66,10 @@ pub struct Blender {
     mixture: Option<Arc<Mixture>>,
     /// The mixture's segment holding `position`.
     segment: usize,
+    /// Per-source limits when exhausted sources leave the blend ([`crate::limits`]).
+    limits: Option<Arc<Vec<u64>>>,
+    /// How many sources have reached their limit.
+    exhausted: usize,
 }
 
 impl PartialEq for Blender {
@@ -115,6 +119,8 @@ impl Blender {
             position: 0,
             mixture: None,
             segment: 0,
+            limits: None,
+            exhausted: 0,
         })
     }
 
@@ -131,7 +137,70 @@ impl Blender {
             position: 0,
             mixture: (!constant).then(|| Arc::new(mixture)),
             segment: 0,
+            limits: None,
+            exhausted: 0,
         }
+    }
+
+    /// The same blender where a source whose count reaches `max[d]` leaves the blend and the
+    /// others share its weight ([`crate::limits`]; `u64::MAX`: no limit). Picks after the
+    /// first exhaustion scan every source.
+    pub fn renormalizing(mut self, max: Vec<u64>) -> Self {
+        self.limits = Some(Arc::new(max));
+        self.exhausted = self.count_exhausted();
+        self
+    }
+
+    fn count_exhausted(&self) -> usize {
+        match &self.limits {
+            Some(m) => self
+                .counts
+                .iter()
+                .zip(m.iter())
+                .filter(|(c, m)| c >= m)
+                .count(),
+            None => 0,
+        }
+    }
+
+    /// Source `d`'s weight at the current position.
+    fn weight(&self, d: usize) -> f64 {
+        match &self.mixture {
+            Some(m) => m.weight(self.segment, d, self.position),
+            None => self.weights[d],
+        }
+    }
+
+    /// The pick once a source is exhausted: the largest renormalized error among the live
+    /// sources, the lowest index on ties.
+    fn pick_renormalized(&self, max: &[u64]) -> usize {
+        let i = self.position.max(1);
+        let owed = |d: usize| match &self.mixture {
+            Some(m) => m.target(self.segment, d, i),
+            None => self.weights[d] * i as f64,
+        };
+        let live = |d: &usize| self.counts[*d] < max[*d];
+        let n = self.counts.len();
+        let surplus: f64 = (0..n)
+            .filter(|d| !live(d))
+            .map(|d| owed(d) - self.counts[d] as f64)
+            .sum();
+        let w_live: f64 = (0..n).filter(live).map(|d| self.weight(d)).sum();
+        let n_live = (0..n).filter(live).count() as f64;
+        let share = |d: usize| match w_live > 0.0 {
+            true => self.weight(d) / w_live,
+            false => 1.0 / n_live,
+        };
+        let mut best = None;
+        for d in (0..n).filter(live) {
+            let err = owed(d) + share(d) * surplus - self.counts[d] as f64;
+            if best.is_none_or(|(_, b)| err > b) {
+                best = Some((d, err));
+            }
+        }
+        // Every source exhausted: the schedule ends the run before, so this is not reached
+        // by a plan's stream; draw the first to stay total.
+        best.map_or(0, |(d, _)| d)
     }
 
     /// Source `d`'s target at the current position: what it is owed (`w_d * position`
@@ -194,7 +263,21 @@ impl Blender {
         let mut at = self.clone();
         at.position = position;
         at.segment = self.mixture.as_ref().map_or(0, |m| m.segment_at(position));
-        for (d, &c) in counts.iter().enumerate() {
+        if let Some(max) = &self.limits {
+            if let Some(d) = (0..n).find(|&d| counts[d] > max[d]) {
+                return Err(PlanError::Cursor(format!(
+                    "blend[{d}] = {} is past source {d}'s limit of {} samples",
+                    counts[d], max[d]
+                )));
+            }
+        }
+        // Once a source is exhausted the live ones follow renormalized targets, which the
+        // band below does not describe: only the limits are checked then.
+        let renormalized = self
+            .limits
+            .as_ref()
+            .is_some_and(|max| (0..n).any(|d| counts[d] >= max[d]));
+        for (d, &c) in counts.iter().enumerate().filter(|_| !renormalized) {
             let share = at.target(d);
             let err = share - c as f64;
             if err < -1.0 - slack || err > n as f64 - 1.0 + slack {
@@ -207,6 +290,7 @@ impl Blender {
         self.counts.copy_from_slice(counts);
         self.position = position;
         self.segment = at.segment;
+        self.exhausted = self.count_exhausted();
         if let Some(t) = &mut self.tournament {
             t.forget();
         }
@@ -227,6 +311,11 @@ impl Blender {
     #[inline]
     fn draw(&mut self, d: usize) {
         self.counts[d] += 1;
+        if let Some(m) = &self.limits {
+            if self.counts[d] == m[d] {
+                self.exhausted += 1;
+            }
+        }
         self.position += 1;
         if let Some(t) = &mut self.tournament {
             t.touched(d);
@@ -243,6 +332,11 @@ impl Blender {
     fn pick(&mut self) -> usize {
         if self.weights.len() == 1 {
             return 0;
+        }
+        if self.exhausted > 0 {
+            if let Some(max) = &self.limits {
+                return self.pick_renormalized(max);
+            }
         }
         if let Some(m) = &self.mixture {
             return m.argmax(self.segment, self.position, &self.counts);
@@ -280,6 +374,7 @@ impl Blender {
             self.counts.iter_mut().for_each(|c| *c = 0);
             self.position = 0;
             self.segment = 0;
+            self.exhausted = 0;
             if let Some(t) = &mut self.tournament {
                 t.forget();
             }

@@ -109,6 +109,7 @@ pub mod boundaries;
 mod change;
 mod error;
 mod kinetic;
+pub mod limits;
 pub mod mixture;
 pub mod permute;
 mod plan;
@@ -122,7 +123,8 @@ pub use error::PlanError;
 pub use mixture::Mixture;
 pub use permute::Permutation;
 pub use plan::{
-    cursor_trailer_len, Cursor, Interpolate, OutputDType, Plan, Source, Stage, WireCodec,
+    cursor_trailer_len, Cursor, Interpolate, OutputDType, Plan, Source, Stage, WhenExhausted,
+    WireCodec,
 };
 pub use resume::{merge_cursors, MAX_DELIVERED};
-pub use schedule::{Batch, RankIter, SampleRef, Schedule, SourceInfo};
+pub use schedule::{source_use, Batch, RankIter, SampleRef, Schedule, SourceInfo, SourceUse};

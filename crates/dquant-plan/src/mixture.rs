@@ -161,6 +161,18 @@ impl Mixture {
         self.segments[k].target(d, i)
     }
 
+    /// Source `d`'s weight at sample `i`, which lies in segment `k`.
+    #[inline]
+    pub(crate) fn weight(&self, k: usize, d: usize, i: u64) -> f64 {
+        let seg = &self.segments[k];
+        let (a, b) = (seg.from[d], seg.to[d]);
+        if a == b {
+            return a;
+        }
+        let len = (seg.end - seg.start) as f64;
+        a + (b - a) * (i - seg.start) as f64 / len
+    }
+
     /// The pick at sample `i` (in segment `k`) given the counts: the largest
     /// `T_d(i) − count_d`, the lowest index on ties.
     #[inline]

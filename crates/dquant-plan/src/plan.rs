@@ -93,6 +93,29 @@ pub struct Plan {
     /// How weights go from one stage to the next: `"step"` (default) or `"linear"`.
     #[serde(default, skip_serializing_if = "Interpolate::is_step")]
     pub interpolate: Interpolate,
+    /// What happens when a source reaches its `max_epochs`/`max_samples`: `"stop"` (default)
+    /// ends the run there, `"renormalize"` goes on with the other sources' weights scaled up
+    /// (Megatron's exhaustive blending). See [`crate::limits`].
+    #[serde(default, skip_serializing_if = "WhenExhausted::is_stop")]
+    pub when_exhausted: WhenExhausted,
+}
+
+/// What a run does when a source reaches its limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenExhausted {
+    /// The run ends before any source would be drawn past its limit.
+    #[default]
+    Stop,
+    /// The exhausted source leaves the blend; the others share its weight in proportion to
+    /// theirs, and the run goes on (until every limited source is exhausted, if all are).
+    Renormalize,
+}
+
+impl WhenExhausted {
+    fn is_stop(&self) -> bool {
+        *self == WhenExhausted::Stop
+    }
 }
 
 /// A change of blend weights during a run (a `[[stages]]` entry).
@@ -147,6 +170,13 @@ pub struct Source {
     /// `dtype`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eod: Option<u32>,
+    /// At most this many epochs of the source in the run (the plan's `when_exhausted` says
+    /// what happens then). At most one of `max_epochs` and `max_samples`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_epochs: Option<u64>,
+    /// At most this many samples of the source in the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_samples: Option<u64>,
 }
 
 impl Source {
@@ -157,6 +187,8 @@ impl Source {
             weight: 1.0,
             dtype: None,
             eod: None,
+            max_epochs: None,
+            max_samples: None,
         }
     }
 
@@ -343,6 +375,7 @@ impl Plan {
             cu_seqlens: false,
             stages: Vec::new(),
             interpolate: Interpolate::Step,
+            when_exhausted: WhenExhausted::Stop,
         }
     }
 
@@ -458,6 +491,27 @@ impl Plan {
                     format!("sources[{d}].eod"),
                     "only applies to raw token files, which need a dtype",
                 ));
+            }
+            match (s.max_epochs, s.max_samples) {
+                (Some(_), Some(_)) => {
+                    return Err(PlanError::invalid(
+                        format!("sources[{d}]"),
+                        "give at most one of max_epochs and max_samples",
+                    ))
+                }
+                (Some(0), _) => {
+                    return Err(PlanError::invalid(
+                        format!("sources[{d}].max_epochs"),
+                        "must be at least 1",
+                    ))
+                }
+                (_, Some(0)) => {
+                    return Err(PlanError::invalid(
+                        format!("sources[{d}].max_samples"),
+                        "must be at least 1",
+                    ))
+                }
+                _ => {}
             }
         }
         if self.seq_len == 0 {

@@ -2,8 +2,11 @@
 
 use std::ops::Range;
 
+use serde::Serialize;
+
 use crate::blend::Blender;
 use crate::error::PlanError;
+use crate::limits::Limits;
 use crate::mixture::Mixture;
 use crate::permute::{epoch_key, Permutation};
 use crate::plan::{Cursor, Plan};
@@ -116,11 +119,22 @@ impl Schedule {
                 })?
             }
         };
-        let blender = if plan.stages.is_empty() {
+        let mut blender = if plan.stages.is_empty() {
             let weights: Vec<f64> = plan.sources.iter().map(|s| s.weight).collect();
             Blender::new(&weights)?
         } else {
             Blender::with_mixture(Mixture::resolve(plan, total)?)
+        };
+        let limits = Limits::of(plan, &per_epoch)?;
+        let total = match &limits {
+            Some(l) => {
+                let cut = l.total(&blender.mixture(), total)?;
+                if l.renormalizes() {
+                    blender = blender.renormalizing(l.all().to_vec());
+                }
+                cut
+            }
+            None => total,
         };
         let (rank, world, batch_size) = (
             u64::from(plan.rank),
@@ -356,6 +370,38 @@ impl Schedule {
             .min(self.total);
         self.cursor_at(c)
     }
+}
+
+/// How much of one source a run consumed up to a cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SourceUse {
+    /// Samples drawn from it.
+    pub samples: u64,
+    /// Those samples in epochs of it: `samples / samples_per_epoch`.
+    pub epochs: f64,
+}
+
+/// How much of each source the global samples below `cursor`'s watermark drew, given each
+/// source's samples per epoch: from the cursor's blend counts (a single source's count is the
+/// watermark itself). `None` for a cursor of several sources past sample 0 without counts.
+pub fn source_use(per_epoch: &[u64], cursor: &Cursor) -> Option<Vec<SourceUse>> {
+    let watermark = cursor.watermark()?;
+    let counts = match (per_epoch.len(), cursor.blend.is_empty()) {
+        (1, _) => vec![watermark],
+        (n, true) if watermark == 0 => vec![0; n],
+        (n, false) if cursor.blend.len() == n => cursor.blend.clone(),
+        _ => return None,
+    };
+    Some(
+        counts
+            .iter()
+            .zip(per_epoch)
+            .map(|(&samples, &n)| SourceUse {
+                samples,
+                epochs: samples as f64 / n.max(1) as f64,
+            })
+            .collect(),
+    )
 }
 
 /// How many of the positions `0..n` go to `rank`: those with `i % world == rank`.

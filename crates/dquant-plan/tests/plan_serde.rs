@@ -5,7 +5,7 @@ mod common;
 use dquant_codec::{Codec, Compression, Width};
 use dquant_plan::{
     Boundaries, Cursor, Interpolate, OutputDType, Plan, PlanError, Schedule, Source, SourceInfo,
-    Stage, WireCodec,
+    Stage, WhenExhausted, WireCodec,
 };
 
 fn full_plan() -> Plan {
@@ -16,18 +16,24 @@ fn full_plan() -> Plan {
                 weight: 0.7,
                 dtype: None,
                 eod: None,
+                max_epochs: Some(2),
+                max_samples: None,
             },
             Source {
                 uri: "dquant://storage-1:7070/code".into(),
                 weight: 0.25,
                 dtype: None,
                 eod: None,
+                max_epochs: None,
+                max_samples: Some(1_000),
             },
             Source {
                 uri: "/data/raw.u16".into(),
                 weight: 0.05,
                 dtype: Some("uint16".into()),
                 eod: Some(50256),
+                max_epochs: None,
+                max_samples: None,
             },
         ],
         seq_len: 4096,
@@ -52,6 +58,7 @@ fn full_plan() -> Plan {
             weights: vec![1.0, 0.0, 2.0],
         }],
         interpolate: Interpolate::Linear,
+        when_exhausted: WhenExhausted::Renormalize,
     }
 }
 
@@ -82,7 +89,7 @@ fn toml_text_is_what_a_person_would_write() {
     );
     assert!(toml.contains("\n[[sources]]\nuri = \"/data/raw.u16\"\nweight = 0.05\ndtype = \"uint16\"\neod = 50256\n"), "{toml}");
     assert!(
-        !toml.contains("epochs"),
+        !toml.contains("\nepochs"),
         "absent options are left out: {toml}"
     );
 }
@@ -325,13 +332,13 @@ fn text_errors_have_line_and_column() {
         "plan: unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, \
          `seed`, `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, \
          `drop_last`, `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`, `stages`, \
-         `interpolate` at line 1 column 66"
+         `interpolate`, `when_exhausted` at line 1 column 66"
     );
     assert_eq!(
         Plan::from_json(r#"{"sources": [{"uri": "a", "wieght": 2}], "seq_len": 1, "batch_size": 1}"#)
             .unwrap_err()
             .to_string(),
-        "plan: unknown field `wieght`, expected one of `uri`, `weight`, `dtype`, `eod` at line 1 column 34"
+        "plan: unknown field `wieght`, expected one of `uri`, `weight`, `dtype`, `eod`, `max_epochs`, `max_samples` at line 1 column 34"
     );
     assert_eq!(
         Plan::from_json("{\n  \"seq_len\": 1,\n  \"batch_size\": 2 x}")
@@ -369,14 +376,16 @@ fn text_errors_have_line_and_column() {
         "plan: TOML parse error at line 3, column 1\n  |\n3 | bogus = 2\n  | ^^^^^\n\
          unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, `seed`, \
          `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, `drop_last`, \
-         `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`, `stages`, `interpolate`\n"
+         `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`, `stages`, `interpolate`, \
+         `when_exhausted`\n"
     );
     assert_eq!(
         Plan::from_toml("seq_len = 1\nbatch_size = 1\n[[sources]]\nuri = \"a\"\nwieght = 1\n")
             .unwrap_err()
             .to_string(),
         "plan: TOML parse error at line 5, column 1\n  |\n5 | wieght = 1\n  | ^^^^^^\n\
-         unknown field `wieght`, expected one of `uri`, `weight`, `dtype`, `eod`\n"
+         unknown field `wieght`, expected one of `uri`, `weight`, `dtype`, `eod`, `max_epochs`, \
+         `max_samples`\n"
     );
     assert_eq!(
         Plan::from_toml("seq_len = \nbatch_size = 1\n")

@@ -130,10 +130,18 @@ pub fn run(a: &Args) -> Result<()> {
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let c = r.cursor();
+    let sources: Option<Vec<_>> = r.source_use().map(|u| {
+        plan.sources
+            .iter()
+            .zip(u)
+            .map(|(s, u)| json!({"uri": s.uri, "samples": u.samples, "epochs": u.epochs}))
+            .collect()
+    });
     let summary = json!({
         "batches": batches, "tokens": tokens, "bytes": bytes, "output": plan.output.as_str(),
         "stream_xxh3": format!("{:016x}", h.digest()), "offloaded": r.is_offloaded(),
         "cursor": c,
+        "sources": sources,
         "seconds": secs,
     });
     if a.output.json {
