@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 use dquant_client::{open_at, ClientError, Offload, OwnedBatch, Tokens, Transport};
 use dquant_plan::{Cursor, DocStarts, OutputDType};
 use numpy::ndarray::ArrayView2;
-use numpy::{Element, PyArray1, PyArray2, PyArrayMethods};
+use numpy::{Element, IntoPyArray, PyArray1, PyArray2};
 use pyo3::exceptions::{
     PyConnectionError, PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError,
 };
@@ -428,6 +428,31 @@ impl Batch {
         self.batch.bytes().len()
     }
 
+    /// `(inputs, labels)`: views of the batch's first and last `seq_len` tokens of each
+    /// sample, shape `(samples, seq_len)`, over the same memory (what a training step takes;
+    /// no copy).
+    fn inputs_and_labels<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let b = &slf.get().batch;
+        let (rows, l) = (b.samples, b.sample_len);
+        let n = rows * l;
+        Ok(match b.tokens() {
+            Tokens::U16(t) => (
+                shifted(&t[..n], rows, l, 0, slf)?,
+                shifted(&t[..n], rows, l, 1, slf)?,
+            ),
+            Tokens::I32(t) => (
+                shifted(&t[..n], rows, l, 0, slf)?,
+                shifted(&t[..n], rows, l, 1, slf)?,
+            ),
+            Tokens::I64(t) => (
+                shifted(&t[..n], rows, l, 0, slf)?,
+                shifted(&t[..n], rows, l, 1, slf)?,
+            ),
+        })
+    }
+
     /// Where documents start inside each sample, when the plan has `boundaries`:
     /// `(offsets, starts)`, uint32 arrays; sample `k`'s starts (input positions in
     /// `1..=seq_len`) are `starts[offsets[k]:offsets[k + 1]]`. `None` without boundaries.
@@ -444,18 +469,14 @@ impl Batch {
     /// (Megatron's `reset_position_ids`).
     fn position_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let d = self.docs("position_ids")?;
-        let mut v = vec![0i64; d.positions()];
-        py.detach(|| d.position_ids(&mut v));
-        grid(py, v, d)
+        grid(py, d.position_ids_vec::<i64>(), d)
     }
 
     /// `loss_mask`, float32 of shape `(samples, seq_len)`: 0 where the target is another
     /// document's first token (Megatron's `eod_mask_loss`), else 1.
     fn loss_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let d = self.docs("loss_mask")?;
-        let mut v = vec![0f32; d.positions()];
-        py.detach(|| d.loss_mask(&mut v, 1.0, 0.0));
-        grid(py, v, d)
+        grid(py, d.loss_mask_vec(1.0f32, 0.0), d)
     }
 
     /// `(cu_seqlens, max_seqlen)`: int32 offsets of each document segment of the batch's
@@ -496,8 +517,28 @@ impl Batch {
 
 /// `v` (one value per input position of `d`'s batch) as a `(samples, seq_len)` array.
 fn grid<'py, T: Element>(py: Python<'py>, v: Vec<T>, d: &DocStarts) -> PyResult<Bound<'py, PyAny>> {
-    let shape = [d.samples(), d.seq_len() as usize];
-    Ok(PyArray1::from_vec(py, v).reshape(shape)?.into_any())
+    let shape = (d.samples(), d.seq_len() as usize);
+    let a = numpy::ndarray::Array2::from_shape_vec(shape, v)
+        .map_err(|e| PyRuntimeError::new_err(format!("outputs of shape {shape:?}: {e}")))?;
+    Ok(a.into_pyarray(py).into_any())
+}
+
+/// The `(rows, l - 1)` view of `tokens` (rows of `l`) that starts `skip` tokens into each row,
+/// with `owner` as its base.
+fn shifted<'py, T: Element>(
+    tokens: &[T],
+    rows: usize,
+    l: usize,
+    skip: usize,
+    owner: &Bound<'py, Batch>,
+) -> PyResult<Bound<'py, PyAny>> {
+    use numpy::ndarray::ShapeBuilder;
+    let shape = (rows, l.saturating_sub(1)).strides((l, 1));
+    let v = ArrayView2::from_shape(shape, tokens.get(skip..).unwrap_or(&[]))
+        .map_err(|e| PyRuntimeError::new_err(format!("batch view ({rows}, {l}): {e}")))?;
+    // SAFETY: as in `view`: `owner` becomes the array's base and owns the memory.
+    let arr = unsafe { PyArray2::<T>::borrow_from_array(&v, owner.clone().into_any()) };
+    Ok(arr.into_any())
 }
 
 /// A `(samples, sample_len)` array over `owner`'s memory, with `owner` as its base.

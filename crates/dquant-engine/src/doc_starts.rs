@@ -79,18 +79,15 @@ impl Finder {
         match (self, tokens) {
             (Finder::Eod(eod), BatchTokens::U32(t)) => {
                 for row in t.chunks_exact(l).take(samples.len()) {
-                    out.push_sample(eod_starts(row[..n].iter().map(|&t| u64::from(t)), eod));
+                    eod_positions(&row[..n], eod, |i| out.push_start(i + 1));
+                    out.end_sample();
                 }
             }
             (Finder::Eod(eod), BatchTokens::Stored { width, bytes }) => {
                 let bw = width.byte_width().unwrap_or(4);
                 for row in bytes.chunks_exact(l * bw).take(samples.len()) {
-                    let ids = row[..n * bw].chunks_exact(bw).map(|b| {
-                        let mut w = [0u8; 8];
-                        w[..bw].copy_from_slice(b);
-                        u64::from_le_bytes(w)
-                    });
-                    out.push_sample(eod_starts(ids, eod));
+                    eod_positions_le(&row[..n * bw], bw, eod, |i| out.push_start(i + 1));
+                    out.end_sample();
                 }
             }
             (Finder::Documents, _) => {
@@ -113,10 +110,76 @@ impl Finder {
     }
 }
 
-/// The starts after each input position holding `eod`.
-fn eod_starts(inputs: impl Iterator<Item = u64>, eod: u32) -> impl Iterator<Item = u32> {
-    inputs
-        .enumerate()
-        .filter(move |&(_, t)| t == u64::from(eod))
-        .map(|(i, _)| i as u32 + 1)
+/// Tokens scanned at once: a block with no EOD (most of them: documents are hundreds of
+/// tokens long) costs one vectorized compare-and-or, not a branch per token.
+const BLOCK: usize = 64;
+
+/// Calls `f` with the position of every token of `inputs` equal to `eod`, in order.
+fn eod_positions(inputs: &[u32], eod: u32, mut f: impl FnMut(u32)) {
+    for (b, block) in inputs.chunks(BLOCK).enumerate() {
+        if !block.iter().fold(false, |hit, &t| hit | (t == eod)) {
+            continue;
+        }
+        for (i, _) in block.iter().enumerate().filter(|(_, &t)| t == eod) {
+            f((b * BLOCK + i) as u32);
+        }
+    }
+}
+
+/// [`eod_positions`] over little-endian tokens of `bw` bytes each (a stored width).
+fn eod_positions_le(bytes: &[u8], bw: usize, eod: u32, mut f: impl FnMut(u32)) {
+    match bw {
+        2 => {
+            let Ok(eod) = u16::try_from(eod) else {
+                return; // no u16 token can be it
+            };
+            let [lo, hi] = eod.to_le_bytes();
+            for (b, block) in bytes.chunks(2 * BLOCK).enumerate() {
+                let is = |w: &[u8]| w[0] == lo && w[1] == hi;
+                if !block.chunks_exact(2).fold(false, |hit, w| hit | is(w)) {
+                    continue;
+                }
+                for (i, _) in block.chunks_exact(2).enumerate().filter(|(_, w)| is(w)) {
+                    f((b * BLOCK + i) as u32);
+                }
+            }
+        }
+        _ => {
+            for (i, w) in bytes.chunks_exact(bw).enumerate() {
+                let mut x = [0u8; 8];
+                x[..bw].copy_from_slice(w);
+                if u64::from_le_bytes(x) == u64::from(eod) {
+                    f(i as u32);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_find_every_eod_across_blocks() {
+        let mut t: Vec<u32> = (0..300).map(|i| i % 7).collect();
+        for i in [0, 63, 64, 65, 127, 200, 299] {
+            t[i] = 9;
+        }
+        let want: Vec<u32> = vec![0, 63, 64, 65, 127, 200, 299];
+        let mut got = Vec::new();
+        eod_positions(&t, 9, |i| got.push(i));
+        assert_eq!(got, want);
+        let le: Vec<u8> = t.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect();
+        let mut got16 = Vec::new();
+        eod_positions_le(&le, 2, 9, |i| got16.push(i));
+        assert_eq!(got16, want);
+        let le4: Vec<u8> = t.iter().flat_map(|&x| x.to_le_bytes()).collect();
+        let mut got32 = Vec::new();
+        eod_positions_le(&le4, 4, 9, |i| got32.push(i));
+        assert_eq!(got32, want);
+        let mut none = Vec::new();
+        eod_positions_le(&le, 2, 70_000, |i| none.push(i));
+        assert!(none.is_empty());
+    }
 }

@@ -96,6 +96,20 @@ impl DocStarts {
         self.offsets.push(self.starts.len() as u32);
     }
 
+    /// Adds a start to the sample being built (ascending, within `1..=seq_len`); finish the
+    /// sample with [`end_sample`](DocStarts::end_sample).
+    #[inline]
+    pub fn push_start(&mut self, b: u32) {
+        self.starts.push(b);
+    }
+
+    /// Ends the sample built by [`push_start`](DocStarts::push_start) calls (none: a sample
+    /// within one document).
+    pub fn end_sample(&mut self) {
+        debug_assert!(self.valid_tail());
+        self.offsets.push(self.starts.len() as u32);
+    }
+
     fn valid_tail(&self) -> bool {
         let from = *self.offsets.last().unwrap_or(&0) as usize;
         let tail = &self.starts[from..];
@@ -187,16 +201,32 @@ impl DocStarts {
         let l = self.seq_len as usize;
         assert_eq!(out.len(), self.positions(), "position_ids: wrong length");
         for (k, row) in out.chunks_exact_mut(l.max(1)).enumerate() {
-            let mut starts = self.sample(k).iter().peekable();
-            let mut base = 0u32;
-            for (i, p) in row.iter_mut().enumerate() {
-                let i = i as u32;
-                while let Some(&b) = starts.next_if(|&&b| b <= i) {
-                    base = b;
+            // Each document's run counts from 0: one tight loop per run.
+            let mut at = 0;
+            let ends = self.sample(k).iter().map(|&b| (b as usize).min(l));
+            for end in ends.chain(std::iter::once(l)) {
+                for (j, p) in row[at..end].iter_mut().enumerate() {
+                    *p = T::from(j as u32);
                 }
-                *p = T::from(i - base);
+                at = end;
             }
         }
+    }
+
+    /// [`position_ids`](DocStarts::position_ids) as a new vector (built as it is filled, with
+    /// no zeroing pass).
+    pub fn position_ids_vec<T: From<u32>>(&self) -> Vec<T> {
+        let l = self.seq_len as usize;
+        let mut v = Vec::with_capacity(self.positions());
+        for k in 0..self.samples() {
+            let mut at = 0;
+            let ends = self.sample(k).iter().map(|&b| (b as usize).min(l));
+            for end in ends.chain(std::iter::once(l)) {
+                v.extend((0..(end - at) as u32).map(T::from));
+                at = end;
+            }
+        }
+        v
     }
 
     /// Writes `loss_mask` (`samples × seq_len`, row-major): `zero` where the target is the
@@ -213,6 +243,19 @@ impl DocStarts {
                 out[k * l + b as usize - 1] = zero;
             }
         }
+    }
+
+    /// [`loss_mask`](DocStarts::loss_mask) as a new vector (filled with `one` as it is made,
+    /// then the zeros set).
+    pub fn loss_mask_vec<T: Copy>(&self, one: T, zero: T) -> Vec<T> {
+        let l = self.seq_len as usize;
+        let mut v = vec![one; self.positions()];
+        for k in 0..self.samples() {
+            for &b in self.sample(k) {
+                v[k * l + b as usize - 1] = zero;
+            }
+        }
+        v
     }
 
     /// `cu_seqlens` of the batch as one packed sequence of `samples × seq_len` tokens
@@ -275,9 +318,11 @@ mod tests {
         let mut pos = vec![0i64; 12];
         d.position_ids(&mut pos);
         assert_eq!(pos, [0, 1, 0, 1, 0, 0, 0, 1, 2, 3, 4, 5]);
+        assert_eq!(d.position_ids_vec::<i64>(), pos);
         let mut mask = vec![0f32; 12];
         d.loss_mask(&mut mask, 1.0, 0.0);
         assert_eq!(mask, [1., 0., 1., 0., 0., 1., 1., 1., 1., 1., 1., 1.]);
+        assert_eq!(d.loss_mask_vec(1.0, 0.0), mask);
         let mut cu = Vec::new();
         assert_eq!(d.cu_seqlens(&mut cu), 6);
         assert_eq!(cu, [0, 2, 4, 5, 6, 12]);

@@ -43,6 +43,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import torch
 import torch.utils.data
+from torch.utils.data._utils.collate import default_convert as _default_convert
 
 import dquant
 
@@ -162,6 +163,15 @@ class TokenDataset(torch.utils.data.IterableDataset):
         self._warned = False
         # What the last load_state_dict accepted.
         self.resume_note: Optional[str] = None
+        # The in-process iteration's (slot, reader, workers), whose cursor is the loop's.
+        self._live = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # DataLoader workers get a copy: without the in-process reader (not picklable, and
+        # not theirs).
+        d = dict(self.__dict__)
+        d["_live"] = None
+        return d
 
     # -- sharding ------------------------------------------------------------------------
 
@@ -199,26 +209,42 @@ class TokenDataset(torch.utils.data.IterableDataset):
             cursor=state["cursors"][slot],
         )
         in_process = info is None
+        tag = not in_process and self._tracked
+        if in_process:
+            # The loop receives each batch as soon as it is yielded, so the reader's own
+            # cursor is the loop's position: state_dict() reads it when asked, rather than
+            # every batch paying for it.
+            self._live = (slot, reader, workers)
         try:
             for arr in reader:
                 item = self._item(arr)
-                cursor = arr.base.full_cursor
-                if in_process:
-                    # The loop receives this batch as soon as we yield it.
-                    self._delivered(slot, cursor, workers)
-                elif self._tracked:
-                    item[_POSITION] = {"slot": slot, "cursor": json.dumps(cursor)}
+                if tag:
+                    cursor = json.dumps(arr.base.full_cursor)
+                    item[_POSITION] = {"slot": slot, "cursor": cursor}
                 yield item
         finally:
+            if in_process:
+                self._sync_live(reader)
             reader.close()
         if in_process:
             self._finished()
 
+    def _sync_live(self, reader=None) -> None:
+        """Records where the in-process reader stands (the loop received all it yielded)."""
+        live = self._live
+        if live is None or (reader is not None and live[1] is not reader):
+            return
+        slot, r, workers = live
+        if not r.closed:
+            self._delivered(slot, r.cursor(), workers)
+        if reader is not None:
+            self._live = None
+
     def _item(self, arr) -> Dict[str, torch.Tensor]:
-        t = torch.from_numpy(arr)  # shares the batch's memory
-        item = {self._inputs: t[:, :-1], "labels": t[:, 1:]}
+        batch = arr.base
+        inputs, labels = batch.inputs_and_labels()  # views of the batch's memory
+        item = {self._inputs: torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
         if self._outputs:
-            batch = arr.base
             if "loss_mask" in self._outputs:
                 item["loss_mask"] = torch.from_numpy(batch.loss_mask())
             if "position_ids" in self._outputs:
@@ -281,6 +307,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
 
         Each sub-rank's cursor carries the blend's per-source counts when the plan runs in this
         process, so a resume does not replay the blend from the first sample."""
+        self._sync_live()
         s = self._state if self._state is not None else self._fresh_state(0)
         return json.loads(json.dumps(s))
 
@@ -302,6 +329,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
         if isinstance(state, (list, tuple)):
             state = TokenDataset.merge_states(state)
         s = _checked_state(state)
+        self._live = None
         plan = json.dumps(self.plan, sort_keys=True)
         if s["plan"] == plan:
             self.resume_note = "the plan is unchanged"
@@ -436,6 +464,13 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         ds: TokenDataset = self.dataset
+        if self.num_workers == 0 and self.collate_fn is _default_convert and not self.pin_memory:
+            # In this process torch's fetch path adds ~10 us a batch (a profiler range, a
+            # sampler step, and default_convert rebuilding a dict of tensors that need no
+            # converting): take the dataset's items as they are. (Pinning costs far more than
+            # that, so with pin_memory torch's own path runs.)
+            yield from ds
+            return
         workers = max(self.num_workers, 1)
         it = super().__iter__()
         for batch in it:
