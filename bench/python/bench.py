@@ -324,6 +324,9 @@ class Loader:
     canonical: Callable[[Any], np.ndarray]  # batch -> int32 (b, seq_len+1), for the hash
     close: Callable[[], None] = lambda: None
     cpu_pids: Callable[[], list[int]] = lambda: []  # other processes doing its work
+    # Rows with boundary outputs: the loop also takes them from each batch, as a training
+    # step passes them on (both loaders build them whole before they yield a batch).
+    outputs: Callable[[Any], float] | None = None
     setup_s: float = 0.0
     dtype: str = "?"  # dtype of the delivered token tensor
     key: str = ""  # its name in --loaders
@@ -350,6 +353,8 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
         total += int(t.sum(dtype=i64))
         f0, last = int(t[0, 0]), int(t[-1, -1])
         tokens += t.numel()
+        if ld.outputs is not None:
+            total += 0 * int(ld.outputs(batch))
         if extra is not None:  # Megatron's extra label token per sample
             total += int(extra.sum(dtype=i64))
             last = int(extra[-1])
@@ -443,7 +448,9 @@ def megatron_unshuffled():
         g._build_document_index, g._build_shuffle_index = saved
 
 
-def megatron_loader(prefix: Prefix, a, ref: dict, wd: Path, workers: int) -> Loader:
+def megatron_loader(
+    prefix: Prefix, a, ref: dict, wd: Path, workers: int, masks: bool = False
+) -> Loader:
     torch = _torch()
     state: dict = {}
 
@@ -453,7 +460,7 @@ def megatron_loader(prefix: Prefix, a, ref: dict, wd: Path, workers: int) -> Loa
         )
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-        cache = wd / f"megatron-cache-w{workers}"
+        cache = wd / f"megatron-cache-w{workers}{'-masks' if masks else ''}"
         shutil.rmtree(cache, ignore_errors=True)  # time the index build every run
         config = GPTDatasetConfig(
             random_seed=1234,
@@ -463,9 +470,9 @@ def megatron_loader(prefix: Prefix, a, ref: dict, wd: Path, workers: int) -> Loa
             path_to_cache=str(cache),
             tokenizer=_Tokenizer(eod=a.eod),
             mmap_bin_files=True,
-            reset_position_ids=False,
+            reset_position_ids=masks,
             reset_attention_mask=False,
-            eod_mask_loss=False,
+            eod_mask_loss=masks,
             create_attention_mask=False,
         )
         t0 = time.perf_counter()
@@ -490,23 +497,34 @@ def megatron_loader(prefix: Prefix, a, ref: dict, wd: Path, workers: int) -> Loa
         ld.notes.append(f"index build {state['index_s']:.3f} s")
 
     ld = Loader(
-        name="Megatron-Core GPTDataset" + (" (1 worker)" if workers else ""),
-        kind="peer",
+        name="Megatron-Core GPTDataset"
+        + (" + position_ids, loss_mask" if masks else "")
+        + (" (1 worker)" if workers else ""),
+        kind="masks" if masks else "peer",
         group=f"w{workers}",
-        config=f"GPTDataset (indices built unshuffled, create_attention_mask=False) + "
-        f"DataLoader(batch_size={a.batch_size}, num_workers={workers})",
+        config=f"GPTDataset (indices built unshuffled, create_attention_mask=False"
+        + (", reset_position_ids=True, eod_mask_loss=True" if masks else "")
+        + f") + DataLoader(batch_size={a.batch_size}, num_workers={workers})",
         setup=setup,
         batches=lambda: state["dl"],
         **shifted_pair("tokens"),
         cpu_pids=lambda: worker_pids(state.get("dl")),
+        outputs=touch_outputs if masks else None,
     )
     return ld
+
+
+def touch_outputs(b) -> int:
+    """The loop's take of a batch's boundary outputs (their row counts: a training step hands
+    the tensors on without reading them in Python)."""
+    return len(b["position_ids"]) + len(b["loss_mask"])
 
 
 def shifted_pair(inputs: str) -> dict:
     """`tensor` and `canonical` for batches of `{inputs: (B, L), "labels": (B, L)}` whose labels
     are the inputs shifted by one: the loop touches both, and the whole `(B, L+1)` samples are
     the inputs plus the last label."""
+    torch = _torch()
     return {
         "tensor": lambda b: (b[inputs], b["labels"][:, -1]),
         "canonical": lambda b: torch.cat([b[inputs], b["labels"][:, -1:]], 1)
@@ -757,33 +775,49 @@ def dquant_shm(prefix: Prefix, a, output: str) -> Loader:
     )
 
 
-def dquant_torch(prefix: Prefix, a, workers: int) -> Loader:
+def dquant_torch(
+    prefix: Prefix, a, workers: int, own_loader: bool = False, masks: bool = False
+) -> Loader:
     """dquant.torch.TokenDataset as a PyTorch user would take it: int64 tensors (its default
     dtype) from a plan whose output is already i64, so nothing is converted in Python. Its
-    items are dicts of `input_ids` and `labels` (seq_len each, views of one batch)."""
+    items are dicts of `input_ids` and `labels` (seq_len each, views of one batch), through
+    torch's DataLoader or dquant.torch.DataLoader (`own_loader`, always with workers); with
+    `masks`, plus Megatron's position_ids and loss_mask (boundaries at the EOD token)."""
     torch = _torch()
     state: dict = {}
+    own_loader = own_loader or workers > 0
 
     def setup():
         import dquant.torch as dqt
 
-        ds = dqt.TokenDataset(dquant_plan(a, os.path.abspath(prefix.path), "i64"))
-        if workers:
-            state["dl"] = dqt.DataLoader(ds, num_workers=workers, persistent_workers=True)
+        plan = dquant_plan(a, os.path.abspath(prefix.path), "i64")
+        if masks:
+            plan.update(boundaries="eod", eod=a.eod, position_ids=True, loss_mask=True)
+        ds = dqt.TokenDataset(plan)
+        if own_loader:
+            kw = dict(persistent_workers=True) if workers else {}
+            state["dl"] = dqt.DataLoader(ds, num_workers=workers, **kw)
         else:
             state["dl"] = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
 
-    loader = "dquant.torch.DataLoader" if workers else "DataLoader"
+    loader = "dquant.torch.DataLoader" if own_loader else "DataLoader"
+    label = ", dquant DataLoader" if own_loader and not workers else ""
     return Loader(
-        name="dquant TokenDataset (i64" + (", 1 worker)" if workers else ")"),
-        kind="dquant",
+        name="dquant TokenDataset (i64"
+        + label
+        + (", 1 worker" if workers else "")
+        + ")"
+        + (" + position_ids, loss_mask" if masks else ""),
+        kind="masks" if masks else "dquant",
         group=f"w{workers}",
-        config=f"dquant.torch.TokenDataset(plan with output i64) + {loader}(batch_size=None, "
-        f"num_workers={workers})",
+        config=f"dquant.torch.TokenDataset(plan with output i64"
+        + (', boundaries "eod", position_ids, loss_mask' if masks else "")
+        + f") + {loader}(batch_size=None, num_workers={workers})",
         setup=setup,
         batches=lambda: state["dl"],
         **shifted_pair("input_ids"),
         cpu_pids=lambda: worker_pids(state.get("dl")),
+        outputs=touch_outputs if masks else None,
     )
 
 
@@ -860,7 +894,7 @@ def verify(ld: Loader, r: dict, ref: dict, exact: bool) -> None:
 
 
 # Rows whose setup may fail without failing the benchmark (reported as skipped).
-OPTIONAL = {"dquant-torch", "dquant-torch-w1"}
+OPTIONAL = {"dquant-torch", "dquant-torch-w1", "dquant-torch-dl", "dquant-torch-masks"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -897,9 +931,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--loaders",
         default="megatron,mds,litdata,dquant-local,dquant-local-i64,dquant-local-u16copy,"
-        "dquant-shm,dquant-torch,ceiling",
+        "dquant-shm,dquant-torch,dquant-torch-dl,megatron-masks,dquant-torch-masks,ceiling",
         help="comma list of: megatron, mds, litdata, dquant-local, dquant-local-i64, "
-        "dquant-local-u16copy, dquant-shm, dquant-torch, ceiling (default: all)",
+        "dquant-local-u16copy, dquant-shm, dquant-torch, dquant-torch-dl, megatron-masks, "
+        "dquant-torch-masks, ceiling (default: all)",
     )
     ap.add_argument(
         "--workers1",
@@ -955,6 +990,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "dquant-shm": lambda: dquant_shm(prefix, a, out_dtype),
         "dquant-torch": lambda: dquant_torch(prefix, a, 0),
+        "dquant-torch-dl": lambda: dquant_torch(prefix, a, 0, own_loader=True),
+        "megatron-masks": lambda: megatron_loader(prefix, a, ref, wd, 0, masks=True),
+        "dquant-torch-masks": lambda: dquant_torch(prefix, a, 0, own_loader=True, masks=True),
     }
     if a.workers1:
         factories.update(
@@ -977,12 +1015,13 @@ def main(argv: list[str] | None = None) -> int:
     # Table order: peers in one process, peers with a worker, dquant, the loop alone.
     loaders.sort(
         key=lambda ld: (
-            {"peer": 0, "dquant": 1, "ceiling": 2}[ld.kind],
+            {"peer": 0, "dquant": 1, "masks": 2, "ceiling": 3}[ld.kind],
             ld.group != "w0" and ld.kind == "peer",
         )
     )
     data_paths = {
         "megatron": [Path(prefix.path + ".bin"), Path(prefix.path + ".idx")],
+        "megatron-masks": [Path(prefix.path + ".bin"), Path(prefix.path + ".idx")],
         "mds": [wd / "mds"],
         "litdata": [wd / "litdata"],
         "dquant-local-u16copy": [
@@ -1192,6 +1231,22 @@ def render(res: dict) -> str:
                 f"{spread(r['vs_base'], lambda x: f'{x:.2f}')}) | "
                 f"{'✅' if ok else '❌'} |"
             )
+    by_key = {r["key"]: r for r in rows if not r["skipped"]}
+    pairs = [
+        ("dquant-torch-masks", "dquant-torch-dl", "≥ 0.80×"),
+        ("megatron-masks", "megatron", None),
+    ]
+    if any(k in by_key and plain in by_key for k, plain, _ in pairs):
+        lines += ["", "| boundary outputs | target | rate with them ÷ without | |", "|---|---|---|---|"]
+        for k, plain, target in pairs:
+            if k in by_key and plain in by_key:
+                r, q = by_key[k], by_key[plain]
+                x = r["rate_median"] / q["rate_median"]
+                mark = ("✅" if x >= 0.8 else "❌") if target else "(for comparison)"
+                lines.append(
+                    f"| {r['loader']} vs {q['loader']} | {target or '—'} | {x:.2f}× "
+                    f"(cost {1 - x:.0%} of the plain rate) | {mark} |"
+                )
     lines.append("")
     lines.append("Configurations:")
     for r in rows:

@@ -479,6 +479,25 @@ impl Batch {
         grid(py, d.loss_mask_vec(1.0f32, 0.0), d)
     }
 
+    /// `(loss_mask, position_ids)` in one call, each `None` unless `which` asks for it (bit 0:
+    /// loss_mask, bit 1: position_ids): what `TokenDataset` takes for every batch.
+    fn masks<'py>(
+        &self,
+        py: Python<'py>,
+        which: u8,
+    ) -> PyResult<(Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>)> {
+        let d = self.docs("masks")?;
+        let mask = match which & 1 {
+            0 => None,
+            _ => Some(grid(py, d.loss_mask_vec(1.0f32, 0.0), d)?),
+        };
+        let pos = match which & 2 {
+            0 => None,
+            _ => Some(grid(py, d.position_ids_vec::<i64>(), d)?),
+        };
+        Ok((mask, pos))
+    }
+
     /// `(cu_seqlens, max_seqlen)`: int32 offsets of each document segment of the batch's
     /// inputs laid end to end (`samples × seq_len` tokens; a segment never spans two
     /// samples), and the longest segment, for variable-length attention kernels.

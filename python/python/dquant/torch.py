@@ -131,6 +131,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
         self._outputs = tuple(
             k for k in ("position_ids", "loss_mask", "cu_seqlens") if self.plan.get(k)
         )
+        # Which of loss_mask (1) and position_ids (2) one call to the batch builds.
+        self._masks = ("loss_mask" in self._outputs) | 2 * ("position_ids" in self._outputs)
         dist = _distributed()
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
@@ -245,10 +247,12 @@ class TokenDataset(torch.utils.data.IterableDataset):
         inputs, labels = batch.inputs_and_labels()  # views of the batch's memory
         item = {self._inputs: torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
         if self._outputs:
-            if "loss_mask" in self._outputs:
-                item["loss_mask"] = torch.from_numpy(batch.loss_mask())
-            if "position_ids" in self._outputs:
-                item["position_ids"] = torch.from_numpy(batch.position_ids())
+            if self._masks:
+                mask, pos = batch.masks(self._masks)
+                if mask is not None:
+                    item["loss_mask"] = torch.from_numpy(mask)
+                if pos is not None:
+                    item["position_ids"] = torch.from_numpy(pos)
             if "cu_seqlens" in self._outputs:
                 cu, longest = batch.cu_seqlens()
                 item["cu_seqlens"] = torch.from_numpy(cu)
