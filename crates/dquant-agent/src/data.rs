@@ -198,7 +198,7 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     let result = match work {
         w @ Work::Plan { .. } => {
             let prefetch = shared.config.prefetch_frames;
-            let meter = shared.metrics.meter(&owner);
+            let meter = shared.metrics.plan_meter(&owner, &w);
             stream_plan(w, conn, prefetch, cancel, &shared.draining, meter)
         }
         w @ Work::Source { .. } => {

@@ -183,7 +183,7 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
             "session streaming"
         );
     }
-    let meter = shared.metrics.meter(&owner);
+    let meter = shared.metrics.plan_meter(&owner, &work);
     let result = stream_ring(work, sink, &cancel, &shared.draining, meter);
     shared.sessions.finish(id);
     log_end(shared, id, "plan", "shm", started, result);

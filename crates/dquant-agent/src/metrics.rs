@@ -13,10 +13,14 @@
 //! | `dquant_batches_total`, `dquant_tokens_total`, `dquant_bytes_total` | counter | `tenant` |
 //! | `dquant_session_ends_total` | counter | `how`: `finished`, `failed`, `stopped`, `drained` |
 //! | `dquant_refusals_total` | counter | `reason` |
+//! | `dquant_source_samples_total` | counter | `tenant`, `dataset` (the plan's source URI) |
+//! | `dquant_source_samples_per_epoch` | gauge | `dataset`: `samples_total / samples_per_epoch` is epochs |
 
 use std::net::SocketAddr;
 
 use metrics::{Counter, Gauge, Key, Label, Level, Metadata, Recorder};
+
+use crate::sessions::Work;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 static METADATA: Metadata<'static> =
@@ -88,7 +92,34 @@ impl Metrics {
             batches: self.counter("dquant_batches_total", t()),
             tokens: self.counter("dquant_tokens_total", t()),
             bytes: self.counter("dquant_bytes_total", t()),
+            sources: Vec::new(),
+            drawn: Vec::new(),
         }
+    }
+
+    /// The counters of a plan session (`work`): its tenant's, and one per source of its plan,
+    /// so a dashboard shows how many epochs of each dataset went out.
+    pub fn plan_meter(&self, tenant: &str, work: &Work) -> Meter {
+        let sources: Vec<(String, u64)> = match work {
+            Work::Plan { pipeline, .. } => {
+                let s = pipeline.schedule();
+                let uris = pipeline.uris().iter().cloned();
+                uris.zip((0..s.sources()).map(|d| s.samples_per_epoch(d)))
+                    .collect()
+            }
+            Work::Source { .. } => Vec::new(),
+        };
+        let mut m = self.meter(tenant);
+        for (uri, per_epoch) in &sources {
+            let dataset = || Label::new("dataset", uri.clone());
+            self.gauge("dquant_source_samples_per_epoch", vec![dataset()])
+                .set(*per_epoch as f64);
+            let labels = vec![Label::new("tenant", tenant.to_string()), dataset()];
+            m.sources
+                .push(self.counter("dquant_source_samples_total", labels));
+        }
+        m.drawn = vec![0; sources.len()];
+        m
     }
 
     /// A session ended: `how` is `finished`, `failed`, `stopped` or `drained`.
@@ -109,6 +140,10 @@ pub(crate) struct Meter {
     batches: Counter,
     tokens: Counter,
     bytes: Counter,
+    /// Per source of a plan session: samples taken.
+    sources: Vec<Counter>,
+    /// What `sources` counted so far.
+    drawn: Vec<u64>,
 }
 
 impl Meter {
@@ -118,6 +153,8 @@ impl Meter {
             batches: Counter::noop(),
             tokens: Counter::noop(),
             bytes: Counter::noop(),
+            sources: Vec::new(),
+            drawn: Vec::new(),
         }
     }
 
@@ -126,5 +163,13 @@ impl Meter {
         self.batches.increment(batches);
         self.tokens.increment(tokens);
         self.bytes.increment(bytes);
+    }
+
+    /// The stream has now taken `drawn[d]` samples from source `d`: counts what is new.
+    pub fn drawn(&mut self, drawn: &[u64]) {
+        for ((c, seen), &now) in self.sources.iter().zip(&mut self.drawn).zip(drawn) {
+            c.increment(now.saturating_sub(*seen));
+            *seen = now;
+        }
     }
 }

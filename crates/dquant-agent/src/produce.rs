@@ -300,6 +300,7 @@ pub(crate) fn run(
         match step {
             Ok((Step::Batch { tokens, bytes }, ())) => {
                 producer.meter.add(1, tokens, bytes);
+                producer.meter.drawn(producer.pipeline.drawn());
                 stats.records += 1;
                 stats.tokens += tokens;
                 stats.wire_bytes += bytes;

@@ -121,6 +121,21 @@ fn metrics_count_what_was_streamed_and_what_was_refused() {
         value(&page, "dquant_tokens_total{tenant=\"team-a\"}"),
         tokens
     );
+    // Per source: every sample of one epoch of corpus/r50k, and its epoch size beside it.
+    let samples = sizes.iter().sum::<usize>() as f64;
+    let ds = "dataset=\"corpus/r50k\"";
+    assert_eq!(
+        value(
+            &page,
+            &format!("dquant_source_samples_total{{tenant=\"team-a\",{ds}}}")
+        ),
+        samples,
+        "{page}"
+    );
+    assert_eq!(
+        value(&page, &format!("dquant_source_samples_per_epoch{{{ds}}}")),
+        samples
+    );
     // Wire bytes: each record's header and its payload in the narrowest width (`auto`).
     let wire = value(&page, "dquant_bytes_total{tenant=\"team-a\"}");
     let headers = 48.0 * sizes.len() as f64;

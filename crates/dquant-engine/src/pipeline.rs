@@ -61,6 +61,8 @@ pub struct Pipeline {
     seq_len: u32,
     /// Bytes a batch record's trailer may take ([`Plan::trailer_bound`]).
     trailer_bound: usize,
+    /// Samples this stream has taken from each source since it opened.
+    drawn: Vec<u64>,
 }
 
 impl TokenBatch<'_> {
@@ -150,6 +152,7 @@ impl Pipeline {
             docs: DocStarts::new(plan.seq_len),
             seq_len: plan.seq_len,
             trailer_bound: usize::try_from(plan.trailer_bound()).unwrap_or(usize::MAX),
+            drawn: vec![0; n],
         })
     }
 
@@ -194,6 +197,17 @@ impl Pipeline {
             .unwrap_or(0)
     }
 
+    /// Samples this stream has taken from each source since it opened (batches made, in
+    /// plan order): what an agent's per-source metrics count.
+    pub fn drawn(&self) -> &[u64] {
+        &self.drawn
+    }
+
+    /// The plan's source URIs, as the plan spelled them.
+    pub fn uris(&self) -> &[String] {
+        &self.uris
+    }
+
     /// The plan's source URI `d`, as the plan spelled it (for error messages).
     pub fn uri(&self, d: usize) -> &str {
         &self.uris[d]
@@ -220,6 +234,7 @@ impl Pipeline {
             let Some(b) = self.iter.next_batch() else {
                 return Ok(None);
             };
+            count_drawn(&mut self.drawn, &b.samples);
             let need = b.samples.len() * l * bw;
             if out.len() < need {
                 return Err(EngineError::Usage(format!(
@@ -292,6 +307,7 @@ impl Pipeline {
         let Some(b) = self.iter.next_batch() else {
             return Ok(None);
         };
+        count_drawn(&mut self.drawn, &b.samples);
         let l = self.sample_len;
         self.provenance.clear();
         for d in 0..self.sources.len() {
@@ -383,6 +399,12 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+}
+
+fn count_drawn(drawn: &mut [u64], samples: &[SampleRef]) {
+    for s in samples {
+        drawn[s.source] += 1;
     }
 }
 
