@@ -481,11 +481,7 @@ impl Batch {
 
     /// `(loss_mask, position_ids)` in one call, each `None` unless `which` asks for it (bit 0:
     /// loss_mask, bit 1: position_ids): what `TokenDataset` takes for every batch.
-    fn masks<'py>(
-        &self,
-        py: Python<'py>,
-        which: u8,
-    ) -> PyResult<(Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>)> {
+    fn masks<'py>(&self, py: Python<'py>, which: u8) -> PyResult<Masks<'py>> {
         let d = self.docs("masks")?;
         let mask = match which & 1 {
             0 => None,
@@ -523,6 +519,9 @@ impl Batch {
         )
     }
 }
+
+/// `(loss_mask, position_ids)`, each when asked for.
+type Masks<'py> = (Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>);
 
 impl Batch {
     fn docs(&self, what: &str) -> PyResult<&DocStarts> {

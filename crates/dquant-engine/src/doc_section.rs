@@ -124,7 +124,7 @@ pub fn decode(
                 let bits = &body[k * row..(k + 1) * row];
                 if bits
                     .last()
-                    .is_some_and(|&x| seq_len % 8 != 0 && x >> (seq_len % 8) != 0)
+                    .is_some_and(|&x| !seq_len.is_multiple_of(8) && x >> (seq_len % 8) != 0)
                 {
                     return Err(bad(format!("sample {k} marks a start past {seq_len}")));
                 }

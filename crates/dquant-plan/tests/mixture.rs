@@ -124,7 +124,7 @@ fn cursors_resume_exactly_across_stage_boundaries() {
                     whole[taken..],
                     "{interpolate:?} rank {rank} at {c:?}"
                 );
-                if c.consumed_samples % 200 == 0 {
+                if c.consumed_samples.is_multiple_of(200) {
                     // Without counts the blend is replayed across the stages: the same rest.
                     let plain = Cursor::new(c.epoch, c.consumed_samples);
                     let replayed: Vec<SampleRef> = s.iter_rank(plain).unwrap().collect();
@@ -160,7 +160,7 @@ fn a_schedule_changed_after_the_cursor_continues_without_loss_or_repeats() {
     assert_eq!(cursor.consumed_samples, 1_700);
 
     let q = changed_after(&p, 2_000);
-    let said = check_plan_change(&p, &q, &infos(&TOKENS), &[cursor.clone()]).unwrap();
+    let said = check_plan_change(&p, &q, &infos(&TOKENS), std::slice::from_ref(&cursor)).unwrap();
     assert_eq!(
         said,
         "accepted: the mixture changes from sample 2000 on (stage starts [1000, 2000], were \
