@@ -73,16 +73,14 @@ pub struct Blender {
 }
 
 impl PartialEq for Blender {
-    /// Equal blenders draw the same stream: same weights, same state (the tournament is a
-    /// cache of it).
+    /// Equal blenders draw the same stream: same weights, mixture and limits, same state (the
+    /// tournament is a cache of it, the segment and the exhausted count follow from the
+    /// position and counts).
     fn eq(&self, other: &Self) -> bool {
-        (&self.weights, &self.counts, self.position, &self.mixture)
-            == (
-                &other.weights,
-                &other.counts,
-                other.position,
-                &other.mixture,
-            )
+        fn state(b: &Blender) -> impl PartialEq + '_ {
+            (&b.weights, &b.counts, b.position, &b.mixture, &b.limits)
+        }
+        state(self) == state(other)
     }
 }
 
@@ -112,16 +110,7 @@ impl Blender {
                 format!("is out of proportion to the others (normalized to {w})"),
             ));
         }
-        Ok(Blender {
-            counts: vec![0; weights.len()],
-            tournament: (weights.len() >= TOURNAMENT_FROM).then(|| Tournament::new(weights.len())),
-            weights,
-            position: 0,
-            mixture: None,
-            segment: 0,
-            limits: None,
-            exhausted: 0,
-        })
+        Ok(Self::with_mixture(Mixture::constant(weights)))
     }
 
     /// A blender at sample 0 whose weights follow `mixture` (a constant one is
@@ -175,10 +164,7 @@ impl Blender {
     /// sources, the lowest index on ties.
     fn pick_renormalized(&self, max: &[u64]) -> usize {
         let i = self.position.max(1);
-        let owed = |d: usize| match &self.mixture {
-            Some(m) => m.target(self.segment, d, i),
-            None => self.weights[d] * i as f64,
-        };
+        let owed = |d: usize| self.target_at(d, i, self.segment);
         let live = |d: &usize| self.counts[*d] < max[*d];
         let n = self.counts.len();
         let surplus: f64 = (0..n)
@@ -203,12 +189,12 @@ impl Blender {
         best.map_or(0, |(d, _)| d)
     }
 
-    /// Source `d`'s target at the current position: what it is owed (`w_d * position`
-    /// without stages).
-    fn target(&self, d: usize) -> f64 {
+    /// Source `d`'s target at sample `i`, which lies in the mixture's `segment`: what it is
+    /// owed (`w_d * i` without stages).
+    fn target_at(&self, d: usize, i: u64, segment: usize) -> f64 {
         match &self.mixture {
-            Some(m) => m.target(self.segment, d, self.position),
-            None => self.weights[d] * self.position as f64,
+            Some(m) => m.target(segment, d, i),
+            None => self.weights[d] * i as f64,
         }
     }
 
@@ -260,9 +246,7 @@ impl Blender {
         let i = position as f64;
         // Generous slack for the rounding of `w_d * i` in f64 (a relative 2^-52).
         let slack = 1.0 + i * 1e-12;
-        let mut at = self.clone();
-        at.position = position;
-        at.segment = self.mixture.as_ref().map_or(0, |m| m.segment_at(position));
+        let segment = self.mixture.as_ref().map_or(0, |m| m.segment_at(position));
         if let Some(max) = &self.limits {
             if let Some(d) = (0..n).find(|&d| counts[d] > max[d]) {
                 return Err(PlanError::Cursor(format!(
@@ -278,7 +262,7 @@ impl Blender {
             .as_ref()
             .is_some_and(|max| (0..n).any(|d| counts[d] >= max[d]));
         for (d, &c) in counts.iter().enumerate().filter(|_| !renormalized) {
-            let share = at.target(d);
+            let share = self.target_at(d, position, segment);
             let err = share - c as f64;
             if err < -1.0 - slack || err > n as f64 - 1.0 + slack {
                 return Err(PlanError::Cursor(format!(
@@ -289,7 +273,7 @@ impl Blender {
         }
         self.counts.copy_from_slice(counts);
         self.position = position;
-        self.segment = at.segment;
+        self.segment = segment;
         self.exhausted = self.count_exhausted();
         if let Some(t) = &mut self.tournament {
             t.forget();

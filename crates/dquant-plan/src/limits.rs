@@ -60,11 +60,6 @@ impl Limits {
         }))
     }
 
-    /// Source `d`'s limit (`u64::MAX`: none).
-    pub fn max(&self, d: usize) -> u64 {
-        self.max[d]
-    }
-
     /// All limits, by source.
     pub fn all(&self) -> &[u64] {
         &self.max

@@ -48,10 +48,8 @@ impl Segment {
     /// Source `d`'s target at sample `i` (in this segment).
     #[inline]
     fn target(&self, d: usize, i: u64) -> f64 {
-        if self.start == 0 && self.from == self.to {
-            // Megatron's own expression, `w_d * max(i, 1)`.
-            return self.from[d] * (i as f64).max(1.0);
-        }
+        // From sample 0 Megatron's `max(i, 1)`: the first segment's constant target is
+        // `0.0 + w_d * max(i, 1)`, Megatron's own value.
         let dx = if self.start == 0 {
             (i as f64).max(1.0)
         } else {
@@ -132,11 +130,6 @@ impl Mixture {
     /// Whether the weights never change (no stages).
     pub fn is_constant(&self) -> bool {
         self.segments.len() == 1
-    }
-
-    /// Sources it weighs.
-    pub fn sources(&self) -> usize {
-        self.segments[0].from.len()
     }
 
     /// The weights from sample 0, normalized.

@@ -119,23 +119,17 @@ impl Schedule {
                 })?
             }
         };
-        let mut blender = if plan.stages.is_empty() {
-            let weights: Vec<f64> = plan.sources.iter().map(|s| s.weight).collect();
-            Blender::new(&weights)?
-        } else {
-            Blender::with_mixture(Mixture::resolve(plan, total)?)
-        };
+        // The weights were checked by `validate`; without stages the mixture is constant.
+        let mixture = Mixture::resolve(plan, total)?;
         let limits = Limits::of(plan, &per_epoch)?;
         let total = match &limits {
-            Some(l) => {
-                let cut = l.total(&blender.mixture(), total)?;
-                if l.renormalizes() {
-                    blender = blender.renormalizing(l.all().to_vec());
-                }
-                cut
-            }
+            Some(l) => l.total(&mixture, total)?,
             None => total,
         };
+        let mut blender = Blender::with_mixture(mixture);
+        if let Some(l) = limits.filter(|l| l.renormalizes()) {
+            blender = blender.renormalizing(l.all().to_vec());
+        }
         let (rank, world, batch_size) = (
             u64::from(plan.rank),
             u64::from(plan.world),
