@@ -135,8 +135,7 @@ fn open_reader(
     offload: bool,
     cursor_json: &str,
 ) -> PyResult<Reader> {
-    let plan = dquant_plan::Plan::from_json(plan_json)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let plan = plan_from_json(plan_json)?;
     let cursor = if cursor_json.is_empty() {
         Cursor::START
     } else {
@@ -172,16 +171,26 @@ fn cursor_dict<'py>(py: Python<'py>, c: &Cursor) -> PyResult<Bound<'py, PyDict>>
 /// nothing repeated (dquant-plan's `merge_cursors`).
 #[pyfunction]
 fn merge_cursors_json(cursors_json: Vec<String>) -> PyResult<String> {
-    let cursors = cursors_json
+    let cursors = cursors_from_json(&cursors_json)?;
+    dquant_plan::merge_cursors(&cursors)
+        .map(|c| c.to_json())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// A plan from JSON; a bad one is a ValueError with the plan's message.
+fn plan_from_json(text: &str) -> PyResult<dquant_plan::Plan> {
+    dquant_plan::Plan::from_json(text).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Cursors from JSON, `texts[r]` being `cursors[r]` in the message of a bad one.
+fn cursors_from_json(texts: &[String]) -> PyResult<Vec<Cursor>> {
+    texts
         .iter()
         .enumerate()
         .map(|(r, t)| {
             Cursor::from_json(t).map_err(|e| PyValueError::new_err(format!("cursors[{r}]: {e}")))
         })
-        .collect::<PyResult<Vec<Cursor>>>()?;
-    dquant_plan::merge_cursors(&cursors)
-        .map(|c| c.to_json())
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+        .collect()
 }
 
 /// Whether the cursors (as JSON) saved while running `saved_json` may continue under
@@ -196,13 +205,8 @@ fn check_plan_change(
     cursors_json: Vec<String>,
     agent: &str,
 ) -> PyResult<String> {
-    let plan =
-        |t: &str| dquant_plan::Plan::from_json(t).map_err(|e| PyValueError::new_err(e.to_string()));
-    let (saved, new) = (plan(saved_json)?, plan(new_json)?);
-    let cursors = cursors_json
-        .iter()
-        .map(|t| Cursor::from_json(t).map_err(|e| PyValueError::new_err(e.to_string())))
-        .collect::<PyResult<Vec<Cursor>>>()?;
+    let (saved, new) = (plan_from_json(saved_json)?, plan_from_json(new_json)?);
+    let cursors = cursors_from_json(&cursors_json)?;
     py.detach(|| dquant_client::check_plan_change(agent, &saved, &new, &cursors))
         .map_err(to_py)
 }
@@ -436,20 +440,10 @@ impl Batch {
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let b = &slf.get().batch;
         let (rows, l) = (b.samples, b.sample_len);
-        let n = rows * l;
         Ok(match b.tokens() {
-            Tokens::U16(t) => (
-                shifted(&t[..n], rows, l, 0, slf)?,
-                shifted(&t[..n], rows, l, 1, slf)?,
-            ),
-            Tokens::I32(t) => (
-                shifted(&t[..n], rows, l, 0, slf)?,
-                shifted(&t[..n], rows, l, 1, slf)?,
-            ),
-            Tokens::I64(t) => (
-                shifted(&t[..n], rows, l, 0, slf)?,
-                shifted(&t[..n], rows, l, 1, slf)?,
-            ),
+            Tokens::U16(t) => shifted_pair(t, rows, l, slf)?,
+            Tokens::I32(t) => shifted_pair(t, rows, l, slf)?,
+            Tokens::I64(t) => shifted_pair(t, rows, l, slf)?,
         })
     }
 
@@ -469,14 +463,14 @@ impl Batch {
     /// (Megatron's `reset_position_ids`).
     fn position_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let d = self.docs("position_ids")?;
-        grid(py, d.position_ids_vec::<i64>(), d)
+        grid(py, d.position_ids::<i64>(), d)
     }
 
     /// `loss_mask`, float32 of shape `(samples, seq_len)`: 0 where the target is another
     /// document's first token (Megatron's `eod_mask_loss`), else 1.
     fn loss_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let d = self.docs("loss_mask")?;
-        grid(py, d.loss_mask_vec(1.0f32, 0.0), d)
+        grid(py, d.loss_mask(1.0f32, 0.0), d)
     }
 
     /// `(loss_mask, position_ids)` in one call, each `None` unless `which` asks for it (bit 0:
@@ -485,11 +479,11 @@ impl Batch {
         let d = self.docs("masks")?;
         let mask = match which & 1 {
             0 => None,
-            _ => Some(grid(py, d.loss_mask_vec(1.0f32, 0.0), d)?),
+            _ => Some(grid(py, d.loss_mask(1.0f32, 0.0), d)?),
         };
         let pos = match which & 2 {
             0 => None,
-            _ => Some(grid(py, d.position_ids_vec::<i64>(), d)?),
+            _ => Some(grid(py, d.position_ids::<i64>(), d)?),
         };
         Ok((mask, pos))
     }
@@ -541,42 +535,50 @@ fn grid<'py, T: Element>(py: Python<'py>, v: Vec<T>, d: &DocStarts) -> PyResult<
     Ok(a.into_pyarray(py).into_any())
 }
 
-/// The `(rows, l - 1)` view of `tokens` (rows of `l`) that starts `skip` tokens into each row,
-/// with `owner` as its base.
-fn shifted<'py, T: Element>(
+/// A `(samples, sample_len)` array over `owner`'s memory, with `owner` as its base.
+fn array_of<'py>(owner: &Bound<'py, Batch>) -> PyResult<Bound<'py, PyAny>> {
+    let b = &owner.get().batch;
+    let (rows, l) = (b.samples, b.sample_len);
+    Ok(match b.tokens() {
+        Tokens::U16(t) => view(t, rows, l, l, 0, owner)?,
+        Tokens::I32(t) => view(t, rows, l, l, 0, owner)?,
+        Tokens::I64(t) => view(t, rows, l, l, 0, owner)?,
+    })
+}
+
+/// The inputs and the labels of `rows` samples of `l` tokens: their first and last `l - 1`
+/// tokens, as views with `owner` as their base.
+fn shifted_pair<'py, T: Element>(
     tokens: &[T],
     rows: usize,
     l: usize,
+    owner: &Bound<'py, Batch>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let cols = l.saturating_sub(1);
+    Ok((
+        view(tokens, rows, l, cols, 0, owner)?,
+        view(tokens, rows, l, cols, 1, owner)?,
+    ))
+}
+
+/// The `(rows, cols)` view of `tokens`, rows of `row_len` back to back, that starts `skip`
+/// tokens into each row, with `owner` as its base: the whole batch (`cols = row_len`), or its
+/// inputs or labels (`cols = row_len - 1`, `skip` 0 or 1).
+fn view<'py, T: Element>(
+    tokens: &[T],
+    rows: usize,
+    row_len: usize,
+    cols: usize,
     skip: usize,
     owner: &Bound<'py, Batch>,
 ) -> PyResult<Bound<'py, PyAny>> {
     use numpy::ndarray::ShapeBuilder;
-    let shape = (rows, l.saturating_sub(1)).strides((l, 1));
-    let v = ArrayView2::from_shape(shape, tokens.get(skip..).unwrap_or(&[]))
-        .map_err(|e| PyRuntimeError::new_err(format!("batch view ({rows}, {l}): {e}")))?;
-    // SAFETY: as in `view`: `owner` becomes the array's base and owns the memory.
-    let arr = unsafe { PyArray2::<T>::borrow_from_array(&v, owner.clone().into_any()) };
-    Ok(arr.into_any())
-}
-
-/// A `(samples, sample_len)` array over `owner`'s memory, with `owner` as its base.
-fn array_of<'py>(owner: &Bound<'py, Batch>) -> PyResult<Bound<'py, PyAny>> {
-    let b = &owner.get().batch;
-    let shape = (b.samples, b.sample_len);
-    Ok(match b.tokens() {
-        Tokens::U16(t) => view(t, shape, owner)?,
-        Tokens::I32(t) => view(t, shape, owner)?,
-        Tokens::I64(t) => view(t, shape, owner)?,
-    })
-}
-
-fn view<'py, T: Element>(
-    tokens: &[T],
-    shape: (usize, usize),
-    owner: &Bound<'py, Batch>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let v = ArrayView2::from_shape(shape, tokens)
-        .map_err(|e| PyRuntimeError::new_err(format!("batch shape {shape:?}: {e}")))?;
+    let shape = (rows, cols).strides((row_len, 1));
+    let v = ArrayView2::from_shape(shape, tokens.get(skip..).unwrap_or(&[])).map_err(|e| {
+        PyRuntimeError::new_err(format!(
+            "batch view ({rows}, {cols}) of rows of {row_len}: {e}"
+        ))
+    })?;
     // SAFETY: `owner` becomes the array's base and owns the memory `v` views: an
     // `OwnedBatch`, whose tokens neither move nor change while it lives (a ring slot pinned
     // or detached in place, or a heap buffer that is only given back on drop).

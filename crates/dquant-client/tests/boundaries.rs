@@ -206,9 +206,8 @@ fn expansions_match_the_starts() {
     while let Some(b) = r.next_batch().unwrap() {
         let d = b.docs.unwrap();
         let n = d.positions();
-        let (mut pos, mut mask) = (vec![0i64; n], vec![0f32; n]);
-        d.position_ids(&mut pos);
-        d.loss_mask(&mut mask, 1.0, 0.0);
+        let (pos, mask) = (d.position_ids::<i64>(), d.loss_mask(1.0f32, 0.0));
+        assert_eq!((pos.len(), mask.len()), (n, n));
         let dquant_client::Tokens::I32(t) = b.tokens else {
             panic!("i32 output")
         };

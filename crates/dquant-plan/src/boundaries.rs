@@ -92,8 +92,7 @@ impl DocStarts {
     /// through [`DocStarts::from_parts`]).
     pub fn push_sample(&mut self, starts: impl IntoIterator<Item = u32>) {
         self.starts.extend(starts);
-        debug_assert!(self.valid_tail());
-        self.offsets.push(self.starts.len() as u32);
+        self.end_sample();
     }
 
     /// Adds a start to the sample being built (ascending, within `1..=seq_len`); finish the
@@ -192,30 +191,9 @@ impl DocStarts {
         self.samples() * self.seq_len as usize
     }
 
-    /// Writes `position_ids` (`samples × seq_len`, row-major), restarting at 0 at each
-    /// document start.
-    ///
-    /// # Panics
-    /// If `out` is not [`positions`](DocStarts::positions) long.
-    pub fn position_ids<T: From<u32>>(&self, out: &mut [T]) {
-        let l = self.seq_len as usize;
-        assert_eq!(out.len(), self.positions(), "position_ids: wrong length");
-        for (k, row) in out.chunks_exact_mut(l.max(1)).enumerate() {
-            // Each document's run counts from 0: one tight loop per run.
-            let mut at = 0;
-            let ends = self.sample(k).iter().map(|&b| (b as usize).min(l));
-            for end in ends.chain(std::iter::once(l)) {
-                for (j, p) in row[at..end].iter_mut().enumerate() {
-                    *p = T::from(j as u32);
-                }
-                at = end;
-            }
-        }
-    }
-
-    /// [`position_ids`](DocStarts::position_ids) as a new vector (built as it is filled, with
-    /// no zeroing pass).
-    pub fn position_ids_vec<T: From<u32>>(&self) -> Vec<T> {
+    /// `position_ids` (`samples × seq_len`, row-major), restarting at 0 at each document start:
+    /// one counting run per document, built as it is filled (no zeroing pass).
+    pub fn position_ids<T: From<u32>>(&self) -> Vec<T> {
         let l = self.seq_len as usize;
         let mut v = Vec::with_capacity(self.positions());
         for k in 0..self.samples() {
@@ -229,25 +207,10 @@ impl DocStarts {
         v
     }
 
-    /// Writes `loss_mask` (`samples × seq_len`, row-major): `zero` where the target is the
-    /// first token of another document, `one` elsewhere.
-    ///
-    /// # Panics
-    /// If `out` is not [`positions`](DocStarts::positions) long.
-    pub fn loss_mask<T: Copy>(&self, out: &mut [T], one: T, zero: T) {
-        let l = self.seq_len as usize;
-        assert_eq!(out.len(), self.positions(), "loss_mask: wrong length");
-        out.fill(one);
-        for k in 0..self.samples() {
-            for &b in self.sample(k) {
-                out[k * l + b as usize - 1] = zero;
-            }
-        }
-    }
-
-    /// [`loss_mask`](DocStarts::loss_mask) as a new vector (filled with `one` as it is made,
-    /// then the zeros set).
-    pub fn loss_mask_vec<T: Copy>(&self, one: T, zero: T) -> Vec<T> {
+    /// `loss_mask` (`samples × seq_len`, row-major): `zero` where the target is the first token
+    /// of another document, `one` elsewhere (filled with `one` as it is made, then the zeros
+    /// set).
+    pub fn loss_mask<T: Copy>(&self, one: T, zero: T) -> Vec<T> {
         let l = self.seq_len as usize;
         let mut v = vec![one; self.positions()];
         for k in 0..self.samples() {
@@ -315,14 +278,14 @@ mod tests {
         // Megatron: tokens [5, 1, 9, 1, 1, 3] with EOD 1 give loss_mask [1,0,1,0,0,1]
         // and position_ids [0,1,0,1,0,0].
         let d = starts(6, &[&[2, 4, 5], &[]]);
-        let mut pos = vec![0i64; 12];
-        d.position_ids(&mut pos);
-        assert_eq!(pos, [0, 1, 0, 1, 0, 0, 0, 1, 2, 3, 4, 5]);
-        assert_eq!(d.position_ids_vec::<i64>(), pos);
-        let mut mask = vec![0f32; 12];
-        d.loss_mask(&mut mask, 1.0, 0.0);
-        assert_eq!(mask, [1., 0., 1., 0., 0., 1., 1., 1., 1., 1., 1., 1.]);
-        assert_eq!(d.loss_mask_vec(1.0, 0.0), mask);
+        assert_eq!(
+            d.position_ids::<i64>(),
+            [0, 1, 0, 1, 0, 0, 0, 1, 2, 3, 4, 5]
+        );
+        assert_eq!(
+            d.loss_mask(1.0f32, 0.0),
+            [1., 0., 1., 0., 0., 1., 1., 1., 1., 1., 1., 1.]
+        );
         let mut cu = Vec::new();
         assert_eq!(d.cu_seqlens(&mut cu), 6);
         assert_eq!(cu, [0, 2, 4, 5, 6, 12]);
@@ -331,12 +294,8 @@ mod tests {
     #[test]
     fn a_start_at_seq_len_masks_the_last_target_only() {
         let d = starts(4, &[&[4], &[1]]);
-        let mut pos = vec![0u32; 8];
-        d.position_ids(&mut pos);
-        assert_eq!(pos, [0, 1, 2, 3, 0, 0, 1, 2]);
-        let mut mask = vec![9u8; 8];
-        d.loss_mask(&mut mask, 1, 0);
-        assert_eq!(mask, [1, 1, 1, 0, 0, 1, 1, 1]);
+        assert_eq!(d.position_ids::<u32>(), [0, 1, 2, 3, 0, 0, 1, 2]);
+        assert_eq!(d.loss_mask(1u8, 0), [1, 1, 1, 0, 0, 1, 1, 1]);
         let mut cu = Vec::new();
         assert_eq!(d.cu_seqlens(&mut cu), 4);
         assert_eq!(cu, [0, 4, 5, 8]);
