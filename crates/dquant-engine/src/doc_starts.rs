@@ -9,9 +9,15 @@ use crate::batch_reads::source_error;
 use crate::source::{SourceError, TokenSource};
 use crate::EngineError;
 
+/// A plan's boundary rule, and the starts it found in the last batch.
+pub(crate) struct DocFinder {
+    rule: Finder,
+    docs: DocStarts,
+}
+
 /// How a plan's boundaries are found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Finder {
+enum Finder {
     /// Input positions holding this token end a document.
     Eod(u32),
     /// The sources' document indices.
@@ -28,24 +34,33 @@ pub(crate) enum BatchTokens<'a> {
     },
 }
 
-impl Finder {
+impl DocFinder {
     /// The plan's finder, or `None` when it has no boundaries.
     pub fn of(plan: &Plan) -> Option<Self> {
-        match (plan.boundaries?, plan.eod) {
-            (Boundaries::Eod, Some(eod)) => Some(Finder::Eod(eod)),
+        let rule = match (plan.boundaries?, plan.eod) {
+            (Boundaries::Eod, Some(eod)) => Finder::Eod(eod),
             // A validated plan has `eod` with "eod".
-            (Boundaries::Eod, None) | (Boundaries::Documents, _) => Some(Finder::Documents),
-        }
+            (Boundaries::Eod, None) | (Boundaries::Documents, _) => Finder::Documents,
+        };
+        Some(DocFinder {
+            rule,
+            docs: DocStarts::new(plan.seq_len),
+        })
+    }
+
+    /// The starts of the last batch [`fill`](DocFinder::fill) was given.
+    pub fn docs(&self) -> &DocStarts {
+        &self.docs
     }
 
     /// Checks at open that every source can answer: with `"documents"`, each must carry its
     /// document index, and it must read (it is read now, once, not in the first batch).
     pub fn check(
-        self,
+        &self,
         sources: &[Box<dyn TokenSource>],
         uris: &[String],
     ) -> Result<(), EngineError> {
-        if self != Finder::Documents {
+        if self.rule != Finder::Documents {
             return Ok(());
         }
         for (d, s) in sources.iter().enumerate() {
@@ -63,20 +78,20 @@ impl Finder {
         Ok(())
     }
 
-    /// Fills `out` with the starts of `samples`, whose tokens (`seq_len + 1` each, row-major)
-    /// are `tokens`.
+    /// Finds the starts of `samples`, whose tokens (`seq_len + 1` each, row-major) are
+    /// `tokens`, in place of the last batch's.
     pub fn fill(
-        self,
-        out: &mut DocStarts,
-        seq_len: u32,
+        &mut self,
         samples: &[SampleRef],
         tokens: BatchTokens<'_>,
         sources: &[Box<dyn TokenSource>],
         uris: &[String],
     ) -> Result<(), EngineError> {
+        let out = &mut self.docs;
+        let seq_len = out.seq_len();
         out.clear(seq_len);
         let (l, n) = (seq_len as usize + 1, seq_len as usize);
-        match (self, tokens) {
+        match (self.rule, tokens) {
             (Finder::Eod(eod), BatchTokens::U32(t)) => {
                 for row in t.chunks_exact(l).take(samples.len()) {
                     eod_positions(&row[..n], eod, |i| out.push_start(i + 1));

@@ -12,7 +12,7 @@ use dquant_codec::Width;
 use dquant_plan::{Cursor, DocStarts, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo};
 
 use crate::batch_reads::{self, source_error};
-use crate::doc_starts::{BatchTokens, Finder};
+use crate::doc_starts::{BatchTokens, DocFinder};
 use crate::fit::check_fits;
 use crate::source::{SourceError, TokenSource};
 use crate::worker_pool::WorkerPool;
@@ -53,12 +53,8 @@ pub struct Pipeline {
     stored: Option<Width>,
     /// Reads a batch on several threads, when set ([`Pipeline::set_worker_pool`]).
     pool: Option<Arc<WorkerPool>>,
-    /// How the plan's document boundaries are found, when it has them.
-    finder: Option<Finder>,
-    /// The last batch's document starts.
-    docs: DocStarts,
-    /// The plan's `seq_len`.
-    seq_len: u32,
+    /// How the plan's document boundaries are found, and the last batch's, when it has them.
+    docs: Option<DocFinder>,
     /// Bytes a batch record's trailer may take ([`Plan::trailer_bound`]).
     trailer_bound: usize,
     /// Samples this stream has taken from each source since it opened.
@@ -131,8 +127,8 @@ impl Pipeline {
         let stored = sources[0].stored_width();
         let stored = stored.filter(|&w| sources.iter().all(|s| s.stored_width() == Some(w)));
         let uris: Vec<String> = plan.sources.iter().map(|s| s.uri.clone()).collect();
-        let finder = Finder::of(plan);
-        if let Some(f) = finder {
+        let docs = DocFinder::of(plan);
+        if let Some(f) = &docs {
             f.check(&sources, &uris)?;
         }
         Ok(Pipeline {
@@ -148,9 +144,7 @@ impl Pipeline {
             read: Vec::new(),
             stored,
             pool: None,
-            finder,
-            docs: DocStarts::new(plan.seq_len),
-            seq_len: plan.seq_len,
+            docs,
             trailer_bound: usize::try_from(plan.trailer_bound()).unwrap_or(usize::MAX),
             drawn: vec![0; n],
         })
@@ -254,16 +248,16 @@ impl Pipeline {
                 l * bw,
                 bw,
             )?;
-            let tokens = BatchTokens::Stored {
-                width,
-                bytes: &out[..need],
-            };
-            self.find_docs(&b.samples, tokens)?;
+            if let Some(f) = &mut self.docs {
+                let bytes = &out[..need];
+                let tokens = BatchTokens::Stored { width, bytes };
+                f.fill(&b.samples, tokens, &self.sources, &self.uris)?;
+            }
             return Ok(Some(BatchInfo {
                 index: b.index,
                 samples: b.samples.len(),
                 cursor: self.iter.cursor(),
-                docs: self.finder.map(|_| self.docs.clone()),
+                docs: self.docs.as_ref().map(|f| f.docs().clone()),
             }));
         }
         let Some(b) = self.next_batch_checked(width)? else {
@@ -332,17 +326,9 @@ impl Pipeline {
         if !concurrently {
             self.read_by_source(l)?;
         }
-        if let Some(f) = self.finder {
+        if let Some(f) = &mut self.docs {
             let tokens = BatchTokens::U32(&self.tokens);
-            let (sources, uris) = (&self.sources, &self.uris);
-            f.fill(
-                &mut self.docs,
-                self.seq_len,
-                &b.samples,
-                tokens,
-                sources,
-                uris,
-            )?;
+            f.fill(&b.samples, tokens, &self.sources, &self.uris)?;
         }
         Ok(Some(TokenBatch {
             index: b.index,
@@ -351,24 +337,8 @@ impl Pipeline {
             cursor: self.iter.cursor(),
             provenance: &self.provenance,
             uris: &self.uris,
-            docs: self.finder.map(|_| &self.docs),
+            docs: self.docs.as_ref().map(DocFinder::docs),
         }))
-    }
-
-    /// Finds the document starts of `samples`, whose tokens are `tokens`, when the plan has
-    /// boundaries.
-    fn find_docs(
-        &mut self,
-        samples: &[SampleRef],
-        tokens: BatchTokens<'_>,
-    ) -> Result<(), EngineError> {
-        match self.finder {
-            Some(f) => {
-                let (sources, uris) = (&self.sources, &self.uris);
-                f.fill(&mut self.docs, self.seq_len, samples, tokens, sources, uris)
-            }
-            None => Ok(()),
-        }
     }
 
     /// Reads the batch laid out in `ranges` and `slots` one source at a time, one request
