@@ -128,11 +128,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
         self.transport = transport
         self.dtype = dtype
         self._inputs = "input_ids" if names == "hf" else "tokens"
-        self._outputs = tuple(
-            k for k in ("position_ids", "loss_mask", "cu_seqlens") if self.plan.get(k)
-        )
-        # Which of loss_mask (1) and position_ids (2) one call to the batch builds.
-        self._masks = ("loss_mask" in self._outputs) | 2 * ("position_ids" in self._outputs)
+        # Which of loss_mask (1) and position_ids (2) one call to the batch builds, and
+        # whether cu_seqlens are asked for too.
+        self._masks = bool(self.plan.get("loss_mask")) | 2 * bool(self.plan.get("position_ids"))
+        self._cu_seqlens = bool(self.plan.get("cu_seqlens"))
         dist = _distributed()
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
@@ -246,17 +245,16 @@ class TokenDataset(torch.utils.data.IterableDataset):
         batch = arr.base
         inputs, labels = batch.inputs_and_labels()  # views of the batch's memory
         item = {self._inputs: torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
-        if self._outputs:
-            if self._masks:
-                mask, pos = batch.masks(self._masks)
-                if mask is not None:
-                    item["loss_mask"] = torch.from_numpy(mask)
-                if pos is not None:
-                    item["position_ids"] = torch.from_numpy(pos)
-            if "cu_seqlens" in self._outputs:
-                cu, longest = batch.cu_seqlens()
-                item["cu_seqlens"] = torch.from_numpy(cu)
-                item["max_seqlen"] = torch.tensor(longest, dtype=torch.int32)
+        if self._masks:
+            mask, pos = batch.masks(self._masks)
+            if mask is not None:
+                item["loss_mask"] = torch.from_numpy(mask)
+            if pos is not None:
+                item["position_ids"] = torch.from_numpy(pos)
+        if self._cu_seqlens:
+            cu, longest = batch.cu_seqlens()
+            item["cu_seqlens"] = torch.from_numpy(cu)
+            item["max_seqlen"] = torch.tensor(longest, dtype=torch.int32)
         return item
 
     # -- state ---------------------------------------------------------------------------
