@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::{infos, plan, schedule, with_rank};
-use dquant_plan::{source_use, Cursor, Plan, PlanError, SampleRef, Schedule, Stage, WhenExhausted};
+use common::{invalid, plan, schedule, schedule_err, with_rank};
+use dquant_plan::{source_use, Cursor, Plan, SampleRef, Stage, WhenExhausted};
 
 /// Samples per epoch: 4000, 2000, 3000 at seq_len 10.
 const TOKENS: [u64; 3] = [40_001, 20_001, 30_001];
@@ -156,14 +156,7 @@ fn reports_say_how_many_epochs_each_source_gave() {
 
 #[test]
 fn limit_fields_are_checked_by_name() {
-    let invalid = |f: &dyn Fn(&mut Plan)| {
-        let mut p = limited(WhenExhausted::Stop);
-        f(&mut p);
-        match p.validate() {
-            Err(e @ PlanError::Invalid { .. }) => e.to_string(),
-            other => panic!("{other:?}"),
-        }
-    };
+    let invalid = |f: &dyn Fn(&mut Plan)| invalid(limited(WhenExhausted::Stop), f);
     assert_eq!(
         invalid(&|p| p.sources[1].max_epochs = Some(2)),
         "sources[1]: give at most one of max_epochs and max_samples"
@@ -179,9 +172,7 @@ fn limit_fields_are_checked_by_name() {
     let mut tiny = limited(WhenExhausted::Stop);
     tiny.sources[1].max_samples = Some(1);
     assert_eq!(
-        Schedule::new(&tiny, &infos(&TOKENS))
-            .unwrap_err()
-            .to_string(),
+        schedule_err(&tiny, &TOKENS),
         "sources[1]: its limit of 1 samples is reached before the run's first sample at its \
          weight; raise it, or use when_exhausted = \"renormalize\""
     );

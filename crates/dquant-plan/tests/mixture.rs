@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{infos, megatron_blend, plan, schedule, with_rank};
-use dquant_plan::{check_plan_change, Cursor, Interpolate, Plan, PlanError, SampleRef, Stage};
+use common::{infos, invalid, megatron_blend, plan, schedule, schedule_err, with_rank};
+use dquant_plan::{check_plan_change, Cursor, Interpolate, Plan, SampleRef, Stage};
 
 const TOKENS: [u64; 3] = [40_001, 20_001, 30_001];
 
@@ -242,14 +242,7 @@ fn a_change_before_the_cursor_is_refused_by_sample() {
 
 #[test]
 fn stage_fields_are_checked_by_name() {
-    let invalid = |f: &dyn Fn(&mut Plan)| {
-        let mut p = staged(Interpolate::Step);
-        f(&mut p);
-        match p.validate() {
-            Err(e @ PlanError::Invalid { .. }) => e.to_string(),
-            other => panic!("{other:?}"),
-        }
-    };
+    let invalid = |f: &dyn Fn(&mut Plan)| invalid(staged(Interpolate::Step), f);
     assert_eq!(
         invalid(&|p| p.stages[0].start_fraction = Some(0.5)),
         "stages[0]: give one of start_sample and start_fraction"
@@ -278,16 +271,12 @@ fn stage_fields_are_checked_by_name() {
     let mut p = staged(Interpolate::Step);
     p.stages[0].start_sample = Some(2_500);
     assert_eq!(
-        dquant_plan::Schedule::new(&p, &infos(&TOKENS))
-            .unwrap_err()
-            .to_string(),
+        schedule_err(&p, &TOKENS),
         "stages[1].start_fraction: resolves to sample 2400, not after the previous start (2500)"
     );
     p.stages[0].start_sample = Some(3_000);
     assert_eq!(
-        dquant_plan::Schedule::new(&p, &infos(&TOKENS))
-            .unwrap_err()
-            .to_string(),
+        schedule_err(&p, &TOKENS),
         "stages[0].start_sample: resolves to sample 3000, at or past the run's 3000 samples"
     );
     // As a person writes it.

@@ -4,8 +4,8 @@ mod common;
 
 use dquant_codec::{Codec, Compression, Width};
 use dquant_plan::{
-    Boundaries, Cursor, Interpolate, OutputDType, Plan, PlanError, Schedule, Source, SourceInfo,
-    Stage, WhenExhausted, WireCodec,
+    Boundaries, Cursor, Interpolate, OutputDType, Plan, Schedule, Source, SourceInfo, Stage,
+    WhenExhausted, WireCodec,
 };
 
 fn full_plan() -> Plan {
@@ -162,11 +162,7 @@ fn json_err(body: &str) -> String {
 }
 
 fn invalid(f: impl FnOnce(&mut Plan)) -> String {
-    let mut p = full_plan();
-    f(&mut p);
-    let e = p.validate().unwrap_err();
-    assert!(matches!(e, PlanError::Invalid { .. }));
-    e.to_string()
+    common::invalid(full_plan(), f)
 }
 
 #[test]

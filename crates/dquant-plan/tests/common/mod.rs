@@ -2,7 +2,7 @@
 //! materializing way, as Megatron-Core does it.
 #![allow(dead_code)]
 
-use dquant_plan::{Permutation, Plan, SampleRef, Schedule, Source, SourceInfo};
+use dquant_plan::{Permutation, Plan, PlanError, SampleRef, Schedule, Source, SourceInfo};
 use proptest::prelude::*;
 
 /// Megatron-Core's `build_blending_indices` (helpers.cpp), transcribed: weights normalized with
@@ -128,6 +128,21 @@ pub fn infos(tokens: &[u64]) -> Vec<SourceInfo> {
 
 pub fn schedule(plan: &Plan, tokens: &[u64]) -> Schedule {
     Schedule::new(plan, &infos(tokens)).unwrap()
+}
+
+/// The message `validate` refuses `p` with once `f` changed it: a field error
+/// (`PlanError::Invalid`), never a parse error.
+pub fn invalid(mut p: Plan, f: impl FnOnce(&mut Plan)) -> String {
+    f(&mut p);
+    match p.validate() {
+        Err(e @ PlanError::Invalid { .. }) => e.to_string(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The message a schedule over sources of `tokens` refuses `p` with.
+pub fn schedule_err(p: &Plan, tokens: &[u64]) -> String {
+    Schedule::new(p, &infos(tokens)).unwrap_err().to_string()
 }
 
 /// `p` for rank `rank` of `world`.
