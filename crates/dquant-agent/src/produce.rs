@@ -92,7 +92,7 @@ impl Producer {
             encoder,
             ahead: None,
             wire,
-            room: RECORD_HEADER_LEN + payload + trailer,
+            room: (RECORD_HEADER_LEN + payload).saturating_add(trailer),
             meter: Meter::off(),
             delivered,
         }

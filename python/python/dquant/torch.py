@@ -467,7 +467,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         ds: TokenDataset = self.dataset
         if self.num_workers == 0 and self.collate_fn is _default_convert and not self.pin_memory:
-            # In this process torch's fetch path adds ~10 us a batch (a profiler range, a
+            # In this process torch's fetch path adds ~8 us a batch (a profiler range, a
             # sampler step, and default_convert rebuilding a dict of tensors that need no
             # converting): take the dataset's items as they are. (Pinning costs far more than
             # that, so with pin_memory torch's own path runs.)
