@@ -16,8 +16,8 @@ use dquant_engine::{open_options, EngineError, LocalSource, Pipeline, SourceErro
 use dquant_plan::{Cursor, Plan, Source};
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
-    CloseReply, CloseRequest, DatasetStat, ListReply, ListRequest, OpenReply, OpenRequest,
-    OpenSourceRequest, StatRequest,
+    CloseReply, CloseRequest, DatasetStat, IndexPart, IndexReply, IndexRequest, ListReply,
+    ListRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest,
 };
 use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
 use dquant_storage::{Dataset, StorageError};
@@ -114,6 +114,7 @@ fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, Storage
         }
         .map(|c| c.to_string())
         .unwrap_or_default(),
+        max_token: None,
     })
 }
 
@@ -136,9 +137,43 @@ fn open_local(
         .map_err(|e| Status::not_found(e.0))?;
     let src = open_shared(shared, &found, &source_of(req))
         .map_err(|e| Status::invalid_argument(format!("dataset {:?}: {e}", req.dataset)))?;
-    let stat = stat_of(&req.dataset, src.dataset(), count)
-        .map_err(|e| Status::failed_precondition(format!("dataset {:?}: {e}", req.dataset)))?;
+    let precondition =
+        |e: StorageError| Status::failed_precondition(format!("dataset {:?}: {e}", req.dataset));
+    let mut stat = stat_of(&req.dataset, src.dataset(), count).map_err(precondition)?;
+    if count && req.max_token {
+        stat.max_token = Some(src.dataset().max_token().map_err(precondition)?);
+    }
     Ok((src, stat))
+}
+
+/// The values `[start, start + count)` of one part of `ds`'s document index (fewer past its
+/// end), with their checksum.
+fn index_slice(
+    ds: &Dataset,
+    part: IndexPart,
+    start: u64,
+    count: u32,
+) -> Result<IndexReply, Status> {
+    if count > dquant_proto::MAX_INDEX_VALUES {
+        return Err(Status::invalid_argument(format!(
+            "count {count} is over the most one Index reply carries ({})",
+            dquant_proto::MAX_INDEX_VALUES
+        )));
+    }
+    let index = ds
+        .index()
+        .map_err(|e| Status::failed_precondition(e.to_string()))?;
+    let all = match part {
+        IndexPart::SequenceOffsets => index.seq_offsets(),
+        IndexPart::DocumentSequences => index.doc_seq(),
+    };
+    let from = usize::try_from(start).unwrap_or(usize::MAX).min(all.len());
+    let to = from.saturating_add(count as usize).min(all.len());
+    let values = all[from..to].to_vec();
+    Ok(IndexReply {
+        crc32c: dquant_proto::index_crc(&values),
+        values,
+    })
 }
 
 /// The control plane's interceptor: resolves the request's token to its [`Caller`] (kept in
@@ -368,5 +403,25 @@ impl Agent for Service {
             tracing::info!(session = id, "session closed by the client");
         }
         Ok(Response::new(CloseReply { existed }))
+    }
+
+    async fn index(&self, req: Request<IndexRequest>) -> Result<Response<IndexReply>, Status> {
+        let caller = caller_of(&req)?;
+        let req = req.into_inner();
+        let ds = req
+            .dataset
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("dataset: missing"))?;
+        caller.check_dataset(&ds.dataset)?;
+        let part = IndexPart::try_from(req.part)
+            .map_err(|_| Status::invalid_argument(format!("part: unknown value {}", req.part)))?;
+        let shared = self.shared.clone();
+        self.shared
+            .opens
+            .run("Index", move |_| {
+                let (src, _) = open_local(&shared, &ds, false)?;
+                index_slice(src.dataset(), part, req.start, req.count).map(Response::new)
+            })
+            .await
     }
 }

@@ -142,6 +142,7 @@ impl Big {
             dataset: format!("big/{name}"),
             dtype: String::new(),
             eod: None,
+            max_token: false,
         };
         RemoteSource::open(control, stat, wire_codec).unwrap()
     }

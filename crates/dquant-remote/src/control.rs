@@ -14,8 +14,8 @@ use std::time::Duration;
 use dquant_engine::SourceError;
 use dquant_proto::v1::agent_client::AgentClient;
 use dquant_proto::v1::{
-    CloseRequest, DatasetStat, ListEntry, ListRequest, OpenReply, OpenRequest, OpenSourceRequest,
-    StatRequest,
+    CloseRequest, DatasetStat, IndexRequest, ListEntry, ListRequest, OpenReply, OpenRequest,
+    OpenSourceRequest, StatRequest,
 };
 use dquant_transport::record::MAX_TOKEN_LEN;
 use dquant_transport::{
@@ -326,6 +326,27 @@ impl Control {
         let mut c = self.client.clone();
         let req = self.request(req);
         self.within("OpenSource", async move { c.open_source(req).await })
+    }
+
+    /// One slice of a dataset's document index ([`IndexRequest`]), its checksum checked: the
+    /// values, or an error that says which slice came back damaged.
+    pub fn index(&self, req: IndexRequest) -> Result<Vec<u64>, SourceError> {
+        let (start, count) = (req.start, req.count);
+        let mut c = self.client.clone();
+        let req = self.request(req);
+        let reply = self.within("Index", async move { c.index(req).await })?;
+        let crc = dquant_proto::index_crc(&reply.values);
+        if crc != reply.crc32c || reply.values.len() > count as usize {
+            return Err(SourceError::Agent(format!(
+                "agent {}: index values {start}..{} arrived damaged ({} values, crc32c {crc:08x}, \
+                 sent as {:08x})",
+                self.authority,
+                start + u64::from(count),
+                reply.values.len(),
+                reply.crc32c
+            )));
+        }
+        Ok(reply.values)
     }
 
     fn within<T: Send + 'static>(

@@ -53,6 +53,7 @@ fn stat_of(dataset: String, s: &Source) -> StatRequest {
         dataset,
         dtype: s.dtype.clone().unwrap_or_default(),
         eod: s.eod,
+        max_token: false,
     }
 }
 

@@ -335,6 +335,8 @@ pub struct Dataset {
     size: u64,
     /// The objects it was opened from and their versions then (as their readers said).
     versions: Vec<(PathBuf, Option<ObjectVersion>)>,
+    /// The largest token, found by [`Dataset::max_token`]'s scan (formats that do not store it).
+    scanned_max: OnceLock<u32>,
 }
 
 /// If `path` names a Megatron dataset, its prefix (`x` for `x`, `x.idx` or `x.bin`).
@@ -460,6 +462,7 @@ impl Dataset {
             })),
             source: Source::Plain { file, dtype },
             versions,
+            scanned_max: OnceLock::new(),
         })
     }
 
@@ -513,6 +516,7 @@ impl Dataset {
             },
             size: len,
             versions,
+            scanned_max: OnceLock::new(),
         })
     }
 
@@ -558,6 +562,7 @@ impl Dataset {
             source: Source::Plain { file, dtype },
             size,
             versions: vec![(path.to_path_buf(), version)],
+            scanned_max: OnceLock::new(),
         })
     }
 
@@ -697,6 +702,26 @@ impl Dataset {
             Source::Block { meta, .. } => Some(meta.footer.max_token),
             Source::Plain { .. } => None,
         }
+    }
+
+    /// The largest token id: stored (block files), or found by a scan of every token the first
+    /// time it is asked for and kept while this dataset stays open (the agent keeps one open
+    /// dataset per version of its files, shared by every session). A scan reads the whole
+    /// dataset, so callers ask only when the answer decides something (`dquant mount`'s
+    /// `--dtype auto`).
+    pub fn max_token(&self) -> Result<u32, StorageError> {
+        if let Some(m) = self
+            .stored_max_token()
+            .or_else(|| self.scanned_max.get().copied())
+        {
+            return Ok(m);
+        }
+        let mut max = 0u32;
+        self.scan::<StorageError>(1 << 20, |_, tokens| {
+            max = max.max(dquant_codec::kernels::max_token(tokens));
+            Ok(())
+        })?;
+        Ok(*self.scanned_max.get_or_init(|| max))
     }
 
     /// The content checksum, when the format stores it (block files). Its index half covers

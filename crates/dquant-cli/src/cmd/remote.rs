@@ -102,6 +102,7 @@ pub fn stat(a: &StatArgs) -> Result<()> {
         dataset: u.dataset.clone(),
         dtype: a.dtype.clone().unwrap_or_default(),
         eod: a.eod,
+        max_token: false,
     })?;
     if a.json {
         return util::write_json(&json!({
