@@ -21,6 +21,7 @@ pub mod block;
 mod content;
 mod dtype;
 mod error;
+pub mod idx_layout;
 mod index;
 pub mod megatron;
 mod varint;
