@@ -14,6 +14,8 @@ pub struct AgentProcess {
     pub child: Child,
     /// `dquant://127.0.0.1:PORT`, from the agent's listening line.
     pub uri: String,
+    /// The data plane's `127.0.0.1:PORT`.
+    pub data: String,
     log: Arc<Mutex<String>>,
 }
 
@@ -21,14 +23,19 @@ impl AgentProcess {
     /// Starts `BIN serve` (`bin`: the `dquant` binary, `env!("CARGO_BIN_EXE_dquant")` in the
     /// CLI's tests) on ephemeral loopback ports with `args` and waits for its listening line.
     pub fn start(bin: impl AsRef<OsStr>, args: &[&str]) -> AgentProcess {
+        Self::start_on(bin, "127.0.0.1:0", "127.0.0.1:0", args)
+    }
+
+    /// Starts `BIN serve` on the given control and data addresses: how a test restarts an
+    /// agent where its clients knew it.
+    pub fn start_on(
+        bin: impl AsRef<OsStr>,
+        listen: &str,
+        data: &str,
+        args: &[&str],
+    ) -> AgentProcess {
         let mut child = Command::new(bin)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-listen",
-                "127.0.0.1:0",
-            ])
+            .args(["serve", "--listen", listen, "--data-listen", data])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -54,6 +61,7 @@ impl AgentProcess {
         let mut agent = AgentProcess {
             child,
             uri: String::new(),
+            data: String::new(),
             log,
         };
         let line = match rx.recv_timeout(Duration::from_secs(60)) {
@@ -70,6 +78,7 @@ impl AgentProcess {
         agent.uri = field("uri=");
         assert_eq!(agent.uri, format!("dquant://{}", field("control=")));
         assert!(field("data=").starts_with("127.0.0.1:"), "{line}");
+        agent.data = field("data=");
         agent
     }
 

@@ -26,6 +26,7 @@ Examples:
   dquant ls dquant://127.0.0.1:7878/corpus         # what it serves
   dquant stat dquant://127.0.0.1:7878/corpus/web_int32
   dquant read plan.toml --agent dquant://127.0.0.1:7878 --out batches.u16   # the agent runs it
+  dquant mount dquant://127.0.0.1:7878 /mnt/dq     # its datasets as Megatron files (FUSE)
 
 Logs go to stderr; DQUANT_LOG sets the filter (e.g. DQUANT_LOG=debug; default warn, info for serve).";
 
@@ -60,6 +61,7 @@ enum Cmd {
     Ls(cmd::remote::LsArgs),
     Stat(cmd::remote::StatArgs),
     Demo(cmd::demo::Args),
+    Mount(cmd::mount::Args),
 }
 
 fn main() {
@@ -76,6 +78,7 @@ fn main() {
         Cmd::Ls(a) => cmd::remote::ls(&a).map(|_| 0),
         Cmd::Stat(a) => cmd::remote::stat(&a).map(|_| 0),
         Cmd::Demo(a) => cmd::demo::run(&a).map(|_| 0),
+        Cmd::Mount(a) => cmd::mount::run(&a).map(|_| 0),
     };
     match r {
         Ok(code) => std::process::exit(code),
@@ -91,6 +94,8 @@ fn main() {
 fn logging(cmd: &Cmd) {
     let default = match cmd {
         Cmd::Serve(_) => "info",
+        // A mount's log says why a read failed with EIO.
+        Cmd::Mount(_) => "warn,dquant_mount=info",
         _ => "warn",
     };
     let filter = EnvFilter::try_from_env("DQUANT_LOG").unwrap_or_else(|_| EnvFilter::new(default));
