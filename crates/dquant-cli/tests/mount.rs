@@ -527,3 +527,65 @@ fn an_agent_killed_mid_read_gives_eio_and_a_restarted_one_serves_again() {
     let _ = std::io::stderr().flush();
     m.stop(libc::SIGTERM);
 }
+
+#[test]
+fn daemon_mode_returns_once_mounted_and_fusermount_ends_it() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = fixtures_root(tmp.path());
+    let agent = AgentProcess::start(BIN, &["--root", &format!("corpus={}", root.display())]);
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let log = tmp.path().join("mount.log");
+    let said = dquant(&[
+        "mount",
+        &agent.uri,
+        mnt.to_str().unwrap(),
+        "--daemon",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(is_mounted(&mnt), "{said}");
+    let pid: u32 = said
+        .split("(pid ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {said:?}"));
+    assert!(read(&mnt.join("corpus/r50k_int32.bin")) == read(&fixture("r50k_uint16.bin")));
+    let st = Command::new("fusermount3").arg("-u").arg(&mnt).status();
+    if st.is_err() {
+        eprintln!("*** fusermount3 is missing (apt install fuse3): unmounting with umount ***");
+        assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    }
+    let t0 = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the daemon did not end after the unmount"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!is_mounted(&mnt));
+
+    // A mount that cannot start says why, and no daemon is left behind.
+    let out = Command::new(BIN)
+        .args([
+            "mount",
+            "dquant://127.0.0.1:1",
+            mnt.to_str().unwrap(),
+            "--daemon",
+            "--timeout",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("before mounting") && err.contains("cannot reach agent 127.0.0.1:1"),
+        "{err}"
+    );
+}
