@@ -138,6 +138,9 @@ pub enum Way {
     Failover { wire: String },
     /// (g) `n` storage agents, each behind its own link, as replicas → host agent → shm.
     ScaleOut { n: usize, wire: String },
+    /// (h) `dquant mount` in `host` over the storage agent (ranges in `wire`), read as local
+    /// Megatron files by the consumer's in-process pipeline: an unmodified trainer.
+    Mount { wire: String },
 }
 
 impl Way {
@@ -150,6 +153,7 @@ impl Way {
             Way::S3Root => "(e) DPU reads S3 int32 + shm".into(),
             Way::Failover { wire } => format!("(f) failover {wire} + shm"),
             Way::ScaleOut { n, wire } => format!("(g) scale-out {n} link(s) {wire}"),
+            Way::Mount { wire } => format!("(h) dquant mount, ranges {wire}"),
         }
     }
 
@@ -367,6 +371,38 @@ impl Ctx<'_> {
         )
     }
 
+    /// `dquant mount` in `host` on `dir`, over the storage agent at `addr`, its ranges in
+    /// `wire`; returns once mounted.
+    fn dquant_mount(
+        &self,
+        addr: &str,
+        dir: &Path,
+        wire: &str,
+    ) -> Result<(netns::NsChild, MountGuard)> {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
+        let mut cmd = Command::new(&self.tools.dquant);
+        cmd.arg("mount")
+            .arg(format!("dquant://{addr}"))
+            .arg(dir)
+            .args(["--wire-codec", wire])
+            .env("DQUANT_TOKEN", LAB_TOKEN)
+            .env("DQUANT_LOG", "warn");
+        let mut child = netns::spawn_in(HOST_NS, cmd, "host mount")?;
+        let guard = MountGuard(dir.to_path_buf());
+        let t0 = Instant::now();
+        while !guard.mounted() {
+            if !child.running() || t0.elapsed() > Duration::from_secs(20) {
+                let (_, stderr) = child.stop();
+                bail!(
+                    "dquant mount did not mount {}; its stderr:\n{stderr}",
+                    dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok((child, guard))
+    }
+
     /// The host agent's Unix socket for one run.
     fn socket(&self, run: u32, c: &Corpus) -> PathBuf {
         self.scratch
@@ -461,6 +497,8 @@ impl Ctx<'_> {
         let mut servers: Vec<(String, netns::NsChild)> = Vec::new();
         let mut consumer = Command::new(&self.tools.me);
         consumer.arg("lab-consume").env("DQUANT_TOKEN", LAB_TOKEN);
+        // (h): unmounted when the run ends, however it ends.
+        let mut mount: Option<MountGuard> = None;
         let plan = match way {
             Way::Baseline => {
                 servers.push(("s3s-fs".into(), spawn_s3s_fs(self.tools, &self.s3_root)?));
@@ -532,6 +570,31 @@ impl Ctx<'_> {
                 self.plan(c, format!("{BUCKET}/{}.bin", c.name()), Some("i32"), "auto")
             }
             Way::Local => self.plan(c, c.prefix.display().to_string(), None, "auto"),
+            Way::Mount { wire } => {
+                servers.push((
+                    "storage agent".into(),
+                    self.dquant_serve(
+                        STORAGE_NS,
+                        &storage_addr,
+                        None,
+                        &[],
+                        false,
+                        "storage agent",
+                    )?,
+                ));
+                let dir = self.scratch.path().join(format!("mnt-{run}-{}", c.name()));
+                let (child, guard) = self.dquant_mount(&storage_addr, &dir, wire)?;
+                servers.push(("host mount".into(), child));
+                mount = Some(guard);
+                let prefix = dir.join(BUCKET).join(c.name());
+                // The first lookup asks the storage agent for the dataset's largest token
+                // (--dtype auto: a scan, once per version while the agent keeps it open). A
+                // mount outlives training jobs, so that happens before any job reads; here,
+                // before the consumer starts.
+                let bin = PathBuf::from(format!("{}.bin", prefix.display()));
+                std::fs::metadata(&bin).with_context(|| format!("{}", bin.display()))?;
+                self.plan(c, prefix.display().to_string(), None, "auto")
+            }
         };
         consumer.arg("--plan").arg(serde_json::to_string(&plan)?);
         let (down0, up0) = self.link.counters()?;
@@ -570,6 +633,7 @@ impl Ctx<'_> {
                 bail!("{name} exited during {}: {e}", way.label());
             }
         }
+        drop(mount);
         drop(servers);
         if !ok {
             bail!(
@@ -599,6 +663,29 @@ impl Ctx<'_> {
 }
 
 /// Starts s3s-fs in `storage` on `root` and waits until it listens.
+/// A mount of scenario (h), lazily unmounted when dropped (its process may be gone: a
+/// lazy unmount of a dead FUSE connection still succeeds).
+struct MountGuard(PathBuf);
+
+impl MountGuard {
+    fn mounted(&self) -> bool {
+        let want = self.0.to_string_lossy();
+        std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| {
+            t.lines().any(|l| {
+                l.split(' ').nth(4) == Some(want.as_ref()) && l.contains(" - fuse dquant:")
+            })
+        })
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if self.mounted() {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
 fn spawn_s3s_fs(tools: &Tools, root: &Path) -> Result<netns::NsChild> {
     let mut cmd = Command::new(&tools.s3s_fs);
     cmd.args(["--host", STORAGE_IP, "--port", &S3_PORT.to_string()])
@@ -645,6 +732,10 @@ fn scenarios(c: &Corpus, compressed: &[String], scale_out: usize) -> Vec<Way> {
     v.extend(compressed.iter().map(|w| Way::Agent { wire: w.clone() }));
     v.extend(compressed.iter().map(|w| Way::Chain { wire: w.clone() }));
     v.push(Way::S3Root);
+    // The mount reads ranges narrowed, as the "u16 against the S3 int32 baseline".
+    v.push(Way::Mount {
+        wire: c.narrow_codec(),
+    });
     v.extend(
         compressed
             .iter()
