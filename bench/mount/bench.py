@@ -43,6 +43,14 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident memory (VmHWM) of process `pid`, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def is_mounted(path: Path) -> bool:
     path = str(path.resolve())
     with open("/proc/self/mountinfo") as f:
@@ -214,7 +222,7 @@ def main():
     agent = Agent(dquant, root)
     rows = {k: [] for k in ("seq_local", "seq_cold", "seq_warm", "rnd_local", "rnd_cold",
                             "gpt_local_build", "gpt_local_it", "gpt_mount_build", "gpt_mount_it",
-                            "mount_cpu", "agent_cpu")}
+                            "mount_cpu", "agent_cpu", "mount_rss")}
     try:
         for run in range(a.runs):
             t, n = read_seq(Path(f"{local}.bin"))
@@ -231,6 +239,7 @@ def main():
             rows["agent_cpu"].append((cpu_s(agent.proc.pid) - a0) / tokens * 1e9)
             t, _ = read_seq(mounted)
             rows["seq_warm"].append(size / t)
+            rows["mount_rss"].append(peak_rss_mib(m.proc.pid))
             m.stop()
 
             rows["rnd_local"].append(len(offsets) / read_random(Path(f"{local}.bin"), offsets))
@@ -265,6 +274,7 @@ def main():
         f"| Megatron GPTDataset, seq_len {a.seq_len}: index build s | {median(rows['gpt_local_build']):.2f} | {median(rows['gpt_mount_build']):.2f} | {median(rows['gpt_local_build']) / median(rows['gpt_mount_build']):.2f}× (speed) |",
         f"| Megatron GPTDataset: samples/s iterated | {median(rows['gpt_local_it']):,.0f} | {median(rows['gpt_mount_it']):,.0f} | {median(ratio('gpt_mount_it', 'gpt_local_it')):.2f}× |",
         "",
+        f"The mount process's peak RSS after streaming the file twice ({size / MIB:.0f} MiB each): {max(rows['mount_rss']):.0f} MiB. "
         f"CPU for the cold sequential read: mount process {median(rows['mount_cpu']):.2f}, agent {median(rows['agent_cpu']):.2f} CPU-s per 10⁹ tokens (both on this machine's 2 cores). "
         f"Goal: sequential ≥ 0.5× local page-cache reads: {seq_ratio:.2f}× {'✅' if seq_ratio >= 0.5 else '❌'}. "
         f"GPTDataset's samples are identical over the mount and the local copy (checked each run).",

@@ -176,6 +176,15 @@ fn fixtures_root(dir: &Path) -> PathBuf {
     root
 }
 
+/// A temporary directory with [`fixtures_root`] in it, and an agent serving that root as
+/// `corpus`.
+fn fixtures_agent() -> (tempfile::TempDir, PathBuf, AgentProcess) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = fixtures_root(tmp.path());
+    let agent = AgentProcess::start(BIN, &["--root", &format!("corpus={}", root.display())]);
+    (tmp, root, agent)
+}
+
 /// `dquant convert SRC DIR/NAME --codec CODEC` (a local Megatron pair), returning its prefix.
 fn convert(src: &Path, dir: &Path, name: &str, codec: &str) -> PathBuf {
     let dst = dir.join(name);
@@ -199,9 +208,7 @@ fn datasets_appear_as_megatron_files_equal_to_local_conversions() {
     if !fuse_available() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let root = fixtures_root(tmp.path());
-    let agent = AgentProcess::start(BIN, &["--root", &format!("corpus={}", root.display())]);
+    let (tmp, root, agent) = fixtures_agent();
     let local = tmp.path().join("local");
     std::fs::create_dir_all(&local).unwrap();
     let m = Mounted::start(&agent.uri, &tmp.path().join("mnt"), &[]);
@@ -324,9 +331,7 @@ fn a_fixed_dtype_shows_the_tokens_in_it() {
     if !fuse_available() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let root = fixtures_root(tmp.path());
-    let agent = AgentProcess::start(BIN, &["--root", &format!("corpus={}", root.display())]);
+    let (tmp, _root, agent) = fixtures_agent();
     let m = Mounted::start(
         &agent.uri,
         &tmp.path().join("mnt"),
@@ -375,9 +380,7 @@ fn a_plan_is_a_seekable_file_of_its_batches() {
     if !fuse_available() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let root = fixtures_root(tmp.path());
-    let agent = AgentProcess::start(BIN, &["--root", &format!("corpus={}", root.display())]);
+    let (tmp, _root, agent) = fixtures_agent();
     let p = plan(7);
     let plan_path = tmp.path().join("plan.toml");
     std::fs::write(&plan_path, p.to_toml().unwrap()).unwrap();
@@ -533,9 +536,7 @@ fn daemon_mode_returns_once_mounted_and_fusermount_ends_it() {
     if !fuse_available() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let root = fixtures_root(tmp.path());
-    let agent = AgentProcess::start(BIN, &["--root", &format!("corpus={}", root.display())]);
+    let (tmp, _root, agent) = fixtures_agent();
     let mnt = tmp.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let log = tmp.path().join("mount.log");

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
+use dquant_engine::SourceError;
 use dquant_format::idx_layout::{IdxLayout, IdxPart};
 use dquant_format::DType;
 use dquant_proto::v1::IndexPart;
@@ -91,7 +92,18 @@ impl MountFs {
                 return Ok(*m);
             }
         }
-        let s = self.agent.stat(dataset, self.opts.dtype.is_none())?;
+        let auto = self.opts.dtype.is_none();
+        let s = self.agent.stat(dataset, auto).map_err(|e| match e {
+            MountError::Agent(e) if auto && e.to_string().contains("no answer") => {
+                MountError::Agent(SourceError::Agent(format!(
+                    "{e} (--dtype auto asks for the dataset's largest token: the first time, a \
+                     scan of every token of a format that does not store it; the agent keeps \
+                     scanning, so a later lookup may succeed. For large Megatron files mount \
+                     with --dtype u16 or --dtype i32, or convert them to .dqb, which stores it)"
+                )))
+            }
+            e => e,
+        })?;
         let dtype = match (self.opts.dtype, s.max_token) {
             (Some(d), _) => d,
             (None, Some(max)) if max <= u32::from(u16::MAX) => DType::U16,

@@ -371,6 +371,11 @@ impl Ctx<'_> {
         )
     }
 
+    /// The one storage agent of (b) and (h), at `addr` in `storage`.
+    fn storage_agent(&self, addr: &str) -> Result<netns::NsChild> {
+        self.dquant_serve(STORAGE_NS, addr, None, &[], false, "storage agent")
+    }
+
     /// `dquant mount` in `host` on `dir`, over the storage agent at `addr`, its ranges in
     /// `wire`; returns once mounted.
     fn dquant_mount(
@@ -512,17 +517,7 @@ impl Ctx<'_> {
                 )
             }
             Way::Agent { wire } => {
-                servers.push((
-                    "storage agent".into(),
-                    self.dquant_serve(
-                        STORAGE_NS,
-                        &storage_addr,
-                        None,
-                        &[],
-                        false,
-                        "storage agent",
-                    )?,
-                ));
+                servers.push(("storage agent".into(), self.storage_agent(&storage_addr)?));
                 consumer
                     .arg("--agent")
                     .arg(format!("dquant://{storage_addr}"));
@@ -571,17 +566,7 @@ impl Ctx<'_> {
             }
             Way::Local => self.plan(c, c.prefix.display().to_string(), None, "auto"),
             Way::Mount { wire } => {
-                servers.push((
-                    "storage agent".into(),
-                    self.dquant_serve(
-                        STORAGE_NS,
-                        &storage_addr,
-                        None,
-                        &[],
-                        false,
-                        "storage agent",
-                    )?,
-                ));
+                servers.push(("storage agent".into(), self.storage_agent(&storage_addr)?));
                 let dir = self.scratch.path().join(format!("mnt-{run}-{}", c.name()));
                 let (child, guard) = self.dquant_mount(&storage_addr, &dir, wire)?;
                 servers.push(("host mount".into(), child));
