@@ -33,7 +33,11 @@ pub struct BinReader {
     source: Option<RemoteSource>,
     held: VecDeque<(u64, Vec<u8>)>,
     last_block: Option<u64>,
+    /// Decoded tokens of the last fetch.
     buf: Vec<u32>,
+    /// A block buffer to fetch into, and the last random read's pages.
+    spare: Vec<u8>,
+    pages: Vec<u8>,
 }
 
 impl BinReader {
@@ -45,6 +49,8 @@ impl BinReader {
             held: VecDeque::new(),
             last_block: None,
             buf: Vec::new(),
+            spare: Vec::new(),
+            pages: Vec::new(),
         }
     }
 
@@ -79,37 +85,57 @@ impl BinReader {
         Ok(())
     }
 
-    /// Appends the bytes `offset..offset + size` (clamped to the file) to `out`. A failed
+    /// Calls `reply` with the bytes `offset..offset + size` (clamped to the file): a slice of
+    /// one block when the range lies in one (the kernel's reads do), else gathered. A failed
     /// fetch drops the source: whatever it had in flight is unknown, and the next read
     /// opens a new one.
-    pub fn read(&mut self, offset: u64, size: u64, out: &mut Vec<u8>) -> Result<(), MountError> {
+    pub fn read<R>(
+        &mut self,
+        offset: u64,
+        size: u64,
+        reply: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, MountError> {
         let end = offset.saturating_add(size).min(self.len());
+        if offset >= end {
+            return Ok(reply(&[]));
+        }
+        if offset / BLOCK_BYTES == (end - 1) / BLOCK_BYTES {
+            return Ok(reply(self.bytes(offset..end)?));
+        }
+        let mut out = Vec::with_capacity((end - offset) as usize);
         let mut pos = offset;
         while pos < end {
-            let b = pos / BLOCK_BYTES;
-            let block = b * BLOCK_BYTES..((b + 1) * BLOCK_BYTES).min(self.len());
-            let take = pos..end.min(block.end);
-            if let Some((_, bytes)) = self.held.iter().find(|(i, _)| *i == b) {
-                out.extend_from_slice(
-                    &bytes[(take.start - block.start) as usize..(take.end - block.start) as usize],
-                );
-            } else if self.sequential(b) {
-                let bytes = self.fetch(block.clone())?;
-                out.extend_from_slice(
-                    &bytes[(take.start - block.start) as usize..(take.end - block.start) as usize],
-                );
-                self.hold(b, bytes);
-            } else {
-                let pages = take.start / PAGE_BYTES * PAGE_BYTES
-                    ..(take.end.div_ceil(PAGE_BYTES) * PAGE_BYTES).min(block.end);
-                let bytes = self.fetch(pages.clone())?;
-                out.extend_from_slice(
-                    &bytes[(take.start - pages.start) as usize..(take.end - pages.start) as usize],
-                );
-            }
+            let take = pos..end.min((pos / BLOCK_BYTES + 1) * BLOCK_BYTES);
+            out.extend_from_slice(self.bytes(take.clone())?);
             pos = take.end;
         }
-        Ok(())
+        Ok(reply(&out))
+    }
+
+    /// The bytes `take`, which lie in one block: from a held block, from the block fetched
+    /// whole (and then held), or from just the pages they cover.
+    fn bytes(&mut self, take: Range<u64>) -> Result<&[u8], MountError> {
+        let b = take.start / BLOCK_BYTES;
+        let block = b * BLOCK_BYTES..((b + 1) * BLOCK_BYTES).min(self.len());
+        let at = |r: &Range<u64>| (take.start - r.start) as usize..(take.end - r.start) as usize;
+        if let Some(i) = self.held.iter().position(|(h, _)| *h == b) {
+            return Ok(&self.held[i].1[at(&block)]);
+        }
+        if self.sequential(b) {
+            let mut bytes = std::mem::take(&mut self.spare);
+            self.fetch(block.clone(), &mut bytes)?;
+            self.hold(b, bytes);
+            let Some((_, bytes)) = self.held.back() else {
+                unreachable!("a block was just held")
+            };
+            return Ok(&bytes[at(&block)]);
+        }
+        let pages = take.start / PAGE_BYTES * PAGE_BYTES
+            ..(take.end.div_ceil(PAGE_BYTES) * PAGE_BYTES).min(block.end);
+        let mut bytes = std::mem::take(&mut self.pages);
+        self.fetch(pages.clone(), &mut bytes)?;
+        self.pages = bytes;
+        Ok(&self.pages[at(&pages)])
     }
 
     /// Whether block `b` is read whole: the file's first, or the one after the last.
@@ -117,16 +143,21 @@ impl BinReader {
         b == 0 || self.last_block.is_some_and(|l| b == l + 1)
     }
 
+    /// Holds block `b`; the block it pushes out becomes the next fetch's buffer (1 MiB not
+    /// allocated and zeroed again for every block).
     fn hold(&mut self, b: u64, bytes: Vec<u8>) {
         if self.held.len() == HELD_BLOCKS {
-            self.held.pop_front();
+            if let Some((_, old)) = self.held.pop_front() {
+                self.spare = old;
+            }
         }
         self.held.push_back((b, bytes));
         self.last_block = Some(b);
     }
 
-    /// The bytes `range` (token-aligned: blocks and pages are whole tokens of any dtype).
-    fn fetch(&mut self, range: Range<u64>) -> Result<Vec<u8>, MountError> {
+    /// Fills `bytes` with the bytes `range` (token-aligned: blocks and pages are whole tokens
+    /// of any dtype).
+    fn fetch(&mut self, range: Range<u64>, bytes: &mut Vec<u8>) -> Result<(), MountError> {
         let item = self.dtype.itemsize() as u64;
         let tokens = range.start / item..range.end / item;
         let Some(source) = self.source.as_mut() else {
@@ -137,9 +168,9 @@ impl BinReader {
             self.drop_source();
             return Err(e.into());
         }
-        let mut bytes = vec![0u8; (range.end - range.start) as usize];
-        self.dtype.encode(&self.buf, &mut bytes, tokens.start)?;
-        Ok(bytes)
+        bytes.resize((range.end - range.start) as usize, 0);
+        self.dtype.encode(&self.buf, bytes, tokens.start)?;
+        Ok(())
     }
 
     /// Forgets the source and what was read ahead through it.

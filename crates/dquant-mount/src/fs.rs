@@ -175,23 +175,43 @@ impl MountFs {
         errno(&e)
     }
 
-    fn read_bin(&self, dataset: &str, offset: u64, size: u64) -> Result<Vec<u8>, MountError> {
-        let reader = match lock(&self.bins).get(dataset) {
-            Some(o) => o.reader.clone(),
-            None => {
-                return Err(MountError::Changed(format!(
-                    "{dataset}: read without an open"
-                )))
-            }
+    /// Replies to a read of a `.bin` from the dataset's reader (under its lock, so the bytes
+    /// go to the kernel straight from the block that holds them).
+    fn read_bin(
+        &self,
+        dataset: &str,
+        offset: u64,
+        size: u64,
+        reply: ReplyData,
+    ) -> Result<(), (MountError, ReplyData)> {
+        let Some(reader) = lock(&self.bins).get(dataset).map(|o| o.reader.clone()) else {
+            let e = MountError::Changed(format!("{dataset}: read without an open"));
+            return Err((e, reply));
         };
         let mut r = lock(&reader);
         if !r.has_source() {
-            let src = self.agent.open_source(dataset, &self.opts.wire_codec)?;
-            r.set_source(src, self.opts.readahead)?;
+            let opened = self
+                .agent
+                .open_source(dataset, &self.opts.wire_codec)
+                .and_then(|src| r.set_source(src, self.opts.readahead));
+            if let Err(e) = opened {
+                return Err((e, reply));
+            }
         }
-        let mut out = Vec::with_capacity(size as usize);
-        r.read(offset, size, &mut out)?;
-        Ok(out)
+        // `reply` moves into the closure only when the bytes are there.
+        let mut reply = Some(reply);
+        match r.read(offset, size, |bytes| {
+            if let Some(reply) = reply.take() {
+                reply.data(bytes);
+            }
+        }) {
+            Ok(()) => Ok(()),
+            Err(e) => match reply.take() {
+                Some(reply) => Err((e, reply)),
+                // Replied before failing: `read` does not, but the kernel has its answer.
+                None => Ok(()),
+            },
+        }
     }
 
     fn read_idx(&self, dataset: &str, offset: u64, size: u64) -> Result<Vec<u8>, MountError> {
@@ -348,7 +368,13 @@ impl Filesystem for MountFs {
                 self.plans[*i].read(offset, size, &mut out).map(|_| out)
             }
             Node::File(f) => match f.part {
-                Part::Bin => self.read_bin(&f.dataset, offset, size),
+                Part::Bin => match self.read_bin(&f.dataset, offset, size, reply) {
+                    Ok(()) => return,
+                    Err((e, reply)) => {
+                        let what = format!("{} (.bin)", f.dataset);
+                        return reply.error(self.fail("read", &what, e));
+                    }
+                },
                 Part::Idx => self.read_idx(&f.dataset, offset, size),
             },
         };
@@ -356,7 +382,7 @@ impl Filesystem for MountFs {
             Ok(data) => reply.data(&data),
             Err(e) => {
                 let what = match &node {
-                    Node::File(f) => format!("{} ({:?})", f.dataset, f.part),
+                    Node::File(f) => format!("{} (.idx)", f.dataset),
                     Node::Plan(i) => format!("plan {}", self.plans[*i].name),
                     Node::Dir => format!("inode {}", ino.0),
                 };

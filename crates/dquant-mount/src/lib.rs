@@ -53,7 +53,9 @@ pub struct MountOptions {
     /// Every call to the agent and every read on its data connection: how long a read
     /// waits on an agent that stopped answering before it fails with `EIO`.
     pub timeout: Duration,
-    /// Threads answering the kernel, so one slow read does not hold up the others.
+    /// Threads answering the kernel, so one slow read does not hold up the others. Two: a
+    /// sequential reader is served one request at a time anyway (its blocks are in order),
+    /// and on 2 cores more threads only contend (bench/RESULTS.md, the mount's section).
     pub threads: usize,
     /// Let users other than the one mounting read the files (FUSE's `allow_other`).
     pub allow_other: bool,
@@ -67,7 +69,7 @@ impl Default for MountOptions {
             wire_codec: "auto".into(),
             ttl: Duration::from_secs(1),
             timeout: Duration::from_secs(10),
-            threads: 4,
+            threads: 2,
             allow_other: false,
         }
     }

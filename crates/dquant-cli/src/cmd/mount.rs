@@ -52,6 +52,10 @@ pub struct Args {
     /// Seconds listings and sizes are kept before the agent is asked again.
     #[arg(long, default_value_t = 1, value_name = "SECS")]
     pub ttl: u64,
+    /// Threads answering the kernel's requests (more than one, so that a read waiting on the
+    /// agent does not hold up lookups).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub threads: usize,
     /// Let other users read the mount (FUSE allow_other).
     #[arg(long)]
     pub allow_other: bool,
@@ -85,7 +89,7 @@ fn options(a: &Args) -> Result<MountOptions> {
         ttl: Duration::from_secs(a.ttl),
         timeout: Duration::from_secs(a.timeout.max(1)),
         allow_other: a.allow_other,
-        ..MountOptions::default()
+        threads: a.threads.max(1),
     })
 }
 
