@@ -168,6 +168,19 @@ def gpt_dataset(prefix: Path, cache: Path, samples: int, seq_len: int) -> tuple[
     return built, it, check
 
 
+def command_args(argv: list) -> str:
+    """The arguments a user gave run.sh: without the --dquant and --append it adds."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in ("--dquant", "--append"):
+            skip = True
+        else:
+            out.append(x)
+    return " ".join(out)
+
+
 def median(v):
     return float(np.median(v))
 
@@ -290,7 +303,7 @@ def main():
         when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         head = (
             f"## {when[:10]}: `dquant mount` against local files\n\n"
-            f"`bench/mount/run.sh {' '.join(sys.argv[1:]).replace(str(a.append), '').replace('--append', '').strip()}` · {when} · {cpu}, "
+            f"`bench/mount/run.sh {command_args(sys.argv[1:])}` · {when} · {cpu}, "
             f"{os.cpu_count()} vCPU, {platform.release()} · commit {commit} · {tokens:,} tokens of real r50k text "
             f"(int32 on the agent, uint16 through the mount), {a.runs} runs (medians; ranges where they differ).\n\n"
         )
