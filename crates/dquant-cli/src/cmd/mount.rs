@@ -12,12 +12,12 @@ use crate::util;
 
 const EXAMPLES: &str = "\
 Examples:
-  dquant mount dquant://127.0.0.1:7878 /mnt/dq &      # every dataset as ROOT/PATH.{bin,idx}
-  ls -l /mnt/dq/corpus                                # web_int32.bin (uint16: half the bytes), web_int32.idx
+  dquant mount dquant://127.0.0.1:7878 /mnt/dq &   # every dataset as ROOT/PATH.{bin,idx}
+  ls -l /mnt/dq/corpus                             # web_int32.bin: uint16, half the bytes
   # Megatron reads it unchanged: --data-path /mnt/dq/corpus/web_int32
   dquant mount dquant://10.0.0.5:7878 /mnt/dq --dtype i32 --wire-codec auto+lz4 --daemon
-  dquant mount dquant://127.0.0.1:7878 /mnt/dq --plan train=plan.toml   # /mnt/dq/plans/train.bin
-  fusermount3 -u /mnt/dq                              # unmount (or end the process: Ctrl-C, SIGTERM)";
+  dquant mount dquant://127.0.0.1:7878 /mnt/dq --plan train=plan.toml  # plans/train.bin
+  fusermount3 -u /mnt/dq                           # unmount (or Ctrl-C, SIGTERM)";
 
 /// Mount an agent's datasets as read-only files: every dataset under every root appears as a
 /// Megatron prefix, MOUNTPOINT/ROOT/PATH.bin + .idx, its tokens narrowed on the agent and
