@@ -23,7 +23,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 /// A tenant, as the config names it (`[[tenants]]`).
-#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// Shown in logs and errors (never the token).
@@ -32,6 +32,18 @@ pub struct TenantConfig {
     pub token: String,
     /// The roots it may read (`["*"]` for all).
     pub roots: Vec<String>,
+    /// Bytes per second of the data link this tenant gets whenever it wants them (needs
+    /// `[bandwidth]`); or, as `guarantee_share`, that part of `link_bytes_per_s`.
+    #[serde(default)]
+    pub guarantee_bytes_per_s: Option<u64>,
+    #[serde(default)]
+    pub guarantee_share: Option<f64>,
+    /// Its part of the link nobody's guarantee claims (default 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// The traffic class (`[[bandwidth.classes]]`) its data sockets are marked with.
+    #[serde(default)]
+    pub class: Option<String>,
 }
 
 impl std::fmt::Debug for TenantConfig {
@@ -40,6 +52,10 @@ impl std::fmt::Debug for TenantConfig {
             .field("name", &self.name)
             .field("token", &"<secret>")
             .field("roots", &self.roots)
+            .field("guarantee_bytes_per_s", &self.guarantee_bytes_per_s)
+            .field("guarantee_share", &self.guarantee_share)
+            .field("weight", &self.weight)
+            .field("class", &self.class)
             .finish()
     }
 }
@@ -283,6 +299,7 @@ mod tests {
             name: name.into(),
             token: token.into(),
             roots: roots.iter().map(|r| r.to_string()).collect(),
+            ..Default::default()
         }
     }
 

@@ -75,6 +75,10 @@ pub struct AgentConfig {
     /// it, and then only on loopback addresses.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+    /// Tenants' shares of the data link and their traffic classes (`[bandwidth]`): off
+    /// unless set, and then every data-plane frame waits for its tenant's turn.
+    #[serde(default)]
+    pub bandwidth: Option<BandwidthConfig>,
     /// Users and groups (numeric ids) besides the agent's own user and root that may connect
     /// to the Unix socket; it is created with mode 0660, and each peer's credentials
     /// (`SO_PEERCRED`) are checked.
@@ -157,6 +161,100 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// The data link's rate and its traffic classes (`[bandwidth]`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BandwidthConfig {
+    /// What the agent's data link carries, bytes/s, as the operator declares it: the
+    /// capacity tenants' guarantees are taken from and the rest shared by weight.
+    pub link_bytes_per_s: u64,
+    /// Traffic classes (`[[bandwidth.classes]]`: name, dscp 0..=63): a tenant's `class`
+    /// marks its data sockets' IP header (IPv4 TOS, IPv6 traffic class), so the switches'
+    /// queues can hold the guarantees across the fabric too.
+    #[serde(default)]
+    pub classes: Vec<TrafficClass>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrafficClass {
+    pub name: String,
+    pub dscp: u8,
+}
+
+impl BandwidthConfig {
+    /// The tenants' shares of the link (with `""`, weight 1, for an agent without tenants),
+    /// checked: shares in (0, 1], guarantees that fit the link, classes that exist.
+    pub fn shares(&self, tenants: &[TenantConfig]) -> Result<Vec<crate::bandwidth::Share>, String> {
+        if self.link_bytes_per_s == 0 {
+            return Err("bandwidth.link_bytes_per_s: must be at least 1".into());
+        }
+        for (i, c) in self.classes.iter().enumerate() {
+            if c.dscp > 63 {
+                return Err(format!(
+                    "bandwidth.classes {:?}: dscp {} is not in 0..=63",
+                    c.name, c.dscp
+                ));
+            }
+            if self.classes[..i].iter().any(|o| o.name == c.name) {
+                return Err(format!("bandwidth.classes: {:?} is named twice", c.name));
+            }
+        }
+        if tenants.is_empty() {
+            return Ok(vec![crate::bandwidth::Share {
+                tenant: String::new(),
+                guarantee: 0,
+                weight: 1,
+            }]);
+        }
+        let mut shares = Vec::with_capacity(tenants.len());
+        for t in tenants {
+            let guarantee = match (t.guarantee_bytes_per_s, t.guarantee_share) {
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "tenant {:?}: give guarantee_bytes_per_s or guarantee_share, not both",
+                        t.name
+                    ))
+                }
+                (Some(b), None) => b,
+                (None, Some(f)) if f > 0.0 && f <= 1.0 => (f * self.link_bytes_per_s as f64) as u64,
+                (None, Some(f)) => {
+                    return Err(format!(
+                        "tenant {:?}: guarantee_share {f} is not in (0, 1]",
+                        t.name
+                    ))
+                }
+                (None, None) => 0,
+            };
+            if let Some(c) = &t.class {
+                if !self.classes.iter().any(|k| &k.name == c) {
+                    return Err(format!(
+                        "tenant {:?}: class {c:?} is not among [[bandwidth.classes]]",
+                        t.name
+                    ));
+                }
+            }
+            shares.push(crate::bandwidth::Share {
+                tenant: t.name.clone(),
+                guarantee,
+                weight: t.weight.unwrap_or(1),
+            });
+        }
+        crate::bandwidth::Scheduler::check(self.link_bytes_per_s, &shares)
+            .map_err(|e| e.to_string())?;
+        Ok(shares)
+    }
+
+    /// The DSCP value of `tenant`'s class, if it has one.
+    pub fn dscp_of(&self, tenants: &[TenantConfig], tenant: &str) -> Option<u8> {
+        let class = tenants.iter().find(|t| t.name == tenant)?.class.as_ref()?;
+        self.classes
+            .iter()
+            .find(|c| &c.name == class)
+            .map(|c| c.dscp)
+    }
+}
+
 fn default_listen() -> SocketAddr {
     DEFAULT_LISTEN.parse().expect("constant address parses")
 }
@@ -207,6 +305,7 @@ impl Default for AgentConfig {
             block_cache: None,
             metrics_listen: None,
             tenants: Vec::new(),
+            bandwidth: None,
             socket_uids: Vec::new(),
             socket_gids: Vec::new(),
             upstream_token: None,
@@ -240,6 +339,24 @@ impl AgentConfig {
         }
         self.limits.validate()?;
         self.s3.validate()?;
+        match &self.bandwidth {
+            Some(b) => {
+                b.shares(&self.tenants)?;
+            }
+            None => {
+                if let Some(t) = self.tenants.iter().find(|t| {
+                    t.guarantee_bytes_per_s.is_some()
+                        || t.guarantee_share.is_some()
+                        || t.class.is_some()
+                }) {
+                    return Err(format!(
+                        "tenant {:?}: a guarantee or class needs [bandwidth] with link_bytes_per_s \
+                         (the link they are shares of)",
+                        t.name
+                    ));
+                }
+            }
+        }
         if self.consumer_idle_secs == 0 {
             return Err("consumer_idle_secs: must be at least 1".into());
         }
@@ -310,6 +427,78 @@ mod tests {
         assert_eq!(
             AgentConfig::default().validate().unwrap_err(),
             "roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)"
+        );
+    }
+
+    const TENANTS: &str = "[roots]\ncorpus = \"/data\"\n\
+        [[tenants]]\nname = \"a\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nroots = [\"*\"]\n";
+
+    fn bandwidth(extra_a: &str, extra: &str) -> Result<AgentConfig, String> {
+        let text = format!(
+            "{TENANTS}{extra_a}\n[[tenants]]\nname = \"b\"\ntoken = \"bbbbbbbbbbbbbbbbbbbb\"\nroots = [\"*\"]\n{extra}"
+        );
+        let c = AgentConfig::from_toml(&text)?;
+        c.validate().map(|()| c)
+    }
+
+    #[test]
+    fn bandwidth_shares_and_classes_parse_and_are_checked() {
+        let c = bandwidth(
+            "guarantee_share = 0.5\nclass = \"gold\"\nweight = 3",
+            "guarantee_bytes_per_s = 30000000\n[bandwidth]\nlink_bytes_per_s = 100000000\n\
+             [[bandwidth.classes]]\nname = \"gold\"\ndscp = 46\n",
+        )
+        .unwrap();
+        let b = c.bandwidth.as_ref().unwrap();
+        let shares = b.shares(&c.tenants).unwrap();
+        assert_eq!(
+            shares
+                .iter()
+                .map(|s| (s.tenant.as_str(), s.guarantee, s.weight))
+                .collect::<Vec<_>>(),
+            [("a", 50_000_000, 3), ("b", 30_000_000, 1)]
+        );
+        assert_eq!(b.dscp_of(&c.tenants, "a"), Some(46));
+        assert_eq!(b.dscp_of(&c.tenants, "b"), None);
+
+        let link = "[bandwidth]\nlink_bytes_per_s = 100000000\n";
+        let err = |a: &str, rest: &str| bandwidth(a, rest).unwrap_err();
+        assert_eq!(
+            err(
+                "guarantee_share = 0.8",
+                &format!("guarantee_bytes_per_s = 30000000\n{link}")
+            ),
+            "tenant guarantees add up to 110000000 B/s (a 80000000 + b 30000000) but the link \
+             carries 100000000 B/s (bandwidth.link_bytes_per_s); lower a guarantee or declare the \
+             link's real rate"
+        );
+        assert_eq!(
+            err("guarantee_share = 1.5", link),
+            "tenant \"a\": guarantee_share 1.5 is not in (0, 1]"
+        );
+        assert_eq!(
+            err("guarantee_share = 0.1\nguarantee_bytes_per_s = 5", link),
+            "tenant \"a\": give guarantee_bytes_per_s or guarantee_share, not both"
+        );
+        assert_eq!(
+            err("class = \"silver\"", link),
+            "tenant \"a\": class \"silver\" is not among [[bandwidth.classes]]"
+        );
+        assert_eq!(
+            err("weight = 0", link),
+            "tenant \"a\": weight must be at least 1"
+        );
+        assert_eq!(
+            err(
+                "",
+                &format!("{link}[[bandwidth.classes]]\nname = \"x\"\ndscp = 64\n")
+            ),
+            "bandwidth.classes \"x\": dscp 64 is not in 0..=63"
+        );
+        assert_eq!(
+            err("guarantee_share = 0.5", ""),
+            "tenant \"a\": a guarantee or class needs [bandwidth] with link_bytes_per_s (the \
+             link they are shares of)"
         );
     }
 }

@@ -183,6 +183,12 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         return refuse(&conn, "bad hello", claim_error(hello.session));
     };
     drop(handshake);
+    let pacer = shared.shaping.as_ref().and_then(|s| {
+        if let Err(e) = s.mark(&owner, conn.socket()) {
+            tracing::warn!(session = hello.session, error = %e, "cannot mark the data socket's traffic class");
+        }
+        s.pacer(&owner)
+    });
     let _ = conn.socket().set_read_timeout(None);
     keep_alive(
         conn.socket(),
@@ -199,12 +205,12 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         w @ Work::Plan { .. } => {
             let prefetch = shared.config.prefetch_frames;
             let meter = shared.metrics.plan_meter(&owner, &w);
-            stream_plan(w, conn, prefetch, cancel, &shared.draining, meter)
+            stream_plan(w, conn, prefetch, cancel, &shared.draining, meter, pacer)
         }
         w @ Work::Source { .. } => {
             let max_len = shared.config.limits.max_range_tokens;
             let pool = shared.workers.clone();
-            let r = serve_ranges(w, conn, &mut frames, max_len, pool, cancel);
+            let r = serve_ranges(w, conn, &mut frames, max_len, pool, cancel, pacer);
             if let Ok(s) = &r {
                 shared
                     .metrics

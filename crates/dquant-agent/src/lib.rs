@@ -18,6 +18,7 @@
 //! pulls token ranges from that agent — an agent near the host chained to one near storage.
 
 mod auth;
+pub mod bandwidth;
 mod catalog;
 mod config;
 mod control;
@@ -27,6 +28,7 @@ mod limits;
 mod local;
 mod metrics;
 mod open_pool;
+mod pacing;
 mod produce;
 mod serve_plan;
 mod serve_ranges;
@@ -45,7 +47,10 @@ use tonic_health::ServingStatus;
 
 pub use auth::{TenantConfig, MIN_TOKEN_LEN};
 pub use catalog::{Catalog, NameError};
-pub use config::{AgentConfig, BlockCacheConfig, TlsFiles, DEFAULT_LISTEN, DEFAULT_PREFETCH};
+pub use config::{
+    AgentConfig, BandwidthConfig, BlockCacheConfig, TlsFiles, TrafficClass, DEFAULT_LISTEN,
+    DEFAULT_PREFETCH,
+};
 pub use limits::{LimitError, Limits, MAX_RANGE_TOKENS};
 
 /// State every handler and connection shares.
@@ -74,6 +79,8 @@ pub(crate) struct Shared {
     /// Plan sessions end after the batch in hand, telling their consumers where to resume
     /// (graceful shutdown, [`AgentHandle::drain`]).
     pub draining: AtomicBool,
+    /// Tenants' shares of the data link and their traffic classes (`[bandwidth]`).
+    pub shaping: Option<Arc<pacing::Shaping>>,
 }
 
 impl Shared {
@@ -358,7 +365,9 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             |e| AgentError::Start(format!("cannot start the worker threads: {e}")),
         )?)),
     };
+    let shaping = pacing::Shaping::new(&config, &metrics).map_err(AgentError::Config)?;
     let shared = Arc::new(Shared {
+        shaping,
         workers,
         sessions: Arc::new(sessions::Sessions::new(
             config.max_sessions,

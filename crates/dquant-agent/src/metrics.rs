@@ -15,6 +15,9 @@
 //! | `dquant_refusals_total` | counter | `reason` |
 //! | `dquant_source_samples_total` | counter | `tenant`, `dataset` (the plan's source URI) |
 //! | `dquant_source_samples_per_epoch` | gauge | `dataset`: `samples_total / samples_per_epoch` is epochs |
+//! | `dquant_tenant_link_bytes_total` | counter | `tenant`: frame bytes paced through `[bandwidth]` |
+//! | `dquant_tenant_throttled_microseconds_total` | counter | `tenant`: time its senders waited for their share |
+//! | `dquant_tenant_rate_bytes_per_second` | gauge | `tenant`: achieved over the last second |
 
 use std::net::SocketAddr;
 
@@ -120,6 +123,17 @@ impl Metrics {
         }
         m.drawn = vec![0; sources.len()];
         m
+    }
+
+    /// A tenant's bandwidth series (`[bandwidth]`): bytes paced, time throttled, achieved
+    /// rate.
+    pub fn tenant_meters(&self, tenant: &str) -> (Counter, Counter, Gauge) {
+        let t = || vec![Label::new("tenant", tenant.to_string())];
+        (
+            self.counter("dquant_tenant_link_bytes_total", t()),
+            self.counter("dquant_tenant_throttled_microseconds_total", t()),
+            self.gauge("dquant_tenant_rate_bytes_per_second", t()),
+        )
     }
 
     /// A session ended: `how` is `finished`, `failed`, `stopped` or `drained`.

@@ -18,7 +18,8 @@ use crate::produce::{run, Outcome, Producer, Stats};
 use crate::sessions::{StreamError, Work};
 
 /// Streams a plan's batches over `conn` in the plan's wire codec until the end, an error, a
-/// disconnect or `cancel`, with `prefetch` frames of 1 MiB ahead of the socket.
+/// disconnect or `cancel`, with `prefetch` frames of 1 MiB ahead of the socket, each frame
+/// sent when `pacer` (the tenant's share of the link) lets it.
 pub(crate) fn stream_plan(
     work: Work,
     conn: DataStream,
@@ -26,6 +27,7 @@ pub(crate) fn stream_plan(
     cancel: Arc<AtomicBool>,
     drain: &AtomicBool,
     meter: Meter,
+    pacer: Option<Box<dyn dquant_transport::Pacer>>,
 ) -> Result<Stats, StreamError> {
     let Work::Plan {
         pipeline,
@@ -38,7 +40,7 @@ pub(crate) fn stream_plan(
         return Err(StreamError::Failed(m));
     };
     let mut sink =
-        TcpBatchSink::start(conn, prefetch, cancel.clone()).map_err(StreamError::Thread)?;
+        TcpBatchSink::start(conn, prefetch, cancel.clone(), pacer).map_err(StreamError::Thread)?;
     let mut producer = Producer::new(pipeline, output, wire)
         .with_meter(meter)
         .encoding_ahead(prefetch.saturating_mul(dquant_transport::frame::MAX_PAYLOAD));

@@ -261,8 +261,9 @@ pub(crate) fn serve_ranges(
     max_len: u64,
     pool: Option<Arc<WorkerPool>>,
     cancel: Arc<AtomicBool>,
+    pacer: Option<Box<dyn dquant_transport::Pacer>>,
 ) -> Result<Stats, StreamError> {
-    let mut w = FrameWriter::new(conn);
+    let mut w = FrameWriter::new(conn).with_pacer(pacer);
     let Work::Source { source, name, wire } = work else {
         let m = "a plan session streams batches; open it with Open, not OpenSource";
         fail_and_linger(&mut w, m);

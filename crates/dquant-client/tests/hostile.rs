@@ -41,6 +41,7 @@ fn add_tenants(cfg: &mut AgentConfig, tenants: &[(&str, &str)]) {
             name: name.to_string(),
             token: token.to_string(),
             roots: vec!["corpus".into()],
+            ..Default::default()
         });
     }
 }

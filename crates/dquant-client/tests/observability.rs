@@ -77,6 +77,7 @@ fn metrics_count_what_was_streamed_and_what_was_refused() {
         name: "team-a".into(),
         token: TOKEN.into(),
         roots: vec!["corpus".into()],
+        ..Default::default()
     });
     let agent = dquant_agent::start(cfg).unwrap();
     // Health needs no token.

@@ -5,15 +5,32 @@ use std::io::{ErrorKind, Read, Write};
 use crate::frame::{FrameHeader, FrameKind, WireError, HEADER_LEN};
 use crate::pool::PooledBuf;
 
-/// Writes frames with consecutive sequence numbers.
+/// What a data-plane writer asks before each frame: here, a tenant's share of the agent's
+/// link (its bandwidth scheduler). `pace` returns when `bytes` more may go.
+pub trait Pacer: Send {
+    fn pace(&mut self, bytes: usize);
+}
+
+/// Writes frames with consecutive sequence numbers, each after its [`Pacer`] (if any) let it.
 pub struct FrameWriter<W: Write> {
     w: W,
     seq: u64,
+    pacer: Option<Box<dyn Pacer>>,
 }
 
 impl<W: Write> FrameWriter<W> {
     pub fn new(w: W) -> Self {
-        FrameWriter { w, seq: 0 }
+        FrameWriter {
+            w,
+            seq: 0,
+            pacer: None,
+        }
+    }
+
+    /// Every frame from now on waits for `pacer` first.
+    pub fn with_pacer(mut self, pacer: Option<Box<dyn Pacer>>) -> Self {
+        self.pacer = pacer;
+        self
     }
 
     /// Frames sent so far.
@@ -23,6 +40,9 @@ impl<W: Write> FrameWriter<W> {
 
     pub fn send(&mut self, kind: FrameKind, payload: &[u8]) -> Result<(), WireError> {
         let h = FrameHeader::for_payload(kind, self.seq, payload)?;
+        if let Some(p) = &mut self.pacer {
+            p.pace(HEADER_LEN + payload.len());
+        }
         self.w.write_all(&h.encode())?;
         self.w.write_all(payload)?;
         self.seq += 1;

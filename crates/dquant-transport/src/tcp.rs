@@ -245,11 +245,13 @@ fn gone<T>(_: T) -> SinkError {
 
 impl TcpBatchSink {
     /// Starts the sender thread on `conn`, with `prefetch` 1 MiB frames the producer may run
-    /// ahead by. A set `cancel` ends the stream ("closed by the client").
+    /// ahead by, each frame sent when `pacer` (if any) lets it. A set `cancel` ends the
+    /// stream ("closed by the client").
     pub fn start(
         conn: DataStream,
         prefetch: usize,
         cancel: Arc<AtomicBool>,
+        pacer: Option<Box<dyn crate::Pacer>>,
     ) -> std::io::Result<Self> {
         let pool = BufferPool::new(prefetch, MAX_PAYLOAD);
         let (tx, rx) = sync_channel::<Msg>(prefetch + 2);
@@ -257,7 +259,7 @@ impl TcpBatchSink {
         let sender_queued = queued.clone();
         let sender = std::thread::Builder::new()
             .name("dquant-send".into())
-            .spawn(move || send_frames(conn, rx, &sender_queued, &cancel))?;
+            .spawn(move || send_frames(conn, pacer, rx, &sender_queued, &cancel))?;
         Ok(TcpBatchSink {
             frames: Some(FrameSink::new(pool, FrameOut::Channel(tx, queued))),
             sender: Some(sender),
@@ -350,11 +352,12 @@ impl BatchSink for TcpBatchSink {
 /// The sender half: frames from the producer to the socket.
 fn send_frames(
     conn: DataStream,
+    pacer: Option<Box<dyn crate::Pacer>>,
     rx: Receiver<Msg>,
     queued: &AtomicUsize,
     cancel: &AtomicBool,
 ) -> Result<(), String> {
-    let mut w = FrameWriter::new(conn);
+    let mut w = FrameWriter::new(conn).with_pacer(pacer);
     for msg in rx.iter() {
         if cancel.load(Ordering::Relaxed) {
             return Err("closed by the client".into());

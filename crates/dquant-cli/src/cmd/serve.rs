@@ -57,6 +57,12 @@ Examples:
   #   name = \"team-a\"
   #   token = \"at-least-16-characters\"
   #   roots = [\"corpus\"]              # or [\"*\"]
+  #   guarantee_share = 0.5           # of [bandwidth] link_bytes_per_s (or guarantee_bytes_per_s)
+  #   weight = 1                      # its part of what no guarantee claims
+  #   class = \"gold\"                  # DSCP of its data sockets, from [[bandwidth.classes]]
+  #   [bandwidth]                     # tenants' shares of the data link (default: off)
+  #   link_bytes_per_s = 1250000000   # the link, as declared
+  #   [[bandwidth.classes]]           # name = \"gold\", dscp = 46
   #   [roots]                         # relative paths (here and in [tls]) are relative to the config file
   #   corpus = \"/data/tokens\"
   #   web = \"s3://bucket/web\"        # an S3-compatible bucket prefix
