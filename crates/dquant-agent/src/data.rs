@@ -201,10 +201,14 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         Work::Source { .. } => "source",
     };
     tracing::info!(session = id, %peer, kind, "session streaming");
+    shared.events.streaming(&owner);
     let result = match work {
         w @ Work::Plan { .. } => {
             let prefetch = shared.config.prefetch_frames;
-            let meter = shared.metrics.plan_meter(&owner, &w);
+            let meter = shared
+                .metrics
+                .plan_meter(&owner, &w)
+                .with_tally(shared.events.tally(&owner));
             stream_plan(w, conn, prefetch, cancel, &shared.draining, meter, pacer)
         }
         w @ Work::Source { .. } => {
@@ -215,13 +219,14 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
                 shared
                     .metrics
                     .meter(&owner)
+                    .with_tally(shared.events.tally(&owner))
                     .add(s.records, s.tokens, s.wire_bytes);
             }
             r
         }
     };
     shared.sessions.finish(id);
-    log_end(&shared, id, kind, "tcp", started, result);
+    log_end(&shared, (id, &owner), kind, "tcp", started, result);
 }
 
 /// Liveness of a streaming connection: TCP keepalive finds a peer that vanished (a host
@@ -249,17 +254,34 @@ const KEEPALIVE_PROBES: u32 = 6;
 /// The log line at a session's end.
 pub(crate) fn log_end(
     shared: &Shared,
-    id: u64,
+    (id, tenant): (u64, &str),
     kind: &str,
     transport: &str,
     started: Instant,
     result: Result<Stats, StreamError>,
 ) {
-    shared.metrics.session_end(match &result {
+    let how = match &result {
         Ok(_) => "finished",
         Err(StreamError::Drained(_)) => "drained",
         Err(StreamError::Stopped(_)) => "stopped",
         Err(_) => "failed",
+    };
+    shared.metrics.session_end(how);
+    let stats = result.as_ref().copied().unwrap_or_default();
+    shared.events.closed(dquant_proto::v1::SessionClosed {
+        session: id,
+        tenant: tenant.to_string(),
+        kind: kind.to_string(),
+        transport: transport.to_string(),
+        how: how.to_string(),
+        message: result
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default(),
+        records: stats.records,
+        tokens: stats.tokens,
+        wire_bytes: stats.wire_bytes,
     });
     let secs = started.elapsed().as_secs_f64();
     match result {

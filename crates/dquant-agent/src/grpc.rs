@@ -16,8 +16,8 @@ use dquant_engine::{open_options, EngineError, LocalSource, Pipeline, SourceErro
 use dquant_plan::{Cursor, Plan, Source};
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
-    CloseReply, CloseRequest, DatasetStat, IndexPart, IndexReply, IndexRequest, ListReply,
-    ListRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest,
+    CloseReply, CloseRequest, DatasetStat, Event, IndexPart, IndexReply, IndexRequest, ListReply,
+    ListRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest, WatchRequest,
 };
 use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
 use dquant_storage::{Dataset, StorageError};
@@ -144,6 +144,45 @@ fn open_local(
         stat.max_token = Some(src.dataset().max_token().map_err(precondition)?);
     }
     Ok((src, stat))
+}
+
+/// Feeds one watcher: the agent's events it may see, in order, and a rate snapshot every
+/// `interval`, until it goes away or the agent stops.
+async fn watch(
+    shared: Arc<Shared>,
+    only: Option<String>,
+    interval: Duration,
+    tx: tokio::sync::mpsc::Sender<Result<Event, Status>>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut rx = shared.events.subscribe();
+    let mut w = crate::events::Watcher::new(only);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let ev = tokio::select! {
+            r = rx.recv() => match r {
+                Ok(e) if w.sees(&e) => e,
+                Ok(_) => continue,
+                Err(RecvError::Lagged(n)) => Event {
+                    seq: shared.events.next_seq(),
+                    unix_ms: crate::events::unix_ms(),
+                    kind: Some(dquant_proto::v1::event::Kind::Error(dquant_proto::v1::ErrorEvent {
+                        plane: "watch".into(),
+                        reason: "fell behind".into(),
+                        detail: format!("{n} events were dropped: this watcher read too slowly"),
+                    })),
+                },
+                Err(RecvError::Closed) => return,
+            },
+            _ = tick.tick() => w.snapshot(&shared.events),
+        };
+        if tx.send(Ok(ev)).await.is_err()
+            || shared.stopping.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+    }
 }
 
 /// The values `[start, start + count)` of one part of `ds`'s document index (fewer past its
@@ -323,6 +362,10 @@ impl Agent for Service {
                     wire,
                 };
                 let (id, ticket) = place.add(work, caller.name());
+                let sources: Vec<&str> = plan.sources.iter().map(|s| s.uri.as_str()).collect();
+                shared
+                    .events
+                    .opened(id, caller.name(), "plan", sources.join(","));
                 reply.session = id;
                 reply.ticket = ticket.to_vec();
                 tracing::info!(
@@ -375,6 +418,9 @@ impl Agent for Service {
                     wire,
                 };
                 let (id, ticket) = place.add(work, caller.name());
+                shared
+                    .events
+                    .opened(id, caller.name(), "source", ds.dataset.clone());
                 tracing::info!(
                     session = id,
                     tenant = caller.name(),
@@ -403,6 +449,31 @@ impl Agent for Service {
             tracing::info!(session = id, "session closed by the client");
         }
         Ok(Response::new(CloseReply { existed }))
+    }
+
+    type WatchStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<Event, Status>> + Send + 'static>>;
+
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = caller_of(&req)?;
+        let interval = match req.get_ref().interval_ms {
+            0 => 1000,
+            ms => ms.clamp(100, 60_000),
+        };
+        let only = (!caller.name().is_empty()).then(|| caller.name().to_string());
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(watch(
+            self.shared.clone(),
+            only,
+            Duration::from_millis(interval.into()),
+            tx,
+        ));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn index(&self, req: Request<IndexRequest>) -> Result<Response<IndexReply>, Status> {

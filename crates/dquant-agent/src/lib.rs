@@ -23,6 +23,7 @@ mod catalog;
 mod config;
 mod control;
 mod data;
+mod events;
 mod grpc;
 mod limits;
 mod local;
@@ -81,6 +82,8 @@ pub(crate) struct Shared {
     pub draining: AtomicBool,
     /// Tenants' shares of the data link and their traffic classes (`[bandwidth]`).
     pub shaping: Option<Arc<pacing::Shaping>>,
+    /// What the `Watch` RPC streams.
+    pub events: events::Events,
 }
 
 impl Shared {
@@ -88,6 +91,8 @@ impl Shared {
     /// reason.
     pub fn refuse(&self, plane: &str, peer: &str, reason: &'static str, detail: &str) {
         self.metrics.refusal(reason);
+        self.events
+            .refused(plane, reason, &format!("{peer}: {detail}"));
         self.refusals.refuse(plane, peer, reason, detail);
     }
 
@@ -368,6 +373,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let shaping = pacing::Shaping::new(&config, &metrics).map_err(AgentError::Config)?;
     let shared = Arc::new(Shared {
         shaping,
+        events: events::Events::new(),
         workers,
         sessions: Arc::new(sessions::Sessions::new(
             config.max_sessions,

@@ -183,8 +183,12 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
             "session streaming"
         );
     }
-    let meter = shared.metrics.plan_meter(&owner, &work);
+    shared.events.streaming(&owner);
+    let meter = shared
+        .metrics
+        .plan_meter(&owner, &work)
+        .with_tally(shared.events.tally(&owner));
     let result = stream_ring(work, sink, &cancel, &shared.draining, meter);
     shared.sessions.finish(id);
-    log_end(shared, id, "plan", "shm", started, result);
+    log_end(shared, (id, &owner), "plan", "shm", started, result);
 }

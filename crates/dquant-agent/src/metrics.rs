@@ -97,6 +97,7 @@ impl Metrics {
             bytes: self.counter("dquant_bytes_total", t()),
             sources: Vec::new(),
             drawn: Vec::new(),
+            tally: None,
         }
     }
 
@@ -158,6 +159,8 @@ pub(crate) struct Meter {
     sources: Vec<Counter>,
     /// What `sources` counted so far.
     drawn: Vec<u64>,
+    /// The tenant's running total for the `Watch` feed's rates.
+    tally: Option<std::sync::Arc<crate::events::Tally>>,
 }
 
 impl Meter {
@@ -169,7 +172,14 @@ impl Meter {
             bytes: Counter::noop(),
             sources: Vec::new(),
             drawn: Vec::new(),
+            tally: None,
         }
+    }
+
+    /// Also adds the bytes to `tally` (the tenant's, for the `Watch` feed).
+    pub fn with_tally(mut self, tally: std::sync::Arc<crate::events::Tally>) -> Self {
+        self.tally = Some(tally);
+        self
     }
 
     /// `batches` records of `tokens` tokens in `bytes` wire bytes went out.
@@ -177,6 +187,10 @@ impl Meter {
         self.batches.increment(batches);
         self.tokens.increment(tokens);
         self.bytes.increment(bytes);
+        if let Some(t) = &self.tally {
+            t.bytes
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The stream has now taken `drawn[d]` samples from source `d`: counts what is new.

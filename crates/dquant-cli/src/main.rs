@@ -27,6 +27,7 @@ Examples:
   dquant stat dquant://127.0.0.1:7878/corpus/web_int32
   dquant read plan.toml --agent dquant://127.0.0.1:7878 --out batches.u16   # the agent runs it
   dquant mount dquant://127.0.0.1:7878 /mnt/dq     # its datasets as Megatron files (FUSE)
+  dquant top dquant://127.0.0.1:7878               # tenants' rates and sessions, live
 
 Logs go to stderr; DQUANT_LOG sets the filter (e.g. DQUANT_LOG=debug; default warn, info for serve).";
 
@@ -62,6 +63,7 @@ enum Cmd {
     Stat(cmd::remote::StatArgs),
     Demo(cmd::demo::Args),
     Mount(cmd::mount::Args),
+    Top(cmd::top::Args),
 }
 
 fn main() {
@@ -79,6 +81,7 @@ fn main() {
         Cmd::Stat(a) => cmd::remote::stat(&a).map(|_| 0),
         Cmd::Demo(a) => cmd::demo::run(&a).map(|_| 0),
         Cmd::Mount(a) => cmd::mount::run(&a).map(|_| 0),
+        Cmd::Top(a) => cmd::top::run(&a).map(|_| 0),
     };
     match r {
         Ok(code) => std::process::exit(code),

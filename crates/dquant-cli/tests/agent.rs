@@ -665,3 +665,58 @@ fn wait_ready_times_out_on_a_stopped_agent_and_the_stream_goes_on_whole() {
         "the stream after the stall differs"
     );
 }
+
+/// `dquant top --json`: the agent's events as JSON lines, a session opened and closed among
+/// them, and rate snapshots at the interval asked for.
+#[test]
+fn top_shows_sessions_and_rates() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_fixtures(dir.path());
+    let agent = AgentProcess::start(BIN, &["--root", &format!("fx={}", root.display())]);
+    let top = Command::new(BIN)
+        .args([
+            "top",
+            &agent.uri,
+            "--json",
+            "--interval-ms",
+            "100",
+            "--count",
+            "40",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (p, _) = plans(dir.path(), &root, "");
+    ok(&[
+        "read",
+        s(&p),
+        "--agent",
+        &agent.uri,
+        "--out",
+        "/dev/null",
+        "-q",
+    ]);
+    let out = top.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 40);
+    let opened = lines
+        .iter()
+        .position(|l| l["event"]["opened"]["kind"] == "plan");
+    let closed = lines
+        .iter()
+        .position(|l| l["event"]["closed"]["how"] == "finished");
+    assert!(opened.is_some() && opened < closed, "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l["event"]["rates"].is_array())
+            .count()
+            >= 5
+    );
+}

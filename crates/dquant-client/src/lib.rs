@@ -29,7 +29,7 @@ use dquant_remote::open_source;
 
 pub use batch::{Batch, OwnedBatch, Tokens};
 pub use dquant_engine::{SourceError, TokenSource};
-pub use dquant_remote::{AgentUri, Control, Credentials, Transport};
+pub use dquant_remote::{AgentUri, Control, Credentials, Transport, Watch};
 pub use error::ClientError;
 pub use reader::Reader;
 

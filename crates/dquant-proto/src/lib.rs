@@ -1,4 +1,4 @@
-//! The agent's control plane (gRPC): `List`, `Stat`, `Open`, `OpenSource`, `Close`, `Index`.
+//! The agent's control plane (gRPC): `List`, `Stat`, `Open`, `OpenSource`, `Close`, `Index`, `Watch`.
 //!
 //! Bulk data never travels in these messages. `Open` returns a session id, a one-time ticket
 //! and the data port; the client then connects to the data port, presents the ticket in a

@@ -15,7 +15,7 @@ use dquant_engine::SourceError;
 use dquant_proto::v1::agent_client::AgentClient;
 use dquant_proto::v1::{
     CloseRequest, DatasetStat, IndexRequest, ListEntry, ListRequest, OpenReply, OpenRequest,
-    OpenSourceRequest, StatRequest,
+    OpenSourceRequest, StatRequest, WatchRequest,
 };
 use dquant_transport::record::MAX_TOKEN_LEN;
 use dquant_transport::{
@@ -122,6 +122,20 @@ pub struct Control {
     secret: Option<String>,
     /// TLS on both planes, when the agent is reached over TCP with a CA to trust.
     tls: Option<ClientTls>,
+}
+
+/// The agent's event feed, from [`Control::watch`].
+pub struct Watch {
+    rx: tokio::sync::mpsc::Receiver<Result<dquant_proto::v1::Event, SourceError>>,
+}
+
+impl Iterator for Watch {
+    type Item = Result<dquant_proto::v1::Event, SourceError>;
+
+    /// Blocks for the next event (never call it from inside an async runtime).
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rx.blocking_recv()
+    }
 }
 
 /// The environment variable clients take their tenant token from.
@@ -347,6 +361,33 @@ impl Control {
             )));
         }
         Ok(reply.values)
+    }
+
+    /// The agent's event feed (`Watch`): its events in order, and a rate snapshot every
+    /// `interval_ms` (0: the agent's default), as a blocking iterator. It ends when the agent
+    /// goes away (with the error, if any, as its last item); dropping it ends the watch.
+    pub fn watch(&self, interval_ms: u32) -> Result<Watch, SourceError> {
+        let mut c = self.client.clone();
+        let req = self.request(WatchRequest { interval_ms });
+        let stream = self.within("Watch", async move { c.watch(req).await })?;
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let tls = self.tls.is_some();
+        runtime().spawn(async move {
+            let mut stream = stream;
+            loop {
+                let item = match stream.message().await {
+                    Ok(Some(e)) => Ok(e),
+                    Ok(None) => return,
+                    Err(e) => Err(status_error(e, tls)),
+                };
+                let last = item.is_err();
+                // Fails once the watch is dropped: the stream ends with it.
+                if tx.send(item).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(Watch { rx })
     }
 
     fn within<T: Send + 'static>(

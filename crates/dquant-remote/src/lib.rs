@@ -14,7 +14,8 @@ mod source;
 mod uri;
 
 pub use control::{
-    connect_error, Control, Credentials, DEFAULT_RPC_TIMEOUT, TLS_CA_ENV, TLS_NAME_ENV, TOKEN_ENV,
+    connect_error, Control, Credentials, Watch, DEFAULT_RPC_TIMEOUT, TLS_CA_ENV, TLS_NAME_ENV,
+    TOKEN_ENV,
 };
 pub use open::{dataset_uri, open_on_agent, open_source};
 pub use readahead::ReadaheadConfig;

@@ -7,4 +7,5 @@ pub mod mount;
 pub mod read;
 pub mod remote;
 pub mod serve;
+pub mod top;
 pub mod verify;

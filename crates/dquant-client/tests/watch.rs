@@ -1,0 +1,168 @@
+//! The `Watch` RPC: a watcher sees sessions opened and closed in order, with what they
+//! moved, refusals, and rate snapshots; a tenant sees only its own sessions.
+
+use std::io::Write;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use dquant_agent::TenantConfig;
+use dquant_client::{AgentUri, Control, Credentials, Offload, Reader};
+use dquant_plan::{Cursor, OutputDType, Plan};
+use dquant_proto::v1::event::Kind;
+use dquant_proto::v1::Event;
+use dquant_testkit::stream::drain;
+use dquant_testkit::{agent, fixture};
+
+fn root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for ext in ["bin", "idx"] {
+        let f = format!("r50k_int32.{ext}");
+        std::fs::copy(fixture(&f), dir.path().join(&f)).unwrap();
+    }
+    dir
+}
+
+fn plan() -> Plan {
+    let mut p = agent::plan_in("c", &[("r50k_int32", 1.0)], 255, 8, 3);
+    p.output = OutputDType::U16;
+    p
+}
+
+/// Collects `watch`'s events on a thread until `done` says the list is complete (or 20 s).
+fn collect(
+    mut watch: dquant_client::Watch,
+    done: impl Fn(&[Event]) -> bool + Send + 'static,
+) -> mpsc::Receiver<Vec<Event>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for e in watch.by_ref() {
+            seen.push(e.unwrap());
+            if done(&seen) {
+                break;
+            }
+        }
+        let _ = tx.send(seen);
+    });
+    rx
+}
+
+fn closed(evs: &[Event]) -> bool {
+    evs.iter().any(|e| matches!(e.kind, Some(Kind::Closed(_))))
+}
+
+#[test]
+fn a_watcher_sees_sessions_refusals_and_rates_in_order() {
+    let dir = root();
+    let a = agent::start(&[("c", dir.path().to_path_buf())]);
+    let c = Control::connect(&a.control_addr().to_string()).unwrap();
+    let watch = c.watch(100).unwrap();
+    // A refusal: garbage instead of a hello on the data port.
+    let mut s = std::net::TcpStream::connect(a.data_addr()).unwrap();
+    s.write_all(b"not a hello frame at all, just bytes........")
+        .unwrap();
+    drop(s);
+    let got = collect(watch, |evs| {
+        closed(evs)
+            && evs
+                .iter()
+                .rev()
+                .take_while(|e| !matches!(e.kind, Some(Kind::Closed(_))))
+                .any(|e| matches!(&e.kind, Some(Kind::Rates(r)) if r.tenants.iter().all(|t| t.sessions == 0)))
+    });
+    let mut r = dquant_client::open(&a.uri(), &plan(), Offload::Yes).unwrap();
+    let (bytes, _) = drain(&mut r);
+    let batches = r.rank_batches();
+    drop(r);
+    let evs = got
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the events arrive");
+
+    let refusal = evs
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::Error(x)) => Some(x.clone()),
+            _ => None,
+        })
+        .expect("the refusal is an event");
+    assert_eq!(
+        (refusal.plane.as_str(), refusal.reason.as_str()),
+        ("data", "bad hello")
+    );
+    let opened = evs
+        .iter()
+        .position(|e| matches!(&e.kind, Some(Kind::Opened(o)) if o.kind == "plan" && o.detail == "c/r50k_int32" && o.tenant.is_empty()))
+        .expect("an Opened event");
+    let closed_at = evs
+        .iter()
+        .position(|e| matches!(e.kind, Some(Kind::Closed(_))))
+        .unwrap();
+    assert!(opened < closed_at);
+    let (Some(Kind::Opened(o)), Some(Kind::Closed(x))) = (&evs[opened].kind, &evs[closed_at].kind)
+    else {
+        unreachable!()
+    };
+    assert_eq!(x.session, o.session);
+    assert_eq!(
+        (x.how.as_str(), x.transport.as_str(), x.kind.as_str()),
+        ("finished", "tcp", "plan")
+    );
+    assert_eq!(x.records, batches);
+    assert_eq!(x.tokens * 2, bytes.len() as u64);
+    // Published events are numbered one by one, in order.
+    let seqs: Vec<u64> = evs
+        .iter()
+        .filter(|e| !matches!(e.kind, Some(Kind::Rates(_))))
+        .map(|e| e.seq)
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    // The last snapshot counts what the session moved, and no session streaming.
+    let Some(Kind::Rates(last)) = &evs.last().unwrap().kind else {
+        unreachable!("the collection ends on a snapshot")
+    };
+    let t = last.tenants.iter().find(|t| t.tenant.is_empty()).unwrap();
+    assert_eq!(t.bytes_total, x.wire_bytes);
+    assert_eq!(t.sessions, 0);
+}
+
+#[test]
+fn a_tenant_watches_only_its_own_sessions() {
+    let dir = root();
+    let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
+    for (name, token) in [("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")] {
+        cfg.tenants.push(TenantConfig {
+            name: name.into(),
+            token: token.into(),
+            roots: vec!["*".into()],
+            ..Default::default()
+        });
+    }
+    let agent = dquant_agent::start(cfg).unwrap();
+    let uri = AgentUri::parse(&agent.uri()).unwrap();
+    let creds = |t: &str| Credentials {
+        token: Some(t.into()),
+        tls: None,
+    };
+    let watch_a = Control::connect(&agent.control_addr().to_string())
+        .unwrap()
+        .with_token("tenant-a-0123456789")
+        .unwrap()
+        .watch(100)
+        .unwrap();
+    let got = collect(watch_a, closed);
+    for t in ["tenant-b-0123456789", "tenant-a-0123456789"] {
+        let mut r = Reader::remote_with(&uri, &plan(), Cursor::START, &creds(t)).unwrap();
+        drain(&mut r);
+    }
+    let evs = got
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the events arrive");
+    for e in &evs {
+        match &e.kind {
+            Some(Kind::Opened(o)) => assert_eq!(o.tenant, "a"),
+            Some(Kind::Closed(c)) => assert_eq!(c.tenant, "a"),
+            Some(Kind::Rates(r)) => assert!(r.tenants.iter().all(|t| t.tenant == "a"), "{r:?}"),
+            other => panic!("a tenant's watch showed {other:?}"),
+        }
+    }
+}
