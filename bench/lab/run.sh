@@ -8,6 +8,7 @@
 # Usage:
 #   sudo bench/lab/run.sh [LAB OPTIONS]        # e.g. --rate 1gbit --size 200 --runs 3
 #   sudo bench/lab/run.sh --smoke              # tiny data, one run, ~30 s: what CI runs
+#   sudo bench/lab/run.sh --tenants --corpora r50k   # tenants with bandwidth guarantees (~30 s)
 #   sudo bench/lab/run.sh --cleanup            # remove namespaces a killed lab left behind
 #   bench/lab/run.sh --help                    # every option
 #

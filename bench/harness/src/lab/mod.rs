@@ -35,6 +35,7 @@ pub mod consume;
 pub mod netns;
 pub mod report;
 pub mod s3;
+mod tenants;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -118,6 +119,11 @@ pub struct Args {
     /// Remove the namespaces a killed lab left behind, and exit.
     #[arg(long)]
     pub cleanup: bool,
+    /// Instead of the scenarios: tenants with bandwidth guarantees sharing one storage agent
+    /// over the link (50/30/20% guarantees, one going idle; two equal tenants), classified
+    /// by DSCP in an HTB tree on the storage side. Uses the first corpus.
+    #[arg(long)]
+    pub tenants: bool,
 }
 
 /// How one scenario gets the corpus to the consumer.
@@ -790,6 +796,21 @@ pub fn run(args: &Args) -> Result<()> {
         "lab: namespaces {STORAGE_NS} ({STORAGE_IP}) and {HOST_NS} ({}), veth shaped to {} (mtu {})",
         netns::HOST_IP, spec.rate, spec.mtu
     );
+    if args.tenants {
+        let started = Instant::now();
+        let scratch = tempfile::tempdir()?;
+        let body = tenants::run(&tools, &link, &corpora[0], &data, scratch.path())?;
+        let meta = report::Meta::collect(args, &spec, size, 1, &corpora[..1], started.elapsed());
+        let section = format!(
+            "## Benchmark lab: tenants sharing one agent's link ({})\n\n- Command: `{}` (commit {}, {:.0} s)\n- Machine: {}; load {}\n- Link: {}; the storage side's egress an HTB tree classifying by DSCP (one class per tenant: its guarantee as rate, the link as ceiling)\n- Data: {}; greedy consumers of an unshuffled u16 plan (seq_len 4095, batch 16) over TCP\n\n{body}",
+            meta.date, meta.command, meta.commit, meta.elapsed_s, meta.machine, meta.loadavg, meta.link, meta.data
+        );
+        if let Some(f) = &args.append {
+            report::add_to_results(f, &section)?;
+        }
+        println!("{section}");
+        return Ok(());
+    }
     let s3_root = bucket_root.join("s3");
     stage_s3(&tools, &s3_root, &corpora)?;
     let ctx = Ctx {

@@ -189,7 +189,7 @@ impl LinkSpec {
     /// 64 KiB segment passes whole. With it, a bulk TCP stream got 0.956 of 1 Gbit/s at MTU
     /// 1500 (the rest is TCP/IP/Ethernet headers) and 0.988 at MTU 9000, measured by hand
     /// with a Python sender and receiver (see bench/lab/README.md).
-    fn burst_bytes(&self) -> u64 {
+    pub fn burst_bytes(&self) -> u64 {
         ((self.bytes_per_s() * 0.002) as u64).max(64 << 10)
     }
 }
@@ -314,6 +314,130 @@ impl Link {
         Ok(())
     }
 
+    /// Replaces the first storage node's egress shaping with an HTB tree that classifies by
+    /// DSCP, standing in for a switch's queues: one class per `(dscp, share)` with `share` of
+    /// the link as its guaranteed rate and the whole link as its ceiling, and a default class
+    /// (`1:99`) for unmarked traffic. Class `1:1N` is the N-th of `classes`. A share of 0
+    /// gives a class no guarantee (1 Mbit/s): the tree then only counts, and each class
+    /// borrows up to the link.
+    pub fn classify_by_dscp(&self, classes: &[(u8, f64)]) -> Result<()> {
+        let (dev, ns) = (STORAGE_DEV, STORAGE_NS);
+        let rate = self.spec.bytes_per_s() * 8.0;
+        let burst = self.spec.burst_bytes().to_string();
+        let bits = |b: f64| format!("{}bit", b.round() as u64);
+        // Whatever is there (the tbf, or a tree of an earlier call) goes first: an HTB root
+        // cannot be changed in place.
+        let _ = Command::new("tc")
+            .args(["-n", ns, "qdisc", "del", "dev", dev, "root"])
+            .output();
+        run(
+            "tc",
+            &[
+                "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default",
+                "99",
+            ],
+        )?;
+        run(
+            "tc",
+            &[
+                "-n",
+                ns,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                "1:1",
+                "htb",
+                "rate",
+                &bits(rate),
+                "ceil",
+                &bits(rate),
+                "burst",
+                &burst,
+            ],
+        )?;
+        for (i, (dscp, share)) in classes.iter().enumerate() {
+            let id = format!("1:{}", 10 + i);
+            let floor = if *share > 0.0 {
+                bits(rate * share)
+            } else {
+                "1mbit".into()
+            };
+            run(
+                "tc",
+                &[
+                    "-n",
+                    ns,
+                    "class",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:1",
+                    "classid",
+                    &id,
+                    "htb",
+                    "rate",
+                    &floor,
+                    "ceil",
+                    &bits(rate),
+                    "burst",
+                    &burst,
+                ],
+            )?;
+            let tos = format!("0x{:02x}", u32::from(*dscp) << 2);
+            run(
+                "tc",
+                &[
+                    "-n", ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip",
+                    "prio", "1", "u32", "match", "ip", "dsfield", &tos, "0xfc", "flowid", &id,
+                ],
+            )?;
+        }
+        run(
+            "tc",
+            &[
+                "-n",
+                ns,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:1",
+                "classid",
+                "1:99",
+                "htb",
+                "rate",
+                "1mbit",
+                "ceil",
+                &bits(rate),
+                "burst",
+                &burst,
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Bytes each HTB class of [`Link::classify_by_dscp`] has sent: (class id, bytes), from
+    /// `tc -s class show` (text: this iproute2 prints no JSON for classes).
+    pub fn class_bytes(&self) -> Result<Vec<(String, u64)>> {
+        let out = Command::new("tc")
+            .args(["-n", STORAGE_NS, "-s", "class", "show", "dev", STORAGE_DEV])
+            .output()
+            .context("cannot run tc")?;
+        if !out.status.success() {
+            bail!(
+                "tc class show: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(parse_class_bytes(&String::from_utf8_lossy(&out.stdout)))
+    }
+
     /// Bytes sent so far over all the links: (storage → host, host → storage).
     pub fn counters(&self) -> Result<(u64, u64)> {
         let (mut down, mut up) = (0, 0);
@@ -330,6 +454,25 @@ impl Drop for Link {
     fn drop(&mut self) {
         undo_all();
     }
+}
+
+/// `class htb 1:10 parent 1:1 ...` followed by ` Sent 123 bytes ...`: (class id, bytes).
+fn parse_class_bytes(text: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut class: Option<String> = None;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["class", _, id, ..] => class = Some(id.to_string()),
+            ["Sent", n, "bytes", ..] => {
+                if let (Some(c), Ok(n)) = (class.take(), n.parse()) {
+                    out.push((c, n));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// A veth end's transmitted bytes, from `ip -s -j link` (the kernel's device counters).
