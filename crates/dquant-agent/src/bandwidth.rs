@@ -268,6 +268,11 @@ mod tests {
         sent
     }
 
+    /// MB/s of tenant `i` over slots `a..b`.
+    fn mb(sent: &[Vec<u64>], i: usize, a: usize, b: usize) -> f64 {
+        rate(sent, i, a, b) / MB as f64
+    }
+
     /// Bytes/s of tenant `i` over slots `a..b`.
     fn rate(sent: &[Vec<u64>], i: usize, a: usize, b: usize) -> f64 {
         sent[i][a..b].iter().sum::<u64>() as f64 / ((b - a) as f64 / 10.0)
@@ -303,10 +308,7 @@ mod tests {
         )
         .unwrap();
         let sent = simulate(&mut s, t0, 2.0, &[ALWAYS; 2]);
-        let (a, b) = (
-            rate(&sent, 0, 5, 20) / MB as f64,
-            rate(&sent, 1, 5, 20) / MB as f64,
-        );
+        let (a, b) = (mb(&sent, 0, 5, 20), mb(&sent, 1, 5, 20));
         assert!(
             (a - 65.0).abs() < 3.5 && (b - 35.0).abs() < 2.0,
             "a {a:.1}, b {b:.1}"
@@ -363,10 +365,7 @@ mod tests {
         let a_alone = rate(&sent, 0, 2, 10) / MB as f64;
         assert!((a_alone - 100.0).abs() < 3.0, "a alone: {a_alone:.1}");
         // From b's first 100 ms on: b at 60 + 15, a at 10 + 15.
-        let (a, b) = (
-            rate(&sent, 0, 11, 20) / MB as f64,
-            rate(&sent, 1, 11, 20) / MB as f64,
-        );
+        let (a, b) = (mb(&sent, 0, 11, 20), mb(&sent, 1, 11, 20));
         assert!(
             (a - 25.0).abs() < 2.0 && (b - 75.0).abs() < 3.0,
             "a {a:.1}, b {b:.1}"

@@ -366,28 +366,7 @@ impl Link {
             } else {
                 "1mbit".into()
             };
-            run(
-                "tc",
-                &[
-                    "-n",
-                    ns,
-                    "class",
-                    "add",
-                    "dev",
-                    dev,
-                    "parent",
-                    "1:1",
-                    "classid",
-                    &id,
-                    "htb",
-                    "rate",
-                    &floor,
-                    "ceil",
-                    &bits(rate),
-                    "burst",
-                    &burst,
-                ],
-            )?;
+            htb_class(&id, &floor, &bits(rate), &burst)?;
             let tos = format!("0x{:02x}", u32::from(*dscp) << 2);
             run(
                 "tc",
@@ -397,28 +376,7 @@ impl Link {
                 ],
             )?;
         }
-        run(
-            "tc",
-            &[
-                "-n",
-                ns,
-                "class",
-                "add",
-                "dev",
-                dev,
-                "parent",
-                "1:1",
-                "classid",
-                "1:99",
-                "htb",
-                "rate",
-                "1mbit",
-                "ceil",
-                &bits(rate),
-                "burst",
-                &burst,
-            ],
-        )?;
+        htb_class("1:99", "1mbit", &bits(rate), &burst)?;
         Ok(())
     }
 
@@ -454,6 +412,33 @@ impl Drop for Link {
     fn drop(&mut self) {
         undo_all();
     }
+}
+
+/// A class `id` under the storage node's HTB class `1:1`, guaranteed `rate`, borrowing up to
+/// `ceil`.
+fn htb_class(id: &str, rate: &str, ceil: &str, burst: &str) -> Result<()> {
+    run(
+        "tc",
+        &[
+            "-n",
+            STORAGE_NS,
+            "class",
+            "add",
+            "dev",
+            STORAGE_DEV,
+            "parent",
+            "1:1",
+            "classid",
+            id,
+            "htb",
+            "rate",
+            rate,
+            "ceil",
+            ceil,
+            "burst",
+            burst,
+        ],
+    )
 }
 
 /// `class htb 1:10 parent 1:1 ...` followed by ` Sent 123 bytes ...`: (class id, bytes).
