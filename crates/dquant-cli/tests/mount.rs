@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dquant_format::{DType, DocIndexBuilder};
+use dquant_mount::is_mounted;
 use dquant_plan::{Plan, Source};
 use dquant_storage::{DatasetWriter, OutputFormat};
 use dquant_testkit::fixture;
@@ -124,17 +125,6 @@ fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     }
 }
 
-fn is_mounted(dir: &Path) -> bool {
-    let Ok(dir) = dir.canonicalize() else {
-        return false;
-    };
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    table.lines().any(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        f.get(4) == Some(&dir.to_str().unwrap()) && l.contains(" - fuse dquant:")
-    })
-}
-
 fn dquant(args: &[&str]) -> String {
     let out = Command::new(BIN).args(args).output().unwrap();
     assert!(
@@ -143,6 +133,16 @@ fn dquant(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The names in directory `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    n.sort();
+    n
 }
 
 fn read(p: &Path) -> Vec<u8> {
@@ -213,13 +213,8 @@ fn datasets_appear_as_megatron_files_equal_to_local_conversions() {
     std::fs::create_dir_all(&local).unwrap();
     let m = Mounted::start(&agent.uri, &tmp.path().join("mnt"), &[]);
 
-    let mut names: Vec<String> = std::fs::read_dir(m.path("corpus"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        names(&m.path("corpus")),
         [
             "blocks.bin",
             "blocks.idx",
@@ -230,13 +225,7 @@ fn datasets_appear_as_megatron_files_equal_to_local_conversions() {
             "sub"
         ]
     );
-    assert_eq!(
-        std::fs::read_dir(m.path(""))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect::<Vec<_>>(),
-        ["corpus"]
-    );
+    assert_eq!(names(&m.path("")), ["corpus"]);
 
     // --dtype auto: every r50k dataset is uint16, equal to `dquant convert --codec u16`.
     let cases = [
@@ -428,13 +417,7 @@ fn a_plan_is_a_seekable_file_of_its_batches() {
             "tail from batch {k}"
         );
     }
-    assert_eq!(
-        std::fs::read_dir(m.path("plans"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect::<Vec<_>>(),
-        ["train.bin"]
-    );
+    assert_eq!(names(&m.path("plans")), ["train.bin"]);
     m.stop(libc::SIGTERM);
 }
 

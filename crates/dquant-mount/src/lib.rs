@@ -36,6 +36,29 @@ pub use bin_reader::BLOCK_BYTES;
 pub use error::MountError;
 pub use names::{files_of, DatasetFile, Part};
 
+/// What a dquant mount's source is called in the mount table: `dquant:HOST:PORT`.
+const FS_NAME_PREFIX: &str = "dquant:";
+
+/// Whether a dquant mount is at `path` in this process's mount table (its type is `fuse`
+/// or `fuse.*` and its source `dquant:…`). A path that does not exist is not mounted.
+pub fn is_mounted(path: &Path) -> bool {
+    let (Ok(path), Ok(table)) = (
+        path.canonicalize(),
+        std::fs::read_to_string("/proc/self/mountinfo"),
+    ) else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    table.lines().any(|line| {
+        let f: Vec<&str> = line.split(' ').collect();
+        let mut after = f.iter().skip_while(|x| **x != "-").skip(1);
+        let (fstype, source) = (after.next(), after.next());
+        f.get(4) == Some(&want.as_ref())
+            && fstype.is_some_and(|t| *t == "fuse" || t.starts_with("fuse."))
+            && source.is_some_and(|s| s.starts_with(FS_NAME_PREFIX))
+    })
+}
+
 /// How a mount shows and reads its datasets.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
@@ -164,7 +187,7 @@ impl Mount {
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::RO,
-            MountOption::FSName(format!("dquant:{}", u.authority)),
+            MountOption::FSName(format!("{FS_NAME_PREFIX}{}", u.authority)),
             MountOption::Subtype("dquant".into()),
             MountOption::NoDev,
             MountOption::NoSuid,

@@ -660,12 +660,7 @@ struct MountGuard(PathBuf);
 
 impl MountGuard {
     fn mounted(&self) -> bool {
-        let want = self.0.to_string_lossy();
-        std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| {
-            t.lines().any(|l| {
-                l.split(' ').nth(4) == Some(want.as_ref()) && l.contains(" - fuse dquant:")
-            })
-        })
+        dquant_mount::is_mounted(&self.0)
     }
 }
 

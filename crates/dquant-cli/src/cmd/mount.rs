@@ -150,7 +150,7 @@ fn daemon(a: &Args) -> Result<()> {
         .with_context(|| format!("{}", a.mountpoint.display()))?;
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(120) {
-        if is_mounted(&target)? {
+        if dquant_mount::is_mounted(&target) {
             eprintln!(
                 "mounted {} on {} (pid {}, log {}); unmount with `fusermount3 -u {}`",
                 a.agent,
@@ -192,20 +192,4 @@ fn strip_log(args: Vec<String>) -> Vec<String> {
         }
     }
     out
-}
-
-/// Whether a dquant FUSE file system is mounted at `path` (this process's mount table: its
-/// type is `fuse` or `fuse.*` and its source `dquant:HOST:PORT`).
-pub fn is_mounted(path: &Path) -> Result<bool> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").context("/proc/self/mountinfo")?;
-    Ok(table.lines().any(|l| is_dquant_mount(l, path)))
-}
-
-fn is_dquant_mount(line: &str, path: &Path) -> bool {
-    let f: Vec<&str> = line.split(' ').collect();
-    let mut after = f.iter().skip_while(|x| **x != "-").skip(1);
-    let (fstype, source) = (after.next(), after.next());
-    f.get(4) == Some(&path.to_string_lossy().as_ref())
-        && fstype.is_some_and(|t| *t == "fuse" || t.starts_with("fuse."))
-        && source.is_some_and(|s| s.starts_with("dquant:"))
 }
