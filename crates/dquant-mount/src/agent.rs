@@ -1,11 +1,14 @@
 //! The mount's one connection to its agent: dialed when first needed, dialed again after a
 //! failure, so an agent that restarts is found again without remounting.
 
+use std::ops::Range;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use dquant_engine::SourceError;
+use dquant_format::idx_layout::IdxPart;
 use dquant_proto::v1::{DatasetStat, IndexPart, IndexRequest, ListEntry, StatRequest};
+use dquant_proto::MAX_INDEX_VALUES;
 use dquant_remote::{Control, Credentials, RemoteSource};
 
 use crate::error::MountError;
@@ -70,32 +73,42 @@ impl Agent {
         })
     }
 
-    /// The values `start..start + count` of one part of the dataset's index: exactly that
-    /// many, or an error.
+    /// The values `range` of one part of the dataset's index: exactly that many, or an
+    /// error. Asked in replies of at most [`MAX_INDEX_VALUES`] each.
     pub fn index(
         &self,
         dataset: &str,
-        part: IndexPart,
-        start: u64,
-        count: u32,
+        part: IdxPart,
+        range: Range<u64>,
     ) -> Result<Vec<u64>, MountError> {
-        let values = self.call(|c| {
-            c.index(IndexRequest {
-                dataset: Some(StatRequest {
-                    dataset: dataset.to_string(),
-                    ..Default::default()
-                }),
-                part: part as i32,
-                start,
-                count,
-            })
-        })?;
-        if values.len() != count as usize {
-            return Err(MountError::Changed(format!(
-                "dataset {dataset}: the agent has {} index values from {start}, {count} were \
-                 expected; the dataset changed since it was listed",
-                values.len()
-            )));
+        let part = match part {
+            IdxPart::SequenceOffsets => IndexPart::SequenceOffsets,
+            IdxPart::DocumentSequences => IndexPart::DocumentSequences,
+        };
+        let mut values = Vec::with_capacity((range.end - range.start) as usize);
+        let mut start = range.start;
+        while start < range.end {
+            let count = (range.end - start).min(u64::from(MAX_INDEX_VALUES)) as u32;
+            let got = self.call(|c| {
+                c.index(IndexRequest {
+                    dataset: Some(StatRequest {
+                        dataset: dataset.to_string(),
+                        ..Default::default()
+                    }),
+                    part: part as i32,
+                    start,
+                    count,
+                })
+            })?;
+            if got.len() != count as usize {
+                return Err(MountError::Changed(format!(
+                    "dataset {dataset}: the agent has {} index values from {start}, {count} were \
+                     expected; the dataset changed since it was listed",
+                    got.len()
+                )));
+            }
+            values.extend(got);
+            start += u64::from(count);
         }
         Ok(values)
     }

@@ -35,9 +35,11 @@ pub struct BinReader {
     last_block: Option<u64>,
     /// Decoded tokens of the last fetch.
     buf: Vec<u32>,
-    /// A block buffer to fetch into, and the last random read's pages.
+    /// A block buffer to fetch into, the last random read's pages, and a read that spans
+    /// blocks, gathered.
     spare: Vec<u8>,
     pages: Vec<u8>,
+    gather: Vec<u8>,
 }
 
 impl BinReader {
@@ -51,6 +53,7 @@ impl BinReader {
             buf: Vec::new(),
             spare: Vec::new(),
             pages: Vec::new(),
+            gather: Vec::new(),
         }
     }
 
@@ -85,31 +88,33 @@ impl BinReader {
         Ok(())
     }
 
-    /// Calls `reply` with the bytes `offset..offset + size` (clamped to the file): a slice of
-    /// one block when the range lies in one (the kernel's reads do), else gathered. A failed
-    /// fetch drops the source: whatever it had in flight is unknown, and the next read
-    /// opens a new one.
-    pub fn read<R>(
-        &mut self,
-        offset: u64,
-        size: u64,
-        reply: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, MountError> {
+    /// The bytes `offset..offset + size` (clamped to the file): a slice of one block when
+    /// the range lies in one (the kernel's reads do), else gathered. A failed fetch drops
+    /// the source: whatever it had in flight is unknown, and the next read opens a new one.
+    pub fn read(&mut self, offset: u64, size: u64) -> Result<&[u8], MountError> {
         let end = offset.saturating_add(size).min(self.len());
         if offset >= end {
-            return Ok(reply(&[]));
+            return Ok(&[]);
         }
         if offset / BLOCK_BYTES == (end - 1) / BLOCK_BYTES {
-            return Ok(reply(self.bytes(offset..end)?));
+            return self.bytes(offset..end);
         }
-        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut out = std::mem::take(&mut self.gather);
+        out.clear();
         let mut pos = offset;
         while pos < end {
             let take = pos..end.min((pos / BLOCK_BYTES + 1) * BLOCK_BYTES);
-            out.extend_from_slice(self.bytes(take.clone())?);
+            match self.bytes(take.clone()) {
+                Ok(b) => out.extend_from_slice(b),
+                Err(e) => {
+                    self.gather = out;
+                    return Err(e);
+                }
+            }
             pos = take.end;
         }
-        Ok(reply(&out))
+        self.gather = out;
+        Ok(&self.gather)
     }
 
     /// The bytes `take`, which lie in one block: from a held block, from the block fetched

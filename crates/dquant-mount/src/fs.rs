@@ -8,10 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use dquant_engine::SourceError;
-use dquant_format::idx_layout::{IdxLayout, IdxPart};
+use dquant_format::idx_layout::IdxLayout;
 use dquant_format::DType;
-use dquant_proto::v1::IndexPart;
-use dquant_proto::MAX_INDEX_VALUES;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
     LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -23,7 +21,7 @@ use crate::bin_reader::{BinReader, BLOCK_BYTES};
 use crate::error::MountError;
 use crate::names::Part;
 use crate::plan_file::PlanFile;
-use crate::tree::{Node, Tree};
+use crate::tree::{join, Node, Tree};
 use crate::MountOptions;
 
 /// What the mount knows of one dataset: enough for its two files' sizes.
@@ -198,19 +196,12 @@ impl MountFs {
                 return Err((e, reply));
             }
         }
-        // `reply` moves into the closure only when the bytes are there.
-        let mut reply = Some(reply);
-        match r.read(offset, size, |bytes| {
-            if let Some(reply) = reply.take() {
+        match r.read(offset, size) {
+            Ok(bytes) => {
                 reply.data(bytes);
+                Ok(())
             }
-        }) {
-            Ok(()) => Ok(()),
-            Err(e) => match reply.take() {
-                Some(reply) => Err((e, reply)),
-                // Replied before failing: `read` does not, but the kernel has its answer.
-                None => Ok(()),
-            },
+            Err(e) => Err((e, reply)),
         }
     }
 
@@ -218,20 +209,7 @@ impl MountFs {
         let m = self.meta(dataset)?;
         let layout = IdxLayout::new(m.dtype, m.sequences, m.documents);
         let mut out = Vec::with_capacity(size as usize);
-        let values = |part: IdxPart, r: std::ops::Range<u64>| -> Result<Vec<u64>, MountError> {
-            let part = match part {
-                IdxPart::SequenceOffsets => IndexPart::SequenceOffsets,
-                IdxPart::DocumentSequences => IndexPart::DocumentSequences,
-            };
-            let mut v = Vec::with_capacity((r.end - r.start) as usize);
-            let mut at = r.start;
-            while at < r.end {
-                let n = (r.end - at).min(u64::from(MAX_INDEX_VALUES)) as u32;
-                v.extend(self.agent.index(dataset, part, at, n)?);
-                at += u64::from(n);
-            }
-            Ok(v)
-        };
+        let values = |part, r| self.agent.index(dataset, part, r);
         layout.render(offset..offset.saturating_add(size), &mut out, values)?;
         Ok(out)
     }
@@ -265,11 +243,7 @@ impl Filesystem for MountFs {
         let Some(name) = name.to_str() else {
             return reply.error(Errno::ENOENT);
         };
-        let path = if dir.is_empty() {
-            name.to_string()
-        } else {
-            format!("{dir}/{name}")
-        };
+        let path = join(&dir, name);
         let r = self
             .tree
             .resolve(&self.agent, &path)
@@ -308,8 +282,7 @@ impl Filesystem for MountFs {
         for (i, (name, dir)) in all.enumerate().skip(offset as usize) {
             let child = match name.as_str() {
                 "." | ".." => ino.0,
-                _ if path.is_empty() => self.tree.inode_of(&name),
-                _ => self.tree.inode_of(&format!("{path}/{name}")),
+                _ => self.tree.inode_of(&join(&path, &name)),
             };
             let kind = if dir {
                 FileType::Directory

@@ -12,6 +12,14 @@ use crate::names::{children, files_of, DatasetFile};
 /// The directory plan streams appear in.
 pub const PLANS_DIR: &str = "plans";
 
+/// The path of `name` in directory `dir` (`""` for the top).
+pub fn join(dir: &str, name: &str) -> String {
+    match dir {
+        "" => name.to_string(),
+        d => format!("{d}/{name}"),
+    }
+}
+
 /// What one path is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
