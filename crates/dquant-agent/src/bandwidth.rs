@@ -59,9 +59,6 @@ struct Tenant {
     bucket: f64,
     /// When a sender of it last asked and had to wait, or sent.
     asked: Option<Instant>,
-    /// Bytes sent, and time its senders spent waiting.
-    sent: u64,
-    throttled: Duration,
     /// Bytes sent since the window's start; the rate of the last whole window.
     window: (Instant, u64),
     achieved: f64,
@@ -105,8 +102,6 @@ impl Scheduler {
                 share,
                 bucket: 0.0,
                 asked: None,
-                sent: 0,
-                throttled: Duration::ZERO,
                 window: (now, 0),
                 achieved: 0.0,
             })
@@ -186,7 +181,6 @@ impl Scheduler {
         let need = (bytes as f64).min(cap.max(1.0));
         if t.bucket >= need {
             t.bucket -= bytes as f64;
-            t.sent += bytes;
             t.window.1 += bytes;
             let span = now.saturating_duration_since(t.window.0);
             if span >= RATE_WINDOW {
@@ -200,17 +194,6 @@ impl Scheduler {
         let t = &self.tenants[i];
         let wait = (need - t.bucket) / rate;
         Err(Duration::from_secs_f64(wait).max(Duration::from_micros(50)))
-    }
-
-    /// Records time a sender of tenant `i` spent waiting for [`try_send`](Self::try_send).
-    pub fn waited(&mut self, i: usize, d: Duration) {
-        self.tenants[i].throttled += d;
-    }
-
-    /// Bytes sent by tenant `i`, and the time its senders waited.
-    pub fn totals(&self, i: usize) -> (u64, Duration) {
-        let t = &self.tenants[i];
-        (t.sent, t.throttled)
     }
 
     /// Tenant `i`'s achieved rate over its last whole [`RATE_WINDOW`], bytes/s.
@@ -270,31 +253,27 @@ mod tests {
 
     /// MB/s of tenant `i` over slots `a..b`.
     fn mb(sent: &[Vec<u64>], i: usize, a: usize, b: usize) -> f64 {
-        rate(sent, i, a, b) / MB as f64
+        sent[i][a..b].iter().sum::<u64>() as f64 / ((b - a) as f64 / 10.0) / MB as f64
     }
 
-    /// Bytes/s of tenant `i` over slots `a..b`.
-    fn rate(sent: &[Vec<u64>], i: usize, a: usize, b: usize) -> f64 {
-        sent[i][a..b].iter().sum::<u64>() as f64 / ((b - a) as f64 / 10.0)
+    /// A 100 MB/s link with tenants a, b and c guaranteed 50, 30 and 20 MB/s.
+    fn fifty_thirty_twenty(t0: Instant) -> Scheduler {
+        let shares = vec![
+            share("a", 50 * MB, 1),
+            share("b", 30 * MB, 1),
+            share("c", 20 * MB, 1),
+        ];
+        Scheduler::new(100 * MB, shares, t0).unwrap()
     }
 
     #[test]
     fn floors_hold_and_the_rest_goes_by_weight() {
         let t0 = Instant::now();
         let link = 100 * MB;
-        let mut s = Scheduler::new(
-            link,
-            vec![
-                share("a", 50 * MB, 1),
-                share("b", 30 * MB, 1),
-                share("c", 20 * MB, 1),
-            ],
-            t0,
-        )
-        .unwrap();
+        let mut s = fifty_thirty_twenty(t0);
         let sent = simulate(&mut s, t0, 3.0, &[ALWAYS; 3]);
         for (i, g) in [50.0, 30.0, 20.0].into_iter().enumerate() {
-            let r = rate(&sent, i, 5, 30) / MB as f64;
+            let r = mb(&sent, i, 5, 30);
             assert!(
                 r >= 0.95 * g && r <= 1.05 * g,
                 "tenant {i}: {r:.1} MB/s, guarantee {g}"
@@ -318,16 +297,7 @@ mod tests {
     #[test]
     fn an_idle_tenants_share_is_absorbed_and_given_back() {
         let t0 = Instant::now();
-        let mut s = Scheduler::new(
-            100 * MB,
-            vec![
-                share("a", 50 * MB, 1),
-                share("b", 30 * MB, 1),
-                share("c", 20 * MB, 1),
-            ],
-            t0,
-        )
-        .unwrap();
+        let mut s = fifty_thirty_twenty(t0);
         // a sends 0..1 s and from 2 s on; b and c throughout.
         let sent = simulate(
             &mut s,
@@ -336,19 +306,16 @@ mod tests {
             &[&[(0.0, 1.0), (2.0, 9.0)], &[(0.0, 9.0)], &[(0.0, 9.0)]],
         );
         // While a is away (from 0.1 s after it stops), b and c share its 50: 30 + 25, 20 + 25.
-        let (b, c) = (
-            rate(&sent, 1, 11, 20) / MB as f64,
-            rate(&sent, 2, 11, 20) / MB as f64,
-        );
+        let (b, c) = (mb(&sent, 1, 11, 20), mb(&sent, 2, 11, 20));
         assert!(
             (b - 55.0).abs() < 3.0 && (c - 45.0).abs() < 3.0,
             "b {b:.1}, c {c:.1}"
         );
         // Work-conserving: the link stays full.
-        let total: f64 = (0..3).map(|i| rate(&sent, i, 11, 20)).sum::<f64>() / MB as f64;
+        let total: f64 = (0..3).map(|i| mb(&sent, i, 11, 20)).sum();
         assert!(total > 97.0 && total < 103.0, "total {total:.1}");
         // Back, a has its floor again within the first 100 ms.
-        let a = rate(&sent, 0, 21, 30) / MB as f64;
+        let a = mb(&sent, 0, 21, 30);
         assert!(a >= 0.95 * 50.0, "a back: {a:.1}");
     }
 
@@ -362,7 +329,7 @@ mod tests {
         )
         .unwrap();
         let sent = simulate(&mut s, t0, 2.0, &[&[(0.0, 9.0)], &[(1.0, 9.0)]]);
-        let a_alone = rate(&sent, 0, 2, 10) / MB as f64;
+        let a_alone = mb(&sent, 0, 2, 10);
         assert!((a_alone - 100.0).abs() < 3.0, "a alone: {a_alone:.1}");
         // From b's first 100 ms on: b at 60 + 15, a at 10 + 15.
         let (a, b) = (mb(&sent, 0, 11, 20), mb(&sent, 1, 11, 20));

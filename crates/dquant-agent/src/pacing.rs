@@ -110,13 +110,10 @@ impl Pacer for TenantPacer {
                 Err(wait) => std::thread::sleep(wait.min(MAX_NAP)),
             }
         }
-        let waited = started.elapsed();
-        let mut s = self.shaping.lock();
-        s.waited(self.tenant, waited);
         let (sent, throttled, rate) = &self.shaping.meters[self.tenant];
         sent.increment(bytes as u64);
-        throttled.increment(waited.as_micros() as u64);
-        rate.set(s.achieved(self.tenant));
+        throttled.increment(started.elapsed().as_micros() as u64);
+        rate.set(self.shaping.lock().achieved(self.tenant));
     }
 }
 
