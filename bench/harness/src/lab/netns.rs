@@ -128,6 +128,11 @@ pub fn install_signal_cleanup() -> Result<()> {
 
 /// Runs `ip`/`tc` and fails with its stderr.
 fn run(program: &str, args: &[&str]) -> Result<()> {
+    output(program, args).map(drop)
+}
+
+/// Runs `ip`/`tc` and returns its stdout, or fails with its stderr.
+fn output(program: &str, args: &[&str]) -> Result<Vec<u8>> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -139,7 +144,7 @@ fn run(program: &str, args: &[&str]) -> Result<()> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(())
+    Ok(out.stdout)
 }
 
 fn netns_exists(name: &str) -> bool {
@@ -383,17 +388,11 @@ impl Link {
     /// Bytes each HTB class of [`Link::classify_by_dscp`] has sent: (class id, bytes), from
     /// `tc -s class show` (text: this iproute2 prints no JSON for classes).
     pub fn class_bytes(&self) -> Result<Vec<(String, u64)>> {
-        let out = Command::new("tc")
-            .args(["-n", STORAGE_NS, "-s", "class", "show", "dev", STORAGE_DEV])
-            .output()
-            .context("cannot run tc")?;
-        if !out.status.success() {
-            bail!(
-                "tc class show: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(parse_class_bytes(&String::from_utf8_lossy(&out.stdout)))
+        let out = output(
+            "tc",
+            &["-n", STORAGE_NS, "-s", "class", "show", "dev", STORAGE_DEV],
+        )?;
+        Ok(parse_class_bytes(&String::from_utf8_lossy(&out)))
     }
 
     /// Bytes sent so far over all the links: (storage → host, host → storage).
@@ -462,17 +461,9 @@ fn parse_class_bytes(text: &str) -> Vec<(String, u64)> {
 
 /// A veth end's transmitted bytes, from `ip -s -j link` (the kernel's device counters).
 fn tx_bytes(ns: &str, dev: &str) -> Result<u64> {
-    let out = Command::new("ip")
-        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
-        .output()
-        .context("cannot run ip")?;
-    if !out.status.success() {
-        bail!(
-            "reading {dev}'s counters in {ns}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+    let out = output("ip", &["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .with_context(|| format!("reading {dev}'s counters in {ns}"))?;
+    let v: serde_json::Value = serde_json::from_slice(&out)
         .with_context(|| format!("`ip -s -j link show dev {dev}` printed no JSON"))?;
     v[0]["stats64"]["tx"]["bytes"]
         .as_u64()
