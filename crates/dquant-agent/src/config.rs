@@ -55,6 +55,15 @@ pub struct AgentConfig {
     /// Seconds an opened session waits for its data connection before it is dropped.
     #[serde(default = "default_ticket_ttl")]
     pub ticket_ttl_secs: u64,
+    /// Batches a shared stream (`share`) keeps: the fastest subscriber may be this many
+    /// batches ahead of the slowest, and a late joiner may start this far back. Also bounded
+    /// by `share_window_bytes`; at least 2.
+    #[serde(default = "default_share_window_batches")]
+    pub share_window_batches: usize,
+    /// Bytes of wire records a shared stream keeps (its window's memory; shared-memory
+    /// subscribers may add the records in the output dtype).
+    #[serde(default = "default_share_window_bytes")]
+    pub share_window_bytes: u64,
     /// Named dataset roots: `name = "/path/to/dir"` or `name = "s3://BUCKET/PREFIX"`.
     /// Clients name datasets `name/relative`.
     #[serde(default)]
@@ -279,6 +288,12 @@ fn default_dataset_cache() -> usize {
 fn default_ticket_ttl() -> u64 {
     60
 }
+fn default_share_window_batches() -> usize {
+    32
+}
+fn default_share_window_bytes() -> u64 {
+    256 << 20
+}
 fn default_upstream_timeout() -> u64 {
     30
 }
@@ -300,6 +315,8 @@ impl Default for AgentConfig {
             max_sessions: default_max_sessions(),
             keep_datasets: default_dataset_cache(),
             ticket_ttl_secs: default_ticket_ttl(),
+            share_window_batches: default_share_window_batches(),
+            share_window_bytes: default_share_window_bytes(),
             roots: BTreeMap::new(),
             s3: S3Settings::default(),
             block_cache: None,
@@ -324,6 +341,13 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
+    /// Records a shared stream whose records take up to `record_bytes` keeps: as many as
+    /// `share_window_bytes` holds, within 2 and `share_window_batches`.
+    pub fn share_window(&self, record_bytes: usize) -> usize {
+        let fit = self.share_window_bytes / record_bytes.max(1) as u64;
+        (fit as usize).clamp(2, self.share_window_batches.max(2))
+    }
+
     /// Parses a TOML config; errors carry toml's line and column.
     pub fn from_toml(text: &str) -> Result<Self, String> {
         toml::from_str(text).map_err(|e| format!("agent config: {e}"))
@@ -333,6 +357,9 @@ impl AgentConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.prefetch_frames == 0 {
             return Err("prefetch_frames: must be at least 1".into());
+        }
+        if self.share_window_batches < 2 {
+            return Err("share_window_batches: must be at least 2".into());
         }
         if self.max_sessions == 0 {
             return Err("max_sessions: must be at least 1".into());

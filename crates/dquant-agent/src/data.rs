@@ -196,14 +196,11 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     );
     let id = hello.session;
     let started = Instant::now();
-    let kind = match &work {
-        Work::Plan { .. } => "plan",
-        Work::Source { .. } => "source",
-    };
+    let kind = work.kind();
     tracing::info!(session = id, %peer, kind, "session streaming");
     shared.events.streaming(&owner);
     let result = match work {
-        w @ Work::Plan { .. } => {
+        w @ (Work::Plan { .. } | Work::Subscriber { .. }) => {
             let prefetch = shared.config.prefetch_frames;
             let meter = shared
                 .metrics

@@ -1,5 +1,5 @@
 //! The agent's event feed, what the `Watch` RPC streams: sessions opened and closed,
-//! refusals, and per-tenant rate snapshots.
+//! subscribers joining and leaving shared streams, refusals, and per-tenant rate snapshots.
 //!
 //! Events are published once, into a bounded broadcast channel, and each watcher reads its
 //! own copy: a slow watcher falls behind and is told how many events it missed (its `seq`
@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dquant_proto::v1::event::Kind;
-use dquant_proto::v1::{ErrorEvent, Event, RateSnapshot, SessionClosed, SessionOpened, TenantRate};
+use dquant_proto::v1::{
+    ErrorEvent, Event, RateSnapshot, SessionClosed, SessionOpened, SubscriberEvent, TenantRate,
+};
 use tokio::sync::broadcast;
 
 /// Events kept for watchers that fall behind.
@@ -87,6 +89,11 @@ impl Events {
         self.publish(Kind::Closed(c));
     }
 
+    /// A subscriber joined or left a shared stream.
+    pub fn subscriber(&self, e: SubscriberEvent) {
+        self.publish(Kind::Subscriber(e));
+    }
+
     pub fn refused(&self, plane: &str, reason: &str, detail: &str) {
         self.publish(Kind::Error(ErrorEvent {
             plane: plane.to_string(),
@@ -142,6 +149,7 @@ impl Watcher {
         match &e.kind {
             Some(Kind::Opened(o)) => &o.tenant == only,
             Some(Kind::Closed(c)) => &c.tenant == only,
+            Some(Kind::Subscriber(s)) => &s.tenant == only,
             // Refusals name no tenant: they are the operator's.
             _ => false,
         }

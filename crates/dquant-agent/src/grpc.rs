@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::catalog::Resolved;
+use dquant_engine::plain_codec;
 use dquant_engine::{open_options, EngineError, LocalSource, Pipeline, SourceError, TokenSource};
-use dquant_plan::{Cursor, Plan, Source};
+use dquant_plan::{Cursor, Plan, Source, WireCodec};
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
     CloseReply, CloseRequest, DatasetStat, Event, IndexPart, IndexReply, IndexRequest, ListReply,
-    ListRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest, WatchRequest,
+    ListRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest, SubscribeRequest,
+    WatchRequest,
 };
 use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
 use dquant_storage::{Dataset, StorageError};
@@ -26,7 +28,9 @@ use tonic::{Request, Response, Status};
 use crate::auth::Caller;
 use crate::limits::LimitError;
 use crate::open_pool::Stop;
-use crate::sessions::Work;
+use crate::produce::record_room;
+use crate::sessions::{Reservation, Work};
+use crate::share::{check_name, NewStream, Pos, SharedStream, StreamInfo};
 use crate::Shared;
 
 pub(crate) struct Service {
@@ -252,6 +256,144 @@ fn full(e: crate::sessions::SessionError) -> Status {
     Status::resource_exhausted(e.to_string())
 }
 
+/// A plan opened as a shared stream.
+struct SharedPlan<'a> {
+    name: String,
+    /// Consumers the first batch waits for.
+    group: usize,
+    plan: &'a Plan,
+    wire: WireCodec,
+}
+
+/// Starts `pipeline` as the shared stream `s.name` and makes the caller its first
+/// subscriber, or (another request made it meanwhile) joins that stream.
+fn open_stream(
+    shared: &Arc<Shared>,
+    place: Reservation,
+    caller: &Caller,
+    pipeline: Pipeline,
+    s: SharedPlan<'_>,
+) -> Result<OpenReply, Status> {
+    let (plan, output) = (s.plan, s.plan.output);
+    let start = pipeline.cursor();
+    let sched = pipeline.schedule();
+    let info = StreamInfo {
+        plan_json: plan.to_json(),
+        rank_batches: sched.rank_batches(),
+        rank_samples: sched.rank_samples(),
+        epoch_samples: sched.epoch_samples(),
+        samples_per_epoch: (0..sched.sources())
+            .map(|d| sched.samples_per_epoch(d))
+            .collect(),
+        plain_room: record_room(&pipeline, output, WireCodec::Fixed(plain_codec(output))),
+    };
+    let config = &shared.config;
+    let new = NewStream {
+        name: s.name.clone(),
+        tenant: caller.name().to_string(),
+        info: info.clone(),
+        capacity: config.share_window(record_room(&pipeline, output, s.wire)),
+        meter: shared.metrics.pipeline_meter(caller.name(), &pipeline),
+        pipeline: Box::new(pipeline),
+        output,
+        wire: s.wire,
+        group: s.group,
+        group_wait: Duration::from_secs(config.ticket_ttl_secs),
+        encode_budget: config
+            .prefetch_frames
+            .saturating_mul(dquant_transport::frame::MAX_PAYLOAD),
+    };
+    let at = Pos {
+        epoch: start.epoch,
+        consumed: start.consumed_samples,
+    };
+    let mut joined = (false, at);
+    let (id, ticket) = place.add_with(caller.name(), |id| {
+        let drain = shared.draining.clone();
+        let (sub, j) = shared
+            .shares
+            .open_or_join(new, id, at, &shared.events, drain)
+            .map_err(Status::failed_precondition)?;
+        joined = (j, sub.from());
+        Ok::<_, Status>(Work::Subscriber { sub })
+    })?;
+    let sources: Vec<&str> = plan.sources.iter().map(|s| s.uri.as_str()).collect();
+    let detail = format!("share {}: {}", s.name, sources.join(","));
+    shared
+        .events
+        .opened(id, caller.name(), "subscriber", detail);
+    tracing::info!(
+        session = id,
+        tenant = caller.name(),
+        share = %s.name,
+        joined = joined.0,
+        group = s.group,
+        "shared plan opened"
+    );
+    Ok(share_reply(shared, &info, (id, ticket), joined))
+}
+
+/// Adds the caller to `stream` at `at` (`None`: its current cursor); `plan`, when given,
+/// must be the stream's.
+fn join_stream(
+    shared: &Arc<Shared>,
+    place: Reservation,
+    caller: &Caller,
+    stream: &Arc<SharedStream>,
+    at: Option<Pos>,
+    plan: Option<&str>,
+) -> Result<OpenReply, Status> {
+    let name = &stream.name;
+    if plan.is_some_and(|p| p != stream.info.plan_json) {
+        return Err(Status::failed_precondition(format!(
+            "share {name:?} runs a different plan; subscribe to it, or choose another name"
+        )));
+    }
+    let mut from = None;
+    let (id, ticket) = place.add_with(caller.name(), |id| {
+        let sub = stream
+            .join(id, at)
+            .map_err(|e| Status::failed_precondition(format!("share {name:?}: {e}")))?;
+        from = Some(sub.from());
+        Ok::<_, Status>(Work::Subscriber { sub })
+    })?;
+    let from = from.ok_or_else(|| Status::internal("a join without a position"))?;
+    shared
+        .events
+        .opened(id, caller.name(), "subscriber", format!("share {name}"));
+    tracing::info!(session = id, tenant = caller.name(), share = %name, at = %from, "subscriber joined");
+    Ok(share_reply(
+        shared,
+        &stream.info,
+        (id, ticket),
+        (true, from),
+    ))
+}
+
+/// The reply to a consumer that opened or joined a shared stream.
+fn share_reply(
+    shared: &Shared,
+    info: &StreamInfo,
+    (session, ticket): (u64, [u8; 16]),
+    (joined, from): (bool, Pos),
+) -> OpenReply {
+    OpenReply {
+        session,
+        ticket: ticket.to_vec(),
+        data_port: shared.data_port as u32,
+        socket_path: shared.socket_path(),
+        start_epoch: from.epoch,
+        start_consumed_samples: from.consumed,
+        rank_batches: info.rank_batches,
+        rank_samples: info.rank_samples,
+        epoch_samples: info.epoch_samples,
+        samples_per_epoch: info.samples_per_epoch.clone(),
+        plan_json: info.plan_json.clone(),
+        joined,
+        ..Default::default()
+    }
+}
+
 /// Opens a plan's sources and positions it at `cursor`, stopping when `stop` says so.
 fn open_pipeline(
     shared: &Shared,
@@ -329,18 +471,52 @@ impl Agent for Service {
             .check_plan(&plan)
             .and_then(|()| limits.check_wire("wire_codec", wire))
             .map_err(over_limit)?;
+        let share = req.share.clone();
+        if !share.is_empty() {
+            check_name(&share).map_err(Status::invalid_argument)?;
+        }
         let place = self.shared.sessions.reserve().map_err(full)?;
+        let at = Pos {
+            epoch: req.epoch,
+            consumed: req.consumed_samples,
+        };
+        if let Some(stream) = (!share.is_empty())
+            .then(|| self.shared.shares.find(caller.name(), &share))
+            .flatten()
+        {
+            let plan_json = plan.to_json();
+            return join_stream(
+                &self.shared,
+                place,
+                &caller,
+                &stream,
+                Some(at),
+                Some(&plan_json),
+            )
+            .map(Response::new);
+        }
         let cursor = Cursor {
             epoch: req.epoch,
             consumed_samples: req.consumed_samples,
             blend: req.blend,
             delivered: req.delivered,
         };
+        let group = req.share_group as usize;
         let shared = self.shared.clone();
         self.shared
             .opens
             .run("Open", move |stop| {
                 let pipeline = open_pipeline(&shared, &plan, cursor, stop)?;
+                if !share.is_empty() {
+                    let shared_plan = SharedPlan {
+                        name: share,
+                        group,
+                        plan: &plan,
+                        wire,
+                    };
+                    return open_stream(&shared, place, &caller, pipeline, shared_plan)
+                        .map(Response::new);
+                }
                 let start = pipeline.cursor();
                 let sched = pipeline.schedule();
                 let mut reply = OpenReply {
@@ -381,6 +557,32 @@ impl Agent for Service {
                 Ok(Response::new(reply))
             })
             .await
+    }
+
+    async fn subscribe(
+        &self,
+        req: Request<SubscribeRequest>,
+    ) -> Result<Response<OpenReply>, Status> {
+        let caller = caller_of(&req)?;
+        let req = req.into_inner();
+        check_name(&req.share).map_err(Status::invalid_argument)?;
+        let stream = self
+            .shared
+            .shares
+            .find(caller.name(), &req.share)
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "no shared stream {:?}: a consumer of this tenant opens it with \
+                     share = {:?} beside its plan",
+                    req.share, req.share
+                ))
+            })?;
+        let place = self.shared.sessions.reserve().map_err(full)?;
+        let at = req.at.map(|p| Pos {
+            epoch: p.epoch,
+            consumed: p.consumed_samples,
+        });
+        join_stream(&self.shared, place, &caller, &stream, at, None).map(Response::new)
     }
 
     async fn open_source(

@@ -34,6 +34,7 @@ mod produce;
 mod serve_plan;
 mod serve_ranges;
 mod sessions;
+mod share;
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -79,11 +80,13 @@ pub(crate) struct Shared {
     pub stopping: AtomicBool,
     /// Plan sessions end after the batch in hand, telling their consumers where to resume
     /// (graceful shutdown, [`AgentHandle::drain`]).
-    pub draining: AtomicBool,
+    pub draining: Arc<AtomicBool>,
     /// Tenants' shares of the data link and their traffic classes (`[bandwidth]`).
     pub shaping: Option<Arc<pacing::Shaping>>,
     /// What the `Watch` RPC streams.
-    pub events: events::Events,
+    pub events: Arc<events::Events>,
+    /// Shared streams (`share`), by tenant and name.
+    pub shares: share::Shares,
 }
 
 impl Shared {
@@ -371,14 +374,17 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         )?)),
     };
     let shaping = pacing::Shaping::new(&config, &metrics).map_err(AgentError::Config)?;
+    let events = Arc::new(events::Events::new());
     let shared = Arc::new(Shared {
         shaping,
-        events: events::Events::new(),
+        shares: share::Shares::default(),
         workers,
         sessions: Arc::new(sessions::Sessions::new(
             config.max_sessions,
             Duration::from_secs(config.ticket_ttl_secs),
+            events.clone(),
         )),
+        events,
         opens,
         handshakes: AtomicUsize::new(0),
         auth,
@@ -391,7 +397,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         tls,
         upstream,
         stopping: AtomicBool::new(false),
-        draining: AtomicBool::new(false),
+        draining: Arc::new(AtomicBool::new(false)),
     });
     {
         let shared = shared.clone();

@@ -188,7 +188,8 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
         .metrics
         .plan_meter(&owner, &work)
         .with_tally(shared.events.tally(&owner));
+    let kind = work.kind();
     let result = stream_ring(work, sink, &cancel, &shared.draining, meter);
     shared.sessions.finish(id);
-    log_end(shared, (id, &owner), "plan", "shm", started, result);
+    log_end(shared, (id, &owner), kind, "shm", started, result);
 }

@@ -104,15 +104,22 @@ impl Metrics {
     /// The counters of a plan session (`work`): its tenant's, and one per source of its plan,
     /// so a dashboard shows how many epochs of each dataset went out.
     pub fn plan_meter(&self, tenant: &str, work: &Work) -> Meter {
-        let sources: Vec<(String, u64)> = match work {
-            Work::Plan { pipeline, .. } => {
-                let s = pipeline.schedule();
-                let uris = pipeline.uris().iter().cloned();
-                uris.zip((0..s.sources()).map(|d| s.samples_per_epoch(d)))
-                    .collect()
-            }
-            Work::Source { .. } => Vec::new(),
-        };
+        match work {
+            Work::Plan { pipeline, .. } => self.pipeline_meter(tenant, pipeline),
+            // A subscriber's batches are counted once, by its stream's producer.
+            Work::Subscriber { .. } => Meter::off(),
+            Work::Source { .. } => self.meter(tenant),
+        }
+    }
+
+    /// The counters of a plan's pipeline run for `tenant` (a session's, or a shared
+    /// stream's producer).
+    pub fn pipeline_meter(&self, tenant: &str, pipeline: &dquant_engine::Pipeline) -> Meter {
+        let s = pipeline.schedule();
+        let uris = pipeline.uris().iter().cloned();
+        let sources: Vec<(String, u64)> = uris
+            .zip((0..s.sources()).map(|d| s.samples_per_epoch(d)))
+            .collect();
         let mut m = self.meter(tenant);
         for (uri, per_epoch) in &sources {
             let dataset = || Label::new("dataset", uri.clone());

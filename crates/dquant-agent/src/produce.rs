@@ -75,14 +75,8 @@ impl Producer {
     /// `wire` (a shared-memory ring passes the output dtype's plain codec: memory is not a
     /// link).
     pub fn new(pipeline: Box<Pipeline>, output: OutputDType, wire: WireCodec) -> Self {
-        let tokens = pipeline.schedule().batch_tokens() as usize;
-        let trailer = pipeline.trailer_bound();
         let plain = wire == WireCodec::Fixed(plain_codec(output));
-        let payload = if plain {
-            tokens * output.itemsize()
-        } else {
-            max_payload_len(wire, tokens)
-        };
+        let room = record_room(&pipeline, output, wire);
         // Checks that cannot fail are skipped: a u16 dataset always fits a u16 wire.
         let encoder = (!plain).then(|| RecordEncoder::new(wire, pipeline.max_token_bound()));
         let delivered = pipeline.cursor();
@@ -92,7 +86,7 @@ impl Producer {
             encoder,
             ahead: None,
             wire,
-            room: (RECORD_HEADER_LEN + payload).saturating_add(trailer),
+            room,
             meter: Meter::off(),
             delivered,
         }
@@ -247,6 +241,18 @@ impl Producer {
             bytes: len as u64,
         })
     }
+}
+
+/// Bytes of room one of `pipeline`'s batch records may need in `wire` for a consumer of
+/// `output`: the header, the largest payload a full batch can have, and the trailer.
+pub(crate) fn record_room(pipeline: &Pipeline, output: OutputDType, wire: WireCodec) -> usize {
+    let tokens = pipeline.schedule().batch_tokens() as usize;
+    let payload = if wire == WireCodec::Fixed(plain_codec(output)) {
+        tokens * output.itemsize()
+    } else {
+        max_payload_len(wire, tokens)
+    };
+    (RECORD_HEADER_LEN + payload).saturating_add(pipeline.trailer_bound())
 }
 
 /// How a stream driven by [`run`] ended.

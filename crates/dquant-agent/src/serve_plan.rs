@@ -1,7 +1,8 @@
 //! Plan sessions: a plan's batches streamed to the consumer that claimed the session, over
 //! TCP frames or into the consumer's shared-memory ring. Both are a [`BatchSink`] for the
 //! one produce loop ([`crate::produce`]); only the codec policy differs (a ring carries the
-//! output dtype: memory is not a link).
+//! output dtype: memory is not a link). A subscriber of a shared stream gets the stream's
+//! records relayed into the same sinks ([`crate::share::relay`]).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use dquant_transport::{BatchSink, DataStream, FrameWriter};
 use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer, Stats};
 use crate::sessions::{StreamError, Work};
+use crate::share::{relay, Form};
 
 /// Streams a plan's batches over `conn` in the plan's wire codec until the end, an error, a
 /// disconnect or `cancel`, with `prefetch` frames of 1 MiB ahead of the socket, each frame
@@ -29,15 +31,25 @@ pub(crate) fn stream_plan(
     meter: Meter,
     pacer: Option<Box<dyn dquant_transport::Pacer>>,
 ) -> Result<Stats, StreamError> {
-    let Work::Plan {
-        pipeline,
-        output,
-        wire,
-    } = work
-    else {
-        let m = "a source session streams ranges, not batches".to_string();
-        let _ = FrameWriter::new(conn).fail(&m);
-        return Err(StreamError::Failed(m));
+    let (pipeline, output, wire) = match work {
+        Work::Plan {
+            pipeline,
+            output,
+            wire,
+        } => (pipeline, output, wire),
+        Work::Subscriber { sub } => {
+            let mut sink = TcpBatchSink::start(conn, prefetch, cancel.clone(), pacer)
+                .map_err(StreamError::Thread)?;
+            let (outcome, stats) = relay(&sub, &mut sink, Form::Wire, &cancel, &meter);
+            let sent = sink.join();
+            return ended(outcome, stats)
+                .and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped));
+        }
+        Work::Source { .. } => {
+            let m = "a source session streams ranges, not batches".to_string();
+            let _ = FrameWriter::new(conn).fail(&m);
+            return Err(StreamError::Failed(m));
+        }
     };
     let mut sink =
         TcpBatchSink::start(conn, prefetch, cancel.clone(), pacer).map_err(StreamError::Thread)?;
@@ -59,13 +71,19 @@ pub(crate) fn stream_ring(
     drain: &AtomicBool,
     meter: Meter,
 ) -> Result<Stats, StreamError> {
-    let Work::Plan {
-        pipeline, output, ..
-    } = work
-    else {
-        let m = "shared-memory rings carry plan batches; open a source over the data port";
-        sink.fail(m);
-        return Err(StreamError::Failed(m.into()));
+    let (pipeline, output) = match work {
+        Work::Plan {
+            pipeline, output, ..
+        } => (pipeline, output),
+        Work::Subscriber { sub } => {
+            let (outcome, stats) = relay(&sub, &mut sink, Form::Plain, cancel, &meter);
+            return ended(outcome, stats);
+        }
+        Work::Source { .. } => {
+            let m = "shared-memory rings carry plan batches; open a source over the data port";
+            sink.fail(m);
+            return Err(StreamError::Failed(m.into()));
+        }
     };
     let plain = WireCodec::Fixed(plain_codec(output));
     let mut producer = Producer::new(pipeline, output, plain).with_meter(meter);

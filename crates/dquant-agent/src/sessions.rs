@@ -53,12 +53,25 @@ pub(crate) enum Work {
         output: OutputDType,
         wire: WireCodec,
     },
+    /// A shared stream's batches, relayed from its window ([`crate::share`]).
+    Subscriber { sub: crate::share::Subscription },
     /// Token ranges of one dataset, on request.
     Source {
         source: Box<dyn TokenSource>,
         name: String,
         wire: WireCodec,
     },
+}
+
+impl Work {
+    /// What the `Watch` feed and the log call this kind of session.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Work::Plan { .. } => "plan",
+            Work::Subscriber { .. } => "subscriber",
+            Work::Source { .. } => "source",
+        }
+    }
 }
 
 struct Pending {
@@ -98,6 +111,8 @@ pub(crate) struct Sessions {
     reserved: AtomicUsize,
     max: usize,
     ttl: Duration,
+    /// Where an expired session's end is published.
+    events: Arc<crate::events::Events>,
 }
 
 /// A place in the session table, held while a request opens its sources: admission is
@@ -110,9 +125,23 @@ pub(crate) struct Reservation {
 impl Reservation {
     /// Registers `work` in the reserved place; returns its id and ticket.
     pub fn add(self, work: Work, owner: &str) -> (u64, [u8; 16]) {
+        match self.add_with(owner, |_| Ok::<_, std::convert::Infallible>(work)) {
+            Ok(added) => added,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Registers the work `make` makes for the session's id (a subscriber joins its stream
+    /// under that id), or gives the place back with `make`'s error.
+    pub fn add_with<E>(
+        self,
+        owner: &str,
+        make: impl FnOnce(u64) -> Result<Work, E>,
+    ) -> Result<(u64, [u8; 16]), E> {
         let s = &self.sessions;
         let mut pending = s.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let id = s.new_id(&pending);
+        let work = make(id)?;
         let ticket: [u8; 16] = rand::random();
         pending.insert(
             id,
@@ -123,7 +152,7 @@ impl Reservation {
                 created: Instant::now(),
             },
         );
-        (id, ticket)
+        Ok((id, ticket))
         // `self` drops here, giving back the reservation the pending entry now replaces.
     }
 }
@@ -140,13 +169,14 @@ pub(crate) fn claim_error(session: u64) -> String {
 }
 
 impl Sessions {
-    pub fn new(max: usize, ttl: Duration) -> Self {
+    pub fn new(max: usize, ttl: Duration, events: Arc<crate::events::Events>) -> Self {
         Sessions {
             pending: Mutex::new(HashMap::new()),
             active: Mutex::new(HashMap::new()),
             reserved: AtomicUsize::new(0),
             max,
             ttl,
+            events,
         }
     }
 
@@ -194,13 +224,28 @@ impl Sessions {
     fn expire_locked(&self, pending: &mut HashMap<u64, Pending>) -> usize {
         let before = pending.len();
         let now = Instant::now();
-        pending.retain(|id, p| {
-            let keep = now.duration_since(p.created) < self.ttl;
-            if !keep {
-                tracing::info!(session = id, "session expired before its data connection");
-            }
-            keep
-        });
+        let expired: Vec<u64> = pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.created) >= self.ttl)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in expired {
+            let Some(p) = pending.remove(&id) else {
+                continue;
+            };
+            tracing::info!(session = id, "session expired before its data connection");
+            self.events.closed(dquant_proto::v1::SessionClosed {
+                session: id,
+                tenant: p.owner.clone(),
+                kind: p.work.kind().to_string(),
+                how: "expired".into(),
+                message: format!(
+                    "its data connection did not come within the ticket's lifetime ({} s)",
+                    self.ttl.as_secs()
+                ),
+                ..Default::default()
+            });
+        }
         before - pending.len()
     }
 
@@ -230,7 +275,7 @@ impl Sessions {
                 Active {
                     ticket: p.ticket,
                     owner: p.owner.clone(),
-                    plan: matches!(p.work, Work::Plan { .. }),
+                    plan: !matches!(p.work, Work::Source { .. }),
                     cancel: cancel.clone(),
                     conn,
                 },

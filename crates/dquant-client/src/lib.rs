@@ -31,7 +31,7 @@ pub use batch::{Batch, OwnedBatch, Tokens};
 pub use dquant_engine::{SourceError, TokenSource};
 pub use dquant_remote::{AgentUri, Control, Credentials, Transport, Watch};
 pub use error::ClientError;
-pub use reader::Reader;
+pub use reader::{Reader, Share};
 
 /// Where a plan runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +73,30 @@ pub fn open_at(
             })
         }
     }
+}
+
+/// Opens `plan` at `cursor` on the agent at `uri` as the shared stream `share`, or joins the
+/// stream of that name another consumer of this tenant opened with the same plan: the agent
+/// runs the plan once and every consumer gets the same batches ([`Share`]). Credentials come
+/// from the environment, as for [`open`].
+pub fn open_shared(
+    uri: &str,
+    plan: &Plan,
+    cursor: Cursor,
+    share: &Share,
+) -> Result<Reader, ClientError> {
+    let agent = AgentUri::parse(uri).map_err(ClientError::Usage)?;
+    let creds = Credentials::from_env().map_err(ClientError::Connect)?;
+    Reader::remote_shared(&agent, plan, cursor, share, &creds)
+}
+
+/// Joins the shared stream `share` on the agent at `uri` by name, at `at` (a batch boundary
+/// still in the stream's window) or at its current cursor (`None`). The reader learns the
+/// plan from the agent.
+pub fn subscribe(uri: &str, share: &str, at: Option<&Cursor>) -> Result<Reader, ClientError> {
+    let agent = AgentUri::parse(uri).map_err(ClientError::Usage)?;
+    let creds = Credentials::from_env().map_err(ClientError::Connect)?;
+    Reader::subscribe_with(&agent, share, at, &creds)
 }
 
 /// The control plane of `agent`, when there is one.

@@ -12,7 +12,7 @@ use dquant_codec::kernels::store_plain;
 use dquant_codec::{Compression, Decoder};
 use dquant_engine::{doc_section, plain_codec, Pipeline, SourceError, TokenSource};
 use dquant_plan::{Cursor, DocStarts, OutputDType, Plan, Schedule, Source, SourceUse};
-use dquant_proto::v1::OpenRequest;
+use dquant_proto::v1::{OpenReply, OpenRequest, StreamPosition, SubscribeRequest};
 use dquant_remote::{open_source, AgentUri, Control, Credentials, Transport, DEFAULT_RPC_TIMEOUT};
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSource, RecordView};
@@ -20,6 +20,18 @@ use dquant_transport::{BatchHeader, BatchSource, RecordView};
 use crate::batch::{tokens_of, Batch, OwnedBatch, RecordPool};
 use crate::inproc::InProcess;
 use crate::{shm, ClientError};
+
+/// A plan opened as a shared stream: every consumer that opens the same plan with the same
+/// name (or subscribes to it by name) gets the same batches, made once on the agent. The
+/// tensor-parallel and pipeline ranks of one data-parallel rank share one stream this way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// The stream's name, unique per tenant on the agent (e.g. `"job42/dp3"`).
+    pub name: String,
+    /// Consumers the stream waits for before its first batch (this one included), at most
+    /// the agent's ticket lifetime; 0 or 1 starts at once.
+    pub group: u32,
+}
 
 /// An agent session a reader streams, closed on the agent if the reader stops early.
 struct AgentSession {
@@ -137,6 +149,61 @@ impl Reader {
         cursor: Cursor,
         creds: &Credentials,
     ) -> Result<Self, ClientError> {
+        Self::remote_opened(agent, plan, cursor, creds, None)
+    }
+
+    /// Opens `plan` on `agent` as the shared stream `share` (or joins the tenant's stream of
+    /// that name, which must run the same plan and hold `cursor` in its window): every
+    /// consumer of the stream gets the same batches, made once ([`Share`]).
+    pub fn remote_shared(
+        agent: &AgentUri,
+        plan: &Plan,
+        cursor: Cursor,
+        share: &Share,
+        creds: &Credentials,
+    ) -> Result<Self, ClientError> {
+        Self::remote_opened(agent, plan, cursor, creds, Some(share))
+    }
+
+    /// Joins the shared stream `share` another consumer of this tenant opened on `agent`, at
+    /// `at` (a batch boundary still in the stream's window) or, with `None`, at its current
+    /// cursor. The plan comes from the agent.
+    pub fn subscribe_with(
+        agent: &AgentUri,
+        share: &str,
+        at: Option<&Cursor>,
+        creds: &Credentials,
+    ) -> Result<Self, ClientError> {
+        let control = Control::connect_with(&agent.authority, DEFAULT_RPC_TIMEOUT, creds)
+            .map_err(ClientError::Connect)?;
+        let reply = control
+            .subscribe(SubscribeRequest {
+                share: share.to_string(),
+                at: at.map(|c| StreamPosition {
+                    epoch: c.epoch,
+                    consumed_samples: c.consumed_samples,
+                }),
+            })
+            .map_err(ClientError::from_agent)?;
+        let plan = match Plan::from_json(&reply.plan_json) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = control.close(reply.session, &reply.ticket);
+                let m = format!("agent sent share {share:?}'s plan unreadable: {e}");
+                return Err(ClientError::Agent(m));
+            }
+        };
+        let start = at.cloned().unwrap_or(Cursor::START);
+        Self::attach(agent, control, reply, &plan, start)
+    }
+
+    fn remote_opened(
+        agent: &AgentUri,
+        plan: &Plan,
+        cursor: Cursor,
+        creds: &Credentials,
+        share: Option<&Share>,
+    ) -> Result<Self, ClientError> {
         plan.validate()?;
         let control = Control::connect_with(&agent.authority, DEFAULT_RPC_TIMEOUT, creds)
             .map_err(ClientError::Connect)?;
@@ -147,8 +214,22 @@ impl Reader {
                 consumed_samples: cursor.consumed_samples,
                 blend: cursor.blend.clone(),
                 delivered: cursor.delivered.clone(),
+                share: share.map(|s| s.name.clone()).unwrap_or_default(),
+                share_group: share.map_or(0, |s| s.group),
             })
             .map_err(ClientError::from_agent)?;
+        Self::attach(agent, control, reply, plan, cursor)
+    }
+
+    /// Connects the data plane of the session `reply` opened, starting from `cursor` (moved
+    /// to where the agent says the stream starts).
+    fn attach(
+        agent: &AgentUri,
+        control: Control,
+        reply: OpenReply,
+        plan: &Plan,
+        cursor: Cursor,
+    ) -> Result<Self, ClientError> {
         let transport = agent.transport();
         let endpoint = shm::endpoint(agent, &control, plan, &reply)?;
         let source = match dquant_transport::connect(transport, &endpoint) {

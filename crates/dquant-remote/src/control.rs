@@ -15,7 +15,7 @@ use dquant_engine::SourceError;
 use dquant_proto::v1::agent_client::AgentClient;
 use dquant_proto::v1::{
     CloseRequest, DatasetStat, IndexRequest, ListEntry, ListRequest, OpenReply, OpenRequest,
-    OpenSourceRequest, StatRequest, WatchRequest,
+    OpenSourceRequest, StatRequest, SubscribeRequest, WatchRequest,
 };
 use dquant_transport::record::MAX_TOKEN_LEN;
 use dquant_transport::{
@@ -334,6 +334,13 @@ impl Control {
         let mut c = self.client.clone();
         let req = self.request(req);
         self.within("Open", async move { c.open(req).await })
+    }
+
+    /// Joins a shared plan stream by name ([`SubscribeRequest`]).
+    pub fn subscribe(&self, req: SubscribeRequest) -> Result<OpenReply, SourceError> {
+        let mut c = self.client.clone();
+        let req = self.request(req);
+        self.within("Subscribe", async move { c.subscribe(req).await })
     }
 
     pub fn open_source(&self, req: OpenSourceRequest) -> Result<OpenReply, SourceError> {

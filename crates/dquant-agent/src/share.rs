@@ -1,0 +1,476 @@
+//! Shared streams: one plan run once, its batches delivered to every subscriber.
+//!
+//! Every tensor-parallel and pipeline rank of one data-parallel replica reads the same
+//! batches; without sharing, each would open its own session and the agent would read, pack
+//! and encode the same data once per rank. A consumer that opens a plan with `share =
+//! "job42/dp3"` creates a [`SharedStream`] (or joins the tenant's stream of that name when it
+//! runs the same plan); others join it by name (`Subscribe`). One producer thread runs the
+//! plan into the stream's [`Window`] through [`WindowSink`], the same produce loop a session
+//! runs ([`crate::produce::run`]); each subscriber is a session of its own whose connection
+//! thread relays the window's records into its transport ([`relay`]). The slowest subscriber
+//! sets the pace: the producer waits while the window is full of records someone has not
+//! read. A subscriber that goes away leaves the window, and the others go on.
+//!
+//! Records are made once in the plan's wire codec (what TCP subscribers get). A
+//! shared-memory subscriber needs them in the output dtype; that form is made from the wire
+//! record once, by whichever ring subscriber first needs it.
+
+mod relay;
+mod window;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use dquant_codec::kernels::store_plain;
+use dquant_codec::Decoder;
+use dquant_engine::{plain_codec, Pipeline};
+use dquant_plan::{OutputDType, WireCodec};
+use dquant_proto::v1::SubscriberEvent;
+use dquant_remote::shutdown_message;
+use dquant_transport::record::RECORD_HEADER_LEN;
+use dquant_transport::{BatchHeader, BatchSink, SinkError};
+
+use crate::events::Events;
+use crate::metrics::Meter;
+use crate::produce::{run, Outcome, Producer};
+
+pub(crate) use relay::{relay, Form};
+pub(crate) use window::{End, JoinError, Next, Pos, Window};
+
+/// The longest share name.
+pub(crate) const MAX_SHARE_NAME: usize = 256;
+
+/// Checks a share name: 1 to [`MAX_SHARE_NAME`] bytes of printable ASCII, no spaces.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    let printable = name.bytes().all(|b| b.is_ascii_graphic());
+    if name.is_empty() || name.len() > MAX_SHARE_NAME || !printable {
+        return Err(format!(
+            "share: {name:?} is not a share name (1 to {MAX_SHARE_NAME} printable ASCII \
+             characters without spaces, e.g. \"job42/dp3\")"
+        ));
+    }
+    Ok(())
+}
+
+/// One record of a shared stream: the wire form, and the output-dtype form made on demand.
+pub(crate) struct Slot {
+    wire: Arc<[u8]>,
+    tokens: u64,
+    plain: OnceLock<Result<Arc<[u8]>, String>>,
+}
+
+impl Slot {
+    /// The record as `form` carries it.
+    fn bytes(&self, form: Form, output: OutputDType) -> Result<Arc<[u8]>, String> {
+        match form {
+            Form::Wire => Ok(self.wire.clone()),
+            Form::Plain => self
+                .plain
+                .get_or_init(|| plain_record(&self.wire, output))
+                .clone(),
+        }
+    }
+}
+
+/// `wire` (a batch record in any codec) with its tokens in `output`'s plain dtype, as a
+/// shared-memory ring carries them; the same bytes when it already is.
+fn plain_record(wire: &[u8], output: OutputDType) -> Result<Arc<[u8]>, String> {
+    let head: &[u8; RECORD_HEADER_LEN] = wire
+        .get(..RECORD_HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or("a shared record shorter than its header")?;
+    let mut h = BatchHeader::parse(head).map_err(|e| e.to_string())?;
+    let want = plain_codec(output);
+    if h.codec == want {
+        return Ok(Arc::from(wire));
+    }
+    let (data, trailer) = (h.data_len() as usize, h.trailer_len as usize);
+    let body = &wire[RECORD_HEADER_LEN..];
+    let bad = |e: String| format!("batch {}: {e}", h.index);
+    if body.len() < data + trailer {
+        return Err(bad(format!(
+            "{} bytes of a {}-byte payload",
+            body.len(),
+            data + trailer
+        )));
+    }
+    let mut tokens = vec![0u32; h.tokens()];
+    Decoder::new()
+        .decode(h.codec, &body[..data], &mut tokens)
+        .map_err(|e| bad(e.to_string()))?;
+    let bytes = tokens.len() * output.itemsize();
+    let mut out = vec![0u8; RECORD_HEADER_LEN + bytes + trailer];
+    let (tok, rest) = out[RECORD_HEADER_LEN..].split_at_mut(bytes);
+    store_plain(output.width(), &tokens, tok).map_err(|e| bad(e.to_string()))?;
+    rest.copy_from_slice(&body[data..data + trailer]);
+    h.codec = want;
+    h.payload_len = (bytes + trailer) as u32;
+    out[..RECORD_HEADER_LEN].copy_from_slice(&h.encode());
+    Ok(Arc::from(out))
+}
+
+/// What a consumer opening or joining a stream is told of it (an `OpenReply`'s plan fields).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StreamInfo {
+    pub plan_json: String,
+    pub rank_batches: u64,
+    pub rank_samples: u64,
+    pub epoch_samples: u64,
+    pub samples_per_epoch: Vec<u64>,
+    /// Bytes of room a record in the output dtype may need (a ring slot must hold it).
+    pub plain_room: usize,
+}
+
+/// One plan run once for many subscribers.
+pub(crate) struct SharedStream {
+    pub name: String,
+    pub tenant: String,
+    pub info: StreamInfo,
+    output: OutputDType,
+    window: Mutex<Window<Arc<Slot>>>,
+    changed: Condvar,
+    events: Arc<Events>,
+}
+
+/// How long a blocked producer or subscriber sleeps before it looks at its flags again.
+const RECHECK: Duration = Duration::from_millis(100);
+
+impl SharedStream {
+    fn lock(&self) -> MutexGuard<'_, Window<Arc<Slot>>> {
+        self.window.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds subscriber `session` at `at` (`None`: the stream's current cursor).
+    pub fn join(
+        self: &Arc<Self>,
+        session: u64,
+        at: Option<Pos>,
+    ) -> Result<Subscription, JoinError> {
+        let mut w = self.lock();
+        let from = w.join(session, at)?;
+        self.publish(session, true, from, w.subscribers());
+        Ok(Subscription {
+            stream: self.clone(),
+            session,
+            from,
+        })
+    }
+
+    fn publish(&self, session: u64, joined: bool, at: Pos, subscribers: usize) {
+        self.events.subscriber(SubscriberEvent {
+            share: self.name.clone(),
+            session,
+            tenant: self.tenant.clone(),
+            joined,
+            epoch: at.epoch,
+            consumed_samples: at.consumed,
+            subscribers: subscribers as u32,
+        });
+    }
+
+    /// What subscriber `session` gets next, waiting up to `wait` for the producer.
+    fn next(&self, session: u64, wait: Duration) -> Option<Next<Arc<Slot>>> {
+        let w = self.lock();
+        let (w, _) = self
+            .changed
+            .wait_timeout_while(w, wait, |w| matches!(w.next(session), Some(Next::Wait)))
+            .unwrap_or_else(PoisonError::into_inner);
+        w.next(session)
+    }
+
+    fn advance(&self, session: u64) {
+        self.lock().advance(session);
+        self.changed.notify_all();
+    }
+
+    fn end(&self, end: End) {
+        self.lock().end(end);
+        self.changed.notify_all();
+    }
+}
+
+/// A subscriber's place in a stream: it holds the window's records from its position on,
+/// and leaves the stream when dropped (however its session ends, or if it never connects).
+pub(crate) struct Subscription {
+    stream: Arc<SharedStream>,
+    session: u64,
+    from: Pos,
+}
+
+impl Subscription {
+    pub fn stream(&self) -> &Arc<SharedStream> {
+        &self.stream
+    }
+
+    /// Where this subscriber starts.
+    pub fn from(&self) -> Pos {
+        self.from
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let s = &self.stream;
+        let mut w = s.lock();
+        if let Some(at) = w.leave(self.session) {
+            s.publish(self.session, false, at, w.subscribers());
+        }
+        drop(w);
+        s.changed.notify_all();
+    }
+}
+
+/// The agent's shared streams, by tenant and name. A stream lives while its producer runs or
+/// anyone subscribes; then its name is free again.
+#[derive(Default)]
+pub(crate) struct Shares {
+    streams: Mutex<HashMap<(String, String), Weak<SharedStream>>>,
+}
+
+/// What the producer thread of a new stream needs.
+pub(crate) struct NewStream {
+    pub name: String,
+    pub tenant: String,
+    pub info: StreamInfo,
+    pub pipeline: Box<Pipeline>,
+    pub output: OutputDType,
+    pub wire: WireCodec,
+    /// Records the window keeps.
+    pub capacity: usize,
+    /// Subscribers the first batch waits for, at most `group_wait`.
+    pub group: usize,
+    pub group_wait: Duration,
+    /// Bytes the producer may encode ahead (the session prefetch budget).
+    pub encode_budget: usize,
+    pub meter: Meter,
+}
+
+impl Shares {
+    fn streams(&self) -> MutexGuard<'_, HashMap<(String, String), Weak<SharedStream>>> {
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live stream `name` of `tenant`.
+    pub fn find(&self, tenant: &str, name: &str) -> Option<Arc<SharedStream>> {
+        let mut streams = self.streams();
+        streams.retain(|_, s| s.strong_count() > 0);
+        streams
+            .get(&(tenant.to_string(), name.to_string()))
+            .and_then(Weak::upgrade)
+    }
+
+    /// Starts `new` as a stream and joins `session` to it at its start, unless `tenant`
+    /// already has a live stream of that name: then `session` joins that one at `at` (and
+    /// `new`'s pipeline is dropped unused). `Err` when the existing stream runs another
+    /// plan or `at` is not in its window. The bool says whether it joined an existing one.
+    pub fn open_or_join(
+        &self,
+        new: NewStream,
+        session: u64,
+        at: Pos,
+        events: &Arc<Events>,
+        drain: Arc<AtomicBool>,
+    ) -> Result<(Subscription, bool), String> {
+        let key = (new.tenant.clone(), new.name.clone());
+        let mut streams = self.streams();
+        if let Some(s) = streams.get(&key).and_then(Weak::upgrade) {
+            if s.info.plan_json != new.info.plan_json {
+                return Err(format!(
+                    "share {:?} runs a different plan; subscribe to it, or choose another name",
+                    new.name
+                ));
+            }
+            let name = new.name;
+            let sub = s
+                .join(session, Some(at))
+                .map_err(|e| format!("share {name:?}: {e}"))?;
+            return Ok((sub, true));
+        }
+        let stream = Arc::new(SharedStream {
+            name: new.name.clone(),
+            tenant: new.tenant.clone(),
+            info: new.info.clone(),
+            output: new.output,
+            window: Mutex::new(Window::new(new.capacity, at)),
+            changed: Condvar::new(),
+            events: events.clone(),
+        });
+        let sub = stream
+            .join(session, None)
+            .map_err(|e| format!("share {:?}: {e}", new.name))?;
+        let producer = stream.clone();
+        std::thread::Builder::new()
+            .name("dquant-share".into())
+            .spawn(move || produce(producer, new, &drain))
+            .map_err(|e| format!("cannot start a thread: {e}"))?;
+        streams.insert(key, Arc::downgrade(&stream));
+        Ok((sub, false))
+    }
+}
+
+/// The producer thread: waits for the group, then runs the plan into the window until the
+/// end, a failure, a drain, or nobody left to deliver to.
+fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicBool) {
+    let deadline = Instant::now() + new.group_wait;
+    loop {
+        let n = stream.lock().subscribers();
+        if n == 0 {
+            return stream.end(End::Stopped("every subscriber left".into()));
+        }
+        if n >= new.group || Instant::now() >= deadline || drain.load(Ordering::Relaxed) {
+            break;
+        }
+        let w = stream.lock();
+        let _ = stream.changed.wait_timeout(w, RECHECK);
+    }
+    let mut producer = Producer::new(new.pipeline, new.output, new.wire)
+        .with_meter(new.meter)
+        .encoding_ahead(new.encode_budget);
+    let mut sink = WindowSink {
+        stream: stream.clone(),
+        drain,
+        buf: Vec::new(),
+    };
+    let never = AtomicBool::new(false);
+    let (outcome, stats) = run(&mut producer, &mut sink, &never, drain, Instant::now);
+    let end = match outcome {
+        Outcome::Finished => End::Finished,
+        // However it stopped, a drain delivers every record made, then where to resume.
+        _ if drain.load(Ordering::Relaxed) => {
+            End::Drained(shutdown_message(stream.lock().head().consumed))
+        }
+        Outcome::Failed(m) => End::Failed(m),
+        Outcome::Drained(m) => End::Drained(m),
+        Outcome::Stopped(m) => End::Stopped(m),
+    };
+    tracing::info!(
+        share = %stream.name,
+        tenant = %stream.tenant,
+        records = stats.records,
+        tokens = stats.tokens,
+        wire_bytes = stats.wire_bytes,
+        end = ?end,
+        "shared stream ended"
+    );
+    stream.end(end);
+}
+
+/// The producer's sink: each record goes into the window once it has room.
+struct WindowSink<'a> {
+    stream: Arc<SharedStream>,
+    drain: &'a AtomicBool,
+    buf: Vec<u8>,
+}
+
+impl BatchSink for WindowSink<'_> {
+    fn reserve(&mut self, len: usize) -> Result<&mut [u8], SinkError> {
+        let s = &self.stream;
+        let mut w = s.lock();
+        while !w.has_room() || w.subscribers() == 0 {
+            if w.subscribers() == 0 {
+                return Err(SinkError::Gone("every subscriber left".into()));
+            }
+            if self.drain.load(Ordering::Relaxed) {
+                return Err(SinkError::Gone("the agent is shutting down".into()));
+            }
+            w = s
+                .changed
+                .wait_timeout(w, RECHECK)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        drop(w);
+        let more = len.saturating_sub(self.buf.len());
+        self.buf.try_reserve_exact(more).map_err(|_| {
+            SinkError::Failed(format!("cannot allocate {len} bytes for one batch record"))
+        })?;
+        self.buf.resize(len, 0);
+        Ok(&mut self.buf[..len])
+    }
+
+    fn commit(&mut self, len: usize) -> Result<(), SinkError> {
+        let head: [u8; RECORD_HEADER_LEN] = self.buf[..RECORD_HEADER_LEN]
+            .try_into()
+            .map_err(|_| SinkError::Failed("a record shorter than its header".into()))?;
+        let h = BatchHeader::parse(&head).map_err(|e| SinkError::Failed(e.to_string()))?;
+        let mut record = std::mem::take(&mut self.buf);
+        record.truncate(len);
+        let slot = Arc::new(Slot {
+            wire: Arc::from(record),
+            tokens: h.tokens() as u64,
+            plain: OnceLock::new(),
+        });
+        let to = Pos {
+            epoch: h.cursor_epoch,
+            consumed: h.cursor_consumed,
+        };
+        let s = &self.stream;
+        let pushed = s.lock().push(slot, to);
+        s.changed.notify_all();
+        match pushed {
+            true => Ok(()),
+            false => Err(SinkError::Failed("the window lost its room".into())),
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        // The producer thread ends the stream with the run's outcome.
+        Ok(())
+    }
+
+    fn fail(&mut self, _message: &str) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dquant_codec::{Codec, Compression, Width};
+
+    fn record(codec: Codec, tokens: &[u32], trailer: &[u8]) -> Vec<u8> {
+        let mut data = vec![0u8; codec.raw_len(tokens.len())];
+        dquant_codec::encode_width(codec.width, tokens, &mut data).unwrap();
+        let h = BatchHeader {
+            codec,
+            index: 3,
+            samples: 2,
+            sample_len: (tokens.len() / 2) as u32,
+            payload_len: (data.len() + trailer.len()) as u32,
+            trailer_len: trailer.len() as u32,
+            cursor_epoch: 0,
+            cursor_consumed: 8,
+        };
+        [&h.encode()[..], &data, trailer].concat()
+    }
+
+    #[test]
+    fn a_narrowed_record_becomes_the_output_dtype_with_its_trailer() {
+        let tokens = [1u32, 70000, 3, 4, 5, 6];
+        let trailer = 42u64.to_le_bytes();
+        let bits = Codec {
+            width: Width::Bits(17),
+            compression: Compression::None,
+        };
+        let plain = plain_record(&record(bits, &tokens, &trailer), OutputDType::I32).unwrap();
+        let want = record(plain_codec(OutputDType::I32), &tokens, &trailer);
+        assert_eq!(&plain[..], &want[..]);
+        // Already plain: the same bytes.
+        assert_eq!(
+            &plain_record(&want, OutputDType::I32).unwrap()[..],
+            &want[..]
+        );
+    }
+
+    #[test]
+    fn share_names_are_checked() {
+        assert!(check_name("job42/dp3").is_ok());
+        assert_eq!(
+            check_name("job 42").unwrap_err(),
+            "share: \"job 42\" is not a share name (1 to 256 printable ASCII characters \
+             without spaces, e.g. \"job42/dp3\")"
+        );
+        assert!(check_name("").is_err());
+        assert!(check_name(&"x".repeat(257)).is_err());
+    }
+}

@@ -1,0 +1,184 @@
+//! Shared streams end to end: one plan run once on the agent, its batches delivered to many
+//! consumers over TCP and shared memory. Every subscriber's stream is compared with the plan
+//! run in this process, byte for byte, with its cursors.
+
+use std::time::Duration;
+
+use dquant_client::{open_shared, subscribe, ClientError, Reader, Share};
+use dquant_plan::{Cursor, Plan};
+use dquant_testkit::agent::{plan, wait_idle, Corpus};
+use dquant_testkit::stream::drain;
+use dquant_testkit::xxh3;
+
+/// A checksum of a stream, its batch sizes and where it ended.
+type Digest = (u64, Vec<usize>, Cursor);
+
+fn digest(mut r: Reader) -> Digest {
+    let (bytes, sizes) = drain(&mut r);
+    (xxh3(&bytes), sizes, r.cursor())
+}
+
+/// The plan run in this process from `from`.
+fn local(c: &Corpus, p: &Plan, from: Cursor) -> Digest {
+    digest(Reader::local(&c.localized(p), from).unwrap())
+}
+
+fn share(group: u32) -> Share {
+    Share {
+        name: "job42/dp3".into(),
+        group,
+    }
+}
+
+/// Several epochs in a compressed wire codec: TCP subscribers get the lz4 records, ring
+/// subscribers the output dtype made from them.
+fn shared_plan() -> Plan {
+    let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 255, 4);
+    p.epochs = Some(2);
+    p.wire_codec = "auto+lz4".into();
+    p
+}
+
+#[test]
+fn four_subscribers_over_tcp_and_shm_get_the_stream_a_single_consumer_gets() {
+    let c = Corpus::new();
+    let (agent, sock) = c.agent_with_socket();
+    let p = shared_plan();
+    let want = local(&c, &p, Cursor::START);
+    let tcp = agent.uri();
+    // Two open the plan as the stream (the first makes it, the second joins it), two
+    // subscribe by name; the stream waits for all four before its first batch.
+    let readers = [
+        open_shared(&tcp, &p, Cursor::START, &share(4)),
+        open_shared(&sock, &p, Cursor::START, &share(4)),
+        subscribe(&tcp, "job42/dp3", Some(&Cursor::START)),
+        subscribe(&sock, "job42/dp3", Some(&Cursor::START)),
+    ];
+    let got: Vec<Digest> = std::thread::scope(|s| {
+        let handles: Vec<_> = readers
+            .into_iter()
+            .map(|r| s.spawn(move || digest(r.unwrap())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g, &want, "subscriber {i}");
+    }
+    wait_idle(&agent);
+    // The name is free again once everyone has left.
+    assert_eq!(
+        digest(open_shared(&tcp, &p, Cursor::START, &share(1)).unwrap()),
+        want
+    );
+    wait_idle(&agent);
+}
+
+/// (A subscriber SIGKILLed mid-stream: `crates/dquant-cli/tests/agent.rs`.)
+#[test]
+fn a_subscriber_closed_mid_stream_leaves_the_others_streams_whole() {
+    let c = Corpus::new();
+    let (agent, sock) = c.agent_with_socket();
+    let p = shared_plan();
+    let want = local(&c, &p, Cursor::START);
+    let tcp = agent.uri();
+    let a = open_shared(&tcp, &p, Cursor::START, &share(3)).unwrap();
+    let b = subscribe(&sock, "job42/dp3", None).unwrap();
+    let mut quitter = subscribe(&tcp, "job42/dp3", None).unwrap();
+    let got = std::thread::scope(|s| {
+        let a = s.spawn(move || digest(a));
+        let b = s.spawn(move || digest(b));
+        for _ in 0..5 {
+            quitter.next_batch().unwrap().unwrap();
+        }
+        // Closed mid-stream: its session ends, and the stream no longer waits for it.
+        drop(quitter);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(got.0, want);
+    assert_eq!(got.1, want);
+}
+
+#[test]
+fn a_late_joiner_starts_at_the_current_cursor_and_an_earlier_one_is_refused() {
+    let c = Corpus::new();
+    let mut cfg = c.config();
+    cfg.share_window_batches = 2;
+    // Little ahead of the consumer, and a long stream: the late joiner comes mid-stream.
+    cfg.prefetch_frames = 1;
+    let agent = dquant_agent::start(cfg).unwrap();
+    let tcp = agent.uri();
+    let mut p = shared_plan();
+    p.epochs = Some(50);
+    let mut first = open_shared(&tcp, &p, Cursor::START, &share(1)).unwrap();
+    let mut head = Vec::new();
+    for _ in 0..10 {
+        let b = first.next_batch().unwrap().unwrap();
+        head.extend_from_slice(b.tokens.as_bytes());
+    }
+    // The window holds two batches, so batch 0 left it long ago.
+    let refused = subscribe(&tcp, "job42/dp3", Some(&Cursor::START))
+        .err()
+        .unwrap();
+    let m = refused.to_string();
+    assert!(
+        m.contains(
+            "share \"job42/dp3\": cursor (epoch 0 consumed_samples 0) is no longer in the \
+             stream's window, which holds batches from (epoch "
+        ),
+        "{m}"
+    );
+    let late = subscribe(&tcp, "job42/dp3", None).unwrap();
+    let from = late.cursor();
+    assert!(
+        (from.epoch, from.consumed_samples) >= (0, 40),
+        "joined at {from:?}"
+    );
+    let (late, rest) = std::thread::scope(|s| {
+        let late = s.spawn(move || digest(late));
+        let (bytes, _) = drain(&mut first);
+        head.extend_from_slice(&bytes);
+        (late.join().unwrap(), xxh3(&head))
+    });
+    assert!(!late.1.is_empty(), "the late joiner came before the end");
+    assert_eq!(
+        late,
+        local(&c, &p, from),
+        "the late joiner's stream is the plan's tail"
+    );
+    assert_eq!(
+        rest,
+        local(&c, &p, Cursor::START).0,
+        "the first one's is whole"
+    );
+    wait_idle(&agent);
+}
+
+#[test]
+fn bad_shares_are_refused_by_name() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let tcp = agent.uri();
+    let err = |r: Result<Reader, ClientError>| r.err().unwrap().to_string();
+    assert!(err(subscribe(&tcp, "job42/dp9", None)).contains(
+        "no shared stream \"job42/dp9\": a consumer of this tenant opens it with share = \
+         \"job42/dp9\" beside its plan"
+    ));
+    let bad = Share {
+        name: "job 42".into(),
+        group: 0,
+    };
+    assert!(err(open_shared(&tcp, &shared_plan(), Cursor::START, &bad))
+        .contains("share: \"job 42\" is not a share name"));
+    // A stream of one plan, then another plan under its name.
+    let _first = open_shared(&tcp, &shared_plan(), Cursor::START, &share(1)).unwrap();
+    let other = plan(&[("r50k", 1.0)], 127, 2);
+    assert!(
+        err(open_shared(&tcp, &other, Cursor::START, &share(1))).contains(
+            "share \"job42/dp3\" runs a different plan; subscribe to it, or choose another name"
+        )
+    );
+    drop(_first);
+    c.assert_serving(&agent);
+    wait_idle(&agent);
+    std::thread::sleep(Duration::from_millis(10));
+}
