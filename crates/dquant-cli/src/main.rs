@@ -58,6 +58,7 @@ enum Cmd {
     #[command(subcommand, after_help = BENCH_EXAMPLES)]
     Bench(cmd::bench::Cmd),
     Read(cmd::read::Args),
+    Subscribe(cmd::subscribe::Args),
     Serve(cmd::serve::Args),
     Ls(cmd::remote::LsArgs),
     Stat(cmd::remote::StatArgs),
@@ -76,6 +77,7 @@ fn main() {
         Cmd::Corpus(c) => cmd::corpus::run(&c).map(|_| 0),
         Cmd::Bench(c) => cmd::bench::run(&c).map(|_| 0),
         Cmd::Read(a) => cmd::read::run(&a).map(|_| 0),
+        Cmd::Subscribe(a) => cmd::subscribe::run(&a).map(|_| 0),
         Cmd::Serve(a) => cmd::serve::run(&a).map(|_| 0),
         Cmd::Ls(a) => cmd::remote::ls(&a).map(|_| 0),
         Cmd::Stat(a) => cmd::remote::stat(&a).map(|_| 0),

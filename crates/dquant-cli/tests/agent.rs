@@ -720,3 +720,100 @@ fn top_shows_sessions_and_rates() {
             >= 5
     );
 }
+
+/// A shared stream read by three processes (`read --share` and two `subscribe`s). One stops
+/// reading (its stdout is never drained), so the stream waits for it: the slowest sets the
+/// pace. It is then SIGKILLed mid-stream; the stream goes on, and the other two get every
+/// batch, equal to a lone reader's stream.
+#[test]
+fn a_subscriber_killed_mid_stream_leaves_the_others_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_fixtures(dir.path());
+    let agent = AgentProcess::start(BIN, &["--root", &format!("fx={}", root.display())]);
+    // About 60 MB of u16 batches: more than a stalled reader's pipe, socket buffers and
+    // prefetch hold.
+    let (p, _) = plans(dir.path(), &root, "epochs = 100");
+    let out = |name: &str| dir.path().join(name);
+    let lone = ok(&[
+        "read",
+        s(&p),
+        "--agent",
+        &agent.uri,
+        "--out",
+        s(&out("lone")),
+        "--json",
+    ]);
+    let want = summary(&lone)["stream_xxh3"].clone();
+    let spawn = |args: &[&str], stdout: Stdio| {
+        Command::new(BIN)
+            .args(args)
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let a = spawn(
+        &[
+            "read",
+            s(&p),
+            "--agent",
+            &agent.uri,
+            "--share",
+            "job7/dp0",
+            "--group",
+            "3",
+        ]
+        .iter()
+        .copied()
+        .chain(["--out", s(&out("a")), "--json"])
+        .collect::<Vec<_>>(),
+        Stdio::null(),
+    );
+    assert!(
+        agent.wait_log("shared plan opened", Duration::from_secs(30)),
+        "{}",
+        agent.log()
+    );
+    let start = r#"{"consumed_samples":0}"#;
+    let sub = |o: &[&str]| {
+        let mut v = vec!["subscribe", &agent.uri, "job7/dp0", "--cursor-json", start];
+        v.extend_from_slice(o);
+        v.iter().map(|x| x.to_string()).collect::<Vec<_>>()
+    };
+    let b_args = sub(&["--out", s(&out("b")), "--json"]);
+    let b = spawn(
+        &b_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        Stdio::null(),
+    );
+    let stalled_args = sub(&["-q"]);
+    let mut stalled = spawn(
+        &stalled_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        Stdio::piped(),
+    );
+    // The stalled reader holds everyone back: after a second, the others have far less
+    // than the whole stream.
+    std::thread::sleep(Duration::from_secs(1));
+    let total = std::fs::metadata(out("lone")).unwrap().len();
+    let held = std::fs::metadata(out("a")).map_or(0, |m| m.len());
+    assert!(
+        held < total / 2,
+        "a read {held} of {total} bytes past a stalled subscriber"
+    );
+    stalled.kill().unwrap();
+    stalled.wait().unwrap();
+    for (name, child) in [("a", a), ("b", b)] {
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(summary(&o)["stream_xxh3"], want, "{name}");
+        assert_eq!(std::fs::metadata(out(name)).unwrap().len(), total, "{name}");
+    }
+    assert!(
+        agent.wait_log("kind=\"subscriber\"", Duration::from_secs(5)),
+        "{}",
+        agent.log()
+    );
+}

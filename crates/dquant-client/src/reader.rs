@@ -51,6 +51,8 @@ pub struct Reader {
     output: OutputDType,
     sample_len: usize,
     batch_size: usize,
+    /// Ranks of the plan.
+    world: u32,
     rank_batches: u64,
     rank_samples: u64,
     /// Samples in one epoch of each source (empty when an agent did not say).
@@ -265,6 +267,7 @@ impl Reader {
             output: plan.output,
             sample_len: plan.sample_len(),
             batch_size: plan.batch_size as usize,
+            world: plan.world,
             rank_batches: o.rank_batches,
             rank_samples: o.rank_samples,
             per_epoch: o.per_epoch,
@@ -296,6 +299,11 @@ impl Reader {
     /// Tokens per sample: `seq_len + 1`.
     pub fn sample_len(&self) -> usize {
         self.sample_len
+    }
+
+    /// Ranks of the plan (`world`): a cursor's `consumed_samples` counts all of them.
+    pub fn world(&self) -> u32 {
+        self.world
     }
 
     /// Batches in this rank's whole stream (from the start, not from the cursor).

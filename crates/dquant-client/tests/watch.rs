@@ -166,3 +166,141 @@ fn a_tenant_watches_only_its_own_sessions() {
         }
     }
 }
+
+fn closed_count(evs: &[Event], n: usize) -> bool {
+    evs.iter()
+        .filter(|e| matches!(e.kind, Some(Kind::Closed(_))))
+        .count()
+        >= n
+}
+
+#[test]
+fn subscribers_join_and_leave_a_tenants_shared_stream_in_order() {
+    let dir = root();
+    let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
+    for (name, token) in [("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")] {
+        cfg.tenants.push(TenantConfig {
+            name: name.into(),
+            token: token.into(),
+            roots: vec!["*".into()],
+            ..Default::default()
+        });
+    }
+    let agent = dquant_agent::start(cfg).unwrap();
+    let uri = AgentUri::parse(&agent.uri()).unwrap();
+    let creds = |t: &str| Credentials {
+        token: Some(t.into()),
+        tls: None,
+    };
+    let watch_a = Control::connect(&agent.control_addr().to_string())
+        .unwrap()
+        .with_token("tenant-a-0123456789")
+        .unwrap()
+        .watch(100)
+        .unwrap();
+    let got = collect(watch_a, |evs| closed_count(evs, 2));
+    let a = creds("tenant-a-0123456789");
+    let share = dquant_client::Share {
+        name: "job1/dp0".into(),
+        group: 2,
+    };
+    let first = Reader::remote_shared(&uri, &plan(), Cursor::START, &share, &a).unwrap();
+    // Another tenant's stream is no stream at all.
+    let b = Reader::subscribe_with(&uri, "job1/dp0", None, &creds("tenant-b-0123456789"));
+    assert!(b
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("no shared stream \"job1/dp0\""));
+    let second = Reader::subscribe_with(&uri, "job1/dp0", None, &a).unwrap();
+    let read = |mut r: Reader| (drain(&mut r).0, r.cursor());
+    let (one, two) = std::thread::scope(|s| {
+        let one = s.spawn(move || read(first));
+        (one.join().unwrap(), read(second))
+    });
+    assert_eq!(one, two);
+    let end = one.1;
+    let evs = got
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the events arrive");
+    let shown: Vec<(bool, (u64, u64), u32)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::Subscriber(s)) => {
+                assert_eq!((s.share.as_str(), s.tenant.as_str()), ("job1/dp0", "a"));
+                Some((s.joined, (s.epoch, s.consumed_samples), s.subscribers))
+            }
+            _ => None,
+        })
+        .collect();
+    // Both join at the start (the second before the first batch: the group waits for
+    // it), and both leave at the end.
+    let end = (end.epoch, end.consumed_samples);
+    assert_eq!(
+        shown,
+        vec![
+            (true, (0, 0), 1),
+            (true, (0, 0), 2),
+            (false, end, 1),
+            (false, end, 0)
+        ],
+        "{evs:?}"
+    );
+    let kinds: Vec<(&str, &str)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::Opened(o)) => Some(("opened", o.kind.as_str())),
+            Some(Kind::Closed(c)) => Some((c.how.as_str(), c.kind.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("opened", "subscriber"),
+            ("opened", "subscriber"),
+            ("finished", "subscriber"),
+            ("finished", "subscriber")
+        ]
+    );
+}
+
+#[test]
+fn a_session_never_claimed_is_closed_as_expired() {
+    let dir = root();
+    let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
+    cfg.ticket_ttl_secs = 1;
+    let agent = dquant_agent::start(cfg).unwrap();
+    let c = Control::connect(&agent.control_addr().to_string()).unwrap();
+    let got = collect(c.watch(100).unwrap(), closed);
+    let reply = c
+        .open(dquant_proto::v1::OpenRequest {
+            plan_json: plan().to_json(),
+            ..Default::default()
+        })
+        .unwrap();
+    let evs = got
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the events arrive");
+    let x = evs
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::Closed(x)) => Some(x.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        (
+            x.session,
+            x.kind.as_str(),
+            x.how.as_str(),
+            x.message.as_str()
+        ),
+        (
+            reply.session,
+            "plan",
+            "expired",
+            "its data connection did not come within the ticket's lifetime (1 s)"
+        )
+    );
+}

@@ -7,5 +7,6 @@ pub mod mount;
 pub mod read;
 pub mod remote;
 pub mod serve;
+pub mod subscribe;
 pub mod top;
 pub mod verify;

@@ -2,12 +2,12 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dquant_client::Offload;
-use dquant_plan::{Cursor, Plan};
+use dquant_client::{Offload, Reader, Share};
+use dquant_plan::{Cursor, Plan, Source};
 use serde_json::json;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -37,7 +37,10 @@ Examples:
   dquant read plan.toml --agent dquant://127.0.0.1:7878 --no-offload        # pull token ranges, run here
   # An agent on this host with --socket: batches land in shared memory (transport=shm).
   dquant read plan.toml --agent /run/dquant.sock --out batches.u16
-  dquant read plan.toml --agent 'dquant://127.0.0.1:7878?transport=shm&slots=16'";
+  dquant read plan.toml --agent 'dquant://127.0.0.1:7878?transport=shm&slots=16'
+  # One stream for a tensor-parallel group of 4: made once, read by all four.
+  dquant read plan.toml --agent /run/dquant.sock --share job42/dp3 --group 4 --out tp0.u16
+  dquant subscribe /run/dquant.sock job42/dp3 --cursor-json '{\"consumed_samples\":0}' --out tp1.u16";
 
 /// Run a plan (JSON or TOML), in this process or on an agent, and write its batches, back to
 /// back in the plan's output dtype, to a file or stdout. A summary (batches, tokens, stream
@@ -74,6 +77,20 @@ pub struct Args {
     /// Run the plan in this process, pulling token ranges from the agent.
     #[arg(long, requires = "agent")]
     pub no_offload: bool,
+    /// Open the plan on the agent as the shared stream NAME (e.g. job42/dp3), or join the
+    /// stream of that name running the same plan: the agent runs it once, and every reader
+    /// of the stream (`dquant subscribe AGENT NAME`) gets the same batches.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "agent",
+        conflicts_with = "no_offload"
+    )]
+    pub share: Option<String>,
+    /// With --share: the stream makes no batch until N readers have joined (this one
+    /// included), or the agent's ticket lifetime passed (a tensor-parallel group).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "share")]
+    pub group: u32,
     #[command(flatten)]
     pub output: OutputOpts,
 }
@@ -99,17 +116,35 @@ pub fn run(a: &Args) -> Result<()> {
         Some(text) => Cursor::from_json(text).context("--cursor-json")?,
         None => Cursor::new(a.epoch, a.cursor),
     };
-    let mut r = dquant_client::open_at(a.agent.as_deref().unwrap_or(""), &plan, start, offload)?;
-    let sample_len = plan.sample_len() as u64;
+    let agent = a.agent.as_deref().unwrap_or("");
+    let mut r = match &a.share {
+        Some(name) => {
+            let share = Share {
+                name: name.clone(),
+                group: a.group,
+            };
+            dquant_client::open_shared(agent, &plan, start, &share)?
+        }
+        None => dquant_client::open_at(agent, &plan, start, offload)?,
+    };
+    write_batches(&mut r, a.out.as_deref(), &a.output, &plan.sources, t0)
+}
+
+/// Writes `r`'s batches back to back to `out` (stdout when `None`), then the summary;
+/// `sources` are the plan's (named in the summary when the reader reports their use).
+pub(crate) fn write_batches(
+    r: &mut Reader,
+    out: Option<&Path>,
+    opts: &OutputOpts,
+    sources: &[Source],
+    t0: Instant,
+) -> Result<()> {
     let remaining = r
         .rank_samples()
-        .saturating_sub(r.cursor().consumed_samples / plan.world as u64);
-    let pb = util::bar(
-        remaining * sample_len,
-        "reading",
-        a.output.quiet() || a.out.is_none(),
-    );
-    let mut sink: Box<dyn Write> = match &a.out {
+        .saturating_sub(r.cursor().consumed_samples / u64::from(r.world().max(1)));
+    let quiet = opts.quiet() || out.is_none();
+    let pb = util::bar(remaining * r.sample_len() as u64, "reading", quiet);
+    let mut sink: Box<dyn Write> = match out {
         Some(p) => Box::new(BufWriter::new(
             File::create(p).with_context(|| format!("{}", p.display()))?,
         )),
@@ -130,29 +165,29 @@ pub fn run(a: &Args) -> Result<()> {
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let c = r.cursor();
-    let sources: Option<Vec<_>> = r.source_use().map(|u| {
-        plan.sources
+    let used: Option<Vec<_>> = r.source_use().map(|u| {
+        sources
             .iter()
             .zip(u)
             .map(|(s, u)| json!({"uri": s.uri, "samples": u.samples, "epochs": u.epochs}))
             .collect()
     });
+    let output = r.output().as_str();
     let summary = json!({
-        "batches": batches, "tokens": tokens, "bytes": bytes, "output": plan.output.as_str(),
+        "batches": batches, "tokens": tokens, "bytes": bytes, "output": output,
         "stream_xxh3": format!("{:016x}", h.digest()), "offloaded": r.is_offloaded(),
         "cursor": c,
-        "sources": sources,
+        "sources": used,
         "seconds": secs,
     });
-    if a.output.json {
+    if opts.json {
         eprintln!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         eprintln!(
-            "read {} batches, {} tokens ({} B of {}) in {secs:.2} s ({:.1} M tokens/s); stream xxh3:{:016x}; resume with --cursor {}",
+            "read {} batches, {} tokens ({} B of {output}) in {secs:.2} s ({:.1} M tokens/s); stream xxh3:{:016x}; resume with --cursor {}",
             util::thousands(batches),
             util::thousands(tokens),
             util::thousands(bytes),
-            plan.output.as_str(),
             tokens as f64 / secs.max(1e-9) / 1e6,
             h.digest(),
             c.consumed_samples

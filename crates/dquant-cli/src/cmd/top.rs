@@ -92,6 +92,17 @@ fn line(e: &Event) -> String {
             "#{} refused  [{}] {}: {}",
             e.seq, x.plane, x.reason, x.detail
         ),
+        Some(Kind::Subscriber(s)) => format!(
+            "#{} {}  share {} (tenant {:?}): session {} at epoch {} consumed_samples {}; {} subscribers",
+            e.seq,
+            if s.joined { "joined" } else { "left  " },
+            s.share,
+            s.tenant,
+            s.session,
+            s.epoch,
+            s.consumed_samples,
+            s.subscribers
+        ),
         Some(Kind::Rates(_)) | None => String::new(),
     }
 }
@@ -145,6 +156,10 @@ fn as_json(e: &Event) -> serde_json::Value {
         Some(Kind::Error(x)) => {
             json!({"error": {"plane": x.plane, "reason": x.reason, "detail": x.detail}})
         }
+        Some(Kind::Subscriber(s)) => json!({"subscriber": {
+            "share": s.share, "session": s.session, "tenant": s.tenant, "joined": s.joined,
+            "epoch": s.epoch, "consumed_samples": s.consumed_samples,
+            "subscribers": s.subscribers}}),
         Some(Kind::Rates(r)) => json!({"rates": r.tenants.iter().map(|t| json!({
             "tenant": t.tenant, "sessions": t.sessions, "bytes_per_s": t.bytes_per_s,
             "bytes_total": t.bytes_total})).collect::<Vec<_>>()}),
