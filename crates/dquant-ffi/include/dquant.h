@@ -109,6 +109,22 @@ dq_reader *dq_open_at(const char *uri, const char *plan_json, int offload, uint6
 dq_reader *dq_open_cursor(const char *uri, const char *plan_json, int offload,
                           const char *cursor_json);
 
+/* Opens plan_json on the agent at uri as the shared stream named share (e.g. "job42/dp3"),
+ * or joins the stream of that name another reader of this tenant opened with the same plan:
+ * the agent runs the plan once and every reader of the stream gets the same batches (the
+ * tensor-parallel ranks of one data-parallel rank). cursor_json (NULL: the start) must be
+ * the stream's current cursor or a batch boundary still in its window when the stream
+ * exists. The stream makes no batch until group readers have joined (this one included),
+ * at most the agent's ticket lifetime; 0 or 1 starts at once. Returns NULL on error. */
+dq_reader *dq_open_shared(const char *uri, const char *plan_json, const char *cursor_json,
+                          const char *share, uint32_t group);
+
+/* Joins the shared stream named share on the agent at uri (see dq_open_shared) at
+ * cursor_json (a batch boundary still in the stream's window) or, NULL, at the stream's
+ * current cursor. The plan comes from the agent. Returns NULL on error (no such stream for
+ * this tenant, a cursor no longer in the window). */
+dq_reader *dq_subscribe(const char *uri, const char *share, const char *cursor_json);
+
 /* Copies the next bytes of the stream (batches back to back, in the plan's output dtype)
  * into buf, up to len bytes. Returns the bytes written (fewer than len only at the end of the
  * stream), 0 at the end (or when len is 0), -1 on error.

@@ -39,7 +39,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use dquant_client::{Offload, Reader, Tokens};
+use dquant_client::{Offload, Reader, Share, Tokens};
 use dquant_plan::{Cursor, Plan};
 
 /// An open reader: what a C `dq_reader *` points to (opaque to C).
@@ -268,13 +268,9 @@ unsafe fn open(
         } else {
             Offload::No
         };
-        let reader =
-            dquant_client::open_at(uri, &plan, cursor, offload).map_err(|e| e.to_string())?;
-        Ok(Box::into_raw(Box::new(DqReader {
-            reader,
-            mode: Mode::Unset,
-            broken: false,
-        })))
+        dquant_client::open_at(uri, &plan, cursor, offload)
+            .map(boxed)
+            .map_err(|e| e.to_string())
     })
 }
 
@@ -331,16 +327,108 @@ pub unsafe extern "C" fn dq_open_cursor(
     let func = "dq_open_cursor";
     let cursor = guard(func, None, || {
         // SAFETY: the caller guarantees `cursor_json` is NULL or a NUL-terminated string.
-        match unsafe { c_str(func, "cursor_json", cursor_json) }? {
-            None => Ok(Some(Cursor::START)),
-            Some(text) => parse_cursor(func, text).map(Some),
-        }
+        unsafe { optional_cursor(func, cursor_json) }.map(|c| Some(c.unwrap_or(Cursor::START)))
     });
     let Some(cursor) = cursor else {
         return ptr::null_mut();
     };
     // SAFETY: the caller upholds `open`'s contract, which is this function's.
     unsafe { open(func, uri, plan_json, offload, cursor) }
+}
+
+/// The cursor in `cursor_json` (NULL: `None`).
+///
+/// # Safety
+/// `cursor_json` is NULL or a NUL-terminated string valid during the call.
+unsafe fn optional_cursor(func: &str, cursor_json: *const c_char) -> Result<Option<Cursor>, String> {
+    // SAFETY: the caller guarantees `cursor_json` is NULL or a NUL-terminated string.
+    match unsafe { c_str(func, "cursor_json", cursor_json) }? {
+        None => Ok(None),
+        Some(text) => parse_cursor(func, text).map(Some),
+    }
+}
+
+fn boxed(reader: Reader) -> *mut DqReader {
+    Box::into_raw(Box::new(DqReader {
+        reader,
+        mode: Mode::Unset,
+        broken: false,
+    }))
+}
+
+/// Opens the plan `plan_json` on the agent at `uri` as the shared stream `share` (e.g.
+/// `"job42/dp3"`), or joins the stream of that name another reader of this tenant opened
+/// with the same plan: the agent runs the plan once, and every reader of the stream gets the
+/// same batches. `cursor_json` (NULL: the start) must be the stream's current cursor or a
+/// batch boundary still in its window when the stream exists. The stream makes no batch
+/// until `group` readers joined (this one included), at most the agent's ticket lifetime;
+/// 0 or 1 starts at once. Returns NULL on error.
+///
+/// # Safety
+/// `uri`, `plan_json` and `share` are NUL-terminated strings; `cursor_json` is NULL or one.
+/// All need only stay valid during the call.
+#[no_mangle]
+pub unsafe extern "C" fn dq_open_shared(
+    uri: *const c_char,
+    plan_json: *const c_char,
+    cursor_json: *const c_char,
+    share: *const c_char,
+    group: u32,
+) -> *mut DqReader {
+    let func = "dq_open_shared";
+    guard(func, ptr::null_mut(), || {
+        // SAFETY: the caller guarantees each is NULL or a NUL-terminated string valid for
+        // this call.
+        let (uri, json, name, cursor) = unsafe {
+            (
+                c_str(func, "uri", uri)?.ok_or_else(|| format!("{func}: uri is NULL"))?,
+                c_str(func, "plan_json", plan_json)?
+                    .ok_or_else(|| format!("{func}: plan_json is NULL"))?,
+                c_str(func, "share", share)?.ok_or_else(|| format!("{func}: share is NULL"))?,
+                optional_cursor(func, cursor_json)?,
+            )
+        };
+        let plan = Plan::from_json(json).map_err(|e| e.to_string())?;
+        let share = Share {
+            name: name.to_string(),
+            group,
+        };
+        let cursor = cursor.unwrap_or(Cursor::START);
+        dquant_client::open_shared(uri, &plan, cursor, &share)
+            .map(boxed)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Joins the shared stream `share` that another reader of this tenant opened on the agent at
+/// `uri` ([`dq_open_shared`]), at `cursor_json` (a batch boundary still in the stream's
+/// window) or, NULL, at the stream's current cursor. The plan comes from the agent. Returns
+/// NULL on error (no such stream, a cursor no longer in the window).
+///
+/// # Safety
+/// `uri` and `share` are NUL-terminated strings; `cursor_json` is NULL or one. All need
+/// only stay valid during the call.
+#[no_mangle]
+pub unsafe extern "C" fn dq_subscribe(
+    uri: *const c_char,
+    share: *const c_char,
+    cursor_json: *const c_char,
+) -> *mut DqReader {
+    let func = "dq_subscribe";
+    guard(func, ptr::null_mut(), || {
+        // SAFETY: the caller guarantees each is NULL or a NUL-terminated string valid for
+        // this call.
+        let (uri, name, at) = unsafe {
+            (
+                c_str(func, "uri", uri)?.ok_or_else(|| format!("{func}: uri is NULL"))?,
+                c_str(func, "share", share)?.ok_or_else(|| format!("{func}: share is NULL"))?,
+                optional_cursor(func, cursor_json)?,
+            )
+        };
+        dquant_client::subscribe(uri, name, at.as_ref())
+            .map(boxed)
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// A cursor from its JSON text, the error naming `func`.

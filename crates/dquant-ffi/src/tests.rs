@@ -596,3 +596,45 @@ fn the_header_declares_exactly_the_exported_functions() {
         assert!(exported.contains(f), "{f} is not exported");
     }
 }
+
+/// Every batch of `r` through `dq_next_batch`, back to back; closes it.
+fn drain_c(r: *mut DqReader) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut b = DqBatch::NONE;
+    // SAFETY: `r` is a live reader; each batch's data is valid until the next call.
+    unsafe {
+        while dq_next_batch(r, &mut b) == 1 {
+            bytes.extend_from_slice(std::slice::from_raw_parts(b.data.cast::<u8>(), b.bytes));
+        }
+        dq_close(r);
+    }
+    bytes
+}
+
+#[test]
+fn a_shared_stream_opened_and_subscribed_gives_both_readers_the_plan() {
+    let c = dquant_testkit::agent::Corpus::new();
+    let agent = c.agent();
+    let mut plan = dquant_testkit::agent::plan(&[("r50k", 1.0)], 127, 4);
+    plan.wire_codec = "auto+lz4".into();
+    let want = rust_stream(&CString::new(c.localized(&plan).to_json()).unwrap()).0;
+    let uri = CString::new(agent.uri()).unwrap();
+    let json = CString::new(plan.to_json()).unwrap();
+    let share = CString::new("job9/dp1").unwrap();
+    let start = CString::new(r#"{"consumed_samples":0}"#).unwrap();
+    // SAFETY: valid NUL-terminated strings throughout.
+    let (a, b) = unsafe {
+        let a = dq_open_shared(uri.as_ptr(), json.as_ptr(), ptr::null(), share.as_ptr(), 2);
+        assert!(!a.is_null(), "{:?}", last_error());
+        let b = dq_subscribe(uri.as_ptr(), share.as_ptr(), start.as_ptr());
+        assert!(!b.is_null(), "{:?}", last_error());
+        (a as usize, b as usize)
+    };
+    let other = std::thread::spawn(move || drain_c(b as *mut DqReader));
+    assert_eq!(drain_c(a as *mut DqReader), want);
+    assert_eq!(other.join().unwrap(), want);
+    let missing = CString::new("job9/dp2").unwrap();
+    // SAFETY: as above.
+    assert!(unsafe { dq_subscribe(uri.as_ptr(), missing.as_ptr(), ptr::null()) }.is_null());
+    assert!(last_error().unwrap().contains("no shared stream \"job9/dp2\""));
+}
