@@ -16,7 +16,9 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use dquant_client::{open_at, ClientError, Offload, OwnedBatch, Tokens, Transport};
+use dquant_client::{
+    open_at, open_shared, subscribe, ClientError, Offload, OwnedBatch, Share, Tokens, Transport,
+};
 use dquant_plan::{Cursor, DocStarts, OutputDType};
 use numpy::ndarray::ArrayView2;
 use numpy::{Element, IntoPyArray, PyArray1, PyArray2};
@@ -83,6 +85,14 @@ struct Reader {
 }
 
 impl Reader {
+    fn wrap(reader: dquant_client::Reader) -> Self {
+        Reader {
+            output: reader.output(),
+            sample_len: reader.sample_len(),
+            inner: Mutex::new(Some(reader)),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<dquant_client::Reader>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -125,31 +135,62 @@ impl Reader {
 /// Opens `plan_json` (a plan as JSON) at the cursor `cursor_json` (a cursor as JSON, as
 /// `Reader.cursor()` gives it; empty for the start): on the agent at `agent` when `offload`,
 /// else in this process (`agent` may then name the agent that serves the plan's relative
-/// sources, or be empty).
+/// sources, or be empty). With `share` (offloaded only), as the shared stream of that name,
+/// waiting for `share_group` readers before its first batch.
 #[pyfunction]
-#[pyo3(signature = (plan_json, agent, offload, cursor_json=""))]
+#[pyo3(signature = (plan_json, agent, offload, cursor_json="", share="", share_group=0))]
 fn open_reader(
     py: Python<'_>,
     plan_json: &str,
     agent: &str,
     offload: bool,
     cursor_json: &str,
+    share: &str,
+    share_group: u32,
 ) -> PyResult<Reader> {
     let plan = plan_from_json(plan_json)?;
-    let cursor = if cursor_json.is_empty() {
-        Cursor::START
-    } else {
-        Cursor::from_json(cursor_json).map_err(|e| PyValueError::new_err(e.to_string()))?
-    };
+    let cursor = cursor_from(cursor_json)?.unwrap_or(Cursor::START);
     let offload = if offload { Offload::Yes } else { Offload::No };
     let reader = py
-        .detach(|| open_at(agent, &plan, cursor, offload))
+        .detach(|| match share {
+            "" => open_at(agent, &plan, cursor, offload),
+            name => {
+                let share = Share {
+                    name: name.to_string(),
+                    group: share_group,
+                };
+                open_shared(agent, &plan, cursor, &share)
+            }
+        })
         .map_err(to_py)?;
-    Ok(Reader {
-        output: plan.output,
-        sample_len: reader.sample_len(),
-        inner: Mutex::new(Some(reader)),
-    })
+    Ok(Reader::wrap(reader))
+}
+
+/// Joins the shared stream `share` on the agent at `agent`, at the cursor `cursor_json` (a
+/// batch boundary still in the stream's window) or, empty, at the stream's current cursor.
+#[pyfunction]
+#[pyo3(signature = (agent, share, cursor_json=""))]
+fn subscribe_reader(
+    py: Python<'_>,
+    agent: &str,
+    share: &str,
+    cursor_json: &str,
+) -> PyResult<Reader> {
+    let at = cursor_from(cursor_json)?;
+    let reader = py
+        .detach(|| subscribe(agent, share, at.as_ref()))
+        .map_err(to_py)?;
+    Ok(Reader::wrap(reader))
+}
+
+/// The cursor in `text` (JSON), or `None` when empty.
+fn cursor_from(text: &str) -> PyResult<Option<Cursor>> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    Cursor::from_json(text)
+        .map(Some)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// A cursor as a dict: `epoch` and `consumed_samples`, and `blend` / `delivered` when set.
@@ -590,6 +631,7 @@ fn view<'py, T: Element>(
 #[pymodule]
 fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_reader, m)?)?;
+    m.add_function(wrap_pyfunction!(subscribe_reader, m)?)?;
     m.add_function(wrap_pyfunction!(merge_cursors_json, m)?)?;
     m.add_function(wrap_pyfunction!(check_plan_change, m)?)?;
     m.add_class::<Reader>()?;

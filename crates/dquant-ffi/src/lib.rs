@@ -340,7 +340,10 @@ pub unsafe extern "C" fn dq_open_cursor(
 ///
 /// # Safety
 /// `cursor_json` is NULL or a NUL-terminated string valid during the call.
-unsafe fn optional_cursor(func: &str, cursor_json: *const c_char) -> Result<Option<Cursor>, String> {
+unsafe fn optional_cursor(
+    func: &str,
+    cursor_json: *const c_char,
+) -> Result<Option<Cursor>, String> {
     // SAFETY: the caller guarantees `cursor_json` is NULL or a NUL-terminated string.
     match unsafe { c_str(func, "cursor_json", cursor_json) }? {
         None => Ok(None),

@@ -636,5 +636,7 @@ fn a_shared_stream_opened_and_subscribed_gives_both_readers_the_plan() {
     let missing = CString::new("job9/dp2").unwrap();
     // SAFETY: as above.
     assert!(unsafe { dq_subscribe(uri.as_ptr(), missing.as_ptr(), ptr::null()) }.is_null());
-    assert!(last_error().unwrap().contains("no shared stream \"job9/dp2\""));
+    assert!(last_error()
+        .unwrap()
+        .contains("no shared stream \"job9/dp2\""));
 }

@@ -35,10 +35,12 @@ from ._dquant import (
     __version__,
     merge_cursors_json,
     open_reader,
+    subscribe_reader,
 )
 
 __all__ = [
     "open",
+    "subscribe",
     "merge_cursors",
     "Reader",
     "Batch",
@@ -124,6 +126,8 @@ def open(
     *,
     agent: Optional[str] = None,
     cursor: Optional[Mapping[str, int]] = None,
+    share: Optional[str] = None,
+    share_group: int = 0,
     **fields: Any,
 ) -> Reader:
     """Opens a plan and returns a :class:`Reader` over its batches.
@@ -140,6 +144,15 @@ def open(
             (``dquant serve --socket PATH``). Plan sources are then dataset names on it,
             ``ROOT/PATH``.
         cursor: where to start, as returned by :meth:`Reader.cursor` (default: the start).
+        share: open the plan on the agent as the shared stream of this name (e.g.
+            ``"job42/dp3"``), or join the stream of that name another reader of the same
+            tenant opened with the same plan: the agent runs the plan once and every reader of
+            the stream gets the same batches (the tensor-parallel ranks of one data-parallel
+            rank). ``cursor`` must then be the stream's current cursor or a batch boundary
+            still in its window. See also :func:`subscribe`.
+        share_group: with ``share``: the stream makes no batch until this many readers have
+            joined (this one included), at most the agent's ticket lifetime; 0 or 1 starts at
+            once.
         **fields: plan fields set on top of the plan (``seq_len=2048``, ``batch_size=8``,
             ``rank=``, ``world=``, ``output="u16"``, ...).
 
@@ -170,8 +183,41 @@ def open(
         )
     if not offload and transport is not None:
         raise ValueError("transport applies only with offload=True (an agent sends the batches)")
+    if share is not None and not offload:
+        raise ValueError("share applies only with offload=True (the agent runs the shared stream)")
     target = _with_transport(os.fspath(agent), transport) if agent is not None else ""
-    return open_reader(json.dumps(plan), target, bool(offload), _cursor_json(cursor))
+    return open_reader(
+        json.dumps(plan), target, bool(offload), _cursor_json(cursor), share or "", int(share_group)
+    )
+
+
+def subscribe(
+    agent: str,
+    share: str,
+    cursor: Optional[Mapping[str, int]] = None,
+    transport: Optional[str] = None,
+) -> Reader:
+    """Joins the shared stream ``share`` that another reader of this tenant opened on
+    ``agent`` (``dquant.open(..., share=NAME)``), and returns a :class:`Reader` over it: the
+    same batches every reader of the stream gets, made once on the agent. The plan comes
+    from the agent.
+
+    Args:
+        agent: ``dquant://HOST:PORT`` or the path of the agent's Unix socket.
+        share: the stream's name.
+        cursor: where to start: a batch boundary still in the stream's window (the agent
+            keeps its last ``share_window_batches``). Default: the stream's current cursor.
+        transport: ``"tcp"``, ``"shm"`` or ``None``, as for :func:`open`.
+
+    Raises:
+        FileNotFoundError: the agent has no stream of that name for this tenant.
+        dquant.AgentError: a cursor no longer in the stream's window (the message says
+            which batches it holds).
+    """
+    if transport is not None and transport not in _TRANSPORTS:
+        raise ValueError(f"transport must be 'tcp', 'shm' or None, not {transport!r}")
+    target = _with_transport(os.fspath(agent), transport)
+    return subscribe_reader(target, share, _cursor_json(cursor))
 
 
 def _cursor_json(cursor: Optional[Mapping[str, Any]]) -> str:

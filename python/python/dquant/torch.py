@@ -96,6 +96,15 @@ class TokenDataset(torch.utils.data.IterableDataset):
             views of one batch buffer, not copies.
         names: ``"hf"`` (default) names the inputs ``input_ids``; ``"megatron"`` names them
             ``tokens``, as Megatron-Core's GPTDataset does.
+        share: with an agent: read the plan as the agent's shared stream of this name, one
+            stream for every process that passes the same name and plan. The
+            tensor-parallel and pipeline ranks of one data-parallel rank pass the same
+            ``rank``/``world_size`` (the data-parallel ones) and the same name (e.g.
+            ``f"job42/dp{dp_rank}"``): the agent runs the plan once for all of them. With
+            DataLoader workers, worker ``w`` shares ``f"{share}/w{w}"``.
+        share_group: with ``share``: the processes that share it (the tensor-parallel group's
+            size, say); the stream's first batch waits for all of them, so each gets the
+            whole stream. 0: start at once.
         **fields: plan fields set on top of the plan (``seq_len=``, ``batch_size=``, ...).
     """
 
@@ -110,6 +119,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
         world_size: Optional[int] = None,
         dtype: str = "int64",
         names: str = "hf",
+        share: Optional[str] = None,
+        share_group: int = 0,
         **fields: Any,
     ) -> None:
         super().__init__()
@@ -126,6 +137,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
         self.agent = agent
         self.offload = (agent is not None or names_agent) if offload is None else offload
         self.transport = transport
+        if share is not None and not self.offload:
+            raise ValueError("share needs the plan to run on an agent (agent=..., offload=True)")
+        self.share = share
+        self.share_group = int(share_group)
         self.dtype = dtype
         self._inputs = "input_ids" if names == "hf" else "tokens"
         # Which of loss_mask (1) and position_ids (2) one call to the batch builds, and
@@ -202,12 +217,17 @@ class TokenDataset(torch.utils.data.IterableDataset):
             )
         state = self._state_for(workers)
         slot = (worker + state["next_slot"]) % workers
+        share = None
+        if self.share is not None:
+            share = self.share if workers == 1 else f"{self.share}/w{slot}"
         reader = dquant.open(
             self._plan_for(slot, workers),
             offload=self.offload,
             transport=self.transport,
             agent=self.agent,
             cursor=state["cursors"][slot],
+            share=share,
+            share_group=self.share_group,
         )
         in_process = info is None
         tag = not in_process and self._tracked
