@@ -12,6 +12,7 @@ mod procs;
 mod report;
 mod ring;
 mod rss;
+mod share;
 mod throughput;
 mod ttfb;
 
@@ -35,6 +36,7 @@ Examples:
   dquant-offload-bench breakdown /data/zipf1g_u16 --json
   dquant-offload-bench ring --gb 2 --runs 3
   dquant-offload-bench load /data/zipf1g_u16 --json-out load.json   # 64 consumers + hostile clients
+  dquant-offload-bench share /data/zipf256m_int32 --readers 8   # one shared stream vs 8 sessions
   dquant-offload-bench lab --smoke          # as root: the NIC-bound lab (bench/lab/run.sh)
 
 Build with --release: debug builds measure the compiler, not the agent.";
@@ -58,6 +60,7 @@ enum Cmd {
     Ring(ring::Args),
     Lab(lab::Args),
     Load(load::Args),
+    Share(share::Args),
     /// (internal) A load benchmark client in its own process: streams a plan from an agent
     /// (to be killed), or stalls after some batches.
     #[command(hide = true)]
@@ -283,6 +286,7 @@ fn main() -> Result<()> {
         Cmd::Ring(a) => ring::run(&a),
         Cmd::Lab(a) => lab::run(&a),
         Cmd::Load(a) => load::run(&a),
+        Cmd::Share(a) => share::run(&a),
         Cmd::LoadClient {
             uri,
             plan,

@@ -17,7 +17,7 @@ use dquant_transport::{BatchSink, DataStream, FrameWriter};
 use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer, Stats};
 use crate::sessions::{StreamError, Work};
-use crate::share::{relay, Form};
+use crate::share::{relay, FrameOutlet, RingOutlet};
 
 /// Streams a plan's batches over `conn` in the plan's wire codec until the end, an error, a
 /// disconnect or `cancel`, with `prefetch` frames of 1 MiB ahead of the socket, each frame
@@ -38,12 +38,9 @@ pub(crate) fn stream_plan(
             wire,
         } => (pipeline, output, wire),
         Work::Subscriber { sub } => {
-            let mut sink = TcpBatchSink::start(conn, prefetch, cancel.clone(), pacer)
-                .map_err(StreamError::Thread)?;
-            let (outcome, stats) = relay(&sub, &mut sink, Form::Wire, &cancel, &meter);
-            let sent = sink.join();
-            return ended(outcome, stats)
-                .and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped));
+            let mut out = FrameOutlet::new(FrameWriter::new(conn).with_pacer(pacer));
+            let (outcome, stats) = relay(&sub, &mut out, &cancel, &meter);
+            return ended(outcome, stats);
         }
         Work::Source { .. } => {
             let m = "a source session streams ranges, not batches".to_string();
@@ -76,7 +73,8 @@ pub(crate) fn stream_ring(
             pipeline, output, ..
         } => (pipeline, output),
         Work::Subscriber { sub } => {
-            let (outcome, stats) = relay(&sub, &mut sink, Form::Plain, cancel, &meter);
+            let mut out = RingOutlet { sink: &mut sink };
+            let (outcome, stats) = relay(&sub, &mut out, cancel, &meter);
             return ended(outcome, stats);
         }
         Work::Source { .. } => {

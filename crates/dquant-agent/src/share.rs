@@ -29,6 +29,7 @@ use dquant_engine::{plain_codec, Pipeline};
 use dquant_plan::{OutputDType, WireCodec};
 use dquant_proto::v1::SubscriberEvent;
 use dquant_remote::shutdown_message;
+use dquant_transport::frame::{payload_crc, MAX_PAYLOAD};
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchHeader, BatchSink, SinkError};
 
@@ -36,7 +37,7 @@ use crate::events::Events;
 use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer};
 
-pub(crate) use relay::{relay, Form};
+pub(crate) use relay::{relay, FrameOutlet, RingOutlet};
 pub(crate) use window::{End, JoinError, Next, Pos, Window};
 
 /// The longest share name.
@@ -54,23 +55,43 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One record of a shared stream: the wire form, and the output-dtype form made on demand.
+/// One record of a shared stream: the wire form, and what subscribers need of it made once
+/// for all of them, on demand.
 pub(crate) struct Slot {
     wire: Arc<[u8]>,
     tokens: u64,
+    /// The crc32c of each frame-sized chunk of `wire` (TCP subscribers).
+    crcs: OnceLock<Vec<u32>>,
+    /// The record in the output dtype (shared-memory subscribers).
     plain: OnceLock<Result<Arc<[u8]>, String>>,
 }
 
 impl Slot {
-    /// The record as `form` carries it.
-    fn bytes(&self, form: Form, output: OutputDType) -> Result<Arc<[u8]>, String> {
-        match form {
-            Form::Wire => Ok(self.wire.clone()),
-            Form::Plain => self
-                .plain
-                .get_or_init(|| plain_record(&self.wire, output))
-                .clone(),
+    fn new(wire: Vec<u8>, tokens: u64) -> Self {
+        Slot {
+            wire: Arc::from(wire),
+            tokens,
+            crcs: OnceLock::new(),
+            plain: OnceLock::new(),
         }
+    }
+
+    /// The wire record in frame-sized chunks.
+    fn chunks(&self) -> std::slice::Chunks<'_, u8> {
+        self.wire.chunks(MAX_PAYLOAD)
+    }
+
+    /// The crc32c of each of [`Slot::chunks`].
+    fn crcs(&self) -> &[u32] {
+        self.crcs
+            .get_or_init(|| self.chunks().map(payload_crc).collect())
+    }
+
+    /// The record in `output`'s plain dtype.
+    fn plain(&self, output: OutputDType) -> Result<Arc<[u8]>, String> {
+        self.plain
+            .get_or_init(|| plain_record(&self.wire, output))
+            .clone()
     }
 }
 
@@ -130,7 +151,11 @@ pub(crate) struct SharedStream {
     pub info: StreamInfo,
     output: OutputDType,
     window: Mutex<Window<Arc<Slot>>>,
-    changed: Condvar,
+    /// Subscribers wait here for the next record or the end (woken by a push).
+    fresh: Condvar,
+    /// The producer waits here for room or for its group (woken by a subscriber that
+    /// advances, joins or leaves): one waiter, so readers do not wake each other.
+    room: Condvar,
     events: Arc<Events>,
 }
 
@@ -151,6 +176,7 @@ impl SharedStream {
         let mut w = self.lock();
         let from = w.join(session, at)?;
         self.publish(session, true, from, w.subscribers());
+        self.room.notify_one();
         Ok(Subscription {
             stream: self.clone(),
             session,
@@ -174,7 +200,7 @@ impl SharedStream {
     fn next(&self, session: u64, wait: Duration) -> Option<Next<Arc<Slot>>> {
         let w = self.lock();
         let (w, _) = self
-            .changed
+            .fresh
             .wait_timeout_while(w, wait, |w| matches!(w.next(session), Some(Next::Wait)))
             .unwrap_or_else(PoisonError::into_inner);
         w.next(session)
@@ -182,12 +208,12 @@ impl SharedStream {
 
     fn advance(&self, session: u64) {
         self.lock().advance(session);
-        self.changed.notify_all();
+        self.room.notify_one();
     }
 
     fn end(&self, end: End) {
         self.lock().end(end);
-        self.changed.notify_all();
+        self.fresh.notify_all();
     }
 }
 
@@ -218,7 +244,7 @@ impl Drop for Subscription {
             s.publish(self.session, false, at, w.subscribers());
         }
         drop(w);
-        s.changed.notify_all();
+        s.room.notify_one();
     }
 }
 
@@ -294,7 +320,8 @@ impl Shares {
             info: new.info.clone(),
             output: new.output,
             window: Mutex::new(Window::new(new.capacity, at)),
-            changed: Condvar::new(),
+            fresh: Condvar::new(),
+            room: Condvar::new(),
             events: events.clone(),
         });
         let sub = stream
@@ -323,7 +350,7 @@ fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicBool) {
             break;
         }
         let w = stream.lock();
-        let _ = stream.changed.wait_timeout(w, RECHECK);
+        let _ = stream.room.wait_timeout(w, RECHECK);
     }
     let mut producer = Producer::new(new.pipeline, new.output, new.wire)
         .with_meter(new.meter)
@@ -376,7 +403,7 @@ impl BatchSink for WindowSink<'_> {
                 return Err(SinkError::Gone("the agent is shutting down".into()));
             }
             w = s
-                .changed
+                .room
                 .wait_timeout(w, RECHECK)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
@@ -397,18 +424,14 @@ impl BatchSink for WindowSink<'_> {
         let h = BatchHeader::parse(&head).map_err(|e| SinkError::Failed(e.to_string()))?;
         let mut record = std::mem::take(&mut self.buf);
         record.truncate(len);
-        let slot = Arc::new(Slot {
-            wire: Arc::from(record),
-            tokens: h.tokens() as u64,
-            plain: OnceLock::new(),
-        });
+        let slot = Arc::new(Slot::new(record, h.tokens() as u64));
         let to = Pos {
             epoch: h.cursor_epoch,
             consumed: h.cursor_consumed,
         };
         let s = &self.stream;
         let pushed = s.lock().push(slot, to);
-        s.changed.notify_all();
+        s.fresh.notify_all();
         match pushed {
             true => Ok(()),
             false => Err(SinkError::Failed("the window lost its room".into())),

@@ -182,3 +182,38 @@ fn bad_shares_are_refused_by_name() {
     wait_idle(&agent);
     std::thread::sleep(Duration::from_millis(10));
 }
+
+/// Records over 1 MiB go out as several frames, their checksums made once; subscribers over
+/// TLS get the same stream as plain ones would.
+#[test]
+fn large_records_reach_tls_subscribers_whole() {
+    use dquant_client::{AgentUri, Credentials};
+    use dquant_transport::ClientTls;
+    let c = Corpus::new();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dquant_testkit::tls::make_pki(dir.path(), "agent", &["127.0.0.1"]);
+    let mut cfg = c.config();
+    cfg.tls = Some(dquant_agent::TlsFiles {
+        cert: pki.cert.clone(),
+        key: pki.key.clone(),
+    });
+    let agent = dquant_agent::start(cfg).unwrap();
+    let mut p = plan(&[("r50k", 1.0)], 4095, 80);
+    p.wire_codec = "u32".into();
+    p.epochs = Some(20);
+    let want = local(&c, &p, Cursor::START);
+    let creds = Credentials {
+        token: None,
+        tls: Some(ClientTls::from_ca_file(&pki.ca).unwrap()),
+    };
+    let uri = AgentUri::parse(&agent.uri()).unwrap();
+    let first = Reader::remote_shared(&uri, &p, Cursor::START, &share(2), &creds).unwrap();
+    let second = Reader::subscribe_with(&uri, "job42/dp3", None, &creds).unwrap();
+    let got = std::thread::scope(|s| {
+        let a = s.spawn(move || digest(first));
+        (a.join().unwrap(), digest(second))
+    });
+    assert!(want.1.len() >= 3, "several batches of 1.3 MB records");
+    assert_eq!(got.0, want);
+    assert_eq!(got.1, want);
+}

@@ -283,6 +283,10 @@ impl Write for DataStream {
         (&*self).write(buf)
     }
 
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -293,6 +297,18 @@ impl Write for &DataStream {
         match &self.tls {
             Some(t) => t.write(&self.sock, buf),
             None => (&self.sock).write(buf),
+        }
+    }
+
+    /// Plain: one `writev`. TLS: the first non-empty buffer (records are encrypted one
+    /// write at a time).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match &self.tls {
+            Some(t) => match bufs.iter().find(|b| !b.is_empty()) {
+                Some(b) => t.write(&self.sock, b),
+                None => Ok(0),
+            },
+            None => (&self.sock).write_vectored(bufs),
         }
     }
 

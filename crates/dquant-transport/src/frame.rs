@@ -95,6 +95,14 @@ pub enum WireError {
     EndInRecord(&'static str),
 }
 
+/// The checksum a frame header carries for `payload` ([`FrameWriter::send_checked`] takes
+/// it precomputed).
+///
+/// [`FrameWriter::send_checked`]: crate::FrameWriter::send_checked
+pub fn payload_crc(payload: &[u8]) -> u32 {
+    crc32c::crc32c(payload)
+}
+
 /// A decoded frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
@@ -114,7 +122,7 @@ impl FrameHeader {
             kind,
             seq,
             len: payload.len() as u32,
-            crc: crc32c::crc32c(payload),
+            crc: payload_crc(payload),
         })
     }
 

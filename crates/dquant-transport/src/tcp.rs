@@ -384,7 +384,7 @@ fn send_frames(
 
 /// Why a frame could not be sent: the consumer's socket refused it past its send timeout
 /// (a consumer that stopped reading, released by the agent's idle limit), or went away.
-fn send_error(e: &WireError, conn: &TcpStream) -> String {
+pub fn send_error(e: &WireError, conn: &TcpStream) -> String {
     use std::io::ErrorKind::{TimedOut, WouldBlock};
     let timed_out = matches!(e, WireError::Io(io) if matches!(io.kind(), WouldBlock | TimedOut));
     match (timed_out, conn.write_timeout()) {

@@ -1,73 +1,153 @@
 //! A subscriber's delivery: the stream's records, from its position on, into its own
-//! transport (TCP frames in the wire codec, or its shared-memory ring in the output dtype).
+//! transport.
 //!
-//! The relay is the produce loop's counterpart for a subscriber: the same [`BatchSink`]
-//! calls, with records copied from the window instead of made. It ends as the stream ends
-//! (every record, then the end or the stream's error), or when its consumer goes away or is
-//! closed; either way its [`Subscription`] drops and the producer no longer waits for it.
+//! The relay is the produce loop's counterpart for a subscriber: records are copied out of
+//! the window instead of made. Two outlets:
+//! - [`FrameOutlet`] (TCP): each record goes out as frames in the wire codec straight from
+//!   the window's memory, their checksums computed once for every subscriber
+//!   ([`super::Slot`]); the only per-subscriber cost is the socket write itself.
+//! - [`RingOutlet`] (shared memory): each record, in the output dtype, is copied into the
+//!   subscriber's ring through its [`BatchSink`].
+//!
+//! The relay ends as the stream ends (every record, then the end or the stream's error), or
+//! when its consumer goes away or is closed; either way its [`Subscription`] drops and the
+//! producer no longer waits for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use dquant_transport::tcp::MAX_FRAME_AGE;
-use dquant_transport::{BatchSink, SinkError};
+use dquant_plan::OutputDType;
+use dquant_transport::tcp::{send_error, MAX_FRAME_AGE};
+use dquant_transport::{BatchSink, DataStream, FrameKind, FrameWriter, SinkError, WireError};
 
-use super::{End, Next, Subscription, RECHECK};
+use super::{End, Next, Slot, Subscription, RECHECK};
 use crate::metrics::Meter;
 use crate::produce::{Outcome, Stats};
 
-/// Which form of the records a subscriber's transport carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Form {
-    /// The plan's wire codec (TCP).
-    Wire,
-    /// The output dtype, read in place (a shared-memory ring).
-    Plain,
+/// Where a subscriber's records go.
+pub(crate) trait Outlet {
+    /// The largest record the transport carries, if it has a limit, and the room the
+    /// stream's records may need in this outlet's form.
+    fn fits(&self, room: &super::StreamInfo) -> Result<(), String> {
+        let _ = room;
+        Ok(())
+    }
+    /// Delivers one record; returns its bytes in this outlet's form.
+    fn deliver(&mut self, slot: &Slot, output: OutputDType) -> Result<usize, SinkError>;
+    /// Hands on what is held while no record is at hand.
+    fn idle(&mut self, now: Instant) -> Result<(), SinkError>;
+    fn finish(&mut self) -> Result<(), SinkError>;
+    fn fail(&mut self, message: &str);
 }
 
-/// Relays `sub`'s records into `sink` until the stream's end, a consumer that goes away, or
+/// A TCP subscriber: frames straight from the window.
+pub(crate) struct FrameOutlet {
+    frames: FrameWriter<DataStream>,
+}
+
+impl FrameOutlet {
+    pub fn new(frames: FrameWriter<DataStream>) -> Self {
+        FrameOutlet { frames }
+    }
+
+    fn gone(&self, e: &WireError) -> SinkError {
+        SinkError::Gone(send_error(e, self.frames.get_ref().socket()))
+    }
+}
+
+impl Outlet for FrameOutlet {
+    fn deliver(&mut self, slot: &Slot, _: OutputDType) -> Result<usize, SinkError> {
+        for (chunk, &crc) in slot.chunks().zip(slot.crcs()) {
+            self.frames
+                .send_checked(FrameKind::Data, chunk, crc)
+                .map_err(|e| self.gone(&e))?;
+        }
+        Ok(slot.wire.len())
+    }
+
+    fn idle(&mut self, _: Instant) -> Result<(), SinkError> {
+        // Every frame is written as it is made.
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.frames.finish(&[]).map_err(|e| self.gone(&e))
+    }
+
+    fn fail(&mut self, message: &str) {
+        let _ = self.frames.fail(message);
+    }
+}
+
+/// A shared-memory subscriber: records in the output dtype, copied into its ring.
+pub(crate) struct RingOutlet<'a> {
+    pub sink: &'a mut dyn BatchSink,
+}
+
+impl Outlet for RingOutlet<'_> {
+    fn fits(&self, info: &super::StreamInfo) -> Result<(), String> {
+        match self.sink.max_record_len() {
+            Some(max) if info.plain_room > max => Err(format!(
+                "the transport's records hold {max} bytes; this plan's batches need {}",
+                info.plain_room
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn deliver(&mut self, slot: &Slot, output: OutputDType) -> Result<usize, SinkError> {
+        let record = slot.plain(output).map_err(SinkError::Failed)?;
+        self.sink.reserve(record.len())?.copy_from_slice(&record);
+        self.sink.commit(record.len())?;
+        Ok(record.len())
+    }
+
+    fn idle(&mut self, now: Instant) -> Result<(), SinkError> {
+        self.sink.flush_if_idle(now)
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.sink.finish()
+    }
+
+    fn fail(&mut self, message: &str) {
+        self.sink.fail(message)
+    }
+}
+
+/// Relays `sub`'s records into `out` until the stream's end, a consumer that goes away, or
 /// `cancel`; each record counted in `meter`.
 pub(crate) fn relay(
     sub: &Subscription,
-    sink: &mut dyn BatchSink,
-    form: Form,
+    out: &mut dyn Outlet,
     cancel: &AtomicBool,
     meter: &Meter,
 ) -> (Outcome, Stats) {
     let mut stats = Stats::default();
     let stream = sub.stream();
-    if let Some(max) = sink.max_record_len() {
-        let room = stream.info.plain_room;
-        if form == Form::Plain && room > max {
-            let m = format!(
-                "the transport's records hold {max} bytes; this plan's batches need {room} ({})",
-                stream.output
-            );
-            sink.fail(&m);
-            return (Outcome::Failed(m), stats);
-        }
+    if let Err(m) = out.fits(&stream.info) {
+        out.fail(&m);
+        return (Outcome::Failed(m), stats);
     }
-    // The first wait is short: a transport holding a partial frame hands it on once it is
-    // MAX_FRAME_AGE old.
+    // The first wait after a record is short: a transport holding a partial frame hands it
+    // on once it is MAX_FRAME_AGE old.
     let mut wait = MAX_FRAME_AGE;
     loop {
         if cancel.load(Ordering::Relaxed) {
             return (Outcome::Stopped("closed by the client".into()), stats);
         }
-        let next = stream.next(sub.session, wait);
-        let step = match next {
-            Some(Next::Record(slot, _)) => slot
-                .bytes(form, stream.output)
-                .map_err(SinkError::Failed)
-                .and_then(|bytes| deliver(sink, &bytes).map(|()| (slot.tokens, bytes.len()))),
+        let step = match stream.next(sub.session, wait) {
+            Some(Next::Record(slot, _)) => out
+                .deliver(&slot, stream.output)
+                .map(|bytes| (slot.tokens, bytes)),
             Some(Next::Wait) => {
                 wait = RECHECK;
-                match sink.flush_if_idle(Instant::now()) {
+                match out.idle(Instant::now()) {
                     Ok(()) => continue,
                     Err(e) => Err(e),
                 }
             }
-            Some(Next::End(end)) => return (ended(sink, end), stats),
+            Some(Next::End(end)) => return (ended(out, end), stats),
             None => Err(SinkError::Gone("left the stream".into())),
         };
         match step {
@@ -82,31 +162,26 @@ pub(crate) fn relay(
             Err(SinkError::Gone(m)) => return (Outcome::Stopped(m), stats),
             Err(e) => {
                 let m = e.to_string();
-                sink.fail(&m);
+                out.fail(&m);
                 return (Outcome::Failed(m), stats);
             }
         }
     }
 }
 
-fn deliver(sink: &mut dyn BatchSink, record: &[u8]) -> Result<(), SinkError> {
-    sink.reserve(record.len())?.copy_from_slice(record);
-    sink.commit(record.len())
-}
-
 /// Ends the subscriber's transport as the stream ended.
-fn ended(sink: &mut dyn BatchSink, end: End) -> Outcome {
+fn ended(out: &mut dyn Outlet, end: End) -> Outcome {
     match end {
-        End::Finished => match sink.finish() {
+        End::Finished => match out.finish() {
             Ok(()) => Outcome::Finished,
             Err(e) => Outcome::Stopped(e.to_string()),
         },
         End::Failed(m) | End::Stopped(m) => {
-            sink.fail(&m);
+            out.fail(&m);
             Outcome::Failed(m)
         }
         End::Drained(m) => {
-            sink.fail(&m);
+            out.fail(&m);
             Outcome::Drained(m)
         }
     }

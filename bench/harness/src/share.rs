@@ -1,0 +1,273 @@
+//! Fan-out: N readers of one plan as one shared stream, against N separate sessions of it and
+//! against one lone reader, all in the same run.
+//!
+//! For each, the agent process's CPU time (`/proc/PID/stat`) and the bytes it read from
+//! storage (`rchar` in `/proc/PID/io`: the agent reads datasets with `pread`, never `mmap`),
+//! and each reader's throughput. The issue's targets: the shared stream's agent CPU and bytes
+//! read at most 1.2× the lone reader's, each subscriber at least 0.8× the lone reader's
+//! throughput.
+
+use std::path::PathBuf;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dquant_client::{AgentUri, Credentials, Reader, Share};
+use dquant_plan::{Cursor, Plan};
+use serde_json::json;
+
+use crate::procs::{self, AgentProc};
+use crate::report::{f, median, Table};
+use crate::{DataSpec, PlanOpts};
+
+const EXAMPLES: &str = "\
+Examples:
+  dquant-offload-bench share /data/zipf256m_int32 --readers 8 --samples 16384 --runs 3
+  dquant-offload-bench share /data/zipf256m_int32 --transport shm --json > share.json";
+
+/// N readers of one plan: one shared stream (`share`) against N sessions and one lone reader.
+///
+/// Readers run as threads of this process, the agent in a child process. Each scenario
+/// streams the same plan (--samples samples) to every reader; the dataset is read once
+/// first so the page cache serves every scenario alike.
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// Megatron prefix of the dataset.
+    pub data: PathBuf,
+    #[command(flatten)]
+    pub plan: PlanOpts,
+    /// Readers of the shared stream, and separate sessions to compare with.
+    #[arg(long, default_value_t = 8)]
+    pub readers: usize,
+    /// How readers reach the agent.
+    #[arg(long, value_parser = ["tcp", "shm"], default_value = "tcp")]
+    pub transport: String,
+    /// Rounds of the three scenarios.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    #[command(flatten)]
+    pub out: crate::report::JsonOpts,
+}
+
+/// What one scenario cost the agent, and what each reader got.
+struct Measured {
+    agent_cpu: f64,
+    read_bytes: u64,
+    /// Each reader's bytes per second.
+    rates: Vec<f64>,
+    /// Each reader's stream checksum.
+    sums: Vec<u64>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum How {
+    Lone,
+    Sessions,
+    Shared,
+}
+
+/// The agent's bytes read from storage so far (`rchar`).
+fn rchar(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("rchar:"))
+        .context("/proc/PID/io has no rchar")?
+        .trim()
+        .parse()
+        .context("rchar")
+}
+
+/// Reads `r` to the end: (bytes, seconds, checksum).
+fn drain(mut r: Reader, t0: Instant) -> Result<(u64, f64, u64)> {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut n = 0u64;
+    while let Some(b) = r.next_batch()? {
+        let bytes = b.tokens.as_bytes();
+        h.update(bytes);
+        n += bytes.len() as u64;
+    }
+    Ok((n, t0.elapsed().as_secs_f64(), h.digest()))
+}
+
+/// Opens reader `i` of scenario `how`.
+fn open(agent: &AgentUri, plan: &Plan, how: How, i: usize, n: usize, run: usize) -> Result<Reader> {
+    let creds = Credentials::default();
+    let name = format!("bench/run{run}");
+    Ok(match (how, i) {
+        (How::Shared, 0) => {
+            let share = Share {
+                name,
+                group: n as u32,
+            };
+            Reader::remote_shared(agent, plan, Cursor::START, &share, &creds)?
+        }
+        (How::Shared, _) => {
+            // The stream exists once reader 0 has opened it; it waits for all n.
+            let t = Instant::now();
+            loop {
+                match Reader::subscribe_with(agent, &name, Some(&Cursor::START), &creds) {
+                    Ok(r) => break r,
+                    Err(e) if e.is_not_found() && t.elapsed() < Duration::from_secs(10) => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        _ => Reader::remote_with(agent, plan, Cursor::START, &creds)?,
+    })
+}
+
+fn measure(
+    agent: &AgentProc,
+    uri: &AgentUri,
+    plan: &Plan,
+    how: How,
+    n: usize,
+    run: usize,
+) -> Result<Measured> {
+    let pid = agent.pid();
+    let (cpu0, rc0) = (procs::proc_cpu(pid)?, rchar(pid)?);
+    let start = Barrier::new(n);
+    let results: Vec<Result<(u64, f64, u64)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let t0 = Instant::now();
+                    let r = open(uri, plan, how, i, n, run)?;
+                    drain(r, t0)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("reader thread"))
+            .collect()
+    });
+    // The agent's threads finish their sessions' ends after the readers have every byte.
+    std::thread::sleep(Duration::from_millis(200));
+    let (cpu1, rc1) = (procs::proc_cpu(pid)?, rchar(pid)?);
+    let mut m = Measured {
+        agent_cpu: (cpu1 - cpu0).as_secs_f64(),
+        read_bytes: rc1 - rc0,
+        rates: Vec::new(),
+        sums: Vec::new(),
+    };
+    for r in results {
+        let (bytes, secs, sum) = r?;
+        m.rates.push(bytes as f64 / secs.max(1e-9));
+        m.sums.push(sum);
+    }
+    Ok(m)
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let ds = DataSpec::new(&a.data)?;
+    if a.readers < 2 || a.runs == 0 {
+        bail!("--readers must be at least 2 and --runs at least 1");
+    }
+    procs::warm_file(&ds.bin())?;
+    let agent = AgentProc::spawn(
+        &ds.dir,
+        dquant_agent::DEFAULT_PREFETCH,
+        a.transport == "shm",
+    )?;
+    let target = match (&a.transport[..], &agent.socket) {
+        ("shm", Some(s)) => s.display().to_string(),
+        _ => agent.uri.clone(),
+    };
+    let uri = AgentUri::parse(&target).map_err(anyhow::Error::msg)?;
+    let plan = a.plan.plan(&ds.remote(), true);
+    let n = a.readers;
+    let mut rows: Vec<(How, Measured)> = Vec::new();
+    for run in 0..a.runs {
+        for how in [How::Lone, How::Sessions, How::Shared] {
+            let k = if how == How::Lone { 1 } else { n };
+            let m = measure(&agent, &uri, &plan, how, k, run)?;
+            rows.push((how, m));
+        }
+    }
+    let sum = rows[0].1.sums[0];
+    if let Some((_, m)) = rows.iter().find(|(_, m)| m.sums.iter().any(|&s| s != sum)) {
+        bail!(
+            "a reader's stream differs from the lone reader's: {:x?} vs {sum:x}",
+            m.sums
+        );
+    }
+    report(a, &rows)
+}
+
+fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
+    let pick = |how: How, f: &dyn Fn(&Measured) -> f64| -> f64 {
+        median(
+            &rows
+                .iter()
+                .filter(|(h, _)| *h == how)
+                .map(|(_, m)| f(m))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let cpu = |h| pick(h, &|m| m.agent_cpu);
+    let read = |h| pick(h, &|m| m.read_bytes as f64);
+    let rate = |h| pick(h, &|m| median(&m.rates));
+    let slowest = |h| pick(h, &|m| m.rates.iter().copied().fold(f64::MAX, f64::min));
+    let (c1, r1, t1) = (cpu(How::Lone), read(How::Lone), rate(How::Lone));
+    let mut t = Table::new(&[
+        "scenario",
+        "agent CPU-s",
+        "× lone",
+        "read MB",
+        "× lone",
+        "per-reader MB/s",
+        "slowest",
+        "× lone",
+    ])
+    .left(0);
+    let n = a.readers;
+    for (how, name) in [
+        (How::Lone, "1 reader".to_string()),
+        (How::Sessions, format!("{n} sessions")),
+        (How::Shared, format!("{n} subscribers")),
+    ] {
+        t.row(vec![
+            name,
+            f(cpu(how), 2),
+            f(cpu(how) / c1, 2),
+            f(read(how) / 1e6, 0),
+            f(read(how) / r1, 2),
+            f(rate(how) / 1e6, 0),
+            f(slowest(how) / 1e6, 0),
+            f(slowest(how) / t1, 2),
+        ]);
+    }
+    let v = json!({
+        "plan": a.plan.describe(), "readers": n, "transport": a.transport, "runs": a.runs,
+        "load": procs::loadavg(),
+        "lone": {"agent_cpu_s": c1, "read_bytes": r1, "bytes_per_s": t1},
+        "sessions": {"agent_cpu_s": cpu(How::Sessions), "read_bytes": read(How::Sessions),
+            "bytes_per_s": rate(How::Sessions), "slowest_bytes_per_s": slowest(How::Sessions)},
+        "shared": {"agent_cpu_s": cpu(How::Shared), "read_bytes": read(How::Shared),
+            "bytes_per_s": rate(How::Shared), "slowest_bytes_per_s": slowest(How::Shared)},
+        "targets": {
+            "shared_cpu_vs_lone": cpu(How::Shared) / c1,
+            "shared_read_vs_lone": read(How::Shared) / r1,
+            "shared_slowest_rate_vs_lone": slowest(How::Shared) / t1,
+        },
+    });
+    if a.out.emit(&v)? {
+        return Ok(());
+    }
+    println!(
+        "fan-out over {} ({}), {} readers, medians of {} runs; load {}",
+        a.transport,
+        a.plan.describe(),
+        n,
+        a.runs,
+        procs::loadavg()
+    );
+    t.print();
+    Ok(())
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Fan-out: 8 readers of one plan as one shared stream (`share`), against 8 separate sessions
+# and one lone reader, over TCP and over shared memory, in the same run. Reports the agent's
+# CPU, the bytes it read from storage and each reader's throughput, as ratios to the lone
+# reader's. Results go to bench/RESULTS.md by hand, from the files this writes.
+#
+# Usage:
+#   bench/share/run.sh [DATA_DIR [OUT_DIR]]
+#
+#   DATA_DIR  where the dataset is generated once and reused (default /work/bench-data):
+#             zipf256m_int32, 256 Mi Zipf token ids (1 GiB), Megatron int32:
+#               dquant corpus zipf DATA/zipf256m_int32 --tokens 268435456 --vocab 50257 --eod 50256
+#   OUT_DIR   default bench/share/out/<UTC timestamp>: machine.txt, and tcp, shm, tcp-zstd
+#             (.txt tables, .json figures)
+#   RUNS=N    rounds of the three scenarios (default 3); READERS=N (default 8);
+#   SAMPLES=N samples each reader streams (default 16384: 128 MiB of u16 per reader).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DATA="${1:-/work/bench-data}"
+OUT="${2:-$REPO/bench/share/out/$(date -u +%Y%m%dT%H%M%SZ)}"
+RUNS="${RUNS:-3}"
+READERS="${READERS:-8}"
+SAMPLES="${SAMPLES:-16384}"
+mkdir -p "$DATA" "$OUT"
+cd "$REPO"
+
+echo "== building (release)"
+cargo build --release -p dquant-bench -p dquant-cli
+BENCH="$REPO/target/release/dquant-offload-bench"
+DQ="$REPO/target/release/dquant"
+{
+  echo "date:    $(date -u)"
+  echo "nproc:   $(nproc)"
+  echo "cpu:     $(lscpu | grep 'Model name' | sed 's/.*: *//')"
+  echo "commit:  $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "dirty:   $(git status --porcelain -- crates bench/harness 2>/dev/null | tr '\n' ' ')"
+  echo "load before: $(uptime)"
+} | tee "$OUT/machine.txt"
+
+DS="$DATA/zipf256m_int32"
+if [[ ! -f "$DS.bin" || ! -f "$DS.idx" ]]; then
+  echo "== generating $DS"
+  "$DQ" corpus zipf "$DS" --tokens 268435456 --vocab 50257 --eod 50256 -q
+fi
+
+# The plan's wire codec: u16 (narrowing only: delivery costs more than making a batch) and
+# auto+zstd:3 on TCP (compression: making a batch costs more than delivering it).
+for t in tcp shm tcp-zstd; do
+  args=("$DS" --readers "$READERS" --runs "$RUNS")
+  case "$t" in
+    tcp-zstd) args+=(--transport tcp --wire-codec auto+zstd:3 --samples $(( SAMPLES / 4 ))) ;;
+    *) args+=(--transport "$t" --samples "$SAMPLES") ;;
+  esac
+  echo "== $t: ${args[*]}"
+  "$BENCH" share "${args[@]}" --json-out "$OUT/$t.json" | tee "$OUT/$t.txt"
+done
+echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
+echo "results in $OUT"
