@@ -94,6 +94,9 @@ enum Cmd {
         /// The agent's worker pool (`worker_threads`; 0: none) [default: the agent's].
         #[arg(long)]
         worker_threads: Option<usize>,
+        /// Batches a shared stream keeps (`share_window_batches`) [default: the agent's].
+        #[arg(long)]
+        share_window_batches: Option<usize>,
     },
     /// (internal) The plain-copy baseline's sender.
     #[command(hide = true)]
@@ -300,11 +303,19 @@ fn main() -> Result<()> {
             tls_cert,
             tls_key,
             worker_threads,
+            share_window_batches,
         } => {
             let tls = tls_cert
                 .zip(tls_key)
                 .map(|(cert, key)| dquant_agent::TlsFiles { cert, key });
-            procs::run_agent(&root, prefetch_frames, socket, tls, worker_threads)
+            procs::run_agent(
+                &root,
+                prefetch_frames,
+                socket,
+                tls,
+                worker_threads,
+                share_window_batches,
+            )
         }
         Cmd::Send {
             addr,

@@ -25,7 +25,17 @@ pub struct AgentProc {
 
 impl AgentProc {
     pub fn spawn(root: &Path, prefetch_frames: usize, with_socket: bool) -> Result<Self> {
-        Self::spawn_with(root, prefetch_frames, with_socket, None, None)
+        Self::spawn_with(root, prefetch_frames, with_socket, None, None, &[])
+    }
+
+    /// [`AgentProc::spawn`] with more of the hidden `agent` subcommand's flags.
+    pub fn spawn_flags(
+        root: &Path,
+        prefetch_frames: usize,
+        with_socket: bool,
+        flags: &[String],
+    ) -> Result<Self> {
+        Self::spawn_with(root, prefetch_frames, with_socket, None, None, flags)
     }
 
     /// [`AgentProc::spawn`] with a worker pool of `worker_threads` threads (the agent's
@@ -36,12 +46,19 @@ impl AgentProc {
         with_socket: bool,
         worker_threads: Option<usize>,
     ) -> Result<Self> {
-        Self::spawn_with(root, prefetch_frames, with_socket, None, worker_threads)
+        Self::spawn_with(
+            root,
+            prefetch_frames,
+            with_socket,
+            None,
+            worker_threads,
+            &[],
+        )
     }
 
     /// An agent serving TLS on both planes with this certificate and key.
     pub fn spawn_tls(root: &Path, prefetch_frames: usize, cert: &Path, key: &Path) -> Result<Self> {
-        Self::spawn_with(root, prefetch_frames, false, Some((cert, key)), None)
+        Self::spawn_with(root, prefetch_frames, false, Some((cert, key)), None, &[])
     }
 
     fn spawn_with(
@@ -50,6 +67,7 @@ impl AgentProc {
         with_socket: bool,
         tls: Option<(&Path, &Path)>,
         worker_threads: Option<usize>,
+        flags: &[String],
     ) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find this executable")?;
         let socket_dir = with_socket.then(tempfile::tempdir).transpose()?;
@@ -69,6 +87,7 @@ impl AgentProc {
         if let Some((cert, key)) = tls {
             cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
+        cmd.args(flags);
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -129,10 +148,12 @@ pub fn run_agent(
     socket: Option<std::path::PathBuf>,
     tls: Option<dquant_agent::TlsFiles>,
     worker_threads: Option<usize>,
+    share_window_batches: Option<usize>,
 ) -> Result<()> {
     let defaults = dquant_agent::AgentConfig::default();
     let mut cfg = dquant_agent::AgentConfig {
         worker_threads: worker_threads.unwrap_or(defaults.worker_threads),
+        share_window_batches: share_window_batches.unwrap_or(defaults.share_window_batches),
         listen: "127.0.0.1:0".parse()?,
         data_listen: Some("127.0.0.1:0".parse()?),
         socket,

@@ -43,6 +43,10 @@ pub struct Args {
     /// How readers reach the agent.
     #[arg(long, value_parser = ["tcp", "shm"], default_value = "tcp")]
     pub transport: String,
+    /// Batches the shared stream keeps (the agent's `share_window_batches`; default: the
+    /// agent's).
+    #[arg(long)]
+    pub window: Option<usize>,
     /// Rounds of the three scenarios.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
@@ -170,11 +174,12 @@ pub fn run(a: &Args) -> Result<()> {
         bail!("--readers must be at least 2 and --runs at least 1");
     }
     procs::warm_file(&ds.bin())?;
-    let agent = AgentProc::spawn(
-        &ds.dir,
-        dquant_agent::DEFAULT_PREFETCH,
-        a.transport == "shm",
-    )?;
+    let flags: Vec<String> = match a.window {
+        Some(w) => vec!["--share-window-batches".into(), w.to_string()],
+        None => Vec::new(),
+    };
+    let shm = a.transport == "shm";
+    let agent = AgentProc::spawn_flags(&ds.dir, dquant_agent::DEFAULT_PREFETCH, shm, &flags)?;
     let target = match (&a.transport[..], &agent.socket) {
         ("shm", Some(s)) => s.display().to_string(),
         _ => agent.uri.clone(),
@@ -245,6 +250,7 @@ fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
     }
     let v = json!({
         "plan": a.plan.describe(), "readers": n, "transport": a.transport, "runs": a.runs,
+        "window": a.window,
         "load": procs::loadavg(),
         "lone": {"agent_cpu_s": c1, "read_bytes": r1, "bytes_per_s": t1},
         "sessions": {"agent_cpu_s": cpu(How::Sessions), "read_bytes": read(How::Sessions),

@@ -58,24 +58,17 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
 /// One record of a shared stream: the wire form, and what subscribers need of it made once
 /// for all of them, on demand.
 pub(crate) struct Slot {
-    wire: Arc<[u8]>,
+    wire: Vec<u8>,
     tokens: u64,
     /// The crc32c of each frame-sized chunk of `wire` (TCP subscribers).
     crcs: OnceLock<Vec<u32>>,
-    /// The record in the output dtype (shared-memory subscribers).
-    plain: OnceLock<Result<Arc<[u8]>, String>>,
+    /// The record in the output dtype (shared-memory subscribers); `None`: `wire` is.
+    plain: OnceLock<Result<Option<Vec<u8>>, String>>,
+    /// Where `wire`'s buffer goes back to when the slot is dropped.
+    spares: Arc<Spares>,
 }
 
 impl Slot {
-    fn new(wire: Vec<u8>, tokens: u64) -> Self {
-        Slot {
-            wire: Arc::from(wire),
-            tokens,
-            crcs: OnceLock::new(),
-            plain: OnceLock::new(),
-        }
-    }
-
     /// The wire record in frame-sized chunks.
     fn chunks(&self) -> std::slice::Chunks<'_, u8> {
         self.wire.chunks(MAX_PAYLOAD)
@@ -88,16 +81,46 @@ impl Slot {
     }
 
     /// The record in `output`'s plain dtype.
-    fn plain(&self, output: OutputDType) -> Result<Arc<[u8]>, String> {
-        self.plain
-            .get_or_init(|| plain_record(&self.wire, output))
-            .clone()
+    fn plain(&self, output: OutputDType) -> Result<&[u8], String> {
+        match self.plain.get_or_init(|| plain_record(&self.wire, output)) {
+            Ok(Some(plain)) => Ok(plain),
+            Ok(None) => Ok(&self.wire),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.spares.put(std::mem::take(&mut self.wire));
+    }
+}
+
+/// Record buffers of slots the window has dropped, for the producer's next records: a
+/// stream allocates (and the kernel zeroes) a few buffers, not one per batch.
+#[derive(Default)]
+struct Spares(Mutex<Vec<Vec<u8>>>);
+
+/// Buffers kept for reuse; more are freed.
+const SPARES: usize = 4;
+
+impl Spares {
+    fn put(&self, buf: Vec<u8>) {
+        let mut s = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if s.len() < SPARES && buf.capacity() > 0 {
+            s.push(buf);
+        }
+    }
+
+    fn take(&self) -> Vec<u8> {
+        let mut s = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        s.pop().unwrap_or_default()
     }
 }
 
 /// `wire` (a batch record in any codec) with its tokens in `output`'s plain dtype, as a
-/// shared-memory ring carries them; the same bytes when it already is.
-fn plain_record(wire: &[u8], output: OutputDType) -> Result<Arc<[u8]>, String> {
+/// shared-memory ring carries them; `None` when it already is.
+fn plain_record(wire: &[u8], output: OutputDType) -> Result<Option<Vec<u8>>, String> {
     let head: &[u8; RECORD_HEADER_LEN] = wire
         .get(..RECORD_HEADER_LEN)
         .and_then(|h| h.try_into().ok())
@@ -105,7 +128,7 @@ fn plain_record(wire: &[u8], output: OutputDType) -> Result<Arc<[u8]>, String> {
     let mut h = BatchHeader::parse(head).map_err(|e| e.to_string())?;
     let want = plain_codec(output);
     if h.codec == want {
-        return Ok(Arc::from(wire));
+        return Ok(None);
     }
     let (data, trailer) = (h.data_len() as usize, h.trailer_len as usize);
     let body = &wire[RECORD_HEADER_LEN..];
@@ -129,7 +152,7 @@ fn plain_record(wire: &[u8], output: OutputDType) -> Result<Arc<[u8]>, String> {
     h.codec = want;
     h.payload_len = (bytes + trailer) as u32;
     out[..RECORD_HEADER_LEN].copy_from_slice(&h.encode());
-    Ok(Arc::from(out))
+    Ok(Some(out))
 }
 
 /// What a consumer opening or joining a stream is told of it (an `OpenReply`'s plan fields).
@@ -153,6 +176,8 @@ pub(crate) struct SharedStream {
     window: Mutex<Window<Arc<Slot>>>,
     /// Subscribers wait here for the next record or the end (woken by a push).
     fresh: Condvar,
+    /// Buffers of records the window dropped.
+    spares: Arc<Spares>,
     /// The producer waits here for room or for its group (woken by a subscriber that
     /// advances, joins or leaves): one waiter, so readers do not wake each other.
     room: Condvar,
@@ -321,6 +346,7 @@ impl Shares {
             output: new.output,
             window: Mutex::new(Window::new(new.capacity, at)),
             fresh: Condvar::new(),
+            spares: Arc::default(),
             room: Condvar::new(),
             events: events.clone(),
         });
@@ -409,6 +435,9 @@ impl BatchSink for WindowSink<'_> {
                 .0;
         }
         drop(w);
+        if self.buf.capacity() == 0 {
+            self.buf = s.spares.take();
+        }
         let more = len.saturating_sub(self.buf.len());
         self.buf.try_reserve_exact(more).map_err(|_| {
             SinkError::Failed(format!("cannot allocate {len} bytes for one batch record"))
@@ -424,12 +453,18 @@ impl BatchSink for WindowSink<'_> {
         let h = BatchHeader::parse(&head).map_err(|e| SinkError::Failed(e.to_string()))?;
         let mut record = std::mem::take(&mut self.buf);
         record.truncate(len);
-        let slot = Arc::new(Slot::new(record, h.tokens() as u64));
+        let s = &self.stream;
+        let slot = Arc::new(Slot {
+            wire: record,
+            tokens: h.tokens() as u64,
+            crcs: OnceLock::new(),
+            plain: OnceLock::new(),
+            spares: s.spares.clone(),
+        });
         let to = Pos {
             epoch: h.cursor_epoch,
             consumed: h.cursor_consumed,
         };
-        let s = &self.stream;
         let pushed = s.lock().push(slot, to);
         s.fresh.notify_all();
         match pushed {
@@ -477,12 +512,9 @@ mod tests {
         };
         let plain = plain_record(&record(bits, &tokens, &trailer), OutputDType::I32).unwrap();
         let want = record(plain_codec(OutputDType::I32), &tokens, &trailer);
-        assert_eq!(&plain[..], &want[..]);
-        // Already plain: the same bytes.
-        assert_eq!(
-            &plain_record(&want, OutputDType::I32).unwrap()[..],
-            &want[..]
-        );
+        assert_eq!(plain, Some(want.clone()));
+        // Already plain: the wire record itself.
+        assert_eq!(plain_record(&want, OutputDType::I32), Ok(None));
     }
 
     #[test]
