@@ -97,7 +97,7 @@ impl Outlet for RingOutlet<'_> {
 
     fn deliver(&mut self, slot: &Slot, output: OutputDType) -> Result<usize, SinkError> {
         let record = slot.plain(output).map_err(SinkError::Failed)?;
-        self.sink.reserve(record.len())?.copy_from_slice(&record);
+        self.sink.reserve(record.len())?.copy_from_slice(record);
         self.sink.commit(record.len())?;
         Ok(record.len())
     }
