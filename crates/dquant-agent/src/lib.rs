@@ -2,8 +2,9 @@
 //! and streams finished batches to consumers.
 //!
 //! Two planes, as on a DPU:
-//! - **control** (gRPC, [`grpc`]): `List`, `Stat`, `Open` (a plan), `OpenSource` (one
-//!   dataset, for chaining) and `Close`. Requests are validated and their sources opened
+//! - **control** (gRPC, [`grpc`]): `List`, `Stat`, `Open` (a plan, alone or as a shared
+//!   stream), `Subscribe` (a shared stream by name), `OpenSource` (one dataset, for
+//!   chaining), `Index`, `Watch` and `Close`. Requests are validated and their sources opened
 //!   before the reply, so errors arrive here, with the field or dataset they concern.
 //! - **data** (TCP, [`data`]): each session streams over one connection in 1 MiB
 //!   checksummed frames from a pool allocated when the session starts (its prefetch
@@ -16,6 +17,7 @@
 //! in-process, so offloaded and local batches are byte-identical by construction. A plan
 //! source may name another agent's dataset (`dquant://host:port/root/path`); the session then
 //! pulls token ranges from that agent — an agent near the host chained to one near storage.
+//! A plan opened as a shared stream ([`share`]) runs once for every subscriber.
 
 mod auth;
 pub mod bandwidth;
