@@ -276,15 +276,13 @@ fn open_stream(
 ) -> Result<OpenReply, Status> {
     let (plan, output) = (s.plan, s.plan.output);
     let start = pipeline.cursor();
-    let sched = pipeline.schedule();
+    let plan_json = plan.to_json();
     let info = StreamInfo {
-        plan_json: plan.to_json(),
-        rank_batches: sched.rank_batches(),
-        rank_samples: sched.rank_samples(),
-        epoch_samples: sched.epoch_samples(),
-        samples_per_epoch: (0..sched.sources())
-            .map(|d| sched.samples_per_epoch(d))
-            .collect(),
+        reply: OpenReply {
+            plan_json: plan_json.clone(),
+            ..plan_reply(shared, &pipeline)
+        },
+        plan_json,
         plain_room: record_room(&pipeline, output, WireCodec::Fixed(plain_codec(output))),
     };
     let config = &shared.config;
@@ -330,7 +328,7 @@ fn open_stream(
         group = s.group,
         "shared plan opened"
     );
-    Ok(share_reply(shared, &info, (id, ticket), joined))
+    Ok(share_reply(&info, (id, ticket), joined))
 }
 
 /// Adds the caller to `stream` at `at` (`None`: its current cursor); `plan`, when given,
@@ -362,17 +360,11 @@ fn join_stream(
         .events
         .opened(id, caller.name(), "subscriber", format!("share {name}"));
     tracing::info!(session = id, tenant = caller.name(), share = %name, at = %from, "subscriber joined");
-    Ok(share_reply(
-        shared,
-        &stream.info,
-        (id, ticket),
-        (true, from),
-    ))
+    Ok(share_reply(&stream.info, (id, ticket), (true, from)))
 }
 
 /// The reply to a consumer that opened or joined a shared stream.
 fn share_reply(
-    shared: &Shared,
     info: &StreamInfo,
     (session, ticket): (u64, [u8; 16]),
     (joined, from): (bool, Pos),
@@ -380,16 +372,29 @@ fn share_reply(
     OpenReply {
         session,
         ticket: ticket.to_vec(),
-        data_port: shared.data_port as u32,
-        socket_path: shared.socket_path(),
         start_epoch: from.epoch,
         start_consumed_samples: from.consumed,
-        rank_batches: info.rank_batches,
-        rank_samples: info.rank_samples,
-        epoch_samples: info.epoch_samples,
-        samples_per_epoch: info.samples_per_epoch.clone(),
-        plan_json: info.plan_json.clone(),
         joined,
+        ..info.reply.clone()
+    }
+}
+
+/// The reply to `Open` for `pipeline`, but for the session and its ticket: where the
+/// stream starts, its schedule's sizes, and where its data connection goes.
+fn plan_reply(shared: &Shared, pipeline: &Pipeline) -> OpenReply {
+    let start = pipeline.cursor();
+    let sched = pipeline.schedule();
+    OpenReply {
+        data_port: shared.data_port as u32,
+        socket_path: shared.socket_path(),
+        start_epoch: start.epoch,
+        start_consumed_samples: start.consumed_samples,
+        rank_batches: sched.rank_batches(),
+        rank_samples: sched.rank_samples(),
+        epoch_samples: sched.epoch_samples(),
+        samples_per_epoch: (0..sched.sources())
+            .map(|d| sched.samples_per_epoch(d))
+            .collect(),
         ..Default::default()
     }
 }
@@ -517,21 +522,7 @@ impl Agent for Service {
                     return open_stream(&shared, place, &caller, pipeline, shared_plan)
                         .map(Response::new);
                 }
-                let start = pipeline.cursor();
-                let sched = pipeline.schedule();
-                let mut reply = OpenReply {
-                    data_port: shared.data_port as u32,
-                    socket_path: shared.socket_path(),
-                    start_epoch: start.epoch,
-                    start_consumed_samples: start.consumed_samples,
-                    rank_batches: sched.rank_batches(),
-                    rank_samples: sched.rank_samples(),
-                    epoch_samples: sched.epoch_samples(),
-                    samples_per_epoch: (0..sched.sources())
-                        .map(|d| sched.samples_per_epoch(d))
-                        .collect(),
-                    ..Default::default()
-                };
+                let mut reply = plan_reply(&shared, &pipeline);
                 let work = Work::Plan {
                     pipeline: Box::new(pipeline),
                     output: plan.output,

@@ -155,14 +155,14 @@ fn plain_record(wire: &[u8], output: OutputDType) -> Result<Option<Vec<u8>>, Str
     Ok(Some(out))
 }
 
-/// What a consumer opening or joining a stream is told of it (an `OpenReply`'s plan fields).
+/// What a consumer opening or joining a stream is told of it, and what its ring must hold.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct StreamInfo {
+    /// The plan (normalized JSON): a joiner's must be the same.
     pub plan_json: String,
-    pub rank_batches: u64,
-    pub rank_samples: u64,
-    pub epoch_samples: u64,
-    pub samples_per_epoch: Vec<u64>,
+    /// The reply every opener and subscriber gets, but for its session, ticket, start and
+    /// `joined` (the plan's schedule, the agent's data port and socket, `plan_json`).
+    pub reply: dquant_proto::v1::OpenReply,
     /// Bytes of room a record in the output dtype may need (a ring slot must hold it).
     pub plain_room: usize,
 }

@@ -47,6 +47,38 @@ fn collect(
     rx
 }
 
+/// An agent serving `dir` as `c` to tenants `a` and `b` (tokens `tenant-a-0123456789`,
+/// `tenant-b-…`), its URI, and tenant a's watch of it.
+fn two_tenants(
+    dir: &tempfile::TempDir,
+) -> (dquant_agent::AgentHandle, AgentUri, dquant_client::Watch) {
+    let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
+    for (name, token) in [("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")] {
+        cfg.tenants.push(TenantConfig {
+            name: name.into(),
+            token: token.into(),
+            roots: vec!["*".into()],
+            ..Default::default()
+        });
+    }
+    let agent = dquant_agent::start(cfg).unwrap();
+    let uri = AgentUri::parse(&agent.uri()).unwrap();
+    let watch_a = Control::connect(&agent.control_addr().to_string())
+        .unwrap()
+        .with_token("tenant-a-0123456789")
+        .unwrap()
+        .watch(100)
+        .unwrap();
+    (agent, uri, watch_a)
+}
+
+fn creds(token: &str) -> Credentials {
+    Credentials {
+        token: Some(token.into()),
+        tls: None,
+    }
+}
+
 fn closed(evs: &[Event]) -> bool {
     evs.iter().any(|e| matches!(e.kind, Some(Kind::Closed(_))))
 }
@@ -128,27 +160,7 @@ fn a_watcher_sees_sessions_refusals_and_rates_in_order() {
 #[test]
 fn a_tenant_watches_only_its_own_sessions() {
     let dir = root();
-    let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
-    for (name, token) in [("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")] {
-        cfg.tenants.push(TenantConfig {
-            name: name.into(),
-            token: token.into(),
-            roots: vec!["*".into()],
-            ..Default::default()
-        });
-    }
-    let agent = dquant_agent::start(cfg).unwrap();
-    let uri = AgentUri::parse(&agent.uri()).unwrap();
-    let creds = |t: &str| Credentials {
-        token: Some(t.into()),
-        tls: None,
-    };
-    let watch_a = Control::connect(&agent.control_addr().to_string())
-        .unwrap()
-        .with_token("tenant-a-0123456789")
-        .unwrap()
-        .watch(100)
-        .unwrap();
+    let (_agent, uri, watch_a) = two_tenants(&dir);
     let got = collect(watch_a, closed);
     for t in ["tenant-b-0123456789", "tenant-a-0123456789"] {
         let mut r = Reader::remote_with(&uri, &plan(), Cursor::START, &creds(t)).unwrap();
@@ -177,27 +189,7 @@ fn closed_count(evs: &[Event], n: usize) -> bool {
 #[test]
 fn subscribers_join_and_leave_a_tenants_shared_stream_in_order() {
     let dir = root();
-    let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
-    for (name, token) in [("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")] {
-        cfg.tenants.push(TenantConfig {
-            name: name.into(),
-            token: token.into(),
-            roots: vec!["*".into()],
-            ..Default::default()
-        });
-    }
-    let agent = dquant_agent::start(cfg).unwrap();
-    let uri = AgentUri::parse(&agent.uri()).unwrap();
-    let creds = |t: &str| Credentials {
-        token: Some(t.into()),
-        tls: None,
-    };
-    let watch_a = Control::connect(&agent.control_addr().to_string())
-        .unwrap()
-        .with_token("tenant-a-0123456789")
-        .unwrap()
-        .watch(100)
-        .unwrap();
+    let (_agent, uri, watch_a) = two_tenants(&dir);
     let got = collect(watch_a, |evs| closed_count(evs, 2));
     let a = creds("tenant-a-0123456789");
     let share = dquant_client::Share {
