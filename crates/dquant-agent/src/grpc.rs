@@ -306,15 +306,19 @@ fn open_stream(
         consumed: start.consumed_samples,
     };
     let mut joined = (false, at);
-    let (id, ticket) = place.add_with(caller.name(), |id| {
+    let mut new = Some(new);
+    let added = place.add_with(caller.name(), |id| {
         let drain = shared.draining.clone();
         let (sub, j) = shared
             .shares
-            .open_or_join(new, id, at, &shared.events, drain)
+            .open_or_join(&mut new, id, at, &shared.events, drain)
             .map_err(Status::failed_precondition)?;
         joined = (j, sub.from());
         Ok::<_, Status>(Work::Subscriber { sub })
-    })?;
+    });
+    // A stream another request made meanwhile is joined: this pipeline goes unused.
+    drop(new);
+    let (id, ticket) = added?;
     let sources: Vec<&str> = plan.sources.iter().map(|s| s.uri.as_str()).collect();
     let detail = format!("share {}: {}", s.name, sources.join(","));
     shared

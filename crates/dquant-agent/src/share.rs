@@ -312,33 +312,39 @@ impl Shares {
             .and_then(Weak::upgrade)
     }
 
-    /// Starts `new` as a stream and joins `session` to it at its start, unless `tenant`
-    /// already has a live stream of that name: then `session` joins that one at `at` (and
-    /// `new`'s pipeline is dropped unused). `Err` when the existing stream runs another
-    /// plan or `at` is not in its window. The bool says whether it joined an existing one.
+    /// Starts `new` as a stream (taking it) and joins `session` to it at its start, unless
+    /// its tenant already has a live stream of that name: then `session` joins that one at
+    /// `at`, and `new` is left for the caller to drop outside its locks (dropping a pipeline
+    /// may close upstream sessions). `Err` when the existing stream runs another plan or
+    /// `at` is not in its window. The bool says whether it joined an existing one.
     pub fn open_or_join(
         &self,
-        new: NewStream,
+        new: &mut Option<NewStream>,
         session: u64,
         at: Pos,
         events: &Arc<Events>,
         drain: Arc<AtomicBool>,
     ) -> Result<(Subscription, bool), String> {
-        let key = (new.tenant.clone(), new.name.clone());
+        let Some(n) = new.as_ref() else {
+            return Err("a shared stream opened twice".into());
+        };
+        let key = (n.tenant.clone(), n.name.clone());
         let mut streams = self.streams();
         if let Some(s) = streams.get(&key).and_then(Weak::upgrade) {
-            if s.info.plan_json != new.info.plan_json {
+            let name = &n.name;
+            if s.info.plan_json != n.info.plan_json {
                 return Err(format!(
-                    "share {:?} runs a different plan; subscribe to it, or choose another name",
-                    new.name
+                    "share {name:?} runs a different plan; subscribe to it, or choose another name"
                 ));
             }
-            let name = new.name;
             let sub = s
                 .join(session, Some(at))
                 .map_err(|e| format!("share {name:?}: {e}"))?;
             return Ok((sub, true));
         }
+        let Some(new) = new.take() else {
+            return Err("a shared stream opened twice".into());
+        };
         let stream = Arc::new(SharedStream {
             name: new.name.clone(),
             tenant: new.tenant.clone(),
