@@ -217,3 +217,33 @@ fn large_records_reach_tls_subscribers_whole() {
     assert_eq!(got.0, want);
     assert_eq!(got.1, want);
 }
+
+/// Four readers opening the same plan under one name at once make one stream: every join
+/// counts one more subscriber of it, and each reader gets the whole stream.
+#[test]
+fn concurrent_opens_of_one_name_make_one_stream() {
+    use dquant_proto::v1::event::Kind;
+    let c = Corpus::new();
+    let agent = c.agent();
+    let tcp = agent.uri();
+    let p = shared_plan();
+    let want = local(&c, &p, Cursor::START);
+    let control = dquant_client::Control::connect(&agent.control_addr().to_string()).unwrap();
+    let mut watch = control.watch(1000).unwrap();
+    let got: Vec<Digest> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| digest(open_shared(&tcp, &p, Cursor::START, &share(4)).unwrap())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(got.iter().all(|g| g == &want));
+    let mut joins = Vec::new();
+    while joins.len() < 4 {
+        if let Some(Kind::Subscriber(e)) = watch.next().unwrap().unwrap().kind {
+            if e.joined {
+                joins.push(e.subscribers);
+            }
+        }
+    }
+    assert_eq!(joins, vec![1, 2, 3, 4]);
+}
