@@ -44,6 +44,10 @@ pub struct TenantConfig {
     /// The traffic class (`[[bandwidth.classes]]`) its data sockets are marked with.
     #[serde(default)]
     pub class: Option<String>,
+    /// Its `Watch` shows every tenant's sessions, subscribers, rates and the agent's
+    /// refusals, not only its own (an operator's token). It reads data as any tenant does.
+    #[serde(default)]
+    pub operator: bool,
 }
 
 impl std::fmt::Debug for TenantConfig {
@@ -56,6 +60,7 @@ impl std::fmt::Debug for TenantConfig {
             .field("guarantee_share", &self.guarantee_share)
             .field("weight", &self.weight)
             .field("class", &self.class)
+            .field("operator", &self.operator)
             .finish()
     }
 }
@@ -77,6 +82,8 @@ pub(crate) struct Tenant {
     token: Vec<u8>,
     /// `None`: every root.
     roots: Option<HashSet<String>>,
+    /// Watches everyone ([`TenantConfig::operator`]).
+    operator: bool,
 }
 
 impl Caller {
@@ -85,6 +92,15 @@ impl Caller {
         match self {
             Caller::Anyone => "",
             Caller::Tenant(t) => &t.name,
+        }
+    }
+
+    /// The tenant whose events alone the caller's `Watch` shows; `None`: everything (an
+    /// agent without tenants, or an operator's token).
+    pub fn watches_only(&self) -> Option<&str> {
+        match self {
+            Caller::Tenant(t) if !t.operator => Some(&t.name),
+            _ => None,
         }
     }
 
@@ -153,6 +169,7 @@ impl Auth {
                 name: t.name.clone(),
                 token: t.token.as_bytes().to_vec(),
                 roots: (!all).then(|| t.roots.iter().cloned().collect()),
+                operator: t.operator,
             }));
         }
         Ok(Auth { tenants: out })

@@ -94,6 +94,12 @@ impl Events {
         self.publish(Kind::Subscriber(e));
     }
 
+    /// A session ended before it streamed (closed or expired while pending): published, its
+    /// tenant's streaming count untouched.
+    pub fn closed_unclaimed(&self, c: SessionClosed) {
+        self.publish(Kind::Closed(c));
+    }
+
     pub fn refused(&self, plane: &str, reason: &str, detail: &str) {
         self.publish(Kind::Error(ErrorEvent {
             plane: plane.to_string(),

@@ -30,7 +30,7 @@ use crate::limits::LimitError;
 use crate::open_pool::Stop;
 use crate::produce::record_room;
 use crate::sessions::{Reservation, Work};
-use crate::share::{check_name, NewStream, Pos, SharedStream, StreamInfo};
+use crate::share::{check_name, different_plan, NewStream, Pos, SharedStream, StreamInfo};
 use crate::Shared;
 
 pub(crate) struct Service {
@@ -276,13 +276,11 @@ fn open_stream(
 ) -> Result<OpenReply, Status> {
     let (plan, output) = (s.plan, s.plan.output);
     let start = pipeline.cursor();
-    let plan_json = plan.to_json();
     let info = StreamInfo {
         reply: OpenReply {
-            plan_json: plan_json.clone(),
+            plan_json: plan.to_json(),
             ..plan_reply(shared, &pipeline)
         },
-        plan_json,
         plain_room: record_room(&pipeline, output, WireCodec::Fixed(plain_codec(output))),
     };
     let config = &shared.config;
@@ -346,10 +344,8 @@ fn join_stream(
     plan: Option<&str>,
 ) -> Result<OpenReply, Status> {
     let name = &stream.name;
-    if plan.is_some_and(|p| p != stream.info.plan_json) {
-        return Err(Status::failed_precondition(format!(
-            "share {name:?} runs a different plan; subscribe to it, or choose another name"
-        )));
+    if plan.is_some_and(|p| p != stream.info.reply.plan_json) {
+        return Err(Status::failed_precondition(different_plan(name)));
     }
     let mut from = None;
     let (id, ticket) = place.add_with(caller.name(), |id| {
@@ -660,7 +656,7 @@ impl Agent for Service {
             0 => 1000,
             ms => ms.clamp(100, 60_000),
         };
-        let only = (!caller.name().is_empty()).then(|| caller.name().to_string());
+        let only = caller.watches_only().map(str::to_string);
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         tokio::spawn(watch(
             self.shared.clone(),

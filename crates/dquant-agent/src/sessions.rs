@@ -234,19 +234,26 @@ impl Sessions {
                 continue;
             };
             tracing::info!(session = id, "session expired before its data connection");
-            self.events.closed(dquant_proto::v1::SessionClosed {
+            let why = format!(
+                "its data connection did not come within the ticket's lifetime ({} s)",
+                self.ttl.as_secs()
+            );
+            self.ended_pending(id, &p, "expired", why);
+        }
+        before - pending.len()
+    }
+
+    /// A session ended before its data connection came: the `Watch` feed's closed event.
+    fn ended_pending(&self, id: u64, p: &Pending, how: &str, message: String) {
+        self.events
+            .closed_unclaimed(dquant_proto::v1::SessionClosed {
                 session: id,
                 tenant: p.owner.clone(),
                 kind: p.work.kind().to_string(),
-                how: "expired".into(),
-                message: format!(
-                    "its data connection did not come within the ticket's lifetime ({} s)",
-                    self.ttl.as_secs()
-                ),
+                how: how.into(),
+                message,
                 ..Default::default()
             });
-        }
-        before - pending.len()
     }
 
     /// Takes a pending session of `owner` (the tenant the hello's token named, `""` when
@@ -299,8 +306,8 @@ impl Sessions {
             let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(p) = pending.get(&id) {
                 let owner = same_ticket(&p.ticket, ticket) && p.owner == owner;
-                if owner {
-                    pending.remove(&id);
+                if let Some(p) = owner.then(|| pending.remove(&id)).flatten() {
+                    self.ended_pending(id, &p, "stopped", "closed by the client".into());
                 }
                 return owner;
             }

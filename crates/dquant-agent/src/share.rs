@@ -55,6 +55,11 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a plan cannot open or join the stream `name`: it runs another plan.
+pub(crate) fn different_plan(name: &str) -> String {
+    format!("share {name:?} runs a different plan; subscribe to it, or choose another name")
+}
+
 /// One record of a shared stream: the wire form, and what subscribers need of it made once
 /// for all of them, on demand.
 pub(crate) struct Slot {
@@ -158,10 +163,9 @@ fn plain_record(wire: &[u8], output: OutputDType) -> Result<Option<Vec<u8>>, Str
 /// What a consumer opening or joining a stream is told of it, and what its ring must hold.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct StreamInfo {
-    /// The plan (normalized JSON): a joiner's must be the same.
-    pub plan_json: String,
     /// The reply every opener and subscriber gets, but for its session, ticket, start and
-    /// `joined` (the plan's schedule, the agent's data port and socket, `plan_json`).
+    /// `joined`: the plan's schedule, the agent's data port and socket, and the plan
+    /// (normalized JSON, which a joiner's must equal).
     pub reply: dquant_proto::v1::OpenReply,
     /// Bytes of room a record in the output dtype may need (a ring slot must hold it).
     pub plain_room: usize,
@@ -332,10 +336,8 @@ impl Shares {
         let mut streams = self.streams();
         if let Some(s) = streams.get(&key).and_then(Weak::upgrade) {
             let name = &n.name;
-            if s.info.plan_json != n.info.plan_json {
-                return Err(format!(
-                    "share {name:?} runs a different plan; subscribe to it, or choose another name"
-                ));
+            if s.info.reply.plan_json != n.info.reply.plan_json {
+                return Err(different_plan(name));
             }
             let sub = s
                 .join(session, Some(at))

@@ -48,28 +48,34 @@ fn collect(
 }
 
 /// An agent serving `dir` as `c` to tenants `a` and `b` (tokens `tenant-a-0123456789`,
-/// `tenant-b-…`), its URI, and tenant a's watch of it.
+/// `tenant-b-…`) and the operator `ops` (`tenant-ops-0123456789`), its URI, and tenant a's
+/// watch of it.
 fn two_tenants(
     dir: &tempfile::TempDir,
 ) -> (dquant_agent::AgentHandle, AgentUri, dquant_client::Watch) {
     let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
-    for (name, token) in [("a", "tenant-a-0123456789"), ("b", "tenant-b-0123456789")] {
+    for name in ["a", "b", "ops"] {
         cfg.tenants.push(TenantConfig {
             name: name.into(),
-            token: token.into(),
+            token: format!("tenant-{name}-0123456789"),
             roots: vec!["*".into()],
+            operator: name == "ops",
             ..Default::default()
         });
     }
     let agent = dquant_agent::start(cfg).unwrap();
     let uri = AgentUri::parse(&agent.uri()).unwrap();
-    let watch_a = Control::connect(&agent.control_addr().to_string())
+    let watch_a = watch_as(&agent, "tenant-a-0123456789");
+    (agent, uri, watch_a)
+}
+
+fn watch_as(agent: &dquant_agent::AgentHandle, token: &str) -> dquant_client::Watch {
+    Control::connect(&agent.control_addr().to_string())
         .unwrap()
-        .with_token("tenant-a-0123456789")
+        .with_token(token)
         .unwrap()
         .watch(100)
-        .unwrap();
-    (agent, uri, watch_a)
+        .unwrap()
 }
 
 fn creds(token: &str) -> Credentials {
@@ -158,10 +164,13 @@ fn a_watcher_sees_sessions_refusals_and_rates_in_order() {
 }
 
 #[test]
-fn a_tenant_watches_only_its_own_sessions() {
+fn a_tenant_watches_only_its_own_sessions_and_an_operator_everyones() {
     let dir = root();
-    let (_agent, uri, watch_a) = two_tenants(&dir);
+    let (agent, uri, watch_a) = two_tenants(&dir);
     let got = collect(watch_a, closed);
+    let all = collect(watch_as(&agent, "tenant-ops-0123456789"), |evs| {
+        closed_count(evs, 2)
+    });
     for t in ["tenant-b-0123456789", "tenant-a-0123456789"] {
         let mut r = Reader::remote_with(&uri, &plan(), Cursor::START, &creds(t)).unwrap();
         drain(&mut r);
@@ -177,6 +186,21 @@ fn a_tenant_watches_only_its_own_sessions() {
             other => panic!("a tenant's watch showed {other:?}"),
         }
     }
+    let evs = all
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the events arrive");
+    let tenants: Vec<&str> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::Closed(c)) => Some(c.tenant.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        tenants,
+        vec!["b", "a"],
+        "the operator sees both tenants' sessions"
+    );
 }
 
 fn closed_count(evs: &[Event], n: usize) -> bool {
@@ -258,41 +282,57 @@ fn subscribers_join_and_leave_a_tenants_shared_stream_in_order() {
 }
 
 #[test]
-fn a_session_never_claimed_is_closed_as_expired() {
+fn sessions_never_claimed_are_closed_as_stopped_or_expired() {
     let dir = root();
     let mut cfg = agent::config(&[("c", dir.path().to_path_buf())]);
     cfg.ticket_ttl_secs = 1;
     let agent = dquant_agent::start(cfg).unwrap();
     let c = Control::connect(&agent.control_addr().to_string()).unwrap();
-    let got = collect(c.watch(100).unwrap(), closed);
-    let reply = c
-        .open(dquant_proto::v1::OpenRequest {
+    // Until two sessions closed, then a snapshot: nobody counted as streaming.
+    let got = collect(c.watch(100).unwrap(), |evs| {
+        closed_count(evs, 2) && matches!(&evs[evs.len() - 1].kind, Some(Kind::Rates(_)))
+    });
+    let open = || {
+        c.open(dquant_proto::v1::OpenRequest {
             plan_json: plan().to_json(),
             ..Default::default()
         })
-        .unwrap();
+        .unwrap()
+    };
+    let (closed_one, expired) = (open(), open());
+    assert!(c.close(closed_one.session, &closed_one.ticket).unwrap());
     let evs = got
         .recv_timeout(Duration::from_secs(20))
         .expect("the events arrive");
-    let x = evs
+    let ends: Vec<(u64, String, String, String)> = evs
         .iter()
-        .find_map(|e| match &e.kind {
-            Some(Kind::Closed(x)) => Some(x.clone()),
+        .filter_map(|e| match &e.kind {
+            Some(Kind::Closed(x)) => {
+                Some((x.session, x.kind.clone(), x.how.clone(), x.message.clone()))
+            }
             _ => None,
         })
-        .unwrap();
+        .collect();
+    let s = String::from;
     assert_eq!(
-        (
-            x.session,
-            x.kind.as_str(),
-            x.how.as_str(),
-            x.message.as_str()
-        ),
-        (
-            reply.session,
-            "plan",
-            "expired",
-            "its data connection did not come within the ticket's lifetime (1 s)"
-        )
+        ends,
+        vec![
+            (
+                closed_one.session,
+                s("plan"),
+                s("stopped"),
+                s("closed by the client")
+            ),
+            (
+                expired.session,
+                s("plan"),
+                s("expired"),
+                s("its data connection did not come within the ticket's lifetime (1 s)")
+            ),
+        ]
     );
+    let Some(Kind::Rates(r)) = &evs[evs.len() - 1].kind else {
+        unreachable!("the collection ends on a snapshot")
+    };
+    assert!(r.tenants.iter().all(|t| t.sessions == 0), "{r:?}");
 }
