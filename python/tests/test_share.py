@@ -5,7 +5,11 @@ rank."""
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +106,31 @@ def test_a_tensor_parallel_group_shares_one_stream_per_data_parallel_rank(data, 
         assert alone, "the rank has batches"
         assert same(got[2 * dp], alone) and same(got[2 * dp + 1], alone), dp
     assert not same(got[0], got[2]), "the data-parallel ranks read different streams"
+
+
+def test_tensor_parallel_processes_with_dataloader_workers_share_one_stream_per_worker(
+    data, agent
+):
+    """Two processes of one tensor-parallel group, each with 2 DataLoader workers: worker w
+    of each reads the stream f"{share}/w{w}", so both processes receive exactly what one
+    process alone receives, in the same order."""
+    p = on_agent(plan(data, epochs=2, batch_size=3), data)
+    script = str(Path(__file__).parent / "tp_rank.py")
+
+    def run(share: str, group: int, n: int) -> list[str]:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, script, agent.socket, json.dumps(p), "1", "2", share,
+                 str(group)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(n)
+        ]
+        outs = [proc.communicate(timeout=300)[0].strip() for proc in procs]
+        assert all(proc.returncode == 0 for proc in procs)
+        return outs
+
+    (alone,) = run("-", 0, 1)
+    assert int(alone.split()[0]) > 0, alone
+    assert run("py-tp-workers/dp1", 2, 2) == [alone, alone]
