@@ -225,18 +225,38 @@ impl SharedStream {
         });
     }
 
-    /// What subscriber `session` gets next, waiting up to `wait` for the producer.
-    fn next(&self, session: u64, wait: Duration) -> Option<Next<Arc<Slot>>> {
+    /// What subscriber `session` gets next, waiting up to `wait` for the producer: the
+    /// records ready for it, as many as `max_bytes` holds (at least one), and the position
+    /// after the first; or the end; or nothing yet.
+    fn next(&self, session: u64, wait: Duration, max_bytes: usize) -> Option<Next<Vec<Arc<Slot>>>> {
         let w = self.lock();
         let (w, _) = self
             .fresh
             .wait_timeout_while(w, wait, |w| matches!(w.next(session), Some(Next::Wait)))
             .unwrap_or_else(PoisonError::into_inner);
-        w.next(session)
+        Some(match w.next(session)? {
+            Next::Record(first, to) => {
+                let mut total = 0;
+                let mut run: Vec<Arc<Slot>> = w
+                    .ready(session)
+                    .take_while(|s| {
+                        total += s.wire.len();
+                        total <= max_bytes
+                    })
+                    .cloned()
+                    .collect();
+                if run.is_empty() {
+                    run.push(first);
+                }
+                Next::Record(run, to)
+            }
+            Next::Wait => Next::Wait,
+            Next::End(end) => Next::End(end),
+        })
     }
 
-    fn advance(&self, session: u64) {
-        self.lock().advance(session);
+    fn advance(&self, session: u64, records: usize) {
+        self.lock().advance_by(session, records);
         self.room.notify_one();
     }
 

@@ -32,7 +32,7 @@ pub mod tls;
 pub use conn::DataStream;
 pub use connect::{connect, ConnectError, Endpoint, RingShape, Transport};
 pub use frame::{FrameHeader, FrameKind, WireError};
-pub use io::{FrameReader, FrameWriter, Pacer};
+pub use io::{FrameReader, FrameWriter, Pacer, MAX_FRAMES_AT_ONCE};
 pub use pool::{BufferPool, PooledBuf};
 pub use receive::{BatchSource, ReceiveError, RecordView};
 pub use record::{BatchHeader, Hello, RangeHeader, RecordError};

@@ -3,9 +3,10 @@
 //!
 //! The relay is the produce loop's counterpart for a subscriber: records are copied out of
 //! the window instead of made. Two outlets:
-//! - [`FrameOutlet`] (TCP): each record goes out as frames in the wire codec straight from
-//!   the window's memory, their checksums computed once for every subscriber
-//!   ([`super::Slot`]); the only per-subscriber cost is the socket write itself.
+//! - [`FrameOutlet`] (TCP): the records ready for the subscriber go out as frames (one per
+//!   record, or per 1 MiB of a larger one) in the wire codec, straight from the window's
+//!   memory, in one vectored write; their checksums are computed once for every subscriber
+//!   ([`super::Slot`]). The only per-subscriber cost is the socket write itself.
 //! - [`RingOutlet`] (shared memory): each record, in the output dtype, is copied into the
 //!   subscriber's ring through its [`BatchSink`].
 //!
@@ -14,11 +15,15 @@
 //! producer no longer waits for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use dquant_plan::OutputDType;
+use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::tcp::{send_error, MAX_FRAME_AGE};
-use dquant_transport::{BatchSink, DataStream, FrameKind, FrameWriter, SinkError, WireError};
+use dquant_transport::{
+    BatchSink, DataStream, FrameKind, FrameWriter, SinkError, WireError, MAX_FRAMES_AT_ONCE,
+};
 
 use super::{End, Next, Slot, Subscription, RECHECK};
 use crate::metrics::Meter;
@@ -32,8 +37,13 @@ pub(crate) trait Outlet {
         let _ = room;
         Ok(())
     }
-    /// Delivers one record; returns its bytes in this outlet's form.
-    fn deliver(&mut self, slot: &Slot, output: OutputDType) -> Result<usize, SinkError>;
+    /// Delivers `slots`, in order; returns their tokens and their bytes in this outlet's
+    /// form.
+    fn deliver(
+        &mut self,
+        slots: &[Arc<Slot>],
+        output: OutputDType,
+    ) -> Result<(u64, usize), SinkError>;
     /// Hands on what is held while no record is at hand.
     fn idle(&mut self, now: Instant) -> Result<(), SinkError>;
     fn finish(&mut self) -> Result<(), SinkError>;
@@ -56,13 +66,20 @@ impl FrameOutlet {
 }
 
 impl Outlet for FrameOutlet {
-    fn deliver(&mut self, slot: &Slot, _: OutputDType) -> Result<usize, SinkError> {
-        for (chunk, &crc) in slot.chunks().zip(slot.crcs()) {
+    /// Every chunk of every record a frame, in as few writes as the kernel takes.
+    fn deliver(&mut self, slots: &[Arc<Slot>], _: OutputDType) -> Result<(u64, usize), SinkError> {
+        let tokens = slots.iter().map(|s| s.tokens).sum();
+        let bytes = slots.iter().map(|s| s.wire.len()).sum();
+        let frames: Vec<(&[u8], u32)> = slots
+            .iter()
+            .flat_map(|s| s.chunks().zip(s.crcs().iter().copied()))
+            .collect();
+        for some in frames.chunks(MAX_FRAMES_AT_ONCE) {
             self.frames
-                .send_checked(FrameKind::Data, chunk, crc)
+                .send_all_checked(FrameKind::Data, some)
                 .map_err(|e| self.gone(&e))?;
         }
-        Ok(slot.wire.len())
+        Ok((tokens, bytes))
     }
 
     fn idle(&mut self, _: Instant) -> Result<(), SinkError> {
@@ -95,11 +112,19 @@ impl Outlet for RingOutlet<'_> {
         }
     }
 
-    fn deliver(&mut self, slot: &Slot, output: OutputDType) -> Result<usize, SinkError> {
-        let record = slot.plain(output).map_err(SinkError::Failed)?;
-        self.sink.reserve(record.len())?.copy_from_slice(record);
-        self.sink.commit(record.len())?;
-        Ok(record.len())
+    fn deliver(
+        &mut self,
+        slots: &[Arc<Slot>],
+        output: OutputDType,
+    ) -> Result<(u64, usize), SinkError> {
+        let (mut tokens, mut bytes) = (0, 0);
+        for slot in slots {
+            let record = slot.plain(output).map_err(SinkError::Failed)?;
+            self.sink.reserve(record.len())?.copy_from_slice(record);
+            self.sink.commit(record.len())?;
+            (tokens, bytes) = (tokens + slot.tokens, bytes + record.len());
+        }
+        Ok((tokens, bytes))
     }
 
     fn idle(&mut self, now: Instant) -> Result<(), SinkError> {
@@ -136,10 +161,10 @@ pub(crate) fn relay(
         if cancel.load(Ordering::Relaxed) {
             return (Outcome::Stopped("closed by the client".into()), stats);
         }
-        let step = match stream.next(sub.session, wait) {
-            Some(Next::Record(slot, _)) => out
-                .deliver(&slot, stream.output)
-                .map(|bytes| (slot.tokens, bytes)),
+        let step = match stream.next(sub.session, wait, MAX_PAYLOAD) {
+            Some(Next::Record(run, _)) => out
+                .deliver(&run, stream.output)
+                .map(|(tokens, bytes)| (run.len(), tokens, bytes)),
             Some(Next::Wait) => {
                 wait = RECHECK;
                 match out.idle(Instant::now()) {
@@ -151,10 +176,10 @@ pub(crate) fn relay(
             None => Err(SinkError::Gone("left the stream".into())),
         };
         match step {
-            Ok((tokens, bytes)) => {
-                stream.advance(sub.session);
-                meter.add(1, tokens, bytes as u64);
-                stats.records += 1;
+            Ok((records, tokens, bytes)) => {
+                stream.advance(sub.session, records);
+                meter.add(records as u64, tokens, bytes as u64);
+                stats.records += records as u64;
                 stats.tokens += tokens;
                 stats.wire_bytes += bytes as u64;
                 wait = MAX_FRAME_AGE;

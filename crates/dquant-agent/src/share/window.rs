@@ -198,11 +198,20 @@ impl<R: Clone> Window<R> {
         })
     }
 
-    /// Subscriber `id` has its next record.
-    pub fn advance(&mut self, id: u64) {
+    /// The records subscriber `id` may take now, its next first (none when it has them all
+    /// or is not subscribed).
+    pub fn ready(&self, id: u64) -> impl Iterator<Item = &R> {
+        let from = self.subs.get(&id).map_or(self.entries.len(), |&i| {
+            i.saturating_sub(self.base) as usize
+        });
+        self.entries.iter().skip(from).map(|e| &e.record)
+    }
+
+    /// Subscriber `id` has its next `n` records.
+    pub fn advance_by(&mut self, id: u64, n: usize) {
         let next = self.next_index();
         if let Some(i) = self.subs.get_mut(&id) {
-            *i = (*i + 1).min(next);
+            *i = i.saturating_add(n as u64).min(next);
         }
     }
 }
@@ -221,7 +230,7 @@ mod tests {
         w.join(1, None).unwrap();
         for i in 0..n {
             assert!(w.push(i, p(4 * (i + 1))));
-            w.advance(1);
+            w.advance_by(1, 1);
         }
         w
     }
@@ -230,7 +239,7 @@ mod tests {
         let mut got = Vec::new();
         while let Some(Next::Record(r, _)) = w.next(id) {
             got.push(r);
-            w.advance(id);
+            w.advance_by(id, 1);
         }
         got
     }
@@ -268,7 +277,7 @@ mod tests {
         assert!(!w.has_room());
         assert!(!w.push(2, p(12)));
         assert_eq!(w.next(2), Some(Next::Record(0, p(4))));
-        w.advance(2);
+        w.advance_by(2, 1);
         assert!(w.has_room());
         assert!(w.push(2, p(12)));
         assert_eq!(drain(&mut w, 2), vec![1, 2]);
@@ -280,7 +289,7 @@ mod tests {
         w.join(1, None).unwrap();
         w.join(2, None).unwrap();
         assert!(w.push(0, p(4)));
-        w.advance(1);
+        w.advance_by(1, 1);
         assert!(!w.has_room());
         assert_eq!(w.leave(2), Some(p(0)));
         assert!(w.has_room());
@@ -327,6 +336,19 @@ mod tests {
              batches up to (epoch 0 consumed_samples 20)"
         );
         assert_eq!(w.subscribers(), 1);
+    }
+
+    #[test]
+    fn a_subscriber_takes_every_ready_record_at_once() {
+        let mut w = window(4, 2);
+        w.join(2, Some(p(4))).unwrap();
+        assert!(w.push(2, p(12)));
+        assert_eq!(w.ready(2).copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(w.ready(1).copied().collect::<Vec<_>>(), vec![2]);
+        assert_eq!(w.ready(9).count(), 0);
+        w.advance_by(2, 5);
+        assert_eq!(w.ready(2).count(), 0);
+        assert_eq!(w.next(2), Some(Next::Wait));
     }
 
     #[test]
