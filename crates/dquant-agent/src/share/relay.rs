@@ -37,6 +37,8 @@ pub(crate) trait Outlet {
         let _ = room;
         Ok(())
     }
+    /// Bytes of records one [`Outlet::deliver`] takes at most (at least one record).
+    fn run_bytes(&self) -> usize;
     /// Delivers `slots`, in order; returns their tokens and their bytes in this outlet's
     /// form.
     fn deliver(
@@ -66,6 +68,11 @@ impl FrameOutlet {
 }
 
 impl Outlet for FrameOutlet {
+    /// What is ready, up to a frame's worth: fewer, larger writes.
+    fn run_bytes(&self) -> usize {
+        MAX_PAYLOAD
+    }
+
     /// Every chunk of every record a frame, in as few writes as the kernel takes.
     fn deliver(&mut self, slots: &[Arc<Slot>], _: OutputDType) -> Result<(u64, usize), SinkError> {
         let tokens = slots.iter().map(|s| s.tokens).sum();
@@ -102,6 +109,12 @@ pub(crate) struct RingOutlet<'a> {
 }
 
 impl Outlet for RingOutlet<'_> {
+    /// One record at a time: each is a copy into the ring anyway, and the window gets it
+    /// back as soon as it is there.
+    fn run_bytes(&self) -> usize {
+        0
+    }
+
     fn fits(&self, info: &super::StreamInfo) -> Result<(), String> {
         match self.sink.max_record_len() {
             Some(max) if info.plain_room > max => Err(format!(
@@ -161,7 +174,7 @@ pub(crate) fn relay(
         if cancel.load(Ordering::Relaxed) {
             return (Outcome::Stopped("closed by the client".into()), stats);
         }
-        let step = match stream.next(sub.session, wait, MAX_PAYLOAD) {
+        let step = match stream.next(sub.session, wait, out.run_bytes()) {
             Some(Next::Record(run, _)) => out
                 .deliver(&run, stream.output)
                 .map(|(tokens, bytes)| (run.len(), tokens, bytes)),
