@@ -395,17 +395,24 @@ impl Shares {
 /// end, a failure, a drain, or nobody left to deliver to.
 fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicBool) {
     let deadline = Instant::now() + new.group_wait;
+    let mut w = stream.lock();
     loop {
-        let n = stream.lock().subscribers();
+        let n = w.subscribers();
         if n == 0 {
+            drop(w);
             return stream.end(End::Stopped("every subscriber left".into()));
         }
         if n >= new.group || Instant::now() >= deadline || drain.load(Ordering::Relaxed) {
             break;
         }
-        let w = stream.lock();
-        let _ = stream.room.wait_timeout(w, RECHECK);
+        // A join notifies `room` under this lock: none is missed between check and wait.
+        w = stream
+            .room
+            .wait_timeout(w, RECHECK)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
+    drop(w);
     let mut producer = Producer::new(new.pipeline, new.output, new.wire)
         .with_meter(new.meter)
         .encoding_ahead(new.encode_budget);

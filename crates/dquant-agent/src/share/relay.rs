@@ -31,10 +31,10 @@ use crate::produce::{Outcome, Stats};
 
 /// Where a subscriber's records go.
 pub(crate) trait Outlet {
-    /// The largest record the transport carries, if it has a limit, and the room the
-    /// stream's records may need in this outlet's form.
-    fn fits(&self, room: &super::StreamInfo) -> Result<(), String> {
-        let _ = room;
+    /// Whether the transport carries the stream's largest record in this outlet's form (a
+    /// ring's slots have a size; a socket has none).
+    fn fits(&self, info: &super::StreamInfo) -> Result<(), String> {
+        let _ = info;
         Ok(())
     }
     /// Bytes of records one [`Outlet::deliver`] takes at most (at least one record).
