@@ -30,7 +30,9 @@ use crate::limits::LimitError;
 use crate::open_pool::Stop;
 use crate::produce::record_room;
 use crate::sessions::{Reservation, Work};
-use crate::share::{check_name, different_plan, NewStream, Pos, SharedStream, StreamInfo};
+use crate::share::{
+    check_name, different_plan, join_refused, NewStream, Pos, SharedStream, StreamInfo,
+};
 use crate::Shared;
 
 pub(crate) struct Service {
@@ -275,7 +277,6 @@ fn open_stream(
     s: SharedPlan<'_>,
 ) -> Result<OpenReply, Status> {
     let (plan, output) = (s.plan, s.plan.output);
-    let start = pipeline.cursor();
     let info = StreamInfo {
         reply: OpenReply {
             plan_json: plan.to_json(),
@@ -300,8 +301,8 @@ fn open_stream(
             .saturating_mul(dquant_transport::frame::MAX_PAYLOAD),
     };
     let at = Pos {
-        epoch: start.epoch,
-        consumed: start.consumed_samples,
+        epoch: info.reply.start_epoch,
+        consumed: info.reply.start_consumed_samples,
     };
     let mut joined = (false, at);
     let mut new = Some(new);
@@ -351,7 +352,7 @@ fn join_stream(
     let (id, ticket) = place.add_with(caller.name(), |id| {
         let sub = stream
             .join(id, at)
-            .map_err(|e| Status::failed_precondition(format!("share {name:?}: {e}")))?;
+            .map_err(|e| Status::failed_precondition(join_refused(name, &e)))?;
         from = Some(sub.from());
         Ok::<_, Status>(Work::Subscriber { sub })
     })?;

@@ -255,6 +255,11 @@ pub(crate) fn record_room(pipeline: &Pipeline, output: OutputDType, wire: WireCo
     (RECORD_HEADER_LEN + payload).saturating_add(pipeline.trailer_bound())
 }
 
+/// Why a plan's batches cannot go over a transport whose records hold `max` bytes.
+pub(crate) fn too_large(max: usize, room: usize, output: OutputDType) -> String {
+    format!("the transport's records hold {max} bytes; this plan's batches need {room} ({output})")
+}
+
 /// How a stream driven by [`run`] ended.
 #[derive(Debug)]
 pub(crate) enum Outcome {
@@ -282,11 +287,7 @@ pub(crate) fn run(
     let mut stats = Stats::default();
     if let Some(max) = sink.max_record_len().filter(|&max| producer.room() > max) {
         {
-            let m = format!(
-                "the transport's records hold {max} bytes; this plan's batches need {} ({})",
-                producer.room(),
-                producer.output
-            );
+            let m = too_large(max, producer.room(), producer.output);
             sink.fail(&m);
             return (Outcome::Failed(m), stats);
         }

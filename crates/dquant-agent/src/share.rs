@@ -31,6 +31,7 @@ use dquant_proto::v1::SubscriberEvent;
 use dquant_remote::shutdown_message;
 use dquant_transport::frame::{payload_crc, MAX_PAYLOAD};
 use dquant_transport::record::RECORD_HEADER_LEN;
+use dquant_transport::sink::record_room;
 use dquant_transport::{BatchHeader, BatchSink, SinkError};
 
 use crate::events::Events;
@@ -53,6 +54,11 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Why a subscriber cannot join the stream `name` where it asked.
+pub(crate) fn join_refused(name: &str, e: &JoinError) -> String {
+    format!("share {name:?}: {e}")
 }
 
 /// Why a plan cannot open or join the stream `name`: it runs another plan.
@@ -361,7 +367,7 @@ impl Shares {
             }
             let sub = s
                 .join(session, Some(at))
-                .map_err(|e| format!("share {name:?}: {e}"))?;
+                .map_err(|e| join_refused(name, &e))?;
             return Ok((sub, true));
         }
         let Some(new) = new.take() else {
@@ -380,7 +386,7 @@ impl Shares {
         });
         let sub = stream
             .join(session, None)
-            .map_err(|e| format!("share {:?}: {e}", new.name))?;
+            .map_err(|e| join_refused(&new.name, &e))?;
         let producer = stream.clone();
         std::thread::Builder::new()
             .name("dquant-share".into())
@@ -473,12 +479,7 @@ impl BatchSink for WindowSink<'_> {
         if self.buf.capacity() == 0 {
             self.buf = s.spares.take();
         }
-        let more = len.saturating_sub(self.buf.len());
-        self.buf.try_reserve_exact(more).map_err(|_| {
-            SinkError::Failed(format!("cannot allocate {len} bytes for one batch record"))
-        })?;
-        self.buf.resize(len, 0);
-        Ok(&mut self.buf[..len])
+        record_room(&mut self.buf, len)
     }
 
     fn commit(&mut self, len: usize) -> Result<(), SinkError> {

@@ -43,14 +43,7 @@ impl<W: Write> FrameWriter<W> {
     }
 
     pub fn send(&mut self, kind: FrameKind, payload: &[u8]) -> Result<(), WireError> {
-        let h = FrameHeader::for_payload(kind, self.seq, payload)?;
-        if let Some(p) = &mut self.pacer {
-            p.pace(HEADER_LEN + payload.len());
-        }
-        self.w.write_all(&h.encode())?;
-        self.w.write_all(payload)?;
-        self.seq += 1;
-        Ok(())
+        self.send_checked(kind, payload, crate::frame::payload_crc(payload))
     }
 
     /// Sends `payload` as one frame whose crc32c the caller computed (`crc`): a payload sent

@@ -27,6 +27,18 @@ pub enum SinkError {
     Full,
 }
 
+/// `buf` grown (never shrunk) to `len` bytes, for a sink that makes a record in memory of its
+/// own: the size comes from a plan, so a failed allocation is the session's error, not an
+/// abort of the agent that hosts every other session.
+pub fn record_room(buf: &mut Vec<u8>, len: usize) -> Result<&mut [u8], SinkError> {
+    let more = len.saturating_sub(buf.len());
+    buf.try_reserve_exact(more).map_err(|_| {
+        SinkError::Failed(format!("cannot allocate {len} bytes for one batch record"))
+    })?;
+    buf.resize(len, 0);
+    Ok(&mut buf[..len])
+}
+
 /// Where batch records go. Calls come in the order `reserve` → `commit` (any number of
 /// times, with `flush_if_idle` between records), then `finish` or `fail` once.
 pub trait BatchSink: Send {

@@ -306,14 +306,7 @@ impl BatchSink for TcpBatchSink {
         let fits = self.frames()?.room_in_frame(len).is_some();
         self.staged = !fits;
         if !fits {
-            // The size comes from the plan: a failed allocation is the session's error, not
-            // an abort of the agent that hosts every other session.
-            let more = len.saturating_sub(self.stage.len());
-            self.stage.try_reserve_exact(more).map_err(|_| {
-                SinkError::Failed(format!("cannot allocate {len} bytes for one batch record"))
-            })?;
-            self.stage.resize(len, 0);
-            return Ok(&mut self.stage[..len]);
+            return crate::sink::record_room(&mut self.stage, len);
         }
         self.frames()?
             .room_in_frame(len)

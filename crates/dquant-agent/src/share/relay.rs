@@ -27,14 +27,14 @@ use dquant_transport::{
 
 use super::{End, Next, Slot, Subscription, RECHECK};
 use crate::metrics::Meter;
-use crate::produce::{Outcome, Stats};
+use crate::produce::{too_large, Outcome, Stats};
 
 /// Where a subscriber's records go.
 pub(crate) trait Outlet {
     /// Whether the transport carries the stream's largest record in this outlet's form (a
     /// ring's slots have a size; a socket has none).
-    fn fits(&self, info: &super::StreamInfo) -> Result<(), String> {
-        let _ = info;
+    fn fits(&self, info: &super::StreamInfo, output: OutputDType) -> Result<(), String> {
+        let _ = (info, output);
         Ok(())
     }
     /// Bytes of records one [`Outlet::deliver`] takes at most (at least one record).
@@ -115,12 +115,9 @@ impl Outlet for RingOutlet<'_> {
         0
     }
 
-    fn fits(&self, info: &super::StreamInfo) -> Result<(), String> {
+    fn fits(&self, info: &super::StreamInfo, output: OutputDType) -> Result<(), String> {
         match self.sink.max_record_len() {
-            Some(max) if info.plain_room > max => Err(format!(
-                "the transport's records hold {max} bytes; this plan's batches need {}",
-                info.plain_room
-            )),
+            Some(max) if info.plain_room > max => Err(too_large(max, info.plain_room, output)),
             _ => Ok(()),
         }
     }
@@ -163,7 +160,7 @@ pub(crate) fn relay(
 ) -> (Outcome, Stats) {
     let mut stats = Stats::default();
     let stream = sub.stream();
-    if let Err(m) = out.fits(&stream.info) {
+    if let Err(m) = out.fits(&stream.info, stream.output) {
         out.fail(&m);
         return (Outcome::Failed(m), stats);
     }
