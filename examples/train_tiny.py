@@ -1,7 +1,7 @@
 """A tiny language model trained on CPU from a dquant plan: the DataLoader wiring, a
 checkpoint of the data position, and an exact resume.
 
-    python examples/train_tiny.py --data ../shared/fixtures/megatron/r50k_int32
+    python examples/train_tiny.py --data testkit/fixtures/megatron/r50k_int32
     python examples/train_tiny.py --data corpus/r50k_int32 --agent /run/dquant.sock   # offloaded
 
 Needs the dquant package (python/test.sh builds it into a venv; or `maturin develop` in
@@ -46,7 +46,7 @@ class TinyLM(nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "../../shared/fixtures/megatron/r50k_int32"),
+    ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "../testkit/fixtures/megatron/r50k_int32"),
                     help="Megatron prefix (a local path, or ROOT/PATH on --agent)")
     ap.add_argument("--agent", help="a dquant agent: dquant://HOST:PORT or its Unix socket path")
     ap.add_argument("--steps", type=int, default=40)

@@ -5,7 +5,7 @@ measured in the same run.
     bench/python/overhead.py [--prefix PREFIX] [--batches N]
 
 Run it with the venv bench/python/run.sh made (it needs torch and the dquant package). The
-default data is Megatron's r50k_int32 fixture (../shared/fixtures/megatron), read over and over
+default data is Megatron's r50k_int32 fixture (testkit/fixtures/megatron), read over and over
 (seq_len 2047, batch 8, unshuffled, i64 output: 16,384 tokens a batch, as in bench.py).
 Prints one line per measurement: microseconds per batch (best of 3 passes).
 """
@@ -52,7 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--prefix",
-        default=str(REPO.parent / "shared" / "fixtures" / "megatron" / "r50k_int32"),
+        default=str(REPO / "testkit" / "fixtures" / "megatron" / "r50k_int32"),
     )
     ap.add_argument("--batches", type=int, default=3000, help="batches per pass (about)")
     a = ap.parse_args()

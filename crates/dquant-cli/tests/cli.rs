@@ -1,5 +1,5 @@
 //! End-to-end tests of the `dquant` binary: the Megatron-Core fixtures (written by Megatron-Core
-//! itself, see `shared/fixtures/megatron/README.md`), round trips through every codec, `inspect`
+//! itself, see `testkit/fixtures/megatron/README.md`), round trips through every codec, `inspect`
 //! and `verify` facts, raw files, corpus determinism, and exact errors on bad input.
 //!
 //! Every test asserts on data: file bytes, checksums, `verify` verdicts, exact messages.
