@@ -46,14 +46,19 @@ def check_batch(arr: np.ndarray) -> int:
     seq_len = arr.shape[1] - 1
     assert pos.dtype == np.int64 and mask.dtype == np.float32 and cu.dtype == np.int32
     assert pos.shape == mask.shape == (arr.shape[0], seq_len)
+    megatron_pos = np.empty_like(pos)
     for k in range(arr.shape[0]):
-        want_mask, want_pos = megatron(arr[k, :-1])
+        want_mask, megatron_pos[k] = megatron(arr[k, :-1])
         np.testing.assert_array_equal(mask[k], want_mask)
-        np.testing.assert_array_equal(pos[k], want_pos)
-    # cu_seqlens: a segment starts wherever a position is 0, in the samples laid end to end.
-    flat = pos.reshape(-1)
-    np.testing.assert_array_equal(cu, np.append(np.flatnonzero(flat == 0), flat.size))
-    assert longest == np.diff(cu).max()
+        np.testing.assert_array_equal(pos[k], megatron_pos[k])
+    # cu_seqlens against the document starts Megatron's own position ids imply: a segment
+    # starts wherever Megatron's position is 0, in the samples laid end to end (each
+    # sample's first token is such a start).
+    flat = megatron_pos.reshape(-1)
+    want_cu = np.append(np.flatnonzero(flat == 0), flat.size).astype(np.int32)
+    assert want_cu[0] == 0 and set(range(0, flat.size, seq_len)) <= set(want_cu.tolist())
+    np.testing.assert_array_equal(cu, want_cu)
+    assert longest == np.diff(want_cu).max()
     offsets, starts = b.doc_starts
     assert offsets.dtype == starts.dtype == np.uint32 and len(offsets) == arr.shape[0] + 1
     return len(starts)

@@ -2,7 +2,8 @@
 system (a `dquant mount` process) over a real agent, and what they read is compared with the
 fixtures Megatron wrote and with a local `dquant convert`.
 
-Needs /dev/fuse and root (CI has both); without them the tests are skipped with the reason."""
+Needs /dev/fuse and root: without them every test fails under CI=true (CI has both) and is
+skipped, with the reason, elsewhere."""
 
 import contextlib
 import gc
@@ -16,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, Agent, dquant_bin
+from conftest import FIXTURES, Agent, dquant_bin, require
 
-pytestmark = pytest.mark.skipif(
-    not (os.path.exists("/dev/fuse") and os.geteuid() == 0),
-    reason="*** dquant mount needs /dev/fuse and root ***",
-)
+
+@pytest.fixture(autouse=True)
+def _fuse() -> None:
+    fuse, root = os.path.exists("/dev/fuse"), os.geteuid() == 0
+    require("FUSE", fuse and root, f"dquant mount needs /dev/fuse and root; have /dev/fuse: {fuse}, root: {root}")
 
 NAMES = ("r50k_int32", "r50k_uint16", "r50k_int32_multiseq")
 

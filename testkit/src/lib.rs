@@ -7,37 +7,34 @@
 //! - with the `agent` feature, `agent` (agents in this process over a `Corpus` of real data)
 //!   and `stream` (what a reader yields, whole);
 //! - with the `s3` feature, [`s3`]: an S3 server on loopback and a proxy that breaks it;
-//! - with the `tls` feature, [`tls`]: a CA and agent certificates made per test.
+//! - with the `tls` feature, [`tls`]: a CA and agent certificates made per test;
+//! - [`metrics`]: an agent's Prometheus page, scraped;
+//! - [`tap`]: the packets on `lo` as the kernel sent them (IP header marks);
+//! - [`require`]: a component a test needs, which must be there under `CI=true`.
 
 use std::path::{Path, PathBuf};
 
 #[cfg(feature = "agent")]
 pub mod agent;
+pub mod metrics;
 pub mod process;
 #[cfg(feature = "s3")]
 pub mod s3;
 #[cfg(feature = "agent")]
 pub mod stream;
+pub mod tap;
 #[cfg(feature = "tls")]
 pub mod tls;
 
-/// The Megatron-Core fixtures (`r50k_*.{idx,bin}`, written by Megatron-Core itself, see its
-/// README): `shared/fixtures/megatron` in the `shared/` checkout that sits beside this
-/// repository's. Panics, saying where it looked, when they are not there, so that a missing
-/// checkout fails every fixture test with one clear message.
+/// The Megatron-Core fixtures (`r50k_*.{idx,bin}`, written by Megatron-Core itself, see
+/// `testkit/fixtures/megatron/README.md`), vendored in this repository so that a clone with
+/// nothing beside it runs every test. Panics, saying where it looked, when they are not there.
 pub fn fixtures_dir() -> PathBuf {
-    // This crate is `testkit/` at the repository root; `shared/` is the root's sibling.
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("testkit sits in the repository root");
-    let dir = repo
-        .parent()
-        .expect("the repository has a parent directory")
-        .join("shared/fixtures/megatron");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/megatron");
     assert!(
         dir.join("r50k_int32.idx").is_file(),
-        "Megatron fixtures not found at {}: the `shared/` checkout must sit beside the \
-         repository root (shared/fixtures/megatron/r50k_*.{{idx,bin}})",
+        "Megatron fixtures not found at {}: they are part of the repository \
+         (testkit/fixtures/megatron/r50k_*.{{idx,bin}}); is the checkout complete?",
         dir.display()
     );
     dir
@@ -76,4 +73,26 @@ pub fn copy_fixture(name: &str, to: &Path) {
 /// `stream_xxh3` is the same function).
 pub fn xxh3(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// Whether a test may use `component` (FUSE, a network namespace, an S3 server, …), which
+/// `present` says is here. Missing under `CI=true`, the test fails with `how`, because CI
+/// installs every component and a test that checked nothing must not count as passed.
+/// Missing elsewhere (a developer's laptop), it returns `false` after a loud note, and the
+/// caller returns without asserting anything.
+pub fn require(component: &str, present: bool, how: &str) -> bool {
+    if present {
+        return true;
+    }
+    assert!(
+        !in_ci(),
+        "{component} is missing and CI=true: this test cannot check anything without it ({how})"
+    );
+    eprintln!("\n*** SKIPPED: {component} is missing ({how}); under CI=true this fails ***\n");
+    false
+}
+
+/// True when the `CI` environment variable says so (`true` or `1`), as in `.ci/run`.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }

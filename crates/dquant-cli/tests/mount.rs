@@ -2,8 +2,8 @@
 //! process), and the files read back as a trainer would, compared byte for byte with what
 //! `dquant convert` and `dquant read` write locally.
 //!
-//! Needs `/dev/fuse` and root (CI has both); without them each test says so loudly and
-//! passes, as nothing can be checked.
+//! Needs `/dev/fuse` and root. Without them each test fails under `CI=true` (CI has both, so
+//! a pass there means the mount was checked) and elsewhere says SKIPPED loudly.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
@@ -24,15 +24,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_dquant");
 fn fuse_available() -> bool {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
-    if !Path::new("/dev/fuse").exists() || !root {
-        eprintln!(
-            "\n*** SKIPPED: dquant mount tests need /dev/fuse and root (have /dev/fuse: {}, \
-             root: {root}) ***\n",
-            Path::new("/dev/fuse").exists()
-        );
-        return false;
-    }
-    true
+    let fuse = Path::new("/dev/fuse").exists();
+    dquant_testkit::require(
+        "FUSE",
+        fuse && root,
+        &format!("dquant mount needs /dev/fuse and root; have /dev/fuse: {fuse}, root: {root}"),
+    )
 }
 
 /// A `dquant mount` process; unmounted (SIGTERM) and reaped when dropped.

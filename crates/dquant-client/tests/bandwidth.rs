@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use dquant_agent::{AgentConfig, BandwidthConfig, TenantConfig};
+use dquant_agent::{AgentConfig, BandwidthConfig, TenantConfig, TrafficClass};
 use dquant_client::{AgentUri, Credentials, Reader};
 use dquant_plan::{Cursor, OutputDType, Plan};
 use dquant_testkit::stream::drain;
@@ -34,6 +34,14 @@ fn tenant(name: &str, token: &str, share: f64) -> TenantConfig {
 }
 
 fn start(link: u64, tenants: Vec<TenantConfig>) -> (tempfile::TempDir, dquant_agent::AgentHandle) {
+    start_with(link, tenants, Vec::new())
+}
+
+fn start_with(
+    link: u64,
+    tenants: Vec<TenantConfig>,
+    classes: Vec<TrafficClass>,
+) -> (tempfile::TempDir, dquant_agent::AgentHandle) {
     let dir = tempfile::tempdir().unwrap();
     for ext in ["bin", "idx"] {
         std::fs::copy(
@@ -46,7 +54,7 @@ fn start(link: u64, tenants: Vec<TenantConfig>) -> (tempfile::TempDir, dquant_ag
     cfg.tenants = tenants;
     cfg.bandwidth = Some(BandwidthConfig {
         link_bytes_per_s: link,
-        classes: Vec::new(),
+        classes,
     });
     cfg.validate().unwrap();
     (dir, dquant_agent::start(cfg).unwrap())
@@ -119,4 +127,39 @@ fn guarantees_split_the_link_and_the_larger_one_finishes_first() {
         "b {:?}",
         rb.1
     );
+}
+
+/// The marks are checked on the packets the agent's own data socket sent, as the kernel put
+/// them on `lo` (a packet tap), not on a socket of the test's: tenant a's class, and none for
+/// tenant b, which has no class.
+#[test]
+fn the_agent_marks_the_packets_of_a_tenants_data_socket_with_its_class() {
+    let tap = dquant_testkit::tap::LoopbackTap::start();
+    let why = tap.as_ref().err().map(|e| format!("an AF_PACKET tap on lo needs root: {e}"));
+    if !dquant_testkit::require("a packet tap", tap.is_ok(), why.as_deref().unwrap_or("")) {
+        return;
+    }
+    let tap = tap.unwrap();
+    let mut gold = tenant("a", TOKEN_A, 0.5);
+    gold.class = Some("gold".into());
+    let classes = vec![TrafficClass {
+        name: "gold".into(),
+        dscp: 46,
+    }];
+    let (dir, a) = start_with(1_000_000_000, vec![gold, tenant("b", TOKEN_B, 0.25)], classes);
+    let port = a.data_addr().port();
+    let p = plan(1);
+    let (bytes, _) = read_as(&a, TOKEN_A, &p);
+    assert!(bytes == local(&p, dir.path()), "the marked stream differs");
+    std::thread::sleep(Duration::from_millis(200));
+    let a_tos: Vec<u8> = tap.sent_from(port).iter().map(|s| s.tos).collect();
+    assert!(a_tos.len() >= 2, "no data segments seen from port {port}");
+    assert!(a_tos.iter().all(|&t| t == 46 << 2), "tenant a's segments carry TOS {a_tos:?}");
+    let before = a_tos.len();
+    let (bytes, _) = read_as(&a, TOKEN_B, &p);
+    assert!(bytes == local(&p, dir.path()), "the unmarked stream differs");
+    std::thread::sleep(Duration::from_millis(200));
+    let b_tos: Vec<u8> = tap.sent_from(port)[before..].iter().map(|s| s.tos).collect();
+    assert!(b_tos.len() >= 2, "no data segments seen from port {port} for tenant b");
+    assert!(b_tos.iter().all(|&t| t == 0), "tenant b's segments carry TOS {b_tos:?}");
 }

@@ -32,7 +32,7 @@ pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader};
 pub use destination::{Destination, LocalFiles, StagedObject};
 pub use eod_index::cache_dir as index_cache_dir;
 pub use error::StorageError;
-pub use local_root::LocalRoot;
+pub use local_root::{LocalRoot, Resolutions};
 pub use memory_root::InMemoryRoot;
 pub use root::{
     datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, ObjectVersion, Root,

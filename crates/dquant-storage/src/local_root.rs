@@ -65,7 +65,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::{self, ErrorKind};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -97,6 +97,17 @@ pub struct LocalRoot {
     fd: Arc<OwnedFd>,
     /// False once `openat2` is known to be missing; then every name is walked.
     openat2: Arc<AtomicBool>,
+    /// How many names `openat2` resolved, and how many the walk did ([`Resolutions`]).
+    counts: Arc<[AtomicU64; 2]>,
+}
+
+/// How a root's names were resolved so far: by `openat2` beneath the root, or by the
+/// component-by-component walk. Confinement is observable: on a kernel with `openat2`, plain
+/// names go `beneath`; the walk takes only what `openat2` hands back (links, `..` races).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resolutions {
+    pub beneath: u64,
+    pub walked: u64,
 }
 
 impl LocalRoot {
@@ -127,7 +138,16 @@ impl LocalRoot {
             dir,
             fd: Arc::new(fd),
             openat2: Arc::new(AtomicBool::new(openat2)),
+            counts: Arc::new([AtomicU64::new(0), AtomicU64::new(0)]),
         })
+    }
+
+    /// How this root's names were resolved so far (clones share the counts).
+    pub fn resolutions(&self) -> Resolutions {
+        Resolutions {
+            beneath: self.counts[0].load(Ordering::Relaxed),
+            walked: self.counts[1].load(Ordering::Relaxed),
+        }
     }
 
     /// The root's real (canonical) directory.
@@ -140,7 +160,9 @@ impl LocalRoot {
     /// status and the normalized name.
     fn find(&self, name: &str, read: bool) -> Result<(OwnedFd, Stat, String), RootError> {
         let norm = normalize_name(name)?;
-        let (fd, st) = match self.beneath(&norm, read) {
+        let beneath = self.beneath(&norm, read);
+        self.counts[usize::from(beneath.is_none())].fetch_add(1, Ordering::Relaxed);
+        let (fd, st) = match beneath {
             Some(Ok(found)) => found,
             Some(Err(e)) => return Err(errno_error(name, e)),
             None => walk(self.fd.as_fd(), &self.dir, name, &norm, read)?,

@@ -389,3 +389,42 @@ fn swapping_a_directory_for_a_link_never_serves_outside_bytes() {
         assert_eq!(std::fs::read(root.join("d/f")).unwrap(), b"inside");
     }
 }
+
+/// Whether this kernel has `openat2` (Linux 5.6+): asked directly, as the root does.
+fn kernel_has_openat2(dir: &Path) -> bool {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    let r = rustix::fs::openat2(&fd, ".", OFlags::PATH, Mode::empty(), ResolveFlags::BENEATH);
+    !matches!(r, Err(rustix::io::Errno::NOSYS))
+}
+
+/// Confinement by `openat2` is observable: where the kernel has it, a root resolves plain
+/// names with it and walks none of them (a link out of the root is handed to the walk, which
+/// refuses it); the fallback root walks every name and calls `openat2` for none.
+#[test]
+fn plain_names_resolve_through_openat2_where_the_kernel_has_it() {
+    let (_t, root, outside) = setup();
+    megatron(&root.join("d/a"), &[1, 2, 3]);
+    megatron(&outside.join("secret"), &[9]);
+    symlink(outside.join("secret.idx"), root.join("d/out.idx")).unwrap();
+    symlink(outside.join("secret.bin"), root.join("d/out.bin")).unwrap();
+
+    let walk = LocalRoot::new_without_openat2(&root).unwrap();
+    assert_eq!(tokens(&walk, "d/a"), [1, 2, 3]);
+    let n = walk.resolutions();
+    assert!(n.beneath == 0 && n.walked >= 2, "{n:?}");
+
+    let has = kernel_has_openat2(&root);
+    if !dquant_testkit::require("openat2 (Linux 5.6+)", has, "this kernel answers ENOSYS") {
+        return;
+    }
+    let r = LocalRoot::new(&root).unwrap();
+    assert_eq!(tokens(&r, "d/a"), [1, 2, 3]);
+    let n = r.resolutions();
+    assert!(n.beneath >= 2 && n.walked == 0, "{n:?}");
+    // The absolute link out: openat2 answers EXDEV, the walk tells it apart and refuses.
+    let e = open_err(&r, "d/out");
+    assert!(e.contains("outside"), "{e}");
+    let after = r.resolutions();
+    assert!(after.walked >= 1, "{after:?}");
+}
