@@ -199,29 +199,30 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     let kind = work.kind();
     tracing::info!(session = id, %peer, kind, "session streaming");
     shared.events.streaming(&owner);
-    let result = match work {
+    // A panic below ends this session alone; its client is told on a second handle of the
+    // connection (the first went into the stream that panicked).
+    let notify = conn.try_clone().ok();
+    let result = crate::faults::contain(|| match work {
         w @ (Work::Plan { .. } | Work::Subscriber { .. }) => {
-            let prefetch = shared.config.prefetch_frames;
             let meter = shared
                 .metrics
                 .plan_meter(&owner, &w)
                 .with_tally(shared.events.tally(&owner));
-            stream_plan(w, conn, prefetch, cancel, &shared.draining, meter, pacer)
+            stream_plan(w, conn, cancel, &shared, meter, pacer)
         }
         w @ Work::Source { .. } => {
             let max_len = shared.config.limits.max_range_tokens;
             let pool = shared.workers.clone();
-            let r = serve_ranges(w, conn, &mut frames, max_len, pool, cancel, pacer);
-            if let Ok(s) = &r {
-                shared
-                    .metrics
-                    .meter(&owner)
-                    .with_tally(shared.events.tally(&owner))
-                    .add(s.records, s.tokens, s.wire_bytes);
-            }
-            r
+            let meter = shared
+                .metrics
+                .meter(&owner)
+                .with_tally(shared.events.tally(&owner));
+            serve_ranges(w, conn, &mut frames, max_len, pool, cancel, pacer, meter)
         }
-    };
+    });
+    if let (Err(StreamError::Panicked(m)), Some(n)) = (&result, &notify) {
+        let _ = FrameWriter::new(n).fail(m);
+    }
     shared.sessions.finish(id);
     log_end(&shared, (id, &owner), kind, "tcp", started, result);
 }

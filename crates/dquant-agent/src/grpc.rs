@@ -255,7 +255,10 @@ fn over_limit(e: LimitError) -> Status {
 }
 
 fn full(e: crate::sessions::SessionError) -> Status {
-    Status::resource_exhausted(e.to_string())
+    match e {
+        crate::sessions::SessionError::Draining => Status::unavailable(e.to_string()),
+        _ => Status::resource_exhausted(e.to_string()),
+    }
 }
 
 /// A plan opened as a shared stream.
@@ -299,6 +302,7 @@ fn open_stream(
         encode_budget: config
             .prefetch_frames
             .saturating_mul(dquant_transport::frame::MAX_PAYLOAD),
+        faults: shared.faults.clone(),
     };
     let at = Pos {
         epoch: info.reply.start_epoch,

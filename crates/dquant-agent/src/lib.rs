@@ -26,6 +26,7 @@ mod config;
 mod control;
 mod data;
 mod events;
+pub mod faults;
 mod grpc;
 mod limits;
 mod local;
@@ -89,6 +90,10 @@ pub(crate) struct Shared {
     pub events: Arc<events::Events>,
     /// Shared streams (`share`), by tenant and name.
     pub shares: share::Shares,
+    /// The disk cache of `s3://` roots' blocks (`[block_cache]`), for its metrics.
+    pub block_cache: Option<Arc<dquant_storage::BlockCache>>,
+    /// Faults tests inject (debug builds only; empty otherwise).
+    pub faults: faults::Faults,
 }
 
 impl Shared {
@@ -201,16 +206,22 @@ impl AgentHandle {
         }
     }
 
+    /// Arms `fault` (tests only: debug builds have this hook, release builds do not).
+    #[cfg(debug_assertions)]
+    pub fn inject(&self, fault: faults::Fault) {
+        self.shared.faults.arm(fault);
+    }
+
     /// Stops accepting, cancels every session and waits for the control plane to stop.
     pub fn shutdown(mut self) {
         self.stop_now();
     }
 
-    /// Shuts down gracefully: stops accepting connections and requests, lets each plan
-    /// session finish the batch it is making and then tells its consumer where to resume
-    /// ("agent shutting down; resume from consumed_samples N"), removes the Unix socket
-    /// file, and waits for the sessions to end, at most `grace`; those still running then
-    /// (a consumer that stopped reading) are cancelled.
+    /// Shuts down gracefully: health turns NOT_SERVING and new sessions are refused, each plan
+    /// session finishes the batch it is making and then tells its consumer where to resume
+    /// ("agent shutting down; resume from consumed_samples N"); once the sessions end, or
+    /// `grace` passes, it stops accepting connections and requests, removes the Unix socket
+    /// file and cancels the sessions still running (a consumer that stopped reading).
     pub fn drain(mut self, grace: Duration) -> DrainReport {
         let deadline = Instant::now() + grace;
         let not_serving = self
@@ -220,10 +231,12 @@ impl AgentHandle {
         self.shared.draining.store(true, Ordering::Relaxed);
         self.shared.stopping.store(true, Ordering::Relaxed);
         let streaming = self.shared.sessions.drain();
-        self.stop_accepting();
+        // The control plane stays up while the sessions drain, so that health checks read
+        // NOT_SERVING (and new opens are refused as draining) rather than a closed port.
         while self.shared.sessions.counts().1 > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.stop_accepting();
         let forced = self.shared.sessions.counts().1;
         self.shared.sessions.close_all();
         // The control plane finishes the requests in flight; past the grace period it is
@@ -400,6 +413,8 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         upstream,
         stopping: AtomicBool::new(false),
         draining: Arc::new(AtomicBool::new(false)),
+        block_cache: cache,
+        faults: faults::Faults::default(),
     });
     {
         let shared = shared.clone();
@@ -469,6 +484,9 @@ fn reap(shared: &Shared) {
         shared
             .metrics
             .set_gauges(pending, streaming, shared.opens.depth());
+        if let Some(c) = &shared.block_cache {
+            shared.metrics.set_block_cache(c.stats());
+        }
     }
 }
 

@@ -189,7 +189,7 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
         .plan_meter(&owner, &work)
         .with_tally(shared.events.tally(&owner));
     let kind = work.kind();
-    let result = stream_ring(work, sink, &cancel, &shared.draining, meter);
+    let result = crate::faults::contain(|| stream_ring(work, sink, &cancel, shared, meter));
     shared.sessions.finish(id);
     log_end(shared, (id, &owner), kind, "shm", started, result);
 }

@@ -18,6 +18,8 @@
 //! | `dquant_tenant_link_bytes_total` | counter | `tenant`: frame bytes paced through `[bandwidth]` |
 //! | `dquant_tenant_throttled_microseconds_total` | counter | `tenant`: time its senders waited for their share |
 //! | `dquant_tenant_rate_bytes_per_second` | gauge | `tenant`: achieved over the last second |
+//! | `dquant_block_cache_hits_total`, `_misses_total`, `_corrupt_total`, `_evictions_total` | counter | (with `[block_cache]`) blocks served from disk, fetched from the root, found damaged, evicted |
+//! | `dquant_block_cache_bytes`, `dquant_block_cache_entries` | gauge | (with `[block_cache]`) what it holds |
 
 use std::net::SocketAddr;
 
@@ -35,6 +37,9 @@ pub(crate) struct Metrics {
     pending: Gauge,
     streaming: Gauge,
     open_queue: Gauge,
+    /// hits, misses, corrupt, evictions (counters set to the cache's totals), bytes, entries.
+    block_cache: [Counter; 4],
+    block_cache_held: [Gauge; 2],
 }
 
 impl Metrics {
@@ -45,6 +50,8 @@ impl Metrics {
             pending: Gauge::noop(),
             streaming: Gauge::noop(),
             open_queue: Gauge::noop(),
+            block_cache: [(); 4].map(|()| Counter::noop()),
+            block_cache_held: [(); 2].map(|()| Gauge::noop()),
         }
     }
 
@@ -64,6 +71,15 @@ impl Metrics {
         m.pending = m.gauge("dquant_sessions", vec![Label::new("state", "pending")]);
         m.streaming = m.gauge("dquant_sessions", vec![Label::new("state", "streaming")]);
         m.open_queue = m.gauge("dquant_open_queue_depth", vec![]);
+        m.block_cache = [
+            "dquant_block_cache_hits_total",
+            "dquant_block_cache_misses_total",
+            "dquant_block_cache_corrupt_total",
+            "dquant_block_cache_evictions_total",
+        ]
+        .map(|name| m.counter(name, vec![]));
+        m.block_cache_held = ["dquant_block_cache_bytes", "dquant_block_cache_entries"]
+            .map(|name| m.gauge(name, vec![]));
         Ok((m, exporter))
     }
 
@@ -86,6 +102,16 @@ impl Metrics {
         self.pending.set(pending as f64);
         self.streaming.set(streaming as f64);
         self.open_queue.set(open_queue as f64);
+    }
+
+    /// The block cache's totals, now (the reaper calls this every second).
+    pub fn set_block_cache(&self, s: dquant_storage::BlockCacheStats) {
+        for (c, v) in self.block_cache.iter().zip([s.hits, s.misses, s.corrupt, s.evictions]) {
+            c.absolute(v);
+        }
+        for (g, v) in self.block_cache_held.iter().zip([s.bytes, s.entries]) {
+            g.set(v as f64);
+        }
     }
 
     /// The counters one session adds its batches to.

@@ -20,6 +20,7 @@ use dquant_remote::shutdown_message;
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::{BatchSink, SinkError};
 
+use crate::faults::{self, Faults, Site};
 use crate::metrics::Meter;
 
 /// What one session moved, for the log line at its end.
@@ -39,6 +40,10 @@ pub(crate) enum ProduceError {
     /// The transport took no more records; see [`SinkError`].
     #[error("{0}")]
     Sink(#[from] SinkError),
+    /// Making the batch panicked (a bug): the session ends with this message, the agent
+    /// serves on ([`crate::faults`]).
+    #[error("{0}")]
+    Panicked(String),
 }
 
 /// What a step did.
@@ -68,6 +73,8 @@ pub(crate) struct Producer {
     /// The cursor once every batch committed so far is consumed (batches encoded ahead are
     /// not: a drained stream resumes at the first of them).
     delivered: Cursor,
+    /// Faults tests arm (debug builds), and where this producer runs.
+    faults: (Faults, Site),
 }
 
 impl Producer {
@@ -89,6 +96,7 @@ impl Producer {
             room,
             meter: Meter::off(),
             delivered,
+            faults: (Faults::default(), Site::Session),
         }
     }
 
@@ -116,6 +124,12 @@ impl Producer {
             let (bound, l) = (self.pipeline.max_token_bound(), self.pipeline.sample_len());
             self.ahead = Some(EncodeAhead::new(pool.clone(), self.wire, bound, l, window));
         }
+        self
+    }
+
+    /// Checks `faults` before each batch, as a producer at `site` (tests' fault injection).
+    pub fn with_faults(mut self, faults: Faults, site: Site) -> Self {
+        self.faults = (faults, site);
         self
     }
 
@@ -301,9 +315,7 @@ pub(crate) fn run(
             sink.fail(&m);
             return (Outcome::Drained(m), stats);
         }
-        let step = producer
-            .step(sink)
-            .and_then(|s| Ok((s, sink.flush_if_idle(now())?)));
+        let step = step_contained(producer, sink, stats.records, &now);
         match step {
             Ok((Step::Batch { tokens, bytes }, ())) => {
                 producer.meter.add(1, tokens, bytes);
@@ -327,6 +339,28 @@ pub(crate) fn run(
             }
         }
     }
+}
+
+/// One step of `producer` (batch number `made`) and the idle flush after it; a panic in
+/// either ends the stream with [`ProduceError::Panicked`] instead of the agent's thread.
+fn step_contained(
+    producer: &mut Producer,
+    sink: &mut dyn BatchSink,
+    made: u64,
+    now: &impl Fn() -> Instant,
+) -> Result<(Step, ()), ProduceError> {
+    let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        producer.faults.0.before_batch(producer.faults.1, made);
+        producer
+            .step(sink)
+            .and_then(|s| Ok((s, sink.flush_if_idle(now())?)))
+    }));
+    step.unwrap_or_else(|payload| {
+        let consumed = producer.cursor().consumed_samples;
+        let m = faults::internal_error(payload.as_ref(), Some(consumed));
+        tracing::error!(error = %m, "a producer panicked; its stream ends");
+        Err(ProduceError::Panicked(m))
+    })
 }
 
 #[cfg(test)]

@@ -14,23 +14,25 @@ use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::TcpBatchSink;
 use dquant_transport::{BatchSink, DataStream, FrameWriter};
 
+use crate::faults::Site;
 use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer, Stats};
 use crate::sessions::{StreamError, Work};
 use crate::share::{relay, FrameOutlet, RingOutlet};
+use crate::Shared;
 
 /// Streams a plan's batches over `conn` in the plan's wire codec until the end, an error, a
-/// disconnect or `cancel`, with `prefetch` frames of 1 MiB ahead of the socket, each frame
+/// disconnect, `cancel` or the agent's drain, with `prefetch_frames` frames of 1 MiB ahead of the socket, each frame
 /// sent when `pacer` (the tenant's share of the link) lets it.
 pub(crate) fn stream_plan(
     work: Work,
     conn: DataStream,
-    prefetch: usize,
     cancel: Arc<AtomicBool>,
-    drain: &AtomicBool,
+    shared: &Shared,
     meter: Meter,
     pacer: Option<Box<dyn dquant_transport::Pacer>>,
 ) -> Result<Stats, StreamError> {
+    let prefetch = shared.config.prefetch_frames;
     let (pipeline, output, wire) = match work {
         Work::Plan {
             pipeline,
@@ -52,7 +54,9 @@ pub(crate) fn stream_plan(
         TcpBatchSink::start(conn, prefetch, cancel.clone(), pacer).map_err(StreamError::Thread)?;
     let mut producer = Producer::new(pipeline, output, wire)
         .with_meter(meter)
+        .with_faults(shared.faults.clone(), Site::Session)
         .encoding_ahead(prefetch.saturating_mul(dquant_transport::frame::MAX_PAYLOAD));
+    let drain = &shared.draining;
     let (outcome, stats) = run(&mut producer, &mut sink, &cancel, drain, Instant::now);
     let sent = sink.join();
     ended(outcome, stats).and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped))
@@ -65,7 +69,7 @@ pub(crate) fn stream_ring(
     work: Work,
     mut sink: RingSink,
     cancel: &AtomicBool,
-    drain: &AtomicBool,
+    shared: &Shared,
     meter: Meter,
 ) -> Result<Stats, StreamError> {
     let (pipeline, output) = match work {
@@ -84,8 +88,10 @@ pub(crate) fn stream_ring(
         }
     };
     let plain = WireCodec::Fixed(plain_codec(output));
-    let mut producer = Producer::new(pipeline, output, plain).with_meter(meter);
-    let (outcome, stats) = run(&mut producer, &mut sink, cancel, drain, Instant::now);
+    let mut producer = Producer::new(pipeline, output, plain)
+        .with_meter(meter)
+        .with_faults(shared.faults.clone(), Site::Session);
+    let (outcome, stats) = run(&mut producer, &mut sink, cancel, &shared.draining, Instant::now);
     ended(outcome, stats)
 }
 

@@ -25,6 +25,7 @@ use dquant_transport::{
     BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader, WireError,
 };
 
+use crate::metrics::Meter;
 use crate::produce::Stats;
 use crate::sessions::{StreamError, Work};
 
@@ -253,7 +254,10 @@ fn request_waiting(frames: &FrameReader<DataStream>) -> bool {
 }
 
 /// Serves range requests for one dataset until the client hangs up: on `pool` when the wire
-/// codec compresses and the pool has two threads or more, else on this thread.
+/// codec compresses and the pool has two threads or more, else on this thread. Each answer
+/// is counted in `meter` as it is sent, so an operator (or a test) sees a replica serving
+/// while it serves, not only once its session ends.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn serve_ranges(
     work: Work,
     conn: DataStream,
@@ -262,6 +266,7 @@ pub(crate) fn serve_ranges(
     pool: Option<Arc<WorkerPool>>,
     cancel: Arc<AtomicBool>,
     pacer: Option<Box<dyn dquant_transport::Pacer>>,
+    meter: Meter,
 ) -> Result<Stats, StreamError> {
     let mut w = FrameWriter::new(conn).with_pacer(pacer);
     let Work::Source { source, name, wire } = work else {
@@ -287,6 +292,7 @@ pub(crate) fn serve_ranges(
         buffers: BufferPool::new(2, MAX_PAYLOAD),
         stats: Stats::default(),
         cancel,
+        meter,
     };
     match pool.filter(|p| wire.compresses() && p.workers() >= 2) {
         Some(pool) => session.serve_ahead(ds, &pool),
@@ -301,6 +307,7 @@ struct Session<'f> {
     buffers: BufferPool,
     stats: Stats,
     cancel: Arc<AtomicBool>,
+    meter: Meter,
 }
 
 impl Session<'_> {
@@ -369,11 +376,17 @@ impl Session<'_> {
         &mut self,
         answer: impl FnOnce(&mut FrameSink<'_>, &mut Stats) -> Result<bool, String>,
     ) -> Option<Result<Stats, StreamError>> {
+        let before = self.stats;
         let mut sink = FrameSink::direct(self.buffers.clone(), &mut self.w);
         let answered = answer(&mut sink, &mut self.stats);
         let flushed = sink.flush();
         self.stats.wire_bytes += sink.bytes();
         drop(sink);
+        self.meter.add(
+            self.stats.records - before.records,
+            self.stats.tokens - before.tokens,
+            self.stats.wire_bytes - before.wire_bytes,
+        );
         if flushed.is_err() {
             return Some(Ok(self.stats));
         }

@@ -24,6 +24,8 @@ pub(crate) enum SessionError {
         "agent is at its limit of {max} sessions; close finished readers or raise max_sessions"
     )]
     Full { max: usize },
+    #[error("agent is draining: it takes no new sessions; open on another agent or retry after its restart")]
+    Draining,
 }
 
 /// Why a session's stream ended before its end (for the log line at its end).
@@ -39,6 +41,10 @@ pub(crate) enum StreamError {
     /// The agent shut down; the consumer was sent its resume cursor (this message).
     #[error("{0}")]
     Drained(String),
+    /// The session's thread panicked outside the produce loop ([`crate::faults::contain`]);
+    /// the consumer has not been told yet.
+    #[error("{0}")]
+    Panicked(String),
     #[error("{0}")]
     Wire(#[from] WireError),
     #[error("cannot start a thread: {0}")]
@@ -111,6 +117,8 @@ pub(crate) struct Sessions {
     reserved: AtomicUsize,
     max: usize,
     ttl: Duration,
+    /// Set by [`Sessions::drain`]: no new reservations from then on.
+    draining: AtomicBool,
     /// Where an expired session's end is published.
     events: Arc<crate::events::Events>,
 }
@@ -176,6 +184,7 @@ impl Sessions {
             reserved: AtomicUsize::new(0),
             max,
             ttl,
+            draining: AtomicBool::new(false),
             events,
         }
     }
@@ -203,6 +212,9 @@ impl Sessions {
             .len();
         // Reservations are taken under the pending lock, so two requests cannot both take
         // the last place.
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(SessionError::Draining);
+        }
         let reserved = self.reserved.load(Ordering::Relaxed);
         if pending.len() + active + reserved >= self.max {
             return Err(SessionError::Full { max: self.max });
@@ -330,9 +342,10 @@ impl Sessions {
 
     /// Starts a graceful shutdown: pending sessions are dropped (their clients had no batch
     /// yet), range sessions cancelled (a chained agent's reads fail and its own consumer is
-    /// told), and plan sessions left to end themselves with their resume cursor. Returns the
-    /// number of plan sessions streaming.
+    /// told), and plan sessions left to end themselves with their resume cursor; new
+    /// reservations are refused from now on. Returns the number of plan sessions streaming.
     pub fn drain(&self) -> usize {
+        self.draining.store(true, Ordering::Relaxed);
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

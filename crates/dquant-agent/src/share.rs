@@ -326,6 +326,8 @@ pub(crate) struct NewStream {
     /// Bytes the producer may encode ahead (the session prefetch budget).
     pub encode_budget: usize,
     pub meter: Meter,
+    /// Faults tests inject (debug builds only).
+    pub faults: crate::faults::Faults,
 }
 
 impl Shares {
@@ -421,6 +423,7 @@ fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicBool) {
     drop(w);
     let mut producer = Producer::new(new.pipeline, new.output, new.wire)
         .with_meter(new.meter)
+        .with_faults(new.faults, crate::faults::Site::SharedStream)
         .encoding_ahead(new.encode_budget);
     let mut sink = WindowSink {
         stream: stream.clone(),

@@ -1,16 +1,19 @@
 //! Replicas: a plan source `dquant://A,B/ROOT/PATH` read through a host agent from two
-//! storage agents (`dquant serve` processes). One storage agent SIGKILLed mid-stream: the
-//! stream is byte-identical to an uninterrupted one. Both killed: an error, and the stream
+//! storage agents (`dquant serve` processes). One storage agent SIGKILLed mid-stream, its
+//! metrics showing it served the stream up to then and the survivor's that it served the rest:
+//! the stream is byte-identical to an uninterrupted one. Both killed: an error, and the stream
 //! resumed from the reader's cursor gives exactly the rest. A replica with other data is
 //! refused at open. The placement map routes plain dataset names the same way.
 
+use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dquant_client::{open, open_at, Offload, Reader};
 use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_storage::{DatasetWriter, OutputFormat};
+use dquant_testkit::metrics::{free_addr, scrape};
 use dquant_testkit::process::AgentProcess;
 use dquant_testkit::xxh3;
 
@@ -46,8 +49,39 @@ fn corpus(dir: &Path, seed: u64) {
 }
 
 fn storage(dir: &Path) -> AgentProcess {
+    storage_with_metrics(dir).0
+}
+
+/// A storage agent that serves its Prometheus page on the address returned beside it.
+fn storage_with_metrics(dir: &Path) -> (AgentProcess, SocketAddr) {
     let root = format!("corpus={}", dir.join("corpus").display());
-    AgentProcess::start(BIN, &["--root", &root, "--worker-threads", "0"])
+    let metrics = free_addr();
+    let m = metrics.to_string();
+    let args = ["--root", &root, "--worker-threads", "0", "--metrics-listen", &m];
+    (AgentProcess::start(BIN, &args), metrics)
+}
+
+/// The bytes an agent has sent to its consumers so far, over every tenant: a range session
+/// counts each answer as it goes out.
+fn served(metrics: SocketAddr) -> f64 {
+    scrape(metrics)
+        .lines()
+        .filter(|l| l.starts_with("dquant_bytes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits (up to 10 s) until `metrics` shows more than `than` bytes served; returns them.
+fn served_more_than(metrics: SocketAddr, than: f64, who: &str) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = served(metrics);
+        if now > than {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{who} served nothing past {than} bytes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn authority(a: &AgentProcess) -> String {
@@ -107,7 +141,8 @@ fn a_replica_killed_mid_stream_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     corpus(dir.path(), 0);
     for shuffle in [false, true] {
-        let (a, mut b) = (storage(dir.path()), storage(dir.path()));
+        let ((a, a_metrics), (mut b, b_metrics)) =
+            (storage_with_metrics(dir.path()), storage_with_metrics(dir.path()));
         let reps = [authority(&a), authority(&b)];
         let (h, _empty) = host(&reps);
         let p = plan(
@@ -116,11 +151,18 @@ fn a_replica_killed_mid_stream_changes_nothing() {
         );
         let want = local(dir.path(), &p);
         let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+        // What the open's probes read of b, then proof that b served the stream itself
+        // before it dies: its served bytes grow past the probes while we read.
+        let b_at_open = served(b_metrics);
         let mut got = read_batches(&mut r, 20);
+        served_more_than(b_metrics, b_at_open, "replica b, before the kill,");
         b.signal(libc::SIGKILL);
         let _ = b.child.wait();
+        let a_at_kill = served(a_metrics);
         let (rest, err) = read_rest(&mut r);
         assert_eq!(err, None, "shuffle={shuffle}");
+        // The survivor served what b no longer could.
+        served_more_than(a_metrics, a_at_kill, "replica a, after the kill,");
         got.extend(rest);
         assert_eq!(got.len(), want.len(), "shuffle={shuffle}");
         assert!(

@@ -2,48 +2,18 @@
 //! tenant, and every refusal by reason; the standard gRPC health service says SERVING, and
 //! NOT_SERVING once a drain begins.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use dquant_agent::{AgentHandle, TenantConfig};
 use dquant_client::{open, Control, Offload};
 use dquant_testkit::agent::{plan, Corpus};
+use dquant_testkit::metrics::{free_addr, scrape, value};
 use dquant_testkit::stream::drain;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 const TOKEN: &str = "observer-0123456789";
-
-/// A free loopback port (bound and released: the agent binds it right after).
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// The metrics page, over plain HTTP/1.0.
-fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut page = String::new();
-    s.read_to_string(&mut page).unwrap();
-    assert!(
-        page.starts_with("HTTP/1.0 200") || page.starts_with("HTTP/1.1 200"),
-        "{page}"
-    );
-    page
-}
-
-/// The value of the series `name{labels}` (labels exactly as rendered), or 0.
-fn value(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
 
 fn health(agent: &AgentHandle) -> Result<i32, tonic::Status> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -174,14 +144,24 @@ fn health_is_served_without_metrics_and_reports_not_serving_when_draining() {
     let c = Corpus::new();
     let agent = c.agent();
     assert_eq!(health(&agent).unwrap(), ServingStatus::Serving as i32);
-    // A long stream keeps the drain open while the health is asked.
     let mut p = plan(&[("r50k", 1.0)], 127, 4);
     p.epochs = Some(200);
     let mut r = open(&agent.uri(), &p, Offload::Yes).unwrap();
     r.next_batch().unwrap().unwrap();
-    let addr = agent.control_addr();
+    // A consumer that never reads keeps the drain open for its whole grace: its session's
+    // end cannot be written behind the batches that fill its socket.
+    let (addr, uri) = (agent.control_addr(), agent.uri());
+    let ctl = Control::connect(&addr.to_string()).unwrap();
+    let reply = ctl
+        .open(dquant_proto::v1::OpenRequest {
+            plan_json: p.to_json(),
+            ..Default::default()
+        })
+        .unwrap();
+    let (_w, _stuck) = ctl.connect_data(&reply).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
     let drained = std::thread::spawn(move || agent.drain(Duration::from_secs(3)));
-    // NOT_SERVING while the sessions drain (or the control plane already gone).
+    // NOT_SERVING while the sessions drain: the control plane answers until they end.
     std::thread::sleep(Duration::from_millis(300));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -189,19 +169,22 @@ fn health_is_served_without_metrics_and_reports_not_serving_when_draining() {
         .unwrap();
     let status = rt.block_on(async {
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .ok()?
+            .map_err(|e| e.to_string())?
             .connect()
             .await
-            .ok()?;
+            .map_err(|e| format!("connect: {e:?}"))?;
         let mut c = HealthClient::new(ch);
         c.check(HealthCheckRequest {
             service: "dquant.v1.Agent".into(),
         })
         .await
-        .ok()
+        .map_err(|e| format!("check: {e}"))
         .map(|r| r.into_inner().status)
     });
-    assert_ne!(status, Some(ServingStatus::Serving as i32));
+    assert_eq!(status, Ok(ServingStatus::NotServing as i32));
+    // A new session is refused while the agent drains, and says why.
+    let e = open(&uri, &p, Offload::Yes).err().expect("an open while draining");
+    assert!(e.to_string().contains("agent is draining"), "{e}");
     // The reader is told where to resume; the drain finishes within its grace.
     let e = loop {
         match r.next_batch() {
@@ -211,5 +194,6 @@ fn health_is_served_without_metrics_and_reports_not_serving_when_draining() {
         }
     };
     assert!(e.resume_cursor().is_some(), "{e}");
-    assert_eq!(drained.join().unwrap().forced, 0);
+    // The consumer that never read is the one session the drain had to cancel.
+    assert_eq!(drained.join().unwrap().forced, 1);
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use dquant_client::{open, Control, Offload, Reader};
 use dquant_objstore::S3Settings;
 use dquant_plan::{Cursor, Plan};
+use dquant_testkit::metrics::{free_addr, scrape, value};
 use dquant_testkit::agent::{plan, plan_in, Corpus};
 use dquant_testkit::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
 use dquant_testkit::stream::drain;
@@ -140,12 +141,22 @@ fn a_block_cache_serves_repeats_and_changes_nothing() {
         max_bytes: 64 << 20,
         block_bytes: 64 << 10,
     });
+    let metrics = free_addr();
+    cfg.metrics_listen = Some(metrics);
     let agent = dquant_agent::start(cfg).unwrap();
     let p = plan(&[("r50k.dqb", 0.5), ("wide", 0.5)], 255, 8);
     let want = local(&c, &p);
     assert_eq!(through_s3(&agent.uri(), &p), want);
     let files = std::fs::read_dir(cache.path()).unwrap().count();
     assert!(files > 0, "the cache holds blocks");
+    // The agent itself served the repeat from the cache: its hit counter moved, and the
+    // misses did not (the reaper publishes the cache's totals every second: one tick
+    // passes first, so that no figure from the middle of the first read is taken).
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let before = block_cache_counts(metrics, |(_, misses)| misses > 0.0);
+    assert_eq!(through_s3(&agent.uri(), &p), want);
+    let after = block_cache_counts(metrics, |(hits, _)| hits > before.0);
+    assert_eq!(after.1, before.1, "a repeat read missed the cache: {after:?}");
     // Every entry damaged: the stream is still the store's, and the entries are rewritten.
     for e in std::fs::read_dir(cache.path()).unwrap() {
         let p = e.unwrap().path();
@@ -155,4 +166,21 @@ fn a_block_cache_serves_repeats_and_changes_nothing() {
     }
     assert_eq!(through_s3(&agent.uri(), &p), want);
     assert_eq!(through_s3(&agent.uri(), &p), want);
+}
+
+/// The agent's block-cache (hits, misses) once `ready` holds of them (within 5 s).
+fn block_cache_counts(metrics: std::net::SocketAddr, ready: impl Fn((f64, f64)) -> bool) -> (f64, f64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let page = scrape(metrics);
+        let counts = (
+            value(&page, "dquant_block_cache_hits_total"),
+            value(&page, "dquant_block_cache_misses_total"),
+        );
+        if ready(counts) {
+            return counts;
+        }
+        assert!(std::time::Instant::now() < deadline, "{counts:?}\n{page}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

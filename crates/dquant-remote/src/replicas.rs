@@ -35,15 +35,16 @@ use dquant_engine::{SourceError, TokenSource};
 use dquant_proto::v1::{DatasetStat, StatRequest};
 use dquant_transport::record::MAX_REQUEST_RANGES;
 
+mod health;
+
 use crate::control::{Control, Credentials};
+use health::Health;
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Streams, Window};
 use crate::source::{check_ranges, RangeStream, RemoteSource};
 
 /// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.
 const PROBES: u64 = 8;
 const PROBE_TOKENS: u64 = 32;
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// How a replica is opened: everything but its address.
 #[derive(Clone)]
@@ -149,33 +150,11 @@ impl Reference {
     }
 }
 
-/// Why a replica is out, and when it is tried again.
-struct Down {
-    error: String,
-    retry_at: Instant,
-    backoff: Duration,
-    /// A reopen running on its own thread.
-    trying: bool,
-}
-
-impl Down {
-    /// Out after `error`: tried again after [`FIRST_BACKOFF`], or twice the back-off of
-    /// `before` (a failure while it was out already) up to [`MAX_BACKOFF`].
-    fn after(before: Option<&Down>, error: &SourceError) -> Down {
-        let backoff = before.map_or(FIRST_BACKOFF, |d| (d.backoff * 2).min(MAX_BACKOFF));
-        Down {
-            error: error.to_string(),
-            retry_at: Instant::now() + backoff,
-            backoff,
-            trying: false,
-        }
-    }
-}
-
+/// A replica's address and, while it is up, its connection (`Some` exactly while
+/// [`Health`] has it up).
 struct Replica {
     authority: String,
     conn: Option<RemoteSource>,
-    down: Option<Down>,
 }
 
 /// A reopen attempt's result: the replica's index and its source, checked.
@@ -185,6 +164,7 @@ type Revived = (usize, Result<RemoteSource, SourceError>);
 pub struct ReplicatedSource {
     opener: Opener,
     replicas: Vec<Replica>,
+    health: Health,
     reference: std::sync::Arc<Reference>,
     tokens: u64,
     max_token: u32,
@@ -216,13 +196,13 @@ impl ReplicatedSource {
             creds: creds.clone(),
         };
         let mut replicas = Vec::new();
+        let mut health = Health::new(authorities.len());
         let mut reference: Option<Reference> = None;
         let mut errors = Vec::new();
-        for a in authorities {
+        for (i, a) in authorities.iter().enumerate() {
             let mut r = Replica {
                 authority: a.to_string(),
                 conn: None,
-                down: None,
             };
             match opener.open(a) {
                 Ok(mut src) => {
@@ -234,7 +214,7 @@ impl ReplicatedSource {
                 }
                 Err(e) => {
                     errors.push(format!("{a}: {e}"));
-                    r.down = Some(Down::after(None, &e));
+                    health.failed(i, &e.to_string(), Instant::now());
                 }
             }
             replicas.push(r);
@@ -257,6 +237,7 @@ impl ReplicatedSource {
             max_token,
             opener,
             replicas,
+            health,
             reference: std::sync::Arc::new(reference),
             readahead: ReadaheadConfig::DEFAULT,
             seq: Sequence::default(),
@@ -284,9 +265,8 @@ impl ReplicatedSource {
 
     /// Takes a replica out after `e`, to be tried again after its back-off.
     fn fail(&mut self, i: usize, e: &SourceError) {
-        let r = &mut self.replicas[i];
-        r.conn = None;
-        r.down = Some(Down::after(r.down.as_ref(), e));
+        self.replicas[i].conn = None;
+        self.health.failed(i, &e.to_string(), Instant::now());
         self.failovers += 1;
     }
 
@@ -294,28 +274,20 @@ impl ReplicatedSource {
     /// back-off has passed.
     fn revive(&mut self) {
         while let Ok((i, r)) = self.revived.try_recv() {
-            match r {
+            let outcome = match r {
                 Ok(src) => {
                     self.replicas[i].conn = Some(src);
-                    self.replicas[i].down = None;
+                    Ok(())
                 }
-                Err(e) => {
-                    let r = &mut self.replicas[i];
-                    r.down = Some(Down::after(r.down.as_ref(), &e));
-                }
-            }
+                Err(e) => Err(e.to_string()),
+            };
+            self.health.reopened(i, outcome, Instant::now());
         }
-        let now = Instant::now();
-        for (i, r) in self.replicas.iter_mut().enumerate() {
-            let Some(d) = &mut r.down else { continue };
-            if d.trying || d.retry_at > now {
-                continue;
-            }
-            d.trying = true;
+        for i in self.health.due(Instant::now()) {
             let (opener, reference, authority) = (
                 self.opener.clone(),
                 self.reference.clone(),
-                r.authority.clone(),
+                self.replicas[i].authority.clone(),
             );
             let tx = self.revived_tx.clone();
             std::thread::spawn(move || {
@@ -333,10 +305,8 @@ impl ReplicatedSource {
         let why: Vec<String> = self
             .replicas
             .iter()
-            .map(|r| {
-                let e = r.down.as_ref().map_or("", |d| d.error.as_str());
-                format!("{}: {e}", r.authority)
-            })
+            .enumerate()
+            .map(|(i, r)| format!("{}: {}", r.authority, self.health.error(i)))
             .collect();
         SourceError::Agent(format!(
             "every replica of {} failed ({})",

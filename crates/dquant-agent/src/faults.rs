@@ -1,0 +1,123 @@
+//! Faults that tests inject into a running agent, and how a panic is contained.
+//!
+//! # Why
+//! A bug that panics while one session makes a batch must cost that session, not the agent:
+//! the session's client gets a clear error (after the batches before it, like any failure),
+//! a shared stream's subscribers each get its end, and every other client streams on. Tests
+//! prove it by making a producer panic on purpose. The hook that does so exists only in
+//! debug builds (`cfg(debug_assertions)`): a release agent carries no way to inject a fault,
+//! and [`Faults`] is an empty value there whose check compiles to nothing.
+
+use std::any::Any;
+
+/// Where a producer runs: a session's own plan, or a shared stream's producer thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    Session,
+    SharedStream,
+}
+
+/// A fault armed on an agent ([`crate::AgentHandle::inject`], debug builds only).
+#[cfg(debug_assertions)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The next producer at `site` that makes its batch number `batch` (0-based) panics
+    /// there, once.
+    PanicAtBatch { site: Site, batch: u64 },
+}
+
+/// The faults armed on one agent (shared by its sessions). Empty in release builds.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Faults {
+    #[cfg(debug_assertions)]
+    armed: std::sync::Arc<std::sync::Mutex<Vec<Fault>>>,
+}
+
+impl Faults {
+    #[cfg(debug_assertions)]
+    pub fn arm(&self, fault: Fault) {
+        self.armed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(fault);
+    }
+
+    /// A producer at `site` is about to make batch number `batch`: panics if a fault says so.
+    #[inline]
+    pub fn before_batch(&self, _site: Site, _batch: u64) {
+        #[cfg(debug_assertions)]
+        {
+            let mut armed = self
+                .armed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let hit = Fault::PanicAtBatch {
+                site: _site,
+                batch: _batch,
+            };
+            if let Some(i) = armed.iter().position(|f| *f == hit) {
+                armed.remove(i);
+                drop(armed);
+                panic!("injected fault: {_site:?} producer panics at batch {_batch}");
+            }
+        }
+    }
+}
+
+/// The message a panic's payload carries (`panic!` with a string or a format).
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
+/// What a client is told when its session's producer panicked: the agent serves on. With
+/// the cursor where the stream stands, when it is known.
+pub(crate) fn internal_error(payload: &(dyn Any + Send), consumed_samples: Option<u64>) -> String {
+    let resume = match consumed_samples {
+        Some(n) => format!("resume from consumed_samples {n}"),
+        None => "resume from the last cursor you hold".to_string(),
+    };
+    format!(
+        "internal error on the agent ({}): this stream is ended, the agent serves on; {resume}",
+        panic_message(payload)
+    )
+}
+
+/// Runs a session's streaming on its thread; a panic anywhere in it (a relay, a range
+/// server, not only a producer) becomes that session's failure instead of unwinding out of
+/// the thread, so the session table, the metrics and the `Watch` feed see it end.
+pub(crate) fn contain<T>(
+    stream: impl FnOnce() -> Result<T, crate::sessions::StreamError>,
+) -> Result<T, crate::sessions::StreamError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(stream)).unwrap_or_else(|payload| {
+        let m = internal_error(payload.as_ref(), None);
+        tracing::error!(error = %m, "a session's thread panicked; the session ends");
+        Err(crate::sessions::StreamError::Panicked(m))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_armed_fault_fires_once_at_its_site_and_batch() {
+        let f = Faults::default();
+        f.arm(Fault::PanicAtBatch {
+            site: Site::SharedStream,
+            batch: 2,
+        });
+        f.before_batch(Site::Session, 2);
+        f.before_batch(Site::SharedStream, 1);
+        let hit = std::panic::catch_unwind(|| f.before_batch(Site::SharedStream, 2));
+        let payload = hit.expect_err("the fault fires");
+        assert_eq!(
+            panic_message(payload.as_ref()),
+            "injected fault: SharedStream producer panics at batch 2"
+        );
+        f.before_batch(Site::SharedStream, 2);
+    }
+}
