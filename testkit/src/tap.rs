@@ -47,7 +47,10 @@ impl LoopbackTap {
     /// The segments with payload sent from `port` so far.
     pub fn sent_from(&self, port: u16) -> Vec<Segment> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.iter().filter(|s| s.src_port == port).copied().collect()
+        seen.iter()
+            .filter(|s| s.src_port == port)
+            .copied()
+            .collect()
     }
 }
 
@@ -96,7 +99,13 @@ fn open_on_lo() -> std::io::Result<i32> {
     let tlen = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
     // SAFETY: a timeval of `tlen` bytes for SO_RCVTIMEO.
     let r = unsafe {
-        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&raw const timeout).cast(), tlen)
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast(),
+            tlen,
+        )
     };
     if r != 0 {
         return close_with(std::io::Error::last_os_error());

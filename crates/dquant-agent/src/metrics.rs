@@ -106,7 +106,11 @@ impl Metrics {
 
     /// The block cache's totals, now (the reaper calls this every second).
     pub fn set_block_cache(&self, s: dquant_storage::BlockCacheStats) {
-        for (c, v) in self.block_cache.iter().zip([s.hits, s.misses, s.corrupt, s.evictions]) {
+        for (c, v) in self
+            .block_cache
+            .iter()
+            .zip([s.hits, s.misses, s.corrupt, s.evictions])
+        {
             c.absolute(v);
         }
         for (g, v) in self.block_cache_held.iter().zip([s.bytes, s.entries]) {

@@ -91,7 +91,13 @@ pub(crate) fn stream_ring(
     let mut producer = Producer::new(pipeline, output, plain)
         .with_meter(meter)
         .with_faults(shared.faults.clone(), Site::Session);
-    let (outcome, stats) = run(&mut producer, &mut sink, cancel, &shared.draining, Instant::now);
+    let (outcome, stats) = run(
+        &mut producer,
+        &mut sink,
+        cancel,
+        &shared.draining,
+        Instant::now,
+    );
     ended(outcome, stats)
 }
 

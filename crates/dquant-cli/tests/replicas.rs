@@ -57,7 +57,14 @@ fn storage_with_metrics(dir: &Path) -> (AgentProcess, SocketAddr) {
     let root = format!("corpus={}", dir.join("corpus").display());
     let metrics = free_addr();
     let m = metrics.to_string();
-    let args = ["--root", &root, "--worker-threads", "0", "--metrics-listen", &m];
+    let args = [
+        "--root",
+        &root,
+        "--worker-threads",
+        "0",
+        "--metrics-listen",
+        &m,
+    ];
     (AgentProcess::start(BIN, &args), metrics)
 }
 
@@ -79,7 +86,10 @@ fn served_more_than(metrics: SocketAddr, than: f64, who: &str) -> f64 {
         if now > than {
             return now;
         }
-        assert!(Instant::now() < deadline, "{who} served nothing past {than} bytes");
+        assert!(
+            Instant::now() < deadline,
+            "{who} served nothing past {than} bytes"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -141,8 +151,10 @@ fn a_replica_killed_mid_stream_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     corpus(dir.path(), 0);
     for shuffle in [false, true] {
-        let ((a, a_metrics), (mut b, b_metrics)) =
-            (storage_with_metrics(dir.path()), storage_with_metrics(dir.path()));
+        let ((a, a_metrics), (mut b, b_metrics)) = (
+            storage_with_metrics(dir.path()),
+            storage_with_metrics(dir.path()),
+        );
         let reps = [authority(&a), authority(&b)];
         let (h, _empty) = host(&reps);
         let p = plan(

@@ -135,7 +135,10 @@ fn guarantees_split_the_link_and_the_larger_one_finishes_first() {
 #[test]
 fn the_agent_marks_the_packets_of_a_tenants_data_socket_with_its_class() {
     let tap = dquant_testkit::tap::LoopbackTap::start();
-    let why = tap.as_ref().err().map(|e| format!("an AF_PACKET tap on lo needs root: {e}"));
+    let why = tap
+        .as_ref()
+        .err()
+        .map(|e| format!("an AF_PACKET tap on lo needs root: {e}"));
     if !dquant_testkit::require("a packet tap", tap.is_ok(), why.as_deref().unwrap_or("")) {
         return;
     }
@@ -146,7 +149,11 @@ fn the_agent_marks_the_packets_of_a_tenants_data_socket_with_its_class() {
         name: "gold".into(),
         dscp: 46,
     }];
-    let (dir, a) = start_with(1_000_000_000, vec![gold, tenant("b", TOKEN_B, 0.25)], classes);
+    let (dir, a) = start_with(
+        1_000_000_000,
+        vec![gold, tenant("b", TOKEN_B, 0.25)],
+        classes,
+    );
     let port = a.data_addr().port();
     let p = plan(1);
     let (bytes, _) = read_as(&a, TOKEN_A, &p);
@@ -154,12 +161,27 @@ fn the_agent_marks_the_packets_of_a_tenants_data_socket_with_its_class() {
     std::thread::sleep(Duration::from_millis(200));
     let a_tos: Vec<u8> = tap.sent_from(port).iter().map(|s| s.tos).collect();
     assert!(a_tos.len() >= 2, "no data segments seen from port {port}");
-    assert!(a_tos.iter().all(|&t| t == 46 << 2), "tenant a's segments carry TOS {a_tos:?}");
+    assert!(
+        a_tos.iter().all(|&t| t == 46 << 2),
+        "tenant a's segments carry TOS {a_tos:?}"
+    );
     let before = a_tos.len();
     let (bytes, _) = read_as(&a, TOKEN_B, &p);
-    assert!(bytes == local(&p, dir.path()), "the unmarked stream differs");
+    assert!(
+        bytes == local(&p, dir.path()),
+        "the unmarked stream differs"
+    );
     std::thread::sleep(Duration::from_millis(200));
-    let b_tos: Vec<u8> = tap.sent_from(port)[before..].iter().map(|s| s.tos).collect();
-    assert!(b_tos.len() >= 2, "no data segments seen from port {port} for tenant b");
-    assert!(b_tos.iter().all(|&t| t == 0), "tenant b's segments carry TOS {b_tos:?}");
+    let b_tos: Vec<u8> = tap.sent_from(port)[before..]
+        .iter()
+        .map(|s| s.tos)
+        .collect();
+    assert!(
+        b_tos.len() >= 2,
+        "no data segments seen from port {port} for tenant b"
+    );
+    assert!(
+        b_tos.iter().all(|&t| t == 0),
+        "tenant b's segments carry TOS {b_tos:?}"
+    );
 }

@@ -520,5 +520,9 @@ fn a_tls_data_port_closes_what_is_not_tls_and_serves_on() {
     let mut local = Reader::local(&c.localized(&p), Cursor::START).unwrap();
     let (tokens, _) = drain(&mut local);
     assert!(!tokens.is_empty());
-    assert_eq!(xxh3(&streamed), xxh3(&tokens), "the TLS stream differs from the local one");
+    assert_eq!(
+        xxh3(&streamed),
+        xxh3(&tokens),
+        "the TLS stream differs from the local one"
+    );
 }

@@ -183,7 +183,9 @@ fn health_is_served_without_metrics_and_reports_not_serving_when_draining() {
     });
     assert_eq!(status, Ok(ServingStatus::NotServing as i32));
     // A new session is refused while the agent drains, and says why.
-    let e = open(&uri, &p, Offload::Yes).err().expect("an open while draining");
+    let e = open(&uri, &p, Offload::Yes)
+        .err()
+        .expect("an open while draining");
     assert!(e.to_string().contains("agent is draining"), "{e}");
     // The reader is told where to resume; the drain finishes within its grace.
     let e = loop {

@@ -63,16 +63,26 @@ fn a_session_whose_producer_panics_ends_alone_and_resumes_whole() {
              this stream is ended, the agent serves on; resume from consumed_samples 12",
             "{uri}"
         );
-        assert_eq!(got.len(), 3 * batch_bytes, "{uri}: the batches before the panic");
+        assert_eq!(
+            got.len(),
+            3 * batch_bytes,
+            "{uri}: the batches before the panic"
+        );
         assert_eq!(got[..], want[..got.len()], "{uri}");
         // The victim resumes from its own cursor: nothing lost, nothing repeated.
         assert_eq!(victim.cursor().consumed_samples, 12, "{uri}");
         let mut rest = open_at(&uri, &p, victim.cursor(), Offload::Yes).unwrap();
         let whole = [got, drain(&mut rest).0].concat();
-        assert!(xxh3(&whole) == xxh3(&want), "{uri}: the resumed stream differs");
+        assert!(
+            xxh3(&whole) == xxh3(&want),
+            "{uri}: the resumed stream differs"
+        );
         // The bystander never noticed.
         seen.extend(drain(&mut bystander).0);
-        assert!(xxh3(&seen) == xxh3(&want), "{uri}: the bystander's stream differs");
+        assert!(
+            xxh3(&seen) == xxh3(&want),
+            "{uri}: the bystander's stream differs"
+        );
         wait_idle(&agent);
     }
 }

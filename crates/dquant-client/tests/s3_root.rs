@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use dquant_client::{open, Control, Offload, Reader};
 use dquant_objstore::S3Settings;
 use dquant_plan::{Cursor, Plan};
-use dquant_testkit::metrics::{free_addr, scrape, value};
 use dquant_testkit::agent::{plan, plan_in, Corpus};
+use dquant_testkit::metrics::{free_addr, scrape, value};
 use dquant_testkit::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
 use dquant_testkit::stream::drain;
 use dquant_testkit::xxh3;
@@ -156,7 +156,10 @@ fn a_block_cache_serves_repeats_and_changes_nothing() {
     let before = block_cache_counts(metrics, |(_, misses)| misses > 0.0);
     assert_eq!(through_s3(&agent.uri(), &p), want);
     let after = block_cache_counts(metrics, |(hits, _)| hits > before.0);
-    assert_eq!(after.1, before.1, "a repeat read missed the cache: {after:?}");
+    assert_eq!(
+        after.1, before.1,
+        "a repeat read missed the cache: {after:?}"
+    );
     // Every entry damaged: the stream is still the store's, and the entries are rewritten.
     for e in std::fs::read_dir(cache.path()).unwrap() {
         let p = e.unwrap().path();
@@ -169,7 +172,10 @@ fn a_block_cache_serves_repeats_and_changes_nothing() {
 }
 
 /// The agent's block-cache (hits, misses) once `ready` holds of them (within 5 s).
-fn block_cache_counts(metrics: std::net::SocketAddr, ready: impl Fn((f64, f64)) -> bool) -> (f64, f64) {
+fn block_cache_counts(
+    metrics: std::net::SocketAddr,
+    ready: impl Fn((f64, f64)) -> bool,
+) -> (f64, f64) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let page = scrape(metrics);

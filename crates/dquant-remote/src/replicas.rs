@@ -38,9 +38,9 @@ use dquant_transport::record::MAX_REQUEST_RANGES;
 mod health;
 
 use crate::control::{Control, Credentials};
-use health::Health;
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Streams, Window};
 use crate::source::{check_ranges, RangeStream, RemoteSource};
+use health::Health;
 
 /// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.
 const PROBES: u64 = 8;

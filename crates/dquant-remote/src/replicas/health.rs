@@ -102,7 +102,10 @@ mod tests {
         h.failed(1, "connection refused", t0);
         assert!(h.is_up(0) && !h.is_up(1) && h.is_up(2));
         assert_eq!(h.error(1), "connection refused");
-        assert_eq!(h.due(t0 + secs(1) - Duration::from_millis(1)), Vec::<usize>::new());
+        assert_eq!(
+            h.due(t0 + secs(1) - Duration::from_millis(1)),
+            Vec::<usize>::new()
+        );
         assert_eq!(h.due(t0 + secs(1)), vec![1]);
         // Being reopened: not handed out again while that runs.
         assert_eq!(h.due(t0 + secs(5)), Vec::<usize>::new());
@@ -151,7 +154,10 @@ mod tests {
             h.failed(i, e, t0 + secs(i as u64));
         }
         assert!((0..3).all(|i| !h.is_up(i)));
-        assert_eq!([h.error(0), h.error(1), h.error(2)], ["refused", "reset", "timed out"]);
+        assert_eq!(
+            [h.error(0), h.error(1), h.error(2)],
+            ["refused", "reset", "timed out"]
+        );
         assert_eq!(h.due(t0 + secs(2)), vec![0, 1]);
         assert_eq!(h.due(t0 + secs(3)), vec![2]);
     }
