@@ -25,6 +25,7 @@ Examples:
   dquant serve --root corpus=/data/tokens          # the offload agent, on 127.0.0.1:7878
   dquant ls dquant://127.0.0.1:7878/corpus         # what it serves
   dquant stat dquant://127.0.0.1:7878/corpus/web_int32
+  dquant health dquant://127.0.0.1:7878            # exit 0 while it serves (readiness)
   dquant read plan.toml --agent dquant://127.0.0.1:7878 --out batches.u16   # the agent runs it
   dquant mount dquant://127.0.0.1:7878 /mnt/dq     # its datasets as Megatron files (FUSE)
   dquant top dquant://127.0.0.1:7878               # tenants' rates and sessions, live
@@ -62,6 +63,7 @@ enum Cmd {
     Serve(cmd::serve::Args),
     Ls(cmd::remote::LsArgs),
     Stat(cmd::remote::StatArgs),
+    Health(cmd::remote::HealthArgs),
     Demo(cmd::demo::Args),
     Mount(cmd::mount::Args),
     Top(cmd::top::Args),
@@ -81,6 +83,7 @@ fn main() {
         Cmd::Serve(a) => cmd::serve::run(&a).map(|_| 0),
         Cmd::Ls(a) => cmd::remote::ls(&a).map(|_| 0),
         Cmd::Stat(a) => cmd::remote::stat(&a).map(|_| 0),
+        Cmd::Health(a) => cmd::remote::health(&a),
         Cmd::Demo(a) => cmd::demo::run(&a).map(|_| 0),
         Cmd::Mount(a) => cmd::mount::run(&a).map(|_| 0),
         Cmd::Top(a) => cmd::top::run(&a).map(|_| 0),

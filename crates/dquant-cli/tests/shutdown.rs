@@ -137,3 +137,56 @@ fn sigterm_with_no_session_exits_at_once_and_removes_the_socket() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(!sock.exists(), "the socket file is left behind");
 }
+
+/// `dquant health` (a readiness probe): exit 0 while the agent serves; exit 1 and "not
+/// serving" from SIGTERM until the sessions have drained (a consumer that never reads keeps
+/// the drain open for its grace); exit 1 with the connection error once it has exited.
+#[test]
+fn health_reads_serving_then_not_serving_while_the_agent_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    copy_fixture("r50k_uint16", &root.join("r50k"));
+    let config = dir.path().join("agent.toml");
+    let toml = format!("shutdown_grace_secs = 3\n[roots]\nfx = {:?}\n", root.display().to_string());
+    std::fs::write(&config, toml).unwrap();
+    let mut agent = AgentProcess::start(BIN, &["--config", config.to_str().unwrap()]);
+    let uri = agent.uri.clone();
+    let health = || {
+        let out = std::process::Command::new(BIN)
+            .args(["health", &uri, "--json"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.code(), text, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (code, out, _) = health();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(r#""serving": true"#), "{out}");
+
+    let ctl = dquant_client::Control::connect(agent.uri.trim_start_matches("dquant://")).unwrap();
+    let reply = ctl
+        .open(dquant_proto::v1::OpenRequest {
+            plan_json: plan("fx/r50k").to_json(),
+            ..Default::default()
+        })
+        .unwrap();
+    let (_w, _never_read) = ctl.connect_data(&reply).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    agent.signal(libc::SIGTERM);
+    let t = Instant::now();
+    loop {
+        let (code, out, err) = health();
+        if code == Some(1) && out.contains(r#""serving": false"#) {
+            break;
+        }
+        assert_eq!(code, Some(0), "{out}{err}");
+        assert!(t.elapsed() < Duration::from_secs(2), "still serving: {out}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = wait_exit(&mut agent, Duration::from_secs(15));
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+    let (code, _, err) = health();
+    assert_eq!(code, Some(1));
+    assert!(err.starts_with("error: "), "{err}");
+}

@@ -113,6 +113,8 @@ pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Control {
     authority: String,
     client: AgentClient<Channel>,
+    /// The same channel, for the standard gRPC health service.
+    channel: Channel,
     /// Every call's deadline, and the data connections' read/write timeout: an agent that
     /// accepts and then stalls costs its caller this long, never a thread forever.
     timeout: Duration,
@@ -300,7 +302,8 @@ impl Control {
         };
         Ok(Control {
             authority: authority.to_string(),
-            client: AgentClient::new(ch),
+            client: AgentClient::new(ch.clone()),
+            channel: ch,
             timeout,
             token: None,
             secret: None,
@@ -315,6 +318,19 @@ impl Control {
 
     pub fn authority(&self) -> &str {
         &self.authority
+    }
+
+    /// Whether the agent serves (`true`) or drains or is starting (`false`), from the
+    /// standard gRPC health service (no token needed): what a readiness probe asks.
+    pub fn serving(&self) -> Result<bool, SourceError> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+        let mut c = HealthClient::new(self.channel.clone());
+        let req = HealthCheckRequest {
+            service: dquant_proto::v1::agent_server::SERVICE_NAME.into(),
+        };
+        let r = self.within("Health.Check", async move { c.check(req).await })?;
+        Ok(r.status == ServingStatus::Serving as i32)
     }
 
     pub fn list(&self, root: &str) -> Result<Vec<ListEntry>, SourceError> {

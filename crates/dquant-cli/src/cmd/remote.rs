@@ -1,4 +1,5 @@
-//! `dquant ls` and `dquant stat`: what an agent serves, over its control plane.
+//! `dquant ls`, `dquant stat` and `dquant health`: what an agent serves, and whether it
+//! serves now, over its control plane.
 
 use anyhow::{bail, Result};
 use dquant_client::{AgentUri, Control};
@@ -47,6 +48,38 @@ pub struct StatArgs {
     /// Print JSON on stdout instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+const HEALTH_EXAMPLES: &str = "\
+Examples:
+  dquant health dquant://127.0.0.1:7878          # exit 0: serving; 1: draining, starting or unreachable
+  DQUANT_TLS_CA=/etc/dquant/tls/ca.crt dquant health dquant://dquant-storage-0:7878
+  # A Kubernetes readiness probe (the image has no shell): 
+  #   exec: { command: [\"/usr/local/bin/dquant\", \"health\", \"dquant://127.0.0.1:7878\"] }";
+
+/// Ask an agent whether it serves (the standard gRPC health service, as a readiness probe
+/// would). Exits 0 while it serves, 1 while it drains or starts, or when it cannot be reached.
+/// TLS and tokens come from DQUANT_TLS_CA / DQUANT_TOKEN, as for ls.
+#[derive(clap::Args, Debug)]
+#[command(after_help = HEALTH_EXAMPLES)]
+pub struct HealthArgs {
+    /// dquant://HOST:PORT, or the agent's Unix socket path.
+    pub uri: String,
+    /// Print JSON on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn health(a: &HealthArgs) -> Result<i32> {
+    let (c, _) = connect(&a.uri)?;
+    let serving = c.serving()?;
+    let status = if serving { "serving" } else { "not serving (draining or starting)" };
+    if a.json {
+        util::write_json(&json!({"agent": c.authority(), "serving": serving}))?;
+    } else {
+        println!("{}: {status}", c.authority());
+    }
+    Ok(if serving { 0 } else { 1 })
 }
 
 fn connect(uri: &str) -> Result<(Control, AgentUri)> {
