@@ -3,6 +3,7 @@
 # runs them: `smoke` (CI: every target for a few seconds), `campaign` (long runs, one target
 # after another) or `build` (build only). See README.md for why it works this way.
 #
+#   fuzz/run.sh replay                     each target over its seeds only, no mutation (CI)
 #   fuzz/run.sh smoke [SECONDS]            each target SECONDS (default 6)
 #   fuzz/run.sh campaign RUNS [TARGET...]  each target RUNS executions, or FUZZ_MAX_TIME s
 #   fuzz/run.sh build
@@ -24,7 +25,7 @@ if [ "${DQUANT_FUZZ_WRAP:-}" = 1 ]; then
   done
   case "$crate" in
     dquant_* | idx_parser | block_file | frame_stream | batch_records | hello | range_request | \
-      ring_header | ring_consumer | plan_json | plan_toml | grpc_open)
+      ring_header | ring_consumer | plan_json | plan_toml | grpc_open | doc_section)
       # shellcheck disable=SC2086
       exec "$rustc" "$@" $DQUANT_FUZZ_FLAGS
       ;;
@@ -33,7 +34,7 @@ if [ "${DQUANT_FUZZ_WRAP:-}" = 1 ]; then
 fi
 
 cd "$(dirname "$0")"
-ALL="idx_parser block_file frame_stream batch_records hello range_request ring_header ring_consumer plan_json plan_toml grpc_open"
+ALL="idx_parser block_file frame_stream batch_records hello range_request ring_header ring_consumer plan_json plan_toml grpc_open doc_section"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 host=$(rustc -vV | sed -n 's/^host: //p')
 # The flags cargo-fuzz passes for `--sanitizer none`, all of them stable rustc options:
@@ -44,7 +45,7 @@ export DQUANT_FUZZ_FLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
 # The campaign's optimised build, or the smoke's quicker one.
 profile=fuzz
-[ "${1:-}" = smoke ] && profile=fuzz-smoke
+case "${1:-}" in smoke | replay) profile=fuzz-smoke ;; esac
 bin=target/$host/$profile
 
 build() {
@@ -83,6 +84,21 @@ case "${1:-}" in
       rm -f "$log"
     done
     ;;
+  replay)
+    # Every seed of every target, executed once and checked: a parser change that fails on a
+    # known input (a seed, or a crash kept as a seed) fails here, deterministically.
+    build
+    for t in $TARGETS; do
+      log=$(mktemp)
+      if ! "$bin/$t" -runs=0 -timeout=10 -rss_limit_mb=2048 "seeds/$t" >"$log" 2>&1; then
+        tail -n 60 "$log"
+        echo "fuzz replay: $t failed on a seed in fuzz/seeds/$t/" >&2
+        exit 1
+      fi
+      echo "fuzz replay: $t: $(ls "seeds/$t" | wc -l) seeds pass"
+      rm -f "$log"
+    done
+    ;;
   campaign)
     runs=${2:?campaign needs a run count}
     shift 2
@@ -95,7 +111,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,14p' "$0" >&2
     exit 2
     ;;
 esac

@@ -1,4 +1,9 @@
 //! dquant block file: metadata parse of arbitrary bytes, then a full decode, never panic.
+//! Both ways a file is opened: whole (`BlockFile::from_bytes`, tests and small files) and lazily
+//! as `Dataset::open` does for an agent (the header, the trailer, the footer's head from the
+//! length its fixed part declares, `BlockLayout::parse`; the index and its checksum only when
+//! asked, `parse_index` / `index_checksum`; blocks one at a time). Where both parse, they
+//! agree: the same layout, the same index, the same tokens block by block.
 //!
 //! Random bytes rarely get past the file's crc32c checks, so every input is tried twice: as
 //! it is, and with every checksum recomputed over the layout the bytes themselves declare
@@ -6,7 +11,11 @@
 //! pass drives the fuzzer into the semantic checks behind the checksums.
 #![no_main]
 
-use dquant_format::block::{BlockFile, BLOCK_HEADER_LEN, HEADER_LEN, TRAILER_LEN};
+use dquant_codec::Decoder;
+use dquant_format::block::{
+    BlockFile, BlockLayout, FooterHead, Trailer, BLOCK_HEADER_LEN, FOOTER_FIXED_LEN, HEADER_LEN,
+    TRAILER_LEN,
+};
 use libfuzzer_sys::fuzz_target;
 
 /// `decode_all` allocates the token count the footer declares before reading any block, and
@@ -69,16 +78,60 @@ fn fix_checksums(f: &mut [u8]) {
 }
 
 fn check(data: &[u8]) {
-    let Ok(bf) = BlockFile::from_bytes(data) else {
+    let whole = BlockFile::from_bytes(data).ok();
+    let lazy = lazily(data, whole.as_ref());
+    let Some(bf) = whole else {
         return;
     };
+    assert!(lazy.is_some(), "the whole file parses, the lazy open does not");
     assert_eq!(bf.footer.block_offsets.len(), bf.blocks() + 1);
     if bf.tokens() > DECODE_LIMIT {
         return;
     }
     if let Ok(tokens) = bf.decode_all(data) {
         assert_eq!(tokens.len() as u64, bf.tokens());
+        // Block by block, as ranged reads decode them, the same tokens.
+        let mut dec = Decoder::new();
+        for i in 0..bf.blocks() {
+            let (b, t) = (bf.byte_range(i..i + 1), bf.block_tokens(i));
+            let mut out = vec![0u32; (t.end - t.start) as usize];
+            bf.decode_block(i, &data[b.start as usize..b.end as usize], &mut dec, &mut out)
+                .expect("a block of a file that decodes whole decodes alone");
+            assert_eq!(out, tokens[t.start as usize..t.end as usize], "block {i}");
+        }
     }
+}
+
+/// The lazy open of an agent's `Dataset` (see the module docs); its layout, and its index
+/// when the footer's checksum holds. Agrees with `whole` where that parsed.
+fn lazily(data: &[u8], whole: Option<&BlockFile>) -> Option<BlockLayout> {
+    let len = data.len();
+    if len < TRAILER_LEN {
+        return None;
+    }
+    let head = &data[..HEADER_LEN.min(len)];
+    let trailer = Trailer::parse(&data[len - TRAILER_LEN..], len as u64).ok()?;
+    // The trailer's checks keep the footer inside the file.
+    let (at, flen) = (trailer.footer_offset as usize, trailer.footer_len as usize);
+    let footer = &data[at..at + flen];
+    let fixed = &footer[..FOOTER_FIXED_LEN.min(flen)];
+    let head_len = FooterHead::len_from_fixed(fixed)
+        .unwrap_or(0)
+        .clamp(fixed.len() as u64, flen as u64) as usize;
+    let layout = BlockLayout::parse(head, &trailer, &footer[..head_len]).ok()?;
+    let rest = &footer[head_len..];
+    let footer_ok = crc32c::crc32c(footer) == trailer.footer_crc;
+    let index = layout.footer.parse_index(rest);
+    let checksum = layout.footer.index_checksum(rest);
+    if let Some(bf) = whole {
+        assert_eq!(bf.layout, layout);
+        assert_eq!(index.as_ref().ok(), Some(&bf.index));
+        assert!(checksum.is_ok());
+    }
+    if footer_ok && index.is_ok() {
+        assert!(checksum.is_ok(), "the index parses, its checksum does not");
+    }
+    Some(layout)
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -9,7 +9,7 @@ import shutil
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(HERE, "..", "..", "..", "shared", "fixtures", "megatron")
+FIXTURES = os.path.join(HERE, "..", "..", "testkit", "fixtures", "megatron")
 
 
 def _table():
@@ -183,6 +183,15 @@ def main():
     write("grpc_open", "resume", open_req(plan_json, 0, 4))
     one = '{"sources": [{"uri": "c/a"}], "seq_len": 3, "batch_size": 4}'
     write("grpc_open", "one-source-far", open_req(one, 3, 12))
+
+    # Document sections (doc_section target: u16 samples, u16 seq_len, then the trailer).
+    def section(fmt, n, words=None, rows=None):
+        body = struct.pack("<II", fmt, n) + (struct.pack("<%dI" % len(words), *words) if words else rows)
+        return body + b"\0" * (-len(body) % 8)
+
+    write("doc_section", "list", struct.pack("<HH", 2, 16) + section(1, 3, words=[1, 2, 5, 3, 9]))
+    write("doc_section", "bitmask", struct.pack("<HH", 2, 16) + section(2, 3, rows=bytes([0x10, 0, 0x04, 0x01])))
+    write("doc_section", "with-cursor", struct.pack("<HH", 1, 7) + section(1, 1, words=[1, 6]) + b"\1" * 16)
 
     # The format targets: small real files.
     for name in ("r50k_uint16.idx", "r50k_int32_multiseq.idx"):
