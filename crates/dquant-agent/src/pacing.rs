@@ -144,7 +144,10 @@ mod tests {
             None => {
                 // CI has ::1; a pass there must have checked the IPv6 mark too.
                 let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-                assert!(!ci, "no IPv6 loopback under CI=true: the traffic class is unchecked");
+                assert!(
+                    !ci,
+                    "no IPv6 loopback under CI=true: the traffic class is unchecked"
+                );
                 eprintln!("*** no IPv6 loopback here: the traffic-class check is skipped ***");
             }
         }
