@@ -52,7 +52,13 @@ impl AgentUri {
                     "{uri:?}: the Unix socket path is empty (e.g. unix:/run/dquant.sock)"
                 ));
             }
-            Self::new(path, "")
+            // A socket's authority is told from a HOST:PORT by its '/' (see
+            // `is_unix_authority`), so a relative `unix:agent.sock` is `./agent.sock`.
+            if path.contains('/') {
+                Self::new(path, "")
+            } else {
+                Self::new(&format!("./{path}"), "")
+            }
         } else if addr.starts_with('/') || addr.starts_with("./") || addr.starts_with("../") {
             Self::new(addr, "")
         } else {
@@ -177,6 +183,12 @@ mod tests {
             assert_eq!(u.host(), "127.0.0.1");
         }
         assert_eq!(AgentUri::parse("./a.sock").unwrap().authority, "./a.sock");
+        // A relative socket after `unix:` stays a socket, not a host name.
+        let u = AgentUri::parse("unix:a.sock").unwrap();
+        assert_eq!(
+            (u.authority.as_str(), u.transport()),
+            ("./a.sock", Transport::Shm)
+        );
         // Replicas of a source's dataset.
         let u = AgentUri::parse("dquant://10.0.0.1:7878,storage-2:7878/corpus/x").unwrap();
         assert_eq!(u.replicas(), ["10.0.0.1:7878", "storage-2:7878"]);
