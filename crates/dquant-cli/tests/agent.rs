@@ -752,6 +752,19 @@ fn a_subscriber_killed_mid_stream_leaves_the_others_whole() {
             .spawn()
             .unwrap()
     };
+    let start = r#"{"consumed_samples":0}"#;
+    let sub = |o: &[&str]| {
+        let mut v = vec!["subscribe", &agent.uri, "job7/dp0", "--cursor-json", start];
+        v.extend_from_slice(o);
+        v.iter().map(|x| x.to_string()).collect::<Vec<_>>()
+    };
+    // b asks before the stream is opened, as a rank that starts first does: it waits.
+    let b_args = sub(&["--out", s(&out("b")), "--json", "--wait", "30"]);
+    let b = spawn(
+        &b_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        Stdio::null(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
     let a = spawn(
         &[
             "read",
@@ -773,17 +786,6 @@ fn a_subscriber_killed_mid_stream_leaves_the_others_whole() {
         agent.wait_log("shared plan opened", Duration::from_secs(30)),
         "{}",
         agent.log()
-    );
-    let start = r#"{"consumed_samples":0}"#;
-    let sub = |o: &[&str]| {
-        let mut v = vec!["subscribe", &agent.uri, "job7/dp0", "--cursor-json", start];
-        v.extend_from_slice(o);
-        v.iter().map(|x| x.to_string()).collect::<Vec<_>>()
-    };
-    let b_args = sub(&["--out", s(&out("b")), "--json"]);
-    let b = spawn(
-        &b_args.iter().map(String::as_str).collect::<Vec<_>>(),
-        Stdio::null(),
     );
     let stalled_args = sub(&["-q"]);
     let mut stalled = spawn(

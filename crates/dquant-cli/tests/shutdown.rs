@@ -148,7 +148,10 @@ fn health_reads_serving_then_not_serving_while_the_agent_drains() {
     std::fs::create_dir(&root).unwrap();
     copy_fixture("r50k_uint16", &root.join("r50k"));
     let config = dir.path().join("agent.toml");
-    let toml = format!("shutdown_grace_secs = 3\n[roots]\nfx = {:?}\n", root.display().to_string());
+    let toml = format!(
+        "shutdown_grace_secs = 3\n[roots]\nfx = {:?}\n",
+        root.display().to_string()
+    );
     std::fs::write(&config, toml).unwrap();
     let mut agent = AgentProcess::start(BIN, &["--config", config.to_str().unwrap()]);
     let uri = agent.uri.clone();
@@ -158,7 +161,11 @@ fn health_reads_serving_then_not_serving_while_the_agent_drains() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        (out.status.code(), text, String::from_utf8_lossy(&out.stderr).to_string())
+        (
+            out.status.code(),
+            text,
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     };
     let (code, out, _) = health();
     assert_eq!(code, Some(0), "{out}");
@@ -189,4 +196,50 @@ fn health_reads_serving_then_not_serving_while_the_agent_drains() {
     let (code, _, err) = health();
     assert_eq!(code, Some(1));
     assert!(err.starts_with("error: "), "{err}");
+    // --wait asks again until its time is up, then gives the last answer.
+    let t = Instant::now();
+    let out = std::process::Command::new(BIN)
+        .args(["health", &uri, "--wait", "0.5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach agent"));
+}
+
+/// `dquant health --wait`: a script that has just started an agent waits for it to serve.
+#[test]
+fn health_waits_for_an_agent_that_is_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let probe = std::process::Command::new(BIN)
+        .args([
+            "health",
+            &format!("unix:{}", sock.display()),
+            "--wait",
+            "20",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let sock_arg = sock.to_str().unwrap();
+    let _agent = AgentProcess::start(
+        BIN,
+        &[
+            "--root",
+            &format!("fx={}", root.display()),
+            "--socket",
+            sock_arg,
+        ],
+    );
+    let out = probe.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with(": serving\n"));
 }

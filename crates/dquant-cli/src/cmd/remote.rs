@@ -53,6 +53,7 @@ pub struct StatArgs {
 const HEALTH_EXAMPLES: &str = "\
 Examples:
   dquant health dquant://127.0.0.1:7878          # exit 0: serving; 1: draining, starting or unreachable
+  dquant health unix:/run/dquant.sock --wait 30  # a script's wait for an agent it just started
   DQUANT_TLS_CA=/etc/dquant/tls/ca.crt dquant health dquant://dquant-storage-0:7878
   # A Kubernetes readiness probe (the image has no shell): 
   #   exec: { command: [\"/usr/local/bin/dquant\", \"health\", \"dquant://127.0.0.1:7878\"] }";
@@ -68,12 +69,31 @@ pub struct HealthArgs {
     /// Print JSON on stdout instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Ask again, every 100 ms, until the agent serves or SECS have passed (the answer is
+    /// then the last one: an error, or not serving).
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub wait: f64,
 }
 
 pub fn health(a: &HealthArgs) -> Result<i32> {
-    let (c, _) = connect(&a.uri)?;
-    let serving = c.serving()?;
-    let status = if serving { "serving" } else { "not serving (draining or starting)" };
+    if !(a.wait.is_finite() && a.wait >= 0.0) {
+        bail!("--wait {}: a number of seconds, 0 or more", a.wait);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(a.wait);
+    let (c, serving) = loop {
+        let answer = connect(&a.uri).and_then(|(c, _)| Ok((c.serving()?, c)));
+        match answer {
+            Ok((true, c)) => break (c, true),
+            Ok((false, c)) if std::time::Instant::now() >= deadline => break (c, false),
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            _ => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    };
+    let status = if serving {
+        "serving"
+    } else {
+        "not serving (draining or starting)"
+    };
     if a.json {
         util::write_json(&json!({"agent": c.authority(), "serving": serving}))?;
     } else {

@@ -14,7 +14,7 @@ Examples:
   # Rank 0 of a tensor-parallel group opens the plan as a shared stream, waiting for 4 readers:
   dquant read plan.toml --agent dquant://10.0.0.5:7878 --share job42/dp3 --group 4 --out tp0.u16
   # The other three join it from the start (the stream waits for them):
-  dquant subscribe dquant://10.0.0.5:7878 job42/dp3 --cursor-json '{\"consumed_samples\":0}' --out tp1.u16
+  dquant subscribe dquant://10.0.0.5:7878 job42/dp3 --cursor-json '{\"consumed_samples\":0}' --out tp1.u16 --wait 60
   # On the agent's host, through shared memory; from wherever the stream is now:
   dquant subscribe /run/dquant.sock job42/dp3 --out tp2.u16";
 
@@ -36,6 +36,10 @@ pub struct Args {
     /// Output file (default: stdout).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Wait up to SECS for the stream to be opened (ranks that start together: a subscriber
+    /// may ask before its opener has). Default: it must exist now.
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub wait: f64,
     #[command(flatten)]
     pub output: OutputOpts,
 }
@@ -46,6 +50,17 @@ pub fn run(a: &Args) -> Result<()> {
         Some(text) => Some(Cursor::from_json(text).context("--cursor-json")?),
         None => None,
     };
-    let mut r = dquant_client::subscribe(&a.agent, &a.share, at.as_ref())?;
+    if !(a.wait.is_finite() && a.wait >= 0.0) {
+        anyhow::bail!("--wait {}: a number of seconds, 0 or more", a.wait);
+    }
+    let deadline = t0 + std::time::Duration::from_secs_f64(a.wait);
+    let mut r = loop {
+        match dquant_client::subscribe(&a.agent, &a.share, at.as_ref()) {
+            Err(dquant_client::ClientError::NotFound(_)) if Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100))
+            }
+            r => break r?,
+        }
+    };
     write_batches(&mut r, a.out.as_deref(), &a.output, &[], t0)
 }
