@@ -13,9 +13,11 @@
 #   bench/lab/run.sh --help                    # every option
 #
 # It installs what it needs (iproute2, fonts for the chart, s3s-fs 0.14.1 from crates.io),
-# builds the release binaries, and runs `dquant-offload-bench lab`. A full run appends its
-# table to bench/RESULTS.md and copies its chart to bench/lab/latest.png (--no-append skips
-# both); results also go to bench/lab/out/<UTC time>/ (table.md, results.json, lab.png).
+# builds the release binaries, and runs `dquant-offload-bench lab`. A full run records its
+# figures in bench/results/lab.json (bench/results.py; RESULTS.md rendered again), appends its
+# table to bench/history/lab.md and copies its chart to bench/lab/latest.png (--no-append skips
+# all three); results also go to bench/lab/out/<UTC time>/ (table.md, results.json,
+# figures.json, lab.png).
 # Corpora are generated once into /var/tmp/dquant-lab (--data to move them).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -66,11 +68,14 @@ OUT="$REPO/bench/lab/out/$(date -u +%Y%m%dT%H%M%SZ)"
 EXTRA=()
 if [[ $HELP == 0 ]]; then
   EXTRA+=(--out "$OUT")
-  if [[ $SMOKE == 0 && $APPEND == 1 ]]; then EXTRA+=(--append "$REPO/bench/RESULTS.md"); fi
+  if [[ $SMOKE == 0 && $APPEND == 1 ]]; then EXTRA+=(--append "$REPO/bench/history/lab.md"); fi
 fi
 export DQUANT_LAB_COMMAND="bench/lab/run.sh${*:+ $*}"
 target/release/dquant-offload-bench lab "${ARGS[@]}" "${EXTRA[@]}"
-if [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && -f "$OUT/lab.png" ]]; then
+if [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && -f "$OUT/figures.json" ]]; then
+  python3 bench/results.py record lab --figures "$OUT/figures.json" --command "$DQUANT_LAB_COMMAND"
   cp "$OUT/lab.png" "$REPO/bench/lab/latest.png"
-  echo "bench/lab/run.sh: table appended to bench/RESULTS.md; chart at bench/lab/latest.png" >&2
+  echo "bench/lab/run.sh: figures in bench/results/lab.json, table in bench/history/lab.md, chart at bench/lab/latest.png" >&2
+elif [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 ]]; then
+  echo "bench/lab/run.sh: table appended to bench/history/lab.md (a tenants run writes no figures.json: bench/results/lab_tenants.json keeps its last recorded figures)" >&2
 fi

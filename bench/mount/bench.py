@@ -13,13 +13,15 @@ uint16 copy `dquant convert` writes (the same bytes):
   a fresh mount against the local copy.
 
 The agent's files are warm for every run, so the mount's cold figure is the agent and the
-mount process, not the disk. Prints a Markdown table; `--append FILE` inserts it into
-bench/RESULTS.md with the command, date, machine and commit. `bench/mount/run.sh` runs it.
+mount process, not the disk. Prints a Markdown table; `--record` writes the headline figures to
+bench/results/mount.json (bench/results.py: commit, date, machine; RESULTS.md rendered again)
+and appends the whole table to bench/history/mount.md. `bench/mount/run.sh` runs it.
 """
 
 import argparse
 import datetime
 import gc
+import json
 import os
 import platform
 import re
@@ -178,13 +180,15 @@ def gpt_dataset(prefix: Path, cache: Path, samples: int, seq_len: int) -> tuple[
 
 
 def command_args(argv: list) -> str:
-    """The arguments a user gave run.sh: without the --dquant and --append it adds."""
+    """The arguments a user gave run.sh: without the --dquant and --record it adds."""
     out, skip = [], False
     for x in argv:
         if skip:
             skip = False
-        elif x in ("--dquant", "--append"):
+        elif x == "--dquant":
             skip = True
+        elif x == "--record":
+            pass
         else:
             out.append(x)
     return " ".join(out)
@@ -210,7 +214,8 @@ def main():
     ap.add_argument("--gpt-samples", type=int, default=20000)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--rss-passes", type=int, default=20, help="cold passes for the memory check (first run)")
-    ap.add_argument("--append", help="insert the table into this results file")
+    ap.add_argument("--record", action="store_true",
+                    help="record the figures in bench/results/mount.json, the table in bench/history/mount.md")
     a = ap.parse_args()
     dquant = Path(a.dquant)
     work = Path(a.work)
@@ -316,21 +321,59 @@ def main():
     ]
     table = "\n".join(lines)
     print(table)
-    if a.append:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        head = (
-            f"## {when[:10]}: `dquant mount` against local files\n\n"
-            f"`bench/mount/run.sh {command_args(sys.argv[1:])}` · {when} · {cpu}, "
-            f"{os.cpu_count()} vCPU, {platform.release()} · commit {commit} · {tokens:,} tokens of real r50k text "
-            f"(int32 on the agent, uint16 through the mount), {a.runs} runs (medians; ranges where they differ).\n\n"
-        )
-        text = Path(a.append).read_text()
-        at = text.find("\n## ")
-        at = len(text) if at < 0 else at + 1
-        Path(a.append).write_text(text[:at] + head + table + "\n\n" + text[at:])
+    if a.record:
+        record(a, table, tokens, {
+            "seq_cold": seq_ratio,
+            "seq_warm": median(ratio("seq_warm", "seq_local")),
+            "seq_local_gbs": median(rows["seq_local"]) / 1e9,
+            "rnd": median(ratio("rnd_cold", "rnd_local")),
+            "rnd_local": median(rows["rnd_local"]),
+            "gpt_it": median(ratio("gpt_mount_it", "gpt_local_it")),
+            "gpt_local_it": median(rows["gpt_local_it"]),
+            "gpt_build": median(rows["gpt_mount_build"]),
+            "gpt_local_build": median(rows["gpt_local_build"]),
+            "rss": rss_after,
+            "streamed_gib": streamed_mib / 1024,
+        })
 
+
+def record(a, table: str, tokens: int, f: dict) -> None:
+    """The figures into bench/results/mount.json (through bench/results.py, which fills in the
+    commit, date and machine), and the whole table appended to bench/history/mount.md."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import results
+
+    command = f"bench/mount/run.sh {command_args(sys.argv[1:])}".strip()
+    figures = [
+        {"name": "sequential 1 MiB reads, cold: mount ÷ local", "value": round(f["seq_cold"], 3), "unit": "×",
+         "baseline": f"the local uint16 file from the page cache: {f['seq_local_gbs']:.2f} GB/s", "goal": ">= 0.5"},
+        {"name": "sequential 1 MiB reads, warm: mount ÷ local", "value": round(f["seq_warm"], 3), "unit": "×",
+         "baseline": f"the local file: {f['seq_local_gbs']:.2f} GB/s", "goal": None},
+        {"name": "random 4 KiB preads, cold: mount ÷ local", "value": round(f["rnd"], 4), "unit": "×",
+         "baseline": f"the local file: {f['rnd_local']:,.0f} reads/s", "goal": None},
+        {"name": f"Megatron GPTDataset (seq_len {a.seq_len}) samples/s: mount ÷ local", "value": round(f["gpt_it"], 3),
+         "unit": "×", "baseline": f"GPTDataset over the local copy: {f['gpt_local_it']:,.0f} samples/s", "goal": None},
+        {"name": "GPTDataset index build through the mount", "value": round(f["gpt_build"], 3), "unit": "s",
+         "baseline": f"over the local copy: {f['gpt_local_build']:.3f} s", "goal": None},
+        {"name": f"mount process RSS after {f['streamed_gib']:.1f} GiB streamed", "value": round(f["rss"]), "unit": "MiB",
+         "baseline": "bounded: the mount keeps no file in memory", "goal": None},
+    ]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"figures": figures}, fh)
+    try:
+        if results.main(["record", "mount", "--figures", fh.name, "--command", command,
+                         "--title", "`dquant mount` against local files"]) != 0:
+            sys.exit("bench/mount/bench.py: the figures were not recorded (above: why)")
+    finally:
+        os.unlink(fh.name)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = (f"## {when}: `dquant mount` against local files\n\n`{command}` · commit {commit} · "
+            f"{tokens:,} tokens of real r50k text (int32 on the agent, uint16 through the mount), "
+            f"{a.runs} runs (medians; ranges where they differ).\n\n")
+    hist = REPO / "bench" / "history" / "mount.md"
+    with open(hist, "a") as h:
+        h.write(head + table + "\n\n")
 
 if __name__ == "__main__":
     main()

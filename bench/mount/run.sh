@@ -5,8 +5,8 @@
 #
 # Usage:
 #   bench/mount/run.sh                 # 3 runs over the lab's r50k corpus (or one made here),
-#                                      # table inserted into bench/RESULTS.md
-#   bench/mount/run.sh --runs 1 --gpt-samples 2000 --no-append
+#                                      # figures recorded in bench/results/mount.json
+#   bench/mount/run.sh --runs 1 --gpt-samples 2000 --no-record
 #   bench/mount/run.sh --help          # bench.py's options
 #
 # The Python environment is bench/python's (numpy, megatron-core): its venv is made from
@@ -16,11 +16,11 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
 REQ=bench/python/requirements.txt
 VENV="${DQUANT_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dquant/bench-venv-$(sha256sum "$REQ" | cut -c1-12)}"
-APPEND=(--append bench/RESULTS.md)
+RECORD=(--record)
 ARGS=()
 for a in "$@"; do
   case "$a" in
-    --no-append) APPEND=() ;;
+    --no-record) RECORD=() ;;
     *) ARGS+=("$a") ;;
   esac
 done
@@ -31,4 +31,4 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 command -v fusermount3 >/dev/null || echo "bench/mount/run.sh: note: fusermount3 missing (apt install fuse3); the mount itself does not need it" >&2
 cargo build --release --locked -q -p dquant-cli
-exec "$VENV/bin/python" bench/mount/bench.py --dquant target/release/dquant "${APPEND[@]}" "${ARGS[@]}"
+exec "$VENV/bin/python" bench/mount/bench.py --dquant target/release/dquant "${RECORD[@]}" "${ARGS[@]}"

@@ -2,7 +2,8 @@
 # The offload agent's end-to-end benchmark: throughput against a plain TCP copy and (shared
 # memory) against memcpy, the shared-memory ring alone, agent memory
 # against its limit, and time to first batch on a 10 GiB dataset, each against a baseline
-# measured in the same run. Results go to bench/RESULTS.md by hand, from the files this writes.
+# measured in the same run. Its figures go to bench/results/offload.json by hand, from the
+# files this writes (bench/results.py record offload --figures FILE --command ...).
 #
 # Usage:
 #   bench/offload/run.sh [--clean] [DATA_DIR [OUT_DIR]]

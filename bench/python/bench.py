@@ -943,8 +943,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dquant-bin", default=str(REPO / "target" / "release" / "dquant"))
     ap.add_argument("--out", default=None, help="output dir (default bench/python/out/<UTC time>)")
-    ap.add_argument("--results-md", default=str(REPO / "bench" / "RESULTS.md"))
-    ap.add_argument("--no-append", action="store_true", help="do not write into RESULTS.md")
+    ap.add_argument(
+        "--no-append",
+        action="store_true",
+        help="do not record (bench/results/python_loaders.json, bench/history/python_loaders.md)",
+    )
     ap.add_argument("--command", default=None, help="the command line to record")
     a = ap.parse_args(argv)
 
@@ -1166,8 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     log(f"wrote {out / 'results.json'} and {out / 'table.md'}")
     if not a.no_append:
-        append_results(Path(a.results_md), res, table)
-        log(f"inserted a section into {a.results_md}")
+        record(res, table)
     return 0
 
 
@@ -1254,23 +1256,56 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def append_results(path: Path, res: dict, table: str) -> None:
-    """Inserts the section before the newest existing `## ` section (the file is newest
-    first)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+def figures(res: dict) -> list[dict]:
+    """The headline figures: each dquant row held to the issue's goal (≥ 3× the best peer),
+    and what boundary outputs cost, both against rows of the same run."""
+    rows = {r["key"]: r for r in res["rows"] if not r["skipped"]}
+    base = next((r for r in res["rows"] if r["loader"] == res["baseline"]), None)
+    out = []
+    for r in rows.values():
+        if r["kind"] == "dquant" and base:
+            out.append({
+                "name": f"{r['loader']}: tokens/s ÷ best peer's",
+                "value": round(r["vs_base_median"], 3),
+                "unit": "×",
+                "baseline": f"{base['loader']}: {base['rate_median'] / 1e6:.1f} M tokens/s",
+                "goal": ">= 3.0" if r["goal"] else None,
+            })
+    if "dquant-torch-masks" in rows and "dquant-torch-dl" in rows:
+        r, q = rows["dquant-torch-masks"], rows["dquant-torch-dl"]
+        out.append({
+            "name": f"{r['loader']}: rate with boundary outputs ÷ without",
+            "value": round(r["rate_median"] / q["rate_median"], 3),
+            "unit": "×",
+            "baseline": f"{q['loader']}: {q['rate_median'] / 1e6:.1f} M tokens/s",
+            "goal": ">= 0.8",
+        })
+    return out
+
+
+def record(res: dict, table: str) -> None:
+    """The figures into bench/results/python_loaders.json (bench/results.py fills in the
+    commit, date and machine, and renders RESULTS.md), and the whole write-up appended to
+    bench/history/python_loaders.md (append-only)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import results
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"figures": figures(res)}, fh)
+    try:
+        code = results.main(["record", "python_loaders", "--figures", fh.name,
+                             "--command", res["command"]])
+    finally:
+        os.unlink(fh.name)
+    if code != 0:
+        raise BenchError("the figures were not recorded (above: why)")
     heading = (
-        f"## {res['date'][:10]}: Python loaders end to end, dquant against "
-        f"Megatron-Core, MosaicML Streaming and LitData (issue 6)\n\n"
-        f"`bench/python/run.sh` wrote this ({res['date'][11:16]} UTC). Set-up and "
-        f"definitions: [`bench/python/README.md`](python/README.md).\n\n"
+        f"## {res['date'][:16]}: Python loaders end to end, dquant against "
+        f"Megatron-Core, MosaicML Streaming and LitData\n\n"
     )
-    section = heading + table + "\n"
-    lines = text.splitlines(keepends=True)
-    at = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
-    new = "".join(lines[:at]) + section + "".join(lines[at:])
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(new)
-    os.replace(tmp, path)
+    with open(REPO / "bench" / "history" / "python_loaders.md", "a") as h:
+        h.write(heading + table + "\n")
+    log("recorded bench/results/python_loaders.json; table in bench/history/python_loaders.md")
 
 
 def _sigterm(signum, frame):

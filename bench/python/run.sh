@@ -5,8 +5,8 @@
 # the same run. See bench/python/README.md.
 #
 # Usage:
-#   bench/python/run.sh                      # full run (~6-7 min after installs), appends to bench/RESULTS.md
-#   bench/python/run.sh --smoke              # tiny corpus, one run, no append: checks the wiring
+#   bench/python/run.sh                      # full run (~6-7 min after installs), recorded in bench/results/
+#   bench/python/run.sh --smoke              # tiny corpus, one run, not recorded: checks the wiring
 #   bench/python/run.sh --no-append --runs 5 --seq-len 4096 --batch-size 4
 #
 # Options (the rest go to bench.py; `bench/python/run.sh --help-bench` lists them):
@@ -17,7 +17,7 @@
 #   --no-workers1    skip the DataLoader(num_workers=1) rows
 #   --loaders LIST   e.g. megatron,mds,litdata,dquant-local,dquant-shm,ceiling (see --help-bench)
 #   --min-run-s S    a run repeats whole passes for at least S seconds (default 1)
-#   --no-append      do not insert the table into bench/RESULTS.md
+#   --no-append      do not record (bench/results/python_loaders.json, bench/history/)
 #   --smoke          4 MB corpus, 1 run, no append
 #
 # Environment:

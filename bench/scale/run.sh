@@ -28,8 +28,9 @@
 #   --skip    leave out a step: open, memory, resume, shuffled, lab (repeatable)
 #
 # Needs release builds (built here) and, for `open`'s cold case and the lab, root. The machine
-# is shared: the load average is recorded before and after; prefer a quiet machine. Results go
-# to bench/RESULTS.md by hand, from summary.md and the step files.
+# is shared: the load average is recorded before and after; prefer a quiet machine. Figures go
+# to bench/results/scale.json by hand, from summary.md and the step files
+# (bench/results.py record scale --figures FILE --command ...).
 set -euo pipefail
 
 KEEP=0

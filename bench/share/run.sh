@@ -2,7 +2,8 @@
 # Fan-out: 8 readers of one plan as one shared stream (`share`), against 8 separate sessions
 # and one lone reader, over TCP and over shared memory, in the same run. Reports the agent's
 # CPU, the bytes it read from storage and each reader's throughput, as ratios to the lone
-# reader's. Results go to bench/RESULTS.md by hand, from the files this writes.
+# reader's. The figures are recorded in bench/results/fanout.json (bench/results.py, which
+# renders bench/RESULTS.md; RECORD=0 skips it).
 #
 # Usage:
 #   bench/share/run.sh [DATA_DIR [OUT_DIR]]
@@ -14,6 +15,7 @@
 #             (.txt tables, .json figures)
 #   RUNS=N    rounds of the three scenarios (default 3); READERS=N (default 8);
 #   SAMPLES=N samples each reader streams (default 16384: 128 MiB of u16 per reader).
+#   RECORD=0  do not record the figures.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DATA="${1:-/work/bench-data}"
@@ -56,3 +58,8 @@ for t in tcp shm tcp-zstd; do
 done
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
 echo "results in $OUT"
+if [[ "${RECORD:-1}" == 1 ]]; then
+  python3 bench/share/figures.py "$OUT" > "$OUT/figures.json"
+  python3 bench/results.py record fanout --figures "$OUT/figures.json" \
+    --command "RUNS=$RUNS READERS=$READERS SAMPLES=$SAMPLES bench/share/run.sh"
+fi

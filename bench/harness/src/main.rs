@@ -3,7 +3,7 @@
 //! Every figure is measured against a baseline in the same run (the machines are shared and
 //! noisy): batches through an agent against a plain TCP copy, agent memory against its limit,
 //! time to first batch through an agent against the same plan in-process. See
-//! `bench/offload/run.sh` for the full run and `bench/RESULTS.md` for results.
+//! `bench/offload/run.sh` for the full run and `bench/RESULTS.md` (generated from `bench/results/`) for results.
 
 mod breakdown;
 mod lab;

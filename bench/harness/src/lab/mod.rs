@@ -92,8 +92,8 @@ pub struct Args {
     /// Where results go (results.json, table.md, lab.png); default DATA/out/<UTC time>.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Also add the table to this results file (bench/RESULTS.md), newest first: before its
-    /// first `## ` section.
+    /// Also append the table to this history file (bench/history/lab.md); the figures to
+    /// record are in OUT/figures.json either way (bench/lab/run.sh records them).
     #[arg(long)]
     pub append: Option<PathBuf>,
     /// The s3s-fs binary (default: from PATH, then ~/.cargo/bin).
@@ -801,7 +801,7 @@ pub fn run(args: &Args) -> Result<()> {
             meta.date, meta.command, meta.commit, meta.elapsed_s, meta.machine, meta.loadavg, meta.link, meta.data
         );
         if let Some(f) = &args.append {
-            report::add_to_results(f, &section)?;
+            report::append_to_history(f, &section)?;
         }
         println!("{section}");
         return Ok(());
@@ -875,8 +875,12 @@ pub fn run(args: &Args) -> Result<()> {
         &meta.chart_subtitle(),
         &report::panels(&summary),
     )?;
+    std::fs::write(
+        out.join("figures.json"),
+        serde_json::to_string_pretty(&serde_json::json!({ "figures": report::figures(&goals) }))?,
+    )?;
     if let Some(f) = &args.append {
-        report::add_to_results(f, &table)?;
+        report::append_to_history(f, &table)?;
     }
     println!("{table}");
     eprintln!(

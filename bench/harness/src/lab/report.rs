@@ -16,22 +16,17 @@ use super::netns::{LinkSpec, HOST_NS, STORAGE_NS};
 use super::{chart, utc_human, Args, Corpus, Measure, Way};
 use crate::report::{median, spread};
 
-/// Adds `section` to the results file `f` before its first `## ` heading (the file lists the
-/// newest results first), or at its end if it has none.
-pub(super) fn add_to_results(f: &Path, section: &str) -> Result<()> {
-    let old = match std::fs::read_to_string(f) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", f.display())),
-    };
-    let at = old.find("\n## ").map_or(old.len(), |i| i + 1);
-    let new = format!(
-        "{}{}\n{}",
-        &old[..at],
-        section.trim_end(),
-        if at < old.len() { "\n" } else { "" }
-    ) + &old[at..];
-    std::fs::write(f, new).with_context(|| format!("cannot write {}", f.display()))
+/// Appends `section` to the history file `f` (bench/history/lab.md: append-only, oldest
+/// first); the headline figures go to bench/results/ through bench/results.py instead.
+pub(super) fn append_to_history(f: &Path, section: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(f)
+        .with_context(|| format!("cannot open {}", f.display()))?;
+    writeln!(file, "{}\n", section.trim_end())
+        .with_context(|| format!("cannot write {}", f.display()))
 }
 
 /// One (corpus, scenario) over all runs.
@@ -148,13 +143,55 @@ pub(super) fn summarize(all: &[Measure], spec: &LinkSpec) -> Vec<Row> {
     rows
 }
 
-/// One of the goals, checked.
+/// One of the goals, checked, with the figures it rests on.
 #[derive(Clone, Debug, Serialize)]
 pub struct Goal {
     pub what: String,
     pub target: String,
     pub got: String,
     pub met: bool,
+    /// What bench/results.py records for this goal (figures.json).
+    pub figures: Vec<Figure>,
+}
+
+/// One figure in bench/results.py's schema: `goal` is `">= X"`/`"<= X"` in `unit`, and the
+/// generator decides from it whether the figure is met.
+#[derive(Clone, Debug, Serialize)]
+pub struct Figure {
+    pub name: String,
+    pub value: f64,
+    pub unit: &'static str,
+    pub baseline: String,
+    pub goal: Option<String>,
+}
+
+/// The same run's baseline, as the figures name it.
+const BASELINE: &str = "(a) S3 int32 + host-side narrowing, same run";
+
+fn figure(
+    name: String,
+    value: f64,
+    unit: &'static str,
+    baseline: &str,
+    goal: Option<String>,
+) -> Figure {
+    // Three significant decimals are what the tables show; more is noise.
+    let value = (value * 1000.0).round() / 1000.0;
+    Figure {
+        name,
+        value,
+        unit,
+        baseline: baseline.to_string(),
+        goal,
+    }
+}
+
+/// Every goal's figures, in order: what `figures.json` holds.
+pub(super) fn figures(goals: &[Goal]) -> Vec<Figure> {
+    goals
+        .iter()
+        .flat_map(|g| g.figures.iter().cloned())
+        .collect()
 }
 
 pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
@@ -163,8 +200,16 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
     for (corpus, wire, target) in [("r50k", "u16", 1.9), ("o200k", "bits:18", 1.7)] {
         if let Some(r) = find(corpus, &Way::Agent { wire: wire.into() }) {
             let got = median(&r.ratio);
+            let what = format!("(b) {wire} on {corpus}: tokens/s vs baseline");
             g.push(Goal {
-                what: format!("(b) {wire} on {corpus}: tokens/s vs baseline"),
+                figures: vec![figure(
+                    what.clone(),
+                    got,
+                    "×",
+                    BASELINE,
+                    Some(format!(">= {target}")),
+                )],
+                what,
                 target: format!("≥ {target}×"),
                 got: format!("{got:.2}× (runs {})", span(&r.ratio, |x| format!("{x:.2}"))),
                 met: got >= target,
@@ -183,7 +228,16 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
         let consumer_cpu = median(&r.cpu_per_gtok);
         let base_cpu = consumer_cpu / median(&r.cpu_ratio).max(1e-12);
         let target = if r.bits <= 16 { 1.9 } else { 1.0 };
+        let host_cpu = format!(
+            "{} on {}: host CPU-s per 10⁹ tokens (consumer + mount)",
+            r.label, r.corpus
+        );
+        let base_text = format!("{BASELINE}: {base_cpu:.1} CPU-s per 10⁹ tokens");
         g.push(Goal {
+            figures: vec![
+                figure(format!("{} on {}: tokens/s vs baseline", r.label, r.corpus), got, "×", BASELINE, Some(format!(">= {target}"))),
+                figure(host_cpu, consumer_cpu + mount_cpu, "CPU-s", &base_text, None),
+            ],
             what: format!("{} on {}: tokens/s vs baseline; host CPU", r.label, r.corpus),
             target: format!("≥ {target}×"),
             got: format!(
@@ -202,7 +256,24 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
         _ => false,
     }) {
         let (ratio, link) = (median(&r.ratio), median(&r.link_use));
+        let name = |what: &str| format!("{} on {}: {what}", r.label, r.corpus);
         g.push(Goal {
+            figures: vec![
+                figure(
+                    name("tokens/s vs baseline"),
+                    ratio,
+                    "×",
+                    BASELINE,
+                    Some(">= 3".into()),
+                ),
+                figure(
+                    name("link use"),
+                    link * 100.0,
+                    "%",
+                    "the link's rate",
+                    Some(">= 90".into()),
+                ),
+            ],
             what: format!(
                 "{} on {}: tokens/s vs baseline, and link use",
                 r.label, r.corpus
@@ -231,11 +302,20 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
         };
         let (got, single) = (median(&r.mtok_s), median(&one.mtok_s));
         let ratio = got / (*n as f64 * single);
+        let what = format!(
+            "{} on {}: aggregate tokens/s vs {n} × one link",
+            r.label, r.corpus
+        );
+        let one = format!("{n} × one link's {single:.1} M tokens/s, same run");
         g.push(Goal {
-            what: format!(
-                "{} on {}: aggregate tokens/s vs {n} × one link",
-                r.label, r.corpus
-            ),
+            figures: vec![figure(
+                what.clone(),
+                ratio,
+                "×",
+                &one,
+                Some(">= 0.9".into()),
+            )],
+            what,
             target: "≥ 0.9×".into(),
             got: format!(
                 "{ratio:.2}× ({got:.1} vs {n} × {single:.1} M tok/s; link use {:.0}%)",
@@ -253,7 +333,14 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
         let calm = find(&r.corpus, &Way::Chain { wire: wire.clone() });
         let calm_wait = calm.map_or(0.0, |c| median(&c.max_wait_s));
         let killed = r.killed.iter().filter(|&&k| k).count();
+        let name = |what: &str| format!("{} on {}: {what}", r.label, r.corpus);
+        let calm_text = format!("the same chain without a kill: {:.0} ms", calm_wait * 1e3);
+        let runs = r.killed.len();
         g.push(Goal {
+            figures: vec![
+                figure(name("a replica SIGKILLed mid-stream: longest wait for a batch"), median(&r.max_wait_s) * 1e3, "ms", &calm_text, None),
+                figure(name("runs whose replica was killed mid-stream, stream identical"), killed as f64, "runs", "every run's stream equals the baseline's", Some(format!(">= {runs}"))),
+            ],
             what: format!(
                 "{} on {}: a replica SIGKILLed mid-stream; longest wait for a batch",
                 r.label, r.corpus
@@ -274,11 +361,19 @@ pub(super) fn goals(rows: &[Row]) -> Vec<Goal> {
         .filter(|r| matches!(r.way, Way::Chain { .. } | Way::S3Root))
     {
         let got = median(&r.cpu_ratio);
+        let what = format!(
+            "{} on {}: consumer CPU per token vs baseline",
+            r.label, r.corpus
+        );
         g.push(Goal {
-            what: format!(
-                "{} on {}: consumer CPU per token vs baseline",
-                r.label, r.corpus
-            ),
+            figures: vec![figure(
+                what.clone(),
+                got,
+                "×",
+                BASELINE,
+                Some("<= 0.2".into()),
+            )],
+            what,
             target: "≤ 0.2×".into(),
             got: format!("{got:.3}×"),
             met: got <= 0.2,
@@ -536,18 +631,15 @@ mod tests {
     }
 
     #[test]
-    fn results_go_before_the_newest_section() {
+    fn history_is_appended_to() {
         let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("RESULTS.md");
-        std::fs::write(&f, "# Results\n\nintro\n\n## older\n\nold\n").unwrap();
-        add_to_results(&f, "## lab\n\n| t |\n").unwrap();
+        let f = dir.path().join("lab.md");
+        append_to_history(&f, "## one\n\n| t |\n").unwrap();
+        append_to_history(&f, "## two\n").unwrap();
         assert_eq!(
             std::fs::read_to_string(&f).unwrap(),
-            "# Results\n\nintro\n\n## lab\n\n| t |\n\n## older\n\nold\n"
+            "## one\n\n| t |\n\n## two\n\n"
         );
-        let g = dir.path().join("new.md");
-        add_to_results(&g, "## lab\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&g).unwrap(), "## lab\n");
     }
 
     #[test]
@@ -579,6 +671,22 @@ mod tests {
         // 2 link bytes per token; 1.95 M tokens/s = 3.9 MB/s of a 125 MB/s link.
         assert!((row(&u16).link_use[0] - 3.9e6 / 125e6).abs() < 1e-12);
         let g = goals(&rows);
+        // The figures bench/results.py records carry the goals' own thresholds.
+        let f = figures(&g);
+        let goal_of = |name: &str| {
+            f.iter()
+                .find(|x| x.name == name)
+                .and_then(|x| x.goal.clone())
+        };
+        assert_eq!(
+            goal_of("(b) u16 on r50k: tokens/s vs baseline").as_deref(),
+            Some(">= 1.9")
+        );
+        assert_eq!(f[0].value, 1.925);
+        assert_eq!(
+            goal_of("(c) chain auto+lz4 + shm on r50k: link use").as_deref(),
+            Some(">= 90")
+        );
         let got: Vec<(&str, bool)> = g.iter().map(|g| (g.what.as_str(), g.met)).collect();
         assert_eq!(
             got,

@@ -178,7 +178,7 @@ fn part(
     Ok(series)
 }
 
-/// Runs both parts; returns the Markdown section for bench/RESULTS.md.
+/// Runs both parts; returns the Markdown section for bench/history/lab.md.
 pub(super) fn run(
     tools: &Tools,
     link: &Link,
