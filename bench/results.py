@@ -136,7 +136,9 @@ def changed_since(r: dict) -> list[str]:
     p = git("diff", "--name-only", r["commit"], "--", *r["depends_on"])
     if p.returncode != 0:
         raise ResultError(f"{r['area']}: git diff failed: {p.stderr.strip()}")
-    return [line for line in p.stdout.splitlines() if line]
+    # New files git does not track yet count too (git diff leaves them out).
+    new = git("ls-files", "--others", "--exclude-standard", "--", *r["depends_on"])
+    return sorted({line for line in (p.stdout + new.stdout).splitlines() if line})
 
 
 def load_all() -> list[dict]:
