@@ -75,6 +75,9 @@ def test_a_change_to_measured_code_makes_the_area_stale_until_rendered(repo):
     results(repo, "render")
     (repo / "crates" / "other.rs").write_text("fn other() { 1; }\n")
     assert results(repo, "check").returncode == 0, "a path it does not depend on"
+    (repo / "crates" / "agent" / "new.rs").write_text("fn new() {}\n")
+    assert results(repo, "check").returncode == 1, "a new file under its paths, not yet tracked"
+    (repo / "crates" / "agent" / "new.rs").unlink()
     (repo / "crates" / "agent" / "share.rs").write_text("fn share() { 2; }\n")
     c = results(repo, "check")
     assert c.returncode == 1 and "is not what bench/results/*.json" in c.stderr
