@@ -5,7 +5,10 @@
 #
 #   fuzz/run.sh replay                     each target over its seeds only, no mutation (CI)
 #   fuzz/run.sh smoke [SECONDS]            each target SECONDS (default 6)
-#   fuzz/run.sh campaign RUNS [TARGET...]  each target RUNS executions, or FUZZ_MAX_TIME s
+#   fuzz/run.sh campaign RUNS [TARGET...]  each target RUNS executions, or FUZZ_MAX_TIME s;
+#                                          its log in fuzz/logs/<target>.log
+#   fuzz/run.sh record RUNS                the campaign's figures (fuzz/logs) into
+#                                          bench/results/fuzz.json and bench/RESULTS.md
 #   fuzz/run.sh build
 #   FUZZ_TARGETS="hello plan_json" fuzz/run.sh smoke   a subset
 #
@@ -105,13 +108,34 @@ case "${1:-}" in
     build
     # shellcheck disable=SC2086
     [ $# -gt 0 ] || set -- $TARGETS
+    mkdir -p logs
     for t in "$@"; do
-      echo "== fuzz campaign: $t ($runs runs) $(date -u +%FT%TZ)"
-      run "$t" -runs="$runs" ${FUZZ_MAX_TIME:+-max_total_time=$FUZZ_MAX_TIME}
+      {
+        echo "== fuzz campaign: $t ($runs runs) $(date -u +%FT%TZ)"
+        run "$t" -runs="$runs" ${FUZZ_MAX_TIME:+-max_total_time=$FUZZ_MAX_TIME} 2>&1
+      } | tee "logs/$t.log"
     done
+    echo "record the figures with: fuzz/run.sh record $runs"
+    ;;
+  record)
+    runs=${2:?record needs the campaign's run count}
+    # shellcheck disable=SC2086
+    logs=$(for t in $TARGETS; do echo "logs/$t.log"; done)
+    figures=$(mktemp)
+    # shellcheck disable=SC2086
+    python3 figures.py --runs "$runs" $logs >"$figures"
+    # What the targets link, beyond fuzz/ itself: the parsers and the code they drive.
+    python3 ../bench/results.py record fuzz --figures "$figures" \
+      --command "fuzz/run.sh campaign $runs (targets in two lanes), then fuzz/run.sh record $runs" \
+      --title "Fuzz campaign: every parser of untrusted bytes" \
+      --depends-on fuzz/fuzz_targets fuzz/src fuzz/seeds fuzz/run.sh fuzz/Cargo.toml \
+      crates/dquant-format/src crates/dquant-codec/src crates/dquant-transport/src \
+      crates/dquant-plan/src crates/dquant-engine/src crates/dquant-proto \
+      crates/dquant-agent/src/limits.rs crates/dquant-remote/src/source.rs
+    rm -f "$figures"
     ;;
   *)
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,17p' "$0" >&2
     exit 2
     ;;
 esac
