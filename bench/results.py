@@ -115,6 +115,8 @@ def load(path: Path) -> dict:
         raise ResultError(f"{where}: no figures")
     for f in r["figures"]:
         check_figure(f, where)
+    if r.get("history") and not (REPO / r["history"]).exists():
+        raise ResultError(f"{where}: history {r['history']!r} does not exist")
     if not isinstance(r["depends_on"], list) or not r["depends_on"]:
         raise ResultError(f"{where}: depends_on lists the paths the figures depend on")
     for p in r["depends_on"]:
@@ -270,7 +272,7 @@ def record(a: argparse.Namespace) -> None:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
         "machine": a.machine or machine(),
         "depends_on": depends_on,
-        "history": f"bench/history/{a.area}.jsonl",
+        "history": f"bench/history/{a.area}.jsonl" if old is not None else "",
         "notes": a.notes if a.notes is not None else (old or {}).get("notes", ""),
         "figures": [{k: f.get(k) for k in FIGURE_KEYS} for f in figures],
     }
