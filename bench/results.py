@@ -273,7 +273,8 @@ def record(a: argparse.Namespace) -> None:
         "machine": a.machine or machine(),
         "depends_on": depends_on,
         "history": f"bench/history/{a.area}.jsonl" if old is not None else "",
-        "notes": a.notes if a.notes is not None else (old or {}).get("notes", ""),
+        # Not carried over: an old note may describe figures this run replaced.
+        "notes": a.notes or "",
         "figures": [{k: f.get(k) for k in FIGURE_KEYS} for f in figures],
     }
     if old is not None:

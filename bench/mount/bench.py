@@ -227,7 +227,7 @@ def main():
         corpus = lab if Path(f"{lab}.bin").exists() else work / "r50k_int32"
     if not Path(f"{corpus}.bin").exists():
         print(f"bench/mount: tokenizing {a.mb} MB of text into {corpus}", file=sys.stderr)
-        subprocess.run([str(dquant), "corpus", "real", "--encoding", "r50k", "--mb", str(a.mb), str(corpus)], check=True)
+        subprocess.run([str(dquant), "corpus", "real", "--encoding", "r50k", "--max-mb", str(a.mb), "-q", str(corpus)], check=True)
     root = work / "root"
     root.mkdir(exist_ok=True)
     for ext in ("bin", "idx"):
