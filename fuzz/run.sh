@@ -118,7 +118,7 @@ case "${1:-}" in
     echo "record the figures with: fuzz/run.sh record $runs"
     ;;
   record)
-    runs=${2:?record needs the campaign's run count}
+    runs=${2:?record needs the run count of the campaign}
     # shellcheck disable=SC2086
     logs=$(for t in $TARGETS; do echo "logs/$t.log"; done)
     figures=$(mktemp)
