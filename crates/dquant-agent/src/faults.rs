@@ -86,17 +86,30 @@ pub(crate) fn internal_error(payload: &(dyn Any + Send), consumed_samples: Optio
     )
 }
 
+/// Runs `f` on `state`; a panic in it becomes the message a client is told
+/// ([`internal_error`], with the cursor `consumed_samples` reads off `state` when it knows
+/// it), logged once here as `what` ends. The one place the agent catches a panic.
+pub(crate) fn catch<S, T>(
+    what: &str,
+    state: &mut S,
+    f: impl FnOnce(&mut S) -> T,
+    consumed_samples: impl FnOnce(&S) -> Option<u64>,
+) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(state))).map_err(|payload| {
+        let m = internal_error(payload.as_ref(), consumed_samples(state));
+        tracing::error!(error = %m, "{what} panicked; it ends, the agent serves on");
+        m
+    })
+}
+
 /// Runs a session's streaming on its thread; a panic anywhere in it (a relay, a range
 /// server, not only a producer) becomes that session's failure instead of unwinding out of
 /// the thread, so the session table, the metrics and the `Watch` feed see it end.
 pub(crate) fn contain<T>(
     stream: impl FnOnce() -> Result<T, crate::sessions::StreamError>,
 ) -> Result<T, crate::sessions::StreamError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(stream)).unwrap_or_else(|payload| {
-        let m = internal_error(payload.as_ref(), None);
-        tracing::error!(error = %m, "a session's thread panicked; the session ends");
-        Err(crate::sessions::StreamError::Panicked(m))
-    })
+    catch("a session's thread", &mut (), |()| stream(), |()| None)
+        .unwrap_or_else(|m| Err(crate::sessions::StreamError::Panicked(m)))
 }
 
 #[cfg(test)]

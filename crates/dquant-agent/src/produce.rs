@@ -349,18 +349,17 @@ fn step_contained(
     made: u64,
     now: &impl Fn() -> Instant,
 ) -> Result<(Step, ()), ProduceError> {
-    let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        producer.faults.0.before_batch(producer.faults.1, made);
-        producer
-            .step(sink)
-            .and_then(|s| Ok((s, sink.flush_if_idle(now())?)))
-    }));
-    step.unwrap_or_else(|payload| {
-        let consumed = producer.cursor().consumed_samples;
-        let m = faults::internal_error(payload.as_ref(), Some(consumed));
-        tracing::error!(error = %m, "a producer panicked; its stream ends");
-        Err(ProduceError::Panicked(m))
-    })
+    let step = faults::catch(
+        "a producer",
+        producer,
+        |p| {
+            p.faults.0.before_batch(p.faults.1, made);
+            p.step(sink)
+                .and_then(|s| Ok((s, sink.flush_if_idle(now())?)))
+        },
+        |p| Some(p.cursor().consumed_samples),
+    );
+    step.unwrap_or_else(|m| Err(ProduceError::Panicked(m)))
 }
 
 #[cfg(test)]
