@@ -107,6 +107,15 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// Parses a duration in seconds (`30`, `0.5`): finite and not negative (`--wait`).
+pub fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|v| std::time::Duration::try_from_secs_f64(v).ok())
+        .ok_or_else(|| format!("{s:?}: a number of seconds, 0 or more"))
+}
+
 /// Parses sizes like `1MiB`, `512KiB`, `65536`.
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -124,4 +133,24 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .and_then(|n| n.checked_mul(mult))
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("invalid size '{s}' (examples: 1MiB, 256KiB, 1048576)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_finite_and_not_negative() {
+        assert_eq!(
+            parse_seconds("0.5"),
+            Ok(std::time::Duration::from_millis(500))
+        );
+        assert_eq!(parse_seconds("30"), Ok(std::time::Duration::from_secs(30)));
+        for bad in ["-1", "inf", "NaN", "soon", ""] {
+            assert_eq!(
+                parse_seconds(bad),
+                Err(format!("{bad:?}: a number of seconds, 0 or more"))
+            );
+        }
+    }
 }

@@ -71,15 +71,12 @@ pub struct HealthArgs {
     pub json: bool,
     /// Ask again, every 100 ms, until the agent serves or SECS have passed (the answer is
     /// then the last one: an error, or not serving).
-    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
-    pub wait: f64,
+    #[arg(long, value_name = "SECS", default_value = "0", value_parser = util::parse_seconds)]
+    pub wait: std::time::Duration,
 }
 
 pub fn health(a: &HealthArgs) -> Result<i32> {
-    if !(a.wait.is_finite() && a.wait >= 0.0) {
-        bail!("--wait {}: a number of seconds, 0 or more", a.wait);
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(a.wait);
+    let deadline = std::time::Instant::now() + a.wait;
     let (c, serving) = loop {
         let answer = connect(&a.uri).and_then(|(c, _)| Ok((c.serving()?, c)));
         match answer {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use dquant_plan::Cursor;
 
 use crate::cmd::read::write_batches;
-use crate::util::OutputOpts;
+use crate::util::{self, OutputOpts};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -38,8 +38,8 @@ pub struct Args {
     pub out: Option<PathBuf>,
     /// Wait up to SECS for the stream to be opened (ranks that start together: a subscriber
     /// may ask before its opener has). Default: it must exist now.
-    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
-    pub wait: f64,
+    #[arg(long, value_name = "SECS", default_value = "0", value_parser = util::parse_seconds)]
+    pub wait: std::time::Duration,
     #[command(flatten)]
     pub output: OutputOpts,
 }
@@ -50,10 +50,7 @@ pub fn run(a: &Args) -> Result<()> {
         Some(text) => Some(Cursor::from_json(text).context("--cursor-json")?),
         None => None,
     };
-    if !(a.wait.is_finite() && a.wait >= 0.0) {
-        anyhow::bail!("--wait {}: a number of seconds, 0 or more", a.wait);
-    }
-    let deadline = t0 + std::time::Duration::from_secs_f64(a.wait);
+    let deadline = t0 + a.wait;
     let mut r = loop {
         match dquant_client::subscribe(&a.agent, &a.share, at.as_ref()) {
             Err(dquant_client::ClientError::NotFound(_)) if Instant::now() < deadline => {
