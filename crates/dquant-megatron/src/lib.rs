@@ -1,0 +1,31 @@
+//! Megatron-Core's sample order, exactly: the samples `BlendedMegatronDatasetBuilder` +
+//! `GPTDataset` + `BlendedDataset` give a Megatron-LM job, index for index.
+//!
+//! A Megatron job's data order is fixed by numpy's legacy `RandomState` shuffles and
+//! Megatron's C++ helpers; a loader that wants to replace Megatron's, mid-run, must give the
+//! same sample for every `consumed_samples`. So this crate rebuilds each piece bit for bit:
+//! [`random_state`] (MT19937 and numpy's shuffle), [`numpy_float`] (numpy's pairwise sums),
+//! [`split`] (the split string), [`gpt_index`] (document, sample and shuffle indices),
+//! [`blending`] (the greedy and exhaustive blends) and [`builder`] (which datasets each split
+//! gets, of what size). These are pure: the builder gets each source's sequence lengths from
+//! a callback. [`datasets`] says what sample `i` is made of, and [`reader`] (the only module
+//! with I/O, through `dquant-storage`) reads it.
+//!
+//! Matched against megatron-core 0.16.1 (`python/tests/test_megatron_order.py` compares with
+//! Megatron's own builder over many configs).
+
+pub mod blending;
+pub mod builder;
+pub mod datasets;
+mod error;
+pub mod gpt_index;
+pub mod numpy_float;
+pub mod random_state;
+pub mod reader;
+pub mod split;
+
+pub use builder::{build, Blend, BuildConfig, Built};
+pub use datasets::{BlendedDataset, GptDataset, Piece, Sample, TopLevel};
+pub use error::MegatronError;
+pub use reader::Sources;
+pub use split::Split;

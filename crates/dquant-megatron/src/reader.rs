@@ -1,0 +1,101 @@
+//! Reading Megatron-order samples: the sources opened through `dquant-storage`, and a
+//! sample's pieces copied into one token row.
+//!
+//! Sources may be any format dquant opens (a Megatron `.bin`/`.idx`, a compressed `.dqb`
+//! converted from one: the sequences are the same), from a directory or another root. Only
+//! the tokens of a sample's pieces are read.
+
+use std::sync::Arc;
+
+use dquant_storage::{Dataset, ReadBuffers};
+
+use crate::datasets::Sample;
+use crate::MegatronError;
+
+/// The opened sources of a build, by source index.
+pub struct Sources {
+    names: Vec<String>,
+    datasets: Vec<Dataset>,
+}
+
+impl Sources {
+    /// Opens every prefix with `open` (a local path, or a name under a root).
+    pub fn open(
+        prefixes: &[String],
+        open: impl Fn(&str) -> Result<Dataset, dquant_storage::StorageError>,
+    ) -> Result<Self, MegatronError> {
+        let datasets = prefixes.iter().map(|p| open(p)).collect::<Result<_, _>>()?;
+        Ok(Sources {
+            names: prefixes.to_vec(),
+            datasets,
+        })
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Source `i`'s sequence lengths, as Megatron's int32 `sequence_lengths`.
+    pub fn lengths(&self, i: usize) -> Result<Arc<[i32]>, MegatronError> {
+        let offsets = self.datasets[i].index()?.seq_offsets();
+        offsets
+            .windows(2)
+            .map(|w| {
+                i32::try_from(w[1] - w[0]).map_err(|_| {
+                    MegatronError::Config(format!(
+                        "{}: a sequence of {} tokens does not fit Megatron's int32 lengths",
+                        self.names[i],
+                        w[1] - w[0]
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The sequence lengths of the source named `prefix` (for [`build`](crate::build)).
+    pub fn lengths_of(&self, prefix: &str) -> Result<Arc<[i32]>, MegatronError> {
+        let i = self.names.iter().position(|n| n == prefix).ok_or_else(|| {
+            MegatronError::Config(format!("{prefix} is not among the opened sources"))
+        })?;
+        self.lengths(i)
+    }
+
+    /// Writes `sample`'s tokens into `out` (its pieces in order, then `pad` for padding).
+    /// `out` must be exactly the sample's length.
+    pub fn read_into(
+        &self,
+        sample: &Sample,
+        out: &mut [i64],
+        pad: i64,
+        tokens: &mut Vec<u32>,
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), MegatronError> {
+        let mut at = 0usize;
+        for p in &sample.pieces {
+            let ds = &self.datasets[p.source];
+            let offsets = ds.index()?.seq_offsets();
+            let seq = p.sequence as usize;
+            let (start, end) = (offsets[seq], offsets[seq + 1]);
+            let from = start + p.offset;
+            if from + p.length > end {
+                return Err(MegatronError::Config(format!(
+                    "{}: sequence {seq} holds {} tokens, not {}..{}",
+                    self.names[p.source],
+                    end - start,
+                    p.offset,
+                    p.offset + p.length
+                )));
+            }
+            ds.read(from..from + p.length, tokens, bufs)?;
+            let dst = out
+                .get_mut(at..at + tokens.len())
+                .ok_or_else(|| MegatronError::Config("a sample longer than its row".into()))?;
+            for (d, &t) in dst.iter_mut().zip(tokens.iter()) {
+                *d = i64::from(t);
+            }
+            at += tokens.len();
+        }
+        out[at..].fill(pad);
+        Ok(())
+    }
+}
