@@ -14,6 +14,8 @@
 //! Argument handling that is easier in Python (plan dicts and files, agent URIs, transports)
 //! lives in `dquant/__init__.py`; this module takes a plan as JSON.
 
+mod megatron;
+
 use std::sync::{Mutex, MutexGuard};
 
 use dquant_client::{
@@ -636,6 +638,8 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_plan_change, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Batch>()?;
+    m.add_function(wrap_pyfunction!(megatron::megatron_order, m)?)?;
+    m.add_class::<megatron::MegatronOrder>()?;
     m.add("AgentError", m.py().get_type::<AgentError>())?;
     m.add("AgentShutdown", m.py().get_type::<AgentShutdown>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

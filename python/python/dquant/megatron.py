@@ -1,0 +1,471 @@
+"""Megatron-Core's own datasets, built by dquant: the same samples, index for index.
+
+``build_train_valid_test_datasets`` returns what Megatron-Core's
+``BlendedMegatronDatasetBuilder(GPTDataset, num_samples, ..., GPTDatasetConfig(...)).build()``
+returns for the same config: three map-style datasets (or ``None`` where Megatron gives
+``None``) whose ``ds[i]`` is Megatron's dict (``tokens``, ``labels``, ``loss_mask``,
+``position_ids``, ``attention_mask`` when Megatron makes one, and ``dataset_id`` for a blend)
+with Megatron's dtypes and shapes. So Megatron's samplers, indexing by ``consumed_samples``,
+see the very samples Megatron would give them, and a job can switch loaders mid-run.
+
+The indices (numpy ``RandomState`` shuffles, the sample index, the blending indices) are
+built in Rust, in seconds, and never written to disk; ``ds.get_batch(indices)`` reads a whole
+batch at once.
+
+    >>> from dquant.megatron import build_train_valid_test_datasets
+    >>> train, valid, test = build_train_valid_test_datasets(
+    ...     blend=(["data/r50k_int32"], None), split="969,30,1", sequence_length=64,
+    ...     random_seed=1234, num_samples=[1000, 10, 10], eod=50256)
+    >>> train[0]["tokens"].shape
+    torch.Size([64])
+
+``check(...)`` compares these datasets with the installed Megatron-Core's, on your data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random as _random
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy
+import torch
+
+from ._dquant import megatron_order
+
+__all__ = [
+    "build_train_valid_test_datasets",
+    "from_megatron_args",
+    "MegatronDataset",
+    "check",
+]
+
+#: Megatron-Core's pad id when the tokenizer has none (``megatron_dataset._PAD_TOKEN_ID``).
+PAD_TOKEN_ID = -1
+
+Blend = Tuple[List[str], Optional[List[float]]]
+
+
+def build_train_valid_test_datasets(
+    blend: Optional[Blend] = None,
+    split: Optional[str] = None,
+    sequence_length: Optional[int] = None,
+    random_seed: Optional[int] = None,
+    num_samples: Sequence[Optional[int]] = (None, None, None),
+    eod: Optional[int] = None,
+    reset_position_ids: bool = False,
+    reset_attention_mask: bool = False,
+    eod_mask_loss: bool = False,
+    agent: Optional[str] = None,
+    *,
+    blend_per_split: Optional[Sequence[Optional[Blend]]] = None,
+    config: Any = None,
+    create_attention_mask: bool = True,
+    add_extra_token_to_sequence: bool = True,
+    mid_level_dataset_surplus: float = 0.005,
+    drop_last_partial_validation_sequence: bool = True,
+    pad: Optional[int] = None,
+) -> Tuple[Optional["MegatronDataset"], Optional["MegatronDataset"], Optional["MegatronDataset"]]:
+    """Megatron-Core's train, valid and test datasets for this config (each may be None).
+
+    The arguments mean what ``GPTDatasetConfig``'s fields of the same names mean;
+    ``num_samples`` is the builder's ``sizes`` (``None`` for one epoch, or an exhaustive
+    blend), ``eod`` the tokenizer's end-of-document id and ``pad`` its pad id (Megatron-Core
+    uses -1 when the tokenizer has none). ``config`` may be Megatron's own
+    ``GPTDatasetConfig``: its fields are used and the keyword arguments above are ignored,
+    but for ``num_samples`` and ``agent``.
+    """
+    if agent is not None:
+        raise NotImplementedError(
+            "agent=: serving Megatron-order samples from an agent is not built yet; "
+            "build them in this process (agent=None)"
+        )
+    if config is not None:
+        kw = _from_gpt_dataset_config(config)
+    else:
+        if sequence_length is None or random_seed is None:
+            raise TypeError("sequence_length and random_seed are required")
+        if eod is None:
+            raise TypeError("eod (the tokenizer's end-of-document id) is required")
+        kw = dict(
+            blend=blend,
+            blend_per_split=blend_per_split,
+            split=split,
+            sequence_length=sequence_length,
+            random_seed=random_seed,
+            eod=eod,
+            pad=PAD_TOKEN_ID if pad is None else pad,
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+            create_attention_mask=create_attention_mask,
+            add_extra_token_to_sequence=add_extra_token_to_sequence,
+            mid_level_dataset_surplus=mid_level_dataset_surplus,
+            drop_last_partial_validation_sequence=drop_last_partial_validation_sequence,
+        )
+    sizes = list(num_samples)
+    if len(sizes) != 3:
+        raise ValueError(f"num_samples needs 3 entries (train, valid, test), not {len(sizes)}")
+    order = megatron_order(
+        random_seed=int(kw["random_seed"]),
+        sequence_length=int(kw["sequence_length"]),
+        blend=_blend(kw["blend"]),
+        blend_per_split=(
+            None
+            if kw["blend_per_split"] is None
+            else [_blend(b) for b in kw["blend_per_split"]]
+        ),
+        split=kw["split"],
+        num_samples=[None if n is None else int(n) for n in sizes],
+        mid_level_dataset_surplus=float(kw["mid_level_dataset_surplus"]),
+        add_extra_token_to_sequence=bool(kw["add_extra_token_to_sequence"]),
+        drop_last_partial_validation_sequence=bool(kw["drop_last_partial_validation_sequence"]),
+    )
+    masks = _Masks(
+        eod=int(kw["eod"]),
+        pad=int(kw["pad"]),
+        reset_position_ids=bool(kw["reset_position_ids"]),
+        reset_attention_mask=bool(kw["reset_attention_mask"]),
+        eod_mask_loss=bool(kw["eod_mask_loss"]),
+        create_attention_mask=bool(kw["create_attention_mask"]),
+        add_extra_token=bool(kw["add_extra_token_to_sequence"]),
+    )
+    return tuple(  # type: ignore[return-value]
+        None if order.len(s) is None else MegatronDataset(order, s, masks) for s in range(3)
+    )
+
+
+def _blend(b: Optional[Blend]) -> Optional[Tuple[List[str], Optional[List[float]]]]:
+    if b is None:
+        return None
+    prefixes, weights = b
+    return (
+        [str(p) for p in prefixes],
+        None if weights is None else [float(w) for w in weights],
+    )
+
+
+def _from_gpt_dataset_config(c: Any) -> Dict[str, Any]:
+    """The fields of a Megatron-Core ``GPTDatasetConfig`` this module uses."""
+    if getattr(c, "mock", False):
+        raise ValueError("a GPTDatasetConfig without blend or blend_per_split (mock data) is not served")
+    for unsupported in ("multiple_validation_sets", "fast_cache_load", "defer_npy_index_mmap"):
+        if getattr(c, unsupported, None):
+            raise ValueError(f"GPTDatasetConfig.{unsupported} is not supported")
+    tok = c.tokenizer
+    return dict(
+        blend=c.blend,
+        blend_per_split=c.blend_per_split if c.blend_per_split and any(c.blend_per_split) else None,
+        split=c.split,
+        sequence_length=c.sequence_length,
+        random_seed=c.random_seed,
+        eod=tok.eod,
+        pad=_pad_of(tok, getattr(c, "allow_ambiguous_pad_tokens", False)),
+        reset_position_ids=c.reset_position_ids,
+        reset_attention_mask=c.reset_attention_mask,
+        eod_mask_loss=c.eod_mask_loss,
+        create_attention_mask=c.create_attention_mask,
+        add_extra_token_to_sequence=c.add_extra_token_to_sequence,
+        mid_level_dataset_surplus=c.mid_level_dataset_surplus,
+        drop_last_partial_validation_sequence=c.drop_last_partial_validation_sequence,
+    )
+
+
+def _pad_of(tok: Any, allow_ambiguous: bool) -> int:
+    """``MegatronDataset``'s pad id: the tokenizer's, unless it has none or it collides with
+    another special token (then -1, as Megatron-Core decides)."""
+    try:
+        pad = tok.pad
+    except Exception:
+        return PAD_TOKEN_ID
+    try:
+        special = [v for k, v in tok.special_tokens_dict.items() if k != "pad_token"]
+    except (AttributeError, IndexError, ValueError):
+        special = []
+    if not special:
+        for name in ("eos", "eod"):
+            try:
+                special.append(getattr(tok, name))
+            except (AttributeError, NotImplementedError):
+                pass
+    if pad in special and not allow_ambiguous:
+        return PAD_TOKEN_ID
+    return pad
+
+
+def from_megatron_args(args: Any, num_samples: Optional[Sequence[Optional[int]]] = None) -> Dict[str, Any]:
+    """Keyword arguments of ``build_train_valid_test_datasets`` from Megatron-LM's parsed
+    arguments: ``--data-path`` (or ``--train/valid/test-data-path``), ``--split``,
+    ``--seq-length``, ``--seed``, the masks' flags, and the sample counts from
+    ``--train-samples`` or ``--train-iters`` x ``--global-batch-size`` and ``--eval-iters`` /
+    ``--eval-interval`` (Megatron-LM's own rule), unless ``num_samples`` is given (pass the
+    provider's ``train_val_test_num_samples``). Add ``eod=`` (the tokenizer's) and ``agent=``.
+    """
+    per_split = [
+        _blend_from_list(getattr(args, name, None))
+        for name in ("train_data_path", "valid_data_path", "test_data_path")
+    ]
+    blend = _blend_from_list(getattr(args, "data_path", None))
+    if num_samples is None:
+        num_samples = megatron_lm_num_samples(args)
+    return dict(
+        blend=blend,
+        blend_per_split=per_split if any(b is not None for b in per_split) else None,
+        split=getattr(args, "split", None) if blend is not None else None,
+        sequence_length=args.seq_length,
+        random_seed=args.seed,
+        num_samples=list(num_samples),
+        reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
+        reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
+        eod_mask_loss=bool(getattr(args, "eod_mask_loss", False)),
+        create_attention_mask=bool(getattr(args, "create_attention_mask_in_dataloader", True)),
+        mid_level_dataset_surplus=float(getattr(args, "mid_level_dataset_surplus", 0.005)),
+    )
+
+
+def megatron_lm_num_samples(args: Any) -> List[Optional[int]]:
+    """Megatron-LM's ``train_val_test_num_samples`` from its arguments."""
+    gbs = args.global_batch_size
+    train_samples = getattr(args, "train_samples", None)
+    if train_samples:
+        train_iters = train_samples // gbs
+    else:
+        train_iters = args.train_iters
+        train_samples = train_iters * gbs
+    eval_iters = args.eval_iters
+    if getattr(args, "full_validation", False):
+        valid = None
+    elif getattr(args, "skip_train", False):
+        valid = eval_iters * gbs
+    else:
+        valid = (train_iters // args.eval_interval + 1) * eval_iters * gbs
+    return [train_samples, valid, eval_iters * gbs]
+
+
+def _blend_from_list(blend: Optional[Sequence[str]]) -> Optional[Blend]:
+    """Megatron-Core's ``get_blend_from_list``: prefixes, or weight/prefix pairs."""
+    if blend is None:
+        return None
+    blend = list(blend)
+    if len(blend) % 2 == 1:
+        return [p.strip() for p in blend], None
+    weights: List[float] = []
+    for w in blend[0::2]:
+        try:
+            weights.append(float(w))
+        except ValueError:
+            return [p.strip() for p in blend], None
+    return [p.strip() for p in blend[1::2]], weights
+
+
+class _Masks:
+    """``GPTDataset.__getitem__``'s tokens, labels and masks from rows of sample tokens,
+    for a whole batch at once, with torch's own ops (so the floats and dtypes are Megatron's).
+    """
+
+    def __init__(self, *, eod, pad, reset_position_ids, reset_attention_mask, eod_mask_loss,
+                 create_attention_mask, add_extra_token):
+        self.eod = eod
+        self.pad = pad
+        self.reset_position_ids = reset_position_ids
+        self.reset_attention_mask = reset_attention_mask
+        self.eod_mask_loss = eod_mask_loss
+        self.create_attention_mask = create_attention_mask
+        self.add_extra_token = add_extra_token
+
+    def __call__(self, rows: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if self.add_extra_token:
+            tokens = rows[:, :-1].contiguous()
+            labels = rows[:, 1:].contiguous()
+        else:
+            tokens = rows.clone()
+            labels = torch.roll(rows, shifts=-1, dims=1)
+            labels[:, -1] = self.pad
+        n, s = tokens.shape
+        is_eod = tokens == self.eod
+        loss_mask = torch.ones((n, s), dtype=torch.float)
+        if self.eod_mask_loss:
+            loss_mask[is_eod] = 0.0
+        position_ids = torch.arange(s, dtype=torch.long).expand(n, s).contiguous()
+        # A document starts after each EOD: Megatron's per-EOD loop, as one prefix maximum.
+        if self.reset_position_ids:
+            starts = torch.zeros((n, s), dtype=torch.long)
+            starts[:, 1:] = torch.where(is_eod[:, :-1], position_ids[:, 1:], 0)
+            position_ids = position_ids - torch.cummax(starts, dim=1).values
+        out: Dict[str, torch.Tensor] = {"tokens": tokens, "labels": labels}
+        if self.create_attention_mask:
+            allowed = torch.ones((s, s), dtype=torch.bool).tril().expand(n, s, s)
+            if self.reset_attention_mask:
+                # Token q sees key k only when no EOD lies in [k, q): same document.
+                before = torch.zeros((n, s), dtype=torch.long)
+                before[:, 1:] = torch.cumsum(is_eod[:, :-1], dim=1)
+                allowed = allowed & (before[:, :, None] == before[:, None, :])
+            out["attention_mask"] = (~allowed).unsqueeze(1).contiguous()
+        loss_mask[labels == self.pad] = 0.0
+        tokens[tokens == self.pad] = 0
+        labels[labels == self.pad] = 0
+        out["loss_mask"] = loss_mask
+        out["position_ids"] = position_ids
+        return out
+
+
+class MegatronDataset(torch.utils.data.Dataset):
+    """One split of Megatron-Core's sample order: ``GPTDataset`` or ``BlendedDataset``."""
+
+    def __init__(self, order, split: int, masks: _Masks):
+        self._order = order
+        self._split = split
+        self._masks = masks
+        self._len = order.len(split)
+        self._blended = order.is_blended(split)
+        self.index_split = ("train", "valid", "test")[split]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _index(self, idx: int) -> int:
+        i = int(idx)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(f"index {idx} is out of bounds for a dataset of {self._len} samples")
+        return i
+
+    def __getitem__(self, idx: Optional[int]) -> Dict[str, Any]:
+        if idx is None and not self._blended:
+            # Megatron's batch-padding sample: sample 0 with its loss masked out.
+            item = self._items([0], None)
+            item["loss_mask"] = torch.zeros_like(item["loss_mask"])
+            return item
+        return self._items([self._index(idx)], None)
+
+    def get_batch(self, indices: Sequence[int]) -> Dict[str, torch.Tensor]:
+        """Samples ``indices`` in one read, stacked as ``default_collate`` stacks
+        Megatron's dicts (``attention_mask`` is ``(n, 1, s, s)``)."""
+        return self._items([self._index(i) for i in indices], len(indices))
+
+    def _items(self, indices: List[int], batch: Optional[int]) -> Dict[str, Any]:
+        rows, ids = self._order.batch(self._split, indices, self._masks.pad)
+        out = self._masks(torch.from_numpy(rows))
+        if batch is None:
+            out = {k: v[0] for k, v in out.items()}
+            if ids is not None:
+                return {"dataset_id": numpy.int16(ids[0]), **out}
+            return out
+        if ids is not None:
+            return {"dataset_id": torch.tensor(ids, dtype=torch.int16), **out}
+        return out
+
+    def pieces(self, idx: int):
+        """What sample ``idx`` is made of: ``(dataset_id, [(prefix, sequence, offset,
+        length), ...], pad)``, the sequences (documents) of Megatron's indexed datasets."""
+        return self._order.pieces(self._split, self._index(idx))
+
+
+def check(
+    samples: int = 200,
+    seed: int = 0,
+    num_samples: Sequence[Optional[int]] = (None, None, None),
+    config: Any = None,
+    **kwargs: Any,
+) -> str:
+    """Compares dquant with the installed Megatron-Core on this config, at ``samples`` random
+    indices of every split (and the first and last): returns ``"identical"`` or raises
+    ``AssertionError`` naming the first difference. The config is a ``GPTDatasetConfig`` or
+    ``build_train_valid_test_datasets``'s keyword arguments (then ``eod`` is required).
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    if config is None:
+        config = _gpt_dataset_config(**kwargs)
+    ours = build_train_valid_test_datasets(config=config, num_samples=num_samples)
+    with _process_group():
+        theirs = BlendedMegatronDatasetBuilder(
+            GPTDataset, list(num_samples), lambda: True, config
+        ).build()
+    rng = _random.Random(seed)
+    for name, a, b in zip(("train", "valid", "test"), ours, theirs):
+        if (a is None) != (b is None):
+            raise AssertionError(f"{name}: dquant gives {a!r}, Megatron-Core {b!r}")
+        if a is None:
+            continue
+        if len(a) != len(b):
+            raise AssertionError(f"{name}: dquant has {len(a)} samples, Megatron-Core {len(b)}")
+        n = len(a)
+        picks = sorted({0, n - 1, *(rng.randrange(n) for _ in range(samples))}) if n else []
+        for i in picks:
+            _compare_items(f"{name}[{i}]", a[i], b[i])
+    return "identical"
+
+
+@contextlib.contextmanager
+def _process_group():
+    """A one-process gloo group while Megatron-Core builds, unless one exists: its
+    ``BlendedDataset`` asks for the rank whenever it has a cache directory."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def _compare_items(where: str, ours: Dict[str, Any], theirs: Dict[str, Any]) -> None:
+    if list(ours) != list(theirs):
+        raise AssertionError(f"{where}: keys {list(ours)} != Megatron-Core's {list(theirs)}")
+    for k, v in theirs.items():
+        o = ours[k]
+        if isinstance(v, torch.Tensor):
+            if o.dtype != v.dtype or o.shape != v.shape:
+                raise AssertionError(
+                    f"{where}[{k!r}]: {o.dtype} {tuple(o.shape)} != Megatron-Core's {v.dtype} {tuple(v.shape)}"
+                )
+            if not torch.equal(o, v):
+                at = (o != v).nonzero()[0].tolist()
+                raise AssertionError(
+                    f"{where}[{k!r}] differs first at {at}: {o[tuple(at)].item()} != {v[tuple(at)].item()}"
+                )
+        elif type(o) is not type(v) or o != v:
+            raise AssertionError(f"{where}[{k!r}]: {o!r} != Megatron-Core's {v!r}")
+
+
+class _Tokenizer:
+    """The little of a Megatron tokenizer the datasets use: eod, and no pad."""
+
+    def __init__(self, eod: int, vocab_size: Optional[int] = None):
+        self.eod = eod
+        self.vocab_size = vocab_size
+        self.unique_identifiers = {"class": "dquant.megatron._Tokenizer", "eod": eod}
+
+
+def _gpt_dataset_config(*, eod: int, blend=None, blend_per_split=None, split=None,
+                        sequence_length: int, random_seed: int, path_to_cache=None, **rest):
+    """A ``GPTDatasetConfig``; Megatron's index cache goes to a fresh temporary directory
+    unless ``path_to_cache`` names one (without one, Megatron writes beside the data)."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
+    if path_to_cache is None:
+        path_to_cache = tempfile.mkdtemp(prefix="dquant-megatron-check-")
+
+    rest.setdefault("reset_position_ids", False)
+    rest.setdefault("reset_attention_mask", False)
+    rest.setdefault("eod_mask_loss", False)
+    return GPTDatasetConfig(
+        random_seed=random_seed,
+        sequence_length=sequence_length,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=split,
+        tokenizer=_Tokenizer(eod),
+        path_to_cache=path_to_cache,
+        **rest,
+    )

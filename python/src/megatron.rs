@@ -1,0 +1,194 @@
+//! `dquant._dquant.MegatronOrder`: Megatron-Core's sample order ([`dquant_megatron`]) over
+//! local sources, for `dquant.megatron`.
+//!
+//! Rust builds the indices (without the GIL) and reads each sample's tokens into an int64
+//! numpy row, pads included; `dquant/megatron.py` turns rows into Megatron's dicts of torch
+//! tensors, where torch's own ops make the masks exactly as Megatron's do.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use dquant_megatron::{build, Blend, BuildConfig, Built, MegatronError, Sample, Sources, TopLevel};
+use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
+use numpy::{PyArray1, PyArray2};
+use pyo3::exceptions::{PyFileNotFoundError, PyIndexError, PyOSError, PyValueError};
+use pyo3::prelude::*;
+
+fn to_py(e: MegatronError) -> PyErr {
+    let msg = e.to_string();
+    match &e {
+        MegatronError::IndexOutOfRange { .. } => PyIndexError::new_err(msg),
+        MegatronError::Storage(s) if s.is_not_found() => PyFileNotFoundError::new_err(msg),
+        MegatronError::Storage(_) => PyOSError::new_err(msg),
+        _ => PyValueError::new_err(msg),
+    }
+}
+
+type PyBlend = (Vec<String>, Option<Vec<f64>>);
+
+fn blend_of(b: PyBlend) -> Blend {
+    Blend {
+        prefixes: b.0,
+        weights: b.1,
+    }
+}
+
+/// The three splits of a Megatron-order build and the sources they read.
+#[pyclass(module = "dquant._dquant", frozen)]
+pub struct MegatronOrder {
+    built: Built,
+    sources: Sources,
+    /// Read buffers (decoded tokens, I/O) reused by every read of this object.
+    bufs: Mutex<(ReadBuffers, Vec<u32>, Sample)>,
+}
+
+impl MegatronOrder {
+    fn split(&self, split: usize) -> PyResult<&TopLevel> {
+        self.built
+            .splits
+            .get(split)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| PyValueError::new_err(format!("split {split} has no dataset")))
+    }
+
+    /// Reads sample `idx` of `split` into `row`; returns its `dataset_id`.
+    fn read(
+        &self,
+        top: &TopLevel,
+        idx: u64,
+        row: &mut [i64],
+        pad: i64,
+    ) -> Result<Option<i16>, MegatronError> {
+        let mut guard = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let (bufs, tokens, sample) = &mut *guard;
+        top.sample_into(idx, sample)?;
+        self.sources.read_into(sample, row, pad, tokens, bufs)?;
+        Ok(sample.dataset_id)
+    }
+}
+
+/// Builds Megatron-Core's three splits over local sources (prefixes of `.bin`/`.idx`, or any
+/// dataset dquant opens).
+#[pyfunction]
+#[pyo3(signature = (*, random_seed, sequence_length, blend=None, blend_per_split=None, split=None,
+    num_samples=[None, None, None], mid_level_dataset_surplus=0.005,
+    add_extra_token_to_sequence=true, drop_last_partial_validation_sequence=true))]
+#[allow(clippy::too_many_arguments)]
+pub fn megatron_order(
+    py: Python<'_>,
+    random_seed: u32,
+    sequence_length: u32,
+    blend: Option<PyBlend>,
+    blend_per_split: Option<[Option<PyBlend>; 3]>,
+    split: Option<String>,
+    num_samples: [Option<u64>; 3],
+    mid_level_dataset_surplus: f64,
+    add_extra_token_to_sequence: bool,
+    drop_last_partial_validation_sequence: bool,
+) -> PyResult<MegatronOrder> {
+    let config = BuildConfig {
+        blend: blend.map(blend_of),
+        blend_per_split: blend_per_split.map(|b| b.map(|x| x.map(blend_of))),
+        split,
+        num_samples,
+        mid_level_dataset_surplus,
+        add_extra_token_to_sequence,
+        drop_last_partial_validation_sequence,
+        ..BuildConfig::new(random_seed, sequence_length)
+    };
+    py.detach(|| {
+        let open = |p: &str| Dataset::open(Path::new(p), &OpenOptions::default());
+        let sources = Sources::open(&config.prefixes(), open)?;
+        let built = build(&config, &mut |p| sources.lengths_of(p))?;
+        Ok(MegatronOrder {
+            built,
+            sources,
+            bufs: Mutex::new(Default::default()),
+        })
+    })
+    .map_err(to_py)
+}
+
+#[pymethods]
+impl MegatronOrder {
+    /// Samples of split `split` (0 train, 1 valid, 2 test), or None where Megatron gives None.
+    fn len(&self, split: usize) -> Option<u64> {
+        self.built.splits.get(split)?.as_ref().map(TopLevel::len)
+    }
+
+    /// Whether the split is a `BlendedDataset` (its samples carry a `dataset_id`).
+    fn is_blended(&self, split: usize) -> PyResult<bool> {
+        Ok(matches!(self.split(split)?, TopLevel::Blended(_)))
+    }
+
+    /// Tokens of one sample: `sequence_length` (+1 with the extra token).
+    fn sample_tokens(&self, split: usize) -> PyResult<u64> {
+        Ok(self.split(split)?.sample_tokens())
+    }
+
+    /// Sample `idx`: (int64 tokens, padded with `pad`; its `dataset_id` or None).
+    fn sample<'py>(
+        &self,
+        py: Python<'py>,
+        split: usize,
+        idx: u64,
+        pad: i64,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Option<i16>)> {
+        let top = self.split(split)?;
+        let mut row = vec![0i64; top.sample_tokens() as usize];
+        let id = py
+            .detach(|| self.read(top, idx, &mut row, pad))
+            .map_err(to_py)?;
+        Ok((PyArray1::from_vec(py, row), id))
+    }
+
+    /// Samples `indices`, one row each: (int64 tokens (n, tokens); dataset ids or None).
+    #[allow(clippy::type_complexity)]
+    fn batch<'py>(
+        &self,
+        py: Python<'py>,
+        split: usize,
+        indices: Vec<u64>,
+        pad: i64,
+    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Option<Vec<i16>>)> {
+        let top = self.split(split)?;
+        let width = top.sample_tokens() as usize;
+        let mut rows = vec![0i64; width * indices.len()];
+        let ids = py
+            .detach(|| -> Result<Vec<Option<i16>>, MegatronError> {
+                let chunks = rows.chunks_mut(width.max(1));
+                indices
+                    .iter()
+                    .zip(chunks)
+                    .map(|(&i, row)| self.read(top, i, row, pad))
+                    .collect()
+            })
+            .map_err(to_py)?;
+        let arr = numpy::ndarray::Array2::from_shape_vec((indices.len(), width), rows)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let ids = matches!(top, TopLevel::Blended(_)).then(|| ids.into_iter().flatten().collect());
+        Ok((numpy::IntoPyArray::into_pyarray(arr, py), ids))
+    }
+
+    /// What sample `idx` is made of: (dataset_id, [(source, sequence, offset, length)], pad).
+    #[allow(clippy::type_complexity)]
+    fn pieces(
+        &self,
+        split: usize,
+        idx: u64,
+    ) -> PyResult<(Option<i16>, Vec<(String, u64, u64, u64)>, u64)> {
+        let s = self.split(split)?.sample(idx).map_err(to_py)?;
+        let names = self.sources.names();
+        let pieces = s
+            .pieces
+            .iter()
+            .map(|p| (names[p.source].clone(), p.sequence, p.offset, p.length))
+            .collect();
+        Ok((s.dataset_id, pieces, s.pad))
+    }
+
+    /// The source prefixes, by source index.
+    fn sources(&self) -> Vec<String> {
+        self.built.sources.clone()
+    }
+}
