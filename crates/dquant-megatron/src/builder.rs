@@ -177,22 +177,38 @@ impl Builder<'_> {
         sizes: &[Option<u64>; 3],
     ) -> Result<[Option<GptDataset>; 3], MegatronError> {
         let (source, lengths) = &self.loaded[prefix];
+        // The splits draw from their own RandomState each: build them side by side.
+        let built: Vec<(Split, Result<GptIndex, MegatronError>)> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = Split::ALL
+                .into_iter()
+                .filter_map(|split| Some((split, matrix[split as usize]?)))
+                .map(|(split, bookends)| {
+                    let docs = document_range(bookends, lengths.len() as u64);
+                    let params = self.config.params(split);
+                    let n = sizes[split as usize];
+                    (
+                        split,
+                        scope.spawn(move || GptIndex::build(lengths, docs, n, &params)),
+                    )
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|(split, job)| {
+                    (
+                        split,
+                        job.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    )
+                })
+                .collect()
+        });
         let mut out: [Option<GptDataset>; 3] = [None, None, None];
-        for split in Split::ALL {
-            let Some(bookends) = matrix[split as usize] else {
-                continue;
-            };
-            let docs = document_range(bookends, lengths.len() as u64);
-            let params = self.config.params(split);
-            let num_samples = sizes[split as usize];
-            let index = GptIndex::build(lengths, docs, num_samples, &params)
-                .map_err(|e| e.in_dataset(prefix, split))?;
+        for (split, index) in built {
             out[split as usize] = Some(GptDataset {
                 source: *source,
                 split,
-                num_samples,
-                params,
-                index,
+                num_samples: sizes[split as usize],
+                params: self.config.params(split),
+                index: index.map_err(|e| e.in_dataset(prefix, split))?,
                 lengths: lengths.clone(),
             });
         }

@@ -4,10 +4,17 @@
 //! Sources may be any format dquant opens (a Megatron `.bin`/`.idx`, a compressed `.dqb`
 //! converted from one: the sequences are the same), from a directory or another root. Only
 //! the tokens of a sample's pieces are read.
+//!
+//! A local plain file (Megatron's `.bin`, a raw file) is mapped, as Megatron-Core's own
+//! `IndexedDataset` maps it: a sample of short documents is a hundred pieces or more, and a
+//! `pread` each would cost more than the sample. The mapped pages are page cache, dropped by
+//! the kernel under pressure. Block files are read through `dquant-storage` (each block
+//! decoded once per run of reads inside it).
 
+use std::fs::File;
 use std::sync::Arc;
 
-use dquant_storage::{Dataset, ReadBuffers};
+use dquant_storage::{Dataset, Format, ReadBuffers};
 
 use crate::datasets::Sample;
 use crate::MegatronError;
@@ -16,6 +23,24 @@ use crate::MegatronError;
 pub struct Sources {
     names: Vec<String>,
     datasets: Vec<Dataset>,
+    /// Each source's token file, mapped, where it is a local plain file.
+    maps: Vec<Option<memmap2::Mmap>>,
+}
+
+/// Maps a local plain token file; `None` for block files and objects under other roots.
+fn map_plain(ds: &Dataset) -> Result<Option<memmap2::Mmap>, MegatronError> {
+    if !matches!(ds.format(), Format::Megatron { .. } | Format::Raw { .. }) {
+        return Ok(None);
+    }
+    let Ok(file) = File::open(ds.data_path()) else {
+        return Ok(None);
+    };
+    // SAFETY: the map is read-only and the file was checked against its index when opened;
+    // a file truncated underneath a reader faults it, as it would Megatron-Core's own map.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
+        MegatronError::Config(format!("{}: cannot map: {e}", ds.data_path().display()))
+    })?;
+    Ok(Some(map))
 }
 
 impl Sources {
@@ -24,10 +49,12 @@ impl Sources {
         prefixes: &[String],
         open: impl Fn(&str) -> Result<Dataset, dquant_storage::StorageError>,
     ) -> Result<Self, MegatronError> {
-        let datasets = prefixes.iter().map(|p| open(p)).collect::<Result<_, _>>()?;
+        let datasets: Vec<Dataset> = prefixes.iter().map(|p| open(p)).collect::<Result<_, _>>()?;
+        let maps = datasets.iter().map(map_plain).collect::<Result<_, _>>()?;
         Ok(Sources {
             names: prefixes.to_vec(),
             datasets,
+            maps,
         })
     }
 
@@ -86,7 +113,27 @@ impl Sources {
                     p.offset + p.length
                 )));
             }
-            ds.read(from..from + p.length, tokens, bufs)?;
+            match (&self.maps[p.source], ds.format()) {
+                (Some(map), Format::Megatron { dtype } | Format::Raw { dtype }) => {
+                    let item = dtype.itemsize();
+                    let bytes = map
+                        .get(from as usize * item..(from + p.length) as usize * item)
+                        .ok_or_else(|| {
+                            MegatronError::Config(format!(
+                                "{}: shorter than its index",
+                                self.names[p.source]
+                            ))
+                        })?;
+                    tokens.resize(p.length as usize, 0);
+                    dtype.decode(bytes, tokens, from).map_err(|source| {
+                        dquant_storage::StorageError::Format {
+                            path: ds.data_path().to_path_buf(),
+                            source,
+                        }
+                    })?;
+                }
+                _ => ds.read(from..from + p.length, tokens, bufs)?,
+            }
             let dst = out
                 .get_mut(at..at + tokens.len())
                 .ok_or_else(|| MegatronError::Config("a sample longer than its row".into()))?;
