@@ -469,3 +469,54 @@ def _gpt_dataset_config(*, eod: int, blend=None, blend_per_split=None, split=Non
         path_to_cache=path_to_cache,
         **rest,
     )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m dquant.megatron``: the trust tool, with Megatron-LM's own flags."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m dquant.megatron",
+        description="Compare dquant's Megatron-order datasets with the installed Megatron-Core "
+        "on your data and config, at random indices of every split. Prints 'identical' or the "
+        "first difference (exit status 1).",
+        epilog="example: python -m dquant.megatron --data-path 30 data/a 70 data/b "
+        "--split 969,30,1 --seq-length 4096 --seed 1234 --train-iters 1000 "
+        "--global-batch-size 256 --eval-iters 10 --eval-interval 500 --eod 50256",
+    )
+    p.add_argument("--data-path", nargs="+", help="prefixes, or weight prefix pairs (as Megatron-LM)")
+    for name in ("train", "valid", "test"):
+        p.add_argument(f"--{name}-data-path", nargs="+")
+    p.add_argument("--split", default="969,30,1")
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--train-samples", type=int)
+    p.add_argument("--train-iters", type=int)
+    p.add_argument("--global-batch-size", type=int, required=True)
+    p.add_argument("--eval-iters", type=int, default=100)
+    p.add_argument("--eval-interval", type=int, default=1000)
+    p.add_argument("--eod", type=int, required=True, help="the tokenizer's end-of-document id")
+    p.add_argument("--reset-position-ids", action="store_true")
+    p.add_argument("--reset-attention-mask", action="store_true")
+    p.add_argument("--eod-mask-loss", action="store_true")
+    p.add_argument("--mid-level-dataset-surplus", type=float, default=0.005)
+    p.add_argument("--samples", type=int, default=200, help="random indices per split [200]")
+    args = p.parse_args(argv)
+    if args.train_samples is None and args.train_iters is None:
+        p.error("give --train-samples or --train-iters")
+    args.create_attention_mask_in_dataloader = True
+    kw = from_megatron_args(args)
+    num_samples = kw.pop("num_samples")
+    print(f"config: {kw}\nnum_samples: {num_samples}", flush=True)
+    try:
+        print(check(samples=args.samples, num_samples=num_samples, eod=args.eod, **kw))
+    except AssertionError as e:
+        print(f"different: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
