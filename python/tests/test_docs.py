@@ -73,6 +73,11 @@ def workdir(tmp_path: Path) -> Path:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "dquant").symlink_to(dquant_bin().resolve())
+    # `python` in a bash example is the Python the docs are tested with (the test venv's).
+    # (A wrapper, not a link: a venv's python finds its venv by the path it was started as.)
+    wrapper = bindir / "python"
+    wrapper.write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
     return d
 
 
