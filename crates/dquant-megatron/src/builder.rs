@@ -233,11 +233,9 @@ impl Builder<'_> {
             if matrix[split as usize].is_none() {
                 continue;
             }
-            let datasets = per_source.take(split);
             let top = self.blended(
-                datasets,
+                &mut per_source,
                 weights.as_deref(),
-                &per_source.targets,
                 split,
                 sizes[split as usize],
             )?;
@@ -267,11 +265,9 @@ impl Builder<'_> {
                 continue;
             }
             let mut per_source = self.sources(blend, &matrix, &sizes, weights.as_deref())?;
-            let datasets = per_source.take(split);
             let top = self.blended(
-                datasets,
+                &mut per_source,
                 weights.as_deref(),
-                &per_source.targets,
                 split,
                 sizes[split as usize],
             )?;
@@ -307,15 +303,19 @@ impl Builder<'_> {
     /// The top-level dataset of a split: weights and size as the builder chooses them.
     fn blended(
         &self,
-        datasets: Vec<GptDataset>,
+        per_source: &mut PerSource,
         weights: Option<&[f64]>,
-        targets: &[[Option<u64>; 3]],
         split: Split,
         size: Option<u64>,
     ) -> Result<TopLevel, MegatronError> {
+        let datasets = per_source.take(split);
         let (weights, size) = match (weights, size) {
             (Some(w), Some(_)) => {
-                let size = targets.iter().map(|t| t[split as usize].unwrap_or(0)).sum();
+                let size = per_source
+                    .targets
+                    .iter()
+                    .map(|t| t[split as usize].unwrap_or(0))
+                    .sum();
                 (w.to_vec(), Some(size))
             }
             (None, size) => {
