@@ -8,6 +8,9 @@
 //! The arithmetic is the same double-precision expression, evaluated in the same order (and,
 //! as in an x86-64 build of the helpers, never fused into one multiply-add).
 
+use crate::alloc::vec_for;
+use crate::MegatronError;
+
 /// Dataset and per-dataset sample of every blended sample.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlendingIndices {
@@ -18,6 +21,13 @@ pub struct BlendingIndices {
 }
 
 impl BlendingIndices {
+    fn with_capacity(n: u64) -> Result<Self, MegatronError> {
+        Ok(BlendingIndices {
+            dataset: vec_for(n, "the blend's dataset index")?,
+            sample: vec_for(n, "the blend's dataset sample index")?,
+        })
+    }
+
     /// Samples drawn from each of `datasets` datasets.
     pub fn counts(&self, datasets: usize) -> Vec<u64> {
         let mut c = vec![0u64; datasets];
@@ -30,12 +40,9 @@ impl BlendingIndices {
 
 /// `build_blending_indices(weights, size)`: `size` samples in proportion to `weights`
 /// (normalized by the caller, as Megatron normalizes them).
-pub fn blending_indices(weights: &[f64], size: u64) -> BlendingIndices {
+pub fn blending_indices(weights: &[f64], size: u64) -> Result<BlendingIndices, MegatronError> {
     let mut current = vec![0i64; weights.len()];
-    let mut out = BlendingIndices {
-        dataset: Vec::with_capacity(size as usize),
-        sample: Vec::with_capacity(size as usize),
-    };
+    let mut out = BlendingIndices::with_capacity(size)?;
     for s in 0..size {
         let at = (s as f64).max(1.0);
         let mut best = 0usize;
@@ -51,21 +58,18 @@ pub fn blending_indices(weights: &[f64], size: u64) -> BlendingIndices {
         out.sample.push(current[best]);
         current[best] += 1;
     }
-    out
+    Ok(out)
 }
 
 /// `build_exhaustive_blending_indices(sizes)`: exactly `sizes[d]` samples of dataset `d`,
 /// interleaved in proportion to the sizes. Every size must be positive.
-pub fn exhaustive_blending_indices(sizes: &[u64]) -> BlendingIndices {
+pub fn exhaustive_blending_indices(sizes: &[u64]) -> Result<BlendingIndices, MegatronError> {
     let total: u64 = sizes.iter().sum();
     let weights: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
     let mut counts = vec![0i64; sizes.len()];
     // std::set<int32_t> in helpers.cpp: visited in increasing order.
     let mut unspent: Vec<usize> = (0..sizes.len()).filter(|&d| sizes[d] > 0).collect();
-    let mut out = BlendingIndices {
-        dataset: Vec::with_capacity(total as usize),
-        sample: Vec::with_capacity(total as usize),
-    };
+    let mut out = BlendingIndices::with_capacity(total)?;
     let mut s = 0u64;
     while !unspent.is_empty() {
         let at = (s as f64).max(1.0);
@@ -86,7 +90,7 @@ pub fn exhaustive_blending_indices(sizes: &[u64]) -> BlendingIndices {
         }
         s += 1;
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -95,16 +99,16 @@ mod tests {
 
     #[test]
     fn greedy_blend_follows_the_weights_and_breaks_ties_to_the_first() {
-        let b = blending_indices(&[0.5, 0.5], 6);
+        let b = blending_indices(&[0.5, 0.5], 6).unwrap();
         assert_eq!(b.dataset, [0, 1, 0, 1, 0, 1]);
         assert_eq!(b.sample, [0, 0, 1, 1, 2, 2]);
-        let b = blending_indices(&[0.25, 0.75], 8);
+        let b = blending_indices(&[0.25, 0.75], 8).unwrap();
         assert_eq!(b.counts(2), [2, 6]);
     }
 
     #[test]
     fn exhaustive_blend_spends_every_dataset_exactly() {
-        let b = exhaustive_blending_indices(&[3, 1, 5]);
+        let b = exhaustive_blending_indices(&[3, 1, 5]).unwrap();
         assert_eq!(b.counts(3), [3, 1, 5]);
         for d in 0..3i16 {
             let seen: Vec<i64> = (0..b.dataset.len())

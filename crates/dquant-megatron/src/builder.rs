@@ -388,12 +388,12 @@ fn blended_dataset(
     let (weights, indices) = match size {
         Some(size) => {
             let w = normalize(&weights);
-            let ix = blending_indices(&w, size);
+            let ix = blending_indices(&w, size)?;
             (w, ix)
         }
         None => {
             let sizes: Vec<u64> = weights.iter().map(|&w| w as u64).collect();
-            (weights, exhaustive_blending_indices(&sizes))
+            (weights, exhaustive_blending_indices(&sizes)?)
         }
     };
     for (k, (&want, d)) in indices

@@ -30,6 +30,9 @@ pub enum MegatronError {
         requested: u64,
         available: u64,
     },
+    /// An index array larger than the process can allocate (an absurd number of samples).
+    #[error("{what} would hold {elements} entries: more than this process can allocate")]
+    TooLarge { what: &'static str, elements: u64 },
     #[error("index {index} is out of range for the {split} dataset of {len} samples")]
     IndexOutOfRange {
         split: &'static str,

@@ -14,6 +14,7 @@
 
 use std::ops::Range;
 
+use crate::alloc::vec_for;
 use crate::random_state::RandomState;
 use crate::MegatronError;
 
@@ -159,7 +160,7 @@ impl GptIndex {
         };
         let samples = sample_index.rows().saturating_sub(1) as u64;
         let first = separate.unwrap_or(samples);
-        let shuffle_index = shuffle_index(first, samples, &mut rng);
+        let shuffle_index = shuffle_index(first, samples, &mut rng)?;
         Ok(GptIndex {
             document_index,
             sample_index,
@@ -196,17 +197,20 @@ fn separate_final_epoch(
     let (Some(n), true) = (num_samples, epochs > 1) else {
         return Ok(None);
     };
-    let seq = i64::from(p.sequence_length);
-    let sans_final = ((epochs as i64 - 1) * tokens - p.extra()).div_euclid(seq);
-    let from_final = n as i64 - sans_final;
-    let per_epoch = (tokens - p.extra()).div_euclid(seq);
+    // Python's integers: 128 bits hold any epochs x tokens here without overflow.
+    let (seq, extra) = (i128::from(p.sequence_length), i128::from(p.extra()));
+    let sans_final = ((i128::from(epochs) - 1) * i128::from(tokens) - extra).div_euclid(seq);
+    let from_final = i128::from(n) - sans_final;
+    let per_epoch = (i128::from(tokens) - extra).div_euclid(seq);
     if from_final < 0 || from_final > per_epoch + 1 {
         return Err(MegatronError::Config(format!(
             "final epoch would hold {from_final} samples of {per_epoch} (Megatron-Core asserts)"
         )));
     }
-    let threshold = (0.80 * per_epoch as f64) as i64;
-    Ok((from_final < threshold).then_some(sans_final as u64))
+    let threshold = (0.80 * per_epoch as f64) as i128;
+    // At most the whole sample count, which must fit an allocation later: saturating is safe.
+    let sans_final = u64::try_from(sans_final).unwrap_or(u64::MAX);
+    Ok((from_final < threshold).then_some(sans_final))
 }
 
 /// `_build_document_index`: the split's documents once per epoch, shuffled.
@@ -217,15 +221,8 @@ fn document_index(
     rng: &mut RandomState,
 ) -> Result<Vec<i32>, MegatronError> {
     let per_epoch = docs.len() as u64;
-    let total = per_epoch
-        .checked_mul(epochs)
-        .filter(|&t| t <= isize::MAX as u64 / 4)
-        .ok_or_else(|| {
-            MegatronError::Config(format!(
-                "{epochs} epochs of {per_epoch} documents is too many"
-            ))
-        })?;
-    let mut out = Vec::with_capacity(total as usize);
+    let total = per_epoch.saturating_mul(epochs);
+    let mut out = vec_for(total, "the document index")?;
     for _ in 0..epochs {
         // Megatron's document index is int32: so are its document numbers.
         out.extend(docs.clone().map(|d| d as i32));
@@ -259,14 +256,16 @@ impl Row for i64 {
 }
 
 /// Samples `build_sample_idx` makes from `tokens` tokens an epoch.
-fn sample_count(epochs: u64, tokens: i64, p: &GptParams) -> i64 {
-    let all = epochs as i64 * tokens - p.extra();
+/// (In 128 bits, as Python's integers would not overflow; the count is then checked
+/// against what can be allocated.)
+fn sample_count(epochs: u64, tokens: i64, p: &GptParams) -> i128 {
+    let all = i128::from(epochs) * i128::from(tokens) - i128::from(p.extra());
     if p.drop_last_partial_sequence {
         // C++ integer division truncates toward zero (all is -1 at the least).
-        all / i64::from(p.sequence_length)
+        all / i128::from(p.sequence_length)
     } else {
         // helpers.cpp divides in single precision: the same float, the same count.
-        (all as f32 / p.sequence_length as f32).ceil() as i64
+        (all as f32 / p.sequence_length as f32).ceil() as i128
     }
 }
 
@@ -278,13 +277,18 @@ fn sample_index<T: Row>(
     tokens: i64,
     p: &GptParams,
 ) -> Result<Vec<[T; 2]>, MegatronError> {
-    let num_samples = sample_count(epochs, tokens, p).max(0) as usize;
+    let count = sample_count(epochs, tokens, p).max(0);
+    let mut out = vec_for(
+        u64::try_from(count + 1).unwrap_or(u64::MAX),
+        "the sample index",
+    )?;
+    // The allocation above succeeded: the count fits in memory, so in usize.
+    let num_samples = count as usize;
     if num_samples > 0 && document_index.is_empty() {
         return Err(MegatronError::Config("samples from no documents".into()));
     }
     let extra = p.extra();
     let len_of = |di: usize| i64::from(lengths[document_index[di] as usize]);
-    let mut out = Vec::with_capacity(num_samples + 1);
     let (mut di, mut offset) = (0usize, 0i64);
     out.push([T::from_i64(0), T::from_i64(0)]);
     while out.len() <= num_samples {
@@ -310,26 +314,31 @@ fn sample_index<T: Row>(
 }
 
 /// `_build_shuffle_index(first, total)`: `0..first` shuffled, then `first..total` shuffled.
-fn shuffle_index(first: u64, total: u64, rng: &mut RandomState) -> ShuffleIndex {
+fn shuffle_index(
+    first: u64,
+    total: u64,
+    rng: &mut RandomState,
+) -> Result<ShuffleIndex, MegatronError> {
     fn build<T: Copy>(
         first: u64,
         total: u64,
         rng: &mut RandomState,
         of: impl Fn(u64) -> T,
-    ) -> Vec<T> {
-        let mut v: Vec<T> = (0..total).map(of).collect();
+    ) -> Result<Vec<T>, MegatronError> {
+        let mut v = vec_for(total, "the shuffle index")?;
+        v.extend((0..total).map(of));
         let (a, b) = v.split_at_mut(first as usize);
         rng.shuffle(a);
         if first != total {
             rng.shuffle(b);
         }
-        v
+        Ok(v)
     }
-    if total >= u64::from(u32::MAX) - 1 {
-        ShuffleIndex::I64(build(first, total, rng, |i| i as i64))
+    Ok(if total >= u64::from(u32::MAX) - 1 {
+        ShuffleIndex::I64(build(first, total, rng, |i| i as i64)?)
     } else {
-        ShuffleIndex::U32(build(first, total, rng, |i| i as u32))
-    }
+        ShuffleIndex::U32(build(first, total, rng, |i| i as u32)?)
+    })
 }
 
 #[cfg(test)]
@@ -368,6 +377,16 @@ mod tests {
         assert_eq!(ix.num_epochs, 3);
         assert!(ix.len() >= 10);
         assert_eq!(ix.document_index.len(), 9);
+    }
+
+    #[test]
+    fn an_absurd_number_of_samples_is_an_error_not_an_abort() {
+        let e = GptIndex::build(&[5, 7], 0..2, Some(u64::MAX / 8), &params(4)).unwrap_err();
+        // 2^61 samples of 4 (+1) tokens from 12 tokens an epoch: 2^63 / 12 epochs of 2 documents.
+        assert_eq!(
+            e.to_string(),
+            "the document index would hold 1537228672809129302 entries: more than this process can allocate"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! Matched against megatron-core 0.16.1 (`python/tests/test_megatron_order.py` compares with
 //! Megatron's own builder over many configs).
 
+mod alloc;
 pub mod blending;
 pub mod builder;
 pub mod datasets;
