@@ -10,8 +10,8 @@ use std::sync::Mutex;
 
 use dquant_megatron::{build, Blend, BuildConfig, Built, MegatronError, Sample, Sources, TopLevel};
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
-use numpy::{PyArray1, PyArray2};
-use pyo3::exceptions::{PyFileNotFoundError, PyIndexError, PyOSError, PyValueError};
+use numpy::PyArray2;
+use pyo3::exceptions::{PyFileNotFoundError, PyIndexError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
 fn to_py(e: MegatronError) -> PyErr {
@@ -51,19 +51,25 @@ impl MegatronOrder {
             .ok_or_else(|| PyValueError::new_err(format!("split {split} has no dataset")))
     }
 
-    /// Reads sample `idx` of `split` into `row`; returns its `dataset_id`.
+    /// Reads samples `indices` of `top` into consecutive rows of `rows` (one sample's
+    /// tokens each); returns their `dataset_id`s.
     fn read(
         &self,
         top: &TopLevel,
-        idx: u64,
-        row: &mut [i64],
+        indices: &[u64],
+        rows: &mut [i64],
         pad: i64,
-    ) -> Result<Option<i16>, MegatronError> {
+    ) -> Result<Vec<Option<i16>>, MegatronError> {
+        let width = (top.sample_tokens() as usize).max(1);
         let mut guard = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
         let (bufs, tokens, sample) = &mut *guard;
-        top.sample_into(idx, sample)?;
-        self.sources.read_into(sample, row, pad, tokens, bufs)?;
-        Ok(sample.dataset_id)
+        let mut ids = Vec::with_capacity(indices.len());
+        for (&idx, row) in indices.iter().zip(rows.chunks_mut(width)) {
+            top.sample_into(idx, sample)?;
+            self.sources.read_into(sample, row, pad, tokens, bufs)?;
+            ids.push(sample.dataset_id);
+        }
+        Ok(ids)
     }
 }
 
@@ -126,22 +132,6 @@ impl MegatronOrder {
         Ok(self.split(split)?.sample_tokens())
     }
 
-    /// Sample `idx`: (int64 tokens, padded with `pad`; its `dataset_id` or None).
-    fn sample<'py>(
-        &self,
-        py: Python<'py>,
-        split: usize,
-        idx: u64,
-        pad: i64,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Option<i16>)> {
-        let top = self.split(split)?;
-        let mut row = vec![0i64; top.sample_tokens() as usize];
-        let id = py
-            .detach(|| self.read(top, idx, &mut row, pad))
-            .map_err(to_py)?;
-        Ok((PyArray1::from_vec(py, row), id))
-    }
-
     /// Samples `indices`, one row each: (int64 tokens (n, tokens); dataset ids or None).
     #[allow(clippy::type_complexity)]
     fn batch<'py>(
@@ -153,16 +143,22 @@ impl MegatronOrder {
     ) -> PyResult<(Bound<'py, PyArray2<i64>>, Option<Vec<i16>>)> {
         let top = self.split(split)?;
         let width = top.sample_tokens() as usize;
-        let mut rows = vec![0i64; width * indices.len()];
-        let ids = py
-            .detach(|| -> Result<Vec<Option<i16>>, MegatronError> {
-                let chunks = rows.chunks_mut(width.max(1));
-                indices
-                    .iter()
-                    .zip(chunks)
-                    .map(|(&i, row)| self.read(top, i, row, pad))
-                    .collect()
+        let mut rows = width
+            .checked_mul(indices.len())
+            .and_then(|n| {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).ok()?;
+                v.resize(n, 0i64);
+                Some(v)
             })
+            .ok_or_else(|| {
+                PyMemoryError::new_err(format!(
+                    "{} samples of {width} tokens do not fit in memory",
+                    indices.len()
+                ))
+            })?;
+        let ids = py
+            .detach(|| self.read(top, &indices, &mut rows, pad))
             .map_err(to_py)?;
         let arr = numpy::ndarray::Array2::from_shape_vec((indices.len(), width), rows)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
