@@ -27,14 +27,11 @@ import torch
 warnings.simplefilter("ignore")
 
 
-def megatron_build(prefix, cfg, sizes, cache):
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset
+def megatron_build(cfg, sizes, cache):
+    """Megatron-Core's datasets for `cfg`, its index cache in `cache`."""
     from dquant import megatron as dm
 
-    config = dm._gpt_dataset_config(path_to_cache=cache, **cfg)
-    with dm._process_group():
-        return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+    return dm.megatron_core_datasets(dm._gpt_dataset_config(path_to_cache=cache, **cfg), sizes)
 
 
 def timed(f, repeat):
@@ -63,7 +60,7 @@ def reads(prefix, seq_len, train_samples, label, rng):
                random_seed=1234, eod=50256, create_attention_mask=False)
     sizes = [train_samples, train_samples // 100, train_samples // 1000]
     with tempfile.TemporaryDirectory() as cache:
-        theirs = megatron_build([prefix], cfg, sizes, cache)[0]
+        theirs = megatron_build(cfg, sizes, cache)[0]
         train = dm.build_train_valid_test_datasets(**cfg, num_samples=sizes)[0]
         assert len(train) == len(theirs)
         for i in (rng.randrange(len(train)) for _ in range(200)):
@@ -92,6 +89,7 @@ def reads(prefix, seq_len, train_samples, label, rng):
 
 
 def documents(prefix):
+    """Sequences in the `.idx` header: the corpora here have one sequence per document."""
     return int(np.fromfile(prefix + ".idx", dtype=np.int64, count=1, offset=18)[0])
 
 
@@ -112,9 +110,9 @@ def main():
     theirs_cold, theirs_warm = [], []
     for _ in range(a.repeat):
         with tempfile.TemporaryDirectory() as cache:
-            _, t = timed(lambda: megatron_build([a.build_prefix], cfg, sizes, cache), 1)
+            _, t = timed(lambda: megatron_build(cfg, sizes, cache), 1)
             theirs_cold.append(t)
-            _, t = timed(lambda: megatron_build([a.build_prefix], cfg, sizes, cache), 1)
+            _, t = timed(lambda: megatron_build(cfg, sizes, cache), 1)
             theirs_warm.append(t)
     ours, ours_build = timed(lambda: dm.build_train_valid_test_datasets(**cfg, num_samples=sizes), a.repeat)
     cold, warm = min(theirs_cold), min(theirs_warm)

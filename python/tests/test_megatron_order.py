@@ -180,18 +180,7 @@ def test_random_configs(corpora):
                 continue  # Megatron-Core loops forever there: nothing to run it against
             # dquant refuses what Megatron-Core cannot build: Megatron must fail too.
             with pytest.raises((AssertionError, IndexError, ValueError, ZeroDivisionError)):
-                megatron_build(sizes, kw)
-
-
-def megatron_build(sizes, kw):
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.core.datasets.gpt_dataset import GPTDataset
-
-    config = dm._gpt_dataset_config(eod=EOD, **kw)
-    with dm._process_group():
-        return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+                dm.megatron_core_datasets(dm._gpt_dataset_config(eod=EOD, **kw), sizes)
 
 
 def test_restart_at_any_consumed_samples_needs_only_the_index(corpora):

@@ -39,6 +39,7 @@ __all__ = [
     "from_megatron_args",
     "MegatronDataset",
     "check",
+    "megatron_core_datasets",
 ]
 
 #: Megatron-Core's pad id when the tokenizer has none (``megatron_dataset._PAD_TOKEN_ID``).
@@ -375,18 +376,10 @@ def check(
     ``AssertionError`` naming the first difference. The config is a ``GPTDatasetConfig`` or
     ``build_train_valid_test_datasets``'s keyword arguments (then ``eod`` is required).
     """
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.core.datasets.gpt_dataset import GPTDataset
-
     if config is None:
         config = _gpt_dataset_config(**kwargs)
     ours = build_train_valid_test_datasets(config=config, num_samples=num_samples)
-    with _process_group():
-        theirs = BlendedMegatronDatasetBuilder(
-            GPTDataset, list(num_samples), lambda: True, config
-        ).build()
+    theirs = megatron_core_datasets(config, num_samples)
     rng = _random.Random(seed)
     for name, a, b in zip(("train", "valid", "test"), ours, theirs):
         if (a is None) != (b is None):
@@ -400,6 +393,20 @@ def check(
         for i in picks:
             _compare_items(f"{name}[{i}]", a[i], b[i])
     return "identical"
+
+
+def megatron_core_datasets(config: Any, num_samples: Sequence[Optional[int]]):
+    """The installed Megatron-Core's own datasets for ``config`` (a ``GPTDatasetConfig``):
+    ``BlendedMegatronDatasetBuilder(GPTDataset, num_samples, ...).build()``."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    with _process_group():
+        return BlendedMegatronDatasetBuilder(
+            GPTDataset, list(num_samples), lambda: True, config
+        ).build()
 
 
 @contextlib.contextmanager
