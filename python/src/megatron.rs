@@ -6,7 +6,7 @@
 //! tensors, where torch's own ops make the masks exactly as Megatron's do.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use dquant_megatron::{build, Blend, BuildConfig, Built, MegatronError, Sample, Sources, TopLevel};
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
@@ -103,7 +103,7 @@ pub fn megatron_order(
         ..BuildConfig::new(random_seed, sequence_length)
     };
     py.detach(|| {
-        let open = |p: &str| Dataset::open(Path::new(p), &OpenOptions::default());
+        let open = |p: &str| Dataset::open(Path::new(p), &OpenOptions::default()).map(Arc::new);
         let sources = Sources::open(&config.prefixes(), open)?;
         let built = build(&config, &mut |p| sources.lengths_of(p))?;
         Ok(MegatronOrder {

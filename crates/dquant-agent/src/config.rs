@@ -52,6 +52,11 @@ pub struct AgentConfig {
     /// read them.
     #[serde(default = "default_dataset_cache")]
     pub keep_datasets: usize,
+    /// Megatron-order builds (`OpenMegatron`) kept in memory after their sessions end,
+    /// most recently opened first, so a trainer that restarts or a rank that opens late finds
+    /// its config built.
+    #[serde(default = "default_megatron_builds")]
+    pub keep_megatron_builds: usize,
     /// Seconds an opened session waits for its data connection before it is dropped.
     #[serde(default = "default_ticket_ttl")]
     pub ticket_ttl_secs: u64,
@@ -282,6 +287,10 @@ fn default_worker_threads() -> usize {
 fn default_max_sessions() -> usize {
     256
 }
+fn default_megatron_builds() -> usize {
+    4
+}
+
 fn default_dataset_cache() -> usize {
     16
 }
@@ -314,6 +323,7 @@ impl Default for AgentConfig {
             worker_threads: default_worker_threads(),
             max_sessions: default_max_sessions(),
             keep_datasets: default_dataset_cache(),
+            keep_megatron_builds: default_megatron_builds(),
             ticket_ttl_secs: default_ticket_ttl(),
             share_window_batches: default_share_window_batches(),
             share_window_bytes: default_share_window_bytes(),

@@ -18,8 +18,8 @@ use dquant_plan::{Cursor, Plan, Source, WireCodec};
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
     CloseReply, CloseRequest, DatasetStat, Event, IndexPart, IndexReply, IndexRequest, ListReply,
-    ListRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest, SubscribeRequest,
-    WatchRequest,
+    ListRequest, OpenMegatronReply, OpenMegatronRequest, OpenReply, OpenRequest, OpenSourceRequest,
+    StatRequest, SubscribeRequest, WatchRequest,
 };
 use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
 use dquant_storage::{Dataset, StorageError};
@@ -634,6 +634,22 @@ impl Agent for Service {
                     stat: Some(stat),
                     ..Default::default()
                 }))
+            })
+            .await
+    }
+
+    async fn open_megatron(
+        &self,
+        req: Request<OpenMegatronRequest>,
+    ) -> Result<Response<OpenMegatronReply>, Status> {
+        let caller = caller_of(&req)?;
+        let (config, wire) = crate::megatron::check_request(&self.shared, &caller, req.get_ref())?;
+        let place = self.shared.sessions.reserve().map_err(full)?;
+        let shared = self.shared.clone();
+        self.shared
+            .opens
+            .run("OpenMegatron", move |_| {
+                crate::megatron::open(&shared, &caller, place, config, wire).map(Response::new)
             })
             .await
     }

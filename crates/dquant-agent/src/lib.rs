@@ -30,6 +30,7 @@ pub mod faults;
 mod grpc;
 mod limits;
 mod local;
+mod megatron;
 mod metrics;
 mod open_pool;
 mod pacing;
@@ -67,6 +68,8 @@ pub(crate) struct Shared {
     pub catalog: Catalog,
     /// Datasets opened once and shared by the sessions that read them.
     pub datasets: dquant_storage::DatasetCache,
+    /// Megatron-order builds, by config (`OpenMegatron`).
+    pub megatron: megatron::MegatronIndexes,
     pub sessions: Arc<sessions::Sessions>,
     pub opens: open_pool::OpenPool,
     /// The threads sessions share for reads and compression (`worker_threads`); `None`
@@ -407,6 +410,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         metrics,
         catalog,
         datasets: dquant_storage::DatasetCache::new(config.keep_datasets),
+        megatron: megatron::MegatronIndexes::new(config.keep_megatron_builds),
         config,
         data_port: data_addr.port(),
         tls,

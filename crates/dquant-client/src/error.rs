@@ -47,6 +47,9 @@ pub enum ClientError {
     Wire(#[from] WireError),
     #[error("{0}")]
     Usage(String),
+    /// A sample index past its dataset's end.
+    #[error("{0}")]
+    IndexOutOfRange(String),
 }
 
 impl ClientError {

@@ -21,6 +21,7 @@
 mod batch;
 mod error;
 mod inproc;
+pub mod megatron;
 mod reader;
 pub mod shm;
 
@@ -31,6 +32,7 @@ pub use batch::{Batch, OwnedBatch, Tokens};
 pub use dquant_engine::{SourceError, TokenSource};
 pub use dquant_remote::{AgentUri, Control, Credentials, Transport, Watch};
 pub use error::ClientError;
+pub use megatron::{AgentMegatron, SampleBatch};
 pub use reader::{Reader, Share};
 
 /// Where a plan runs.

@@ -23,14 +23,19 @@ use crate::split::{document_range, split_matrix, Split, SplitMatrix};
 use crate::MegatronError;
 
 /// Dataset prefixes, with weights or without (`blend` in Megatron's config).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Blend {
     pub prefixes: Vec<String>,
     pub weights: Option<Vec<f64>>,
 }
 
 /// The part of `GPTDatasetConfig` (and of the builder's `sizes`) that decides samples.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Its JSON form (serde's, every field named) is what a client sends an agent to have the
+/// samples built there, and what keys the agent's cache of built indices.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BuildConfig {
     pub random_seed: u32,
     pub sequence_length: u32,

@@ -9,7 +9,8 @@
 //! [`blending`] (the greedy and exhaustive blends) and [`builder`] (which datasets each split
 //! gets, of what size). These are pure: the builder gets each source's sequence lengths from
 //! a callback. [`datasets`] says what sample `i` is made of, and [`reader`] (the only module
-//! with I/O, through `dquant-storage`) reads it.
+//! with I/O, through `dquant-storage`) reads it; [`records`] lays samples out as the token
+//! stream an agent serves them in.
 //!
 //! Matched against megatron-core 0.16.1 (`python/tests/test_megatron_order.py` compares with
 //! Megatron's own builder over many configs).
@@ -23,10 +24,12 @@ pub mod gpt_index;
 pub mod numpy_float;
 pub mod random_state;
 pub mod reader;
+pub mod records;
 pub mod split;
 
 pub use builder::{build, Blend, BuildConfig, Built};
 pub use datasets::{BlendedDataset, GptDataset, Piece, Sample, TopLevel};
 pub use error::MegatronError;
-pub use reader::Sources;
+pub use reader::{ReadScratch, Sources};
+pub use records::RecordLayout;
 pub use split::Split;

@@ -16,13 +16,23 @@ use std::sync::Arc;
 
 use dquant_storage::{Dataset, Format, ReadBuffers};
 
-use crate::datasets::Sample;
+use crate::datasets::{Sample, TopLevel};
+use crate::records::{self, RECORD_HEADER};
 use crate::MegatronError;
+
+/// What reading a sample reuses from one read to the next: its pieces, decoded tokens and
+/// storage buffers.
+#[derive(Default)]
+pub struct ReadScratch {
+    pub sample: Sample,
+    pub tokens: Vec<u32>,
+    pub bufs: ReadBuffers,
+}
 
 /// The opened sources of a build, by source index.
 pub struct Sources {
     names: Vec<String>,
-    datasets: Vec<Dataset>,
+    datasets: Vec<Arc<Dataset>>,
     /// Each source's token file, mapped, where it is a local plain file.
     maps: Vec<Option<memmap2::Mmap>>,
 }
@@ -44,13 +54,18 @@ fn map_plain(ds: &Dataset) -> Result<Option<memmap2::Mmap>, MegatronError> {
 }
 
 impl Sources {
-    /// Opens every prefix with `open` (a local path, or a name under a root).
+    /// Opens every prefix with `open` (a local path, or a name under a root; an agent shares
+    /// its open datasets).
     pub fn open(
         prefixes: &[String],
-        open: impl Fn(&str) -> Result<Dataset, dquant_storage::StorageError>,
+        open: impl Fn(&str) -> Result<Arc<Dataset>, dquant_storage::StorageError>,
     ) -> Result<Self, MegatronError> {
-        let datasets: Vec<Dataset> = prefixes.iter().map(|p| open(p)).collect::<Result<_, _>>()?;
-        let maps = datasets.iter().map(map_plain).collect::<Result<_, _>>()?;
+        let datasets: Vec<Arc<Dataset>> =
+            prefixes.iter().map(|p| open(p)).collect::<Result<_, _>>()?;
+        let maps = datasets
+            .iter()
+            .map(|d| map_plain(d))
+            .collect::<Result<_, _>>()?;
         Ok(Sources {
             names: prefixes.to_vec(),
             datasets,
@@ -60,6 +75,11 @@ impl Sources {
 
     pub fn names(&self) -> &[String] {
         &self.names
+    }
+
+    /// Tokens in source `i`.
+    pub fn tokens(&self, i: usize) -> u64 {
+        self.datasets[i].tokens()
     }
 
     /// Source `i`'s sequence lengths, as Megatron's int32 `sequence_lengths`.
@@ -87,13 +107,40 @@ impl Sources {
         self.lengths(i)
     }
 
+    /// Sample `idx` of `top` as a served record (see [`records`](crate::records)):
+    /// its header, then its tokens, each pad 0. `out` is the record's length.
+    pub fn read_record(
+        &self,
+        top: &TopLevel,
+        idx: u64,
+        out: &mut [u32],
+        scratch: &mut ReadScratch,
+    ) -> Result<(), MegatronError> {
+        let (head, body) = out.split_at_mut((RECORD_HEADER as usize).min(out.len()));
+        if body.len() as u64 != top.sample_tokens() {
+            return Err(MegatronError::Config(format!(
+                "a record of {} tokens cannot hold a sample of {}",
+                out.len(),
+                top.sample_tokens()
+            )));
+        }
+        top.sample_into(idx, &mut scratch.sample)?;
+        head.copy_from_slice(&records::header(&scratch.sample));
+        let ReadScratch {
+            sample,
+            tokens,
+            bufs,
+        } = scratch;
+        self.read_into(sample, body, 0, tokens, bufs)
+    }
+
     /// Writes `sample`'s tokens into `out` (its pieces in order, then `pad` for padding).
     /// `out` must be exactly the sample's length.
-    pub fn read_into(
+    pub fn read_into<T: Copy + From<u32>>(
         &self,
         sample: &Sample,
-        out: &mut [i64],
-        pad: i64,
+        out: &mut [T],
+        pad: T,
         tokens: &mut Vec<u32>,
         bufs: &mut ReadBuffers,
     ) -> Result<(), MegatronError> {
@@ -138,7 +185,7 @@ impl Sources {
                 .get_mut(at..at + tokens.len())
                 .ok_or_else(|| MegatronError::Config("a sample longer than its row".into()))?;
             for (d, &t) in dst.iter_mut().zip(tokens.iter()) {
-                *d = i64::from(t);
+                *d = T::from(t);
             }
             at += tokens.len();
         }

@@ -14,8 +14,9 @@ use std::time::Duration;
 use dquant_engine::SourceError;
 use dquant_proto::v1::agent_client::AgentClient;
 use dquant_proto::v1::{
-    CloseRequest, DatasetStat, IndexRequest, ListEntry, ListRequest, OpenReply, OpenRequest,
-    OpenSourceRequest, StatRequest, SubscribeRequest, WatchRequest,
+    CloseRequest, DatasetStat, IndexRequest, ListEntry, ListRequest, OpenMegatronReply,
+    OpenMegatronRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest, SubscribeRequest,
+    WatchRequest,
 };
 use dquant_transport::record::MAX_TOKEN_LEN;
 use dquant_transport::{
@@ -363,6 +364,18 @@ impl Control {
         let mut c = self.client.clone();
         let req = self.request(req);
         self.within("OpenSource", async move { c.open_source(req).await })
+    }
+
+    /// Builds (or finds built) a Megatron-order config on the agent and opens its samples as a
+    /// range session ([`OpenMegatronRequest`]). A build of a large corpus takes seconds; this
+    /// call waits for it within the control timeout.
+    pub fn open_megatron(
+        &self,
+        req: OpenMegatronRequest,
+    ) -> Result<OpenMegatronReply, SourceError> {
+        let mut c = self.client.clone();
+        let req = self.request(req);
+        self.within("OpenMegatron", async move { c.open_megatron(req).await })
     }
 
     /// One slice of a dataset's document index ([`IndexRequest`]), its checksum checked: the

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use dquant_codec::{Codec, Decoder};
 use dquant_engine::{SourceError, TokenSource};
-use dquant_proto::v1::{DatasetStat, OpenSourceRequest, StatRequest};
+use dquant_proto::v1::{DatasetStat, OpenReply, OpenSourceRequest, StatRequest};
 use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
 use dquant_transport::{DataStream, FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
 
@@ -48,13 +48,19 @@ impl RemoteSource {
             dataset: Some(dataset),
             wire_codec: wire_codec.into(),
         })?;
+        Self::attach(control, &reply)
+    }
+
+    /// Connects to the range session `reply` opened (an `OpenSource`, or another open that
+    /// serves a virtual dataset by ranges, as `OpenMegatron` does).
+    pub fn attach(control: Control, reply: &OpenReply) -> Result<Self, SourceError> {
         let tokens = reply.stat.as_ref().map_or(0, |s| s.tokens);
         let max_token = reply
             .stat
             .as_ref()
             .and_then(|s| s.stored_max_token)
             .unwrap_or(u32::MAX);
-        let (writer, reader) = control.connect_data(&reply)?;
+        let (writer, reader) = control.connect_data(reply)?;
         Ok(RemoteSource {
             session: reply.session,
             control,
