@@ -638,8 +638,11 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_plan_change, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Batch>()?;
+    m.add_function(wrap_pyfunction!(megatron::megatron_config, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::megatron_order, m)?)?;
+    m.add_function(wrap_pyfunction!(megatron::megatron_agent_order, m)?)?;
     m.add_class::<megatron::MegatronOrder>()?;
+    m.add_class::<megatron::AgentMegatronOrder>()?;
     m.add("AgentError", m.py().get_type::<AgentError>())?;
     m.add("AgentShutdown", m.py().get_type::<AgentShutdown>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,5 +1,6 @@
 //! `dquant._dquant.MegatronOrder`: Megatron-Core's sample order ([`dquant_megatron`]) over
-//! local sources, for `dquant.megatron`.
+//! local sources, and `AgentMegatronOrder`, the same built by an agent and read from it by
+//! index, for `dquant.megatron`.
 //!
 //! Rust builds the indices (without the GIL) and reads each sample's tokens into an int64
 //! numpy row, pads included; `dquant/megatron.py` turns rows into Megatron's dicts of torch
@@ -8,7 +9,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use dquant_megatron::{build, Blend, BuildConfig, Built, MegatronError, Sample, Sources, TopLevel};
+use dquant_client::{AgentMegatron, SampleBatch};
+use dquant_megatron::records::SplitRecords;
+use dquant_megatron::{
+    build, Blend, BuildConfig, Built, MegatronError, RecordLayout, Sample, Sources, TopLevel,
+};
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
 use numpy::PyArray2;
 use pyo3::exceptions::{PyFileNotFoundError, PyIndexError, PyMemoryError, PyOSError, PyValueError};
@@ -73,15 +78,14 @@ impl MegatronOrder {
     }
 }
 
-/// Builds Megatron-Core's three splits over local sources (prefixes of `.bin`/`.idx`, or any
-/// dataset dquant opens).
+/// The config `dquant.megatron` was given, as dquant-megatron's `BuildConfig` JSON (what
+/// [`megatron_order`] builds here and [`megatron_agent_order`] sends an agent).
 #[pyfunction]
 #[pyo3(signature = (*, random_seed, sequence_length, blend=None, blend_per_split=None, split=None,
     num_samples=[None, None, None], mid_level_dataset_surplus=0.005,
     add_extra_token_to_sequence=true, drop_last_partial_validation_sequence=true))]
 #[allow(clippy::too_many_arguments)]
-pub fn megatron_order(
-    py: Python<'_>,
+pub fn megatron_config(
     random_seed: u32,
     sequence_length: u32,
     blend: Option<PyBlend>,
@@ -91,7 +95,7 @@ pub fn megatron_order(
     mid_level_dataset_surplus: f64,
     add_extra_token_to_sequence: bool,
     drop_last_partial_validation_sequence: bool,
-) -> PyResult<MegatronOrder> {
+) -> PyResult<String> {
     let config = BuildConfig {
         blend: blend.map(blend_of),
         blend_per_split: blend_per_split.map(|b| b.map(|x| x.map(blend_of))),
@@ -102,6 +106,18 @@ pub fn megatron_order(
         drop_last_partial_validation_sequence,
         ..BuildConfig::new(random_seed, sequence_length)
     };
+    serde_json::to_string(&config).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn config_from(json: &str) -> PyResult<BuildConfig> {
+    serde_json::from_str(json).map_err(|e| PyValueError::new_err(format!("config: {e}")))
+}
+
+/// Builds Megatron-Core's three splits of `config` (from [`megatron_config`]) over local
+/// sources (prefixes of `.bin`/`.idx`, or any dataset dquant opens).
+#[pyfunction]
+pub fn megatron_order(py: Python<'_>, config: &str) -> PyResult<MegatronOrder> {
+    let config = config_from(config)?;
     py.detach(|| {
         let open = |p: &str| Dataset::open(Path::new(p), &OpenOptions::default()).map(Arc::new);
         let sources = Sources::open(&config.prefixes(), open)?;
@@ -187,4 +203,111 @@ impl MegatronOrder {
     fn sources(&self) -> Vec<String> {
         self.built.sources.clone()
     }
+}
+
+/// The three splits of a config built by an agent next to the data; samples are read from
+/// it by index (`dquant_client::AgentMegatron`), and this process holds no index.
+#[pyclass(module = "dquant._dquant", frozen)]
+pub struct AgentMegatronOrder {
+    inner: Mutex<AgentMegatron>,
+    layout: RecordLayout,
+}
+
+/// Has the agent at `agent` (`dquant://HOST:PORT` or its Unix socket path) build `config`
+/// (from [`megatron_config`], prefixes naming its datasets `ROOT/PATH`), or find it built.
+#[pyfunction]
+#[pyo3(signature = (agent, config, wire_codec=""))]
+pub fn megatron_agent_order(
+    py: Python<'_>,
+    agent: &str,
+    config: &str,
+    wire_codec: &str,
+) -> PyResult<AgentMegatronOrder> {
+    let config = config_from(config)?;
+    let inner = py
+        .detach(|| AgentMegatron::connect(agent, &config, wire_codec))
+        .map_err(crate::to_py)?;
+    Ok(AgentMegatronOrder {
+        layout: inner.layout().clone(),
+        inner: Mutex::new(inner),
+    })
+}
+
+#[pymethods]
+impl AgentMegatronOrder {
+    /// Samples of split `split` (0 train, 1 valid, 2 test), or None where Megatron gives None.
+    fn len(&self, split: usize) -> Option<u64> {
+        self.layout.splits.get(split)?.map(|s| s.samples)
+    }
+
+    fn is_blended(&self, split: usize) -> PyResult<bool> {
+        Ok(self.split(split)?.blended)
+    }
+
+    fn sample_tokens(&self, split: usize) -> PyResult<u64> {
+        Ok(self.split(split)?.sample_tokens)
+    }
+
+    /// Samples `indices`, one row each: (int64 tokens (n, tokens); dataset ids or None).
+    #[allow(clippy::type_complexity)]
+    fn batch<'py>(
+        &self,
+        py: Python<'py>,
+        split: usize,
+        indices: Vec<u64>,
+        pad: i64,
+    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Option<Vec<i16>>)> {
+        let blended = self.split(split)?.blended;
+        let b = py
+            .detach(|| {
+                let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                m.batch(split, &indices)
+            })
+            .map_err(crate::to_py)?;
+        let rows = rows_of(&b, pad)?;
+        let ids = blended.then(|| b.dataset_ids.iter().map(|&d| d as i16).collect());
+        Ok((numpy::IntoPyArray::into_pyarray(rows, py), ids))
+    }
+
+    fn pieces(&self, _split: usize, _idx: u64) -> PyResult<()> {
+        Err(pyo3::exceptions::PyNotImplementedError::new_err(
+            "pieces: an agent's build keeps its indices on the agent; open the config \
+             without agent= to see what a sample is made of",
+        ))
+    }
+
+    /// The source datasets (`ROOT/PATH` on the agent), by dataset id.
+    fn sources(&self) -> Vec<String> {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        m.sources().to_vec()
+    }
+
+    /// Whether the agent had built this config before this open.
+    fn was_cached(&self) -> bool {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        m.was_cached()
+    }
+}
+
+impl AgentMegatronOrder {
+    fn split(&self, split: usize) -> PyResult<&SplitRecords> {
+        self.layout.split(split).map_err(to_py)
+    }
+}
+
+/// A batch as int64 rows, each sample's last `pad` tokens set to `pad`.
+fn rows_of(b: &SampleBatch, pad: i64) -> PyResult<numpy::ndarray::Array2<i64>> {
+    let n = b.pads.len();
+    let w = b.sample_tokens;
+    let mut rows = Vec::new();
+    rows.try_reserve_exact(b.tokens.len()).map_err(|_| {
+        PyMemoryError::new_err(format!("{n} samples of {w} tokens do not fit in memory"))
+    })?;
+    rows.extend(b.tokens.iter().map(|&t| i64::from(t)));
+    for (row, &p) in rows.chunks_mut(w.max(1)).zip(&b.pads) {
+        let keep = w - (p as usize).min(w);
+        row[keep..].fill(pad);
+    }
+    numpy::ndarray::Array2::from_shape_vec((n, w), rows)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }

@@ -11,7 +11,9 @@ sources are the Megatron-written fixtures plus datasets written here with Megatr
 from __future__ import annotations
 
 import random
+import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,9 +42,12 @@ def corpora(data, tmp_path_factory):
         b.finalize(str(d / f"{name}.idx"))
         return str(d / name)
 
+    for name in ("r50k_int32", "r50k_uint16"):
+        for ext in ("bin", "idx"):
+            shutil.copy(data / f"{name}.{ext}", d / f"{name}.{ext}")
     return {
-        "int32": str(data / "r50k_int32"),
-        "uint16": str(data / "r50k_uint16"),
+        "int32": str(d / "r50k_int32"),
+        "uint16": str(d / "r50k_uint16"),
         # Documents of 1 to 3 tokens: samples span many of them.
         "tiny": write("tiny", rng.integers(1, 4, size=300)),
         # Many documents of Zipf-like lengths, and sequences split in two per document.
@@ -246,3 +251,135 @@ def test_from_megatron_args_maps_megatron_lm_arguments(corpora):
     assert kw["num_samples"] == [800, 48, 16]
     num_samples = kw.pop("num_samples")
     compare(num_samples, samples=100, eod=EOD, **kw)
+
+
+# Through an agent: the agent serves the corpora directory as root "data", builds the
+# indices there and serves samples by index; the trainer's process holds no index.
+
+
+@pytest.fixture(scope="module")
+def mega_agent(corpora, tmp_path_factory):
+    from conftest import Agent
+
+    a = Agent(Path(corpora["tiny"]).parent, tmp_path_factory.mktemp("msock") / "agent.sock")
+    yield a
+    a.stop()
+
+
+def named(kw):
+    """``kw`` with every prefix named as the agent's dataset (``data/NAME``)."""
+
+    def n(b):
+        return None if b is None else ([f"data/{Path(p).name}" for p in b[0]], b[1])
+
+    out = dict(kw)
+    if out.get("blend") is not None:
+        out["blend"] = n(out["blend"])
+    if out.get("blend_per_split") is not None:
+        out["blend_per_split"] = [n(b) for b in out["blend_per_split"]]
+    return out
+
+
+def compare_agent(address, num_samples, samples=40, seed=0, **kw):
+    """Megatron-Core's datasets built here, dquant's by the agent at ``address``: compared
+    at random indices; returns dquant's."""
+    kw.setdefault("eod", EOD)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(**kw), num_samples)
+    ours = dm.build_train_valid_test_datasets(agent=address, num_samples=num_samples, **named(kw))
+    dm.compare_splits(ours, theirs, samples, seed)
+    return ours, theirs
+
+
+AGENT_CONFIGS = [
+    dict(num_samples=[3000, 200, 50], split="80,15,5", sequence_length=48, random_seed=99,
+         blend_keys=(["int32", "many", "u16"], [0.5, 0.2, 0.6])),
+    dict(num_samples=[40_000, None, None], split="90,10,0", sequence_length=32, random_seed=5,
+         blend_keys=(["int32"], None), reset_position_ids=True, reset_attention_mask=True,
+         eod_mask_loss=True, drop_last_partial_validation_sequence=False),
+    dict(num_samples=[None, None, None], split="90,5,5", sequence_length=4, random_seed=3,
+         blend_keys=(["tiny", "multiseq"], None), add_extra_token_to_sequence=False),
+]
+
+
+def _agent_kw(corpora, c):
+    c = dict(c)
+    keys, w = c.pop("blend_keys")
+    return dict(blend=([corpora[k] for k in keys], w), **c)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_through_an_agent_the_same_samples(corpora, mega_agent, transport):
+    address = mega_agent.uri if transport == "tcp" else mega_agent.socket
+    for c in AGENT_CONFIGS:
+        ours, theirs = compare_agent(address, **_agent_kw(corpora, c))
+        for a, b in zip(ours, theirs):
+            if a is None or len(a) < 9:
+                continue
+            # A batch in one round trip, and a DataLoader's batch read through __getitems__,
+            # are the stacks of Megatron's items.
+            idx = [len(a) - 1, 0, 7, 3]
+            want = torch.utils.data.default_collate([b[i] for i in idx])
+            for got in (a.get_batch(idx), torch.utils.data.default_collate(a.__getitems__(idx))):
+                assert list(got) == list(want)
+                for k in want:
+                    assert torch.equal(got[k], want[k]), k
+
+
+def test_through_an_agent_a_restart_needs_only_the_index_and_finds_the_build(corpora, mega_agent):
+    kw = _agent_kw(corpora, AGENT_CONFIGS[0])
+    num_samples = kw.pop("num_samples")
+    train, _, _ = dm.build_train_valid_test_datasets(
+        agent=mega_agent.uri, num_samples=num_samples, eod=EOD, **named(kw)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(eod=EOD, **kw), num_samples)[0]
+    assert train._order.was_cached()
+    for consumed in (0, 1, 999, 2990):
+        again, _, _ = dm.build_train_valid_test_datasets(
+            agent=mega_agent.uri, num_samples=num_samples, eod=EOD, **named(kw)
+        )
+        # A sequential sampler's micro-batches of 2 from consumed_samples on, rank 1 of 2.
+        for step in range(3):
+            start = consumed + step * 4 + 2
+            idx = [i for i in (start, start + 1) if i < len(again)]
+            got = again.get_batch(idx)
+            want = torch.utils.data.default_collate([theirs[i] for i in idx])
+            for k in want:
+                assert torch.equal(got[k], want[k]), (consumed, k)
+
+
+def test_through_an_agent_dataloader_workers_open_their_own_sessions(corpora, mega_agent):
+    kw = _agent_kw(corpora, AGENT_CONFIGS[0])
+    num_samples = kw.pop("num_samples")
+    train, _, _ = dm.build_train_valid_test_datasets(
+        agent=mega_agent.socket, num_samples=num_samples, eod=EOD, **named(kw)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(eod=EOD, **kw), num_samples)[0]
+    train[0]  # the parent's session is in use before the workers fork
+    batches = [list(range(s, s + 4)) for s in range(100, 140, 4)]
+    loader = torch.utils.data.DataLoader(train, batch_sampler=batches, num_workers=2)
+    for idx, got in zip(batches, loader):
+        want = torch.utils.data.default_collate([theirs[i] for i in idx])
+        for k in want:
+            assert torch.equal(got[k], want[k]), (idx, k)
+
+
+def test_through_an_agent_bad_input_gets_clear_errors(corpora, mega_agent, tmp_path):
+    kw = dict(blend=(["data/r50k_int32"], None), split="90,10,0", sequence_length=32,
+              random_seed=1, eod=EOD)
+    train, _, _ = dm.build_train_valid_test_datasets(agent=mega_agent.uri, **kw)
+    with pytest.raises(IndexError, match=f"index {len(train)} is out of bounds"):
+        train[len(train)]
+    with pytest.raises(NotImplementedError, match="keeps its indices on the agent"):
+        train.pieces(0)
+    with pytest.raises(FileNotFoundError, match='dataset "data/nope": no such dataset'):
+        dm.build_train_valid_test_datasets(agent=mega_agent.uri, **{**kw, "blend": (["data/nope"], None)})
+    with pytest.raises(ValueError, match="name the agent only"):
+        dm.build_train_valid_test_datasets(agent=mega_agent.uri + "/data/x", **kw)
+    with pytest.raises(ConnectionError):
+        dm.build_train_valid_test_datasets(agent=str(tmp_path / "no.sock"), **kw)

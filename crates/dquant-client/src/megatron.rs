@@ -21,7 +21,7 @@ use dquant_engine::TokenSource;
 use dquant_megatron::records::{parse_header, RECORD_HEADER};
 use dquant_megatron::{BuildConfig, RecordLayout};
 use dquant_proto::v1::OpenMegatronRequest;
-use dquant_remote::{Control, RemoteSource};
+use dquant_remote::{AgentUri, Control, RemoteSource};
 
 use crate::ClientError;
 
@@ -60,9 +60,29 @@ pub struct AgentMegatron {
     /// Jobs sent and not yet answered, oldest first.
     in_flight: VecDeque<Job>,
     last: Option<Job>,
+    /// The process that opened it: its reader thread exists only there (a forked child
+    /// inherits this value, not the thread).
+    owner: u32,
 }
 
 impl AgentMegatron {
+    /// Connects to the agent at `agent` (`dquant://HOST:PORT` or its Unix socket path, with
+    /// the environment's credentials) and [`open`](Self::open)s `config` there.
+    pub fn connect(
+        agent: &str,
+        config: &BuildConfig,
+        wire_codec: &str,
+    ) -> Result<Self, ClientError> {
+        let uri = AgentUri::parse(agent).map_err(ClientError::Usage)?;
+        if !uri.dataset.is_empty() {
+            return Err(ClientError::Usage(format!(
+                "{agent:?}: name the agent only; the datasets are the blend's prefixes"
+            )));
+        }
+        let control = Control::connect(&uri.authority).map_err(ClientError::from_agent)?;
+        Self::open(control, config, wire_codec)
+    }
+
     /// Has the agent `control` talks to build (or find) `config` and opens its samples;
     /// `wire_codec` as for any range session ("" for the default, `auto+lz4`).
     pub fn open(
@@ -105,6 +125,7 @@ impl AgentMegatron {
             thread: Some(thread),
             in_flight: VecDeque::new(),
             last: None,
+            owner: std::process::id(),
         })
     }
 
@@ -125,6 +146,13 @@ impl AgentMegatron {
     /// Samples `indices` of `split` (0 train, 1 valid, 2 test), in one round trip, or none
     /// when they were read ahead.
     pub fn batch(&mut self, split: usize, indices: &[u64]) -> Result<SampleBatch, ClientError> {
+        if std::process::id() != self.owner {
+            return Err(ClientError::Usage(
+                "this Megatron order was opened in the parent of this forked process; open it \
+                 again here (each process needs its own session)"
+                    .into(),
+            ));
+        }
         let s = *self.layout.split(split).map_err(usage)?;
         let job = Job {
             split,
@@ -294,7 +322,13 @@ impl Drop for AgentMegatron {
         // The reader thread ends when its job channel closes; its source closes the session.
         self.jobs = None;
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if std::process::id() == self.owner {
+                let _ = t.join();
+            } else {
+                // A forked child: the thread is its parent's, and joining it would wait
+                // forever.
+                std::mem::forget(t);
+            }
         }
     }
 }

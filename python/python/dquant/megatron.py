@@ -25,6 +25,7 @@ batch at once.
 from __future__ import annotations
 
 import contextlib
+import os
 import random as _random
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -32,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy
 import torch
 
-from ._dquant import megatron_order
+from ._dquant import megatron_agent_order, megatron_config, megatron_order
 
 __all__ = [
     "build_train_valid_test_datasets",
@@ -67,6 +68,7 @@ def build_train_valid_test_datasets(
     mid_level_dataset_surplus: float = 0.005,
     drop_last_partial_validation_sequence: bool = True,
     pad: Optional[int] = None,
+    wire_codec: str = "",
 ) -> Tuple[Optional["MegatronDataset"], Optional["MegatronDataset"], Optional["MegatronDataset"]]:
     """Megatron-Core's train, valid and test datasets for this config (each may be None).
 
@@ -76,12 +78,13 @@ def build_train_valid_test_datasets(
     uses -1 when the tokenizer has none). ``config`` may be Megatron's own
     ``GPTDatasetConfig``: its fields are used and the keyword arguments above are ignored,
     but for ``num_samples`` and ``agent``.
+
+    ``agent`` (``"dquant://HOST:PORT"`` or the agent's Unix socket path) has that agent build
+    the indices next to the data, once per config however many ranks ask, and serve the
+    samples by index: the prefixes are then its dataset names (``ROOT/PATH``), this process
+    holds no index, and batches travel narrowed and compressed (``wire_codec``, default
+    ``auto+lz4``). Each process (a DataLoader worker too) opens its own session.
     """
-    if agent is not None:
-        raise NotImplementedError(
-            "agent=: serving Megatron-order samples from an agent is not built yet; "
-            "build them in this process (agent=None)"
-        )
     if config is not None:
         kw = _from_gpt_dataset_config(config)
     else:
@@ -108,7 +111,7 @@ def build_train_valid_test_datasets(
     sizes = list(num_samples)
     if len(sizes) != 3:
         raise ValueError(f"num_samples needs 3 entries (train, valid, test), not {len(sizes)}")
-    order = megatron_order(
+    built = megatron_config(
         random_seed=int(kw["random_seed"]),
         sequence_length=int(kw["sequence_length"]),
         blend=_blend(kw["blend"]),
@@ -123,6 +126,7 @@ def build_train_valid_test_datasets(
         add_extra_token_to_sequence=bool(kw["add_extra_token_to_sequence"]),
         drop_last_partial_validation_sequence=bool(kw["drop_last_partial_validation_sequence"]),
     )
+    order = megatron_order(built) if agent is None else _AgentOrder(agent, built, wire_codec)
     masks = _Masks(
         eod=int(kw["eod"]),
         pad=int(kw["pad"]),
@@ -311,6 +315,34 @@ class _Masks:
         return out
 
 
+class _AgentOrder:
+    """An agent's build of one config, opened once per process.
+
+    A DataLoader worker, forked or spawned, cannot use its parent's session: it opens its own
+    on first use, and the agent finds the config already built."""
+
+    def __init__(self, agent: str, config: str, wire_codec: str):
+        self._args = (agent, config, wire_codec)
+        self._pid: Optional[int] = None
+        self._order = None
+        self._get()  # open now, so a bad config or an unreachable agent fails here
+
+    def _get(self):
+        if self._pid != os.getpid():
+            self._order = megatron_agent_order(*self._args)
+            self._pid = os.getpid()
+        return self._order
+
+    def __getstate__(self):
+        return {"_args": self._args, "_pid": None, "_order": None}
+
+    def __getattr__(self, name: str):
+        # len, is_blended, sample_tokens, batch, pieces, sources, was_cached
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._get(), name)
+
+
 class MegatronDataset(torch.utils.data.Dataset):
     """One split of Megatron-Core's sample order: ``GPTDataset`` or ``BlendedDataset``."""
 
@@ -340,6 +372,18 @@ class MegatronDataset(torch.utils.data.Dataset):
             item["loss_mask"] = torch.zeros_like(item["loss_mask"])
             return item
         return self._items([self._index(idx)], None)
+
+    def __getitems__(self, indices: Sequence[Optional[int]]) -> List[Dict[str, Any]]:
+        """The samples a DataLoader's batch sampler asks for, read in one go (one round trip
+        to an agent), as the list of dicts its collate function stacks."""
+        if any(i is None for i in indices):
+            return [self[i] for i in indices]
+        b = self._items([self._index(i) for i in indices], len(indices))
+        ids = b.pop("dataset_id", None)
+        items = [{k: v[n] for k, v in b.items()} for n in range(len(indices))]
+        if ids is not None:
+            items = [{"dataset_id": numpy.int16(ids[n]), **it} for n, it in enumerate(items)]
+        return items
 
     def get_batch(self, indices: Sequence[int]) -> Dict[str, torch.Tensor]:
         """Samples ``indices`` in one read, stacked as ``default_collate`` stacks
@@ -380,6 +424,14 @@ def check(
         config = _gpt_dataset_config(**kwargs)
     ours = build_train_valid_test_datasets(config=config, num_samples=num_samples)
     theirs = megatron_core_datasets(config, num_samples)
+    compare_splits(ours, theirs, samples, seed)
+    return "identical"
+
+
+def compare_splits(ours, theirs, samples: int = 200, seed: int = 0) -> None:
+    """Compares two ``(train, valid, test)`` triples (dquant's, Megatron-Core's) at
+    ``samples`` random indices of every split, and the first and last; raises
+    ``AssertionError`` naming the first difference."""
     rng = _random.Random(seed)
     for name, a, b in zip(("train", "valid", "test"), ours, theirs):
         if (a is None) != (b is None):
@@ -392,7 +444,6 @@ def check(
         picks = sorted({0, n - 1, *(rng.randrange(n) for _ in range(samples))}) if n else []
         for i in picks:
             _compare_items(f"{name}[{i}]", a[i], b[i])
-    return "identical"
 
 
 def megatron_core_datasets(config: Any, num_samples: Sequence[Optional[int]]):
