@@ -4,7 +4,10 @@ Figures (each a ratio against Megatron-Core measured here, or a time against its
 - index build: Megatron-Core's BlendedMegatronDatasetBuilder with an empty cache directory
   (what every new config costs) over dquant's build_train_valid_test_datasets;
 - open: dquant's build again (it keeps no cache in-process), beside Megatron's cache-hit open;
-- ds[i] and get_batch(256) in this process, beside Megatron's ds[i].
+- ds[i] and get_batch(256) in this process, beside Megatron's ds[i];
+- with agent= (a `dquant serve` started here on the corpora): the first open (the agent
+  builds), an open the agent finds built, get_batch(256) over loopback TCP, and the memory a
+  rank's process grows by at 1 M and 10 M documents, beside the same in-process build's.
 
 Both sides first check they give identical samples at random indices. Prints a figures file
 for bench/results.py (to --figures) and a table on stdout.
@@ -15,8 +18,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
-import statistics
+import re
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -88,6 +94,112 @@ def reads(prefix, seq_len, train_samples, label, rng):
     ]
 
 
+class Agent:
+    """`dquant serve` over the corpora directory (root `bench`), on loopback."""
+
+    def __init__(self, binary, root):
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--root", f"bench={root}", "--listen", "127.0.0.1:0",
+             "--data-listen", "127.0.0.1:0"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, env={**os.environ, "DQUANT_LOG": "warn"})
+        for line in self.proc.stderr:
+            m = re.search(r"listening: uri=(\S+)", line)
+            if m:
+                self.uri = m.group(1)
+                return
+        raise RuntimeError("dquant serve did not start")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+# Run in a fresh interpreter: what a rank's process grows by when it opens the datasets and
+# reads 20 batches, over what importing torch and dquant costs.
+RSS_PROBE = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from dquant import megatron as dm
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+cfg, sizes, agent = json.loads(sys.argv[1])
+before = rss()
+train = dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, agent=agent)[0]
+for k in range(20):
+    train.get_batch(list(range(k * 997 % (len(train) - 16), k * 997 % (len(train) - 16) + 16)))
+print(rss() - before)
+"""
+
+
+def rss_growth(cfg, sizes, agent):
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE, json.dumps([cfg, sizes, agent])],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.split()[-1])
+
+
+def agent_figures(binary, prefixes, seq_len, train_samples, rng):
+    """The agent= figures: opens, a batch over TCP, and a rank's memory at each corpus size
+    (`prefixes`: (label, local prefix), smallest first)."""
+    from dquant import megatron as dm
+
+    root = os.path.dirname(prefixes[-1][1])
+    agent = Agent(binary, root)
+    figures = []
+    try:
+        sizes = [train_samples, train_samples // 100, train_samples // 1000]
+        base = dict(split="969,30,1", sequence_length=seq_len, random_seed=1234, eod=50256,
+                    create_attention_mask=False)
+        label, prefix = prefixes[-1]
+        cfg = dict(base, blend=([f"bench/{os.path.basename(prefix)}"], None))
+        train, first = timed(
+            lambda: dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, agent=agent.uri)[0], 1)
+        local = dm.build_train_valid_test_datasets(**dict(base, blend=([prefix], None)), num_samples=sizes)[0]
+        for i in (rng.randrange(len(train)) for _ in range(50)):
+            dm._compare_items(f"train[{i}]", train[i], local[i])
+        del local
+        _, again = timed(
+            lambda: dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, agent=agent.uri)[0], 3)
+        idx = [rng.randrange(len(train)) for _ in range(256 * 8)]
+        batches = [idx[k:k + 256] for k in range(0, len(idx), 256)]
+        train.get_batch(batches[0])
+        bt = iter(batches[1:])
+        tcp = per_call(lambda: train.get_batch(next(bt)), len(batches) - 1)
+        seq = [list(range(k * 256, (k + 1) * 256)) for k in range(8)]
+        train.get_batch(seq[0])
+        bt = iter(seq[1:])
+        tcp_seq = per_call(lambda: train.get_batch(next(bt)), len(seq) - 1)
+        figures += [
+            dict(name=f"open with agent=, {label}, built by the agent's first open",
+                 value=round(first, 2), unit="s", baseline="the in-process build above", goal="-"),
+            dict(name=f"open with agent=, {label}, the agent's build found (restart, other ranks)",
+                 value=round(again * 1000, 1), unit="ms", baseline="Megatron-Core's cache-hit open above",
+                 goal="<= 100"),
+            dict(name=f"get_batch(256 × {seq_len:,}) with agent=, TCP loopback, random indices",
+                 value=round(tcp * 1000, 2), unit="ms",
+                 baseline=f"in-process get_batch above; sequential batches (prefetched): {tcp_seq*1000:.1f} ms",
+                 goal="<= 2 (through shm)"),
+        ]
+        grown = []
+        for label, prefix in prefixes:
+            c = dict(base, blend=([f"bench/{os.path.basename(prefix)}"], None))
+            ours = rss_growth(c, sizes, agent.uri)
+            inproc = rss_growth(dict(base, blend=([prefix], None)), sizes, None)
+            grown.append((label, ours, inproc))
+        (l1, a1, i1), (l2, a2, i2) = grown[0], grown[-1]
+        figures.append(dict(
+            name=f"a rank's memory with agent=, {l2} over {l1}",
+            value=round(a2 / max(a1, 1), 2), unit="×",
+            baseline=(f"{a1/2**20:.0f} MiB and {a2/2**20:.0f} MiB; the same build in-process: "
+                      f"{i1/2**20:.0f} MiB and {i2/2**20:.0f} MiB"), goal="flat (1.0)"))
+    finally:
+        agent.stop()
+    return figures
+
+
 def documents(prefix):
     """Sequences in the `.idx` header: the corpora here have one sequence per document."""
     return int(np.fromfile(prefix + ".idx", dtype=np.int64, count=1, offset=18)[0])
@@ -100,6 +212,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--train-samples", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--small-prefix", help="a corpus of ~1 M documents, for a rank's memory with agent=")
+    ap.add_argument("--dquant", default="target/release/dquant", help="the binary that serves agent=")
     ap.add_argument("--figures")
     a = ap.parse_args()
     from dquant import megatron as dm
@@ -131,6 +245,12 @@ def main():
                      f"{read_docs/1e3:.0f} k documents of ~1,000 tokens", rng)
     figures += reads(a.build_prefix, a.seq_len, a.train_samples // 4,
                      f"{docs/1e6:.1f} M documents of ~30 tokens", rng)
+    if a.small_prefix:
+        small = documents(a.small_prefix)
+        figures += agent_figures(
+            a.dquant, [(f"{small/1e6:.1f} M documents", a.small_prefix),
+                       (f"{docs/1e6:.1f} M documents", a.build_prefix)],
+            a.seq_len, a.train_samples, rng)
     for f in figures:
         print(f"{f['name']:<78} {f['value']:>8} {f['unit']:<3} ({f['baseline']}; goal {f['goal']})")
     if a.figures:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Megatron-order datasets (issue 33), in one command: dquant's index build and reads against
 # Megatron-Core's, in the same run, on synthetic Zipf corpora (`dquant corpus zipf`): ~10 M
-# documents of ~30 tokens for the build, ~200 k documents of ~1,000 tokens for the reads.
+# documents of ~30 tokens for the build, ~200 k documents of ~1,000 tokens for the reads, and
+# ~1 M documents of ~30 tokens beside the 10 M for a rank's memory with agent=.
 # Both sides are first checked to give identical samples. Recorded in
 # bench/results/megatron.json unless --no-record.
 #
@@ -29,17 +30,21 @@ PY=$(python/test.sh --no-tests | tail -1)
 mkdir -p "$DATA"
 [ -f "$DATA/zipf10m.idx" ] || target/release/dquant corpus zipf "$DATA/zipf10m" \
   --tokens 300000000 --mean-doc-len 30 --eod 50256 --quiet
+[ -f "$DATA/zipf1m.idx" ] || target/release/dquant corpus zipf "$DATA/zipf1m" \
+  --tokens 30000000 --mean-doc-len 30 --eod 50256 --quiet
 [ -f "$DATA/zipf1k.idx" ] || target/release/dquant corpus zipf "$DATA/zipf1k" \
   --tokens 200000000 --mean-doc-len 1000 --eod 50256 --quiet
 
 figures=$(mktemp --suffix .json)
 trap 'rm -f "$figures"' EXIT
-"$PY" bench/megatron/bench.py "$DATA/zipf10m" "$DATA/zipf1k" --figures "$figures" "${ARGS[@]}" \
+"$PY" bench/megatron/bench.py "$DATA/zipf10m" "$DATA/zipf1k" --small-prefix "$DATA/zipf1m" \
+  --figures "$figures" "${ARGS[@]}" \
   2> >(grep -v -E "INFO|WARNING|warn" >&2)
 if [ "$RECORD" = 1 ]; then
   python3 bench/results.py record megatron --figures "$figures" \
     --command "bench/megatron/run.sh ${ARGS[*]}" \
     --title "Megatron-order datasets: dquant.megatron against Megatron-Core's builder" \
     --depends-on bench/megatron crates/dquant-megatron/src python/src python/python/dquant/megatron.py \
+      crates/dquant-agent/src/megatron.rs crates/dquant-client/src/megatron.rs \
     --machine "2 vCPU AMD EPYC, 24 GiB"
 fi

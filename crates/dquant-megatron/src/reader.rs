@@ -11,7 +11,6 @@
 //! the kernel under pressure. Block files are read through `dquant-storage` (each block
 //! decoded once per run of reads inside it).
 
-use std::fs::File;
 use std::sync::Arc;
 
 use dquant_storage::{Dataset, Format, ReadBuffers};
@@ -37,17 +36,18 @@ pub struct Sources {
     maps: Vec<Option<memmap2::Mmap>>,
 }
 
-/// Maps a local plain token file; `None` for block files and objects under other roots.
+/// Maps a local plain token file (the one the dataset opened, under its root when it has
+/// one); `None` for block files and objects in other stores.
 fn map_plain(ds: &Dataset) -> Result<Option<memmap2::Mmap>, MegatronError> {
     if !matches!(ds.format(), Format::Megatron { .. } | Format::Raw { .. }) {
         return Ok(None);
     }
-    let Ok(file) = File::open(ds.data_path()) else {
+    let Some(file) = ds.plain_local_file() else {
         return Ok(None);
     };
     // SAFETY: the map is read-only and the file was checked against its index when opened;
     // a file truncated underneath a reader faults it, as it would Megatron-Core's own map.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| {
         MegatronError::Config(format!("{}: cannot map: {e}", ds.data_path().display()))
     })?;
     Ok(Some(map))

@@ -52,6 +52,13 @@ pub trait ReadAt: Send + Sync {
         false
     }
 
+    /// The open local file behind these bytes, when they are one: a reader that makes many
+    /// small reads (a Megatron sample of short documents is a hundred or more) maps it
+    /// instead of paying a `pread` each. `None` (the default) for every other store.
+    fn local_file(&self) -> Option<&File> {
+        None
+    }
+
     /// Fills `bufs` in order from the contiguous bytes at `offset`, as
     /// [`read_exact_at`](ReadAt::read_exact_at) would one after the other (which is what
     /// the default does).
@@ -181,5 +188,9 @@ impl ReadAt for LocalFile {
             }
         }
         Ok(())
+    }
+
+    fn local_file(&self) -> Option<&File> {
+        Some(&self.file)
     }
 }

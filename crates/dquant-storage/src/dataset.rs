@@ -602,6 +602,16 @@ impl Dataset {
         self.format
     }
 
+    /// The local file holding a plain dataset's tokens (a Megatron `.bin` or a raw file,
+    /// from a path or a directory root), already open; `None` for block files and objects
+    /// in other stores.
+    pub fn plain_local_file(&self) -> Option<&std::fs::File> {
+        match &self.source {
+            Source::Plain { file, .. } => file.local_file(),
+            Source::Block { .. } => None,
+        }
+    }
+
     /// A block file's footer head and data object, which its `Index::Footer` reads through.
     fn footer_parts(&self) -> (&FooterHead, &dyn ReadAt) {
         match &self.source {
