@@ -141,7 +141,7 @@ def rss_growth(cfg, sizes, agent):
     return int(out.split()[-1])
 
 
-def agent_figures(binary, prefixes, seq_len, train_samples, rng):
+def agent_figures(binary, prefixes, seq_len, train_samples, rng, megatron_cold):
     """The agent= figures: opens, a batch over TCP, and a rank's memory at each corpus size
     (`prefixes`: (label, local prefix), smallest first)."""
     from dquant import megatron as dm
@@ -173,15 +173,17 @@ def agent_figures(binary, prefixes, seq_len, train_samples, rng):
         bt = iter(seq[1:])
         tcp_seq = per_call(lambda: train.get_batch(next(bt)), len(seq) - 1)
         figures += [
-            dict(name=f"open with agent=, {label}, built by the agent's first open",
-                 value=round(first, 2), unit="s", baseline="the in-process build above", goal="-"),
+            dict(name=f"index build with agent=, {label}: Megatron-Core's time ÷ the agent's first open",
+                 value=round(megatron_cold / first, 2), unit="×",
+                 baseline=f"Megatron-Core, empty cache: {megatron_cold:.2f} s (agent {first:.2f} s)",
+                 goal=">= 10"),
             dict(name=f"open with agent=, {label}, the agent's build found (restart, other ranks)",
                  value=round(again * 1000, 1), unit="ms", baseline="Megatron-Core's cache-hit open above",
                  goal="<= 100"),
             dict(name=f"get_batch(256 × {seq_len:,}) with agent=, TCP loopback, random indices",
                  value=round(tcp * 1000, 2), unit="ms",
-                 baseline=f"in-process get_batch above; sequential batches (prefetched): {tcp_seq*1000:.1f} ms",
-                 goal="<= 2 (through shm)"),
+                 baseline=f"in-process get_batch above; sequential batches (prefetched): {tcp_seq*1000:.1f} ms; the goal is for shm",
+                 goal="<= 2"),
         ]
         grown = []
         for label, prefix in prefixes:
@@ -194,7 +196,7 @@ def agent_figures(binary, prefixes, seq_len, train_samples, rng):
             name=f"a rank's memory with agent=, {l2} over {l1}",
             value=round(a2 / max(a1, 1), 2), unit="×",
             baseline=(f"{a1/2**20:.0f} MiB and {a2/2**20:.0f} MiB; the same build in-process: "
-                      f"{i1/2**20:.0f} MiB and {i2/2**20:.0f} MiB"), goal="flat (1.0)"))
+                      f"{i1/2**20:.0f} MiB and {i2/2**20:.0f} MiB"), goal="<= 1.1"))
     finally:
         agent.stop()
     return figures
@@ -250,7 +252,7 @@ def main():
         figures += agent_figures(
             a.dquant, [(f"{small/1e6:.1f} M documents", a.small_prefix),
                        (f"{docs/1e6:.1f} M documents", a.build_prefix)],
-            a.seq_len, a.train_samples, rng)
+            a.seq_len, a.train_samples, rng, cold)
     for f in figures:
         print(f"{f['name']:<78} {f['value']:>8} {f['unit']:<3} ({f['baseline']}; goal {f['goal']})")
     if a.figures:
