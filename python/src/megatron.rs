@@ -10,12 +10,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use dquant_client::{AgentMegatron, SampleBatch};
+use dquant_megatron::fields::{FieldRules, Fields};
 use dquant_megatron::records::SplitRecords;
 use dquant_megatron::{
     build, Blend, BuildConfig, Built, MegatronError, RecordLayout, Sample, Sources, TopLevel,
 };
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
-use numpy::PyArray2;
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray2};
 use pyo3::exceptions::{PyFileNotFoundError, PyIndexError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
@@ -48,6 +50,26 @@ pub struct MegatronOrder {
 }
 
 impl MegatronOrder {
+    /// Samples `indices` of `split` as int64 rows (pads as `pad`), read without the GIL.
+    fn rows(
+        &self,
+        py: Python<'_>,
+        split: usize,
+        indices: &[u64],
+        pad: i64,
+    ) -> PyResult<(Array2<i64>, Option<Vec<i16>>)> {
+        let top = self.split(split)?;
+        let width = top.sample_tokens() as usize;
+        let mut rows = zeroed(width, indices.len())?;
+        let ids = py
+            .detach(|| self.read(top, indices, &mut rows, pad))
+            .map_err(to_py)?;
+        let arr = Array2::from_shape_vec((indices.len(), width), rows)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let ids = matches!(top, TopLevel::Blended(_)).then(|| ids.into_iter().flatten().collect());
+        Ok((arr, ids))
+    }
+
     fn split(&self, split: usize) -> PyResult<&TopLevel> {
         self.built
             .splits
@@ -157,29 +179,34 @@ impl MegatronOrder {
         indices: Vec<u64>,
         pad: i64,
     ) -> PyResult<(Bound<'py, PyArray2<i64>>, Option<Vec<i16>>)> {
-        let top = self.split(split)?;
-        let width = top.sample_tokens() as usize;
-        let mut rows = width
-            .checked_mul(indices.len())
-            .and_then(|n| {
-                let mut v = Vec::new();
-                v.try_reserve_exact(n).ok()?;
-                v.resize(n, 0i64);
-                Some(v)
-            })
-            .ok_or_else(|| {
-                PyMemoryError::new_err(format!(
-                    "{} samples of {width} tokens do not fit in memory",
-                    indices.len()
-                ))
-            })?;
-        let ids = py
-            .detach(|| self.read(top, &indices, &mut rows, pad))
-            .map_err(to_py)?;
-        let arr = numpy::ndarray::Array2::from_shape_vec((indices.len(), width), rows)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let ids = matches!(top, TopLevel::Blended(_)).then(|| ids.into_iter().flatten().collect());
-        Ok((numpy::IntoPyArray::into_pyarray(arr, py), ids))
+        let (rows, ids) = self.rows(py, split, &indices, pad)?;
+        Ok((numpy::IntoPyArray::into_pyarray(rows, py), ids))
+    }
+
+    /// Samples `indices` as `GPTDataset.__getitem__`'s fields, stacked: (tokens, labels,
+    /// loss_mask, position_ids; dataset ids or None). See [`dquant_megatron::fields`].
+    #[pyo3(signature = (split, indices, *, eod, pad, reset_position_ids, eod_mask_loss, add_extra_token_to_sequence))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_fields<'py>(
+        &self,
+        py: Python<'py>,
+        split: usize,
+        indices: Vec<u64>,
+        eod: i64,
+        pad: i64,
+        reset_position_ids: bool,
+        eod_mask_loss: bool,
+        add_extra_token_to_sequence: bool,
+    ) -> PyResult<FieldArrays<'py>> {
+        let rules = FieldRules {
+            eod,
+            pad,
+            reset_position_ids,
+            eod_mask_loss,
+            add_extra_token_to_sequence,
+        };
+        let (rows, ids) = self.rows(py, split, &indices, pad)?;
+        fields_of(py, &rows, rules, ids)
     }
 
     /// What sample `idx` is made of: (dataset_id, [(source, sequence, offset, length)], pad).
@@ -257,16 +284,33 @@ impl AgentMegatronOrder {
         indices: Vec<u64>,
         pad: i64,
     ) -> PyResult<(Bound<'py, PyArray2<i64>>, Option<Vec<i16>>)> {
-        let blended = self.split(split)?.blended;
-        let b = py
-            .detach(|| {
-                let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                m.batch(split, &indices)
-            })
-            .map_err(crate::to_py)?;
-        let rows = rows_of(&b, pad)?;
-        let ids = blended.then(|| b.dataset_ids.iter().map(|&d| d as i16).collect());
+        let (rows, ids) = self.rows(py, split, &indices, pad)?;
         Ok((numpy::IntoPyArray::into_pyarray(rows, py), ids))
+    }
+
+    /// As `MegatronOrder.batch_fields`.
+    #[pyo3(signature = (split, indices, *, eod, pad, reset_position_ids, eod_mask_loss, add_extra_token_to_sequence))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_fields<'py>(
+        &self,
+        py: Python<'py>,
+        split: usize,
+        indices: Vec<u64>,
+        eod: i64,
+        pad: i64,
+        reset_position_ids: bool,
+        eod_mask_loss: bool,
+        add_extra_token_to_sequence: bool,
+    ) -> PyResult<FieldArrays<'py>> {
+        let rules = FieldRules {
+            eod,
+            pad,
+            reset_position_ids,
+            eod_mask_loss,
+            add_extra_token_to_sequence,
+        };
+        let (rows, ids) = self.rows(py, split, &indices, pad)?;
+        fields_of(py, &rows, rules, ids)
     }
 
     fn pieces(&self, _split: usize, _idx: u64) -> PyResult<()> {
@@ -290,6 +334,26 @@ impl AgentMegatronOrder {
 }
 
 impl AgentMegatronOrder {
+    /// Samples `indices` of `split` from the agent as int64 rows (pads as `pad`).
+    fn rows(
+        &self,
+        py: Python<'_>,
+        split: usize,
+        indices: &[u64],
+        pad: i64,
+    ) -> PyResult<(Array2<i64>, Option<Vec<i16>>)> {
+        let blended = self.split(split)?.blended;
+        let b = py
+            .detach(|| {
+                let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                m.batch(split, indices)
+            })
+            .map_err(crate::to_py)?;
+        let rows = rows_of(&b, pad)?;
+        let ids = blended.then(|| b.dataset_ids.iter().map(|&d| d as i16).collect());
+        Ok((rows, ids))
+    }
+
     fn split(&self, split: usize) -> PyResult<&SplitRecords> {
         self.layout.split(split).map_err(to_py)
     }
@@ -310,4 +374,75 @@ fn rows_of(b: &SampleBatch, pad: i64) -> PyResult<numpy::ndarray::Array2<i64>> {
     }
     numpy::ndarray::Array2::from_shape_vec((n, w), rows)
         .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// `(tokens, labels, loss_mask, position_ids, dataset ids or None)`, as numpy arrays.
+type FieldArrays<'py> = (
+    Bound<'py, PyArray2<i64>>,
+    Bound<'py, PyArray2<i64>>,
+    Bound<'py, PyArray2<f32>>,
+    Bound<'py, PyArray2<i64>>,
+    Option<Vec<i16>>,
+);
+
+/// A row buffer of `n` samples of `width` tokens, or a MemoryError.
+fn zeroed<T: Clone + Default>(width: usize, n: usize) -> PyResult<Vec<T>> {
+    width
+        .checked_mul(n)
+        .and_then(|len| {
+            let mut v = Vec::new();
+            v.try_reserve_exact(len).ok()?;
+            v.resize(len, T::default());
+            Some(v)
+        })
+        .ok_or_else(|| {
+            PyMemoryError::new_err(format!(
+                "{n} samples of {width} tokens do not fit in memory"
+            ))
+        })
+}
+
+/// Each row's fields under `rules` (see [`dquant_megatron::fields`]), stacked.
+fn fields_of<'py>(
+    py: Python<'py>,
+    rows: &Array2<i64>,
+    rules: FieldRules,
+    ids: Option<Vec<i16>>,
+) -> PyResult<FieldArrays<'py>> {
+    let (n, w) = rows.dim();
+    let s = rules.sequence_length(w);
+    let (mut t, mut l) = (zeroed::<i64>(s, n)?, zeroed::<i64>(s, n)?);
+    let (mut m, mut p) = (zeroed::<f32>(s, n)?, zeroed::<i64>(s, n)?);
+    let flat = rows
+        .as_slice()
+        .ok_or_else(|| PyValueError::new_err("rows are not contiguous"))?;
+    py.detach(|| {
+        let each = flat
+            .chunks_exact(w.max(1))
+            .zip(t.chunks_exact_mut(s.max(1)))
+            .zip(l.chunks_exact_mut(s.max(1)))
+            .zip(m.chunks_exact_mut(s.max(1)))
+            .zip(p.chunks_exact_mut(s.max(1)));
+        for ((((row, tokens), labels), loss_mask), position_ids) in each {
+            let out = Fields {
+                tokens,
+                labels,
+                loss_mask,
+                position_ids,
+            };
+            rules.fill(row, out);
+        }
+    });
+    let shaped = |v: Vec<i64>| {
+        Array2::from_shape_vec((n, s), v).map_err(|e| PyValueError::new_err(e.to_string()))
+    };
+    let mask =
+        Array2::from_shape_vec((n, s), m).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((
+        shaped(t)?.into_pyarray(py),
+        shaped(l)?.into_pyarray(py),
+        mask.into_pyarray(py),
+        shaped(p)?.into_pyarray(py),
+        ids,
+    ))
 }

@@ -177,6 +177,7 @@ def test_random_configs(corpora):
             reset_position_ids=rng.random() < 0.3, reset_attention_mask=rng.random() < 0.3,
             eod_mask_loss=rng.random() < 0.3, add_extra_token_to_sequence=rng.random() < 0.8,
             mid_level_dataset_surplus=rng.choice([0.005, 0.05, 0.5]),
+            create_attention_mask=rng.random() < 0.5,
         )
         try:
             compare(sizes, samples=40, seed=rng.randrange(1000), **kw)
@@ -297,7 +298,8 @@ AGENT_CONFIGS = [
          blend_keys=(["int32", "many", "u16"], [0.5, 0.2, 0.6])),
     dict(num_samples=[40_000, None, None], split="90,10,0", sequence_length=32, random_seed=5,
          blend_keys=(["int32"], None), reset_position_ids=True, reset_attention_mask=True,
-         eod_mask_loss=True, drop_last_partial_validation_sequence=False),
+         eod_mask_loss=True, drop_last_partial_validation_sequence=False,
+         create_attention_mask=False),
     dict(num_samples=[None, None, None], split="90,5,5", sequence_length=4, random_seed=3,
          blend_keys=(["tiny", "multiseq"], None), add_extra_token_to_sequence=False),
 ]

@@ -10,7 +10,8 @@
 //! gets, of what size). These are pure: the builder gets each source's sequence lengths from
 //! a callback. [`datasets`] says what sample `i` is made of, and [`reader`] (the only module
 //! with I/O, through `dquant-storage`) reads it; [`records`] lays samples out as the token
-//! stream an agent serves them in.
+//! stream an agent serves them in; [`fields`] makes `GPTDataset.__getitem__`'s tokens, labels and
+//! masks from a sample's tokens.
 //!
 //! Matched against megatron-core 0.16.1 (`python/tests/test_megatron_order.py` compares with
 //! Megatron's own builder over many configs).
@@ -20,6 +21,7 @@ pub mod blending;
 pub mod builder;
 pub mod datasets;
 mod error;
+pub mod fields;
 pub mod gpt_index;
 pub mod numpy_float;
 pub mod random_state;

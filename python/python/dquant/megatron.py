@@ -391,8 +391,19 @@ class MegatronDataset(torch.utils.data.Dataset):
         return self._items([self._index(i) for i in indices], len(indices))
 
     def _items(self, indices: List[int], batch: Optional[int]) -> Dict[str, Any]:
-        rows, ids = self._order.batch(self._split, indices, self._masks.pad)
-        out = self._masks(torch.from_numpy(rows))
+        m = self._masks
+        if m.create_attention_mask:
+            rows, ids = self._order.batch(self._split, indices, m.pad)
+            out = m(torch.from_numpy(rows))
+        else:
+            # Without the s x s attention mask, Rust makes every field (dquant_megatron::fields).
+            tokens, labels, loss_mask, position_ids, ids = self._order.batch_fields(
+                self._split, indices, eod=m.eod, pad=m.pad,
+                reset_position_ids=m.reset_position_ids, eod_mask_loss=m.eod_mask_loss,
+                add_extra_token_to_sequence=m.add_extra_token)
+            out = {"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
+                   "loss_mask": torch.from_numpy(loss_mask),
+                   "position_ids": torch.from_numpy(position_ids)}
         if batch is None:
             out = {k: v[0] for k, v in out.items()}
             if ids is not None:
