@@ -3,7 +3,8 @@
 Figures (each a ratio against Megatron-Core measured here, or a time against its goal):
 - index build: Megatron-Core's BlendedMegatronDatasetBuilder with an empty cache directory
   (what every new config costs) over dquant's build_train_valid_test_datasets;
-- open: dquant's build again (it keeps no cache in-process), beside Megatron's cache-hit open;
+- index build: both with an empty `path_to_cache` (both write what they built there);
+- open again: both reading their indices from `path_to_cache`;
 - ds[i] and get_batch(256) in this process, beside Megatron's ds[i];
 - with agent= (a `dquant serve` started here on the corpora): the first open (the agent
   builds), an open the agent finds built, get_batch(256) over loopback TCP, and the memory a
@@ -231,7 +232,17 @@ def main():
             theirs_cold.append(t)
             _, t = timed(lambda: megatron_build(cfg, sizes, cache), 1)
             theirs_warm.append(t)
-    ours, ours_build = timed(lambda: dm.build_train_valid_test_datasets(**cfg, num_samples=sizes), a.repeat)
+    def ours_cold():
+        # With an empty path_to_cache, as Megatron's: both write what they built.
+        with tempfile.TemporaryDirectory() as c:
+            return dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, path_to_cache=c)
+
+    _, ours_build = timed(ours_cold, a.repeat)
+    with tempfile.TemporaryDirectory() as c:
+        dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, path_to_cache=c)
+        _, ours_warm = timed(
+            lambda: dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, path_to_cache=c),
+            a.repeat)
     cold, warm = min(theirs_cold), min(theirs_warm)
     docs = documents(a.build_prefix)
     rng = random.Random(0)
@@ -239,8 +250,8 @@ def main():
         dict(name=f"index build, {docs/1e6:.1f} M documents: Megatron-Core's time ÷ dquant's",
              value=round(cold / ours_build, 2), unit="×",
              baseline=f"Megatron-Core, empty cache: {cold:.2f} s (dquant {ours_build:.2f} s)", goal=">= 10"),
-        dict(name=f"open again, {docs/1e6:.1f} M documents (dquant keeps no cache in-process: a build)",
-             value=round(ours_build * 1000, 1), unit="ms",
+        dict(name=f"open again, {docs/1e6:.1f} M documents, indices read from path_to_cache",
+             value=round(ours_warm * 1000, 1), unit="ms",
              baseline=f"Megatron-Core's cache-hit open: {warm*1000:.0f} ms", goal="<= 100"),
     ]
     read_docs = documents(a.read_prefix)

@@ -13,7 +13,8 @@ use dquant_client::{AgentMegatron, SampleBatch};
 use dquant_megatron::fields::{FieldRules, Fields};
 use dquant_megatron::records::SplitRecords;
 use dquant_megatron::{
-    build, Blend, BuildConfig, Built, MegatronError, RecordLayout, Sample, Sources, TopLevel,
+    build_cached, Blend, BuildConfig, Built, DirStore, IndexStore, MegatronError, RecordLayout,
+    Sample, Sources, TopLevel,
 };
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
 use numpy::ndarray::Array2;
@@ -136,14 +137,22 @@ fn config_from(json: &str) -> PyResult<BuildConfig> {
 }
 
 /// Builds Megatron-Core's three splits of `config` (from [`megatron_config`]) over local
-/// sources (prefixes of `.bin`/`.idx`, or any dataset dquant opens).
+/// sources (prefixes of `.bin`/`.idx`, or any dataset dquant opens). With `cache_dir`, GPT
+/// indices built before are read from there, and the ones built are kept there.
 #[pyfunction]
-pub fn megatron_order(py: Python<'_>, config: &str) -> PyResult<MegatronOrder> {
+#[pyo3(signature = (config, cache_dir=None))]
+pub fn megatron_order(
+    py: Python<'_>,
+    config: &str,
+    cache_dir: Option<std::path::PathBuf>,
+) -> PyResult<MegatronOrder> {
     let config = config_from(config)?;
     py.detach(|| {
         let open = |p: &str| Dataset::open(Path::new(p), &OpenOptions::default()).map(Arc::new);
         let sources = Sources::open(&config.prefixes(), open)?;
-        let built = build(&config, &mut |p| sources.lengths_of(p))?;
+        let store = cache_dir.map(DirStore::new);
+        let store = store.as_ref().map(|s| s as &dyn IndexStore);
+        let built = build_cached(&config, &mut |p| sources.lengths_of(p), store)?;
         Ok(MegatronOrder {
             built,
             sources,

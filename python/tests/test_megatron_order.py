@@ -385,3 +385,18 @@ def test_through_an_agent_bad_input_gets_clear_errors(corpora, mega_agent, tmp_p
         dm.build_train_valid_test_datasets(agent=mega_agent.uri + "/data/x", **kw)
     with pytest.raises(ConnectionError):
         dm.build_train_valid_test_datasets(agent=str(tmp_path / "no.sock"), **kw)
+
+
+def test_path_to_cache_keeps_the_indices_and_a_second_open_reads_them(corpora, tmp_path):
+    kw = dict(blend=([corpora["int32"], corpora["many"]], [0.4, 0.6]), split="90,8,2",
+              sequence_length=32, random_seed=8, eod=EOD, num_samples=[2000, 50, 20])
+    first = dm.build_train_valid_test_datasets(path_to_cache=str(tmp_path), **kw)
+    kept = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.dqmi")}
+    assert len(kept) == 6, "two sources x three splits"
+    again = dm.build_train_valid_test_datasets(path_to_cache=str(tmp_path), **kw)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.dqmi")} == kept, "read, not rebuilt"
+    dm.compare_splits(again, first, samples=300)
+    # A damaged file is built again, and the samples are the same.
+    victim = sorted(kept)[0]
+    victim.write_bytes(victim.read_bytes()[:-9])
+    dm.compare_splits(dm.build_train_valid_test_datasets(path_to_cache=str(tmp_path), **kw), first)

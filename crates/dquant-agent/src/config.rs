@@ -57,6 +57,11 @@ pub struct AgentConfig {
     /// its config built.
     #[serde(default = "default_megatron_builds")]
     pub keep_megatron_builds: usize,
+    /// A directory where Megatron-order builds keep their GPT indices (as Megatron's
+    /// `path_to_cache`), so an agent that restarts reads them instead of shuffling again.
+    /// None: builds are kept in memory only.
+    #[serde(default)]
+    pub megatron_cache: Option<PathBuf>,
     /// Seconds an opened session waits for its data connection before it is dropped.
     #[serde(default = "default_ticket_ttl")]
     pub ticket_ttl_secs: u64,
@@ -324,6 +329,7 @@ impl Default for AgentConfig {
             max_sessions: default_max_sessions(),
             keep_datasets: default_dataset_cache(),
             keep_megatron_builds: default_megatron_builds(),
+            megatron_cache: None,
             ticket_ttl_secs: default_ticket_ttl(),
             share_window_batches: default_share_window_batches(),
             share_window_bytes: default_share_window_bytes(),

@@ -16,7 +16,9 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use dquant_engine::{SourceError, TokenSource};
-use dquant_megatron::{build, BuildConfig, Built, ReadScratch, RecordLayout, Sources};
+use dquant_megatron::{
+    build_cached, BuildConfig, Built, DirStore, IndexStore, ReadScratch, RecordLayout, Sources,
+};
 use dquant_plan::WireCodec;
 use dquant_proto::v1::{MegatronSplit, OpenMegatronReply, OpenMegatronRequest, OpenReply};
 use dquant_storage::OpenOptions;
@@ -90,7 +92,10 @@ pub(crate) fn open(
     let started = std::time::Instant::now();
     let (served, cached) = shared
         .megatron
-        .get_or_build(key, || Served::build(&config, sources))
+        .get_or_build(key, || {
+            let store = shared.config.megatron_cache.as_ref().map(DirStore::new);
+            Served::build(&config, sources, store.as_ref())
+        })
         .map_err(Status::invalid_argument)?;
     let name = format!("megatron:{}", served.built.sources.join(","));
     tracing::info!(
@@ -140,9 +145,16 @@ pub(crate) struct Served {
 }
 
 impl Served {
-    /// Builds `config` over `sources` (opened by the caller, named as the config names them).
-    pub fn build(config: &BuildConfig, sources: Sources) -> Result<Self, String> {
-        let built = build(config, &mut |p| sources.lengths_of(p)).map_err(|e| e.to_string())?;
+    /// Builds `config` over `sources` (opened by the caller, named as the config names them),
+    /// its GPT indices read from and kept in `store` when there is one.
+    pub fn build(
+        config: &BuildConfig,
+        sources: Sources,
+        store: Option<&DirStore>,
+    ) -> Result<Self, String> {
+        let store = store.map(|s| s as &dyn IndexStore);
+        let built = build_cached(config, &mut |p| sources.lengths_of(p), store)
+            .map_err(|e| e.to_string())?;
         let layout = RecordLayout::of(&built).map_err(|e| e.to_string())?;
         Ok(Served {
             built,

@@ -214,3 +214,40 @@ fn bad_requests_get_exact_refusals() {
         &[0],
     );
 }
+
+#[test]
+fn an_agent_that_restarts_reads_the_indices_it_kept_on_disk() {
+    let (dir, first) = served();
+    drop(first);
+    let cache = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut c = agent::config(&[("c", dir.path().to_path_buf())]);
+        c.megatron_cache = Some(cache.path().join("megatron"));
+        dquant_agent::start(c).unwrap()
+    };
+    let (remote, local) = configs(dir.path()).swap_remove(0);
+    let l = local_build(&local);
+    let all: Vec<u64> = (0..300).collect();
+    {
+        let a = start();
+        let mut m = AgentMegatron::open(control(&a), &remote, "").unwrap();
+        assert_batch_equals_local(&mut m, &l, 0, &all[..50]);
+    }
+    let kept: Vec<_> = std::fs::read_dir(cache.path().join("megatron"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(kept.len(), 9, "three sources x three splits: {kept:?}");
+    assert!(
+        kept.iter().all(|f| f.ends_with("-gpt-index.dqmi")),
+        "{kept:?}"
+    );
+    // A restarted agent has nothing in memory: its build reads the files, and gives the
+    // same samples.
+    let a = start();
+    let mut m = AgentMegatron::open(control(&a), &remote, "").unwrap();
+    assert!(!m.was_cached());
+    for chunk in all.chunks(64) {
+        assert_batch_equals_local(&mut m, &l, 0, chunk);
+    }
+}

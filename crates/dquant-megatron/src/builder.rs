@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::blending::{blending_indices, exhaustive_blending_indices};
+use crate::cache::IndexStore;
 use crate::datasets::{BlendedDataset, GptDataset, TopLevel};
 use crate::gpt_index::{GptIndex, GptParams};
 use crate::numpy_float::{normalize, numpy_isclose, python_sum};
@@ -103,13 +104,27 @@ pub type LengthsOf<'a> = dyn FnMut(&str) -> Result<Arc<[i32]>, MegatronError> + 
 
 /// Builds the three splits. `lengths(prefix)` gives a source's sequence lengths.
 pub fn build(config: &BuildConfig, lengths: &mut LengthsOf<'_>) -> Result<Built, MegatronError> {
+    build_cached(config, lengths, None)
+}
+
+/// [`build`], reading each GPT dataset's indices from `store` when it has them and keeping
+/// there the ones it builds.
+pub fn build_cached(
+    config: &BuildConfig,
+    lengths: &mut LengthsOf<'_>,
+    store: Option<&dyn IndexStore>,
+) -> Result<Built, MegatronError> {
     check_sizes_and_weights(config)?;
     let sources = config.prefixes();
     let mut loaded = HashMap::new();
     for (i, p) in sources.iter().enumerate() {
         loaded.insert(p.clone(), (i, lengths(p)?));
     }
-    let b = Builder { config, loaded };
+    let b = Builder {
+        config,
+        loaded,
+        store,
+    };
     let splits = match (&config.blend, &config.blend_per_split) {
         (Some(blend), None) => {
             let matrix = split_matrix(config.split.as_deref().ok_or_else(|| {
@@ -171,6 +186,43 @@ fn check_sizes_and_weights(config: &BuildConfig) -> Result<(), MegatronError> {
 struct Builder<'a> {
     config: &'a BuildConfig,
     loaded: HashMap<String, (usize, Arc<[i32]>)>,
+    store: Option<&'a dyn IndexStore>,
+}
+
+/// What a GPT dataset's indices depend on, as a cache key: the source (its name, sequences
+/// and tokens), its documents, the samples asked for and every parameter.
+fn index_key(
+    prefix: &str,
+    lengths: &[i32],
+    docs: &std::ops::Range<u64>,
+    n: Option<u64>,
+    params: &GptParams,
+) -> String {
+    let tokens: i64 = lengths.iter().map(|&l| i64::from(l)).sum();
+    format!(
+        "gpt-index v1 {prefix:?} sequences={} tokens={tokens} documents={docs:?} \
+         num_samples={n:?} {params:?}",
+        lengths.len()
+    )
+}
+
+/// A GPT dataset's indices: from `store` when it has them, else built (and kept there).
+fn gpt_index(
+    store: Option<&dyn IndexStore>,
+    key: &str,
+    lengths: &[i32],
+    docs: std::ops::Range<u64>,
+    n: Option<u64>,
+    params: &GptParams,
+) -> Result<GptIndex, MegatronError> {
+    if let Some(ix) = store.and_then(|s| s.load(key)) {
+        return Ok(ix);
+    }
+    let ix = GptIndex::build(lengths, docs, n, params)?;
+    if let Some(s) = store {
+        s.store(key, &ix);
+    }
+    Ok(ix)
 }
 
 impl Builder<'_> {
@@ -191,10 +243,12 @@ impl Builder<'_> {
                     let docs = document_range(bookends, lengths.len() as u64);
                     let params = self.config.params(split);
                     let n = sizes[split as usize];
-                    (
-                        split,
-                        scope.spawn(move || GptIndex::build(lengths, docs, n, &params)),
-                    )
+                    let store = self.store;
+                    let job = move || {
+                        let key = index_key(prefix, lengths, &docs, n, &params);
+                        gpt_index(store, &key, lengths, docs, n, &params)
+                    };
+                    (split, scope.spawn(job))
                 })
                 .collect();
             jobs.into_iter()

@@ -19,6 +19,7 @@
 mod alloc;
 pub mod blending;
 pub mod builder;
+pub mod cache;
 pub mod datasets;
 mod error;
 pub mod fields;
@@ -29,7 +30,8 @@ pub mod reader;
 pub mod records;
 pub mod split;
 
-pub use builder::{build, Blend, BuildConfig, Built};
+pub use builder::{build, build_cached, Blend, BuildConfig, Built};
+pub use cache::{DirStore, IndexStore};
 pub use datasets::{BlendedDataset, GptDataset, Piece, Sample, TopLevel};
 pub use error::MegatronError;
 pub use reader::{ReadScratch, Sources};

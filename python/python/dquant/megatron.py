@@ -69,6 +69,7 @@ def build_train_valid_test_datasets(
     drop_last_partial_validation_sequence: bool = True,
     pad: Optional[int] = None,
     wire_codec: str = "",
+    path_to_cache: Optional[str] = None,
 ) -> Tuple[Optional["MegatronDataset"], Optional["MegatronDataset"], Optional["MegatronDataset"]]:
     """Megatron-Core's train, valid and test datasets for this config (each may be None).
 
@@ -84,6 +85,10 @@ def build_train_valid_test_datasets(
     samples by index: the prefixes are then its dataset names (``ROOT/PATH``), this process
     holds no index, and batches travel narrowed and compressed (``wire_codec``, default
     ``auto+lz4``). Each process (a DataLoader worker too) opens its own session.
+
+    ``path_to_cache`` (or the config's) is where GPT indices are kept between opens, as
+    Megatron keeps its own there (dquant's files are its own, ``*.dqmi``): an open that finds
+    them reads them instead of shuffling again. None: nothing is written.
     """
     if config is not None:
         kw = _from_gpt_dataset_config(config)
@@ -107,6 +112,7 @@ def build_train_valid_test_datasets(
             add_extra_token_to_sequence=add_extra_token_to_sequence,
             mid_level_dataset_surplus=mid_level_dataset_surplus,
             drop_last_partial_validation_sequence=drop_last_partial_validation_sequence,
+            path_to_cache=path_to_cache,
         )
     sizes = list(num_samples)
     if len(sizes) != 3:
@@ -126,7 +132,11 @@ def build_train_valid_test_datasets(
         add_extra_token_to_sequence=bool(kw["add_extra_token_to_sequence"]),
         drop_last_partial_validation_sequence=bool(kw["drop_last_partial_validation_sequence"]),
     )
-    order = megatron_order(built) if agent is None else _AgentOrder(agent, built, wire_codec)
+    cache = kw.get("path_to_cache")
+    if agent is None:
+        order = megatron_order(built, None if cache is None else os.fspath(cache))
+    else:
+        order = _AgentOrder(agent, built, wire_codec)
     masks = _Masks(
         eod=int(kw["eod"]),
         pad=int(kw["pad"]),
@@ -174,6 +184,7 @@ def _from_gpt_dataset_config(c: Any) -> Dict[str, Any]:
         add_extra_token_to_sequence=c.add_extra_token_to_sequence,
         mid_level_dataset_surplus=c.mid_level_dataset_surplus,
         drop_last_partial_validation_sequence=c.drop_last_partial_validation_sequence,
+        path_to_cache=getattr(c, "path_to_cache", None),
     )
 
 
