@@ -61,6 +61,10 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()
     std::fs::create_dir_all(dir)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
+    // Readable by every rank, as Megatron's own cache files are (a temporary file is 0600).
+    use std::os::unix::fs::PermissionsExt;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
     tmp.as_file().sync_data()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
@@ -166,7 +170,9 @@ pub(crate) fn decode(bytes: &[u8], key: &str) -> Option<GptIndex> {
 }
 
 fn pairs<T: bytemuck::Pod>(flat: Vec<T>) -> Option<Vec<[T; 2]>> {
-    flat.len().is_multiple_of(2).then(|| flat.chunks_exact(2).map(|p| [p[0], p[1]]).collect())
+    flat.len()
+        .is_multiple_of(2)
+        .then(|| flat.chunks_exact(2).map(|p| [p[0], p[1]]).collect())
 }
 
 #[cfg(test)]
