@@ -58,24 +58,21 @@ pub(crate) fn check_request(
 /// Opens `config`'s sources under the agent's roots (shared with its other sessions).
 fn open_sources(shared: &Shared, config: &BuildConfig) -> Result<Sources, Status> {
     let prefixes = config.prefixes();
-    let found = prefixes
-        .iter()
-        .map(|p| {
-            shared
-                .catalog
-                .resolve(p)
-                .map_err(|e| Status::not_found(e.0))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let opts = OpenOptions::default();
-    Sources::open(&prefixes, |p| {
-        let i = prefixes.iter().position(|x| x == p).unwrap_or(0);
-        let f = &found[i];
-        shared
+    let mut datasets = Vec::with_capacity(prefixes.len());
+    for p in &prefixes {
+        let f = shared
+            .catalog
+            .resolve(p)
+            .map_err(|e| Status::not_found(e.0))?;
+        let ds = shared
             .datasets
             .open_in(&f.root_name, &*f.root, &f.name, &opts)
-    })
-    .map_err(|e| Status::failed_precondition(e.to_string()))
+            .map_err(|e| Status::failed_precondition(format!("dataset {p:?}: {e}")))?;
+        datasets.push(ds);
+    }
+    Sources::from_opened(&prefixes, datasets)
+        .map_err(|e| Status::failed_precondition(e.to_string()))
 }
 
 /// The work of `OpenMegatron` on an open worker: the build (or the cached one), and the
@@ -330,7 +327,7 @@ mod tests {
                 sources: vec![],
                 splits: [None, None, None],
             },
-            sources: Sources::open(&[], |_| unreachable!()).unwrap(),
+            sources: Sources::from_opened(&[], vec![]).unwrap(),
             layout: RecordLayout::new([None; 3]).unwrap(),
         }
     }

@@ -62,6 +62,21 @@ impl Sources {
     ) -> Result<Self, MegatronError> {
         let datasets: Vec<Arc<Dataset>> =
             prefixes.iter().map(|p| open(p)).collect::<Result<_, _>>()?;
+        Self::from_opened(prefixes, datasets)
+    }
+
+    /// The sources `prefixes`, already opened (`datasets[i]` is `prefixes[i]`'s).
+    pub fn from_opened(
+        prefixes: &[String],
+        datasets: Vec<Arc<Dataset>>,
+    ) -> Result<Self, MegatronError> {
+        if prefixes.len() != datasets.len() {
+            return Err(MegatronError::Config(format!(
+                "{} prefixes but {} opened datasets",
+                prefixes.len(),
+                datasets.len()
+            )));
+        }
         let maps = datasets
             .iter()
             .map(|d| map_plain(d))
