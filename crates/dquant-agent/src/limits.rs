@@ -46,6 +46,9 @@ pub struct Limits {
     /// Seconds one request may spend in an open worker (waiting included) before it is
     /// stopped: a cursor far into a multi-source blend replays the blend to it.
     pub open_timeout_secs: u64,
+    /// Samples one Megatron-order build (`OpenMegatron`) may ask for, all splits together:
+    /// its indices take some 20 bytes a sample, held for as long as the build is kept.
+    pub max_megatron_samples: u64,
 }
 
 impl Default for Limits {
@@ -61,6 +64,7 @@ impl Default for Limits {
             open_workers: 4,
             max_queued_opens: 64,
             open_timeout_secs: 60,
+            max_megatron_samples: 1 << 31,
         }
     }
 }
@@ -92,6 +96,11 @@ pub enum LimitError {
     #[error("world {got} is above this agent's limit of {max} ranks (limits.max_world)")]
     World { got: u32, max: u32 },
     #[error(
+        "num_samples: {got} samples in all, above this agent's limit of {max} for one \
+         Megatron-order build (limits.max_megatron_samples)"
+    )]
+    MegatronSamples { got: u64, max: u64 },
+    #[error(
         "{field}: zstd level {got} is above this agent's limit of {max} (limits.max_zstd_level)"
     )]
     ZstdLevel {
@@ -113,6 +122,7 @@ impl Limits {
             ("max_handshakes", self.max_handshakes == 0),
             ("open_workers", self.open_workers == 0),
             ("open_timeout_secs", self.open_timeout_secs == 0),
+            ("max_megatron_samples", self.max_megatron_samples == 0),
         ];
         if let Some((key, _)) = at_least_one.iter().find(|(_, zero)| *zero) {
             return Err(format!("limits.{key}: must be at least 1"));
@@ -123,6 +133,32 @@ impl Limits {
                  record carries",
                 self.max_range_tokens
             ));
+        }
+        Ok(())
+    }
+
+    /// Checks a Megatron-order build's size (`num_samples` of every split, and its sources),
+    /// before anything is opened for it.
+    pub(crate) fn check_megatron(
+        &self,
+        num_samples: &[Option<u64>],
+        sources: usize,
+    ) -> Result<(), LimitError> {
+        if sources > self.max_sources {
+            return Err(LimitError::Sources {
+                got: sources,
+                max: self.max_sources,
+            });
+        }
+        let got = num_samples
+            .iter()
+            .flatten()
+            .fold(0u64, |a, &n| a.saturating_add(n));
+        if got > self.max_megatron_samples {
+            return Err(LimitError::MegatronSamples {
+                got,
+                max: self.max_megatron_samples,
+            });
         }
         Ok(())
     }

@@ -49,7 +49,13 @@ pub(crate) fn check_request(
         .limits
         .check_wire("wire_codec", wire)
         .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-    for p in config.prefixes() {
+    let prefixes = config.prefixes();
+    shared
+        .config
+        .limits
+        .check_megatron(&config.num_samples, prefixes.len())
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    for p in prefixes {
         caller.check_dataset(&p)?;
     }
     Ok((config, wire))

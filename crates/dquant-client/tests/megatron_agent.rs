@@ -202,6 +202,15 @@ fn bad_requests_get_exact_refusals() {
     let e = AgentMegatron::open(control(&a), &bad, "").err().unwrap();
     assert_eq!(e.to_string(), "split \"0,0,0\": the parts sum to zero");
 
+    let mut huge = remote.clone();
+    huge.num_samples = [Some(u64::MAX), Some(1), None];
+    let e = AgentMegatron::open(control(&a), &huge, "").err().unwrap();
+    assert_eq!(
+        e.to_string(),
+        "num_samples: 18446744073709551615 samples in all, above this agent's limit of \
+         2147483648 for one Megatron-order build (limits.max_megatron_samples)"
+    );
+
     let e = AgentMegatron::open(control(&a), &remote, "nonsense")
         .err()
         .unwrap();

@@ -28,6 +28,8 @@ Examples:
   #   worker_threads = 8              # reads + compression, shared by sessions (default: cores - 1, at most 8)
   #   max_sessions = 256
   #   keep_datasets = 16              # datasets kept open while no session reads them
+  #   keep_megatron_builds = 4        # Megatron-order builds (agent=) kept after their sessions end
+  #   megatron_cache = \"/var/cache/dquant/megatron\" # their indices on disk (default: memory only)
   #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
   #   upstreams = [\"10.0.0.5:7878\"]   # agents plans may chain to (default: none)
   #   upstream_timeout_secs = 30      # each call to an upstream, each read on its data socket
@@ -45,6 +47,7 @@ Examples:
   #   open_workers = 4                # threads opening datasets
   #   max_queued_opens = 64           # requests waiting for one (more: refused as busy)
   #   open_timeout_secs = 60          # one request's time in the open workers
+  #   max_megatron_samples = 2147483648 # num_samples of one Megatron-order build, all splits
   #   socket_uids = [1000]            # besides root and the agent's user: who may use the socket
   #   upstream_token = \"...\"           # sent to upstreams that serve tenants
   #   upstream_tls_ca = \"ca.pem\"      # reach upstreams over TLS, trusting this CA
