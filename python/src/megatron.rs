@@ -192,32 +192,6 @@ impl MegatronOrder {
         Ok((numpy::IntoPyArray::into_pyarray(rows, py), ids))
     }
 
-    /// Samples `indices` as `GPTDataset.__getitem__`'s fields, stacked: (tokens, labels,
-    /// loss_mask, position_ids; dataset ids or None). See [`dquant_megatron::fields`].
-    #[pyo3(signature = (split, indices, *, eod, pad, reset_position_ids, eod_mask_loss, add_extra_token_to_sequence))]
-    #[allow(clippy::too_many_arguments)]
-    fn batch_fields<'py>(
-        &self,
-        py: Python<'py>,
-        split: usize,
-        indices: Vec<u64>,
-        eod: i64,
-        pad: i64,
-        reset_position_ids: bool,
-        eod_mask_loss: bool,
-        add_extra_token_to_sequence: bool,
-    ) -> PyResult<FieldArrays<'py>> {
-        let rules = FieldRules {
-            eod,
-            pad,
-            reset_position_ids,
-            eod_mask_loss,
-            add_extra_token_to_sequence,
-        };
-        let (rows, ids) = self.rows(py, split, &indices, pad)?;
-        fields_of(py, &rows, rules, ids)
-    }
-
     /// What sample `idx` is made of: (dataset_id, [(source, sequence, offset, length)], pad).
     #[allow(clippy::type_complexity)]
     fn pieces(
@@ -297,31 +271,6 @@ impl AgentMegatronOrder {
         Ok((numpy::IntoPyArray::into_pyarray(rows, py), ids))
     }
 
-    /// As `MegatronOrder.batch_fields`.
-    #[pyo3(signature = (split, indices, *, eod, pad, reset_position_ids, eod_mask_loss, add_extra_token_to_sequence))]
-    #[allow(clippy::too_many_arguments)]
-    fn batch_fields<'py>(
-        &self,
-        py: Python<'py>,
-        split: usize,
-        indices: Vec<u64>,
-        eod: i64,
-        pad: i64,
-        reset_position_ids: bool,
-        eod_mask_loss: bool,
-        add_extra_token_to_sequence: bool,
-    ) -> PyResult<FieldArrays<'py>> {
-        let rules = FieldRules {
-            eod,
-            pad,
-            reset_position_ids,
-            eod_mask_loss,
-            add_extra_token_to_sequence,
-        };
-        let (rows, ids) = self.rows(py, split, &indices, pad)?;
-        fields_of(py, &rows, rules, ids)
-    }
-
     fn pieces(&self, _split: usize, _idx: u64) -> PyResult<()> {
         Err(pyo3::exceptions::PyNotImplementedError::new_err(
             "pieces: an agent's build keeps its indices on the agent; open the config \
@@ -385,13 +334,12 @@ fn rows_of(b: &SampleBatch, pad: i64) -> PyResult<numpy::ndarray::Array2<i64>> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// `(tokens, labels, loss_mask, position_ids, dataset ids or None)`, as numpy arrays.
+/// `(tokens, labels, loss_mask, position_ids)`, as numpy arrays.
 type FieldArrays<'py> = (
     Bound<'py, PyArray2<i64>>,
     Bound<'py, PyArray2<i64>>,
     Bound<'py, PyArray2<f32>>,
     Bound<'py, PyArray2<i64>>,
-    Option<Vec<i16>>,
 );
 
 /// A row buffer of `n` samples of `width` tokens, or a MemoryError.
@@ -411,20 +359,33 @@ fn zeroed<T: Clone + Default>(width: usize, n: usize) -> PyResult<Vec<T>> {
         })
 }
 
-/// Each row's fields under `rules` (see [`dquant_megatron::fields`]), stacked.
-fn fields_of<'py>(
+/// `GPTDataset.__getitem__`'s fields of sample rows (from either order's `batch`), stacked:
+/// (tokens, labels, loss_mask, position_ids). See [`dquant_megatron::fields`].
+#[pyfunction]
+#[pyo3(signature = (rows, *, eod, pad, reset_position_ids, eod_mask_loss, add_extra_token_to_sequence))]
+pub fn megatron_fields<'py>(
     py: Python<'py>,
-    rows: &Array2<i64>,
-    rules: FieldRules,
-    ids: Option<Vec<i16>>,
+    rows: numpy::PyReadonlyArray2<'py, i64>,
+    eod: i64,
+    pad: i64,
+    reset_position_ids: bool,
+    eod_mask_loss: bool,
+    add_extra_token_to_sequence: bool,
 ) -> PyResult<FieldArrays<'py>> {
-    let (n, w) = rows.dim();
+    let rules = FieldRules {
+        eod,
+        pad,
+        reset_position_ids,
+        eod_mask_loss,
+        add_extra_token_to_sequence,
+    };
+    let (n, w) = rows.as_array().dim();
+    let flat = rows
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("rows must be a contiguous int64 array"))?;
     let s = rules.sequence_length(w);
     let (mut t, mut l) = (zeroed::<i64>(s, n)?, zeroed::<i64>(s, n)?);
     let (mut m, mut p) = (zeroed::<f32>(s, n)?, zeroed::<i64>(s, n)?);
-    let flat = rows
-        .as_slice()
-        .ok_or_else(|| PyValueError::new_err("rows are not contiguous"))?;
     py.detach(|| {
         let each = flat
             .chunks_exact(w.max(1))
@@ -452,6 +413,5 @@ fn fields_of<'py>(
         shaped(l)?.into_pyarray(py),
         mask.into_pyarray(py),
         shaped(p)?.into_pyarray(py),
-        ids,
     ))
 }

@@ -329,20 +329,27 @@ def test_through_an_agent_the_same_samples(corpora, mega_agent, transport):
                     assert torch.equal(got[k], want[k]), k
 
 
-def test_through_an_agent_a_restart_needs_only_the_index_and_finds_the_build(corpora, mega_agent):
+def _agent_train(corpora, address):
+    """The first config's train split through the agent at ``address``, Megatron-Core's
+    beside it, and a function that opens the agent's again."""
     kw = _agent_kw(corpora, AGENT_CONFIGS[0])
     num_samples = kw.pop("num_samples")
-    train, _, _ = dm.build_train_valid_test_datasets(
-        agent=mega_agent.uri, num_samples=num_samples, eod=EOD, **named(kw)
-    )
+
+    def open_again():
+        return dm.build_train_valid_test_datasets(
+            agent=address, num_samples=num_samples, eod=EOD, **named(kw))[0]
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(eod=EOD, **kw), num_samples)[0]
+    return open_again(), theirs, open_again
+
+
+def test_through_an_agent_a_restart_needs_only_the_index_and_finds_the_build(corpora, mega_agent):
+    train, theirs, open_again = _agent_train(corpora, mega_agent.uri)
     assert train._order.was_cached()
     for consumed in (0, 1, 999, 2990):
-        again, _, _ = dm.build_train_valid_test_datasets(
-            agent=mega_agent.uri, num_samples=num_samples, eod=EOD, **named(kw)
-        )
+        again = open_again()
         # A sequential sampler's micro-batches of 2 from consumed_samples on, rank 1 of 2.
         for step in range(3):
             start = consumed + step * 4 + 2
@@ -354,14 +361,7 @@ def test_through_an_agent_a_restart_needs_only_the_index_and_finds_the_build(cor
 
 
 def test_through_an_agent_dataloader_workers_open_their_own_sessions(corpora, mega_agent):
-    kw = _agent_kw(corpora, AGENT_CONFIGS[0])
-    num_samples = kw.pop("num_samples")
-    train, _, _ = dm.build_train_valid_test_datasets(
-        agent=mega_agent.socket, num_samples=num_samples, eod=EOD, **named(kw)
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(eod=EOD, **kw), num_samples)[0]
+    train, theirs, _ = _agent_train(corpora, mega_agent.socket)
     train[0]  # the parent's session is in use before the workers fork
     batches = [list(range(s, s + 4)) for s in range(100, 140, 4)]
     loader = torch.utils.data.DataLoader(train, batch_sampler=batches, num_workers=2)

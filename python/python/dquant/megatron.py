@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy
 import torch
 
-from ._dquant import megatron_agent_order, megatron_config, megatron_order
+from ._dquant import megatron_agent_order, megatron_config, megatron_fields, megatron_order
 
 __all__ = [
     "build_train_valid_test_datasets",
@@ -408,10 +408,10 @@ class MegatronDataset(torch.utils.data.Dataset):
             out = m(torch.from_numpy(rows))
         else:
             # Without the s x s attention mask, Rust makes every field (dquant_megatron::fields).
-            tokens, labels, loss_mask, position_ids, ids = self._order.batch_fields(
-                self._split, indices, eod=m.eod, pad=m.pad,
-                reset_position_ids=m.reset_position_ids, eod_mask_loss=m.eod_mask_loss,
-                add_extra_token_to_sequence=m.add_extra_token)
+            rows, ids = self._order.batch(self._split, indices, m.pad)
+            tokens, labels, loss_mask, position_ids = megatron_fields(
+                rows, eod=m.eod, pad=m.pad, reset_position_ids=m.reset_position_ids,
+                eod_mask_loss=m.eod_mask_loss, add_extra_token_to_sequence=m.add_extra_token)
             out = {"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
                    "loss_mask": torch.from_numpy(loss_mask),
                    "position_ids": torch.from_numpy(position_ids)}
