@@ -28,5 +28,5 @@ pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
 pub use record::{
     auto_codec, batch_header, checked_codec, codec_for, plain_codec, put_trailer, RecordEncoder,
 };
-pub use source::{open_options, LocalSource, SharedReads, SourceError, TokenSource};
+pub use source::{check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource};
 pub use worker_pool::WorkerPool;

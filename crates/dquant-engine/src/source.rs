@@ -54,6 +54,18 @@ impl SourceError {
     }
 }
 
+/// Refuses ranges that run backwards or do not add up to `out`'s length: what every
+/// [`TokenSource::read_ranges`] that is not handed its ranges by a plan checks first.
+pub fn check_ranges(ranges: &[Range<u64>], out: &[u32]) -> Result<(), SourceError> {
+    let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+    if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
+        return Err(SourceError::Usage(
+            "read_ranges: the buffer does not match the ranges".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// A dataset a plan reads tokens from.
 pub trait TokenSource: Send {
     /// Tokens in the dataset.

@@ -31,7 +31,7 @@ use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
-use dquant_engine::{SourceError, TokenSource};
+use dquant_engine::{check_ranges, SourceError, TokenSource};
 use dquant_proto::v1::{DatasetStat, StatRequest};
 use dquant_transport::record::MAX_REQUEST_RANGES;
 
@@ -39,7 +39,7 @@ mod health;
 
 use crate::control::{Control, Credentials};
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Streams, Window};
-use crate::source::{check_ranges, RangeStream, RemoteSource};
+use crate::source::{RangeStream, RemoteSource};
 use health::Health;
 
 /// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.

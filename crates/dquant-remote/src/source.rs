@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use dquant_codec::{Codec, Decoder};
-use dquant_engine::{SourceError, TokenSource};
+use dquant_engine::{check_ranges, SourceError, TokenSource};
 use dquant_proto::v1::{DatasetStat, OpenReply, OpenSourceRequest, StatRequest};
 use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
 use dquant_transport::{DataStream, FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
@@ -185,17 +185,6 @@ impl TokenSource for RemoteSource {
         }
         r
     }
-}
-
-/// Refuses ranges that run backwards or do not add up to `out`'s length.
-pub(crate) fn check_ranges(ranges: &[Range<u64>], out: &[u32]) -> Result<(), SourceError> {
-    let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
-    if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
-        return Err(SourceError::Usage(
-            "read_ranges: the buffer does not match the ranges".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// The data connection of a source session: requests out, range records back, in order.
