@@ -250,8 +250,26 @@ fn caller_of<T>(req: &Request<T>) -> Result<Caller, Status> {
         .ok_or_else(|| Status::internal("request not authenticated"))
 }
 
-fn over_limit(e: LimitError) -> Status {
+pub(crate) fn over_limit(e: LimitError) -> Status {
     Status::invalid_argument(e.to_string())
+}
+
+/// The wire codec a range session asked for (`auto+lz4` when it asked for none), parsed and
+/// checked against the agent's limits.
+pub(crate) fn range_wire_codec(shared: &Shared, requested: &str) -> Result<WireCodec, Status> {
+    let codec = match requested {
+        "" => "auto+lz4",
+        c => c,
+    };
+    let wire: WireCodec = codec
+        .parse()
+        .map_err(|e| Status::invalid_argument(format!("wire_codec: {e}")))?;
+    shared
+        .config
+        .limits
+        .check_wire("wire_codec", wire)
+        .map_err(over_limit)?;
+    Ok(wire)
 }
 
 fn full(e: crate::sessions::SessionError) -> Status {
@@ -587,19 +605,7 @@ impl Agent for Service {
     ) -> Result<Response<OpenReply>, Status> {
         let caller = caller_of(&req)?;
         let req = req.into_inner();
-        let codec = if req.wire_codec.is_empty() {
-            "auto+lz4".to_string()
-        } else {
-            req.wire_codec.clone()
-        };
-        let wire = codec
-            .parse()
-            .map_err(|e| Status::invalid_argument(format!("wire_codec: {e}")))?;
-        self.shared
-            .config
-            .limits
-            .check_wire("wire_codec", wire)
-            .map_err(over_limit)?;
+        let wire = range_wire_codec(&self.shared, &req.wire_codec)?;
         let ds = req
             .dataset
             .ok_or_else(|| Status::invalid_argument("dataset: missing"))?;
@@ -623,7 +629,7 @@ impl Agent for Service {
                     session = id,
                     tenant = caller.name(),
                     dataset = %ds.dataset,
-                    %codec,
+                    codec = %wire,
                     "source opened"
                 );
                 Ok(Response::new(OpenReply {

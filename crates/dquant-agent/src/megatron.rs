@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use dquant_engine::{SourceError, TokenSource};
+use dquant_engine::{check_ranges, SourceError, TokenSource};
 use dquant_megatron::{
     build_cached, BuildConfig, Built, DirStore, IndexStore, ReadScratch, RecordLayout, Sources,
 };
@@ -25,6 +25,7 @@ use dquant_storage::OpenOptions;
 use tonic::Status;
 
 use crate::auth::Caller;
+use crate::grpc::{over_limit, range_wire_codec};
 use crate::sessions::{Reservation, Work};
 use crate::Shared;
 
@@ -37,24 +38,13 @@ pub(crate) fn check_request(
 ) -> Result<(BuildConfig, WireCodec), Status> {
     let config: BuildConfig = serde_json::from_str(&req.config_json)
         .map_err(|e| Status::invalid_argument(format!("config_json: {e}")))?;
-    let codec = match req.wire_codec.as_str() {
-        "" => "auto+lz4",
-        c => c,
-    };
-    let wire: WireCodec = codec
-        .parse()
-        .map_err(|e| Status::invalid_argument(format!("wire_codec: {e}")))?;
-    shared
-        .config
-        .limits
-        .check_wire("wire_codec", wire)
-        .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+    let wire = range_wire_codec(shared, &req.wire_codec)?;
     let prefixes = config.prefixes();
     shared
         .config
         .limits
         .check_megatron(&config.num_samples, prefixes.len())
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(over_limit)?;
     for p in prefixes {
         caller.check_dataset(&p)?;
     }
@@ -307,12 +297,7 @@ impl TokenSource for MegatronRecords {
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
-        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
-        if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
-            return Err(SourceError::Usage(
-                "read_ranges: the buffer does not match the ranges".into(),
-            ));
-        }
+        check_ranges(ranges, out)?;
         let mut done = 0usize;
         for r in ranges {
             let n = (r.end - r.start) as usize;
