@@ -44,21 +44,37 @@ pub fn blending_indices(weights: &[f64], size: u64) -> Result<BlendingIndices, M
     let mut current = vec![0i64; weights.len()];
     let mut out = BlendingIndices::with_capacity(size)?;
     for s in 0..size {
-        let at = (s as f64).max(1.0);
-        let mut best = 0usize;
-        let mut best_error = weights[0] * at - current[0] as f64;
-        for (d, (&w, &c)) in weights.iter().zip(&current).enumerate().skip(1) {
-            let error = w * at - c as f64;
-            if error > best_error {
-                best_error = error;
-                best = d;
-            }
-        }
+        let best = most_behind(0..weights.len(), weights, &current, s);
         out.dataset.push(best as i16);
         out.sample.push(current[best]);
         current[best] += 1;
     }
     Ok(out)
+}
+
+/// Of `candidates`, the dataset furthest behind its share (`weight × max(s, 1) − count`)
+/// when sample `s` is drawn; the first of equals, as helpers.cpp's strict `>` picks it.
+fn most_behind(
+    candidates: impl IntoIterator<Item = usize>,
+    weights: &[f64],
+    counts: &[i64],
+    s: u64,
+) -> usize {
+    let at = (s as f64).max(1.0);
+    let error = |d: usize| weights[d] * at - counts[d] as f64;
+    let mut candidates = candidates.into_iter();
+    let Some(mut best) = candidates.next() else {
+        return 0;
+    };
+    let mut best_error = error(best);
+    for d in candidates {
+        let e = error(d);
+        if e > best_error {
+            best = d;
+            best_error = e;
+        }
+    }
+    best
 }
 
 /// `build_exhaustive_blending_indices(sizes)`: exactly `sizes[d]` samples of dataset `d`,
@@ -72,16 +88,7 @@ pub fn exhaustive_blending_indices(sizes: &[u64]) -> Result<BlendingIndices, Meg
     let mut out = BlendingIndices::with_capacity(total)?;
     let mut s = 0u64;
     while !unspent.is_empty() {
-        let at = (s as f64).max(1.0);
-        let mut best = unspent[0];
-        let mut best_error = f64::MIN;
-        for &d in &unspent {
-            let error = weights[d] * at - counts[d] as f64;
-            if error > best_error {
-                best = d;
-                best_error = error;
-            }
-        }
+        let best = most_behind(unspent.iter().copied(), &weights, &counts, s);
         out.dataset.push(best as i16);
         out.sample.push(counts[best]);
         counts[best] += 1;
