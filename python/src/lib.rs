@@ -640,10 +640,10 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_function(wrap_pyfunction!(megatron::megatron_config, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::megatron_order, m)?)?;
-    m.add_function(wrap_pyfunction!(megatron::megatron_fields, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::megatron_agent_order, m)?)?;
     m.add_class::<megatron::MegatronOrder>()?;
     m.add_class::<megatron::AgentMegatronOrder>()?;
+    m.add_class::<megatron::MegatronFields>()?;
     m.add("AgentError", m.py().get_type::<AgentError>())?;
     m.add("AgentShutdown", m.py().get_type::<AgentShutdown>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -179,17 +179,16 @@ impl MegatronOrder {
         Ok(self.split(split)?.sample_tokens())
     }
 
-    /// Samples `indices`, one row each: (int64 tokens (n, tokens); dataset ids or None).
-    #[allow(clippy::type_complexity)]
+    /// Samples `indices`, stacked: see [`Batch`].
     fn batch<'py>(
         &self,
         py: Python<'py>,
         split: usize,
         indices: Vec<u64>,
-        pad: i64,
-    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Option<Vec<i16>>)> {
-        let (rows, ids) = self.rows(py, split, &indices, pad)?;
-        Ok((numpy::IntoPyArray::into_pyarray(rows, py), ids))
+        fields: &MegatronFields,
+    ) -> PyResult<Batch<'py>> {
+        let (rows, ids) = self.rows(py, split, &indices, fields.0.pad)?;
+        fields.of(py, rows, ids)
     }
 
     /// What sample `idx` is made of: (dataset_id, [(source, sequence, offset, length)], pad).
@@ -258,17 +257,16 @@ impl AgentMegatronOrder {
         Ok(self.split(split)?.sample_tokens)
     }
 
-    /// Samples `indices`, one row each: (int64 tokens (n, tokens); dataset ids or None).
-    #[allow(clippy::type_complexity)]
+    /// Samples `indices`, stacked: see [`Batch`].
     fn batch<'py>(
         &self,
         py: Python<'py>,
         split: usize,
         indices: Vec<u64>,
-        pad: i64,
-    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Option<Vec<i16>>)> {
-        let (rows, ids) = self.rows(py, split, &indices, pad)?;
-        Ok((numpy::IntoPyArray::into_pyarray(rows, py), ids))
+        fields: &MegatronFields,
+    ) -> PyResult<Batch<'py>> {
+        let (rows, ids) = self.rows(py, split, &indices, fields.0.pad)?;
+        fields.of(py, rows, ids)
     }
 
     fn pieces(&self, _split: usize, _idx: u64) -> PyResult<()> {
@@ -334,12 +332,16 @@ fn rows_of(b: &SampleBatch, pad: i64) -> PyResult<numpy::ndarray::Array2<i64>> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// `(tokens, labels, loss_mask, position_ids)`, as numpy arrays.
-type FieldArrays<'py> = (
+/// A batch of samples: the int64 rows as read (pads as the pad id), then
+/// `GPTDataset.__getitem__`'s fields stacked (tokens, labels, loss_mask, position_ids), then
+/// the dataset ids of a blend's samples (None otherwise).
+type Batch<'py> = (
+    Bound<'py, PyArray2<i64>>,
     Bound<'py, PyArray2<i64>>,
     Bound<'py, PyArray2<i64>>,
     Bound<'py, PyArray2<f32>>,
     Bound<'py, PyArray2<i64>>,
+    Option<Vec<i16>>,
 );
 
 /// A row buffer of `n` samples of `width` tokens, or a MemoryError.
@@ -359,59 +361,77 @@ fn zeroed<T: Clone + Default>(width: usize, n: usize) -> PyResult<Vec<T>> {
         })
 }
 
-/// `GPTDataset.__getitem__`'s fields of sample rows (from either order's `batch`), stacked:
-/// (tokens, labels, loss_mask, position_ids). See [`dquant_megatron::fields`].
-#[pyfunction]
-#[pyo3(signature = (rows, *, eod, pad, reset_position_ids, eod_mask_loss, add_extra_token_to_sequence))]
-pub fn megatron_fields<'py>(
-    py: Python<'py>,
-    rows: numpy::PyReadonlyArray2<'py, i64>,
-    eod: i64,
-    pad: i64,
-    reset_position_ids: bool,
-    eod_mask_loss: bool,
-    add_extra_token_to_sequence: bool,
-) -> PyResult<FieldArrays<'py>> {
-    let rules = FieldRules {
-        eod,
-        pad,
-        reset_position_ids,
-        eod_mask_loss,
-        add_extra_token_to_sequence,
-    };
-    let (n, w) = rows.as_array().dim();
-    let flat = rows
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("rows must be a contiguous int64 array"))?;
-    let s = rules.sequence_length(w);
-    let (mut t, mut l) = (zeroed::<i64>(s, n)?, zeroed::<i64>(s, n)?);
-    let (mut m, mut p) = (zeroed::<f32>(s, n)?, zeroed::<i64>(s, n)?);
-    py.detach(|| {
-        let each = flat
-            .chunks_exact(w.max(1))
-            .zip(t.chunks_exact_mut(s.max(1)))
-            .zip(l.chunks_exact_mut(s.max(1)))
-            .zip(m.chunks_exact_mut(s.max(1)))
-            .zip(p.chunks_exact_mut(s.max(1)));
-        for ((((row, tokens), labels), loss_mask), position_ids) in each {
-            let out = Fields {
-                tokens,
-                labels,
-                loss_mask,
-                position_ids,
-            };
-            rules.fill(row, out);
-        }
-    });
-    let shaped = |v: Vec<i64>| {
-        Array2::from_shape_vec((n, s), v).map_err(|e| PyValueError::new_err(e.to_string()))
-    };
-    let mask =
-        Array2::from_shape_vec((n, s), m).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok((
-        shaped(t)?.into_pyarray(py),
-        shaped(l)?.into_pyarray(py),
-        mask.into_pyarray(py),
-        shaped(p)?.into_pyarray(py),
-    ))
+/// How a config makes `GPTDataset.__getitem__`'s fields from sample rows
+/// ([`dquant_megatron::fields`]), given to either order's `batch`.
+#[pyclass(module = "dquant._dquant", frozen)]
+pub struct MegatronFields(FieldRules);
+
+#[pymethods]
+impl MegatronFields {
+    #[new]
+    #[pyo3(signature = (*, eod, pad, reset_position_ids, eod_mask_loss, add_extra_token_to_sequence))]
+    fn new(
+        eod: i64,
+        pad: i64,
+        reset_position_ids: bool,
+        eod_mask_loss: bool,
+        add_extra_token_to_sequence: bool,
+    ) -> Self {
+        MegatronFields(FieldRules {
+            eod,
+            pad,
+            reset_position_ids,
+            eod_mask_loss,
+            add_extra_token_to_sequence,
+        })
+    }
+}
+
+impl MegatronFields {
+    /// `rows`, each row's fields, and `ids`, as a [`Batch`].
+    fn of<'py>(
+        &self,
+        py: Python<'py>,
+        rows: Array2<i64>,
+        ids: Option<Vec<i16>>,
+    ) -> PyResult<Batch<'py>> {
+        let rules = self.0;
+        let (n, w) = rows.dim();
+        let flat = rows
+            .as_slice()
+            .ok_or_else(|| PyValueError::new_err("rows are not contiguous"))?;
+        let s = rules.sequence_length(w);
+        let (mut t, mut l) = (zeroed::<i64>(s, n)?, zeroed::<i64>(s, n)?);
+        let (mut m, mut p) = (zeroed::<f32>(s, n)?, zeroed::<i64>(s, n)?);
+        py.detach(|| {
+            let each = flat
+                .chunks_exact(w.max(1))
+                .zip(t.chunks_exact_mut(s.max(1)))
+                .zip(l.chunks_exact_mut(s.max(1)))
+                .zip(m.chunks_exact_mut(s.max(1)))
+                .zip(p.chunks_exact_mut(s.max(1)));
+            for ((((row, tokens), labels), loss_mask), position_ids) in each {
+                let out = Fields {
+                    tokens,
+                    labels,
+                    loss_mask,
+                    position_ids,
+                };
+                rules.fill(row, out);
+            }
+        });
+        let shaped = |v: Vec<i64>| {
+            Array2::from_shape_vec((n, s), v).map_err(|e| PyValueError::new_err(e.to_string()))
+        };
+        let mask =
+            Array2::from_shape_vec((n, s), m).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((
+            rows.into_pyarray(py),
+            shaped(t)?.into_pyarray(py),
+            shaped(l)?.into_pyarray(py),
+            mask.into_pyarray(py),
+            shaped(p)?.into_pyarray(py),
+            ids,
+        ))
+    }
 }

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy
 import torch
 
-from ._dquant import megatron_agent_order, megatron_config, megatron_fields, megatron_order
+from ._dquant import MegatronFields, megatron_agent_order, megatron_config, megatron_order
 
 __all__ = [
     "build_train_valid_test_datasets",
@@ -276,54 +276,41 @@ def _blend_from_list(blend: Optional[Sequence[str]]) -> Optional[Blend]:
 
 
 class _Masks:
-    """``GPTDataset.__getitem__``'s tokens, labels and masks from rows of sample tokens,
-    for a whole batch at once, with torch's own ops (so the floats and dtypes are Megatron's).
-    """
+    """How ``GPTDataset.__getitem__`` makes its fields: tokens, labels, loss_mask and
+    position_ids come from Rust with the rows (``MegatronFields``), the ``s x s`` attention
+    mask from torch's own ops, for a whole batch at once."""
 
     def __init__(self, *, eod, pad, reset_position_ids, reset_attention_mask, eod_mask_loss,
                  create_attention_mask, add_extra_token):
         self.eod = eod
-        self.pad = pad
-        self.reset_position_ids = reset_position_ids
         self.reset_attention_mask = reset_attention_mask
-        self.eod_mask_loss = eod_mask_loss
         self.create_attention_mask = create_attention_mask
-        self.add_extra_token = add_extra_token
+        self.fields = MegatronFields(
+            eod=eod, pad=pad, reset_position_ids=reset_position_ids,
+            eod_mask_loss=eod_mask_loss, add_extra_token_to_sequence=add_extra_token)
 
-    def __call__(self, rows: torch.Tensor) -> Dict[str, torch.Tensor]:
-        if self.add_extra_token:
-            tokens = rows[:, :-1].contiguous()
-            labels = rows[:, 1:].contiguous()
-        else:
-            tokens = rows.clone()
-            labels = torch.roll(rows, shifts=-1, dims=1)
-            labels[:, -1] = self.pad
-        n, s = tokens.shape
-        is_eod = tokens == self.eod
-        loss_mask = torch.ones((n, s), dtype=torch.float)
-        if self.eod_mask_loss:
-            loss_mask[is_eod] = 0.0
-        position_ids = torch.arange(s, dtype=torch.long).expand(n, s).contiguous()
-        # A document starts after each EOD: Megatron's per-EOD loop, as one prefix maximum.
-        if self.reset_position_ids:
-            starts = torch.zeros((n, s), dtype=torch.long)
-            starts[:, 1:] = torch.where(is_eod[:, :-1], position_ids[:, 1:], 0)
-            position_ids = position_ids - torch.cummax(starts, dim=1).values
-        out: Dict[str, torch.Tensor] = {"tokens": tokens, "labels": labels}
+    def __call__(self, rows, tokens, labels, loss_mask, position_ids) -> Dict[str, torch.Tensor]:
+        """Megatron's dict from what an order's ``batch`` returns."""
+        out: Dict[str, torch.Tensor] = {
+            "tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels)}
         if self.create_attention_mask:
-            allowed = torch.ones((s, s), dtype=torch.bool).tril().expand(n, s, s)
-            if self.reset_attention_mask:
-                # Token q sees key k only when no EOD lies in [k, q): same document.
-                before = torch.zeros((n, s), dtype=torch.long)
-                before[:, 1:] = torch.cumsum(is_eod[:, :-1], dim=1)
-                allowed = allowed & (before[:, :, None] == before[:, None, :])
-            out["attention_mask"] = (~allowed).unsqueeze(1).contiguous()
-        loss_mask[labels == self.pad] = 0.0
-        tokens[tokens == self.pad] = 0
-        labels[labels == self.pad] = 0
-        out["loss_mask"] = loss_mask
-        out["position_ids"] = position_ids
+            # The EODs of the tokens as read (before pads become 0).
+            s = tokens.shape[1]
+            out["attention_mask"] = self._attention_mask(torch.from_numpy(rows[:, :s]))
+        out["loss_mask"] = torch.from_numpy(loss_mask)
+        out["position_ids"] = torch.from_numpy(position_ids)
         return out
+
+    def _attention_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        n, s = tokens.shape
+        allowed = torch.ones((s, s), dtype=torch.bool).tril().expand(n, s, s)
+        if self.reset_attention_mask:
+            # Token q sees key k only when no EOD lies in [k, q): same document.
+            is_eod = tokens == self.eod
+            before = torch.zeros((n, s), dtype=torch.long)
+            before[:, 1:] = torch.cumsum(is_eod[:, :-1], dim=1)
+            allowed = allowed & (before[:, :, None] == before[:, None, :])
+        return (~allowed).unsqueeze(1).contiguous()
 
 
 class _AgentOrder:
@@ -402,19 +389,8 @@ class MegatronDataset(torch.utils.data.Dataset):
         return self._items([self._index(i) for i in indices], len(indices))
 
     def _items(self, indices: List[int], batch: Optional[int]) -> Dict[str, Any]:
-        m = self._masks
-        if m.create_attention_mask:
-            rows, ids = self._order.batch(self._split, indices, m.pad)
-            out = m(torch.from_numpy(rows))
-        else:
-            # Without the s x s attention mask, Rust makes every field (dquant_megatron::fields).
-            rows, ids = self._order.batch(self._split, indices, m.pad)
-            tokens, labels, loss_mask, position_ids = megatron_fields(
-                rows, eod=m.eod, pad=m.pad, reset_position_ids=m.reset_position_ids,
-                eod_mask_loss=m.eod_mask_loss, add_extra_token_to_sequence=m.add_extra_token)
-            out = {"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
-                   "loss_mask": torch.from_numpy(loss_mask),
-                   "position_ids": torch.from_numpy(position_ids)}
+        *arrays, ids = self._order.batch(self._split, indices, self._masks.fields)
+        out = self._masks(*arrays)
         if batch is None:
             out = {k: v[0] for k, v in out.items()}
             if ids is not None:
