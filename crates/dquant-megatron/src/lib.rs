@@ -8,10 +8,11 @@
 //! [`split`] (the split string), [`gpt_index`] (document, sample and shuffle indices),
 //! [`blending`] (the greedy and exhaustive blends) and [`builder`] (which datasets each split
 //! gets, of what size). These are pure: the builder gets each source's sequence lengths from
-//! a callback. [`datasets`] says what sample `i` is made of, and [`reader`] (the only module
-//! with I/O, through `dquant-storage`) reads it; [`records`] lays samples out as the token
-//! stream an agent serves them in; [`fields`] makes `GPTDataset.__getitem__`'s tokens, labels and
-//! masks from a sample's tokens.
+//! a callback. [`datasets`] says what sample `i` is made of, and [`reader`] (with I/O,
+//! through `dquant-storage`) reads it; [`records`] lays samples out as the token stream an
+//! agent serves them in; [`fields`] makes `GPTDataset.__getitem__`'s tokens, labels and masks
+//! from a sample's tokens. [`cache`], the other module with I/O, keeps built GPT indices in a
+//! directory behind the [`IndexStore`] trait the builder takes.
 //!
 //! Matched against megatron-core 0.16.1 (`python/tests/test_megatron_order.py` compares with
 //! Megatron's own builder over many configs).
