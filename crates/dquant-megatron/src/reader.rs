@@ -122,7 +122,7 @@ impl Sources {
         self.lengths(i)
     }
 
-    /// Sample `idx` of `top` as a served record (see [`records`](crate::records)):
+    /// Sample `idx` of `top` as a served record (see [`records`]):
     /// its header, then its tokens, each pad 0. `out` is the record's length.
     pub fn read_record(
         &self,
