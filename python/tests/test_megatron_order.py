@@ -311,9 +311,16 @@ def _agent_kw(corpora, c):
     return dict(blend=([corpora[k] for k in keys], w), **c)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def _address(agent, transport):
+    """The agent's address for samples over ``transport``: its TCP port, a shared-memory ring
+    handed over on its Unix socket, or that socket for control and TCP for samples."""
+    return {"tcp": agent.uri, "shm": agent.socket,
+            "unix+tcp": f"{agent.socket}?transport=tcp"}[transport]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm", "unix+tcp"])
 def test_through_an_agent_the_same_samples(corpora, mega_agent, transport):
-    address = mega_agent.uri if transport == "tcp" else mega_agent.socket
+    address = _address(mega_agent, transport)
     for c in AGENT_CONFIGS:
         ours, theirs = compare_agent(address, **_agent_kw(corpora, c))
         for a, b in zip(ours, theirs):
@@ -345,8 +352,10 @@ def _agent_train(corpora, address):
     return open_again(), theirs, open_again
 
 
-def test_through_an_agent_a_restart_needs_only_the_index_and_finds_the_build(corpora, mega_agent):
-    train, theirs, open_again = _agent_train(corpora, mega_agent.uri)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_through_an_agent_a_restart_needs_only_the_index_and_finds_the_build(
+        corpora, mega_agent, transport):
+    train, theirs, open_again = _agent_train(corpora, _address(mega_agent, transport))
     assert train._order.was_cached()
     for consumed in (0, 1, 999, 2990):
         again = open_again()

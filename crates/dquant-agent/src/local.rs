@@ -20,7 +20,8 @@ use rustix::net::RecvFlags;
 
 use crate::data::{log_end, serve_each, Handshake, HELLO_TIMEOUT};
 use crate::serve_plan::stream_ring;
-use crate::sessions::claim_error;
+use crate::serve_ranges::serve_ranges_ring;
+use crate::sessions::{claim_error, Work};
 use crate::Shared;
 
 /// Accepts connections on the agent's Unix socket until the agent stops. gRPC connections
@@ -138,8 +139,8 @@ fn refuse(conn: &UnixStream, msg: &str) {
     let _ = conn.shutdown(std::net::Shutdown::Both);
 }
 
-/// Receives a ring with its session's hello, attaches to it and streams the session's plan
-/// into it.
+/// Receives a ring with its session's hello, attaches to it, and streams the session's plan
+/// into it, or answers its range requests (they come on the same socket) into it.
 fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
     let offer = match RingOffer::receive(&conn) {
         Ok(o) => o,
@@ -184,12 +185,27 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
         );
     }
     shared.events.streaming(&owner);
-    let meter = shared
-        .metrics
-        .plan_meter(&owner, &work)
-        .with_tally(shared.events.tally(&owner));
     let kind = work.kind();
-    let result = crate::faults::contain(|| stream_ring(work, sink, &cancel, shared, meter));
+    let result = match work {
+        w @ Work::Source { .. } => {
+            let meter = shared
+                .metrics
+                .meter(&owner)
+                .with_tally(shared.events.tally(&owner));
+            let max_len = shared.config.limits.max_range_tokens;
+            let pool = shared.workers.clone();
+            crate::faults::contain(|| {
+                serve_ranges_ring(w, sink, conn, max_len, pool, cancel.clone(), meter)
+            })
+        }
+        w => {
+            let meter = shared
+                .metrics
+                .plan_meter(&owner, &w)
+                .with_tally(shared.events.tally(&owner));
+            crate::faults::contain(|| stream_ring(w, sink, &cancel, shared, meter))
+        }
+    };
     shared.sessions.finish(id);
     log_end(shared, (id, &owner), kind, "shm", started, result);
 }

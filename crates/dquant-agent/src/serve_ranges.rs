@@ -10,7 +10,9 @@
 //! as a plan session's batches are (`dquant_engine::EncodeAhead`). The records are the same
 //! bytes either way.
 
+use std::io::Read;
 use std::ops::Range;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -20,9 +22,11 @@ use dquant_engine::{codec_for, TokenSource, WorkerPool};
 use dquant_plan::WireCodec;
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
+use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::FrameSink;
 use dquant_transport::{
-    BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader, WireError,
+    BatchSink, BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader,
+    SinkError, WireError,
 };
 
 use crate::metrics::Meter;
@@ -170,7 +174,7 @@ impl Ranges {
     fn deliver(
         &mut self,
         e: Encoding,
-        sink: &mut FrameSink<'_>,
+        sink: &mut dyn RecordOut,
         stats: &mut Stats,
     ) -> Result<bool, String> {
         let Ok(done) = e.result.recv() else {
@@ -180,7 +184,7 @@ impl Ranges {
             ));
         };
         let head = done.head?;
-        if sink.write(&head).is_err() || sink.write(&done.payload).is_err() {
+        if !sink.put(&head, &done.payload)? {
             return Ok(false);
         }
         stats.records += 1;
@@ -208,14 +212,14 @@ impl Ranges {
     fn answer(
         &mut self,
         ranges: &[(u64, u64)],
-        sink: &mut FrameSink<'_>,
+        sink: &mut dyn RecordOut,
         stats: &mut Stats,
     ) -> Result<bool, String> {
         self.announce(ranges);
         for &(start, len) in ranges {
             let r = self.check(start, len)?;
             let head = self.encode(r)?;
-            if sink.write(&head).is_err() || sink.write(&self.payload).is_err() {
+            if !sink.put(&head, &self.payload)? {
                 return Ok(false);
             }
             stats.records += 1;
@@ -233,8 +237,8 @@ enum Stop {
 }
 
 /// The next request's ranges into `ranges`: Ok(false) when the client closed its side.
-fn next_request(
-    frames: &mut FrameReader<DataStream>,
+fn next_request<R: Read>(
+    frames: &mut FrameReader<R>,
     req: &mut PooledBuf,
     ranges: &mut Vec<(u64, u64)>,
 ) -> Result<bool, String> {
@@ -247,10 +251,121 @@ fn next_request(
     Ok(true)
 }
 
-/// Whether a request (or the end of the stream, or an error: the read that follows reports
-/// them) is already waiting on the connection.
-fn request_waiting(frames: &FrameReader<DataStream>) -> bool {
-    frames.get_ref().readable(Duration::ZERO).unwrap_or(true)
+/// Where a session's requests come from: a connection that can say whether a request (or
+/// the end of the stream, or an error: the read that follows reports them) is already
+/// waiting on it.
+pub(crate) trait Requests: Read {
+    fn waiting(&self) -> bool;
+}
+
+impl Requests for DataStream {
+    fn waiting(&self) -> bool {
+        self.readable(Duration::ZERO).unwrap_or(true)
+    }
+}
+
+impl Requests for UnixStream {
+    fn waiting(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut fds = [PollFd::new(self, PollFlags::IN)];
+        poll(&mut fds, Some(&zero)).map_or(true, |n| n > 0)
+    }
+}
+
+/// Where one request's answers go, record by record.
+pub(crate) trait RecordOut {
+    /// Writes one answer: Ok(false) when the client went away, Err with the message for it
+    /// when the transport cannot carry the answer.
+    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, String>;
+}
+
+impl RecordOut for FrameSink<'_> {
+    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, String> {
+        Ok(self.write(head).is_ok() && self.write(payload).is_ok())
+    }
+}
+
+/// Answers into a shared-memory ring: each in one slot, counted.
+struct RingOut<'a> {
+    sink: &'a mut RingSink,
+    bytes: u64,
+}
+
+impl RecordOut for RingOut<'_> {
+    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, String> {
+        let len = RECORD_HEADER_LEN + payload.len();
+        let put = self
+            .sink
+            .reserve(len)
+            .map(|room| {
+                let (h, p) = room.split_at_mut(RECORD_HEADER_LEN);
+                h.copy_from_slice(head);
+                p.copy_from_slice(payload);
+            })
+            .and_then(|()| self.sink.commit(len));
+        match put {
+            Ok(()) => {
+                self.bytes += len as u64;
+                Ok(true)
+            }
+            Err(SinkError::Failed(m)) => Err(m),
+            Err(_) => Ok(false),
+        }
+    }
+}
+
+/// Where a session's answers go.
+enum Out {
+    /// Frames on its TCP (or TLS) connection.
+    Tcp {
+        w: FrameWriter<DataStream>,
+        buffers: BufferPool,
+    },
+    /// Slots of the ring its client handed over (the emulated DMA path).
+    Ring(RingSink),
+}
+
+impl Out {
+    /// Writes one request's answers (`answer` puts them) and hands them to the client:
+    /// what `answer` said, whether the client still takes answers, and the bytes sent.
+    fn request(
+        &mut self,
+        answer: impl FnOnce(&mut dyn RecordOut) -> Result<bool, String>,
+    ) -> (Result<bool, String>, bool, u64) {
+        match self {
+            Out::Tcp { w, buffers } => {
+                let mut sink = FrameSink::direct(buffers.clone(), w);
+                let answered = answer(&mut sink);
+                let flushed = sink.flush().is_ok();
+                let bytes = sink.bytes();
+                drop(sink);
+                let flushed = flushed && (!matches!(answered, Ok(true)) || w.flush().is_ok());
+                (answered, flushed, bytes)
+            }
+            Out::Ring(sink) => {
+                let mut out = RingOut { sink, bytes: 0 };
+                let answered = answer(&mut out);
+                (answered, true, out.bytes)
+            }
+        }
+    }
+
+    fn fail(&mut self, m: &str) {
+        match self {
+            Out::Tcp { w, .. } => fail_and_linger(w, m),
+            Out::Ring(sink) => sink.fail(m),
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Out::Ring(sink) = self {
+            let _ = sink.finish();
+        }
+    }
 }
 
 /// Serves range requests for one dataset until the client hangs up: on `pool` when the wire
@@ -268,10 +383,40 @@ pub(crate) fn serve_ranges(
     pacer: Option<Box<dyn dquant_transport::Pacer>>,
     meter: Meter,
 ) -> Result<Stats, StreamError> {
-    let mut w = FrameWriter::new(conn).with_pacer(pacer);
+    let out = Out::Tcp {
+        w: FrameWriter::new(conn).with_pacer(pacer),
+        buffers: BufferPool::new(2, MAX_PAYLOAD),
+    };
+    serve(work, out, frames, max_len, pool, cancel, meter)
+}
+
+/// As [`serve_ranges`], with the requests read from `sock`, the Unix socket the client
+/// handed its ring over on, and each answer written into one slot of that ring (`sink`).
+pub(crate) fn serve_ranges_ring(
+    work: Work,
+    sink: RingSink,
+    sock: UnixStream,
+    max_len: u64,
+    pool: Option<Arc<WorkerPool>>,
+    cancel: Arc<AtomicBool>,
+    meter: Meter,
+) -> Result<Stats, StreamError> {
+    let mut frames = FrameReader::new(sock);
+    serve(work, Out::Ring(sink), &mut frames, max_len, pool, cancel, meter)
+}
+
+fn serve<R: Requests>(
+    work: Work,
+    mut out: Out,
+    frames: &mut FrameReader<R>,
+    max_len: u64,
+    pool: Option<Arc<WorkerPool>>,
+    cancel: Arc<AtomicBool>,
+    meter: Meter,
+) -> Result<Stats, StreamError> {
     let Work::Source { source, name, wire } = work else {
         let m = "a plan session streams batches; open it with Open, not OpenSource";
-        fail_and_linger(&mut w, m);
+        out.fail(m);
         return Err(StreamError::Failed(m.into()));
     };
     let total = source.tokens();
@@ -287,9 +432,9 @@ pub(crate) fn serve_ranges(
         spare: Vec::new(),
     };
     let session = Session {
-        w,
+        out,
         frames,
-        buffers: BufferPool::new(2, MAX_PAYLOAD),
+        req: BufferPool::new(1, MAX_PAYLOAD),
         stats: Stats::default(),
         cancel,
         meter,
@@ -301,27 +446,28 @@ pub(crate) fn serve_ranges(
 }
 
 /// A source session's connection and counters.
-struct Session<'f> {
-    w: FrameWriter<DataStream>,
-    frames: &'f mut FrameReader<DataStream>,
-    buffers: BufferPool,
+struct Session<'f, R: Read> {
+    out: Out,
+    frames: &'f mut FrameReader<R>,
+    /// Where requests are read into.
+    req: BufferPool,
     stats: Stats,
     cancel: Arc<AtomicBool>,
     meter: Meter,
 }
 
-impl Session<'_> {
+impl<R: Requests> Session<'_, R> {
     /// One request at a time, each range read and encoded on this thread.
     fn serve(mut self, mut ds: Ranges) -> Result<Stats, StreamError> {
-        let mut req = self.buffers.get();
+        let mut req = self.req.get();
         let mut ranges = Vec::new();
         loop {
             if self.cancel.load(Ordering::Relaxed) {
-                return Ok(self.stats);
+                return self.end();
             }
             match next_request(self.frames, &mut req, &mut ranges) {
                 Ok(true) => {}
-                Ok(false) => return Ok(self.stats),
+                Ok(false) => return self.end(),
                 Err(m) => return self.fail(m),
             }
             if let Some(end) = self.respond(|sink, stats| ds.answer(&ranges, sink, stats)) {
@@ -333,17 +479,17 @@ impl Session<'_> {
     /// Up to [`REQUESTS_AHEAD`] requests taken at once, their ranges read here and
     /// compressed on `pool` ([`Ahead`]), the answers written in order.
     fn serve_ahead(mut self, mut ds: Ranges, pool: &WorkerPool) -> Result<Stats, StreamError> {
-        let mut req = self.buffers.get();
+        let mut req = self.req.get();
         let mut ranges = Vec::new();
         let mut ahead = Ahead::default();
         let mut stop = None;
         loop {
             while stop.is_none()
                 && ahead.requests() < REQUESTS_AHEAD
-                && (ahead.requests() == 0 || request_waiting(self.frames))
+                && (ahead.requests() == 0 || self.frames.get_ref().waiting())
             {
                 if self.cancel.load(Ordering::Relaxed) {
-                    return Ok(self.stats);
+                    return self.end();
                 }
                 match next_request(self.frames, &mut req, &mut ranges) {
                     Ok(true) => {
@@ -359,7 +505,7 @@ impl Session<'_> {
             if ahead.requests() == 0 {
                 return match stop {
                     Some(Stop::Bad(m)) => self.fail(m),
-                    _ => Ok(self.stats),
+                    _ => self.end(),
                 };
             }
             let answered =
@@ -370,36 +516,37 @@ impl Session<'_> {
         }
     }
 
-    /// Writes one request's answers (`answer` puts them in the sink) and flushes them; says
-    /// whether (and how) the session ends.
+    /// Writes one request's answers (`answer` puts them in the sink) and hands them to the
+    /// client; says whether (and how) the session ends.
     fn respond(
         &mut self,
-        answer: impl FnOnce(&mut FrameSink<'_>, &mut Stats) -> Result<bool, String>,
+        answer: impl FnOnce(&mut dyn RecordOut, &mut Stats) -> Result<bool, String>,
     ) -> Option<Result<Stats, StreamError>> {
         let before = self.stats;
-        let mut sink = FrameSink::direct(self.buffers.clone(), &mut self.w);
-        let answered = answer(&mut sink, &mut self.stats);
-        let flushed = sink.flush();
-        self.stats.wire_bytes += sink.bytes();
-        drop(sink);
+        let stats = &mut self.stats;
+        let (answered, flushed, bytes) = self.out.request(|sink| answer(sink, stats));
+        self.stats.wire_bytes += bytes;
         self.meter.add(
             self.stats.records - before.records,
             self.stats.tokens - before.tokens,
             self.stats.wire_bytes - before.wire_bytes,
         );
-        if flushed.is_err() {
-            return Some(Ok(self.stats));
-        }
         match answered {
-            Ok(true) => {}
-            Ok(false) => return Some(Ok(self.stats)),
-            Err(m) => return Some(self.fail(m)),
+            Err(m) if flushed => Some(self.fail(m)),
+            _ if !flushed => Some(self.end()),
+            Ok(true) => None,
+            Ok(false) | Err(_) => Some(self.end()),
         }
-        self.w.flush().is_err().then_some(Ok(self.stats))
+    }
+
+    /// The client is done (or gone): a ring is closed after its last answer.
+    fn end(&mut self) -> Result<Stats, StreamError> {
+        self.out.finish();
+        Ok(self.stats)
     }
 
     fn fail(&mut self, m: String) -> Result<Stats, StreamError> {
-        fail_and_linger(&mut self.w, &m);
+        self.out.fail(&m);
         Err(StreamError::Failed(m))
     }
 }

@@ -32,7 +32,7 @@ pub use batch::{Batch, OwnedBatch, Tokens};
 pub use dquant_engine::{SourceError, TokenSource};
 pub use dquant_remote::{AgentUri, Control, Credentials, Transport, Watch};
 pub use error::ClientError;
-pub use megatron::{AgentMegatron, SampleBatch};
+pub use megatron::{AgentMegatron, Over, SampleBatch, SHM_WIRE_CODEC};
 pub use reader::{Reader, Share};
 
 /// Where a plan runs.

@@ -20,8 +20,14 @@ use std::thread::JoinHandle;
 use dquant_engine::TokenSource;
 use dquant_megatron::records::{parse_header, RECORD_HEADER};
 use dquant_megatron::{BuildConfig, RecordLayout};
-use dquant_proto::v1::OpenMegatronRequest;
-use dquant_remote::{AgentUri, Control, RemoteSource};
+use std::path::PathBuf;
+
+use dquant_plan::WireCodec;
+use dquant_proto::v1::{OpenMegatronRequest, OpenReply};
+use dquant_remote::{
+    is_unix_authority, range_slot_size, AgentUri, Control, RemoteSource, Transport,
+};
+use dquant_transport::RingShape;
 
 use crate::ClientError;
 
@@ -38,6 +44,37 @@ pub struct SampleBatch {
     pub dataset_ids: Vec<u32>,
     /// Each sample's pad tokens (its last `pad` tokens are padding).
     pub pads: Vec<u64>,
+}
+
+/// The wire codec of a ring's samples when none is named: narrowed, not compressed. Memory
+/// is not a link: compressing costs the agent and this process more than the bytes it saves
+/// cost to copy.
+pub const SHM_WIRE_CODEC: &str = "auto";
+
+/// How the samples reach this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Over {
+    /// Frames over the agent's TCP data plane (any host).
+    Tcp,
+    /// A shared-memory ring of `slots` slots (default: enough for 8 MiB), each holding one
+    /// sample, handed to the agent over its Unix socket (same host only).
+    Shm { slots: Option<u32> },
+}
+
+/// The agent's Unix socket on this host: the address itself, or the one the agent reported.
+fn agent_socket(control: &Control, open: &OpenReply) -> Result<PathBuf, ClientError> {
+    if is_unix_authority(control.authority()) {
+        return Ok(PathBuf::from(control.authority()));
+    }
+    if !open.socket_path.is_empty() {
+        return Ok(PathBuf::from(&open.socket_path));
+    }
+    Err(ClientError::Usage(format!(
+        "transport=shm: the agent at {} has no Unix socket; start it on this host with \
+         `dquant serve --socket PATH` and use that path as its address",
+        control.authority()
+    )))
 }
 
 /// What the reader thread is asked: a batch of one split.
@@ -80,18 +117,38 @@ impl AgentMegatron {
             )));
         }
         let control = Control::connect(&uri.authority).map_err(ClientError::from_agent)?;
-        Self::open(control, config, wire_codec)
+        let over = match uri.transport() {
+            Transport::Shm => Over::Shm { slots: uri.slots },
+            _ => Over::Tcp,
+        };
+        Self::open_over(control, config, wire_codec, over)
     }
 
-    /// Has the agent `control` talks to build (or find) `config` and opens its samples;
-    /// `wire_codec` as for any range session ("" for the default, `auto+lz4`).
+    /// Has the agent `control` talks to build (or find) `config` and opens its samples over
+    /// its TCP data plane; `wire_codec` as for any range session ("" for the default,
+    /// `auto+lz4`).
     pub fn open(
         control: Control,
         config: &BuildConfig,
         wire_codec: &str,
     ) -> Result<Self, ClientError> {
+        Self::open_over(control, config, wire_codec, Over::Tcp)
+    }
+
+    /// As [`open`](Self::open), the samples coming `over` TCP or a shared-memory ring; over
+    /// a ring, `wire_codec` "" is [`SHM_WIRE_CODEC`].
+    pub fn open_over(
+        control: Control,
+        config: &BuildConfig,
+        wire_codec: &str,
+        over: Over,
+    ) -> Result<Self, ClientError> {
         let config_json = serde_json::to_string(config)
             .map_err(|e| ClientError::Usage(format!("config: {e}")))?;
+        let wire_codec = match (&over, wire_codec) {
+            (Over::Shm { .. }, "") => SHM_WIRE_CODEC,
+            (_, c) => c,
+        };
         let reply = control
             .open_megatron(OpenMegatronRequest {
                 config_json,
@@ -102,7 +159,23 @@ impl AgentMegatron {
         let open = reply
             .open
             .ok_or_else(|| ClientError::Agent("OpenMegatron: the reply has no session".into()))?;
-        let source = RemoteSource::attach(control, &open).map_err(ClientError::from_agent)?;
+        let source = match over {
+            Over::Tcp => RemoteSource::attach(control, &open),
+            Over::Shm { slots } => {
+                let wire: WireCodec = wire_codec.parse().map_err(|e| {
+                    ClientError::Usage(format!("wire_codec {wire_codec:?}: {e}"))
+                })?;
+                let socket = agent_socket(&control, &open)?;
+                let slot_size = range_slot_size(wire, layout.max_record_tokens());
+                let shape = RingShape {
+                    slots: slots.unwrap_or_else(|| crate::shm::default_slots(slot_size)),
+                    slot_size,
+                    verify: false,
+                };
+                RemoteSource::attach_ring(control, &open, socket, shape)
+            }
+        }
+        .map_err(ClientError::from_agent)?;
         if source.tokens() != layout.tokens {
             return Err(ClientError::Agent(format!(
                 "OpenMegatron: the session serves {} tokens, its splits add up to {}",

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use dquant_client::{AgentMegatron, ClientError, Control};
+use dquant_client::{AgentMegatron, ClientError, Control, Over};
 use dquant_megatron::{build, Blend, BuildConfig, Built, Sources};
 use dquant_storage::{Dataset, OpenOptions};
 use dquant_testkit::{agent, fixture};
@@ -21,12 +21,29 @@ fn served() -> (tempfile::TempDir, dquant_agent::AgentHandle) {
             std::fs::copy(fixture(&f), dir.path().join(&f)).unwrap();
         }
     }
-    let a = agent::start(&[("c", dir.path().to_path_buf())]);
-    (dir, a)
+    let mut c = agent::config(&[("c", dir.path().to_path_buf())]);
+    c.socket = Some(dir.path().join("agent.sock"));
+    (dir, dquant_agent::start(c).unwrap())
 }
 
 fn control(a: &dquant_agent::AgentHandle) -> Control {
     Control::connect(&a.control_addr().to_string()).unwrap()
+}
+
+/// Both ways samples travel: TCP frames, and a shared-memory ring handed over on the
+/// agent's Unix socket (a ring of few slots, so that the agent waits on this reader).
+const OVER: [Over; 3] = [
+    Over::Tcp,
+    Over::Shm { slots: None },
+    Over::Shm { slots: Some(4) },
+];
+
+fn open_over(a: &dquant_agent::AgentHandle, config: &BuildConfig, codec: &str, over: Over) -> AgentMegatron {
+    let control = match over {
+        Over::Tcp => control(a),
+        _ => Control::connect(&a.socket().unwrap().display().to_string()).unwrap(),
+    };
+    AgentMegatron::open_over(control, config, codec, over).unwrap()
 }
 
 /// The config with its prefixes under root `c` (the agent's names) or local paths.
@@ -97,9 +114,9 @@ fn assert_batch_equals_local(
 #[test]
 fn every_sample_of_every_split_equals_the_local_build() {
     let (dir, a) = served();
-    for (remote, local) in configs(dir.path()) {
+    for ((remote, local), over) in configs(dir.path()).into_iter().flat_map(|c| OVER.map(|o| (c.clone(), o))) {
         let l = local_build(&local);
-        let mut m = AgentMegatron::open(control(&a), &remote, "").unwrap();
+        let mut m = open_over(&a, &remote, "", over);
         for split in 0..3 {
             let want = l.0.splits[split].as_ref().map(|t| t.len());
             let got = m.layout().splits[split].map(|s| s.samples);
@@ -124,8 +141,8 @@ fn a_restart_at_any_index_needs_nothing_but_the_index() {
     let (dir, a) = served();
     let (remote, local) = configs(dir.path()).swap_remove(0);
     let l = local_build(&local);
-    for consumed in [0u64, 1, 37, 150, 299] {
-        let mut m = AgentMegatron::open(control(&a), &remote, "auto+zstd").unwrap();
+    for (k, consumed) in [0u64, 1, 37, 150, 299].into_iter().enumerate() {
+        let mut m = open_over(&a, &remote, "auto+zstd", OVER[k % OVER.len()]);
         // The first open builds; a restart finds the build.
         assert_eq!(m.was_cached(), consumed != 0);
         let idx: Vec<u64> = (consumed..(consumed + 8).min(300)).collect();
@@ -138,19 +155,30 @@ fn predicted_batches_are_right_whatever_is_asked_next() {
     let (dir, a) = served();
     let (remote, local) = configs(dir.path()).swap_remove(0);
     let l = local_build(&local);
-    let mut m = AgentMegatron::open(control(&a), &remote, "").unwrap();
+    for over in OVER {
+        predicted_batches_are_right_over(&a, &remote, &l, over);
+    }
+}
+
+fn predicted_batches_are_right_over(
+    a: &dquant_agent::AgentHandle,
+    remote: &BuildConfig,
+    l: &(Built, Sources),
+    over: Over,
+) {
+    let mut m = open_over(a, remote, "", over);
     // A data-parallel rank's sequential sampler: micro-batches of 4, stride 12.
     for step in 0..10u64 {
         let idx: Vec<u64> = (0..4).map(|k| 8 + step * 12 + k).collect();
-        assert_batch_equals_local(&mut m, &l, 0, &idx);
+        assert_batch_equals_local(&mut m, l, 0, &idx);
     }
     // A jump after a stride was learnt, another split, a repeat, then the end of the split.
-    assert_batch_equals_local(&mut m, &l, 0, &[3, 2, 1]);
-    assert_batch_equals_local(&mut m, &l, 1, &[0, 1]);
-    assert_batch_equals_local(&mut m, &l, 1, &[2, 3]);
-    assert_batch_equals_local(&mut m, &l, 1, &[2, 3]);
-    assert_batch_equals_local(&mut m, &l, 1, &[36, 37]);
-    assert_batch_equals_local(&mut m, &l, 1, &[38, 39]);
+    assert_batch_equals_local(&mut m, l, 0, &[3, 2, 1]);
+    assert_batch_equals_local(&mut m, l, 1, &[0, 1]);
+    assert_batch_equals_local(&mut m, l, 1, &[2, 3]);
+    assert_batch_equals_local(&mut m, l, 1, &[2, 3]);
+    assert_batch_equals_local(&mut m, l, 1, &[36, 37]);
+    assert_batch_equals_local(&mut m, l, 1, &[38, 39]);
 }
 
 #[test]
@@ -259,4 +287,26 @@ fn an_agent_that_restarts_reads_the_indices_it_kept_on_disk() {
     for chunk in all.chunks(64) {
         assert_batch_equals_local(&mut m, &l, 0, chunk);
     }
+}
+
+#[test]
+fn shared_memory_needs_the_agents_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    for ext in ["bin", "idx"] {
+        let f = format!("{}.{ext}", NAMES[0]);
+        std::fs::copy(fixture(&f), dir.path().join(&f)).unwrap();
+    }
+    let a = agent::start(&[("c", dir.path().to_path_buf())]);
+    let (remote, _) = configs(dir.path()).swap_remove(1);
+    let addr = a.control_addr().to_string();
+    let e = AgentMegatron::open_over(control(&a), &remote, "", Over::Shm { slots: None })
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "transport=shm: the agent at {addr} has no Unix socket; start it on this host \
+             with `dquant serve --socket PATH` and use that path as its address"
+        )
+    );
 }

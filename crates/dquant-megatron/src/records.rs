@@ -45,6 +45,12 @@ pub struct RecordLayout {
 }
 
 impl RecordLayout {
+    /// Tokens of the largest record of any split (0 when no split is present).
+    pub fn max_record_tokens(&self) -> u64 {
+        let present = self.splits.iter().flatten();
+        present.map(SplitRecords::record_tokens).max().unwrap_or(0)
+    }
+
     /// The layout of `built`'s splits.
     pub fn of(built: &Built) -> Result<Self, MegatronError> {
         let shape = built.splits.each_ref().map(|s| {

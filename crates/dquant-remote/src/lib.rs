@@ -21,5 +21,5 @@ pub use open::{dataset_uri, open_on_agent, open_source};
 pub use readahead::ReadaheadConfig;
 pub use replicas::ReplicatedSource;
 pub use shutdown::{resume_point, shutdown_message};
-pub use source::{check_payload_len, RemoteSource};
-pub use uri::{is_host_port, AgentUri, Transport};
+pub use source::{check_payload_len, range_slot_size, RemoteSource};
+pub use uri::{is_host_port, is_unix_authority, AgentUri, Transport};

@@ -6,8 +6,18 @@ use std::ops::Range;
 use dquant_codec::{Codec, Decoder};
 use dquant_engine::{check_ranges, SourceError, TokenSource};
 use dquant_proto::v1::{DatasetStat, OpenReply, OpenSourceRequest, StatRequest};
-use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS};
-use dquant_transport::{DataStream, FrameKind, FrameWriter, RangeHeader, RecordReader, WireError};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use dquant_plan::WireCodec;
+use dquant_transport::connect::connect_range_ring;
+use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS, RECORD_HEADER_LEN};
+use dquant_transport::ring::layout::PAGE;
+use dquant_transport::shm::RingRecords;
+use dquant_transport::{
+    ConnectError, DataStream, Endpoint, FrameKind, FrameWriter, RangeHeader, ReceiveError,
+    RecordReader, RingShape, WireError,
+};
 
 use crate::control::Control;
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Window};
@@ -54,22 +64,67 @@ impl RemoteSource {
     /// Connects to the range session `reply` opened (an `OpenSource`, or another open that
     /// serves a virtual dataset by ranges, as `OpenMegatron` does).
     pub fn attach(control: Control, reply: &OpenReply) -> Result<Self, SourceError> {
+        let (writer, reader) = control.connect_data(reply)?;
+        Ok(Self::with_wire(control, reply, Wire::Tcp { writer, reader }))
+    }
+
+    /// As [`attach`](Self::attach), with the answers through a shared-memory ring of
+    /// `shape` handed to the agent over its Unix socket `socket` (the agent must be on this
+    /// host). Every range asked for must fit one slot: its record header and its payload in
+    /// the session's wire codec ([`range_slot_size`]); so such a source does not read ahead
+    /// (its chunks would not fit), unless [`set_readahead`](Self::set_readahead) is given
+    /// chunks that do.
+    pub fn attach_ring(
+        control: Control,
+        reply: &OpenReply,
+        socket: std::path::PathBuf,
+        shape: RingShape,
+    ) -> Result<Self, SourceError> {
+        let endpoint = Endpoint {
+            agent: control.authority().to_string(),
+            data_addr: control.data_addr(reply),
+            socket: Some(socket),
+            hello: control.hello(reply)?,
+            ring: shape,
+            tls: None,
+        };
+        let records = connect_range_ring(&endpoint).map_err(|e| match e {
+            ConnectError::Connect { addr, source } => SourceError::Connect { addr, source },
+            e => SourceError::Agent(e.to_string()),
+        })?;
+        let writer = records
+            .requests()
+            .try_clone()
+            .map(FrameWriter::new)
+            .map_err(|source| SourceError::Connect {
+                addr: control.authority().to_string(),
+                source,
+            })?;
+        let wire = Wire::Ring {
+            writer,
+            records,
+            timeout: RING_TIMEOUT,
+        };
+        let mut source = Self::with_wire(control, reply, wire);
+        source.readahead = ReadaheadConfig::OFF;
+        Ok(source)
+    }
+
+    fn with_wire(control: Control, reply: &OpenReply, wire: Wire) -> Self {
         let tokens = reply.stat.as_ref().map_or(0, |s| s.tokens);
         let max_token = reply
             .stat
             .as_ref()
             .and_then(|s| s.stored_max_token)
             .unwrap_or(u32::MAX);
-        let (writer, reader) = control.connect_data(reply)?;
-        Ok(RemoteSource {
+        RemoteSource {
             session: reply.session,
             control,
             tokens,
             max_token,
             stat: reply.stat.clone().unwrap_or_default(),
             stream: RangeStream {
-                writer,
-                reader,
+                wire,
                 decoder: Decoder::new(),
                 request: Vec::new(),
                 payload: Vec::new(),
@@ -81,7 +136,7 @@ impl RemoteSource {
             window: None,
             failed: None,
             pairs: Vec::new(),
-        })
+        }
     }
 
     pub fn session(&self) -> u64 {
@@ -187,10 +242,37 @@ impl TokenSource for RemoteSource {
     }
 }
 
+/// How long a reader waits for the next answer in a ring: as long as a TCP read's default
+/// timeout would (the agent is on this host; a dead one is noticed at once by its socket).
+const RING_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The slot size of a ring that carries answers of up to `tokens` tokens in `wire`: the
+/// record header and the largest payload, page aligned.
+pub fn range_slot_size(wire: WireCodec, tokens: u64) -> u64 {
+    let tokens = usize::try_from(tokens).unwrap_or(usize::MAX);
+    let payload = dquant_engine::record::max_payload_len(wire, tokens);
+    let record = (RECORD_HEADER_LEN as u64).saturating_add(payload as u64);
+    record.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
+/// Where a source session's requests go and its answers come back.
+enum Wire {
+    /// Frames both ways over the agent's TCP data plane.
+    Tcp {
+        writer: FrameWriter<DataStream>,
+        reader: RecordReader<DataStream>,
+    },
+    /// Requests as frames on the agent's Unix socket; each answer in one slot of a ring.
+    Ring {
+        writer: FrameWriter<UnixStream>,
+        records: RingRecords,
+        timeout: Duration,
+    },
+}
+
 /// The data connection of a source session: requests out, range records back, in order.
 pub(crate) struct RangeStream {
-    writer: FrameWriter<DataStream>,
-    reader: RecordReader<DataStream>,
+    wire: Wire,
     decoder: Decoder,
     request: Vec<u8>,
     payload: Vec<u8>,
@@ -203,8 +285,16 @@ impl RangeStream {
     pub(crate) fn send(&mut self, pairs: &[(u64, u64)]) -> Result<(), SourceError> {
         self.request.clear();
         encode_request(pairs, &mut self.request);
-        self.writer.send(FrameKind::Data, &self.request)?;
-        self.writer.flush()?;
+        match &mut self.wire {
+            Wire::Tcp { writer, .. } => {
+                writer.send(FrameKind::Data, &self.request)?;
+                writer.flush()?;
+            }
+            Wire::Ring { writer, .. } => {
+                writer.send(FrameKind::Data, &self.request)?;
+                writer.flush()?;
+            }
+        }
         self.requests += 1;
         self.requested_tokens += pairs.iter().map(|p| p.1).sum::<u64>();
         Ok(())
@@ -219,41 +309,99 @@ impl RangeStream {
         len: u64,
         out: Option<&mut [u32]>,
     ) -> Result<(), SourceError> {
-        let Some(hb) = self.reader.next_header()? else {
-            return Err(WireError::EndInRecord("range response").into());
-        };
-        let h = RangeHeader::parse(&hb).map_err(WireError::from)?;
-        if h.start != start || h.len != len {
-            return Err(SourceError::Agent(format!(
-                "agent answered range {}+{} for request {}..{}",
-                h.start,
-                h.len,
-                start,
-                start + len
-            )));
+        match &mut self.wire {
+            Wire::Tcp { reader, .. } => {
+                let Some(hb) = reader.next_header()? else {
+                    return Err(WireError::EndInRecord("range response").into());
+                };
+                let h = answer_header(&hb, start, len)?;
+                self.payload.resize(h.payload_len as usize, 0);
+                reader.read_exact(&mut self.payload, "range payload")?;
+                decode_into(&mut self.decoder, &h, &self.payload, out)
+            }
+            Wire::Ring {
+                records, timeout, ..
+            } => {
+                let decoder = &mut self.decoder;
+                let done = records.with_next(*timeout, |rec| {
+                    let (hb, payload) = rec
+                        .split_first_chunk::<RECORD_HEADER_LEN>()
+                        .ok_or_else(|| {
+                            SourceError::Agent(format!(
+                                "shared-memory ring: a {}-byte record is shorter than a range header",
+                                rec.len()
+                            ))
+                        })?;
+                    let h = answer_header(hb, start, len)?;
+                    let payload = payload.get(..h.payload_len as usize).ok_or_else(|| {
+                        SourceError::Agent(format!(
+                            "shared-memory ring: range {start}+{len} has {} of its {} payload bytes",
+                            payload.len(),
+                            h.payload_len
+                        ))
+                    })?;
+                    decode_into(decoder, &h, payload, out)
+                });
+                done.map_err(|e| match e {
+                    ReceiveError::Wire(w) => SourceError::Wire(w),
+                    e => SourceError::Agent(e.to_string()),
+                })?
+            }
         }
-        check_payload_len(h.codec, h.len as usize, h.payload_len)?;
-        self.payload.resize(h.payload_len as usize, 0);
-        self.reader.read_exact(&mut self.payload, "range payload")?;
-        if let Some(out) = out {
-            self.decoder
-                .decode(h.codec, &self.payload, out)
-                .map_err(|e| e.at_base(start))?;
-        }
-        Ok(())
     }
+
+    /// Ends the session: the agent sees its connection close.
+    fn shutdown(&self) {
+        match &self.wire {
+            Wire::Tcp { writer, .. } => {
+                let _ = writer.get_ref().socket().shutdown(std::net::Shutdown::Both);
+            }
+            Wire::Ring { records, .. } => records.shutdown(),
+        }
+    }
+}
+
+/// The header of an answer, checked to be range `start + len` with a payload its codec
+/// could have.
+fn answer_header(
+    hb: &[u8; RECORD_HEADER_LEN],
+    start: u64,
+    len: u64,
+) -> Result<RangeHeader, SourceError> {
+    let h = RangeHeader::parse(hb).map_err(WireError::from)?;
+    if h.start != start || h.len != len {
+        return Err(SourceError::Agent(format!(
+            "agent answered range {}+{} for request {}..{}",
+            h.start,
+            h.len,
+            start,
+            start + len
+        )));
+    }
+    check_payload_len(h.codec, h.len as usize, h.payload_len)?;
+    Ok(h)
+}
+
+/// Decodes an answer's payload into `out`, if it is wanted.
+fn decode_into(
+    decoder: &mut Decoder,
+    h: &RangeHeader,
+    payload: &[u8],
+    out: Option<&mut [u32]>,
+) -> Result<(), SourceError> {
+    if let Some(out) = out {
+        decoder
+            .decode(h.codec, payload, out)
+            .map_err(|e| e.at_base(h.start))?;
+    }
+    Ok(())
 }
 
 impl Drop for RemoteSource {
     fn drop(&mut self) {
         // Closing the socket ends the session on the agent; say so explicitly too, but do not
         // wait on an agent that may be gone.
-        let _ = self
-            .stream
-            .writer
-            .get_ref()
-            .socket()
-            .shutdown(std::net::Shutdown::Both);
+        self.stream.shutdown();
     }
 }
 

@@ -147,7 +147,7 @@ pub fn is_host_port(a: &str) -> bool {
 }
 
 /// Unix socket authorities are paths; TCP ones are `HOST:PORT`.
-pub(crate) fn is_unix_authority(authority: &str) -> bool {
+pub fn is_unix_authority(authority: &str) -> bool {
     authority.contains('/')
 }
 

@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use crate::receive::BatchSource;
 use crate::ring::{RingConsumer, RingError};
-use crate::shm::RingSource;
+use crate::shm::{RingRecords, RingSource};
 use crate::tcp::{self, TcpBatchSource};
 use crate::tls::{ClientTls, TlsError};
 use crate::{Hello, WireError};
@@ -123,6 +123,21 @@ pub fn connect(
 /// hello: the agent writes batch records into it, and the returned source reads them in
 /// place.
 fn connect_ring(endpoint: &Endpoint) -> Result<RingSource, ConnectError> {
+    let (ring, sock) = hand_over(endpoint)?;
+    Ok(RingSource::new(ring, sock))
+}
+
+/// Creates a ring of `endpoint.ring`'s shape for a range session and hands it to the agent
+/// with the session's hello: the agent answers each range requested on the returned
+/// records' socket in one slot.
+pub fn connect_range_ring(endpoint: &Endpoint) -> Result<RingRecords, ConnectError> {
+    let (ring, sock) = hand_over(endpoint)?;
+    Ok(RingRecords::new(ring, sock))
+}
+
+/// Creates the ring, hands it over on a new connection to the agent's Unix socket, and
+/// returns our end of both.
+fn hand_over(endpoint: &Endpoint) -> Result<(RingConsumer, UnixStream), ConnectError> {
     let path = endpoint
         .socket
         .as_ref()
@@ -145,5 +160,5 @@ fn connect_ring(endpoint: &Endpoint) -> Result<RingSource, ConnectError> {
     drop(fds);
     let peer = sock.try_clone().map_err(err)?;
     ring.set_peer(OwnedFd::from(peer));
-    Ok(RingSource::new(ring, sock))
+    Ok((ring, sock))
 }

@@ -212,20 +212,73 @@ impl RingSource {
         }
     }
 
-    /// The error for a producer that stopped without ending the stream: the message it left
-    /// on the socket, or, if it died, what was delivered.
+    /// The error for a producer that stopped without ending the stream.
     fn producer_gone(&self, complete: u64) -> ReceiveError {
-        let _ = self.sock.set_read_timeout(Some(Duration::from_secs(1)));
-        if let Ok(s) = self.sock.try_clone() {
-            let pool = BufferPool::new(1, MAX_PAYLOAD);
-            let mut buf = pool.get();
-            if let Err(WireError::Remote(m)) = FrameReader::new(s).next_into(&mut buf) {
-                return ReceiveError::Producer(m);
-            }
+        left_message(&self.sock).unwrap_or_else(|| {
+            ReceiveError::Producer(format!(
+                "agent went away after delivering {complete} complete batches through shared memory; resume from the reader's cursor"
+            ))
+        })
+    }
+}
+
+/// The message a producer that stopped without ending its ring left on `sock` (it writes it
+/// there before it marks the ring aborted), if any: waits at most 1 s for it.
+fn left_message(sock: &UnixStream) -> Option<ReceiveError> {
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(1)));
+    let s = sock.try_clone().ok()?;
+    let pool = BufferPool::new(1, MAX_PAYLOAD);
+    let mut buf = pool.get();
+    match FrameReader::new(s).next_into(&mut buf) {
+        Err(WireError::Remote(m)) => Some(ReceiveError::Producer(m)),
+        _ => None,
+    }
+}
+
+/// The consumer side of a range session's ring: the agent answers each requested range as
+/// one record (a [`crate::RangeHeader`] and its payload in the session's wire codec) in one
+/// slot, and the requests go the other way as frames on the socket the ring was handed over
+/// on ([`RingRecords::requests`]).
+pub struct RingRecords {
+    ring: RingConsumer,
+    sock: UnixStream,
+}
+
+impl RingRecords {
+    /// The consumer of `ring`, handed over on `sock`.
+    pub fn new(ring: RingConsumer, sock: UnixStream) -> Self {
+        RingRecords { ring, sock }
+    }
+
+    /// The socket requests are written to.
+    pub fn requests(&self) -> &UnixStream {
+        &self.sock
+    }
+
+    /// Calls `f` with the next record, in place, then frees its slot. Waits at most
+    /// `timeout`. The end of the ring, and a producer that went away (with the message it
+    /// left, if any), are errors: a range session's records end only when its client closes
+    /// it.
+    pub fn with_next<T>(
+        &mut self,
+        timeout: Duration,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, ReceiveError> {
+        match self.ring.next(timeout) {
+            Ok(Some(slot)) => Ok(f(&slot)),
+            Ok(None) => Err(ReceiveError::Producer(
+                "the agent closed the session's shared-memory ring while answers were due".into(),
+            )),
+            Err(RingError::ProducerGone { .. }) => Err(left_message(&self.sock).unwrap_or_else(
+                || ReceiveError::Producer("the agent went away in the middle of a request".into()),
+            )),
+            Err(e) => Err(ReceiveError::Transport(format!("shared-memory ring: {e}"))),
         }
-        ReceiveError::Producer(format!(
-            "agent went away after delivering {complete} complete batches through shared memory; resume from the reader's cursor"
-        ))
+    }
+
+    /// Ends the session: the agent sees the socket close.
+    pub fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 }
 

@@ -83,8 +83,10 @@ def build_train_valid_test_datasets(
     ``agent`` (``"dquant://HOST:PORT"`` or the agent's Unix socket path) has that agent build
     the indices next to the data, once per config however many ranks ask, and serve the
     samples by index: the prefixes are then its dataset names (``ROOT/PATH``), this process
-    holds no index, and batches travel narrowed and compressed (``wire_codec``, default
-    ``auto+lz4``). Each process (a DataLoader worker too) opens its own session.
+    holds no index. Over TCP batches travel narrowed and compressed (``wire_codec``, default
+    ``auto+lz4``); with the socket path they come through a shared-memory ring (default
+    ``auto``: narrowed only), unless the path ends in ``?transport=tcp``. Each process (a
+    DataLoader worker too) opens its own session.
 
     ``path_to_cache`` (or the config's) is where GPT indices are kept between opens, as
     Megatron keeps its own there (dquant's files are its own, ``*.dqmi``): an open that finds

@@ -13,9 +13,8 @@
 use std::collections::VecDeque;
 
 use dquant_engine::WorkerPool;
-use dquant_transport::tcp::FrameSink;
 
-use super::{Encoding, Ranges};
+use super::{Encoding, Ranges, RecordOut};
 use crate::produce::Stats;
 
 /// Requests taken from the connection before the oldest is answered.
@@ -74,7 +73,7 @@ impl Ahead {
         &mut self,
         ds: &mut Ranges,
         pool: &WorkerPool,
-        sink: &mut FrameSink<'_>,
+        sink: &mut dyn RecordOut,
         stats: &mut Stats,
     ) -> Result<bool, String> {
         self.requests = self.requests.saturating_sub(1);
