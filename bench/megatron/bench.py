@@ -285,7 +285,7 @@ def main():
                        (f"{docs/1e6:.1f} M documents", a.build_prefix)],
             a.seq_len, a.train_samples, rng, cold)
     for f in figures:
-        print(f"{f['name']:<78} {f['value']:>8} {f['unit']:<3} ({f['baseline']}; goal {f['goal']})")
+        print(f"{f['name']:<78} {f['value']:>8} {f['unit']:<3} ({f['baseline']}" + (f"; goal {f['goal']})" if 'goal' in f else ")"))
     if a.figures:
         with open(a.figures, "w") as fh:
             json.dump({"figures": figures}, fh, indent=2, ensure_ascii=False)

@@ -49,6 +49,9 @@ pub struct Limits {
     /// Samples one Megatron-order build (`OpenMegatron`) may ask for, all splits together:
     /// its indices take some 20 bytes a sample, held for as long as the build is kept.
     pub max_megatron_samples: u64,
+    /// Entries of one GPT dataset's document index in a Megatron-order build (its documents
+    /// x epochs, 4 bytes each): many epochs of tiny documents grow it far past the samples.
+    pub max_megatron_index_entries: u64,
 }
 
 impl Default for Limits {
@@ -65,6 +68,7 @@ impl Default for Limits {
             max_queued_opens: 64,
             open_timeout_secs: 60,
             max_megatron_samples: 1 << 31,
+            max_megatron_index_entries: 1 << 31,
         }
     }
 }
@@ -123,6 +127,10 @@ impl Limits {
             ("open_workers", self.open_workers == 0),
             ("open_timeout_secs", self.open_timeout_secs == 0),
             ("max_megatron_samples", self.max_megatron_samples == 0),
+            (
+                "max_megatron_index_entries",
+                self.max_megatron_index_entries == 0,
+            ),
         ];
         if let Some((key, _)) = at_least_one.iter().find(|(_, zero)| *zero) {
             return Err(format!("limits.{key}: must be at least 1"));

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use dquant_engine::{check_ranges, SourceError, TokenSource};
 use dquant_megatron::{
-    build_cached, BuildConfig, Built, DirStore, IndexStore, ReadScratch, RecordLayout, Sources,
+    build_within, BuildConfig, BuildLimits, Built, DirStore, IndexStore, ReadScratch, RecordLayout,
+    Sources,
 };
 use dquant_plan::WireCodec;
 use dquant_proto::v1::{MegatronSplit, OpenMegatronReply, OpenMegatronRequest, OpenReply};
@@ -87,7 +88,10 @@ pub(crate) fn open(
         .megatron
         .get_or_build(key, || {
             let store = shared.config.megatron_cache.as_ref().map(DirStore::new);
-            Served::build(&config, sources, store.as_ref())
+            let limits = BuildLimits {
+                max_index_entries: shared.config.limits.max_megatron_index_entries,
+            };
+            Served::build(&config, sources, store.as_ref(), limits)
         })
         .map_err(Status::invalid_argument)?;
     let name = format!("megatron:{}", served.built.sources.join(","));
@@ -144,10 +148,15 @@ impl Served {
         config: &BuildConfig,
         sources: Sources,
         store: Option<&DirStore>,
+        limits: BuildLimits,
     ) -> Result<Self, String> {
         let store = store.map(|s| s as &dyn IndexStore);
-        let built = build_cached(config, &mut |p| sources.lengths_of(p), store)
-            .map_err(|e| e.to_string())?;
+        let built = build_within(config, &mut |p| sources.lengths_of(p), store, limits).map_err(
+            |e| match e.is_over_limit() {
+                true => format!("{e} (limits.max_megatron_index_entries)"),
+                false => e.to_string(),
+            },
+        )?;
         let layout = RecordLayout::of(&built).map_err(|e| e.to_string())?;
         Ok(Served {
             built,

@@ -5,6 +5,11 @@
 //! session's wire codec and answered as a range record, in order. A bad request gets an error
 //! frame naming the range, and the session ends; the agent serves on.
 //!
+//! The connection is the TCP data plane, or, for a client on this host, the agent's Unix
+//! socket that the client handed a shared-memory ring over on: then each answer goes into one
+//! slot of the ring ([`Out::Ring`]) and the requests still come as frames on the socket. The
+//! session is the same code over both ([`Requests`], [`RecordOut`]).
+//!
 //! With a compressing wire codec and a worker pool of two threads or more, a session works on
 //! the requests its client keeps in flight at once, their compression on the pool ([`ahead`]),
 //! as a plan session's batches are (`dquant_engine::EncodeAhead`). The records are the same
@@ -25,8 +30,8 @@ use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
 use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::FrameSink;
 use dquant_transport::{
-    BatchSink, BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader,
-    SinkError, WireError,
+    BatchSink, BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader, SinkError,
+    WireError,
 };
 
 use crate::metrics::Meter;
@@ -402,7 +407,15 @@ pub(crate) fn serve_ranges_ring(
     meter: Meter,
 ) -> Result<Stats, StreamError> {
     let mut frames = FrameReader::new(sock);
-    serve(work, Out::Ring(sink), &mut frames, max_len, pool, cancel, meter)
+    serve(
+        work,
+        Out::Ring(sink),
+        &mut frames,
+        max_len,
+        pool,
+        cancel,
+        meter,
+    )
 }
 
 fn serve<R: Requests>(

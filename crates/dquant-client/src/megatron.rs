@@ -162,9 +162,9 @@ impl AgentMegatron {
         let source = match over {
             Over::Tcp => RemoteSource::attach(control, &open),
             Over::Shm { slots } => {
-                let wire: WireCodec = wire_codec.parse().map_err(|e| {
-                    ClientError::Usage(format!("wire_codec {wire_codec:?}: {e}"))
-                })?;
+                let wire: WireCodec = wire_codec
+                    .parse()
+                    .map_err(|e| ClientError::Usage(format!("wire_codec {wire_codec:?}: {e}")))?;
                 let socket = agent_socket(&control, &open)?;
                 let slot_size = range_slot_size(wire, layout.max_record_tokens());
                 let shape = RingShape {

@@ -38,7 +38,12 @@ const OVER: [Over; 3] = [
     Over::Shm { slots: Some(4) },
 ];
 
-fn open_over(a: &dquant_agent::AgentHandle, config: &BuildConfig, codec: &str, over: Over) -> AgentMegatron {
+fn open_over(
+    a: &dquant_agent::AgentHandle,
+    config: &BuildConfig,
+    codec: &str,
+    over: Over,
+) -> AgentMegatron {
     let control = match over {
         Over::Tcp => control(a),
         _ => Control::connect(&a.socket().unwrap().display().to_string()).unwrap(),
@@ -114,7 +119,10 @@ fn assert_batch_equals_local(
 #[test]
 fn every_sample_of_every_split_equals_the_local_build() {
     let (dir, a) = served();
-    for ((remote, local), over) in configs(dir.path()).into_iter().flat_map(|c| OVER.map(|o| (c.clone(), o))) {
+    for ((remote, local), over) in configs(dir.path())
+        .into_iter()
+        .flat_map(|c| OVER.map(|o| (c.clone(), o)))
+    {
         let l = local_build(&local);
         let mut m = open_over(&a, &remote, "", over);
         for split in 0..3 {
@@ -309,4 +317,29 @@ fn shared_memory_needs_the_agents_unix_socket() {
              with `dquant serve --socket PATH` and use that path as its address"
         )
     );
+}
+
+#[test]
+fn a_document_index_over_the_agents_limit_is_refused_and_the_agent_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    for ext in ["bin", "idx"] {
+        let f = format!("{}.{ext}", NAMES[0]);
+        std::fs::copy(fixture(&f), dir.path().join(&f)).unwrap();
+    }
+    let mut c = agent::config(&[("c", dir.path().to_path_buf())]);
+    c.limits.max_megatron_index_entries = 1000;
+    let a = dquant_agent::start(c).unwrap();
+    let (mut remote, _) = configs(dir.path()).swap_remove(1);
+    // Many epochs of the train split's 25 documents: samples far under max_megatron_samples.
+    remote.num_samples = [Some(200_000), None, None];
+    let e = AgentMegatron::open(control(&a), &remote, "").err().unwrap();
+    let m = e.to_string();
+    assert!(
+        m.starts_with("c/r50k_int32 (train split): the document index would hold ")
+            && m.ends_with(" epochs), above the limit of 1000 (limits.max_megatron_index_entries)"),
+        "{m}"
+    );
+    let (small, local) = configs(dir.path()).swap_remove(1);
+    let mut m = AgentMegatron::open(control(&a), &small, "").unwrap();
+    assert_batch_equals_local(&mut m, &local_build(&local), 0, &[0, 1]);
 }

@@ -107,12 +107,38 @@ pub fn build(config: &BuildConfig, lengths: &mut LengthsOf<'_>) -> Result<Built,
     build_cached(config, lengths, None)
 }
 
+/// What a build may allocate: set by a process that builds for others (an agent), so that
+/// a config cannot make it allocate more than it can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildLimits {
+    /// Entries of one GPT dataset's document index (its documents x epochs).
+    pub max_index_entries: u64,
+}
+
+impl BuildLimits {
+    /// No limit but the allocator's.
+    pub const NONE: Self = BuildLimits {
+        max_index_entries: u64::MAX,
+    };
+}
+
 /// [`build`], reading each GPT dataset's indices from `store` when it has them and keeping
 /// there the ones it builds.
 pub fn build_cached(
     config: &BuildConfig,
     lengths: &mut LengthsOf<'_>,
     store: Option<&dyn IndexStore>,
+) -> Result<Built, MegatronError> {
+    build_within(config, lengths, store, BuildLimits::NONE)
+}
+
+/// [`build_cached`] within `limits`: an index over them is refused before it is allocated
+/// (one read from `store` is not: it was built within some limit).
+pub fn build_within(
+    config: &BuildConfig,
+    lengths: &mut LengthsOf<'_>,
+    store: Option<&dyn IndexStore>,
+    limits: BuildLimits,
 ) -> Result<Built, MegatronError> {
     check_sizes_and_weights(config)?;
     let sources = config.prefixes();
@@ -124,6 +150,7 @@ pub fn build_cached(
         config,
         loaded,
         store,
+        limits,
     };
     let splits = match (&config.blend, &config.blend_per_split) {
         (Some(blend), None) => {
@@ -187,6 +214,7 @@ struct Builder<'a> {
     config: &'a BuildConfig,
     loaded: HashMap<String, (usize, Arc<[i32]>)>,
     store: Option<&'a dyn IndexStore>,
+    limits: BuildLimits,
 }
 
 /// What a GPT dataset's indices depend on, as a cache key: the source (its name, sequences
@@ -213,12 +241,12 @@ fn gpt_index(
     lengths: &[i32],
     docs: std::ops::Range<u64>,
     n: Option<u64>,
-    params: &GptParams,
+    (params, limits): (&GptParams, BuildLimits),
 ) -> Result<GptIndex, MegatronError> {
     if let Some(ix) = store.and_then(|s| s.load(key)) {
         return Ok(ix);
     }
-    let ix = GptIndex::build(lengths, docs, n, params)?;
+    let ix = GptIndex::build_within(lengths, docs, n, params, limits.max_index_entries)?;
     if let Some(s) = store {
         s.store(key, &ix);
     }
@@ -243,10 +271,10 @@ impl Builder<'_> {
                     let docs = document_range(bookends, lengths.len() as u64);
                     let params = self.config.params(split);
                     let n = sizes[split as usize];
-                    let store = self.store;
+                    let (store, limits) = (self.store, self.limits);
                     let job = move || {
                         let key = index_key(prefix, lengths, &docs, n, &params);
-                        gpt_index(store, &key, lengths, docs, n, &params)
+                        gpt_index(store, &key, lengths, docs, n, (&params, limits))
                     };
                     (split, scope.spawn(job))
                 })

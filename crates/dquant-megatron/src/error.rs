@@ -33,6 +33,17 @@ pub enum MegatronError {
     /// An index array larger than the process can allocate (an absurd number of samples).
     #[error("{what} would hold {elements} entries: more than this process can allocate")]
     TooLarge { what: &'static str, elements: u64 },
+    /// A document index over the limit its builder was given ([`crate::BuildLimits`]).
+    #[error(
+        "the document index would hold {entries} entries ({documents} documents x {epochs} \
+         epochs), above the limit of {max}"
+    )]
+    OverLimit {
+        documents: u64,
+        epochs: u64,
+        entries: u64,
+        max: u64,
+    },
     #[error("index {index} is out of range for the {split} dataset of {len} samples")]
     IndexOutOfRange {
         split: &'static str,
@@ -50,6 +61,15 @@ impl MegatronError {
             prefix: prefix.to_string(),
             split: split.name(),
             source: Box::new(self),
+        }
+    }
+
+    /// Whether a limit the builder was given refused the build (not the config itself).
+    pub fn is_over_limit(&self) -> bool {
+        match self {
+            MegatronError::OverLimit { .. } => true,
+            MegatronError::Dataset { source, .. } => source.is_over_limit(),
+            _ => false,
         }
     }
 }

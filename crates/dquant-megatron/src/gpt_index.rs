@@ -120,6 +120,20 @@ impl GptIndex {
         num_samples: Option<u64>,
         p: &GptParams,
     ) -> Result<Self, MegatronError> {
+        Self::build_within(lengths, documents, num_samples, p, u64::MAX)
+    }
+
+    /// [`build`](Self::build), refused before anything is allocated when the document index
+    /// (documents x epochs: many epochs of tiny documents grow it far past the samples)
+    /// would hold more than `max_entries` entries (the error names no source: the caller
+    /// adds it).
+    pub fn build_within(
+        lengths: &[i32],
+        documents: Range<u64>,
+        num_samples: Option<u64>,
+        p: &GptParams,
+        max_entries: u64,
+    ) -> Result<Self, MegatronError> {
         if p.sequence_length < 2 {
             return Err(MegatronError::Config(format!(
                 "sequence_length must be at least 2, not {}",
@@ -136,6 +150,15 @@ impl GptIndex {
         };
         let tokens_per_epoch: i64 = split_lengths.iter().map(|&l| i64::from(l)).sum();
         let num_epochs = num_epochs(tokens_per_epoch, num_samples, p)?;
+        let entries = (docs.len() as u64).saturating_mul(num_epochs);
+        if entries > max_entries {
+            return Err(MegatronError::OverLimit {
+                documents: docs.len() as u64,
+                epochs: num_epochs,
+                entries,
+                max: max_entries,
+            });
+        }
         let separate = separate_final_epoch(tokens_per_epoch, num_epochs, num_samples, p)?;
         let mut rng = RandomState::new(p.random_seed);
         let document_index = document_index(docs, num_epochs, separate.is_some(), &mut rng)?;
@@ -387,6 +410,20 @@ mod tests {
             e.to_string(),
             "the document index would hold 1537228672809129302 entries: more than this process can allocate"
         );
+    }
+
+    #[test]
+    fn a_document_index_over_the_limit_is_refused_before_it_is_made() {
+        // 1,000 samples of 4 (+1) tokens from two documents of 12 tokens: 334 epochs.
+        let e = GptIndex::build_within(&[5, 7], 0..2, Some(1000), &params(4), 667).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the document index would hold 668 entries (2 documents x 334 epochs), above the \
+             limit of 667"
+        );
+        assert!(e.is_over_limit());
+        let ix = GptIndex::build_within(&[5, 7], 0..2, Some(1000), &params(4), 668).unwrap();
+        assert_eq!(ix.document_index.len(), 668);
     }
 
     #[test]

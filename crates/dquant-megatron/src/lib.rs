@@ -31,7 +31,7 @@ pub mod reader;
 pub mod records;
 pub mod split;
 
-pub use builder::{build, build_cached, Blend, BuildConfig, Built};
+pub use builder::{build, build_cached, build_within, Blend, BuildConfig, BuildLimits, Built};
 pub use cache::{DirStore, IndexStore};
 pub use datasets::{BlendedDataset, GptDataset, Piece, Sample, TopLevel};
 pub use error::MegatronError;

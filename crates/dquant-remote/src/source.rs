@@ -65,7 +65,11 @@ impl RemoteSource {
     /// serves a virtual dataset by ranges, as `OpenMegatron` does).
     pub fn attach(control: Control, reply: &OpenReply) -> Result<Self, SourceError> {
         let (writer, reader) = control.connect_data(reply)?;
-        Ok(Self::with_wire(control, reply, Wire::Tcp { writer, reader }))
+        Ok(Self::with_wire(
+            control,
+            reply,
+            Wire::Tcp { writer, reader },
+        ))
     }
 
     /// As [`attach`](Self::attach), with the answers through a shared-memory ring of

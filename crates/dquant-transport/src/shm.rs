@@ -269,9 +269,11 @@ impl RingRecords {
             Ok(None) => Err(ReceiveError::Producer(
                 "the agent closed the session's shared-memory ring while answers were due".into(),
             )),
-            Err(RingError::ProducerGone { .. }) => Err(left_message(&self.sock).unwrap_or_else(
-                || ReceiveError::Producer("the agent went away in the middle of a request".into()),
-            )),
+            Err(RingError::ProducerGone { .. }) => {
+                Err(left_message(&self.sock).unwrap_or_else(|| {
+                    ReceiveError::Producer("the agent went away in the middle of a request".into())
+                }))
+            }
             Err(e) => Err(ReceiveError::Transport(format!("shared-memory ring: {e}"))),
         }
     }

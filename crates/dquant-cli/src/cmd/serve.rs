@@ -48,6 +48,7 @@ Examples:
   #   max_queued_opens = 64           # requests waiting for one (more: refused as busy)
   #   open_timeout_secs = 60          # one request's time in the open workers
   #   max_megatron_samples = 2147483648 # num_samples of one Megatron-order build, all splits
+  #   max_megatron_index_entries = 2147483648 # one document index: documents x epochs
   #   socket_uids = [1000]            # besides root and the agent's user: who may use the socket
   #   upstream_token = \"...\"           # sent to upstreams that serve tenants
   #   upstream_tls_ca = \"ca.pem\"      # reach upstreams over TLS, trusting this CA
