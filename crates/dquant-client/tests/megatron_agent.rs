@@ -13,14 +13,20 @@ use dquant_testkit::{agent, fixture};
 
 const NAMES: [&str; 3] = ["r50k_int32", "r50k_uint16", "r50k_int32_multiseq"];
 
-fn served() -> (tempfile::TempDir, dquant_agent::AgentHandle) {
+/// A directory holding the fixtures `names` (each's `.bin` and `.idx`).
+fn fixtures(names: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for name in NAMES {
+    for name in names {
         for ext in ["bin", "idx"] {
             let f = format!("{name}.{ext}");
             std::fs::copy(fixture(&f), dir.path().join(&f)).unwrap();
         }
     }
+    dir
+}
+
+fn served() -> (tempfile::TempDir, dquant_agent::AgentHandle) {
+    let dir = fixtures(&NAMES);
     let mut c = agent::config(&[("c", dir.path().to_path_buf())]);
     c.socket = Some(dir.path().join("agent.sock"));
     (dir, dquant_agent::start(c).unwrap())
@@ -299,11 +305,7 @@ fn an_agent_that_restarts_reads_the_indices_it_kept_on_disk() {
 
 #[test]
 fn shared_memory_needs_the_agents_unix_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    for ext in ["bin", "idx"] {
-        let f = format!("{}.{ext}", NAMES[0]);
-        std::fs::copy(fixture(&f), dir.path().join(&f)).unwrap();
-    }
+    let dir = fixtures(&NAMES[..1]);
     let a = agent::start(&[("c", dir.path().to_path_buf())]);
     let (remote, _) = configs(dir.path()).swap_remove(1);
     let addr = a.control_addr().to_string();
@@ -321,11 +323,7 @@ fn shared_memory_needs_the_agents_unix_socket() {
 
 #[test]
 fn a_document_index_over_the_agents_limit_is_refused_and_the_agent_serves_on() {
-    let dir = tempfile::tempdir().unwrap();
-    for ext in ["bin", "idx"] {
-        let f = format!("{}.{ext}", NAMES[0]);
-        std::fs::copy(fixture(&f), dir.path().join(&f)).unwrap();
-    }
+    let dir = fixtures(&NAMES[..1]);
     let mut c = agent::config(&[("c", dir.path().to_path_buf())]);
     c.limits.max_megatron_index_entries = 1000;
     let a = dquant_agent::start(c).unwrap();
