@@ -38,12 +38,37 @@ pub const PREFETCH: usize = 2;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SampleBatch {
     pub sample_tokens: usize,
-    /// `n * sample_tokens` tokens, sample after sample.
-    pub tokens: Vec<u32>,
+    /// The records as read (each a header, then its tokens): kept, not copied out.
+    records: Vec<u32>,
     /// Each sample's `dataset_id` (0 outside a blend).
     pub dataset_ids: Vec<u32>,
     /// Each sample's pad tokens (its last `pad` tokens are padding).
     pub pads: Vec<u64>,
+}
+
+impl SampleBatch {
+    /// Samples in the batch.
+    pub fn len(&self) -> usize {
+        self.pads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pads.is_empty()
+    }
+
+    /// Sample `k`'s `sample_tokens` tokens (pads 0).
+    pub fn tokens(&self, k: usize) -> &[u32] {
+        let rec = RECORD_HEADER as usize + self.sample_tokens;
+        &self.records[k * rec + RECORD_HEADER as usize..(k + 1) * rec]
+    }
+
+    /// Each sample's tokens, in order.
+    pub fn rows(&self) -> impl Iterator<Item = &[u32]> {
+        let rec = RECORD_HEADER as usize + self.sample_tokens;
+        self.records
+            .chunks_exact(rec)
+            .map(|r| &r[RECORD_HEADER as usize..])
+    }
 }
 
 /// The wire codec of a ring's samples when none is named: narrowed, not compressed. Memory
@@ -252,7 +277,7 @@ impl AgentMegatron {
             }
         }?;
         self.read_ahead(job);
-        split_records(&records, s.sample_tokens, indices.len())
+        split_records(records, s.sample_tokens, indices.len())
     }
 
     fn ranges(&self, job: &Job) -> Result<Vec<Range<u64>>, ClientError> {
@@ -361,9 +386,9 @@ fn layout_of(splits: &[dquant_proto::v1::MegatronSplit]) -> Result<RecordLayout,
     RecordLayout::new(shape).map_err(|e| ClientError::Agent(e.to_string()))
 }
 
-/// Records back to back as a batch: headers parsed and checked, tokens kept.
+/// Records back to back as a batch: headers parsed and checked, the records kept.
 fn split_records(
-    records: &[u32],
+    records: Vec<u32>,
     sample_tokens: u64,
     n: usize,
 ) -> Result<SampleBatch, ClientError> {
@@ -376,7 +401,7 @@ fn split_records(
     }
     let mut b = SampleBatch {
         sample_tokens: sample_tokens as usize,
-        tokens: Vec::with_capacity(n * sample_tokens as usize),
+        records: Vec::new(),
         dataset_ids: Vec::with_capacity(n),
         pads: Vec::with_capacity(n),
     };
@@ -385,8 +410,8 @@ fn split_records(
             parse_header(r, sample_tokens).map_err(|e| ClientError::Agent(e.to_string()))?;
         b.dataset_ids.push(id);
         b.pads.push(pad);
-        b.tokens.extend_from_slice(&r[RECORD_HEADER as usize..]);
     }
+    b.records = records;
     Ok(b)
 }
 
@@ -429,13 +454,16 @@ mod tests {
 
     #[test]
     fn records_split_into_tokens_ids_and_pads() {
-        let recs = [2, 0, 7, 8, 9, 0, 1, 5, 6, 0];
-        let b = split_records(&recs, 3, 2).unwrap();
-        assert_eq!(b.tokens, [7, 8, 9, 5, 6, 0]);
+        let recs = vec![2, 0, 7, 8, 9, 0, 1, 5, 6, 0];
+        let b = split_records(recs.clone(), 3, 2).unwrap();
+        assert_eq!((b.tokens(0), b.tokens(1)), (&[7, 8, 9][..], &[5, 6, 0][..]));
+        assert_eq!(b.rows().collect::<Vec<_>>(), [[7, 8, 9], [5, 6, 0]]);
         assert_eq!(b.dataset_ids, [2, 0]);
         assert_eq!(b.pads, [0, 1]);
         assert_eq!(
-            split_records(&recs[..9], 3, 2).unwrap_err().to_string(),
+            split_records(recs[..9].to_vec(), 3, 2)
+                .unwrap_err()
+                .to_string(),
             "9 tokens came back for 2 samples of 5"
         );
     }

@@ -55,19 +55,26 @@ impl FieldRules {
             labels[..s - 1].copy_from_slice(&row[1..s]);
             labels[s - 1] = self.pad;
         }
+        // One pass: position ids and the mask see the tokens as read; pads become 0 after.
         let mut start = 0usize;
-        for i in 0..s {
+        let mut prev = None;
+        let each = tokens.iter_mut().zip(labels.iter_mut());
+        let out = each.zip(loss_mask.iter_mut().zip(position_ids.iter_mut()));
+        for (i, ((token, label), (mask, position))) in out.enumerate() {
             // A document starts after each EOD (position ids count from there).
-            if self.reset_position_ids && i > 0 && tokens[i - 1] == self.eod {
+            if self.reset_position_ids && prev == Some(self.eod) {
                 start = i;
             }
-            position_ids[i] = (i - start) as i64;
-            let masked = (self.eod_mask_loss && tokens[i] == self.eod) || labels[i] == self.pad;
-            loss_mask[i] = if masked { 0.0 } else { 1.0 };
-        }
-        for t in tokens.iter_mut().chain(labels.iter_mut()) {
-            if *t == self.pad {
-                *t = 0;
+            let t = *token;
+            prev = Some(t);
+            *position = (i - start) as i64;
+            let masked = (self.eod_mask_loss && t == self.eod) || *label == self.pad;
+            *mask = if masked { 0.0 } else { 1.0 };
+            if t == self.pad {
+                *token = 0;
+            }
+            if *label == self.pad {
+                *label = 0;
             }
         }
     }
