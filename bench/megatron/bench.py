@@ -9,7 +9,8 @@ Figures (each a ratio against Megatron-Core measured here, or a time against its
 - with agent= (a `dquant serve` started here on the corpora): the first open (the agent
   builds), an open the agent finds built, get_batch(256) through the shared-memory ring and
   over loopback TCP (beside the same batches made in-process), and the memory a
-  rank's process grows by at 1 M and 10 M documents, beside the same in-process build's.
+  rank's process grows by at 1 M, 10 M and (with --large-prefix) 100 M documents, beside the
+  same in-process build's (1 M and 10 M only).
 
 Both sides first check they give identical samples at random indices. Prints a figures file
 for bench/results.py (to --figures) and a table on stdout.
@@ -147,19 +148,20 @@ def rss_growth(cfg, sizes, agent):
     return int(out.split()[-1])
 
 
-def agent_figures(binary, prefixes, seq_len, train_samples, rng, megatron_cold):
-    """The agent= figures: opens, a batch over TCP, and a rank's memory at each corpus size
-    (`prefixes`: (label, local prefix), smallest first)."""
+def agent_figures(binary, build, prefixes, seq_len, train_samples, rng, megatron_cold):
+    """The agent= figures: opens and batches on `build` ((label, local prefix)), and a rank's
+    memory at each corpus size (`prefixes`: (label, local prefix, compare in-process),
+    smallest first; all in one directory)."""
     from dquant import megatron as dm
 
-    root = os.path.dirname(prefixes[-1][1])
+    root = os.path.dirname(build[1])
     agent = Agent(binary, root)
     figures = []
     try:
         sizes = [train_samples, train_samples // 100, train_samples // 1000]
         base = dict(split="969,30,1", sequence_length=seq_len, random_seed=1234, eod=50256,
                     create_attention_mask=False)
-        label, prefix = prefixes[-1]
+        label, prefix = build
         cfg = dict(base, blend=([f"bench/{os.path.basename(prefix)}"], None))
         train, first = timed(
             lambda: dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, agent=agent.uri)[0], 1)
@@ -206,17 +208,18 @@ def agent_figures(binary, prefixes, seq_len, train_samples, rng, megatron_cold):
                            f"sequential batches (prefetched): {tcp_seq*1000:.1f} ms")),
         ]
         grown = []
-        for label, prefix in prefixes:
+        for label, prefix, compare in prefixes:
             c = dict(base, blend=([f"bench/{os.path.basename(prefix)}"], None))
             ours = rss_growth(c, sizes, agent.uri)
-            inproc = rss_growth(dict(base, blend=([prefix], None)), sizes, None)
+            inproc = rss_growth(dict(base, blend=([prefix], None)), sizes, None) if compare else None
             grown.append((label, ours, inproc))
-        (l1, a1, i1), (l2, a2, i2) = grown[0], grown[-1]
+        (l1, a1, _), (l2, a2, _) = grown[0], grown[-1]
+        each = "; ".join(f"{l}: {a/2**20:.0f} MiB" for l, a, _ in grown)
+        inproc = "; ".join(f"{l}: {i/2**20:.0f} MiB" for l, _, i in grown if i is not None)
         figures.append(dict(
             name=f"a rank's memory with agent=, growth from {l1} to {l2}",
             value=round((a2 - a1) / 2**20, 1), unit="MiB",
-            baseline=(f"{a1/2**20:.0f} MiB and {a2/2**20:.0f} MiB; the same build in-process: "
-                      f"{i1/2**20:.0f} MiB and {i2/2**20:.0f} MiB, {(i2-i1)/2**20:.0f} MiB more"),
+            baseline=f"{each}; the same build in-process: {inproc}",
             goal="<= 16"))
     finally:
         agent.stop()
@@ -236,6 +239,8 @@ def main():
     ap.add_argument("--train-samples", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--small-prefix", help="a corpus of ~1 M documents, for a rank's memory with agent=")
+    ap.add_argument("--large-prefix", help="a corpus of ~100 M documents, for a rank's memory with "
+                    "agent= (not built in-process: that would take ~11 GB here)")
     ap.add_argument("--dquant", default="target/release/dquant", help="the binary that serves agent=")
     ap.add_argument("--figures")
     a = ap.parse_args()
@@ -279,10 +284,13 @@ def main():
     figures += reads(a.build_prefix, a.seq_len, a.train_samples // 4,
                      f"{docs/1e6:.1f} M documents of ~30 tokens", rng)
     if a.small_prefix:
-        small = documents(a.small_prefix)
+        label = lambda p: f"{documents(p)/1e6:.1f} M documents"
+        rss = [(label(a.small_prefix), a.small_prefix, True),
+               (label(a.build_prefix), a.build_prefix, True)]
+        if a.large_prefix:
+            rss.append((label(a.large_prefix), a.large_prefix, False))
         figures += agent_figures(
-            a.dquant, [(f"{small/1e6:.1f} M documents", a.small_prefix),
-                       (f"{docs/1e6:.1f} M documents", a.build_prefix)],
+            a.dquant, (label(a.build_prefix), a.build_prefix), rss,
             a.seq_len, a.train_samples, rng, cold)
     for f in figures:
         print(f"{f['name']:<78} {f['value']:>8} {f['unit']:<3} ({f['baseline']}" + (f"; goal {f['goal']})" if 'goal' in f else ")"))

@@ -2,12 +2,13 @@
 # Megatron-order datasets (issue 33), in one command: dquant's index build and reads against
 # Megatron-Core's, in the same run, on synthetic Zipf corpora (`dquant corpus zipf`): ~10 M
 # documents of ~30 tokens for the build, ~200 k documents of ~1,000 tokens for the reads, and
-# ~1 M documents of ~30 tokens beside the 10 M for a rank's memory with agent=.
+# ~1 M and ~100 M documents of ~30 tokens beside the 10 M for a rank's memory with agent=.
 # Both sides are first checked to give identical samples. Recorded in
 # bench/results/megatron.json unless --no-record.
 #
 # Usage:
-#   bench/megatron/run.sh                 # ~2 min after the corpora exist (1.2 + 0.8 GB)
+#   bench/megatron/run.sh                 # ~3 min after the corpora exist (16 GB: 12 of them
+#                                         # the 100 M-document corpus, made in ~2 min)
 #   bench/megatron/run.sh --no-record --repeat 1
 #
 # Environment:
@@ -32,12 +33,15 @@ mkdir -p "$DATA"
   --tokens 300000000 --mean-doc-len 30 --eod 50256 --quiet
 [ -f "$DATA/zipf1m.idx" ] || target/release/dquant corpus zipf "$DATA/zipf1m" \
   --tokens 30000000 --mean-doc-len 30 --eod 50256 --quiet
+[ -f "$DATA/zipf100m.idx" ] || target/release/dquant corpus zipf "$DATA/zipf100m" \
+  --tokens 3000000000 --mean-doc-len 30 --eod 50256 --quiet
 [ -f "$DATA/zipf1k.idx" ] || target/release/dquant corpus zipf "$DATA/zipf1k" \
   --tokens 200000000 --mean-doc-len 1000 --eod 50256 --quiet
 
 figures=$(mktemp --suffix .json)
 trap 'rm -f "$figures"' EXIT
 "$PY" bench/megatron/bench.py "$DATA/zipf10m" "$DATA/zipf1k" --small-prefix "$DATA/zipf1m" \
+  --large-prefix "$DATA/zipf100m" \
   --figures "$figures" "${ARGS[@]}" \
   2> >(grep -v -E "INFO|WARNING|warn" >&2)
 if [ "$RECORD" = 1 ]; then

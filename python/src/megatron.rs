@@ -90,7 +90,45 @@ impl MegatronOrder {
     ) -> Result<Vec<Option<i16>>, MegatronError> {
         let width = (top.sample_tokens() as usize).max(1);
         let mut guard = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        let (bufs, tokens, sample) = &mut *guard;
+        let threads = read_threads(indices.len());
+        if threads < 2 {
+            return self.read_part(top, indices, rows, pad, &mut guard);
+        }
+        // A batch's samples are read side by side: on documents of tens of tokens a sample is
+        // a hundred scattered pieces, and one thread waits on memory for most of them.
+        let per = indices.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let mut parts = indices.chunks(per).zip(rows.chunks_mut(per * width));
+            let first = parts.next();
+            let others: Vec<_> = parts
+                .map(|(idx, rows)| {
+                    scope.spawn(move || {
+                        let mut bufs = Default::default();
+                        self.read_part(top, idx, rows, pad, &mut bufs)
+                    })
+                })
+                .collect();
+            let mut ids = match first {
+                Some((idx, rows)) => self.read_part(top, idx, rows, pad, &mut guard)?,
+                None => Vec::new(),
+            };
+            for h in others {
+                ids.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?);
+            }
+            Ok(ids)
+        })
+    }
+
+    /// [`read`](Self::read) of some of a batch's samples, with `bufs`.
+    fn read_part(
+        &self,
+        top: &TopLevel,
+        indices: &[u64],
+        rows: &mut [i64],
+        pad: i64,
+        (bufs, tokens, sample): &mut (ReadBuffers, Vec<u32>, Sample),
+    ) -> Result<Vec<Option<i16>>, MegatronError> {
+        let width = (top.sample_tokens() as usize).max(1);
         let mut ids = Vec::with_capacity(indices.len());
         for (&idx, row) in indices.iter().zip(rows.chunks_mut(width)) {
             top.sample_into(idx, sample)?;
@@ -343,6 +381,38 @@ type Batch<'py> = (
     Option<Vec<i16>>,
 );
 
+/// Fills the fields of `rows` (each `w` tokens) into rows of `s` of each field.
+fn fill_rows(
+    rules: FieldRules,
+    (rows, w): (&[i64], usize),
+    (t, l, m, p): (&mut [i64], &mut [i64], &mut [f32], &mut [i64]),
+    s: usize,
+) {
+    let each = rows
+        .chunks_exact(w)
+        .zip(t.chunks_exact_mut(s))
+        .zip(l.chunks_exact_mut(s))
+        .zip(m.chunks_exact_mut(s))
+        .zip(p.chunks_exact_mut(s));
+    for ((((row, tokens), labels), loss_mask), position_ids) in each {
+        let out = Fields {
+            tokens,
+            labels,
+            loss_mask,
+            position_ids,
+        };
+        rules.fill(row, out);
+    }
+}
+
+/// Threads for a batch of `n` samples: one per core (at most 4), none for fewer than 16.
+fn read_threads(n: usize) -> usize {
+    if n < 16 {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |c| c.get().min(4))
+}
+
 /// Types whose all-zero bytes are a value (0, 0.0).
 ///
 /// # Safety
@@ -445,21 +515,24 @@ impl MegatronFields {
         let (mut t, mut l) = (zeroed::<i64>(s, n)?, zeroed::<i64>(s, n)?);
         let (mut m, mut p) = (zeroed::<f32>(s, n)?, zeroed::<i64>(s, n)?);
         py.detach(|| {
-            let each = flat
-                .chunks_exact(w.max(1))
-                .zip(t.chunks_exact_mut(s.max(1)))
-                .zip(l.chunks_exact_mut(s.max(1)))
-                .zip(m.chunks_exact_mut(s.max(1)))
-                .zip(p.chunks_exact_mut(s.max(1)));
-            for ((((row, tokens), labels), loss_mask), position_ids) in each {
-                let out = Fields {
-                    tokens,
-                    labels,
-                    loss_mask,
-                    position_ids,
-                };
-                rules.fill(row, out);
+            let (w, s) = (w.max(1), s.max(1));
+            let threads = read_threads(n);
+            if threads < 2 {
+                return fill_rows(rules, (flat, w), (&mut t, &mut l, &mut m, &mut p), s);
             }
+            // Rows side by side, as they were read.
+            let per = n.div_ceil(threads);
+            std::thread::scope(|scope| {
+                let parts = flat
+                    .chunks(per * w)
+                    .zip(t.chunks_mut(per * s))
+                    .zip(l.chunks_mut(per * s))
+                    .zip(m.chunks_mut(per * s))
+                    .zip(p.chunks_mut(per * s));
+                for ((((rows, t), l), m), p) in parts {
+                    scope.spawn(move || fill_rows(rules, (rows, w), (t, l, m, p), s));
+                }
+            });
         });
         let shaped = |v: Vec<i64>| {
             Array2::from_shape_vec((n, s), v).map_err(|e| PyValueError::new_err(e.to_string()))

@@ -206,12 +206,14 @@ def test_get_batch_is_the_stack_of_items(corpora):
         blend=([corpora["int32"], corpora["tiny"]], [1, 1]), split="90,8,2", sequence_length=16,
         random_seed=3, num_samples=[500, 10, 10], eod=EOD, reset_position_ids=True,
         reset_attention_mask=True, eod_mask_loss=True)
-    idx = [5, 0, 499, 17]
-    batch = train.get_batch(idx)
-    items = [train[i] for i in idx]
-    for k in batch:
-        want = torch.utils.data.default_collate([it[k] for it in items])
-        assert batch[k].dtype == want.dtype and torch.equal(batch[k], want), k
+    # A small batch is read on one thread; one of 16 or more is split between threads, here
+    # unevenly (37 samples).
+    for idx in ([5, 0, 499, 17], [5, 0, 499, 17, *range(100, 133)]):
+        batch = train.get_batch(idx)
+        items = [train[i] for i in idx]
+        for k in batch:
+            want = torch.utils.data.default_collate([it[k] for it in items])
+            assert batch[k].dtype == want.dtype and torch.equal(batch[k], want), (len(idx), k)
 
 
 def test_bad_input_gets_clear_errors(corpora, tmp_path):
