@@ -211,13 +211,7 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
             stream_plan(w, conn, cancel, &shared, meter, pacer)
         }
         w @ Work::Source { .. } => {
-            let max_len = shared.config.limits.max_range_tokens;
-            let pool = shared.workers.clone();
-            let meter = shared
-                .metrics
-                .meter(&owner)
-                .with_tally(shared.events.tally(&owner));
-            serve_ranges(w, conn, &mut frames, max_len, pool, cancel, pacer, meter)
+            serve_ranges(w, conn, &mut frames, (&shared, &owner), cancel, pacer)
         }
     });
     if let (Err(StreamError::Panicked(m)), Some(n)) = (&result, &notify) {

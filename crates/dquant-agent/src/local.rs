@@ -187,17 +187,9 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
     shared.events.streaming(&owner);
     let kind = work.kind();
     let result = match work {
-        w @ Work::Source { .. } => {
-            let meter = shared
-                .metrics
-                .meter(&owner)
-                .with_tally(shared.events.tally(&owner));
-            let max_len = shared.config.limits.max_range_tokens;
-            let pool = shared.workers.clone();
-            crate::faults::contain(|| {
-                serve_ranges_ring(w, sink, conn, max_len, pool, cancel.clone(), meter)
-            })
-        }
+        w @ Work::Source { .. } => crate::faults::contain(|| {
+            serve_ranges_ring(w, sink, conn, (shared, &owner), cancel.clone())
+        }),
         w => {
             let meter = shared
                 .metrics

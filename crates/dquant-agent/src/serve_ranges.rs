@@ -37,6 +37,7 @@ use dquant_transport::{
 use crate::metrics::Meter;
 use crate::produce::Stats;
 use crate::sessions::{StreamError, Work};
+use crate::Shared;
 
 mod ahead;
 
@@ -373,26 +374,25 @@ impl Out {
     }
 }
 
-/// Serves range requests for one dataset until the client hangs up: on `pool` when the wire
-/// codec compresses and the pool has two threads or more, else on this thread. Each answer
-/// is counted in `meter` as it is sent, so an operator (or a test) sees a replica serving
-/// while it serves, not only once its session ends.
-#[allow(clippy::too_many_arguments)]
+/// Serves range requests for one dataset until the client hangs up: on the agent's worker
+/// pool when the wire codec compresses and the pool has two threads or more, else on this
+/// thread. Each answer is counted in `owner`'s meter as it is sent, so an operator (or a
+/// test) sees a replica serving while it serves, not only once its session ends.
 pub(crate) fn serve_ranges(
     work: Work,
     conn: DataStream,
     frames: &mut FrameReader<DataStream>,
-    max_len: u64,
-    pool: Option<Arc<WorkerPool>>,
+    (shared, owner): (&Shared, &str),
     cancel: Arc<AtomicBool>,
     pacer: Option<Box<dyn dquant_transport::Pacer>>,
-    meter: Meter,
 ) -> Result<Stats, StreamError> {
+    // One buffer for requests, one for the frames of the answers.
+    let buffers = BufferPool::new(2, MAX_PAYLOAD);
     let out = Out::Tcp {
         w: FrameWriter::new(conn).with_pacer(pacer),
-        buffers: BufferPool::new(2, MAX_PAYLOAD),
+        buffers: buffers.clone(),
     };
-    serve(work, out, frames, max_len, pool, cancel, meter)
+    serve(work, out, frames, buffers, (shared, owner), cancel)
 }
 
 /// As [`serve_ranges`], with the requests read from `sock`, the Unix socket the client
@@ -401,31 +401,23 @@ pub(crate) fn serve_ranges_ring(
     work: Work,
     sink: RingSink,
     sock: UnixStream,
-    max_len: u64,
-    pool: Option<Arc<WorkerPool>>,
+    (shared, owner): (&Shared, &str),
     cancel: Arc<AtomicBool>,
-    meter: Meter,
 ) -> Result<Stats, StreamError> {
     let mut frames = FrameReader::new(sock);
-    serve(
-        work,
-        Out::Ring(sink),
-        &mut frames,
-        max_len,
-        pool,
-        cancel,
-        meter,
-    )
+    let requests = BufferPool::new(1, MAX_PAYLOAD);
+    let out = Out::Ring(sink);
+    serve(work, out, &mut frames, requests, (shared, owner), cancel)
 }
 
+/// A range session over `out`, its requests read from `frames` into a buffer of `requests`.
 fn serve<R: Requests>(
     work: Work,
     mut out: Out,
     frames: &mut FrameReader<R>,
-    max_len: u64,
-    pool: Option<Arc<WorkerPool>>,
+    requests: BufferPool,
+    (shared, owner): (&Shared, &str),
     cancel: Arc<AtomicBool>,
-    meter: Meter,
 ) -> Result<Stats, StreamError> {
     let Work::Source { source, name, wire } = work else {
         let m = "a plan session streams batches; open it with Open, not OpenSource";
@@ -438,20 +430,25 @@ fn serve<R: Requests>(
         name,
         wire,
         total,
-        max_len,
+        max_len: shared.config.limits.max_range_tokens,
         enc: Encoders::default(),
         tokens: Vec::new(),
         payload: Vec::new(),
         spare: Vec::new(),
     };
+    let meter = shared
+        .metrics
+        .meter(owner)
+        .with_tally(shared.events.tally(owner));
     let session = Session {
         out,
         frames,
-        req: BufferPool::new(1, MAX_PAYLOAD),
+        req: requests,
         stats: Stats::default(),
         cancel,
         meter,
     };
+    let pool = shared.workers.clone();
     match pool.filter(|p| wire.compresses() && p.workers() >= 2) {
         Some(pool) => session.serve_ahead(ds, &pool),
         None => session.serve(ds),
