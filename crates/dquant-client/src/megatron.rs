@@ -20,13 +20,9 @@ use std::thread::JoinHandle;
 use dquant_engine::TokenSource;
 use dquant_megatron::records::{parse_header, RECORD_HEADER};
 use dquant_megatron::{BuildConfig, RecordLayout};
-use std::path::PathBuf;
-
 use dquant_plan::WireCodec;
-use dquant_proto::v1::{OpenMegatronRequest, OpenReply};
-use dquant_remote::{
-    is_unix_authority, range_slot_size, AgentUri, Control, RemoteSource, Transport,
-};
+use dquant_proto::v1::OpenMegatronRequest;
+use dquant_remote::{range_slot_size, AgentUri, Control, RemoteSource, Transport};
 use dquant_transport::RingShape;
 
 use crate::ClientError;
@@ -85,21 +81,6 @@ pub enum Over {
     /// A shared-memory ring of `slots` slots (default: enough for 8 MiB), each holding one
     /// sample, handed to the agent over its Unix socket (same host only).
     Shm { slots: Option<u32> },
-}
-
-/// The agent's Unix socket on this host: the address itself, or the one the agent reported.
-fn agent_socket(control: &Control, open: &OpenReply) -> Result<PathBuf, ClientError> {
-    if is_unix_authority(control.authority()) {
-        return Ok(PathBuf::from(control.authority()));
-    }
-    if !open.socket_path.is_empty() {
-        return Ok(PathBuf::from(&open.socket_path));
-    }
-    Err(ClientError::Usage(format!(
-        "transport=shm: the agent at {} has no Unix socket; start it on this host with \
-         `dquant serve --socket PATH` and use that path as its address",
-        control.authority()
-    )))
 }
 
 /// What the reader thread is asked: a batch of one split.
@@ -190,7 +171,7 @@ impl AgentMegatron {
                 let wire: WireCodec = wire_codec
                     .parse()
                     .map_err(|e| ClientError::Usage(format!("wire_codec {wire_codec:?}: {e}")))?;
-                let socket = agent_socket(&control, &open)?;
+                let socket = crate::shm::agent_socket(control.authority(), &open);
                 let slot_size = range_slot_size(wire, layout.max_record_tokens());
                 let shape = RingShape {
                     slots: slots.unwrap_or_else(|| crate::shm::default_slots(slot_size)),

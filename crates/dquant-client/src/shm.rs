@@ -43,6 +43,15 @@ pub fn default_slots(slot_size: u64) -> u32 {
     DEFAULT_RING_BYTES.div_ceil(slot_size).clamp(4, 1024) as u32
 }
 
+/// The Unix socket on this host of the agent at `authority`, where rings are handed over:
+/// the address itself when it is one, else the one the agent reported in `reply`, if any.
+pub(crate) fn agent_socket(authority: &str, reply: &OpenReply) -> Option<PathBuf> {
+    if dquant_remote::is_unix_authority(authority) {
+        return Some(PathBuf::from(authority));
+    }
+    (!reply.socket_path.is_empty()).then(|| PathBuf::from(&reply.socket_path))
+}
+
 /// Where the data plane of the session in `reply` is, and the ring to create for `plan`
 /// if the transport is shared memory: the agent's Unix socket is the address itself, or the
 /// one the agent reported.
@@ -52,11 +61,7 @@ pub(crate) fn endpoint(
     plan: &Plan,
     reply: &OpenReply,
 ) -> Result<Endpoint, ClientError> {
-    let socket = if uri.is_unix() {
-        Some(PathBuf::from(&uri.authority))
-    } else {
-        (!reply.socket_path.is_empty()).then(|| PathBuf::from(&reply.socket_path))
-    };
+    let socket = agent_socket(&uri.authority, reply);
     let slot_size = slot_size(plan);
     Ok(Endpoint {
         agent: uri.authority.clone(),

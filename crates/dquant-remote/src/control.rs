@@ -321,6 +321,11 @@ impl Control {
         &self.authority
     }
 
+    /// Every call's deadline, and how long a data connection waits for its peer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Whether the agent serves (`true`) or drains or is starting (`false`), from the
     /// standard gRPC health service (no token needed): what a readiness probe asks.
     pub fn serving(&self) -> Result<bool, SourceError> {

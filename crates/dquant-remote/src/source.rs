@@ -15,11 +15,11 @@ use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS, RECORD_HEADER_L
 use dquant_transport::ring::layout::PAGE;
 use dquant_transport::shm::RingRecords;
 use dquant_transport::{
-    ConnectError, DataStream, Endpoint, FrameKind, FrameWriter, RangeHeader, ReceiveError,
-    RecordReader, RingShape, WireError,
+    DataStream, Endpoint, FrameKind, FrameWriter, RangeHeader, ReceiveError, RecordReader,
+    RingShape, WireError,
 };
 
-use crate::control::Control;
+use crate::control::{connect_error, Control};
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Window};
 
 /// A dataset served by another agent, read by token ranges over its data plane.
@@ -74,28 +74,25 @@ impl RemoteSource {
 
     /// As [`attach`](Self::attach), with the answers through a shared-memory ring of
     /// `shape` handed to the agent over its Unix socket `socket` (the agent must be on this
-    /// host). Every range asked for must fit one slot: its record header and its payload in
+    /// host; `None`, an agent without one here, is an error). Every range asked for must fit one slot: its record header and its payload in
     /// the session's wire codec ([`range_slot_size`]); so such a source does not read ahead
     /// (its chunks would not fit), unless [`set_readahead`](Self::set_readahead) is given
     /// chunks that do.
     pub fn attach_ring(
         control: Control,
         reply: &OpenReply,
-        socket: std::path::PathBuf,
+        socket: Option<std::path::PathBuf>,
         shape: RingShape,
     ) -> Result<Self, SourceError> {
         let endpoint = Endpoint {
             agent: control.authority().to_string(),
             data_addr: control.data_addr(reply),
-            socket: Some(socket),
+            socket,
             hello: control.hello(reply)?,
             ring: shape,
             tls: None,
         };
-        let records = connect_range_ring(&endpoint).map_err(|e| match e {
-            ConnectError::Connect { addr, source } => SourceError::Connect { addr, source },
-            e => SourceError::Agent(e.to_string()),
-        })?;
+        let records = connect_range_ring(&endpoint).map_err(connect_error)?;
         let writer = records
             .requests()
             .try_clone()
@@ -107,7 +104,7 @@ impl RemoteSource {
         let wire = Wire::Ring {
             writer,
             records,
-            timeout: RING_TIMEOUT,
+            timeout: control.timeout(),
         };
         let mut source = Self::with_wire(control, reply, wire);
         source.readahead = ReadaheadConfig::OFF;
@@ -246,10 +243,6 @@ impl TokenSource for RemoteSource {
     }
 }
 
-/// How long a reader waits for the next answer in a ring: as long as a TCP read's default
-/// timeout would (the agent is on this host; a dead one is noticed at once by its socket).
-const RING_TIMEOUT: Duration = Duration::from_secs(300);
-
 /// The slot size of a ring that carries answers of up to `tokens` tokens in `wire`: the
 /// record header and the largest payload, page aligned.
 pub fn range_slot_size(wire: WireCodec, tokens: u64) -> u64 {
@@ -270,6 +263,8 @@ enum Wire {
     Ring {
         writer: FrameWriter<UnixStream>,
         records: RingRecords,
+        /// How long an answer may take: the control connection's timeout, as a TCP data
+        /// connection's reads have.
         timeout: Duration,
     },
 }
@@ -290,14 +285,8 @@ impl RangeStream {
         self.request.clear();
         encode_request(pairs, &mut self.request);
         match &mut self.wire {
-            Wire::Tcp { writer, .. } => {
-                writer.send(FrameKind::Data, &self.request)?;
-                writer.flush()?;
-            }
-            Wire::Ring { writer, .. } => {
-                writer.send(FrameKind::Data, &self.request)?;
-                writer.flush()?;
-            }
+            Wire::Tcp { writer, .. } => send_frame(writer, &self.request)?,
+            Wire::Ring { writer, .. } => send_frame(writer, &self.request)?,
         }
         self.requests += 1;
         self.requested_tokens += pairs.iter().map(|p| p.1).sum::<u64>();
@@ -363,6 +352,12 @@ impl RangeStream {
             Wire::Ring { records, .. } => records.shutdown(),
         }
     }
+}
+
+/// Sends `request` as one data frame, at once.
+fn send_frame<W: std::io::Write>(w: &mut FrameWriter<W>, request: &[u8]) -> Result<(), WireError> {
+    w.send(FrameKind::Data, request)?;
+    w.flush()
 }
 
 /// The header of an answer, checked to be range `start + len` with a payload its codec
