@@ -241,7 +241,8 @@ fn gpt_index(
     lengths: &[i32],
     docs: std::ops::Range<u64>,
     n: Option<u64>,
-    (params, limits): (&GptParams, BuildLimits),
+    params: &GptParams,
+    limits: BuildLimits,
 ) -> Result<GptIndex, MegatronError> {
     if let Some(ix) = store.and_then(|s| s.load(key)) {
         return Ok(ix);
@@ -274,7 +275,7 @@ impl Builder<'_> {
                     let (store, limits) = (self.store, self.limits);
                     let job = move || {
                         let key = index_key(prefix, lengths, &docs, n, &params);
-                        gpt_index(store, &key, lengths, docs, n, (&params, limits))
+                        gpt_index(store, &key, lengths, docs, n, &params, limits)
                     };
                     (split, scope.spawn(job))
                 })
