@@ -410,7 +410,9 @@ fn read_threads(n: usize) -> usize {
     if n < 16 {
         return 1;
     }
-    std::thread::available_parallelism().map_or(1, |c| c.get().min(4))
+    // Asked once: it reads the affinity mask and cgroup quota, which is no work for every batch.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get().min(4)))
 }
 
 /// Types whose all-zero bytes are a value (0, 0.0).
