@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use dquant_codec::encode_width;
-use dquant_engine::record::{max_payload_len, Payload, Record};
+use dquant_engine::record::{Payload, Record};
 use dquant_engine::{
     batch_header, plain_codec, put_trailer, EncodeAhead, EngineError, Pipeline, RecordEncoder,
 };
@@ -264,7 +264,7 @@ pub(crate) fn record_room(pipeline: &Pipeline, output: OutputDType, wire: WireCo
     let payload = if wire == WireCodec::Fixed(plain_codec(output)) {
         tokens * output.itemsize()
     } else {
-        max_payload_len(wire, tokens)
+        wire.max_encoded_len(tokens)
     };
     (RECORD_HEADER_LEN + payload).saturating_add(pipeline.trailer_bound())
 }

@@ -51,6 +51,15 @@ impl Codec {
     pub fn raw_len(self, n: usize) -> usize {
         self.width.encoded_len(n)
     }
+
+    /// The most bytes `n` tokens may take in this codec: the plain length plus what
+    /// compression adds to data it cannot compress (zstd and lz4 add far less). A producer
+    /// reserves this much; a receiver refuses more (a corrupt or hostile peer must not make it
+    /// allocate gigabytes).
+    pub fn max_encoded_len(self, n: usize) -> usize {
+        let raw = self.raw_len(n);
+        raw + raw / 16 + 4096
+    }
 }
 
 impl fmt::Display for Codec {

@@ -25,8 +25,6 @@ pub use encode_ahead::{EncodeAhead, Encoded};
 pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
-pub use record::{
-    auto_codec, batch_header, checked_codec, codec_for, plain_codec, put_trailer, RecordEncoder,
-};
+pub use record::{batch_header, checked_codec, codec_for, plain_codec, put_trailer, RecordEncoder};
 pub use source::{check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource};
 pub use worker_pool::WorkerPool;

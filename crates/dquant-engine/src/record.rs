@@ -17,21 +17,9 @@ use crate::fit::check_fits;
 use crate::pipeline::{BatchInfo, TokenBatch};
 use crate::EngineError;
 
-/// The codec `auto` picks for tokens up to `max_token` under `compression`: the narrowest
-/// width, byte-aligned when compressing (bit-packed input compresses far worse).
-pub fn auto_codec(max_token: u32, compression: Compression) -> Codec {
-    Codec {
-        width: Width::narrowest(max_token, compression != Compression::None),
-        compression,
-    }
-}
-
 /// The codec `wire` gives `tokens`: a fixed codec as it is, `auto` from their largest token.
 pub fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
-    match wire {
-        WireCodec::Fixed(c) => c,
-        WireCodec::Auto(comp) => auto_codec(max_token(tokens), comp),
-    }
+    wire.codec_for_max(max_token(tokens))
 }
 
 /// The codec `wire` gives batch `b`, every token checked to fit it (a fixed codec may not
@@ -57,25 +45,6 @@ pub fn plain_codec(output: OutputDType) -> Codec {
         width: output.width(),
         compression: Compression::None,
     }
-}
-
-/// The most bytes a payload of `tokens` tokens in `codec` may take: the plain length plus
-/// what compression adds to data it cannot compress (zstd and lz4 add far less). A producer
-/// reserves this much; a receiver refuses more (a corrupt or hostile peer must not make it
-/// allocate gigabytes).
-pub fn payload_bound(codec: Codec, tokens: usize) -> usize {
-    let raw = codec.raw_len(tokens);
-    raw + raw / 16 + 4096
-}
-
-/// The most bytes a payload of `tokens` tokens may take in `wire` (an `auto` codec's widest
-/// choice holds any u32 token).
-pub fn max_payload_len(wire: WireCodec, tokens: usize) -> usize {
-    let codec = match wire {
-        WireCodec::Fixed(c) => c,
-        WireCodec::Auto(comp) => auto_codec(u32::MAX, comp),
-    };
-    payload_bound(codec, tokens)
 }
 
 /// The record header of batch `b`: `b.samples` samples of `sample_len` tokens, in

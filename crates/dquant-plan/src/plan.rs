@@ -661,6 +661,25 @@ pub enum WireCodec {
 }
 
 impl WireCodec {
+    /// The codec it gives tokens no larger than `max_token`: a fixed codec as it is; `auto`
+    /// the narrowest width, byte-aligned when compressing (bit-packed input compresses far
+    /// worse).
+    pub fn codec_for_max(self, max_token: u32) -> Codec {
+        match self {
+            WireCodec::Fixed(c) => c,
+            WireCodec::Auto(compression) => Codec {
+                width: Width::narrowest(max_token, compression != Compression::None),
+                compression,
+            },
+        }
+    }
+
+    /// The most bytes `tokens` tokens may take in it (an `auto` codec's widest choice holds
+    /// any u32 token).
+    pub fn max_encoded_len(self, tokens: usize) -> usize {
+        self.codec_for_max(u32::MAX).max_encoded_len(tokens)
+    }
+
     /// Whether it compresses (zstd or lz4): plain and bit-packed codecs cost about a copy, so
     /// only compression is worth spreading over worker threads.
     pub fn compresses(self) -> bool {

@@ -247,7 +247,7 @@ impl TokenSource for RemoteSource {
 /// record header and the largest payload, page aligned.
 pub fn range_slot_size(wire: WireCodec, tokens: u64) -> u64 {
     let tokens = usize::try_from(tokens).unwrap_or(usize::MAX);
-    let payload = dquant_engine::record::max_payload_len(wire, tokens);
+    let payload = wire.max_encoded_len(tokens);
     let record = (RECORD_HEADER_LEN as u64).saturating_add(payload as u64);
     record.div_ceil(PAGE).saturating_mul(PAGE)
 }
@@ -407,7 +407,7 @@ impl Drop for RemoteSource {
 /// Refuses a payload length no encoding of `tokens` tokens could have (a corrupt or hostile
 /// peer must not make us allocate gigabytes).
 pub fn check_payload_len(codec: Codec, tokens: usize, payload_len: u32) -> Result<(), SourceError> {
-    let bound = dquant_engine::record::payload_bound(codec, tokens);
+    let bound = codec.max_encoded_len(tokens);
     if payload_len as usize > bound {
         return Err(SourceError::Agent(format!(
             "agent sent a {payload_len}-byte payload for {tokens} tokens of {codec} (at most {bound} expected)"
