@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use dquant_codec::{Codec, Width};
 use dquant_plan::{Cursor, DocStarts, WireCodec};
-use dquant_transport::BatchHeader;
+use dquant_wire::BatchHeader;
 
 use crate::pipeline::{BatchInfo, Pipeline};
 use crate::record::{batch_header, checked_codec};

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use dquant_codec::kernels::max_token;
 use dquant_codec::{Codec, CodecError, Compression, Encoder, Width};
 use dquant_plan::{DocStarts, OutputDType, WireCodec};
-use dquant_transport::BatchHeader;
+use dquant_wire::BatchHeader;
 
 use crate::doc_section;
 use crate::fit::check_fits;

@@ -14,7 +14,7 @@ use dquant_codec::{CodecError, Width};
 use dquant_format::{DType, DocIndex, FormatError};
 use dquant_plan::Source;
 use dquant_storage::{Dataset, Format, OpenOptions, ReadBuffers, Root, StorageError};
-use dquant_transport::WireError;
+use dquant_wire::WireError;
 
 /// Why a source could not be opened or read.
 #[derive(Debug, thiserror::Error)]

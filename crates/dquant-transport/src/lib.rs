@@ -15,13 +15,13 @@
 //! carry the same frames in slots instead of a byte stream.
 
 mod conn;
+// The byte formats this crate carries, where every caller has always found them.
+pub use dquant_wire::{frame, record};
 pub mod connect;
-pub mod frame;
 mod io;
 pub mod memory;
 mod pool;
 pub mod receive;
-pub mod record;
 pub mod ring;
 pub mod shm;
 pub mod sink;
@@ -31,11 +31,12 @@ pub mod tls;
 
 pub use conn::DataStream;
 pub use connect::{connect, ConnectError, Endpoint, RingShape, Transport};
-pub use frame::{FrameHeader, FrameKind, WireError};
+pub use dquant_wire::{
+    BatchHeader, FrameHeader, FrameKind, Hello, RangeHeader, RecordError, WireError,
+};
 pub use io::{FrameReader, FrameWriter, Pacer, MAX_FRAMES_AT_ONCE};
 pub use pool::{BufferPool, PooledBuf};
 pub use receive::{BatchSource, ReceiveError, RecordView};
-pub use record::{BatchHeader, Hello, RangeHeader, RecordError};
 pub use sink::{BatchSink, SinkError};
 pub use stream::RecordReader;
 pub use tls::{ClientTls, ServerTls, TlsError};

@@ -95,10 +95,8 @@ pub enum WireError {
     EndInRecord(&'static str),
 }
 
-/// The checksum a frame header carries for `payload` ([`FrameWriter::send_checked`] takes
-/// it precomputed).
-///
-/// [`FrameWriter::send_checked`]: crate::FrameWriter::send_checked
+/// The checksum a frame header carries for `payload` (`dquant_transport::FrameWriter::
+/// send_checked` takes it precomputed).
 pub fn payload_crc(payload: &[u8]) -> u32 {
     crc32c::crc32c(payload)
 }
