@@ -13,9 +13,9 @@ use std::ops::Range;
 
 use dquant_plan::SampleRef;
 
-use crate::source::{SharedReads, SourceError, TokenSource};
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
+use dquant_storage::source::{SharedReads, SourceError, TokenSource};
 
 /// The error of source `d`, named as the plan names it.
 pub(crate) fn source_error(uris: &[String], d: usize, source: SourceError) -> EngineError {

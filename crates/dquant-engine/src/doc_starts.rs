@@ -6,8 +6,8 @@ use dquant_codec::Width;
 use dquant_plan::{Boundaries, DocStarts, Plan, SampleRef};
 
 use crate::batch_reads::source_error;
-use crate::source::{SourceError, TokenSource};
 use crate::EngineError;
+use dquant_storage::source::{SourceError, TokenSource};
 
 /// A plan's boundary rule, and the starts it found in the last batch.
 pub(crate) struct DocFinder {

@@ -1,7 +1,7 @@
 use dquant_codec::CodecError;
 use dquant_plan::PlanError;
 
-use crate::source::SourceError;
+use dquant_storage::source::SourceError;
 
 /// Errors of the plan engine: the plan, one of its sources, or a token that does not fit
 /// where the plan puts it. Each names the source (index and URI, as the plan spelled it).

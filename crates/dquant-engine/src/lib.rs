@@ -18,7 +18,6 @@ mod error;
 mod fit;
 mod pipeline;
 pub mod record;
-mod source;
 mod worker_pool;
 
 pub use encode_ahead::{EncodeAhead, Encoded};
@@ -26,5 +25,8 @@ pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
 pub use record::{batch_header, checked_codec, codec_for, plain_codec, put_trailer, RecordEncoder};
-pub use source::{check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource};
+// The sources a pipeline reads, defined with the datasets below it.
+pub use dquant_storage::source::{
+    check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource,
+};
 pub use worker_pool::WorkerPool;

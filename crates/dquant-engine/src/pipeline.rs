@@ -14,9 +14,9 @@ use dquant_plan::{Cursor, DocStarts, Plan, RankIter, SampleRef, Schedule, Source
 use crate::batch_reads::{self, source_error};
 use crate::doc_starts::{BatchTokens, DocFinder};
 use crate::fit::check_fits;
-use crate::source::{SourceError, TokenSource};
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
+use dquant_storage::source::{SourceError, TokenSource};
 
 /// One batch of tokens, borrowed from the pipeline.
 pub struct TokenBatch<'a> {

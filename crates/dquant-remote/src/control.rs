@@ -11,13 +11,13 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use dquant_engine::SourceError;
 use dquant_proto::v1::agent_client::AgentClient;
 use dquant_proto::v1::{
     CloseRequest, DatasetStat, IndexRequest, ListEntry, ListRequest, OpenMegatronReply,
     OpenMegatronRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest, SubscribeRequest,
     WatchRequest,
 };
+use dquant_storage::SourceError;
 use dquant_transport::record::MAX_TOKEN_LEN;
 use dquant_transport::{
     tcp, ClientTls, ConnectError, DataStream, FrameWriter, Hello, RecordReader,

@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use dquant_engine::{LocalSource, SourceError, TokenSource};
 use dquant_plan::Source;
 use dquant_proto::v1::StatRequest;
+use dquant_storage::{LocalSource, SourceError, TokenSource};
 
 use crate::control::{Credentials, DEFAULT_RPC_TIMEOUT};
 use crate::{AgentUri, Control, RemoteSource, ReplicatedSource};

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use dquant_engine::SourceError;
+use dquant_storage::SourceError;
 
 use crate::source::RangeStream;
 

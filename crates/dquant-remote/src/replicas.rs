@@ -31,8 +31,8 @@ use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
-use dquant_engine::{check_ranges, SourceError, TokenSource};
 use dquant_proto::v1::{DatasetStat, StatRequest};
+use dquant_storage::{check_ranges, SourceError, TokenSource};
 use dquant_transport::record::MAX_REQUEST_RANGES;
 
 mod health;

@@ -4,8 +4,8 @@
 use std::ops::Range;
 
 use dquant_codec::{Codec, Decoder};
-use dquant_engine::{check_ranges, SourceError, TokenSource};
 use dquant_proto::v1::{DatasetStat, OpenReply, OpenSourceRequest, StatRequest};
+use dquant_storage::{check_ranges, SourceError, TokenSource};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 

@@ -23,6 +23,7 @@ mod error;
 mod local_root;
 mod memory_root;
 mod root;
+pub mod source;
 mod writer;
 
 pub use backend::{LocalFile, ReadAt};
@@ -38,4 +39,5 @@ pub use root::{
     datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, ObjectVersion, Root,
     RootError,
 };
+pub use source::{check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource};
 pub use writer::{megatron_prefix_of, DatasetWriter, OutputFormat, WriteReport};

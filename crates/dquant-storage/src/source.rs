@@ -4,16 +4,20 @@
 //! of a list of ranges. [`TokenSource`] is that, and nothing more, so a local file and a
 //! dataset on another agent (`dquant_remote::RemoteSource`) are interchangeable: that is
 //! what lets an agent near the host chain to an agent near the storage.
+//!
+//! It lives here, with the datasets, rather than in the engine that reads it, so that the
+//! sources of every kind (local here, remote in `dquant-remote`) depend down on one trait and
+//! never on the engine above them.
 
 use std::io::IoSliceMut;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::{Dataset, Format, OpenOptions, ReadBuffers, Root, StorageError};
 use dquant_codec::{CodecError, Width};
 use dquant_format::{DType, DocIndex, FormatError};
 use dquant_plan::Source;
-use dquant_storage::{Dataset, Format, OpenOptions, ReadBuffers, Root, StorageError};
 use dquant_wire::WireError;
 
 /// Why a source could not be opened or read.
@@ -114,7 +118,7 @@ pub trait TokenSource: Send {
     }
 
     /// The source's reads, when they need no exclusive state: a batch's reads of it may then
-    /// run on several threads at once (a [`WorkerPool`](crate::WorkerPool)). `None` (the
+    /// run on several threads at once (a `dquant_engine::WorkerPool`). `None` (the
     /// default): they run one after another, through `&mut self`.
     fn shared_reads(&self) -> Option<&dyn SharedReads> {
         None
@@ -161,7 +165,7 @@ impl SharedReads for Dataset {
 /// A dataset on this machine.
 pub struct LocalSource {
     /// Shared with every other session reading the same dataset (an agent's
-    /// [`DatasetCache`](dquant_storage::DatasetCache)); the read buffers are this source's.
+    /// [`DatasetCache`](crate::DatasetCache)); the read buffers are this source's.
     ds: Arc<Dataset>,
     bufs: ReadBuffers,
 }
