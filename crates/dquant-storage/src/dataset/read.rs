@@ -1,0 +1,193 @@
+//! Reading a dataset's tokens: ranges into buffers the caller owns, stored bytes as they are,
+//! and the reads a batch is about to make started early.
+
+use std::io::IoSliceMut;
+use std::ops::Range;
+
+use dquant_codec::Decoder;
+
+use super::{read_at, read_error, Dataset, Source};
+use crate::backend::ReadAt;
+use crate::error::StorageError;
+
+/// Reusable read state: I/O and decode buffers, and the last decoded block of a block file (a
+/// run of small reads, one sample after another, decodes each block once). Owned by the
+/// caller, so long-lived readers need not borrow the [`Dataset`].
+#[derive(Default)]
+pub struct ReadBuffers {
+    bytes: Vec<u8>,
+    dec: Decoder,
+    block: Vec<u32>,
+    /// (dataset id, block index) of the block held in `block`.
+    cached: Option<(u64, usize)>,
+}
+
+impl ReadBuffers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Reads token ranges of a [`Dataset`], reusing its buffers across calls.
+pub struct TokenReader<'a> {
+    pub(super) ds: &'a Dataset,
+    pub(super) bufs: ReadBuffers,
+}
+
+impl TokenReader<'_> {
+    /// Replaces `out` with the tokens of `range`; see [`Dataset::read`].
+    pub fn read(&mut self, range: Range<u64>, out: &mut Vec<u32>) -> Result<(), StorageError> {
+        self.ds.read(range, out, &mut self.bufs)
+    }
+}
+
+impl Dataset {
+    /// Replaces `out` with the tokens of `range`. Only the bytes covering the range are read:
+    /// for block files, the covering blocks in one contiguous read, except that a range inside
+    /// the block decoded last is served from `bufs` without any I/O.
+    pub fn read(
+        &self,
+        range: Range<u64>,
+        out: &mut Vec<u32>,
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), StorageError> {
+        out.clear();
+        out.resize(range.end.saturating_sub(range.start) as usize, 0);
+        self.read_into(range, out, bufs)
+    }
+
+    /// Copies the stored bytes of the tokens from `start` into `bufs`, in order, with one
+    /// read and no conversion: the fast path for a consumer that wants tokens in the very
+    /// dtype the file stores (each buffer a whole number of tokens). Only plain (Megatron and
+    /// raw) files have stored bytes to copy; block files are an error (their blocks must be
+    /// decoded).
+    pub fn read_stored_vectored(
+        &self,
+        start: u64,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> Result<(), StorageError> {
+        let Source::Plain { file, dtype } = &self.source else {
+            return Err(StorageError::Usage(format!(
+                "{}: a block file has no stored token bytes to copy; read tokens instead",
+                self.path.display()
+            )));
+        };
+        let item = dtype.itemsize() as u64;
+        let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let end = start.saturating_add(bytes / item);
+        if bufs.iter().any(|b| !(b.len() as u64).is_multiple_of(item)) || end > self.tokens() {
+            return Err(StorageError::Usage(format!(
+                "{}: stored read of {bytes} bytes at token {start}: not whole {item}-byte tokens inside the dataset's {}",
+                self.path.display(),
+                self.tokens()
+            )));
+        }
+        file.read_exact_vectored_at(bufs, start * item)
+            .map_err(|e| read_error(&**file, &self.data_path, end * item, e))
+    }
+
+    /// Tells the dataset's object that the tokens of `ranges` are about to be read (see
+    /// [`ReadAt::will_read`]): the bytes of plain files' tokens, a block file's covering
+    /// blocks. Ranges outside the dataset are left out (their reads will say why).
+    pub fn will_read(&self, ranges: &[Range<u64>]) {
+        let tokens = self.tokens();
+        let inside = ranges.iter().filter(|r| r.start < r.end && r.end <= tokens);
+        let (file, bytes): (&dyn ReadAt, Vec<Range<u64>>) = match &self.source {
+            Source::Plain { file, dtype } => {
+                let item = dtype.itemsize() as u64;
+                (
+                    &**file,
+                    inside.map(|r| r.start * item..r.end * item).collect(),
+                )
+            }
+            Source::Block { file, meta } => (
+                &**file,
+                inside
+                    .map(|r| meta.byte_range(meta.blocks_covering(r.clone())))
+                    .collect(),
+            ),
+        };
+        file.will_read(&bytes);
+    }
+
+    /// Fills `out` (exactly `range.end - range.start` long) with the tokens of `range`, as
+    /// [`Dataset::read`] does; for callers that assemble many ranges in one buffer.
+    ///
+    /// # Panics
+    /// If `out` has the wrong length.
+    pub fn read_into(
+        &self,
+        range: Range<u64>,
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), StorageError> {
+        if range.start > range.end || range.end > self.tokens() {
+            return Err(StorageError::Usage(format!(
+                "{}: token range {}..{} is outside the dataset's {} tokens",
+                self.path.display(),
+                range.start,
+                range.end,
+                self.tokens()
+            )));
+        }
+        assert_eq!(
+            out.len() as u64,
+            range.end - range.start,
+            "read_into: the buffer must hold the range"
+        );
+        match &self.source {
+            Source::Plain { file, dtype } => {
+                let item = dtype.itemsize() as u64;
+                bufs.bytes.resize(out.len() * item as usize, 0);
+                read_at(
+                    &**file,
+                    &self.data_path,
+                    &mut bufs.bytes,
+                    range.start * item,
+                )?;
+                dtype
+                    .decode(&bufs.bytes, out, range.start)
+                    .map_err(|e| StorageError::format(&self.data_path, e))
+            }
+            Source::Block { file, meta } => {
+                let blocks = meta.blocks_covering(range.clone());
+                let fe = |e| StorageError::format(&self.data_path, e);
+                if blocks.len() == 1 && bufs.cached == Some((self.id, blocks.start)) {
+                    let bt = meta.block_tokens(blocks.start);
+                    out.copy_from_slice(
+                        &bufs.block
+                            [(range.start - bt.start) as usize..(range.end - bt.start) as usize],
+                    );
+                    return Ok(());
+                }
+                let bytes = meta.byte_range(blocks.clone());
+                bufs.bytes.resize((bytes.end - bytes.start) as usize, 0);
+                read_at(&**file, &self.data_path, &mut bufs.bytes, bytes.start)?;
+                for i in blocks {
+                    let br = meta.byte_range(i..i + 1);
+                    let raw = &bufs.bytes
+                        [(br.start - bytes.start) as usize..(br.end - bytes.start) as usize];
+                    let bt = meta.block_tokens(i);
+                    if bt.start >= range.start && bt.end <= range.end {
+                        let dst = &mut out
+                            [(bt.start - range.start) as usize..(bt.end - range.start) as usize];
+                        meta.decode_block(i, raw, &mut bufs.dec, dst).map_err(fe)?;
+                    } else {
+                        bufs.cached = None;
+                        bufs.block.resize((bt.end - bt.start) as usize, 0);
+                        meta.decode_block(i, raw, &mut bufs.dec, &mut bufs.block)
+                            .map_err(fe)?;
+                        bufs.cached = Some((self.id, i));
+                        let s = range.start.max(bt.start);
+                        let e = range.end.min(bt.end);
+                        out[(s - range.start) as usize..(e - range.start) as usize]
+                            .copy_from_slice(
+                                &bufs.block[(s - bt.start) as usize..(e - bt.start) as usize],
+                            );
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
