@@ -47,6 +47,7 @@
 
 mod encoding;
 mod error;
+mod ordered;
 mod real;
 mod zipf;
 
