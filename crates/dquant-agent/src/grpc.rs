@@ -11,145 +11,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::catalog::Resolved;
-use dquant_engine::plain_codec;
-use dquant_engine::{open_options, EngineError, LocalSource, Pipeline, SourceError, TokenSource};
-use dquant_plan::{Cursor, Plan, Source, WireCodec};
+use dquant_plan::{Cursor, WireCodec};
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
     CloseReply, CloseRequest, DatasetStat, Event, IndexPart, IndexReply, IndexRequest, ListReply,
     ListRequest, OpenMegatronReply, OpenMegatronRequest, OpenReply, OpenRequest, OpenSourceRequest,
     StatRequest, SubscribeRequest, WatchRequest,
 };
-use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
-use dquant_storage::{Dataset, StorageError};
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::limits::LimitError;
-use crate::open_pool::Stop;
-use crate::produce::record_room;
-use crate::sessions::{Reservation, Work};
-use crate::share::{
-    check_name, different_plan, join_refused, NewStream, Pos, SharedStream, StreamInfo,
-};
+use crate::sessions::Work;
+use crate::share::{check_name, Pos};
 use crate::Shared;
+
+mod datasets;
+mod plans;
+
+use datasets::{index_slice, open_local, open_plan_source};
+use plans::{add_plan_session, checked_plan, join_stream, open_pipeline, open_stream, SharedPlan};
 
 pub(crate) struct Service {
     pub shared: Arc<Shared>,
-}
-
-/// Opens a plan source on this agent: a dataset under a root, or (chaining) a dataset on
-/// other agents (named by the source, `dquant://HOST:PORT[,HOST:PORT...]/ROOT/PATH`, or
-/// routed there by the config's placement map), whose token ranges then travel in the plan's
-/// wire codec.
-fn open_plan_source(
-    shared: &Shared,
-    s: &Source,
-    wire_codec: &str,
-) -> Result<Box<dyn TokenSource>, SourceError> {
-    let config = &shared.config;
-    let timeout = Duration::from_secs(config.upstream_timeout_secs);
-    if s.uri.starts_with(AgentUri::SCHEME) {
-        let u = dataset_uri(&s.uri)?;
-        // Checked before anything is dialed: the answer must not tell the client whether
-        // a port it named is open.
-        if let Some(a) = u
-            .replicas()
-            .into_iter()
-            .find(|a| !config.upstreams.iter().any(|u| u == a))
-        {
-            return Err(SourceError::Usage(format!(
-                "upstream agent {a} is not in this agent's upstreams list; its operator allows \
-                 chaining with `upstreams = [\"{a}\"]` in the config (or `dquant serve \
-                 --upstream {a}`)"
-            )));
-        }
-        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream);
-    }
-    if let Some(agents) = config.placement_of(&s.uri) {
-        let u = dataset_uri(&format!(
-            "{}{}/{}",
-            AgentUri::SCHEME,
-            agents.join(","),
-            s.uri
-        ))?;
-        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream);
-    }
-    let found = shared
-        .catalog
-        .resolve(&s.uri)
-        .map_err(|e| SourceError::NotFound(e.0))?;
-    Ok(Box::new(open_shared(shared, &found, s)?))
-}
-
-/// A source over the dataset `found`, opened once for every session that reads it (the
-/// agent's dataset cache).
-fn open_shared(shared: &Shared, found: &Resolved, s: &Source) -> Result<LocalSource, SourceError> {
-    let opts = open_options(s)?;
-    let ds = shared
-        .datasets
-        .open_in(&found.root_name, &*found.root, &found.name, &opts)?;
-    Ok(LocalSource::shared(ds))
-}
-
-/// What the agent says of a dataset. `count` asks for its documents and its stored checksum
-/// even when that means a scan (a raw file with `eod` seen for the first time) or reading an
-/// index (a block file's checksum covers its document index): `Stat` asks, opening a source
-/// to read tokens does not (its stat then says 0 documents until someone has counted them,
-/// and no checksum until someone has read the index).
-fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, StorageError> {
-    let (documents, sequences) = match count {
-        true => (ds.documents()?, ds.sequences()?),
-        false => (
-            ds.documents_if_known().unwrap_or(0),
-            ds.sequences_if_known().unwrap_or(0),
-        ),
-    };
-    Ok(DatasetStat {
-        dataset: name.to_string(),
-        format: ds.format().name().to_string(),
-        tokens: ds.tokens(),
-        documents,
-        sequences,
-        bytes_on_disk: ds.size_on_disk(),
-        stored_max_token: ds.stored_max_token(),
-        checksum: match count {
-            true => ds.stored_checksum()?,
-            false => ds.stored_checksum_if_known(),
-        }
-        .map(|c| c.to_string())
-        .unwrap_or_default(),
-        max_token: None,
-    })
-}
-
-fn source_of(req: &StatRequest) -> Source {
-    Source {
-        dtype: (!req.dtype.is_empty()).then(|| req.dtype.clone()),
-        eod: req.eod,
-        ..Source::new(req.dataset.clone())
-    }
-}
-
-fn open_local(
-    shared: &Shared,
-    req: &StatRequest,
-    count: bool,
-) -> Result<(LocalSource, DatasetStat), Status> {
-    let found = shared
-        .catalog
-        .resolve(&req.dataset)
-        .map_err(|e| Status::not_found(e.0))?;
-    let src = open_shared(shared, &found, &source_of(req))
-        .map_err(|e| Status::invalid_argument(format!("dataset {:?}: {e}", req.dataset)))?;
-    let precondition =
-        |e: StorageError| Status::failed_precondition(format!("dataset {:?}: {e}", req.dataset));
-    let mut stat = stat_of(&req.dataset, src.dataset(), count).map_err(precondition)?;
-    if count && req.max_token {
-        stat.max_token = Some(src.dataset().max_token().map_err(precondition)?);
-    }
-    Ok((src, stat))
 }
 
 /// Feeds one watcher: the agent's events it may see, in order, and a rate snapshot every
@@ -189,36 +73,6 @@ async fn watch(
             return;
         }
     }
-}
-
-/// The values `[start, start + count)` of one part of `ds`'s document index (fewer past its
-/// end), with their checksum.
-fn index_slice(
-    ds: &Dataset,
-    part: IndexPart,
-    start: u64,
-    count: u32,
-) -> Result<IndexReply, Status> {
-    if count > dquant_proto::MAX_INDEX_VALUES {
-        return Err(Status::invalid_argument(format!(
-            "count {count} is over the most one Index reply carries ({})",
-            dquant_proto::MAX_INDEX_VALUES
-        )));
-    }
-    let index = ds
-        .index()
-        .map_err(|e| Status::failed_precondition(e.to_string()))?;
-    let all = match part {
-        IndexPart::SequenceOffsets => index.seq_offsets(),
-        IndexPart::DocumentSequences => index.doc_seq(),
-    };
-    let from = usize::try_from(start).unwrap_or(usize::MAX).min(all.len());
-    let to = from.saturating_add(count as usize).min(all.len());
-    let values = all[from..to].to_vec();
-    Ok(IndexReply {
-        crc32c: dquant_proto::index_crc(&values),
-        values,
-    })
 }
 
 /// The control plane's interceptor: resolves the request's token to its [`Caller`] (kept in
@@ -279,168 +133,6 @@ fn full(e: crate::sessions::SessionError) -> Status {
     }
 }
 
-/// A plan opened as a shared stream.
-struct SharedPlan<'a> {
-    name: String,
-    /// Consumers the first batch waits for.
-    group: usize,
-    plan: &'a Plan,
-    wire: WireCodec,
-}
-
-/// Starts `pipeline` as the shared stream `s.name` and makes the caller its first
-/// subscriber, or (another request made it meanwhile) joins that stream.
-fn open_stream(
-    shared: &Arc<Shared>,
-    place: Reservation,
-    caller: &Caller,
-    pipeline: Pipeline,
-    s: SharedPlan<'_>,
-) -> Result<OpenReply, Status> {
-    let (plan, output) = (s.plan, s.plan.output);
-    let info = StreamInfo {
-        reply: OpenReply {
-            plan_json: plan.to_json(),
-            ..plan_reply(shared, &pipeline)
-        },
-        plain_room: record_room(&pipeline, output, WireCodec::Fixed(plain_codec(output))),
-    };
-    let config = &shared.config;
-    let new = NewStream {
-        name: s.name.clone(),
-        tenant: caller.name().to_string(),
-        info: info.clone(),
-        capacity: config.share_window(record_room(&pipeline, output, s.wire)),
-        meter: shared.metrics.pipeline_meter(caller.name(), &pipeline),
-        pipeline: Box::new(pipeline),
-        output,
-        wire: s.wire,
-        group: s.group,
-        group_wait: Duration::from_secs(config.ticket_ttl_secs),
-        encode_budget: config
-            .prefetch_frames
-            .saturating_mul(dquant_transport::frame::MAX_PAYLOAD),
-        faults: shared.faults.clone(),
-    };
-    let at = Pos {
-        epoch: info.reply.start_epoch,
-        consumed: info.reply.start_consumed_samples,
-    };
-    let mut joined = (false, at);
-    let mut new = Some(new);
-    let added = place.add_with(caller.name(), |id| {
-        let drain = shared.draining.clone();
-        let (sub, j) = shared
-            .shares
-            .open_or_join(&mut new, id, at, &shared.events, drain)
-            .map_err(Status::failed_precondition)?;
-        joined = (j, sub.from());
-        Ok::<_, Status>(Work::Subscriber { sub })
-    });
-    // A stream another request made meanwhile is joined: this pipeline goes unused.
-    drop(new);
-    let (id, ticket) = added?;
-    let sources: Vec<&str> = plan.sources.iter().map(|s| s.uri.as_str()).collect();
-    let detail = format!("share {}: {}", s.name, sources.join(","));
-    shared
-        .events
-        .opened(id, caller.name(), "subscriber", detail);
-    tracing::info!(
-        session = id,
-        tenant = caller.name(),
-        share = %s.name,
-        joined = joined.0,
-        group = s.group,
-        "shared plan opened"
-    );
-    Ok(share_reply(&info, (id, ticket), joined))
-}
-
-/// Adds the caller to `stream` at `at` (`None`: its current cursor); `plan`, when given,
-/// must be the stream's.
-fn join_stream(
-    shared: &Arc<Shared>,
-    place: Reservation,
-    caller: &Caller,
-    stream: &Arc<SharedStream>,
-    at: Option<Pos>,
-    plan: Option<&str>,
-) -> Result<OpenReply, Status> {
-    let name = &stream.name;
-    if plan.is_some_and(|p| p != stream.info.reply.plan_json) {
-        return Err(Status::failed_precondition(different_plan(name)));
-    }
-    let mut from = None;
-    let (id, ticket) = place.add_with(caller.name(), |id| {
-        let sub = stream
-            .join(id, at)
-            .map_err(|e| Status::failed_precondition(join_refused(name, &e)))?;
-        from = Some(sub.from());
-        Ok::<_, Status>(Work::Subscriber { sub })
-    })?;
-    let from = from.ok_or_else(|| Status::internal("a join without a position"))?;
-    shared
-        .events
-        .opened(id, caller.name(), "subscriber", format!("share {name}"));
-    tracing::info!(session = id, tenant = caller.name(), share = %name, at = %from, "subscriber joined");
-    Ok(share_reply(&stream.info, (id, ticket), (true, from)))
-}
-
-/// The reply to a consumer that opened or joined a shared stream.
-fn share_reply(
-    info: &StreamInfo,
-    (session, ticket): (u64, [u8; 16]),
-    (joined, from): (bool, Pos),
-) -> OpenReply {
-    OpenReply {
-        session,
-        ticket: ticket.to_vec(),
-        start_epoch: from.epoch,
-        start_consumed_samples: from.consumed,
-        joined,
-        ..info.reply.clone()
-    }
-}
-
-/// The reply to `Open` for `pipeline`, but for the session and its ticket: where the
-/// stream starts, its schedule's sizes, and where its data connection goes.
-fn plan_reply(shared: &Shared, pipeline: &Pipeline) -> OpenReply {
-    let start = pipeline.cursor();
-    let sched = pipeline.schedule();
-    OpenReply {
-        data_port: shared.data_port as u32,
-        socket_path: shared.socket_path(),
-        start_epoch: start.epoch,
-        start_consumed_samples: start.consumed_samples,
-        rank_batches: sched.rank_batches(),
-        rank_samples: sched.rank_samples(),
-        epoch_samples: sched.epoch_samples(),
-        samples_per_epoch: (0..sched.sources())
-            .map(|d| sched.samples_per_epoch(d))
-            .collect(),
-        ..Default::default()
-    }
-}
-
-/// Opens a plan's sources and positions it at `cursor`, stopping when `stop` says so.
-fn open_pipeline(
-    shared: &Shared,
-    plan: &Plan,
-    cursor: Cursor,
-    stop: Stop<'_>,
-) -> Result<Pipeline, Status> {
-    let open = |_: usize, s: &Source| open_plan_source(shared, s, &plan.wire_codec);
-    let mut pipeline = Pipeline::open_until(plan, cursor, open, stop).map_err(|e| match e {
-        // The pool reports its own deadline; this is what a cancelled request leaves.
-        e if e.is_stopped() => Status::cancelled(e.to_string()),
-        EngineError::Plan(_) => Status::invalid_argument(e.to_string()),
-        e if e.is_not_found() => Status::not_found(e.to_string()),
-        _ => Status::failed_precondition(e.to_string()),
-    })?;
-    pipeline.set_worker_pool(shared.workers.clone());
-    Ok(pipeline)
-}
-
 #[tonic::async_trait]
 impl Agent for Service {
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListReply>, Status> {
@@ -482,46 +174,27 @@ impl Agent for Service {
             .map_or_else(|| "?".to_string(), |a| a.to_string());
         let caller = caller_of(&req)?;
         let req = req.into_inner();
-        let plan =
-            Plan::from_json(&req.plan_json).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        for s in plan
-            .sources
-            .iter()
-            .filter(|s| !s.uri.starts_with(AgentUri::SCHEME))
-        {
-            caller.check_dataset(&s.uri)?;
-        }
-        let wire = plan
-            .parsed_wire_codec()
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let limits = &self.shared.config.limits;
-        limits
-            .check_plan(&plan)
-            .and_then(|()| limits.check_wire("wire_codec", wire))
-            .map_err(over_limit)?;
+        let (plan, wire) = checked_plan(&self.shared, &caller, &req)?;
         let share = req.share.clone();
-        if !share.is_empty() {
-            check_name(&share).map_err(Status::invalid_argument)?;
-        }
         let place = self.shared.sessions.reserve().map_err(full)?;
-        let at = Pos {
-            epoch: req.epoch,
-            consumed: req.consumed_samples,
-        };
         if let Some(stream) = (!share.is_empty())
             .then(|| self.shared.shares.find(caller.name(), &share))
             .flatten()
         {
+            let at = Pos {
+                epoch: req.epoch,
+                consumed: req.consumed_samples,
+            };
             let plan_json = plan.to_json();
-            return join_stream(
+            let joined = join_stream(
                 &self.shared,
                 place,
                 &caller,
                 &stream,
                 Some(at),
                 Some(&plan_json),
-            )
-            .map(Response::new);
+            );
+            return joined.map(Response::new);
         }
         let cursor = Cursor {
             epoch: req.epoch,
@@ -545,21 +218,9 @@ impl Agent for Service {
                     return open_stream(&shared, place, &caller, pipeline, shared_plan)
                         .map(Response::new);
                 }
-                let mut reply = plan_reply(&shared, &pipeline);
-                let work = Work::Plan {
-                    pipeline: Box::new(pipeline),
-                    output: plan.output,
-                    wire,
-                };
-                let (id, ticket) = place.add(work, caller.name());
-                let sources: Vec<&str> = plan.sources.iter().map(|s| s.uri.as_str()).collect();
-                shared
-                    .events
-                    .opened(id, caller.name(), "plan", sources.join(","));
-                reply.session = id;
-                reply.ticket = ticket.to_vec();
+                let reply = add_plan_session(&shared, place, &caller, pipeline, &plan, wire);
                 tracing::info!(
-                    session = id,
+                    session = reply.session,
                     %peer,
                     tenant = caller.name(),
                     sources = plan.sources.len(),
