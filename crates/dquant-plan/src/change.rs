@@ -9,8 +9,9 @@
 //! (sources, packing, seed, sharding, outputs) must stay, or the samples before the cursor
 //! would not be the ones consumed. [`check_plan_change`] decides, and says what it accepted.
 
+use crate::cursor::Cursor;
 use crate::error::PlanError;
-use crate::plan::{Cursor, Plan};
+use crate::plan::Plan;
 use crate::schedule::{Schedule, SourceInfo};
 
 /// Whether cursors saved under `saved` continue under `new` without a sample lost or

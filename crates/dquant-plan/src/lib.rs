@@ -107,10 +107,12 @@
 mod blend;
 pub mod boundaries;
 mod change;
+mod cursor;
 mod error;
 mod kinetic;
 pub mod limits;
 pub mod mixture;
+mod output;
 pub mod permute;
 mod plan;
 pub mod resume;
@@ -119,12 +121,11 @@ mod schedule;
 pub use blend::{normalize_weights, Blender};
 pub use boundaries::{Boundaries, DocStarts, DocStartsError};
 pub use change::check_plan_change;
+pub use cursor::{cursor_trailer_len, Cursor};
 pub use error::PlanError;
 pub use mixture::Mixture;
+pub use output::{OutputDType, WireCodec};
 pub use permute::Permutation;
-pub use plan::{
-    cursor_trailer_len, Cursor, Interpolate, OutputDType, Plan, Source, Stage, WhenExhausted,
-    WireCodec,
-};
+pub use plan::{Interpolate, Plan, Source, Stage, WhenExhausted};
 pub use resume::{merge_cursors, MAX_DELIVERED};
 pub use schedule::{source_use, Batch, RankIter, SampleRef, Schedule, SourceInfo, SourceUse};

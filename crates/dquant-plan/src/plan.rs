@@ -1,14 +1,14 @@
 //! The plan: what a consumer asks for, as data (JSON or TOML).
 
-use std::fmt;
 use std::str::FromStr;
 
-use dquant_codec::{Codec, Compression, Width};
 use dquant_format::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::boundaries::{doc_section_bound, Boundaries};
+use crate::cursor::cursor_trailer_len;
 use crate::error::PlanError;
+use crate::output::{OutputDType, WireCodec};
 
 /// A declarative description of the batches a consumer wants: which sources, blended how,
 /// packed into samples of which length, shuffled with which seed, for how long, for which
@@ -195,139 +195,6 @@ impl Source {
     /// The same source with another weight.
     pub fn weight(self, weight: f64) -> Self {
         Source { weight, ..self }
-    }
-}
-
-/// The dtype of token ids in delivered batches.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputDType {
-    /// Unsigned 16-bit: vocabularies up to 65536 ids (an id that does not fit is an error,
-    /// never truncated).
-    U16,
-    /// Signed 32-bit (the default): what Megatron's GPTDataset hands to the model before
-    /// PyTorch widens it.
-    #[default]
-    I32,
-    /// Signed 64-bit: PyTorch's `torch.long`, ready for an embedding lookup.
-    I64,
-}
-
-impl OutputDType {
-    /// Bytes per token id.
-    pub fn itemsize(self) -> usize {
-        match self {
-            OutputDType::U16 => 2,
-            OutputDType::I32 => 4,
-            OutputDType::I64 => 8,
-        }
-    }
-
-    /// The codec width that stores this dtype (the plain wire codec of a batch that travels
-    /// as it is delivered).
-    pub fn width(self) -> Width {
-        match self {
-            OutputDType::U16 => Width::U16,
-            OutputDType::I32 => Width::I32,
-            OutputDType::I64 => Width::I64,
-        }
-    }
-
-    /// The name used in plans (`u16`, `i32`, `i64`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutputDType::U16 => "u16",
-            OutputDType::I32 => "i32",
-            OutputDType::I64 => "i64",
-        }
-    }
-}
-
-impl fmt::Display for OutputDType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Where a consumer is in a plan's stream: what a checkpoint stores, and what resuming starts
-/// from.
-///
-/// The plain cursor is Megatron's: `consumed_samples` global samples were consumed, all ranks
-/// together, so the stream goes on at global sample `consumed_samples`. Two optional parts make
-/// resuming exact and cheap at scale (see [`crate::resume`]):
-/// - `blend`: how many of the global samples below the watermark came from each source, so a
-///   resumed blend starts in O(#sources) instead of replaying from sample 0;
-/// - `delivered`: global samples past the watermark that were already delivered (DataLoader
-///   workers run ahead of each other), so a job that resumes on another number of ranks or
-///   workers neither repeats nor skips one.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Cursor {
-    /// `consumed_samples / Σ_d samples_per_epoch(d)`: how many passes over all sources'
-    /// samples have been consumed. For reporting; resuming uses only `consumed_samples`.
-    #[serde(default)]
-    pub epoch: u64,
-    /// Samples consumed by all ranks together (Megatron's `consumed_samples`): every global
-    /// sample below the watermark (`consumed_samples - delivered.len()`), and those in
-    /// `delivered`. The stream goes on with the rest, in global order, and rank `r` of `world`
-    /// takes the `k`-th of them when `(consumed_samples + k) % world == r`; without
-    /// `delivered` that is global sample `i` for `i % world == r`, as from the start.
-    pub consumed_samples: u64,
-    /// Per source, how many of the global samples below the watermark were drawn from it (the
-    /// blend's state there). Empty: unknown, and resuming replays the blend from sample 0.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub blend: Vec<u64>,
-    /// Global samples at or past the watermark that were already delivered, ascending.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub delivered: Vec<u64>,
-}
-
-impl Cursor {
-    /// The start of the stream.
-    pub const START: Cursor = Cursor {
-        epoch: 0,
-        consumed_samples: 0,
-        blend: Vec::new(),
-        delivered: Vec::new(),
-    };
-
-    /// The plain cursor after `consumed_samples` samples: no blend counts, nothing delivered
-    /// past it.
-    pub fn new(epoch: u64, consumed_samples: u64) -> Self {
-        Cursor {
-            epoch,
-            consumed_samples,
-            ..Cursor::START
-        }
-    }
-
-    /// Parses a cursor from JSON (its serde form, as [`Cursor::to_json`] writes it).
-    pub fn from_json(text: &str) -> Result<Self, PlanError> {
-        serde_json::from_str(text).map_err(|e| PlanError::Cursor(e.to_string()))
-    }
-
-    /// The cursor as compact JSON: `{"epoch":E,"consumed_samples":N}`, with `blend` and
-    /// `delivered` when they are set.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a cursor is plain data")
-    }
-
-    /// The global sample below which every sample was consumed: `consumed_samples` minus the
-    /// samples delivered past it. `None` when `delivered` is longer than `consumed_samples`
-    /// (not a cursor any stream produces).
-    pub fn watermark(&self) -> Option<u64> {
-        let n = u64::try_from(self.delivered.len()).ok()?;
-        self.consumed_samples.checked_sub(n)
-    }
-}
-
-/// Bytes of a batch record's cursor trailer for a plan of `sources` sources: one u64 count per
-/// source when there are several, none for one source (its count is the position itself).
-pub fn cursor_trailer_len(sources: usize) -> usize {
-    if sources > 1 {
-        8 * sources
-    } else {
-        0
     }
 }
 
@@ -647,67 +514,5 @@ impl Plan {
             _ => {}
         }
         Ok(())
-    }
-}
-
-/// The plan's `wire_codec`, parsed: what an agent encodes token blocks with on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WireCodec {
-    /// `auto[+COMPRESSION]`: the agent picks the narrowest lossless width for the data, then
-    /// applies this compression (`Compression::None` for plain `auto`).
-    Auto(Compression),
-    /// A fixed codec, e.g. `u16+zstd:3`.
-    Fixed(Codec),
-}
-
-impl WireCodec {
-    /// The codec it gives tokens no larger than `max_token`: a fixed codec as it is; `auto`
-    /// the narrowest width, byte-aligned when compressing (bit-packed input compresses far
-    /// worse).
-    pub fn codec_for_max(self, max_token: u32) -> Codec {
-        match self {
-            WireCodec::Fixed(c) => c,
-            WireCodec::Auto(compression) => Codec {
-                width: Width::narrowest(max_token, compression != Compression::None),
-                compression,
-            },
-        }
-    }
-
-    /// The most bytes `tokens` tokens may take in it (an `auto` codec's widest choice holds
-    /// any u32 token).
-    pub fn max_encoded_len(self, tokens: usize) -> usize {
-        self.codec_for_max(u32::MAX).max_encoded_len(tokens)
-    }
-
-    /// Whether it compresses (zstd or lz4): plain and bit-packed codecs cost about a copy, so
-    /// only compression is worth spreading over worker threads.
-    pub fn compresses(self) -> bool {
-        match self {
-            WireCodec::Fixed(c) => c.compression != Compression::None,
-            WireCodec::Auto(c) => c != Compression::None,
-        }
-    }
-}
-
-impl FromStr for WireCodec {
-    type Err = dquant_codec::CodecError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.strip_prefix("auto") {
-            Some("") => Ok(WireCodec::Auto(Compression::None)),
-            Some(rest) if rest.starts_with('+') => Ok(WireCodec::Auto(rest[1..].parse()?)),
-            _ => Ok(WireCodec::Fixed(s.parse()?)),
-        }
-    }
-}
-
-impl fmt::Display for WireCodec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WireCodec::Auto(Compression::None) => f.write_str("auto"),
-            WireCodec::Auto(c) => write!(f, "auto+{c}"),
-            WireCodec::Fixed(c) => write!(f, "{c}"),
-        }
     }
 }

@@ -10,8 +10,8 @@
 //! such cursor, which any number of ranks and workers resumes from with nothing lost and
 //! nothing repeated.
 
+use crate::cursor::Cursor;
 use crate::error::PlanError;
-use crate::plan::Cursor;
 use crate::schedule::{share, Schedule};
 
 /// The most samples a cursor may list as delivered past its watermark. Workers' prefetch

@@ -5,11 +5,12 @@ use std::ops::Range;
 use serde::Serialize;
 
 use crate::blend::Blender;
+use crate::cursor::Cursor;
 use crate::error::PlanError;
 use crate::limits::Limits;
 use crate::mixture::Mixture;
 use crate::permute::{epoch_key, Permutation};
-use crate::plan::{Cursor, Plan};
+use crate::plan::Plan;
 
 /// What the caller learned about source `d` by opening it: the schedule needs only its size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
