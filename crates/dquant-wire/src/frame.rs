@@ -13,10 +13,11 @@
 
 use std::fmt;
 
+pub use crate::error::WireError;
+
 pub const MAGIC: [u8; 4] = *b"DQFR";
 pub const HEADER_LEN: usize = 32;
-/// Largest payload of one frame: 1 MiB.
-pub const MAX_PAYLOAD: usize = 1 << 20;
+pub use crate::sizes::MAX_PAYLOAD;
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,42 +58,6 @@ impl fmt::Display for FrameKind {
             FrameKind::Error => "error",
         })
     }
-}
-
-/// Errors of the data plane.
-#[derive(Debug, thiserror::Error)]
-pub enum WireError {
-    #[error("data stream: bad frame magic {0:02x?} (not a dquant data stream, or out of sync)")]
-    BadMagic([u8; 4]),
-    #[error("data stream: frame header checksum mismatch at frame {expected_seq}")]
-    HeaderChecksum { expected_seq: u64 },
-    #[error("data stream: unknown frame kind {kind} at frame {seq}")]
-    UnknownKind { kind: u8, seq: u64 },
-    /// A frame longer than the reader takes: [`MAX_PAYLOAD`] for a stream, less where the
-    /// reader expects a small frame (an agent reads a hello into a hello-sized buffer).
-    #[error("data stream: frame {seq} claims {len} payload bytes, over the {max}-byte limit")]
-    TooLarge { seq: u64, len: u32, max: usize },
-    #[error("data stream: expected frame {expected}, got frame {got} (frames lost or repeated)")]
-    Sequence { expected: u64, got: u64 },
-    #[error("data stream: payload checksum mismatch in frame {seq}: stored {stored:#010x}, computed {computed:#010x}")]
-    PayloadChecksum {
-        seq: u64,
-        stored: u32,
-        computed: u32,
-    },
-    #[error("data stream: connection closed after {frames} complete frames, without an end frame")]
-    Truncated { frames: u64 },
-    #[error("data stream: payload of {0} bytes exceeds the {MAX_PAYLOAD}-byte frame limit")]
-    PayloadTooLarge(usize),
-    /// The sender reported an error in an error frame; this is its message, verbatim.
-    #[error("{0}")]
-    Remote(String),
-    #[error("data stream: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("{0}")]
-    Record(#[from] crate::record::RecordError),
-    #[error("data stream: the stream ended inside a record ({0})")]
-    EndInRecord(&'static str),
 }
 
 /// The checksum a frame header carries for `payload` (`dquant_transport::FrameWriter::

@@ -9,8 +9,10 @@
 //! both need these types; here, below both, neither depends on the other. Like the codec and
 //! the plan, it is sans I/O: parsers and encoders over byte slices, testable without a socket.
 
+mod error;
 pub mod frame;
 pub mod record;
+pub mod sizes;
 
 pub use frame::{payload_crc, FrameHeader, FrameKind, WireError};
 pub use record::{BatchHeader, Hello, RangeHeader, RecordError};

@@ -36,15 +36,15 @@
 
 use dquant_codec::Codec;
 
+pub use crate::error::RecordError;
+
 pub const RECORD_HEADER_LEN: usize = 48;
 pub const BATCH_MAGIC: [u8; 4] = *b"DQBT";
 pub const RANGE_MAGIC: [u8; 4] = *b"DQRG";
 pub const HELLO_MAGIC: [u8; 8] = *b"DQHELLO1";
-pub const HELLO_LEN: usize = 32;
+pub use crate::sizes::{HELLO_LEN, MAX_TOKEN_LEN};
 /// The hello that carries a tenant token after the session and ticket.
 pub const HELLO_TOKEN_MAGIC: [u8; 8] = *b"DQHELLO2";
-/// The longest tenant token a hello carries (so a hello fits a ring hand-over message).
-pub const MAX_TOKEN_LEN: usize = 200;
 /// The longest hello: a `DQHELLO2` with a token of [`MAX_TOKEN_LEN`].
 pub const MAX_HELLO_LEN: usize = HELLO_LEN + 2 + MAX_TOKEN_LEN;
 pub const REQUEST_MAGIC: [u8; 4] = *b"DQRQ";
@@ -53,21 +53,6 @@ pub const MAX_REQUEST_RANGES: usize = (crate::frame::MAX_PAYLOAD - 8) / 16;
 /// Longest token range one request may ask for (64 MiB of u32): an agent refuses longer ones,
 /// so a peer cannot make it allocate without bound, and readers split what they ask for.
 pub const MAX_RANGE_TOKENS: u64 = 1 << 24;
-
-/// Errors in record-level data (the frames around them were intact).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum RecordError {
-    #[error("data stream: bad record magic {0:02x?}")]
-    BadMagic([u8; 4]),
-    #[error("data stream: unknown wire codec bytes {0:02x?}")]
-    BadCodec([u8; 4]),
-    #[error("data stream: bad hello (expected {HELLO_LEN} bytes starting with DQHELLO1, or DQHELLO2 with a token of at most {MAX_TOKEN_LEN} bytes of UTF-8; got {got} bytes)")]
-    BadHello { got: usize },
-    #[error("data stream: a batch's trailer of {trailer_len} bytes does not fit its {payload_len}-byte payload in whole u64s")]
-    BadTrailer { trailer_len: u32, payload_len: u32 },
-    #[error("data stream: bad range request ({0})")]
-    BadRequest(String),
-}
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
