@@ -1,7 +1,6 @@
 //! Where a rank's stream stands: `(epoch, consumed_samples)` and the blend's counts there,
 //! what a restart resumes from exactly.
 
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::PlanError;

@@ -1,5 +1,6 @@
 //! Byte sources.
 
+use std::fmt;
 use std::fs::File;
 use std::io::{self, IoSliceMut};
 use std::os::unix::fs::FileExt;
@@ -7,8 +8,6 @@ use std::path::{Path, PathBuf};
 
 use rustix::fd::OwnedFd;
 use rustix::fs::{FileType, Mode, OFlags, Stat};
-
-use crate::root::ObjectVersion;
 
 /// A read-only object of known length that serves positional reads.
 ///
@@ -192,5 +191,24 @@ impl ReadAt for LocalFile {
 
     fn local_file(&self) -> Option<&File> {
         Some(&self.file)
+    }
+}
+
+/// One version of an object: equal versions mean the same bytes. Like `object_store`'s
+/// `e_tag`, opaque; a local file's is built from its device, inode, size and modification
+/// time, so a file replaced by a rename or rewritten in place gets another.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectVersion(Box<str>);
+
+impl ObjectVersion {
+    /// A store's own tag (an S3 ETag, a generation number).
+    pub fn tag(tag: impl Into<String>) -> Self {
+        ObjectVersion(tag.into().into_boxed_str())
+    }
+}
+
+impl fmt::Display for ObjectVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }

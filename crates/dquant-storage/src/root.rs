@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 
+pub use crate::backend::ObjectVersion;
 use crate::backend::ReadAt;
 
 /// One object of a root: its name, length and version.
@@ -37,25 +38,6 @@ impl ObjectMeta {
             len,
             version,
         }
-    }
-}
-
-/// One version of an object: equal versions mean the same bytes. Like `object_store`'s
-/// `e_tag`, opaque; a local file's is built from its device, inode, size and modification
-/// time, so a file replaced by a rename or rewritten in place gets another.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ObjectVersion(Box<str>);
-
-impl ObjectVersion {
-    /// A store's own tag (an S3 ETag, a generation number).
-    pub fn tag(tag: impl Into<String>) -> Self {
-        ObjectVersion(tag.into().into_boxed_str())
-    }
-}
-
-impl fmt::Display for ObjectVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
