@@ -20,8 +20,6 @@ use std::net::TcpStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::tls::TlsError;
-
 /// Raw bytes read from the socket at once (a TLS record is at most about 16.6 KiB).
 const RAW_CHUNK: usize = 64 << 10;
 /// Plaintext rustls takes in one write: a frame and its header.
@@ -79,24 +77,9 @@ impl DataStream {
         DataStream { sock, tls: None }
     }
 
-    /// Completes `conn`'s handshake over `sock` (blocking, within the socket's timeouts).
-    pub(crate) fn handshake(
-        mut sock: TcpStream,
-        mut conn: rustls::Connection,
-    ) -> Result<Self, TlsError> {
-        let peer = sock
-            .peer_addr()
-            .map_or_else(|_| "?".to_string(), |a| a.to_string());
-        let fail = |e: io::Error| TlsError::Handshake {
-            peer: peer.clone(),
-            reason: handshake_reason(&e),
-        };
-        while conn.is_handshaking() {
-            conn.complete_io(&mut sock).map_err(fail)?;
-        }
-        while conn.wants_write() {
-            conn.write_tls(&mut sock).map_err(fail)?;
-        }
+    /// A TLS connection whose handshake `conn` completed over `sock` ([`crate::tls`] does the
+    /// handshake and names its failures).
+    pub(crate) fn established(sock: TcpStream, mut conn: rustls::Connection) -> Self {
         // A whole frame (1 MiB) is sealed in one go and leaves in one write.
         conn.set_buffer_limit(Some(WRITE_LIMIT));
         let shared = TlsShared {
@@ -108,13 +91,13 @@ impl DataStream {
             }),
             out: Mutex::new(Vec::new()),
         };
-        Ok(DataStream {
+        DataStream {
             sock,
             tls: Some(Tls {
                 shared: Arc::new(shared),
                 raw: Vec::new(),
             }),
-        })
+        }
     }
 
     /// Another handle on this connection (the other half).
@@ -172,17 +155,6 @@ impl DataStream {
             Err(e) => Err(e.into()),
         }
     }
-}
-
-/// The reason in a failed handshake's error, with a hint for the usual causes.
-fn handshake_reason(e: &io::Error) -> String {
-    let m = e.to_string();
-    let eof = matches!(e.kind(), ErrorKind::UnexpectedEof);
-    let hint = match crate::tls::hint(&m, true) {
-        "" if eof => " (the peer closed the connection: does it serve TLS?)",
-        h => h,
-    };
-    format!("{m}{hint}")
 }
 
 impl Tls {

@@ -11,12 +11,13 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+pub use crate::error::ConnectError;
 use crate::receive::BatchSource;
-use crate::ring::{RingConsumer, RingError};
+use crate::ring::RingConsumer;
 use crate::shm::{RingRecords, RingSource};
 use crate::tcp::{self, TcpBatchSource};
-use crate::tls::{ClientTls, TlsError};
-use crate::{Hello, WireError};
+use crate::tls::ClientTls;
+use crate::Hello;
 
 /// How batches of an offloaded plan reach this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,26 +83,6 @@ pub struct Endpoint {
     pub ring: RingShape,
     /// TLS for the TCP data plane, when the agent serves it.
     pub tls: Option<ClientTls>,
-}
-
-/// Why a data plane could not be connected.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConnectError {
-    #[error("cannot reach agent {addr}: {source}")]
-    Connect {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("shared-memory ring: {0}")]
-    Ring(#[from] RingError),
-    #[error("{0}")]
-    Wire(#[from] WireError),
-    #[error("{0}")]
-    Tls(#[from] TlsError),
-    #[error("transport=shm: the agent at {agent} has no Unix socket; start it on this host with `dquant serve --socket PATH` and use that path as its address")]
-    NoSocket { agent: String },
 }
 
 /// Connects the data plane of the session `endpoint` describes over `transport`.

@@ -15,6 +15,7 @@
 //! carry the same frames in slots instead of a byte stream.
 
 mod conn;
+mod error;
 // The byte formats this crate carries, where every caller has always found them.
 pub use dquant_wire::{frame, record};
 pub mod connect;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use dquant_codec::{encode_width, CodecError, Width};
 
 use crate::conn::DataStream;
-use crate::connect::ConnectError;
+use crate::error::ConnectError;
 use crate::frame::MAX_PAYLOAD;
 use crate::receive::{BatchSource, ReceiveError};
 use crate::sink::{BatchSink, SinkError};

@@ -7,6 +7,7 @@
 //! process default, so what else the process links cannot change it.
 
 use std::fmt;
+use std::io::{self, ErrorKind};
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -154,7 +155,7 @@ impl ServerTls {
     pub fn accept(&self, sock: TcpStream) -> Result<DataStream, TlsError> {
         let conn = rustls::ServerConnection::new(self.config.clone())
             .map_err(|e| TlsError::Identity(e.to_string()))?;
-        DataStream::handshake(sock, conn.into())
+        handshake(sock, conn.into())
     }
 }
 
@@ -233,7 +234,7 @@ impl ClientTls {
         let name = server_name(self.name_for(addr))?;
         let conn = rustls::ClientConnection::new(self.config.clone(), name)
             .map_err(|e| TlsError::Identity(e.to_string()))?;
-        DataStream::handshake(sock, conn.into())
+        handshake(sock, conn.into())
     }
 }
 
@@ -274,4 +275,33 @@ pub fn hint(message: &str, tls: bool) -> &'static str {
     } else {
         ""
     }
+}
+
+/// Completes `conn`'s handshake over `sock` (blocking, within the socket's timeouts).
+fn handshake(mut sock: TcpStream, mut conn: rustls::Connection) -> Result<DataStream, TlsError> {
+    let peer = sock
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let fail = |e: io::Error| TlsError::Handshake {
+        peer: peer.clone(),
+        reason: handshake_reason(&e),
+    };
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock).map_err(fail)?;
+    }
+    while conn.wants_write() {
+        conn.write_tls(&mut sock).map_err(fail)?;
+    }
+    Ok(DataStream::established(sock, conn))
+}
+
+/// The reason in a failed handshake's error, with a hint for the usual causes.
+fn handshake_reason(e: &io::Error) -> String {
+    let m = e.to_string();
+    let eof = matches!(e.kind(), ErrorKind::UnexpectedEof);
+    let hint = match hint(&m, true) {
+        "" if eof => " (the peer closed the connection: does it serve TLS?)",
+        h => h,
+    };
+    format!("{m}{hint}")
 }
