@@ -7,6 +7,7 @@
 
 mod control;
 mod open;
+mod range_stream;
 mod readahead;
 mod replicas;
 mod shutdown;
@@ -18,8 +19,9 @@ pub use control::{
     TOKEN_ENV,
 };
 pub use open::{dataset_uri, open_on_agent, open_source};
+pub use range_stream::check_payload_len;
 pub use readahead::ReadaheadConfig;
 pub use replicas::ReplicatedSource;
 pub use shutdown::{resume_point, shutdown_message};
-pub use source::{check_payload_len, range_slot_size, RemoteSource};
+pub use source::{range_slot_size, RemoteSource};
 pub use uri::{is_host_port, is_unix_authority, AgentUri, Transport};

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use dquant_storage::SourceError;
 
-use crate::source::RangeStream;
+use crate::range_stream::RangeStream;
 
 /// The data streams a [`Window`] asks chunks on: one agent's (a [`RangeStream`]), or one per
 /// replica of a dataset (`ReplicatedSource`), where chunks go round-robin so every

@@ -38,8 +38,9 @@ use dquant_transport::record::MAX_REQUEST_RANGES;
 mod health;
 
 use crate::control::{Control, Credentials};
+use crate::range_stream::RangeStream;
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Streams, Window};
-use crate::source::{RangeStream, RemoteSource};
+use crate::source::RemoteSource;
 use health::Health;
 
 /// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.

@@ -3,23 +3,17 @@
 
 use std::ops::Range;
 
-use dquant_codec::{Codec, Decoder};
 use dquant_proto::v1::{DatasetStat, OpenReply, OpenSourceRequest, StatRequest};
 use dquant_storage::{check_ranges, SourceError, TokenSource};
-use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
 use dquant_plan::WireCodec;
 use dquant_transport::connect::connect_range_ring;
-use dquant_transport::record::{encode_request, MAX_RANGE_TOKENS, RECORD_HEADER_LEN};
+use dquant_transport::record::{MAX_RANGE_TOKENS, RECORD_HEADER_LEN};
 use dquant_transport::ring::layout::PAGE;
-use dquant_transport::shm::RingRecords;
-use dquant_transport::{
-    DataStream, Endpoint, FrameKind, FrameWriter, RangeHeader, ReceiveError, RecordReader,
-    RingShape, WireError,
-};
+use dquant_transport::{Endpoint, FrameWriter, RingShape};
 
 use crate::control::{connect_error, Control};
+use crate::range_stream::{RangeStream, Wire};
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Window};
 
 /// A dataset served by another agent, read by token ranges over its data plane.
@@ -124,14 +118,7 @@ impl RemoteSource {
             tokens,
             max_token,
             stat: reply.stat.clone().unwrap_or_default(),
-            stream: RangeStream {
-                wire,
-                decoder: Decoder::new(),
-                request: Vec::new(),
-                payload: Vec::new(),
-                requests: 0,
-                requested_tokens: 0,
-            },
+            stream: RangeStream::new(wire),
             readahead: ReadaheadConfig::DEFAULT,
             seq: Sequence::default(),
             window: None,
@@ -163,12 +150,12 @@ impl RemoteSource {
     /// Range requests sent to the agent so far (one per round trip when stop-and-wait; one
     /// per chunk when reading ahead).
     pub fn requests(&self) -> u64 {
-        self.stream.requests
+        self.stream.requests()
     }
 
     /// Tokens asked of the agent so far, read ahead or not (chunks drained unused included).
     pub fn requested_tokens(&self) -> u64 {
-        self.stream.requested_tokens
+        self.stream.requested_tokens()
     }
 
     fn read(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
@@ -252,166 +239,10 @@ pub fn range_slot_size(wire: WireCodec, tokens: u64) -> u64 {
     record.div_ceil(PAGE).saturating_mul(PAGE)
 }
 
-/// Where a source session's requests go and its answers come back.
-enum Wire {
-    /// Frames both ways over the agent's TCP data plane.
-    Tcp {
-        writer: FrameWriter<DataStream>,
-        reader: RecordReader<DataStream>,
-    },
-    /// Requests as frames on the agent's Unix socket; each answer in one slot of a ring.
-    Ring {
-        writer: FrameWriter<UnixStream>,
-        records: RingRecords,
-        /// How long an answer may take: the control connection's timeout, as a TCP data
-        /// connection's reads have.
-        timeout: Duration,
-    },
-}
-
-/// The data connection of a source session: requests out, range records back, in order.
-pub(crate) struct RangeStream {
-    wire: Wire,
-    decoder: Decoder,
-    request: Vec<u8>,
-    payload: Vec<u8>,
-    requests: u64,
-    requested_tokens: u64,
-}
-
-impl RangeStream {
-    /// Sends one request for `pairs` (first token, tokens), at most `MAX_REQUEST_RANGES`.
-    pub(crate) fn send(&mut self, pairs: &[(u64, u64)]) -> Result<(), SourceError> {
-        self.request.clear();
-        encode_request(pairs, &mut self.request);
-        match &mut self.wire {
-            Wire::Tcp { writer, .. } => send_frame(writer, &self.request)?,
-            Wire::Ring { writer, .. } => send_frame(writer, &self.request)?,
-        }
-        self.requests += 1;
-        self.requested_tokens += pairs.iter().map(|p| p.1).sum::<u64>();
-        Ok(())
-    }
-
-    /// Receives the next range record, which must be `len` tokens from `start`, and decodes
-    /// it into `out` (`len` tokens), or reads past it when `out` is `None`. An error frame
-    /// from the agent comes back as `WireError::Remote`, its message verbatim.
-    pub(crate) fn recv(
-        &mut self,
-        start: u64,
-        len: u64,
-        out: Option<&mut [u32]>,
-    ) -> Result<(), SourceError> {
-        match &mut self.wire {
-            Wire::Tcp { reader, .. } => {
-                let Some(hb) = reader.next_header()? else {
-                    return Err(WireError::EndInRecord("range response").into());
-                };
-                let h = answer_header(&hb, start, len)?;
-                self.payload.resize(h.payload_len as usize, 0);
-                reader.read_exact(&mut self.payload, "range payload")?;
-                decode_into(&mut self.decoder, &h, &self.payload, out)
-            }
-            Wire::Ring {
-                records, timeout, ..
-            } => {
-                let decoder = &mut self.decoder;
-                let done = records.with_next(*timeout, |rec| {
-                    let (hb, payload) = rec
-                        .split_first_chunk::<RECORD_HEADER_LEN>()
-                        .ok_or_else(|| {
-                            SourceError::Agent(format!(
-                                "shared-memory ring: a {}-byte record is shorter than a range header",
-                                rec.len()
-                            ))
-                        })?;
-                    let h = answer_header(hb, start, len)?;
-                    let payload = payload.get(..h.payload_len as usize).ok_or_else(|| {
-                        SourceError::Agent(format!(
-                            "shared-memory ring: range {start}+{len} has {} of its {} payload bytes",
-                            payload.len(),
-                            h.payload_len
-                        ))
-                    })?;
-                    decode_into(decoder, &h, payload, out)
-                });
-                done.map_err(|e| match e {
-                    ReceiveError::Wire(w) => SourceError::Wire(w),
-                    e => SourceError::Agent(e.to_string()),
-                })?
-            }
-        }
-    }
-
-    /// Ends the session: the agent sees its connection close.
-    fn shutdown(&self) {
-        match &self.wire {
-            Wire::Tcp { writer, .. } => {
-                let _ = writer.get_ref().socket().shutdown(std::net::Shutdown::Both);
-            }
-            Wire::Ring { records, .. } => records.shutdown(),
-        }
-    }
-}
-
-/// Sends `request` as one data frame, at once.
-fn send_frame<W: std::io::Write>(w: &mut FrameWriter<W>, request: &[u8]) -> Result<(), WireError> {
-    w.send(FrameKind::Data, request)?;
-    w.flush()
-}
-
-/// The header of an answer, checked to be range `start + len` with a payload its codec
-/// could have.
-fn answer_header(
-    hb: &[u8; RECORD_HEADER_LEN],
-    start: u64,
-    len: u64,
-) -> Result<RangeHeader, SourceError> {
-    let h = RangeHeader::parse(hb).map_err(WireError::from)?;
-    if h.start != start || h.len != len {
-        return Err(SourceError::Agent(format!(
-            "agent answered range {}+{} for request {}..{}",
-            h.start,
-            h.len,
-            start,
-            start + len
-        )));
-    }
-    check_payload_len(h.codec, h.len as usize, h.payload_len)?;
-    Ok(h)
-}
-
-/// Decodes an answer's payload into `out`, if it is wanted.
-fn decode_into(
-    decoder: &mut Decoder,
-    h: &RangeHeader,
-    payload: &[u8],
-    out: Option<&mut [u32]>,
-) -> Result<(), SourceError> {
-    if let Some(out) = out {
-        decoder
-            .decode(h.codec, payload, out)
-            .map_err(|e| e.at_base(h.start))?;
-    }
-    Ok(())
-}
-
 impl Drop for RemoteSource {
     fn drop(&mut self) {
         // Closing the socket ends the session on the agent; say so explicitly too, but do not
         // wait on an agent that may be gone.
         self.stream.shutdown();
     }
-}
-
-/// Refuses a payload length no encoding of `tokens` tokens could have (a corrupt or hostile
-/// peer must not make us allocate gigabytes).
-pub fn check_payload_len(codec: Codec, tokens: usize, payload_len: u32) -> Result<(), SourceError> {
-    let bound = codec.max_encoded_len(tokens);
-    if payload_len as usize > bound {
-        return Err(SourceError::Agent(format!(
-            "agent sent a {payload_len}-byte payload for {tokens} tokens of {codec} (at most {bound} expected)"
-        )));
-    }
-    Ok(())
 }
