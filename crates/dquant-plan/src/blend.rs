@@ -9,7 +9,7 @@
 //! O(#sources) memory, and computes the next pick in O(#sources) time.
 //!
 //! The arithmetic is Megatron's, operation for operation in `f64`: weights normalized by their
-//! sum ([`normalize_weights`], numpy's `w / w.sum()`), `max(i, 1)` as a double (so samples 0
+//! sum ([`crate::normalize_weights`], numpy's `w / w.sum()`), `max(i, 1)` as a double (so samples 0
 //! and 1 both compare against one sample's worth of weight), errors `w_d * i - count_d`, and a
 //! strict `>` so the lowest index wins a tie. IEEE arithmetic without fused operations gives the
 //! same picks on every machine.
@@ -25,6 +25,7 @@ use std::sync::Arc;
 use crate::error::PlanError;
 use crate::kinetic::Tournament;
 use crate::mixture::Mixture;
+use crate::weights::checked_weights;
 
 /// From this many sources on, a pick asks a [`Tournament`] (O(log #sources) nodes, plus those
 /// whose certificates ran out) instead of scanning every source. Measured (`cargo bench -p
@@ -36,16 +37,6 @@ pub const TOURNAMENT_FROM: usize = 256;
 /// millisecond of replay with a few sources, so a deadline is met closely and the ask costs
 /// nothing.
 pub const SEEK_CHECK_EVERY: u64 = 1 << 16;
-
-/// Normalizes blend weights to sum to 1, as Megatron-Core's `normalize` does
-/// (`w / numpy.sum(w)`).
-///
-/// The sum is taken left to right, which is what numpy computes for up to 8 weights (above
-/// that numpy sums pairwise, and the last bit of a normalized weight may differ).
-pub fn normalize_weights(weights: &[f64]) -> Vec<f64> {
-    let sum: f64 = weights.iter().fold(0.0, |s, &w| s + w);
-    weights.iter().map(|&w| w / sum).collect()
-}
 
 /// The state of Megatron's blending loop after some number of samples: which source the next
 /// global sample comes from, and which of that source's samples it is.
@@ -90,27 +81,9 @@ impl Blender {
     /// Every weight must be finite and positive; the error names the first that is not, as
     /// `sources[d].weight`.
     pub fn new(weights: &[f64]) -> Result<Self, PlanError> {
-        if weights.is_empty() {
-            return Err(PlanError::invalid(
-                "sources",
-                "at least one source is required",
-            ));
-        }
-        if let Some((d, w)) = first_non_positive(weights) {
-            return Err(PlanError::invalid(
-                format!("sources[{d}].weight"),
-                format!("must be a finite number > 0 (got {w})"),
-            ));
-        }
-        let weights = normalize_weights(weights);
-        if let Some((d, w)) = first_non_positive(&weights) {
-            // Only reachable when the sum overflows or a weight underflows relative to it.
-            return Err(PlanError::invalid(
-                format!("sources[{d}].weight"),
-                format!("is out of proportion to the others (normalized to {w})"),
-            ));
-        }
-        Ok(Self::with_mixture(Mixture::constant(weights)))
+        Ok(Self::with_mixture(Mixture::constant(checked_weights(
+            weights,
+        )?)))
     }
 
     /// A blender at sample 0 whose weights follow `mixture` (a constant one is
@@ -404,13 +377,6 @@ fn scan(i: f64, weights: &[f64], counts: &[u64]) -> usize {
 }
 
 /// The first weight that is not a finite number above zero, with its index.
-fn first_non_positive(weights: &[f64]) -> Option<(usize, f64)> {
-    weights
-        .iter()
-        .copied()
-        .enumerate()
-        .find(|&(_, w)| !(w.is_finite() && w > 0.0))
-}
 
 #[cfg(test)]
 mod tests {

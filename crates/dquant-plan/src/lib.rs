@@ -117,8 +117,9 @@ pub mod permute;
 mod plan;
 pub mod resume;
 mod schedule;
+mod weights;
 
-pub use blend::{normalize_weights, Blender};
+pub use blend::Blender;
 pub use boundaries::{Boundaries, DocStarts, DocStartsError};
 pub use change::check_plan_change;
 pub use cursor::{cursor_trailer_len, Cursor};
@@ -129,3 +130,4 @@ pub use permute::Permutation;
 pub use plan::{Interpolate, Plan, Source, Stage, WhenExhausted};
 pub use resume::{merge_cursors, MAX_DELIVERED};
 pub use schedule::{source_use, Batch, RankIter, SampleRef, Schedule, SourceInfo, SourceUse};
+pub use weights::{checked_weights, normalize_weights};

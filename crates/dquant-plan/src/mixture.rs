@@ -22,9 +22,9 @@
 //! so a plan whose stages differ only from there on continues a cursor with nothing lost or
 //! repeated ([`Mixture::agrees_below`], used by [`crate::check_plan_change`]).
 
-use crate::blend::normalize_weights;
 use crate::error::PlanError;
 use crate::plan::{Interpolate, Plan};
+use crate::weights::normalize_weights;
 
 /// A resolved mixture schedule: weights as a function of the global sample index.
 #[derive(Clone, Debug, PartialEq)]

@@ -409,7 +409,7 @@ impl Plan {
         }
         // The blend's weights must also survive normalization.
         let weights: Vec<f64> = self.sources.iter().map(|s| s.weight).collect();
-        crate::blend::Blender::new(&weights)?;
+        crate::weights::checked_weights(&weights)?;
         Ok(())
     }
 
