@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dquant_plan::{Cursor, WireCodec};
+use dquant_plan::Cursor;
 use dquant_proto::v1::agent_server::Agent;
 use dquant_proto::v1::{
     CloseReply, CloseRequest, DatasetStat, Event, IndexPart, IndexReply, IndexRequest, ListReply,
@@ -21,7 +21,7 @@ use dquant_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
-use crate::limits::LimitError;
+use crate::requests::{over_limit, range_wire_codec};
 use crate::sessions::Work;
 use crate::share::{check_name, Pos};
 use crate::Shared;
@@ -102,28 +102,6 @@ fn caller_of<T>(req: &Request<T>) -> Result<Caller, Status> {
         .get::<Caller>()
         .cloned()
         .ok_or_else(|| Status::internal("request not authenticated"))
-}
-
-pub(crate) fn over_limit(e: LimitError) -> Status {
-    Status::invalid_argument(e.to_string())
-}
-
-/// The wire codec a range session asked for (`auto+lz4` when it asked for none), parsed and
-/// checked against the agent's limits.
-pub(crate) fn range_wire_codec(shared: &Shared, requested: &str) -> Result<WireCodec, Status> {
-    let codec = match requested {
-        "" => "auto+lz4",
-        c => c,
-    };
-    let wire: WireCodec = codec
-        .parse()
-        .map_err(|e| Status::invalid_argument(format!("wire_codec: {e}")))?;
-    shared
-        .config
-        .limits
-        .check_wire("wire_codec", wire)
-        .map_err(over_limit)?;
-    Ok(wire)
 }
 
 fn full(e: crate::sessions::SessionError) -> Status {

@@ -35,6 +35,7 @@ mod metrics;
 mod open_pool;
 mod pacing;
 mod produce;
+mod requests;
 mod serve_plan;
 mod serve_ranges;
 mod sessions;

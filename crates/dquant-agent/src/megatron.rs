@@ -26,7 +26,7 @@ use dquant_storage::OpenOptions;
 use tonic::Status;
 
 use crate::auth::Caller;
-use crate::grpc::{over_limit, range_wire_codec};
+use crate::requests::{over_limit, range_wire_codec};
 use crate::sessions::{Reservation, Work};
 use crate::Shared;
 
