@@ -3,7 +3,7 @@
 //! own pieces (`Pipeline`, the output check of `Pipeline::next_batch_checked`,
 //! `RecordEncoder::encode`, `encode_width` into frames), then the source read underneath the
 //! pipeline peeled layer by layer. The tables and JSON are made by
-//! [`crate::report::breakdown`].
+//! [`breakdown`].
 //!
 //! Not modelled: when the wire codec is the output dtype's plain codec and the dataset stores
 //! that dtype (a uint16 dataset sent as `u16`), the agent reads stored bytes straight into
@@ -25,7 +25,9 @@ use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::{FrameHeader, FrameKind};
 
 use crate::procs;
+use crate::report::{f, Table};
 use crate::{DataSpec, PlanOpts};
+use serde_json::json;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -214,7 +216,7 @@ pub fn run(a: &Args) -> Result<()> {
     for _ in 1..a.repeats {
         st = st.min(measure(a, &ds)?.0);
     }
-    crate::report::breakdown(a, &ds, &st, &v)
+    breakdown(a, &ds, &st, &v)
 }
 
 /// All passes once.
@@ -400,4 +402,164 @@ fn measure(a: &Args, ds: &DataSpec) -> Result<(Stages, Volume)> {
             checked_output,
         },
     ))
+}
+
+/// The breakdown's tables (or JSON): each stage's time per token and per GB of output, the
+/// producer thread's total, and the differences of the source passes.
+fn breakdown(a: &Args, ds: &DataSpec, st: &Stages, v: &Volume) -> Result<()> {
+    let Volume {
+        tokens,
+        out_bytes,
+        wire_bytes,
+        checked_output,
+    } = *v;
+    let producer = st.pipeline + st.check_out + st.record + st.frame_encode + st.frame_copy;
+    let check_out = if checked_output {
+        "check_fits for the output dtype (Pipeline::next_batch_checked)"
+    } else {
+        "check_fits for the output dtype: skipped, the sources' bound fits it"
+    };
+    let rows: Vec<(&str, &str, Duration)> = vec![
+        ("producer", "Pipeline::next_batch (all of it)", st.pipeline),
+        (
+            "producer",
+            "  of which: LocalSource::read_ranges (pass 2)",
+            st.source,
+        ),
+        (
+            "producer",
+            "    of which: Dataset::read_into per sample (pass 3)",
+            st.dataset,
+        ),
+        (
+            "producer",
+            "      of which: pread of the stored bytes (pass 4)",
+            st.pread,
+        ),
+        (
+            "what-if",
+            "pass 4 with POSIX_FADV_RANDOM on the fd",
+            st.pread_random,
+        ),
+        ("producer", check_out, st.check_out),
+        (
+            "producer",
+            "codec choice + wire check + encode (RecordEncoder::encode)",
+            st.record,
+        ),
+        (
+            "producer",
+            "encode_width into 1 MiB frames (Payload::Plain)",
+            st.frame_encode,
+        ),
+        (
+            "producer",
+            "FrameSink copy into 1 MiB frames (headers, Payload::Bytes)",
+            st.frame_copy,
+        ),
+        ("producer", "= producer thread total", producer),
+        (
+            "sender",
+            "crc32c of each frame (FrameWriter::send)",
+            st.frame_crc,
+        ),
+        (
+            "consumer",
+            "copy frame → batch buffer (Reader::fill)",
+            st.client_copy,
+        ),
+    ];
+    let mut rows = rows;
+    if let Some(d) = st.pread_span {
+        rows.insert(
+            5,
+            (
+                "what-if",
+                "pass 4 as one pread per batch (adjacent samples)",
+                d,
+            ),
+        );
+    }
+    let derived: Vec<(&str, Duration)> = vec![
+        (
+            "Pipeline own work: schedule, bookkeeping, any gather copy",
+            st.pipeline.saturating_sub(st.source),
+        ),
+        (
+            "LocalSource loop around Dataset::read_into",
+            st.source.saturating_sub(st.dataset),
+        ),
+        (
+            "Dataset::read_into after the pread: decode stored dtype → u32",
+            st.dataset.saturating_sub(st.pread),
+        ),
+    ];
+    let gb = out_bytes as f64 / 1e9;
+    let ns_tok = |d: Duration| d.as_secs_f64() * 1e9 / tokens as f64;
+    {
+        let j = |(side, what, d): &(&str, &str, Duration)| {
+            json!({"side": side, "stage": what.trim(), "seconds": d.as_secs_f64(),
+                   "ns_per_token": ns_tok(*d), "cpu_s_per_gb": d.as_secs_f64() / gb})
+        };
+        let out = json!({
+            "bench": "breakdown", "dataset": ds.local(), "plan": a.plan.describe(),
+            "shuffle": a.shuffle, "repeats": a.repeats, "tokens": tokens, "output_bytes": out_bytes, "wire_bytes": wire_bytes,
+            "stages": rows.iter().map(j).collect::<Vec<_>>(),
+            "derived": derived.iter().map(|(w, d)| json!({"stage": w, "seconds": d.as_secs_f64(),
+                "ns_per_token": ns_tok(*d), "cpu_s_per_gb": d.as_secs_f64() / gb})).collect::<Vec<_>>(),
+            "producer_bound_gb_per_s": gb / producer.as_secs_f64(),
+        });
+        if a.out.emit(&out)? {
+            return Ok(());
+        }
+    }
+    println!(
+        "dataset {}; plan: {}, shuffle={}; {:.2} G tokens, {:.3} GB of output payload",
+        ds.local(),
+        a.plan.describe(),
+        a.shuffle,
+        tokens as f64 / 1e9,
+        gb
+    );
+    println!(
+        "one thread; each stage the fastest of {} measurements; CPU s/GB is per GB (1e9 bytes) of output payload\n",
+        a.repeats
+    );
+    let mut t = Table::new(&["side", "stage", "s", "ns/token", "CPU s/GB", "alone GB/s"]).left(2);
+    for (side, what, d) in &rows {
+        t.row(vec![
+            side.to_string(),
+            what.to_string(),
+            f(d.as_secs_f64(), 3),
+            f(ns_tok(*d), 3),
+            f(d.as_secs_f64() / gb, 3),
+            if d.is_zero() {
+                "-".into()
+            } else {
+                f(gb / d.as_secs_f64(), 2)
+            },
+        ]);
+    }
+    t.print();
+    println!();
+    let mut t = Table::new(&[
+        "derived (differences of the passes)",
+        "s",
+        "ns/token",
+        "CPU s/GB",
+    ]);
+    for (what, d) in &derived {
+        t.row(vec![
+            what.to_string(),
+            f(d.as_secs_f64(), 3),
+            f(ns_tok(*d), 3),
+            f(d.as_secs_f64() / gb, 3),
+        ]);
+    }
+    t.print();
+    println!(
+        "\nthe producer thread alone could deliver {:.2} GB/s of payload (before any socket cost)",
+        gb / producer.as_secs_f64()
+    );
+    Ok(())
 }
