@@ -21,7 +21,8 @@ use dquant_codec::{Codec, Width};
 use dquant_plan::{Cursor, DocStarts, WireCodec};
 use dquant_wire::BatchHeader;
 
-use crate::pipeline::{BatchInfo, Pipeline};
+use crate::batch::BatchInfo;
+use crate::pipeline::Pipeline;
 use crate::record::{batch_header, checked_codec};
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;

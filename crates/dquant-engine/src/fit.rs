@@ -7,7 +7,7 @@
 use dquant_codec::kernels::first_over;
 use dquant_codec::Width;
 
-use crate::pipeline::TokenBatch;
+use crate::batch::TokenBatch;
 use crate::EngineError;
 
 /// The first token of `batch` that does not fit `width`, as the error the plan's users see:

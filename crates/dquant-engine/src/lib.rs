@@ -10,6 +10,7 @@
 //! tokens come from: [`LocalSource`] reads a dataset through `dquant-storage`; a dataset on
 //! another agent (`dquant_remote::RemoteSource`) implements the same trait.
 
+mod batch;
 mod batch_reads;
 pub mod doc_section;
 mod doc_starts;
@@ -20,10 +21,11 @@ mod pipeline;
 pub mod record;
 mod worker_pool;
 
+pub use batch::{BatchInfo, TokenBatch};
 pub use encode_ahead::{EncodeAhead, Encoded};
 pub use error::EngineError;
 pub use fit::check_fits;
-pub use pipeline::{BatchInfo, Pipeline, TokenBatch};
+pub use pipeline::Pipeline;
 pub use record::{batch_header, checked_codec, codec_for, plain_codec, put_trailer, RecordEncoder};
 // The sources a pipeline reads, defined with the datasets below it.
 pub use dquant_storage::source::{

@@ -9,31 +9,15 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use dquant_codec::Width;
-use dquant_plan::{Cursor, DocStarts, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo};
+use dquant_plan::{Cursor, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo};
 
+use crate::batch::{BatchInfo, TokenBatch};
 use crate::batch_reads::{self, source_error};
 use crate::doc_starts::{BatchTokens, DocFinder};
 use crate::fit::check_fits;
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 use dquant_storage::source::{SourceError, TokenSource};
-
-/// One batch of tokens, borrowed from the pipeline.
-pub struct TokenBatch<'a> {
-    /// Index of the batch in the rank's stream.
-    pub index: u64,
-    /// `samples × sample_len` tokens, row-major.
-    pub tokens: &'a [u32],
-    pub samples: usize,
-    /// The cursor once this batch is consumed.
-    pub cursor: Cursor,
-    /// For each sample: its source and the source offset of its first token.
-    pub provenance: &'a [(usize, u64)],
-    /// The plan's source URIs, as the plan spelled them (for error messages).
-    pub uris: &'a [String],
-    /// Each sample's document starts, when the plan has boundaries.
-    pub docs: Option<&'a DocStarts>,
-}
 
 /// A plan bound to opened sources, positioned at a cursor.
 pub struct Pipeline {
@@ -59,29 +43,6 @@ pub struct Pipeline {
     trailer_bound: usize,
     /// Samples this stream has taken from each source since it opened.
     drawn: Vec<u64>,
-}
-
-impl TokenBatch<'_> {
-    /// Where this batch sits in the stream.
-    pub fn info(&self) -> BatchInfo {
-        BatchInfo {
-            index: self.index,
-            samples: self.samples,
-            cursor: self.cursor.clone(),
-            docs: self.docs.cloned(),
-        }
-    }
-}
-
-/// Where a batch written by [`Pipeline::next_batch_into`] sits in the stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BatchInfo {
-    pub index: u64,
-    pub samples: usize,
-    /// The cursor once this batch is consumed.
-    pub cursor: Cursor,
-    /// Each sample's document starts, when the plan has boundaries.
-    pub docs: Option<DocStarts>,
 }
 
 impl Pipeline {

@@ -12,9 +12,9 @@ use dquant_codec::{Codec, CodecError, Compression, Encoder, Width};
 use dquant_plan::{DocStarts, OutputDType, WireCodec};
 use dquant_wire::BatchHeader;
 
+use crate::batch::{BatchInfo, TokenBatch};
 use crate::doc_section;
 use crate::fit::check_fits;
-use crate::pipeline::{BatchInfo, TokenBatch};
 use crate::EngineError;
 
 /// The codec `wire` gives `tokens`: a fixed codec as it is, `auto` from their largest token.
