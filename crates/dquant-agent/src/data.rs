@@ -20,7 +20,8 @@ use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, Hello};
 use crate::produce::Stats;
 use crate::serve_plan::stream_plan;
 use crate::serve_ranges::serve_ranges;
-use crate::sessions::{claim_error, StreamError, Work};
+use crate::sessions::{claim_error, Work};
+use crate::stream_error::StreamError;
 use crate::Shared;
 
 /// How long a new connection has to send its hello.
@@ -204,9 +205,8 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     let notify = conn.try_clone().ok();
     let result = crate::faults::contain(|| match work {
         w @ (Work::Plan { .. } | Work::Subscriber { .. }) => {
-            let meter = shared
-                .metrics
-                .plan_meter(&owner, &w)
+            let meter = w
+                .meter(&shared.metrics, &owner)
                 .with_tally(shared.events.tally(&owner));
             stream_plan(w, conn, cancel, &shared, meter, pacer)
         }

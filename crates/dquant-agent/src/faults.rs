@@ -106,10 +106,10 @@ pub(crate) fn catch<S, T>(
 /// server, not only a producer) becomes that session's failure instead of unwinding out of
 /// the thread, so the session table, the metrics and the `Watch` feed see it end.
 pub(crate) fn contain<T>(
-    stream: impl FnOnce() -> Result<T, crate::sessions::StreamError>,
-) -> Result<T, crate::sessions::StreamError> {
+    stream: impl FnOnce() -> Result<T, crate::stream_error::StreamError>,
+) -> Result<T, crate::stream_error::StreamError> {
     catch("a session's thread", &mut (), |()| stream(), |()| None)
-        .unwrap_or_else(|m| Err(crate::sessions::StreamError::Panicked(m)))
+        .unwrap_or_else(|m| Err(crate::stream_error::StreamError::Panicked(m)))
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ mod serve_plan;
 mod serve_ranges;
 mod sessions;
 mod share;
+mod stream_error;
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::{UnixListener, UnixStream};

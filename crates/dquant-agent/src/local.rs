@@ -191,9 +191,8 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
             serve_ranges_ring(w, sink, conn, (shared, &owner), cancel.clone())
         }),
         w => {
-            let meter = shared
-                .metrics
-                .plan_meter(&owner, &w)
+            let meter = w
+                .meter(&shared.metrics, &owner)
                 .with_tally(shared.events.tally(&owner));
             crate::faults::contain(|| stream_ring(w, sink, &cancel, shared, meter))
         }

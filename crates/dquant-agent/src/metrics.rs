@@ -25,7 +25,6 @@ use std::net::SocketAddr;
 
 use metrics::{Counter, Gauge, Key, Label, Level, Metadata, Recorder};
 
-use crate::sessions::Work;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 static METADATA: Metadata<'static> =
@@ -128,17 +127,6 @@ impl Metrics {
             sources: Vec::new(),
             drawn: Vec::new(),
             tally: None,
-        }
-    }
-
-    /// The counters of a plan session (`work`): its tenant's, and one per source of its plan,
-    /// so a dashboard shows how many epochs of each dataset went out.
-    pub fn plan_meter(&self, tenant: &str, work: &Work) -> Meter {
-        match work {
-            Work::Plan { pipeline, .. } => self.pipeline_meter(tenant, pipeline),
-            // A subscriber's batches are counted once, by its stream's producer.
-            Work::Subscriber { .. } => Meter::off(),
-            Work::Source { .. } => self.meter(tenant),
         }
     }
 

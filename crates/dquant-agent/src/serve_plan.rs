@@ -17,8 +17,9 @@ use dquant_transport::{BatchSink, DataStream, FrameWriter};
 use crate::faults::Site;
 use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer, Stats};
-use crate::sessions::{StreamError, Work};
+use crate::sessions::Work;
 use crate::share::{relay, FrameOutlet, RingOutlet};
+use crate::stream_error::StreamError;
 use crate::Shared;
 
 /// Streams a plan's batches over `conn` in the plan's wire codec until the end, an error, a

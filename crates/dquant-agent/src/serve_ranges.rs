@@ -36,7 +36,8 @@ use dquant_transport::{
 
 use crate::metrics::Meter;
 use crate::produce::Stats;
-use crate::sessions::{StreamError, Work};
+use crate::sessions::Work;
+use crate::stream_error::StreamError;
 use crate::Shared;
 
 mod ahead;

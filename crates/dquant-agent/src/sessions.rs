@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use dquant_engine::{Pipeline, TokenSource};
 use dquant_plan::{OutputDType, WireCodec};
-use dquant_transport::WireError;
+
+use crate::metrics::{Meter, Metrics};
 
 /// Why a session could not be added.
 #[derive(Debug, thiserror::Error)]
@@ -26,29 +27,6 @@ pub(crate) enum SessionError {
     Full { max: usize },
     #[error("agent is draining: it takes no new sessions; open on another agent or retry after its restart")]
     Draining,
-}
-
-/// Why a session's stream ended before its end (for the log line at its end).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub(crate) enum StreamError {
-    /// The consumer went away or the session was cancelled.
-    #[error("{0}")]
-    Stopped(String),
-    /// The stream failed; the consumer was sent this message.
-    #[error("{0}")]
-    Failed(String),
-    /// The agent shut down; the consumer was sent its resume cursor (this message).
-    #[error("{0}")]
-    Drained(String),
-    /// The session's thread panicked outside the produce loop ([`crate::faults::contain`]);
-    /// the consumer has not been told yet.
-    #[error("{0}")]
-    Panicked(String),
-    #[error("{0}")]
-    Wire(#[from] WireError),
-    #[error("cannot start a thread: {0}")]
-    Thread(std::io::Error),
 }
 
 /// What a session will stream once its data connection arrives.
@@ -67,6 +45,20 @@ pub(crate) enum Work {
         name: String,
         wire: WireCodec,
     },
+}
+
+impl Work {
+    /// The counters of this session for `tenant`: a plan's, with one per source of its plan
+    /// (so a dashboard shows how many epochs of each dataset went out); a range session's,
+    /// its tenant's alone.
+    pub(crate) fn meter(&self, metrics: &Metrics, tenant: &str) -> Meter {
+        match self {
+            Work::Plan { pipeline, .. } => metrics.pipeline_meter(tenant, pipeline),
+            // A subscriber's batches are counted once, by its stream's producer.
+            Work::Subscriber { .. } => Meter::off(),
+            Work::Source { .. } => metrics.meter(tenant),
+        }
+    }
 }
 
 impl Work {

@@ -1,3 +1,10 @@
+//! The codec layer's one error enum.
+//!
+//! It and `width` import each other, on purpose (one of the tree's import circles, the only
+//! one left): an error names the width a token did not fit and the bits it needs, which only
+//! `width` computes, and parsing a width fails with this error. Splitting either would leave a
+//! second error type or a second copy of the bit arithmetic.
+
 use crate::width::{bits_needed, Width};
 
 /// Errors of the codec layer. Offsets are token offsets within the slice handed to the codec;
