@@ -80,26 +80,64 @@ struct Part {
 
 pub fn run(a: &Args) -> Result<()> {
     let started = Instant::now();
-    let tmp;
-    let (dir, keep) = match &a.dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("{}", d.display()))?;
-            (d.clone(), true)
+    let (dir, tmp) = work_dir(a)?;
+    let parts = make_corpus(a, &dir)?;
+    // The agent's Unix socket for the shared-memory leg, in its own short temp dir: socket
+    // paths are limited to 108 bytes.
+    let socket_dir = tempfile::tempdir().context("a temporary directory for the agent's socket")?;
+    let socket = socket_dir.path().join("agent.sock");
+    let agent = start_agent(&dir, &socket)?;
+    let uri = agent.uri();
+    let plan = plan_over(|p| format!("demo/{}", p.served), &parts);
+    let local_plan = plan_over(|p| dir.join(&p.served).display().to_string(), &parts);
+    let mut local = Reader::local(&local_plan, Cursor::START)?;
+    let picks = first_pick_of_each(&local, parts.len())?;
+    println!(
+        "3. plan: {:.0}% demo/{} + {:.0}% demo/{}, seq_len {SEQ_LEN}, batch {BATCH}, shuffled (seed {SEED}), output i32, wire {WIRE}",
+        TEXT_WEIGHT * 100.0,
+        parts[0].served,
+        CODE_WEIGHT * 100.0,
+        parts[1].served,
+    );
+    let streamed = stream_offloaded(&uri, &plan, &picks)?;
+    streamed.report();
+    check_parity(&uri, &plan, &mut local, &socket, &streamed)?;
+    show_samples(&parts, &picks, &streamed.samples)?;
+    agent.shutdown();
+    println!(
+        "\ndone in {:.1} s. datasets: {}{}",
+        started.elapsed().as_secs_f64(),
+        dir.display(),
+        if tmp.is_none() {
+            format!("\nnext: dquant serve --root demo={}", dir.display())
+        } else {
+            " (removed; keep them with --dir DIR)".into()
         }
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("dquant-demo-")
-                .tempdir()
-                .context("creating a temporary directory")?;
-            (tmp.path().to_path_buf(), false)
-        }
-    };
+    );
+    Ok(())
+}
+
+/// The directory the datasets go in: `--dir`, kept, or a temporary one removed when the
+/// returned guard drops.
+fn work_dir(a: &Args) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    if let Some(d) = &a.dir {
+        std::fs::create_dir_all(d).with_context(|| format!("{}", d.display()))?;
+        return Ok((d.clone(), None));
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("dquant-demo-")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    Ok((tmp.path().to_path_buf(), Some(tmp)))
+}
+
+/// Step 1: the two datasets tokenized as Megatron int32, the prose stored again as a block
+/// file.
+fn make_corpus(a: &Args, dir: &Path) -> Result<[Part; 2]> {
     let src_root = a
         .root
         .clone()
         .unwrap_or_else(dquant_corpus::default_source_root);
-
-    // 1. The corpus.
     println!(
         "1. corpus: {} MB of prose and {} MB of code from {}",
         a.mb,
@@ -147,58 +185,65 @@ pub fn run(a: &Args) -> Result<()> {
         util::thousands(bytes),
         (tokens * 4) as f64 / bytes.max(1) as f64
     );
+    Ok(parts)
+}
 
-    // 2. The agent, with a Unix socket for the shared-memory leg (in its own short temp dir:
-    // socket paths are limited to 108 bytes).
-    let socket_dir = tempfile::tempdir().context("a temporary directory for the agent's socket")?;
-    let socket = socket_dir.path().join("agent.sock");
+/// Step 2: an agent in this process serving `dir` as root `demo`, on loopback and `socket`.
+fn start_agent(dir: &Path, socket: &Path) -> Result<dquant_agent::AgentHandle> {
     let config = AgentConfig {
         listen: "127.0.0.1:0".parse().expect("a constant address parses"),
         data_listen: Some("127.0.0.1:0".parse().expect("a constant address parses")),
-        socket: Some(socket.clone()),
-        roots: BTreeMap::from([("demo".to_string(), dir.clone())]),
+        socket: Some(socket.to_path_buf()),
+        roots: BTreeMap::from([("demo".to_string(), dir.to_path_buf())]),
         ..AgentConfig::default()
     };
     let agent = serve::start(config)?;
-    let uri = agent.uri();
     println!(
-        "2. agent {uri} (data plane {}, Unix socket {}), serving root demo = {}",
+        "2. agent {} (data plane {}, Unix socket {}), serving root demo = {}",
+        agent.uri(),
         agent.data_addr(),
         socket.display(),
         dir.display()
     );
+    Ok(agent)
+}
 
-    // 3. The plan, offloaded.
-    let plan = plan_over(|p| format!("demo/{}", p.served), &parts);
-    let local_plan = plan_over(|p| dir.join(&p.served).display().to_string(), &parts);
-    // The schedule says which source each sample came from; a local reader has it.
-    let mut local = Reader::local(&local_plan, Cursor::START)?;
-    let schedule = local
-        .schedule()
-        .context("a local reader has a schedule")?
-        .clone();
-    let mut picks: Vec<(usize, u64)> = Vec::new(); // (source, global sample)
+/// The first sample each source gives, as (source, global sample): the schedule says which
+/// source each sample came from, and a local reader has it.
+fn first_pick_of_each(local: &Reader, sources: usize) -> Result<Vec<(usize, u64)>> {
+    let schedule = local.schedule().context("a local reader has a schedule")?;
+    let mut picks: Vec<(usize, u64)> = Vec::new();
     for i in 0..schedule.total_samples() {
         let Some(s) = schedule.sample(i) else { break };
         if !picks.iter().any(|(d, _)| *d == s.source) {
             picks.push((s.source, i));
         }
-        if picks.len() == parts.len() {
+        if picks.len() == sources {
             break;
         }
     }
-    println!(
-        "3. plan: {:.0}% demo/{} + {:.0}% demo/{}, seq_len {SEQ_LEN}, batch {BATCH}, shuffled (seed {SEED}), output i32, wire {WIRE}",
-        TEXT_WEIGHT * 100.0,
-        parts[0].served,
-        CODE_WEIGHT * 100.0,
-        parts[1].served,
-    );
+    Ok(picks)
+}
+
+/// What step 3's offloaded stream gave: its checksum, sizes and times, and the picked samples.
+struct Streamed {
+    hash: u64,
+    samples: Vec<Vec<u32>>,
+    batches: u64,
+    n_samples: u64,
+    n_tokens: u64,
+    wall: f64,
+    first_batch: Option<f64>,
+    cpu: Option<f64>,
+}
+
+/// Step 3: the plan streamed from the agent, which runs it; the picked samples kept.
+fn stream_offloaded(uri: &str, plan: &Plan, picks: &[(usize, u64)]) -> Result<Streamed> {
     let sample_len = SEQ_LEN as usize + 1;
     let mut samples: Vec<Vec<u32>> = vec![Vec::new(); picks.len()];
     let cpu0 = thread_cpu();
     let t0 = Instant::now();
-    let mut r = dquant_client::open(&uri, &plan, Offload::Yes)?;
+    let mut r = dquant_client::open(uri, plan, Offload::Yes)?;
     ensure!(
         r.is_offloaded(),
         "the demo's stream should run on the agent"
@@ -228,39 +273,65 @@ pub fn run(a: &Args) -> Result<()> {
     }
     let wall = t0.elapsed().as_secs_f64();
     let cpu = thread_cpu().zip(cpu0).map(|(b, a)| b - a);
-    drop(r);
-    let offloaded = h.digest();
-    println!(
-        "   streamed {batches} batches, {} samples, {} tokens in {wall:.3} s: {:.1} M tokens/s (first batch after {:.0} ms, open included)",
-        util::thousands(n_samples),
-        util::thousands(n_tokens),
-        n_tokens as f64 / wall.max(1e-9) / 1e6,
-        first_batch.unwrap_or(wall) * 1e3
-    );
-    let raw = n_tokens * 4;
-    match agentlog::wait_ended("plan", 0, Duration::from_secs(5)) {
-        Some(s) => println!(
-            "   wire: {} bytes ({:.2} bytes/token), against {} bytes as int32: {:.2}x fewer (the agent's count)",
-            util::thousands(s.wire_bytes),
-            s.wire_bytes as f64 / s.tokens.max(1) as f64,
-            util::thousands(raw),
-            raw as f64 / s.wire_bytes.max(1) as f64
-        ),
-        None => println!("   wire: the agent did not report the session's bytes"),
-    }
-    match cpu {
-        Some(cpu) => println!(
-            "   consumer thread: {cpu:.3} s CPU over {wall:.3} s wall ({:.0}%): the wire decode and a checksum; the plan ran on the agent",
-            cpu / wall.max(1e-9) * 100.0
-        ),
-        None => println!("   consumer thread CPU time: not measurable on this platform"),
-    }
+    Ok(Streamed {
+        hash: h.digest(),
+        samples,
+        batches,
+        n_samples,
+        n_tokens,
+        wall,
+        first_batch,
+        cpu,
+    })
+}
 
-    // 4. Parity.
-    let mut in_process = dquant_client::open(&uri, &plan, Offload::No)?;
+impl Streamed {
+    /// Step 3's report: throughput, the agent's wire bytes against int32, the consumer's CPU.
+    fn report(&self) {
+        let (wall, n_tokens) = (self.wall, self.n_tokens);
+        println!(
+            "   streamed {} batches, {} samples, {} tokens in {wall:.3} s: {:.1} M tokens/s (first batch after {:.0} ms, open included)",
+            self.batches,
+            util::thousands(self.n_samples),
+            util::thousands(n_tokens),
+            n_tokens as f64 / wall.max(1e-9) / 1e6,
+            self.first_batch.unwrap_or(wall) * 1e3
+        );
+        let raw = n_tokens * 4;
+        match agentlog::wait_ended("plan", 0, Duration::from_secs(5)) {
+            Some(s) => println!(
+                "   wire: {} bytes ({:.2} bytes/token), against {} bytes as int32: {:.2}x fewer (the agent's count)",
+                util::thousands(s.wire_bytes),
+                s.wire_bytes as f64 / s.tokens.max(1) as f64,
+                util::thousands(raw),
+                raw as f64 / s.wire_bytes.max(1) as f64
+            ),
+            None => println!("   wire: the agent did not report the session's bytes"),
+        }
+        match self.cpu {
+            Some(cpu) => println!(
+                "   consumer thread: {cpu:.3} s CPU over {wall:.3} s wall ({:.0}%): the wire decode and a checksum; the plan ran on the agent",
+                cpu / wall.max(1e-9) * 100.0
+            ),
+            None => println!("   consumer thread CPU time: not measurable on this platform"),
+        }
+    }
+}
+
+/// Step 4: the same plan in-process (over the agent's token ranges and over the local files)
+/// and through shared memory gives the offloaded stream's bytes.
+fn check_parity(
+    uri: &str,
+    plan: &Plan,
+    local: &mut Reader,
+    socket: &Path,
+    streamed: &Streamed,
+) -> Result<()> {
+    let offloaded = streamed.hash;
+    let mut in_process = dquant_client::open(uri, plan, Offload::No)?;
     let over_ranges = checksum(&mut in_process)?;
     drop(in_process);
-    let over_files = checksum(&mut local)?;
+    let over_files = checksum(local)?;
     let ranges_wire: u64 = {
         // The in-process run pulled token ranges (auto+lz4) from two source sessions.
         let a = agentlog::wait_ended("source", 0, Duration::from_secs(5));
@@ -275,7 +346,7 @@ pub fn run(a: &Args) -> Result<()> {
     // process created, and they are read where they land.
     let cpu0 = thread_cpu();
     let t0 = Instant::now();
-    let mut shm = dquant_client::open(&socket.display().to_string(), &plan, Offload::Yes)?;
+    let mut shm = dquant_client::open(&socket.display().to_string(), plan, Offload::Yes)?;
     ensure!(
         shm.transport() == Some(dquant_client::Transport::Shm),
         "the socket path should select shared memory"
@@ -299,15 +370,18 @@ pub fn run(a: &Args) -> Result<()> {
     println!(
         "   shared memory == TCP: identical (agent at {}: batches written into this process's ring, {:.1} M tokens/s{})",
         socket.display(),
-        n_tokens as f64 / shm_wall.max(1e-9) / 1e6,
+        streamed.n_tokens as f64 / shm_wall.max(1e-9) / 1e6,
         shm_cpu.map_or(String::new(), |c| format!(
             ", consumer thread {c:.3} s CPU with a checksum of every batch"
         ))
     );
+    Ok(())
+}
 
-    // 5. A sample of each source, decoded.
+/// Step 5: a sample of each source, decoded with its tokenizer.
+fn show_samples(parts: &[Part], picks: &[(usize, u64)], samples: &[Vec<u32>]) -> Result<()> {
     println!("5. samples, decoded with their source's tokenizer:");
-    for ((d, g), tokens) in picks.iter().zip(&samples) {
+    for ((d, g), tokens) in picks.iter().zip(samples) {
         let p = &parts[*d];
         let bytes = p
             .encoding
@@ -324,17 +398,6 @@ pub fn run(a: &Args) -> Result<()> {
             println!("   | {line}");
         }
     }
-    agent.shutdown();
-    println!(
-        "\ndone in {:.1} s. datasets: {}{}",
-        started.elapsed().as_secs_f64(),
-        dir.display(),
-        if keep {
-            format!("\nnext: dquant serve --root demo={}", dir.display())
-        } else {
-            " (removed; keep them with --dir DIR)".into()
-        }
-    );
     Ok(())
 }
 
