@@ -1,12 +1,13 @@
 //! `dquant bench codecs`: wire bytes per token and decode speed of every codec on real data,
 //! against `zstd -3` over the whole raw int32 stream, measured in the same run.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Result;
 use dquant_codec::{kernels, Codec, Compression, Decoder, Width};
 use dquant_format::block::{block_tokens_for, BlockFile, BlockFileWriter, FileHeader};
+use dquant_storage::Dataset;
 use serde_json::json;
 
 use crate::cmd::inspect::default_codecs;
@@ -63,84 +64,138 @@ pub fn run(c: &Cmd) -> Result<()> {
     let Cmd::Codecs(a) = c;
     let mut reports = Vec::new();
     for path in &a.paths {
-        let ds = util::open(path, &a.input)?;
-        let mut tokens = Vec::with_capacity(ds.tokens() as usize);
-        ds.scan(1 << 22, |_, t| {
-            tokens.extend_from_slice(t);
-            Ok::<_, anyhow::Error>(())
-        })?;
-        let n = tokens.len().max(1) as f64;
-        let max = kernels::max_token(&tokens);
-        // Baseline: the raw int32 file compressed whole by zstd at level 3.
-        let raw: Vec<u8> = tokens
-            .iter()
-            .flat_map(|t| (*t as i32).to_le_bytes())
-            .collect();
-        let (base, base_enc) = best_of(1, || Ok(zstd::bulk::compress(&raw, 3)?))?;
-        let (_, base_dec) = best_of(a.repeat, || Ok(zstd::bulk::decompress(&base, raw.len())?))?;
-        let base_bpt = base.len() as f64 / n;
-        let mut codecs = a.codecs.clone().unwrap_or_else(|| {
-            let mut v = default_codecs(max);
-            v.insert(0, Codec::plain(Width::I32));
-            v.push(Codec::new(
-                Width::narrowest(max, true),
-                Compression::Zstd(19),
-            ));
-            v
-        });
-        codecs.retain(|c| c.width.max_token() >= max);
-        let mut rows = Vec::new();
-        for codec in codecs {
-            if !a.output.quiet() {
-                eprintln!("  {}: {codec} ...", path.display());
-            }
-            let header = FileHeader {
-                codec,
-                block_tokens: block_tokens_for(codec.width, a.block_size),
-                vocab_size: 0,
-            };
-            let (file, enc) = best_of(1, || {
-                let (mut w, head) = BlockFileWriter::new(header, false)?;
-                let mut file = head.to_vec();
-                w.push(&tokens, &mut file)?;
-                w.finish(ds.index()?, &mut file)?;
-                Ok(file)
-            })?;
-            let meta = BlockFile::from_bytes(&file)?;
-            let mut out = vec![0u32; tokens.len()];
-            let mut dec = Decoder::new();
-            let (_, dec_s) = best_of(a.repeat, || {
-                for i in 0..meta.blocks() {
-                    let b = meta.byte_range(i..i + 1);
-                    let t = meta.block_tokens(i);
-                    meta.decode_block(
-                        i,
-                        &file[b.start as usize..b.end as usize],
-                        &mut dec,
-                        &mut out[t.start as usize..t.end as usize],
-                    )?;
-                }
-                Ok(())
-            })?;
-            anyhow::ensure!(out == tokens, "{codec} did not round-trip");
-            rows.push((codec, file.len() as u64, enc, dec_s));
-        }
+        let r = bench_dataset(a, path)?;
         if a.output.json {
-            reports.push(json!({
-                "path": ds.path(), "tokens": tokens.len(), "max_token": max,
-                "baseline": {"name": "zstd -3 over raw int32 (whole file)", "bytes": base.len(), "bytes_per_token": base_bpt,
-                             "encode_mtok_s": n / base_enc / 1e6, "decode_mtok_s": n / base_dec / 1e6},
-                "codecs": rows.iter().map(|(c, b, e, d)| json!({
-                    "codec": c.to_string(), "bytes": b, "bytes_per_token": *b as f64 / n,
-                    "vs_zstd3_whole": *b as f64 / n / base_bpt, "encode_mtok_s": n / e / 1e6, "decode_mtok_s": n / d / 1e6,
-                })).collect::<Vec<_>>(),
-            }));
-            continue;
+            reports.push(r.json());
+        } else {
+            r.print();
         }
+    }
+    if a.output.json {
+        util::write_json(&serde_json::Value::Array(reports))?;
+    }
+    Ok(())
+}
+
+/// One dataset's codec table: each codec's size and speeds against zstd -3 over the raw
+/// int32 file.
+struct CodecReport {
+    path: PathBuf,
+    tokens: usize,
+    max: u32,
+    /// The baseline's bytes, encode and decode seconds.
+    base: (usize, f64, f64),
+    /// (codec, bytes, encode seconds, decode seconds).
+    rows: Vec<(Codec, u64, f64, f64)>,
+}
+
+fn bench_dataset(a: &CodecsArgs, path: &Path) -> Result<CodecReport> {
+    let ds = util::open(path, &a.input)?;
+    let mut tokens = Vec::with_capacity(ds.tokens() as usize);
+    ds.scan(1 << 22, |_, t| {
+        tokens.extend_from_slice(t);
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let max = kernels::max_token(&tokens);
+    // Baseline: the raw int32 file compressed whole by zstd at level 3.
+    let raw: Vec<u8> = tokens
+        .iter()
+        .flat_map(|t| (*t as i32).to_le_bytes())
+        .collect();
+    let (base, base_enc) = best_of(1, || Ok(zstd::bulk::compress(&raw, 3)?))?;
+    let (_, base_dec) = best_of(a.repeat, || Ok(zstd::bulk::decompress(&base, raw.len())?))?;
+    let mut codecs = a.codecs.clone().unwrap_or_else(|| {
+        let mut v = default_codecs(max);
+        v.insert(0, Codec::plain(Width::I32));
+        v.push(Codec::new(
+            Width::narrowest(max, true),
+            Compression::Zstd(19),
+        ));
+        v
+    });
+    codecs.retain(|c| c.width.max_token() >= max);
+    let mut rows = Vec::new();
+    for codec in codecs {
+        if !a.output.quiet() {
+            eprintln!("  {}: {codec} ...", path.display());
+        }
+        let (bytes, enc, dec) = measure_codec(a, &ds, &tokens, codec)?;
+        rows.push((codec, bytes, enc, dec));
+    }
+    Ok(CodecReport {
+        path: ds.path().to_path_buf(),
+        tokens: tokens.len(),
+        max,
+        base: (base.len(), base_enc, base_dec),
+        rows,
+    })
+}
+
+/// `tokens` written as a block file in `codec` and decoded back (checked): its bytes, and the
+/// best encode and decode seconds.
+fn measure_codec(
+    a: &CodecsArgs,
+    ds: &Dataset,
+    tokens: &[u32],
+    codec: Codec,
+) -> Result<(u64, f64, f64)> {
+    let header = FileHeader {
+        codec,
+        block_tokens: block_tokens_for(codec.width, a.block_size),
+        vocab_size: 0,
+    };
+    let (file, enc) = best_of(1, || {
+        let (mut w, head) = BlockFileWriter::new(header, false)?;
+        let mut file = head.to_vec();
+        w.push(tokens, &mut file)?;
+        w.finish(ds.index()?, &mut file)?;
+        Ok(file)
+    })?;
+    let meta = BlockFile::from_bytes(&file)?;
+    let mut out = vec![0u32; tokens.len()];
+    let mut dec = Decoder::new();
+    let (_, dec_s) = best_of(a.repeat, || {
+        for i in 0..meta.blocks() {
+            let b = meta.byte_range(i..i + 1);
+            let t = meta.block_tokens(i);
+            meta.decode_block(
+                i,
+                &file[b.start as usize..b.end as usize],
+                &mut dec,
+                &mut out[t.start as usize..t.end as usize],
+            )?;
+        }
+        Ok(())
+    })?;
+    anyhow::ensure!(out == tokens, "{codec} did not round-trip");
+    Ok((file.len() as u64, enc, dec_s))
+}
+
+impl CodecReport {
+    fn json(&self) -> serde_json::Value {
+        let n = self.tokens.max(1) as f64;
+        let (base, base_enc, base_dec) = self.base;
+        let base_bpt = base as f64 / n;
+        json!({
+            "path": self.path, "tokens": self.tokens, "max_token": self.max,
+            "baseline": {"name": "zstd -3 over raw int32 (whole file)", "bytes": base, "bytes_per_token": base_bpt,
+                         "encode_mtok_s": n / base_enc / 1e6, "decode_mtok_s": n / base_dec / 1e6},
+            "codecs": self.rows.iter().map(|(c, b, e, d)| json!({
+                "codec": c.to_string(), "bytes": b, "bytes_per_token": *b as f64 / n,
+                "vs_zstd3_whole": *b as f64 / n / base_bpt, "encode_mtok_s": n / e / 1e6, "decode_mtok_s": n / d / 1e6,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn print(&self) {
+        let n = self.tokens.max(1) as f64;
+        let (base, _, base_dec) = self.base;
+        let base_bpt = base as f64 / n;
         println!(
-            "{}: {} tokens, max id {max}; baseline zstd -3 over raw int32 (whole file): {:.3} bytes/token, decode {:.0} M tokens/s",
-            ds.path().display(),
-            util::thousands(tokens.len() as u64),
+            "{}: {} tokens, max id {}; baseline zstd -3 over raw int32 (whole file): {:.3} bytes/token, decode {:.0} M tokens/s",
+            self.path.display(),
+            util::thousands(self.tokens as u64),
+            self.max,
             base_bpt,
             n / base_dec / 1e6
         );
@@ -148,7 +203,7 @@ pub fn run(c: &Cmd) -> Result<()> {
             "  {:<16} {:>14} {:>12} {:>14} {:>12} {:>12}",
             "codec", "bytes", "bytes/token", "vs zstd -3", "enc Mtok/s", "dec Mtok/s"
         );
-        for (c, b, e, d) in &rows {
+        for (c, b, e, d) in &self.rows {
             println!(
                 "  {:<16} {:>14} {:>12.3} {:>13.3}x {:>12.1} {:>12.1}",
                 c.to_string(),
@@ -160,8 +215,4 @@ pub fn run(c: &Cmd) -> Result<()> {
             );
         }
     }
-    if a.output.json {
-        util::write_json(&serde_json::Value::Array(reports))?;
-    }
-    Ok(())
 }

@@ -145,92 +145,132 @@ pub fn run(a: &Args) -> Result<()> {
             stored
         );
     }
-    let tokens = ds.tokens();
-    let now = ds.size_on_disk();
-    // (name, bytes)
-    let mut rows: Vec<(String, u64)> = Vec::new();
-    if !a.no_sizes {
-        for dt in [DType::I32, DType::U16] {
-            if s.max_token <= dt.max_token() {
-                let idx = megatron::encode_idx(dt, ds.index()?)
-                    .map(|b| b.len() as u64)
-                    .unwrap_or(0);
-                rows.push((
-                    format!("megatron {}", dt.numpy_name()),
-                    megatron::bin_len(dt, tokens) + idx,
-                ));
-            }
-        }
-        let codecs = a
-            .codecs
-            .clone()
-            .unwrap_or_else(|| default_codecs(s.max_token));
-        let fitting: Vec<Codec> = codecs
-            .into_iter()
-            .filter(|c| c.width.max_token() >= s.max_token)
-            .collect();
-        let sizes = block_sizes(&ds, &fitting, quiet)?;
-        rows.extend(fitting.iter().map(|c| format!("dqb {c}")).zip(sizes));
+    let rows = if a.no_sizes {
+        Vec::new()
+    } else {
+        size_rows(a, &ds, s.max_token, quiet)?
+    };
+    let report = Report {
+        documents: ds.documents()?,
+        sequences: ds.sequences()?,
+        tokens: ds.tokens(),
+        bytes: ds.size_on_disk(),
+        max_token: s.max_token,
+        checksum: s.checksum,
+        rows,
+    };
+    if a.output.json {
+        return util::write_json(&report.json(&ds));
     }
-    let per = |b: u64| {
-        if tokens == 0 {
+    report.print(&ds);
+    Ok(())
+}
+
+/// The exact size of the dataset in each format it could be stored in: Megatron in each dtype
+/// that holds its largest token, and a block file in each codec asked for (or the defaults)
+/// that does. `(name, bytes)`.
+fn size_rows(a: &Args, ds: &Dataset, max_token: u32, quiet: bool) -> Result<Vec<(String, u64)>> {
+    let mut rows = Vec::new();
+    for dt in [DType::I32, DType::U16] {
+        if max_token <= dt.max_token() {
+            let idx = megatron::encode_idx(dt, ds.index()?)
+                .map(|b| b.len() as u64)
+                .unwrap_or(0);
+            rows.push((
+                format!("megatron {}", dt.numpy_name()),
+                megatron::bin_len(dt, ds.tokens()) + idx,
+            ));
+        }
+    }
+    let codecs = a
+        .codecs
+        .clone()
+        .unwrap_or_else(|| default_codecs(max_token));
+    let fitting: Vec<Codec> = codecs
+        .into_iter()
+        .filter(|c| c.width.max_token() >= max_token)
+        .collect();
+    let sizes = block_sizes(ds, &fitting, quiet)?;
+    rows.extend(fitting.iter().map(|c| format!("dqb {c}")).zip(sizes));
+    Ok(rows)
+}
+
+/// What `inspect` found, for its table or its JSON.
+struct Report {
+    documents: u64,
+    sequences: u64,
+    tokens: u64,
+    /// Bytes on disk now.
+    bytes: u64,
+    max_token: u32,
+    checksum: ContentChecksum,
+    rows: Vec<(String, u64)>,
+}
+
+impl Report {
+    fn per_token(&self, bytes: u64) -> f64 {
+        if self.tokens == 0 {
             0.0
         } else {
-            b as f64 / tokens as f64
+            bytes as f64 / self.tokens as f64
         }
-    };
-    let (documents, sequences) = (ds.documents()?, ds.sequences()?);
-    if a.output.json {
-        return util::write_json(&json!({
+    }
+
+    fn json(&self, ds: &Dataset) -> serde_json::Value {
+        json!({
             "path": ds.path(),
             "format": ds.format().name(),
             "format_detail": ds.format().to_string(),
-            "documents": documents,
-            "sequences": sequences,
-            "tokens": tokens,
-            "max_token": s.max_token,
-            "bits_needed": bits_needed(s.max_token),
-            "bytes": now,
-            "bytes_per_token": per(now),
-            "checksum": s.checksum.to_string(),
-            "sizes": rows.iter().map(|(n, b)| json!({"codec": n, "bytes": b, "bytes_per_token": per(*b)})).collect::<Vec<_>>(),
-        }));
+            "documents": self.documents,
+            "sequences": self.sequences,
+            "tokens": self.tokens,
+            "max_token": self.max_token,
+            "bits_needed": bits_needed(self.max_token),
+            "bytes": self.bytes,
+            "bytes_per_token": self.per_token(self.bytes),
+            "checksum": self.checksum.to_string(),
+            "sizes": self.rows.iter().map(|(n, b)| json!({"codec": n, "bytes": b, "bytes_per_token": self.per_token(*b)})).collect::<Vec<_>>(),
+        })
     }
-    println!("path        {}", ds.path().display());
-    println!("format      {}", ds.format());
-    println!(
-        "documents   {} ({} sequences)",
-        util::thousands(documents),
-        util::thousands(sequences)
-    );
-    println!("tokens      {}", util::thousands(tokens));
-    println!(
-        "max token   {} (needs {} bits)",
-        s.max_token,
-        bits_needed(s.max_token)
-    );
-    println!(
-        "size        {} B ({:.3} bytes/token)",
-        util::thousands(now),
-        per(now)
-    );
-    println!("checksum    {}", s.checksum);
-    if !rows.is_empty() {
+
+    fn print(&self, ds: &Dataset) {
+        let now = self.bytes;
+        println!("path        {}", ds.path().display());
+        println!("format      {}", ds.format());
+        println!(
+            "documents   {} ({} sequences)",
+            util::thousands(self.documents),
+            util::thousands(self.sequences)
+        );
+        println!("tokens      {}", util::thousands(self.tokens));
+        println!(
+            "max token   {} (needs {} bits)",
+            self.max_token,
+            bits_needed(self.max_token)
+        );
+        println!(
+            "size        {} B ({:.3} bytes/token)",
+            util::thousands(now),
+            self.per_token(now)
+        );
+        println!("checksum    {}", self.checksum);
+        if self.rows.is_empty() {
+            return;
+        }
         println!();
         println!("exact size under each codec (dqb = dquant block file, 1 MiB blocks):");
         println!(
             "  {:<22} {:>16} {:>12} {:>9}",
             "codec", "bytes", "bytes/token", "vs now"
         );
-        for (n, b) in &rows {
+        for (n, b) in &self.rows {
             println!(
                 "  {:<22} {:>16} {:>12.3} {:>8.2}x",
                 n,
                 util::thousands(*b),
-                per(*b),
+                self.per_token(*b),
                 now as f64 / (*b).max(1) as f64
             );
         }
     }
-    Ok(())
 }
