@@ -126,11 +126,30 @@ impl RingConsumer {
     /// also [`RingError::AllHeld`] when views pin every slot of a ring that cannot detach.
     pub fn take(&mut self, timeout: Duration) -> Result<Option<RingView>, RingError> {
         self.make_room()?;
-        let until = Instant::now().checked_add(timeout);
-        let mem = Arc::clone(&self.mem);
-        let hdr = mem.file.header();
+        if !self.wait_published(timeout)? {
+            return Ok(None);
+        }
         let read = self.read;
-        let n = u64::from(mem.layout.slot_count);
+        let (ptr, len) = self.checked_record(read)?;
+        let mem = Arc::clone(&self.mem);
+        mem.state(read)
+            .store(view_state(read, VIEW_HELD), Ordering::Release);
+        self.read += 1;
+        Ok(Some(RingView {
+            ptr: NonNull::new(ptr).expect("slot pointers come from non-null mappings"),
+            len: len as usize,
+            seq: read,
+            mem,
+        }))
+    }
+
+    /// Waits until the producer has published the batch at `self.read` (`Ok(true)`) or ended
+    /// the stream before it (`Ok(false)`), sleeping on the wake-up word between looks.
+    fn wait_published(&self, timeout: Duration) -> Result<bool, RingError> {
+        let until = Instant::now().checked_add(timeout);
+        let hdr = self.mem.file.header();
+        let read = self.read;
+        let n = u64::from(self.mem.layout.slot_count);
         loop {
             let head = hdr.producer.0.load(Ordering::Acquire);
             if head != read {
@@ -143,7 +162,7 @@ impl RingConsumer {
                         ),
                     });
                 }
-                break;
+                return Ok(true);
             }
             let closed = hdr.closed.0.load(Ordering::Acquire);
             if closed & PRODUCER_ENDED != 0 {
@@ -152,7 +171,7 @@ impl RingConsumer {
                     continue;
                 }
                 if closed & PRODUCER_CLOSED != 0 {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 return Err(RingError::ProducerGone { complete: read });
             }
@@ -202,6 +221,14 @@ impl RingConsumer {
                 }
             }
         }
+    }
+
+    /// The record at `read`, checked (its sequence, its length against the slot, its crc32c
+    /// when asked): where its bytes start, and how many. Only after [`Self::wait_published`]
+    /// said it is published.
+    fn checked_record(&self, read: u64) -> Result<(*mut u8, u32), RingError> {
+        let mem = &self.mem;
+        let n = u64::from(mem.layout.slot_count);
         let index = (read % n) as u32;
         let rec = mem.file.record(&mem.layout, index);
         let seq = rec.seq.load(Ordering::Relaxed);
@@ -220,7 +247,7 @@ impl RingConsumer {
         let ptr = mem.slot_ptr(index);
         if self.verify {
             // SAFETY: the slot is inside a mapping of the file and `len <= slot_size`; by the
-            // protocol (the Acquire load above saw `head > read`) the producer finished writing
+            // protocol (`wait_published`'s Acquire load saw `head > read`) the producer finished writing
             // it and will not touch it again until the consumer index passes it.
             let data = unsafe { std::slice::from_raw_parts(ptr, len as usize) };
             let actual = crc32c::crc32c(data);
@@ -230,15 +257,7 @@ impl RingConsumer {
                 )));
             }
         }
-        mem.state(read)
-            .store(view_state(read, VIEW_HELD), Ordering::Release);
-        self.read += 1;
-        Ok(Some(RingView {
-            ptr: NonNull::new(ptr).expect("slot pointers come from non-null mappings"),
-            len: len as usize,
-            seq: read,
-            mem,
-        }))
+        Ok((ptr, len))
     }
 
     /// Moves the shared consumer index past every batch whose view is gone, and wakes the
