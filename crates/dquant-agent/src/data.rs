@@ -136,6 +136,18 @@ pub(crate) fn serve_each<S: Send + 'static>(
     }
 }
 
+/// The first frame of a data connection, which must be a hello; the message says what else
+/// came.
+fn read_hello<R: std::io::Read>(frames: &mut FrameReader<R>) -> Result<Hello, String> {
+    let pool = BufferPool::new(1, HELLO_BUF);
+    let mut buf = pool.get();
+    match frames.next_into(&mut buf) {
+        Ok(true) => Hello::parse(&buf).map_err(|e| e.to_string()),
+        Ok(false) => Err("data stream: expected a hello frame, got an end frame".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     let peer = sock
         .peer_addr()
@@ -161,14 +173,7 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         return;
     };
     let mut frames = FrameReader::new(read_half);
-    let pool = BufferPool::new(1, HELLO_BUF);
-    let mut buf = pool.get();
-    let hello = match frames.next_into(&mut buf) {
-        Ok(true) => Hello::parse(&buf).map_err(|e| e.to_string()),
-        Ok(false) => Err("data stream: expected a hello frame, got an end frame".into()),
-        Err(e) => Err(e.to_string()),
-    };
-    let hello = match hello {
+    let hello = match read_hello(&mut frames) {
         Ok(h) => h,
         Err(m) => return refuse(&conn, "bad hello", m),
     };

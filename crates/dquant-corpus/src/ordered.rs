@@ -30,6 +30,41 @@ struct PipelineState<T> {
 }
 
 impl<T> Pipeline<T> {
+    /// The next item for a worker to work on, once it is within `window` of the consumer;
+    /// `None` when there is none left or the run stopped.
+    fn claim(&self, n: usize, window: usize) -> Option<usize> {
+        let mut st = self.lock();
+        loop {
+            if st.stop || st.next_claim >= n {
+                return None;
+            }
+            if st.next_claim < st.next_emit + window {
+                break;
+            }
+            st = self
+                .workers
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        st.next_claim += 1;
+        Some(st.next_claim - 1)
+    }
+
+    /// Item `i`'s result (or its worker's panic), once it is there.
+    fn take(&self, i: usize) -> std::thread::Result<T> {
+        let mut st = self.lock();
+        loop {
+            if let Some(out) = st.ready.remove(&i) {
+                st.next_emit = i + 1;
+                return out;
+            }
+            st = self
+                .consumer
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, PipelineState<T>> {
         // Nothing panics while holding the lock; if it ever did, the state is still consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -85,22 +120,8 @@ where
                 // panic there is reported the same way (and retried on the next item).
                 let mut state: Option<S> = None;
                 loop {
-                    let i = {
-                        let mut st = pipeline.lock();
-                        loop {
-                            if st.stop || st.next_claim >= n {
-                                return;
-                            }
-                            if st.next_claim < st.next_emit + window {
-                                break;
-                            }
-                            st = pipeline
-                                .workers
-                                .wait(st)
-                                .unwrap_or_else(PoisonError::into_inner);
-                        }
-                        st.next_claim += 1;
-                        st.next_claim - 1
+                    let Some(i) = pipeline.claim(n, window) else {
+                        return;
                     };
                     // A panicking `work` must not leave the consumer waiting for item `i`
                     // forever: the panic is carried over and resumed on the consumer's thread.
@@ -113,19 +134,7 @@ where
             });
         }
         for i in 0..n {
-            let out = {
-                let mut st = pipeline.lock();
-                loop {
-                    if let Some(out) = st.ready.remove(&i) {
-                        st.next_emit = i + 1;
-                        break out;
-                    }
-                    st = pipeline
-                        .consumer
-                        .wait(st)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-            };
+            let out = pipeline.take(i);
             pipeline.workers.notify_all();
             match out {
                 Ok(out) => consume(out)?,

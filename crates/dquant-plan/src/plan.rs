@@ -180,6 +180,54 @@ pub struct Source {
 }
 
 impl Source {
+    /// Checks the fields of `sources[d]`, and names the first that is wrong.
+    fn validate(&self, d: usize) -> Result<(), PlanError> {
+        if self.uri.trim().is_empty() {
+            return Err(PlanError::invalid(
+                format!("sources[{d}].uri"),
+                "must not be empty",
+            ));
+        }
+        if !(self.weight.is_finite() && self.weight > 0.0) {
+            return Err(PlanError::invalid(
+                format!("sources[{d}].weight"),
+                format!("must be a finite number > 0 (got {})", self.weight),
+            ));
+        }
+        if let Some(dt) = &self.dtype {
+            DType::from_str(dt)
+                .map_err(|e| PlanError::invalid(format!("sources[{d}].dtype"), e.to_string()))?;
+        }
+        if self.eod.is_some() && self.dtype.is_none() {
+            return Err(PlanError::invalid(
+                format!("sources[{d}].eod"),
+                "only applies to raw token files, which need a dtype",
+            ));
+        }
+        match (self.max_epochs, self.max_samples) {
+            (Some(_), Some(_)) => {
+                return Err(PlanError::invalid(
+                    format!("sources[{d}]"),
+                    "give at most one of max_epochs and max_samples",
+                ))
+            }
+            (Some(0), _) => {
+                return Err(PlanError::invalid(
+                    format!("sources[{d}].max_epochs"),
+                    "must be at least 1",
+                ))
+            }
+            (_, Some(0)) => {
+                return Err(PlanError::invalid(
+                    format!("sources[{d}].max_samples"),
+                    "must be at least 1",
+                ))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// A source at `uri` with weight 1 and no raw-file options.
     pub fn new(uri: impl Into<String>) -> Self {
         Source {
@@ -336,50 +384,7 @@ impl Plan {
             ));
         }
         for (d, s) in self.sources.iter().enumerate() {
-            if s.uri.trim().is_empty() {
-                return Err(PlanError::invalid(
-                    format!("sources[{d}].uri"),
-                    "must not be empty",
-                ));
-            }
-            if !(s.weight.is_finite() && s.weight > 0.0) {
-                return Err(PlanError::invalid(
-                    format!("sources[{d}].weight"),
-                    format!("must be a finite number > 0 (got {})", s.weight),
-                ));
-            }
-            if let Some(dt) = &s.dtype {
-                DType::from_str(dt).map_err(|e| {
-                    PlanError::invalid(format!("sources[{d}].dtype"), e.to_string())
-                })?;
-            }
-            if s.eod.is_some() && s.dtype.is_none() {
-                return Err(PlanError::invalid(
-                    format!("sources[{d}].eod"),
-                    "only applies to raw token files, which need a dtype",
-                ));
-            }
-            match (s.max_epochs, s.max_samples) {
-                (Some(_), Some(_)) => {
-                    return Err(PlanError::invalid(
-                        format!("sources[{d}]"),
-                        "give at most one of max_epochs and max_samples",
-                    ))
-                }
-                (Some(0), _) => {
-                    return Err(PlanError::invalid(
-                        format!("sources[{d}].max_epochs"),
-                        "must be at least 1",
-                    ))
-                }
-                (_, Some(0)) => {
-                    return Err(PlanError::invalid(
-                        format!("sources[{d}].max_samples"),
-                        "must be at least 1",
-                    ))
-                }
-                _ => {}
-            }
+            s.validate(d)?;
         }
         if self.seq_len == 0 {
             return Err(PlanError::invalid("seq_len", "must be at least 1"));

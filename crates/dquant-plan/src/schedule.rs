@@ -87,21 +87,7 @@ impl Schedule {
             ));
         }
         let seq_len = u64::from(plan.seq_len);
-        let mut per_epoch = Vec::with_capacity(sources.len());
-        for (d, (info, src)) in sources.iter().zip(&plan.sources).enumerate() {
-            if info.tokens <= seq_len {
-                return Err(PlanError::invalid(
-                    format!("sources[{d}]"),
-                    format!(
-                        "{} has {} tokens, fewer than seq_len + 1 = {}",
-                        src.uri,
-                        info.tokens,
-                        seq_len + 1
-                    ),
-                ));
-            }
-            per_epoch.push((info.tokens - 1) / seq_len);
-        }
+        let per_epoch = samples_per_epoch(plan, sources)?;
         let epoch_samples = per_epoch
             .iter()
             .try_fold(0u64, |s, &n| s.checked_add(n))
@@ -365,6 +351,28 @@ impl Schedule {
             .min(self.total);
         self.cursor_at(c)
     }
+}
+
+/// Samples each source gives in one epoch: its tokens less one, in whole `seq_len`s (the last
+/// sample's label is the next sample's first token). A source with no whole sample is an error.
+fn samples_per_epoch(plan: &Plan, sources: &[SourceInfo]) -> Result<Vec<u64>, PlanError> {
+    let seq_len = u64::from(plan.seq_len);
+    let mut per_epoch = Vec::with_capacity(sources.len());
+    for (d, (info, src)) in sources.iter().zip(&plan.sources).enumerate() {
+        if info.tokens <= seq_len {
+            return Err(PlanError::invalid(
+                format!("sources[{d}]"),
+                format!(
+                    "{} has {} tokens, fewer than seq_len + 1 = {}",
+                    src.uri,
+                    info.tokens,
+                    seq_len + 1
+                ),
+            ));
+        }
+        per_epoch.push((info.tokens - 1) / seq_len);
+    }
+    Ok(per_epoch)
 }
 
 /// How much of one source a run consumed up to a cursor.
