@@ -1,0 +1,564 @@
+//! The shape of the source, enforced: files with one job, functions read at once, no import
+//! circles between a crate's files.
+//!
+//! - No product source file (`crates/*/src`, `python/src`) over [`MAX_FILE_LINES`] lines.
+//! - No product function over [`MAX_FN_LINES`] lines. Test code (`#[cfg(test)]` modules, in a
+//!   file or inline) is exempt: a model checker's step function reads best as one match.
+//! - No circle of `use`s between the files of one crate (`crate::a` in `b.rs` and `crate::b`
+//!   in `a.rs`, or longer), except those in [`ALLOWED_CIRCLES`], each explained in its module
+//!   doc. Test modules do not count.
+//!
+//! The parsing is lexical (comments, strings and char literals blanked, then braces counted),
+//! which is exact for rustfmt-formatted code; the test of the checker below holds it to that.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+const MAX_FILE_LINES: usize = 700;
+const MAX_FN_LINES: usize = 80;
+
+/// Circles that stay, by crate source directory and their files' module paths (sorted).
+const ALLOWED_CIRCLES: &[(&str, &[&str])] = &[
+    // An error names the width a token did not fit; parsing a width fails with that error
+    // (crates/dquant-codec/src/error.rs says why it stays).
+    ("crates/dquant-codec/src", &["error", "width"]),
+];
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The source directories: each crate's `src`, the Python extension's, and (for circles only)
+/// the bench harness's and the test kit's. `(dir, is product code)`.
+fn source_dirs() -> Vec<(PathBuf, bool)> {
+    let root = repo_root();
+    let mut dirs = Vec::new();
+    let mut crates: Vec<_> = std::fs::read_dir(root.join("crates"))
+        .expect("crates/")
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("src"))
+        .filter(|p| p.is_dir())
+        .collect();
+    crates.sort();
+    dirs.extend(crates.into_iter().map(|d| (d, true)));
+    dirs.push((root.join("python/src"), true));
+    dirs.push((root.join("bench/harness/src"), false));
+    dirs.push((root.join("testkit/src"), false));
+    dirs
+}
+
+/// `text` with comments, strings and char literals replaced by spaces (newlines kept), so
+/// braces and paths can be counted.
+fn blank_literals(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
+    let at = |c: &[char], i: usize, k: usize| c.get(i + k).copied();
+    while i < c.len() {
+        if c[i] == '/' && at(&c, i, 1) == Some('/') {
+            while i < c.len() && c[i] != '\n' {
+                blank(&mut out, c[i]);
+                i += 1;
+            }
+        } else if c[i] == '/' && at(&c, i, 1) == Some('*') {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && at(&c, i, 1) == Some('*') {
+                    depth += 1;
+                } else if c[i] == '*' && at(&c, i, 1) == Some('/') {
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push_str("  ");
+                        i += 2;
+                        break;
+                    }
+                }
+                blank(&mut out, c[i]);
+                i += 1;
+            }
+        } else if c[i] == 'r' && matches!(at(&c, i, 1), Some('"' | '#')) && !ident_before(&c, i) {
+            let hashes = c[i + 1..].iter().take_while(|&&h| h == '#').count();
+            if at(&c, i, 1 + hashes) != Some('"') {
+                out.push(c[i]);
+                i += 1;
+                continue;
+            }
+            let close: Vec<char> = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
+            out.push('"');
+            i += 2 + hashes;
+            while i < c.len() && !c[i..].starts_with(&close) {
+                blank(&mut out, c[i]);
+                i += 1;
+            }
+            out.push('"');
+            i += close.len();
+        } else if c[i] == '"' {
+            out.push('"');
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                if c[i] == '\\' {
+                    blank(&mut out, c[i]);
+                    i += 1;
+                }
+                if i < c.len() {
+                    blank(&mut out, c[i]);
+                    i += 1;
+                }
+            }
+            out.push('"');
+            i += 1;
+        } else if c[i] == '\'' && (at(&c, i, 2) == Some('\'') || at(&c, i, 1) == Some('\\')) {
+            // A char literal ('x', '\n', '\u{..}'); a lifetime ('a) has no closing quote.
+            out.push('\'');
+            i += 1;
+            while i < c.len() && c[i] != '\'' {
+                if c[i] == '\\' {
+                    i += 1;
+                }
+                out.push(' ');
+                i += 1;
+            }
+            out.push('\'');
+            i += 1;
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn ident_before(c: &[char], i: usize) -> bool {
+    i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_')
+}
+
+/// The lines of `clean` (blanked text) that are test code: from a `#[cfg(test)]` item to its
+/// end, and the whole file when it is a test module's file.
+fn test_lines(clean: &[&str]) -> Vec<bool> {
+    let mut test = vec![false; clean.len()];
+    let mut i = 0;
+    while i < clean.len() {
+        if clean[i].trim() == "#[cfg(test)]" {
+            let end = item_end(clean, i + 1).unwrap_or(i + 1);
+            for t in &mut test[i..=end.min(clean.len() - 1)] {
+                *t = true;
+            }
+            i = end + 1;
+        } else {
+            i += 1;
+        }
+    }
+    test
+}
+
+/// The last line of the item that starts at line `start`: where its braces close, or its `;`.
+fn item_end(clean: &[&str], start: usize) -> Option<usize> {
+    let mut depth = 0i64;
+    let mut opened = false;
+    for (j, line) in clean.iter().enumerate().skip(start) {
+        for ch in line.chars() {
+            match ch {
+                '{' => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' => depth -= 1,
+                ';' if !opened && depth == 0 => return Some(j),
+                _ => {}
+            }
+        }
+        if opened && depth <= 0 {
+            return Some(j);
+        }
+    }
+    None
+}
+
+/// The name of the function a line starts, if it starts one.
+fn fn_name(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    for prefix in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+        "extern \"C\" ",
+    ] {
+        rest = rest.strip_prefix(prefix).unwrap_or(rest);
+    }
+    for prefix in ["const ", "async ", "unsafe ", "extern \"C\" "] {
+        rest = rest.strip_prefix(prefix).unwrap_or(rest);
+    }
+    let name = rest.strip_prefix("fn ")?;
+    let end = name.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+    Some(&name[..end])
+}
+
+/// Functions of a file's product code longer than `max` lines: `(name, first line, lines)`.
+fn long_fns(text: &str, max: usize) -> Vec<(String, usize, usize)> {
+    let blanked = blank_literals(text);
+    let clean: Vec<&str> = blanked.lines().collect();
+    let test = test_lines(&clean);
+    let mut long = Vec::new();
+    for (i, line) in clean.iter().enumerate() {
+        let Some(name) = fn_name(line).filter(|_| !test[i]) else {
+            continue;
+        };
+        if let Some(end) = item_end(&clean, i) {
+            let n = end - i + 1;
+            if n > max {
+                long.push((name.to_string(), i + 1, n));
+            }
+        }
+    }
+    long
+}
+
+/// Files that are test modules of their parent (`#[cfg(test)] mod x;`).
+fn test_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        for w in lines.windows(2) {
+            let Some(m) = w[1]
+                .trim()
+                .strip_prefix("mod ")
+                .and_then(|m| m.strip_suffix(';'))
+            else {
+                continue;
+            };
+            if w[0].trim() == "#[cfg(test)]" {
+                let dir = module_dir(f);
+                out.insert(dir.join(format!("{m}.rs")));
+                out.insert(dir.join(m).join("mod.rs"));
+            }
+        }
+    }
+    out
+}
+
+/// Where the child modules of the file `f` live.
+fn module_dir(f: &Path) -> PathBuf {
+    let stem = f.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    let parent = f.parent().unwrap_or(Path::new(""));
+    if matches!(stem, "lib" | "main" | "mod") {
+        parent.to_path_buf()
+    } else {
+        parent.join(stem)
+    }
+}
+
+/// A file's module path under its crate's `src`: `a/b.rs` and `a/b/mod.rs` are `["a", "b"]`.
+fn module_path(src: &Path, f: &Path) -> Vec<String> {
+    let rel = f.strip_prefix(src).unwrap_or(f).with_extension("");
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("lib" | "main" | "mod")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The files of one crate that each file imports from (`crate::` and `super::` paths, and
+/// `use crate::{..}` groups), outside test code, by module path.
+fn import_graph(src: &Path, files: &[PathBuf]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(src, f)).collect();
+    let longest = |parts: &[String]| -> Option<Vec<String>> {
+        (1..=parts.len())
+            .rev()
+            .map(|k| parts[..k].to_vec())
+            .find(|m| modules.contains(m))
+    };
+    let mut graph = BTreeMap::new();
+    for f in files {
+        let me = module_path(src, f);
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let blanked = blank_literals(&text);
+        let clean: Vec<&str> = blanked.lines().collect();
+        let test = test_lines(&clean);
+        let code: String = clean
+            .iter()
+            .zip(&test)
+            .filter(|(_, t)| !**t)
+            .map(|(l, _)| format!("{l}\n"))
+            .collect();
+        let mut to = BTreeSet::new();
+        for path in paths_after(&code, "crate::") {
+            to.extend(longest(&path));
+        }
+        let parent = if me.is_empty() {
+            vec![]
+        } else {
+            me[..me.len() - 1].to_vec()
+        };
+        for path in paths_after(&code, "super::") {
+            to.extend(longest(&[parent.clone(), path].concat()));
+        }
+        to.remove(&me);
+        to.remove(&Vec::new());
+        graph.insert(me, to);
+    }
+    graph
+}
+
+/// The `::`-separated paths that follow each `prefix` in `code`, a `{..}` group after it
+/// expanded into one path per item.
+fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices(prefix) {
+        if at > 0 && code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[at + prefix.len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let body = &group[..group.find('}').unwrap_or(group.len())];
+            for item in body.split(',') {
+                out.push(segments(item.trim()));
+            }
+        } else {
+            out.push(segments(rest));
+        }
+    }
+    out
+}
+
+fn segments(s: &str) -> Vec<String> {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(s.len());
+    s[..end]
+        .split("::")
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The strongly connected components of more than one node (Tarjan's algorithm).
+fn circles<N: Ord + Clone>(graph: &BTreeMap<N, BTreeSet<N>>) -> Vec<Vec<N>> {
+    struct Tarjan<'g, N> {
+        graph: &'g BTreeMap<N, BTreeSet<N>>,
+        index: BTreeMap<N, usize>,
+        low: BTreeMap<N, usize>,
+        stack: Vec<N>,
+        on: BTreeSet<N>,
+        out: Vec<Vec<N>>,
+    }
+    impl<N: Ord + Clone> Tarjan<'_, N> {
+        fn visit(&mut self, v: &N) {
+            let i = self.index.len();
+            self.index.insert(v.clone(), i);
+            self.low.insert(v.clone(), i);
+            self.stack.push(v.clone());
+            self.on.insert(v.clone());
+            for w in self.graph.get(v).into_iter().flatten() {
+                if !self.graph.contains_key(w) {
+                    continue;
+                }
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let lw = self.low[w];
+                    let lv = self.low.get_mut(v).expect("visited");
+                    *lv = (*lv).min(lw);
+                } else if self.on.contains(w) {
+                    let iw = self.index[w];
+                    let lv = self.low.get_mut(v).expect("visited");
+                    *lv = (*lv).min(iw);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut comp = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on.remove(&w);
+                    let done = &w == v;
+                    comp.push(w);
+                    if done {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    self.out.push(comp);
+                }
+            }
+        }
+    }
+    let mut t = Tarjan {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !t.index.contains_key(v) {
+            t.visit(v);
+        }
+    }
+    t.out
+}
+
+fn rel(p: &Path) -> String {
+    let root = repo_root().canonicalize().unwrap_or_else(|_| repo_root());
+    let p = p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    p.strip_prefix(&root).unwrap_or(&p).display().to_string()
+}
+
+#[test]
+fn product_files_and_functions_are_short() {
+    let mut long_files = Vec::new();
+    let mut long_functions = Vec::new();
+    for (dir, product) in source_dirs() {
+        if !product {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&dir, &mut files);
+        let tests = test_files(&files);
+        for f in files.iter().filter(|f| !tests.contains(*f)) {
+            let text = std::fs::read_to_string(f).expect("a source file");
+            let lines = text.lines().count();
+            if lines > MAX_FILE_LINES {
+                long_files.push(format!("{}: {lines} lines", rel(f)));
+            }
+            for (name, at, n) in long_fns(&text, MAX_FN_LINES) {
+                long_functions.push(format!("{}:{at}: fn {name}: {n} lines", rel(f)));
+            }
+        }
+    }
+    assert!(
+        long_files.is_empty() && long_functions.is_empty(),
+        "split these by job (files at most {MAX_FILE_LINES} lines, functions at most \
+         {MAX_FN_LINES}):\n  {}",
+        [long_files, long_functions].concat().join("\n  ")
+    );
+}
+
+#[test]
+fn no_import_circles_between_a_crates_files() {
+    let mut found: HashMap<String, Vec<Vec<String>>> = HashMap::new();
+    for (dir, _) in source_dirs() {
+        let mut files = Vec::new();
+        rust_files(&dir, &mut files);
+        let tests = test_files(&files);
+        files.retain(|f| !tests.contains(f));
+        let graph = import_graph(&dir, &files);
+        let names = circles(&graph)
+            .into_iter()
+            .map(|c| c.into_iter().map(|m| m.join("::")).collect())
+            .collect();
+        found.insert(rel(&dir), names);
+    }
+    let mut unexpected = Vec::new();
+    for (dir, cs) in &found {
+        for c in cs {
+            let allowed = ALLOWED_CIRCLES
+                .iter()
+                .any(|(d, m)| d == dir && m.iter().copied().eq(c.iter().map(String::as_str)));
+            if !allowed {
+                unexpected.push(format!("{dir}: {}", c.join(" <-> ")));
+            }
+        }
+    }
+    let gone: Vec<_> = ALLOWED_CIRCLES
+        .iter()
+        .filter(|(d, m)| {
+            !found.get(*d).is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| m.iter().copied().eq(c.iter().map(String::as_str)))
+            })
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "files that import each other (move what both need into a module of its own):\n  {}",
+        unexpected.join("\n  ")
+    );
+    assert!(
+        gone.is_empty(),
+        "allowed circles that are gone (remove them from ALLOWED_CIRCLES): {gone:?}"
+    );
+    assert!(
+        ALLOWED_CIRCLES.len() <= 3,
+        "at most 3 import circles may stay"
+    );
+}
+
+/// The checker finds what it must, and is not fooled by braces in strings, comments or
+/// char literals, nor by test code.
+#[test]
+fn the_checker_measures_functions_and_finds_circles() {
+    let body = |n: usize| "    let x = 1;\n".repeat(n);
+    let text = format!(
+        "/// doc {{\npub(crate) fn long<'a>(s: &'a str) -> char {{\n    let _ = \"}}\";\n    let _ = r#\"}}\"#;\n    // }}\n{}    '}}'\n}}\n\nfn short() {{}}\n\n#[cfg(test)]\nmod tests {{\n    fn long_test() {{\n{}    }}\n}}\n",
+        body(80),
+        body(100)
+    );
+    assert_eq!(long_fns(&text, 80), vec![("long".to_string(), 2, 86)]);
+    assert_eq!(long_fns(&text, 86), vec![]);
+
+    let graph = |edges: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    assert_eq!(
+        circles(&graph(&[
+            ("a", "b"),
+            ("b", "c"),
+            ("c", "a"),
+            ("c", "d"),
+            ("d", "e"),
+            ("e", "d")
+        ])),
+        vec![
+            vec!["d".to_string(), "e".to_string()],
+            vec!["a".to_string(), "b".to_string(), "c".to_string()]
+        ]
+    );
+    assert_eq!(
+        circles(&graph(&[("a", "b"), ("b", "c")])),
+        Vec::<Vec<String>>::new()
+    );
+    assert_eq!(
+        paths_after(
+            &blank_literals("use crate::{a::X, b};\nlet y = super::c::f(); // crate::d\n"),
+            "crate::"
+        ),
+        vec![
+            vec!["a".to_string(), "X".to_string()],
+            vec!["b".to_string()]
+        ]
+    );
+}
