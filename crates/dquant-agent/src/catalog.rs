@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dquant_objstore::{is_object_uri, ObjectRoot, S3Location, S3Settings};
+use dquant_objstore::{locate, Place, S3Settings};
 use dquant_proto::v1::ListEntry;
 use dquant_storage::{BlockCache, CachedRoot, LocalRoot, NameProblem, Root, RootError};
 
@@ -145,16 +145,17 @@ fn open_root(
     cache: Option<&Arc<BlockCache>>,
 ) -> Result<Arc<dyn Root>, String> {
     let fail = |e: &dyn std::fmt::Display| format!("root {name:?} ({}): {e}", at.display());
-    match at.to_str().filter(|s| is_object_uri(s)) {
-        Some(uri) => {
-            let loc = S3Location::parse(uri).map_err(|e| fail(&e))?;
-            let root: Arc<dyn Root> = Arc::new(ObjectRoot::s3(&loc, s3).map_err(|e| fail(&e))?);
+    match locate(at, s3).map_err(|e| fail(&e))? {
+        Place::Store(place) => {
+            let root: Arc<dyn Root> = Arc::new(place.root());
+            // The cache names a root's blocks by its location as configured.
+            let label = at.to_string_lossy();
             Ok(match cache {
-                Some(c) => Arc::new(CachedRoot::new(root, uri, c.clone())),
+                Some(c) => Arc::new(CachedRoot::new(root, label, c.clone())),
                 None => root,
             })
         }
-        None => Ok(Arc::new(LocalRoot::new(at).map_err(|e| fail(&e))?)),
+        Place::Local(dir) => Ok(Arc::new(LocalRoot::new(&dir).map_err(|e| fail(&e))?)),
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dquant_format::DType;
-use dquant_objstore::{is_object_uri, split_object_uri, ObjectRoot, S3Settings};
+use dquant_objstore::{locate, Place, S3Settings};
 use dquant_storage::{Dataset, OpenOptions, StorageError};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -46,17 +46,13 @@ pub fn open(path: &Path, o: &InputOpts) -> Result<Dataset> {
         raw_dtype: o.dtype,
         eod: o.eod,
     };
-    let Some(uri) = object_uri(path) else {
-        return Ok(Dataset::open(path, &opts)?);
-    };
-    let (bucket, key) = split_object_uri(uri)?;
-    let root = ObjectRoot::s3(&bucket, &S3Settings::default())?;
-    Ok(Dataset::open_in(&root, &key, &opts)?)
-}
-
-/// `path` as an `s3://` URI, when it is one.
-pub fn object_uri(path: &Path) -> Option<&str> {
-    path.to_str().filter(|s| is_object_uri(s))
+    match locate(path, &S3Settings::default())? {
+        Place::Local(path) => Ok(Dataset::open(&path, &opts)?),
+        Place::Store(place) => {
+            let (root, key) = place.object()?;
+            Ok(Dataset::open_in(&root, &key, &opts)?)
+        }
+    }
 }
 
 /// Attaches the input's path to data errors (a token that does not fit the output, say), so

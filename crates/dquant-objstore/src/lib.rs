@@ -16,6 +16,7 @@
 //! `file.rs` reads, `runtime.rs` bridges the async client to the storage layer's blocking
 //! reads.
 
+mod backends;
 mod destination;
 mod error;
 mod file;
@@ -24,9 +25,12 @@ mod root;
 mod runtime;
 mod settings;
 
+pub use backends::{
+    backend_of, is_object_uri, locate, schemes, Backend, Place, StorePlace, BACKENDS,
+};
 pub use destination::ObjectDestination;
 pub use error::ObjectRootError;
 pub use file::ObjectStats;
-pub use location::{is_object_uri, split_object_uri, S3Location, S3_SCHEME};
+pub use location::{S3Location, S3_SCHEME};
 pub use root::ObjectRoot;
 pub use settings::{install_tls_provider, ReadSettings, S3Settings};

@@ -6,7 +6,9 @@
 
 use std::fmt;
 
+use crate::backends::{Backend, StorePlace};
 use crate::error::ObjectRootError;
+use crate::S3Settings;
 
 /// The scheme of an S3 location.
 pub const S3_SCHEME: &str = "s3://";
@@ -16,11 +18,6 @@ pub const S3_SCHEME: &str = "s3://";
 pub struct S3Location {
     pub bucket: String,
     pub prefix: String,
-}
-
-/// Whether `s` names an object-store location (rather than a local path).
-pub fn is_object_uri(s: &str) -> bool {
-    s.starts_with(S3_SCHEME)
 }
 
 impl S3Location {
@@ -69,24 +66,21 @@ impl S3Location {
     }
 }
 
-/// An `s3://BUCKET/KEY` naming one object or dataset: its bucket (as a location with an
-/// empty prefix) and its key. The key must not be empty.
-pub fn split_object_uri(uri: &str) -> Result<(S3Location, String), ObjectRootError> {
+/// The S3 backend: `s3://BUCKET[/PREFIX]`, a bucket on AWS S3 or any S3-compatible server.
+pub(crate) const S3_BACKEND: Backend = Backend {
+    scheme: S3_SCHEME,
+    open: open_s3,
+};
+
+fn open_s3(uri: &str, settings: &S3Settings) -> Result<StorePlace, ObjectRootError> {
     let at = S3Location::parse(uri)?;
-    if at.prefix.is_empty() {
-        return Err(ObjectRootError::Location {
-            location: uri.to_string(),
-            problem: "expected s3://BUCKET/KEY, with a key".into(),
-        });
-    }
-    let key = at.prefix.clone();
-    Ok((
-        S3Location {
-            bucket: at.bucket,
-            prefix: String::new(),
-        },
-        key,
-    ))
+    Ok(StorePlace {
+        store: settings.store(&at)?,
+        location: format!("{S3_SCHEME}{}", at.bucket),
+        path: at.prefix,
+        read: settings.read(),
+        part_bytes: usize::try_from(settings.part_bytes).unwrap_or(usize::MAX),
+    })
 }
 
 impl fmt::Display for S3Location {

@@ -10,7 +10,7 @@ use dquant_format::block::block_tokens_for;
 #[cfg(test)]
 use dquant_format::block::DEFAULT_BLOCK_BYTES;
 use dquant_format::DType;
-use dquant_objstore::{split_object_uri, ObjectDestination, ObjectRoot, S3Settings};
+use dquant_objstore::{locate, ObjectRoot, Place, S3Settings};
 use dquant_storage::{
     Dataset, DatasetWriter, Destination, LocalFiles, OutputFormat, Root, RootError, WriteReport,
 };
@@ -271,23 +271,22 @@ struct Output {
 
 impl Output {
     fn of(dst: &Path) -> Result<Self> {
-        let Some(uri) = util::object_uri(dst) else {
-            return Ok(Output {
+        match locate(dst, &S3Settings::default())? {
+            Place::Local(path) => Ok(Output {
                 to: Arc::new(LocalFiles),
-                name: dst.to_path_buf(),
+                name: path,
                 bucket: None,
-            });
-        };
-        let (bucket, key) = split_object_uri(uri)?;
-        // One client for both the existence check and the upload.
-        let settings = S3Settings::default();
-        let store = settings.store(&bucket)?;
-        let root = ObjectRoot::new(store.clone(), bucket.to_string(), "", settings.read());
-        Ok(Output {
-            to: Arc::new(ObjectDestination::new(store, settings.part_bytes as usize)),
-            name: PathBuf::from(key),
-            bucket: Some(root),
-        })
+            }),
+            // One client for both the existence check and the upload.
+            Place::Store(place) => {
+                let (root, key) = place.object()?;
+                Ok(Output {
+                    to: Arc::new(place.destination()),
+                    name: PathBuf::from(key),
+                    bucket: Some(root),
+                })
+            }
+        }
     }
 
     fn exists(&self, name: &Path) -> Result<bool> {
