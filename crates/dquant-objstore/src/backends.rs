@@ -25,7 +25,10 @@ pub struct Backend {
 }
 
 /// The backends, by scheme. A URI that starts with none of them is a local path.
-pub const BACKENDS: &[&Backend] = &[&crate::location::S3_BACKEND];
+pub const BACKENDS: &[&Backend] = &[
+    &crate::location::S3_BACKEND,
+    &crate::local_store::FILE_BACKEND,
+];
 
 /// The backend whose scheme `uri` starts with.
 pub fn backend_of(uri: &str) -> Option<&'static Backend> {

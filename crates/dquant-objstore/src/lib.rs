@@ -20,6 +20,7 @@ mod backends;
 mod destination;
 mod error;
 mod file;
+mod local_store;
 mod location;
 mod root;
 mod runtime;

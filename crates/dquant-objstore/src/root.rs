@@ -102,11 +102,25 @@ impl ObjectRoot {
 fn root_error(name: String, e: object_store::Error) -> RootError {
     match e {
         object_store::Error::NotFound { .. } => RootError::NotFound { name },
+        e if below_a_file(&e) => RootError::NotFound { name },
         e => RootError::Io {
             name,
             source: io::Error::other(e.to_string()),
         },
     }
+}
+
+/// Whether `e` is a file system's "not a directory": a name below an object's name (`a/b`
+/// under the object `a`), which no store holds, so it is not found, as on S3.
+fn below_a_file(e: &object_store::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            return io.kind() == io::ErrorKind::NotADirectory;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// An object's version: its ETag (what every GET is checked against).

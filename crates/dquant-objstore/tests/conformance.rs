@@ -1,10 +1,11 @@
 //! Object-store roots pass the storage layer's conformance suite: over `object_store`'s
-//! in-memory store, and over a real S3 server (s3s-fs on loopback).
+//! in-memory store, over a real S3 server (s3s-fs on loopback), and over a local directory
+//! named by a `file://` URI (the backend registry's second backend).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use dquant_objstore::{ObjectRoot, ReadSettings, S3Location, S3Settings};
+use dquant_objstore::{locate, ObjectRoot, Place, ReadSettings, S3Location, S3Settings};
 use dquant_storage::{conformance, Root};
 use dquant_testkit::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
 use object_store::memory::InMemory;
@@ -72,4 +73,49 @@ fn s3_root_conforms() {
         Box::new(ObjectRoot::s3(&at, &settings(server.endpoint())).unwrap())
     };
     conformance::run(&make);
+}
+
+#[test]
+fn file_uri_root_conforms() {
+    let dirs = Mutex::new(Vec::new());
+    let make = |objects: &[(&str, &[u8])]| -> Box<dyn Root> {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in objects {
+            let path = dir.path().join("set").join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("set")).unwrap();
+        std::fs::write(dir.path().join("outside"), b"not under the path").unwrap();
+        let uri = format!("file://{}/set", dir.path().display());
+        let Place::Store(place) =
+            locate(std::path::Path::new(&uri), &S3Settings::default()).unwrap()
+        else {
+            panic!("{uri} is a file:// location");
+        };
+        assert_eq!(place.root().location(), uri);
+        dirs.lock().unwrap().push(dir);
+        Box::new(place.root())
+    };
+    conformance::run(&make);
+}
+
+#[test]
+fn file_uris_must_be_absolute_and_plain() {
+    let err = |uri: &str| match locate(std::path::Path::new(uri), &S3Settings::default()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("{uri} opened"),
+    };
+    assert_eq!(
+        err("file://data/x"),
+        "\"file://data/x\": not an object-store location: expected file:///ABSOLUTE/PATH"
+    );
+    assert_eq!(
+        err("file:///data/../etc"),
+        "\"file:///data/../etc\": not an object-store location: the path may not hold empty, '.' or '..' segments"
+    );
+    assert!(matches!(
+        locate(std::path::Path::new("/data/x"), &S3Settings::default()),
+        Ok(Place::Local(p)) if p == std::path::Path::new("/data/x")
+    ));
 }
