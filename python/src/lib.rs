@@ -412,6 +412,13 @@ impl Reader {
     }
 }
 
+/// The transports an offloaded reader may use, by name (`tcp`, `shm`, ...): the transport
+/// registry's own list, so Python checks what the library accepts.
+#[pyfunction]
+fn transports() -> Vec<&'static str> {
+    Transport::all().map(Transport::as_str).collect()
+}
+
 fn transport_name(t: Option<Transport>) -> &'static str {
     t.map_or("local", Transport::as_str)
 }
@@ -636,6 +643,7 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(subscribe_reader, m)?)?;
     m.add_function(wrap_pyfunction!(merge_cursors_json, m)?)?;
     m.add_function(wrap_pyfunction!(check_plan_change, m)?)?;
+    m.add_function(wrap_pyfunction!(transports, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Batch>()?;
     m.add_function(wrap_pyfunction!(megatron::megatron_config, m)?)?;

@@ -123,9 +123,12 @@ impl AgentMegatron {
             )));
         }
         let control = Control::connect(&uri.authority).map_err(ClientError::from_agent)?;
-        let over = match uri.transport() {
-            Transport::Shm => Over::Shm { slots: uri.slots },
-            _ => Over::Tcp,
+        // Samples by index travel as a range session's records: over a ring of their own on
+        // this host, else over TCP frames.
+        let over = if uri.transport() == Transport::SHM {
+            Over::Shm { slots: uri.slots }
+        } else {
+            Over::Tcp
         };
         Self::open_over(control, config, wire_codec, over)
     }

@@ -33,11 +33,11 @@ fn assert_parity(c: &Corpus, agent: &AgentHandle, sock: &str, p: &Plan, from: Cu
     let want = (xxh3(&lb), ls, local.cursor());
     let tcp = agent.uri();
     for (uri, t) in [
-        (tcp.clone(), Transport::Tcp),
-        (sock.to_string(), Transport::Shm),
-        (format!("unix:{sock}?verify=true&slots=3"), Transport::Shm),
-        (format!("{tcp}?transport=shm"), Transport::Shm),
-        (format!("{sock}?transport=tcp"), Transport::Tcp),
+        (tcp.clone(), Transport::TCP),
+        (sock.to_string(), Transport::SHM),
+        (format!("unix:{sock}?verify=true&slots=3"), Transport::SHM),
+        (format!("{tcp}?transport=shm"), Transport::SHM),
+        (format!("{sock}?transport=tcp"), Transport::TCP),
     ] {
         assert_eq!(stream(&uri, p, from.clone(), t), want, "{uri}");
     }
@@ -156,7 +156,7 @@ fn a_consumer_that_goes_away_without_closing_frees_its_session() {
     // The agent serves on.
     let p = plan(&[("r50k.dqb", 1.0)], 127, 4);
     let want = xxh3(&drain(&mut Reader::local(&c.localized(&p), Cursor::START).unwrap()).0);
-    assert_eq!(stream(&sock, &p, Cursor::START, Transport::Shm).0, want);
+    assert_eq!(stream(&sock, &p, Cursor::START, Transport::SHM).0, want);
 }
 
 #[test]
@@ -203,7 +203,7 @@ fn bad_ring_handovers_get_exact_errors() {
     for (uri, want) in [
         (
             format!("{sock}?transport=dma"),
-            format!("{sock:?}: option transport=\"dma\" is not valid; use shm or tcp"),
+            format!("{sock:?}: option transport=\"dma\" is not valid; use tcp or shm"),
         ),
         (
             format!("{sock}?slots=1"),

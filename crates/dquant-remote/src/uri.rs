@@ -73,7 +73,7 @@ impl AgentUri {
                 "transport" => {
                     me.transport = Some(
                         v.parse::<Transport>()
-                            .map_err(|_| format!("{}; use shm or tcp", bad()))?,
+                            .map_err(|_| format!("{}; use {}", bad(), Transport::names()))?,
                     )
                 }
                 "verify" => {
@@ -126,9 +126,9 @@ impl AgentUri {
     /// socket and `tcp` otherwise.
     pub fn transport(&self) -> Transport {
         self.transport.unwrap_or(if self.is_unix() {
-            Transport::Shm
+            Transport::SHM
         } else {
-            Transport::Tcp
+            Transport::TCP
         })
     }
 
@@ -168,7 +168,7 @@ mod tests {
         assert_eq!(u.authority, "127.0.0.1:7878");
         assert_eq!(u.dataset, "corpus/a/b");
         assert_eq!(u.host(), "127.0.0.1");
-        assert_eq!(u.transport(), Transport::Tcp);
+        assert_eq!(u.transport(), Transport::TCP);
         assert!(!u.verify);
         assert_eq!(AgentUri::parse("dquant://h:1").unwrap().dataset, "");
         assert_eq!(
@@ -179,7 +179,7 @@ mod tests {
         for s in ["/run/dq.sock", "unix:/run/dq.sock", "unix:///run/dq.sock"] {
             let u = AgentUri::parse(s).unwrap();
             assert_eq!(u.authority, "/run/dq.sock", "{s}");
-            assert_eq!(u.transport(), Transport::Shm, "{s}");
+            assert_eq!(u.transport(), Transport::SHM, "{s}");
             assert_eq!(u.host(), "127.0.0.1");
         }
         assert_eq!(AgentUri::parse("./a.sock").unwrap().authority, "./a.sock");
@@ -187,7 +187,7 @@ mod tests {
         let u = AgentUri::parse("unix:a.sock").unwrap();
         assert_eq!(
             (u.authority.as_str(), u.transport()),
-            ("./a.sock", Transport::Shm)
+            ("./a.sock", Transport::SHM)
         );
         // Replicas of a source's dataset.
         let u = AgentUri::parse("dquant://10.0.0.1:7878,storage-2:7878/corpus/x").unwrap();
@@ -202,10 +202,10 @@ mod tests {
         let u = AgentUri::parse("dquant://h:1?transport=shm&verify=true&slots=16").unwrap();
         assert_eq!(
             (u.transport(), u.verify, u.slots, u.authority.as_str()),
-            (Transport::Shm, true, Some(16), "h:1")
+            (Transport::SHM, true, Some(16), "h:1")
         );
         let u = AgentUri::parse("/s?transport=tcp&verify=0").unwrap();
-        assert_eq!((u.transport(), u.verify), (Transport::Tcp, false));
+        assert_eq!((u.transport(), u.verify), (Transport::TCP, false));
         assert_eq!(
             AgentUri::parse("data/x").unwrap_err(),
             "\"data/x\" is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)"

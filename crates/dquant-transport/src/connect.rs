@@ -19,24 +19,90 @@ use crate::tcp::{self, TcpBatchSource};
 use crate::tls::ClientTls;
 use crate::Hello;
 
-/// How batches of an offloaded plan reach this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Transport {
-    /// Frames over the agent's TCP data port (any host).
-    Tcp,
-    /// A shared-memory ring this process creates and hands to the agent over its Unix socket
-    /// (same host only): batches land in the ring in the output dtype and are read in place.
-    Shm,
+/// How batches of an offloaded plan reach this process: one entry of [`TRANSPORTS`], named
+/// in agent addresses (`?transport=NAME`) and in reports.
+///
+/// A transport is a name and a way to connect a session's data plane ([`Kind`]); adding one
+/// (RDMA, a DOCA DMA ring) is a module with its `Kind` and one line in [`TRANSPORTS`], and
+/// every list of transports (address parsing, messages, Python's) follows.
+#[derive(Clone, Copy)]
+pub struct Transport(&'static Kind);
+
+/// What a transport is: its name, where it reaches, and how it connects.
+pub struct Kind {
+    /// The name in agent addresses and reports.
+    pub name: &'static str,
+    /// Whether it reaches only an agent on this host (through its Unix socket).
+    pub same_host: bool,
+    /// Connects the data plane of the session `endpoint` describes.
+    pub connect: fn(&Endpoint) -> Result<Box<dyn BatchSource>, ConnectError>,
 }
 
+/// Every transport, the default for a network address first.
+pub const TRANSPORTS: &[&Kind] = &[&TCP, &SHM];
+
+/// Frames over the agent's TCP data port (any host; TLS when the agent serves it).
+const TCP: Kind = Kind {
+    name: "tcp",
+    same_host: false,
+    connect: |endpoint| {
+        let (_writer, records) =
+            tcp::connect(&endpoint.data_addr, &endpoint.hello, endpoint.tls.as_ref())?;
+        Ok(Box::new(TcpBatchSource::new(records)))
+    },
+};
+
+/// A shared-memory ring this process creates and hands to the agent over its Unix socket
+/// (same host only): batches land in the ring in the output dtype and are read in place.
+const SHM: Kind = Kind {
+    name: "shm",
+    same_host: true,
+    connect: |endpoint| Ok(Box::new(connect_ring(endpoint)?)),
+};
+
 impl Transport {
+    pub const TCP: Transport = Transport(&TCP);
+    pub const SHM: Transport = Transport(&SHM);
+
     /// The name in agent addresses (`?transport=…`) and in reports.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Transport::Tcp => "tcp",
-            Transport::Shm => "shm",
-        }
+        self.0.name
+    }
+
+    /// Whether it reaches only an agent on this host.
+    pub fn same_host(self) -> bool {
+        self.0.same_host
+    }
+
+    /// Every transport, in [`TRANSPORTS`]' order.
+    pub fn all() -> impl Iterator<Item = Transport> {
+        TRANSPORTS.iter().map(|k| Transport(k))
+    }
+
+    /// The names of every transport, as a message lists them: `tcp or shm`.
+    pub fn names() -> String {
+        let names: Vec<&str> = Self::all().map(Transport::as_str).collect();
+        names.join(" or ")
+    }
+}
+
+impl PartialEq for Transport {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Transport {}
+
+impl std::hash::Hash for Transport {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.0.name.hash(h)
+    }
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Transport({})", self.0.name)
     }
 }
 
@@ -50,11 +116,9 @@ impl FromStr for Transport {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "tcp" => Ok(Transport::Tcp),
-            "shm" => Ok(Transport::Shm),
-            _ => Err(format!("unknown transport {s:?}; use shm or tcp")),
-        }
+        Self::all()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown transport {s:?}; use {}", Self::names()))
     }
 }
 
@@ -79,7 +143,7 @@ pub struct Endpoint {
     pub socket: Option<PathBuf>,
     /// The session's hello (id and ticket from `Open`).
     pub hello: Hello,
-    /// The ring to create, for [`Transport::Shm`].
+    /// The ring to create, for [`Transport::SHM`].
     pub ring: RingShape,
     /// TLS for the TCP data plane, when the agent serves it.
     pub tls: Option<ClientTls>,
@@ -90,14 +154,7 @@ pub fn connect(
     transport: Transport,
     endpoint: &Endpoint,
 ) -> Result<Box<dyn BatchSource>, ConnectError> {
-    match transport {
-        Transport::Tcp => {
-            let (_writer, records) =
-                tcp::connect(&endpoint.data_addr, &endpoint.hello, endpoint.tls.as_ref())?;
-            Ok(Box::new(TcpBatchSource::new(records)))
-        }
-        Transport::Shm => Ok(Box::new(connect_ring(endpoint)?)),
-    }
+    (transport.0.connect)(endpoint)
 }
 
 /// Creates a ring of `endpoint.ring`'s shape and hands it to the agent with the session's

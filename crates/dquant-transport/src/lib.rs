@@ -31,7 +31,7 @@ pub mod tcp;
 pub mod tls;
 
 pub use conn::DataStream;
-pub use connect::{connect, ConnectError, Endpoint, RingShape, Transport};
+pub use connect::{connect, ConnectError, Endpoint, Kind, RingShape, Transport, TRANSPORTS};
 pub use dquant_wire::{
     BatchHeader, FrameHeader, FrameKind, Hello, RangeHeader, RecordError, WireError,
 };

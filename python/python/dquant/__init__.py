@@ -36,6 +36,7 @@ from ._dquant import (
     merge_cursors_json,
     open_reader,
     subscribe_reader,
+    transports,
 )
 
 __all__ = [
@@ -51,7 +52,14 @@ __all__ = [
 ]
 
 _SCHEME = "dquant://"
-_TRANSPORTS = ("tcp", "shm")
+# The library's transport registry, so this list is what the library accepts.
+_TRANSPORTS = tuple(transports())
+
+
+def _check_transport(transport: Optional[str]) -> None:
+    if transport is not None and transport not in _TRANSPORTS:
+        names = ", ".join(repr(t) for t in _TRANSPORTS)
+        raise ValueError(f"transport must be {names} or None, not {transport!r}")
 
 
 def plan_of(uri_or_plan: Union[str, os.PathLike, Mapping[str, Any]], **fields: Any) -> dict:
@@ -163,8 +171,7 @@ def open(
         dquant.AgentError: the agent refused or failed the session.
     """
     plan = plan_of(uri_or_plan, **fields)
-    if transport is not None and transport not in _TRANSPORTS:
-        raise ValueError(f"transport must be 'tcp', 'shm' or None, not {transport!r}")
+    _check_transport(transport)
     sources = plan.get("sources")
     if agent is None and offload and isinstance(sources, list) and sources:
         # One agent named by the sources' URIs: run there, naming datasets relative to it.
@@ -214,8 +221,7 @@ def subscribe(
         dquant.AgentError: a cursor no longer in the stream's window (the message says
             which batches it holds).
     """
-    if transport is not None and transport not in _TRANSPORTS:
-        raise ValueError(f"transport must be 'tcp', 'shm' or None, not {transport!r}")
+    _check_transport(transport)
     target = _with_transport(os.fspath(agent), transport)
     return subscribe_reader(target, share, _cursor_json(cursor))
 

@@ -348,7 +348,7 @@ fn check_parity(
     let t0 = Instant::now();
     let mut shm = dquant_client::open(&socket.display().to_string(), plan, Offload::Yes)?;
     ensure!(
-        shm.transport() == Some(dquant_client::Transport::Shm),
+        shm.transport() == Some(dquant_client::Transport::SHM),
         "the socket path should select shared memory"
     );
     let over_shm = checksum(&mut shm)?;
