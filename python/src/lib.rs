@@ -19,7 +19,8 @@ mod megatron;
 use std::sync::{Mutex, MutexGuard};
 
 use dquant_client::{
-    open_at, open_shared, subscribe, ClientError, Offload, OwnedBatch, Share, Tokens, Transport,
+    open_at, open_shared, subscribe, ClientError, EngineError, Offload, OwnedBatch, Share, Tokens,
+    Transport,
 };
 use dquant_plan::{Cursor, DocStarts, OutputDType};
 use numpy::ndarray::ArrayView2;
@@ -59,11 +60,9 @@ fn to_py(e: ClientError) -> PyErr {
         });
     }
     match e {
-        ClientError::Plan(_) | ClientError::Usage(_) | ClientError::Output { .. } => {
-            PyValueError::new_err(msg)
-        }
+        ClientError::Engine(EngineError::Source { .. }) => PyOSError::new_err(msg),
+        ClientError::Engine(_) | ClientError::Usage(_) => PyValueError::new_err(msg),
         ClientError::Connect(_) => PyConnectionError::new_err(msg),
-        ClientError::Source { .. } => PyOSError::new_err(msg),
         // Agent, NotFound (an agent's), Wire, and whatever later versions add.
         _ => AgentError::new_err(msg),
     }

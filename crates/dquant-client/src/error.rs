@@ -2,7 +2,6 @@
 //! language's errors to raise (a bad plan, a missing dataset, an unreachable agent, an agent
 //! that failed).
 
-use dquant_codec::CodecError;
 use dquant_engine::{EngineError, SourceError};
 use dquant_plan::PlanError;
 use dquant_transport::{ConnectError, ReceiveError, WireError};
@@ -11,25 +10,10 @@ use dquant_transport::{ConnectError, ReceiveError, WireError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
+    /// The plan, one of its sources, or a token that does not fit where the plan puts it:
+    /// the engine's error as it is, whether the plan ran here or its sources were opened here.
     #[error("{0}")]
-    Plan(#[from] PlanError),
-    #[error("sources[{index}] ({uri}): {source}")]
-    Source {
-        index: usize,
-        uri: String,
-        #[source]
-        source: SourceError,
-    },
-    /// A token does not fit the plan's output dtype (e.g. `u16` for a 100k vocabulary), or
-    /// its wire codec (`context` then says which).
-    #[error("sources[{index}] ({uri}): {context}{source}")]
-    Output {
-        index: usize,
-        uri: String,
-        context: String,
-        #[source]
-        source: CodecError,
-    },
+    Engine(#[from] EngineError),
     /// The agent refused or failed; its message, verbatim.
     #[error("{0}")]
     Agent(String),
@@ -95,33 +79,16 @@ impl ClientError {
     pub fn is_not_found(&self) -> bool {
         match self {
             ClientError::NotFound(_) => true,
-            ClientError::Source { source, .. } => source.is_not_found(),
+            ClientError::Engine(e) => e.is_not_found(),
             _ => false,
         }
     }
 }
 
-/// The engine's errors keep their variant: a bad plan, a source, a token that does not fit.
-impl From<EngineError> for ClientError {
-    fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::Plan(e) => ClientError::Plan(e),
-            EngineError::Source { index, uri, source } => {
-                ClientError::Source { index, uri, source }
-            }
-            EngineError::Output {
-                index,
-                uri,
-                context,
-                source,
-            } => ClientError::Output {
-                index,
-                uri,
-                context,
-                source,
-            },
-            e => ClientError::Usage(e.to_string()),
-        }
+/// A bad plan is the engine's error too (it is what the engine refuses first).
+impl From<PlanError> for ClientError {
+    fn from(e: PlanError) -> Self {
+        ClientError::Engine(EngineError::Plan(e))
     }
 }
 

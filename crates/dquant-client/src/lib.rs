@@ -29,7 +29,7 @@ use dquant_plan::{Cursor, Plan};
 use dquant_remote::open_source;
 
 pub use batch::{Batch, OwnedBatch, Tokens};
-pub use dquant_engine::{SourceError, TokenSource};
+pub use dquant_engine::{EngineError, SourceError, TokenSource};
 pub use dquant_remote::{AgentUri, Control, Credentials, Transport, Watch};
 pub use error::ClientError;
 pub use megatron::{AgentMegatron, Over, SampleBatch, SHM_WIRE_CODEC};
@@ -132,11 +132,11 @@ pub fn check_plan_change(
     let mut infos = Vec::with_capacity(new.sources.len());
     for (index, s) in new.sources.iter().enumerate() {
         let src = open_source(s, control.as_ref(), &new.wire_codec).map_err(|source| {
-            ClientError::Source {
+            ClientError::Engine(EngineError::Source {
                 index,
                 uri: s.uri.clone(),
                 source,
-            }
+            })
         })?;
         infos.push(dquant_plan::SourceInfo {
             tokens: src.tokens(),

@@ -226,7 +226,10 @@ fn bad_sources_are_named() {
         OutputDType::U16,
     );
     let e = Reader::local(&p, Cursor::START).err().unwrap();
-    assert!(matches!(e, ClientError::Source { index: 1, .. }));
+    assert!(matches!(
+        e,
+        ClientError::Engine(dquant_engine::EngineError::Source { index: 1, .. })
+    ));
     assert_eq!(
         e.to_string(),
         "sources[1] (/nonexistent/data): /nonexistent/data: No such file or directory (os error 2)"
