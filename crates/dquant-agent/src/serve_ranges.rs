@@ -22,13 +22,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use dquant_codec::CodecError;
 use dquant_engine::record::Encoders;
-use dquant_engine::{codec_for, TokenSource, WorkerPool};
+use dquant_engine::{codec_for, SourceError, TokenSource, WorkerPool};
 use dquant_plan::WireCodec;
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
 use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::FrameSink;
+use dquant_transport::RecordError;
 use dquant_transport::{
     BatchSink, BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader, SinkError,
     WireError,
@@ -83,7 +85,7 @@ struct Encoding {
 }
 
 struct Encoded {
-    head: Result<[u8; RECORD_HEADER_LEN], String>,
+    head: Result<[u8; RECORD_HEADER_LEN], RangeError>,
     tokens: Vec<u32>,
     payload: Vec<u8>,
 }
@@ -105,35 +107,51 @@ struct Ranges {
 
 impl Ranges {
     /// The checked range `start + len`, or the message the client gets.
-    fn check(&self, start: u64, len: u64) -> Result<Range<u64>, String> {
-        let name = &self.name;
+    fn check(&self, start: u64, len: u64) -> Result<Range<u64>, RangeError> {
+        let name = self.name.clone();
         if len > self.max_len {
-            return Err(format!(
-                "{name}: token range {start}+{len} is longer than this agent's limit of {} \
-                 tokens per request (limits.max_range_tokens)",
-                self.max_len
-            ));
+            let max = self.max_len;
+            return Err(RangeError::TooLong {
+                name,
+                start,
+                len,
+                max,
+            });
         }
         let end = start.checked_add(len).filter(|&e| e <= self.total);
-        end.map(|end| start..end).ok_or_else(|| {
-            format!(
-                "{name}: token range {start}+{len} is outside the dataset's {} tokens",
-                self.total
-            )
+        let total = self.total;
+        end.map(|end| start..end).ok_or(RangeError::Outside {
+            name,
+            start,
+            len,
+            total,
         })
     }
 
+    fn read_error(&self, source: SourceError) -> RangeError {
+        RangeError::Read {
+            name: self.name.clone(),
+            source,
+        }
+    }
+
     /// Reads and encodes `r`: its record header and payload (in `self.payload`).
-    fn encode(&mut self, r: Range<u64>) -> Result<[u8; RECORD_HEADER_LEN], String> {
-        let name = &self.name;
+    fn encode(&mut self, r: Range<u64>) -> Result<[u8; RECORD_HEADER_LEN], RangeError> {
         self.tokens.resize((r.end - r.start) as usize, 0);
-        self.source
+        if let Err(e) = self
+            .source
             .read_ranges(std::slice::from_ref(&r), &mut self.tokens)
-            .map_err(|e| format!("{name}: {e}"))?;
+        {
+            return Err(self.read_error(e));
+        }
         let codec = codec_for(self.wire, &self.tokens);
+        let name = &self.name;
         self.enc
             .encode(codec, &self.tokens, &mut self.payload)
-            .map_err(|e| format!("{name}: {}", e.at_base(r.start)))?;
+            .map_err(|e| RangeError::Encode {
+                name: name.clone(),
+                source: e.at_base(r.start),
+            })?;
         let h = RangeHeader {
             codec,
             start: r.start,
@@ -144,19 +162,25 @@ impl Ranges {
     }
 
     /// Reads range `start + len` (checked) and hands its encoding to `pool`.
-    fn start(&mut self, start: u64, len: u64, pool: &WorkerPool) -> Result<Encoding, String> {
+    fn start(&mut self, start: u64, len: u64, pool: &WorkerPool) -> Result<Encoding, RangeError> {
         let r = self.check(start, len)?;
         let (mut tokens, mut payload) = self.spare.pop().unwrap_or_default();
         tokens.resize(len as usize, 0);
-        self.source
+        if let Err(e) = self
+            .source
             .read_ranges(std::slice::from_ref(&r), &mut tokens)
-            .map_err(|e| format!("{}: {e}", self.name))?;
+        {
+            return Err(self.read_error(e));
+        }
         let codec = codec_for(self.wire, &tokens);
         let name = self.name.clone();
         let result = pool.encode_job(move |enc| {
             let head = enc
                 .encode(codec, &tokens, &mut payload)
-                .map_err(|e| format!("{name}: {}", e.at_base(start)))
+                .map_err(|e| RangeError::Encode {
+                    name,
+                    source: e.at_base(start),
+                })
                 .map(|()| {
                     let payload_len = payload.len() as u32;
                     RangeHeader {
@@ -183,12 +207,11 @@ impl Ranges {
         e: Encoding,
         sink: &mut dyn RecordOut,
         stats: &mut Stats,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, RangeError> {
         let Ok(done) = e.result.recv() else {
-            return Err(format!(
-                "{}: a range's encoding ended without a result (a worker thread failed)",
-                self.name
-            ));
+            return Err(RangeError::WorkerGone {
+                name: self.name.clone(),
+            });
         };
         let head = done.head?;
         if !sink.put(&head, &done.payload)? {
@@ -221,7 +244,7 @@ impl Ranges {
         ranges: &[(u64, u64)],
         sink: &mut dyn RecordOut,
         stats: &mut Stats,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, RangeError> {
         self.announce(ranges);
         for &(start, len) in ranges {
             let r = self.check(start, len)?;
@@ -236,11 +259,59 @@ impl Ranges {
     }
 }
 
+/// Why a range session cannot answer: what its client is told in an error frame, after the
+/// answers before it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum RangeError {
+    #[error(
+        "{name}: token range {start}+{len} is longer than this agent's limit of {max} tokens \
+         per request (limits.max_range_tokens)"
+    )]
+    TooLong {
+        name: String,
+        start: u64,
+        len: u64,
+        max: u64,
+    },
+    #[error("{name}: token range {start}+{len} is outside the dataset's {total} tokens")]
+    Outside {
+        name: String,
+        start: u64,
+        len: u64,
+        total: u64,
+    },
+    /// The dataset could not be read.
+    #[error("{name}: {source}")]
+    Read {
+        name: String,
+        #[source]
+        source: SourceError,
+    },
+    /// A token does not fit the wire codec (its offset counted from the dataset's start).
+    #[error("{name}: {source}")]
+    Encode {
+        name: String,
+        #[source]
+        source: CodecError,
+    },
+    #[error("{name}: a range's encoding ended without a result (a worker thread failed)")]
+    WorkerGone { name: String },
+    /// What the client sent is not a request.
+    #[error("{0}")]
+    Request(#[from] WireError),
+    #[error("{0}")]
+    BadRequest(#[from] RecordError),
+    /// The ring cannot carry an answer (its message, verbatim).
+    #[error("{0}")]
+    Ring(String),
+}
+
 /// Why a session stops taking requests: the client closed its side, or sent what is not a
 /// request (the message for it).
 enum Stop {
     Closed,
-    Bad(String),
+    Bad(RangeError),
 }
 
 /// The next request's ranges into `ranges`: Ok(false) when the client closed its side.
@@ -248,13 +319,13 @@ fn next_request<R: Read>(
     frames: &mut FrameReader<R>,
     req: &mut PooledBuf,
     ranges: &mut Vec<(u64, u64)>,
-) -> Result<bool, String> {
+) -> Result<bool, RangeError> {
     match frames.next_into(req) {
         Ok(true) => {}
         Ok(false) | Err(WireError::Truncated { .. }) => return Ok(false),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     }
-    parse_request(req, ranges).map_err(|e| e.to_string())?;
+    parse_request(req, ranges)?;
     Ok(true)
 }
 
@@ -287,11 +358,11 @@ impl Requests for UnixStream {
 pub(crate) trait RecordOut {
     /// Writes one answer: Ok(false) when the client went away, Err with the message for it
     /// when the transport cannot carry the answer.
-    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, String>;
+    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, RangeError>;
 }
 
 impl RecordOut for FrameSink<'_> {
-    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, String> {
+    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, RangeError> {
         Ok(self.write(head).is_ok() && self.write(payload).is_ok())
     }
 }
@@ -303,7 +374,7 @@ struct RingOut<'a> {
 }
 
 impl RecordOut for RingOut<'_> {
-    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, String> {
+    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, RangeError> {
         let len = RECORD_HEADER_LEN + payload.len();
         let put = self
             .sink
@@ -319,7 +390,7 @@ impl RecordOut for RingOut<'_> {
                 self.bytes += len as u64;
                 Ok(true)
             }
-            Err(SinkError::Failed(m)) => Err(m),
+            Err(SinkError::Failed(m)) => Err(RangeError::Ring(m)),
             Err(_) => Ok(false),
         }
     }
@@ -341,8 +412,8 @@ impl Out {
     /// what `answer` said, whether the client still takes answers, and the bytes sent.
     fn request(
         &mut self,
-        answer: impl FnOnce(&mut dyn RecordOut) -> Result<bool, String>,
-    ) -> (Result<bool, String>, bool, u64) {
+        answer: impl FnOnce(&mut dyn RecordOut) -> Result<bool, RangeError>,
+    ) -> (Result<bool, RangeError>, bool, u64) {
         match self {
             Out::Tcp { w, buffers } => {
                 let mut sink = FrameSink::direct(buffers.clone(), w);
@@ -531,7 +602,7 @@ impl<R: Requests> Session<'_, R> {
     /// client; says whether (and how) the session ends.
     fn respond(
         &mut self,
-        answer: impl FnOnce(&mut dyn RecordOut, &mut Stats) -> Result<bool, String>,
+        answer: impl FnOnce(&mut dyn RecordOut, &mut Stats) -> Result<bool, RangeError>,
     ) -> Option<Result<Stats, StreamError>> {
         let before = self.stats;
         let stats = &mut self.stats;
@@ -556,7 +627,8 @@ impl<R: Requests> Session<'_, R> {
         Ok(self.stats)
     }
 
-    fn fail(&mut self, m: String) -> Result<Stats, StreamError> {
+    fn fail(&mut self, e: RangeError) -> Result<Stats, StreamError> {
+        let m = e.to_string();
         self.out.fail(&m);
         Err(StreamError::Failed(m))
     }

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 
 use dquant_engine::WorkerPool;
 
-use super::{Encoding, Ranges, RecordOut};
+use super::{Encoding, RangeError, Ranges, RecordOut};
 use crate::produce::Stats;
 
 /// Requests taken from the connection before the oldest is answered.
@@ -37,7 +37,7 @@ enum Todo {
 /// A request's parts read and handed to the pool, or the reason one could not be.
 enum Started {
     Range(Encoding),
-    Failed(String),
+    Failed(RangeError),
     End,
 }
 
@@ -75,7 +75,7 @@ impl Ahead {
         pool: &WorkerPool,
         sink: &mut dyn RecordOut,
         stats: &mut Stats,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, RangeError> {
         self.requests = self.requests.saturating_sub(1);
         loop {
             self.top_up(ds, pool);
