@@ -45,6 +45,15 @@ pub fn schemes() -> impl Iterator<Item = &'static str> {
     BACKENDS.iter().map(|b| b.scheme)
 }
 
+/// Whether a path inside a store (no leading or trailing `/`) is plain: empty, or segments
+/// none of which is empty, `.` or `..`, so that names under it cannot reach outside it.
+pub(crate) fn is_plain_path(path: &str) -> bool {
+    path.is_empty()
+        || !path
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+}
+
 /// Where a location points.
 pub enum Place {
     /// A path on this machine.

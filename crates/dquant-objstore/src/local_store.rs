@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use object_store::local::LocalFileSystem;
 
-use crate::backends::{Backend, StorePlace};
+use crate::backends::{is_plain_path, Backend, StorePlace};
 use crate::error::ObjectRootError;
 use crate::S3Settings;
 
@@ -34,11 +34,7 @@ fn open_file(uri: &str, settings: &S3Settings) -> Result<StorePlace, ObjectRootE
         .filter(|p| p.starts_with('/'))
         .ok_or_else(|| bad("expected file:///ABSOLUTE/PATH"))?;
     let path = path.trim_matches('/');
-    if !path.is_empty()
-        && path
-            .split('/')
-            .any(|p| p.is_empty() || p == "." || p == "..")
-    {
+    if !is_plain_path(path) {
         return Err(bad("the path may not hold empty, '.' or '..' segments"));
     }
     Ok(StorePlace {

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::backends::{Backend, StorePlace};
+use crate::backends::{is_plain_path, Backend, StorePlace};
 use crate::error::ObjectRootError;
 use crate::S3Settings;
 
@@ -43,11 +43,7 @@ impl S3Location {
             ));
         }
         let prefix = prefix.trim_end_matches('/');
-        if !prefix.is_empty()
-            && prefix
-                .split('/')
-                .any(|p| p.is_empty() || p == "." || p == "..")
-        {
+        if !is_plain_path(prefix) {
             return Err(bad("the prefix may not hold empty, '.' or '..' segments"));
         }
         Ok(S3Location {
