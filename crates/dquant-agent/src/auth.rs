@@ -17,6 +17,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::config_error::ConfigError;
 use dquant_transport::record::MAX_TOKEN_LEN;
 use serde::Deserialize;
 use tonic::metadata::MetadataMap;
@@ -135,27 +136,28 @@ pub(crate) struct Auth {
 impl Auth {
     /// Checks the tenants against the agent's roots: names unique, tokens long and unique,
     /// roots served.
-    pub fn new(tenants: &[TenantConfig], roots: &[&str]) -> Result<Self, String> {
+    pub fn new(tenants: &[TenantConfig], roots: &[&str]) -> Result<Self, ConfigError> {
         let mut names = HashSet::new();
         let mut tokens = HashSet::new();
         let mut out = Vec::new();
         for t in tenants {
-            let who = format!("tenants: {:?}", t.name);
+            let bad =
+                |problem: String| ConfigError::invalid(format!("tenants: {:?}", t.name), problem);
             if t.name.is_empty() || !names.insert(t.name.as_str()) {
-                return Err(format!("{who}: names must be unique and not empty"));
+                return Err(bad("names must be unique and not empty".into()));
             }
             if t.token.len() < MIN_TOKEN_LEN {
-                return Err(format!(
-                    "{who}: token must be at least {MIN_TOKEN_LEN} characters"
-                ));
+                return Err(bad(format!(
+                    "token must be at least {MIN_TOKEN_LEN} characters"
+                )));
             }
             if t.token.len() > MAX_TOKEN_LEN {
-                return Err(format!(
-                    "{who}: token must be at most {MAX_TOKEN_LEN} bytes (a data-plane hello carries it)"
-                ));
+                return Err(bad(format!(
+                    "token must be at most {MAX_TOKEN_LEN} bytes (a data-plane hello carries it)"
+                )));
             }
             if !tokens.insert(t.token.as_str()) {
-                return Err(format!("{who}: token is another tenant's too"));
+                return Err(bad("token is another tenant's too".into()));
             }
             let all = t.roots.iter().any(|r| r == "*");
             if let Some(r) = t
@@ -163,7 +165,7 @@ impl Auth {
                 .iter()
                 .find(|r| *r != "*" && !roots.contains(&r.as_str()))
             {
-                return Err(format!("{who}: root {r:?} is not served by this agent"));
+                return Err(bad(format!("root {r:?} is not served by this agent")));
             }
             out.push(Arc::new(Tenant {
                 name: t.name.clone(),
@@ -263,24 +265,15 @@ pub(crate) fn check_binds(
     auth: &Auth,
     tls_or_allowed: bool,
     addrs: &[SocketAddr],
-) -> Result<(), String> {
-    let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) else {
+) -> Result<(), ConfigError> {
+    let Some(&a) = addrs.iter().find(|a| !a.ip().is_loopback()) else {
         return Ok(());
     };
     if auth.is_open() {
-        return Err(format!(
-            "refusing to listen on {a} without tenants: anyone who can reach it could read \
-             every root. Configure [[tenants]] with a token each (see README, Security and \
-             limits), or listen on loopback (127.0.0.1)"
-        ));
+        return Err(ConfigError::OpenToAll(a));
     }
     if !tls_or_allowed {
-        return Err(format!(
-            "refusing to listen on {a} without TLS: tenant tokens and data would cross the \
-             network in the clear. Configure [tls] cert and key (or --tls-cert and \
-             --tls-key), set allow_plaintext = true for a link nobody else can read, or \
-             listen on loopback (127.0.0.1)"
-        ));
+        return Err(ConfigError::Plaintext(a));
     }
     Ok(())
 }
@@ -370,7 +363,7 @@ mod tests {
     #[test]
     fn bad_tenant_configs_are_refused_with_the_reason() {
         let roots = ["corpus"];
-        let e = |t: &[TenantConfig]| Auth::new(t, &roots).unwrap_err();
+        let e = |t: &[TenantConfig]| Auth::new(t, &roots).unwrap_err().to_string();
         assert_eq!(
             e(&[tenant("a", "short", &["corpus"])]),
             "tenants: \"a\": token must be at least 16 characters"
@@ -409,7 +402,9 @@ mod tests {
         let any: SocketAddr = "0.0.0.0:7878".parse().unwrap();
         check_binds(&open, false, &[lo, lo]).unwrap();
         assert_eq!(
-            check_binds(&open, true, &[lo, any]).unwrap_err(),
+            check_binds(&open, true, &[lo, any])
+                .unwrap_err()
+                .to_string(),
             "refusing to listen on 0.0.0.0:7878 without tenants: anyone who can reach it \
              could read every root. Configure [[tenants]] with a token each (see README, \
              Security and limits), or listen on loopback (127.0.0.1)"
@@ -417,7 +412,9 @@ mod tests {
         let closed = Auth::new(&[tenant("a", "0123456789abcdef", &["*"])], &[]).unwrap();
         check_binds(&closed, true, &[any]).unwrap();
         assert_eq!(
-            check_binds(&closed, false, &[lo, any]).unwrap_err(),
+            check_binds(&closed, false, &[lo, any])
+                .unwrap_err()
+                .to_string(),
             "refusing to listen on 0.0.0.0:7878 without TLS: tenant tokens and data would \
              cross the network in the clear. Configure [tls] cert and key (or --tls-cert and \
              --tls-key), set allow_plaintext = true for a link nobody else can read, or listen \

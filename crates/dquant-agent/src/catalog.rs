@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::config_error::ConfigError;
 use dquant_objstore::{locate, Place, S3Settings};
 use dquant_proto::v1::ListEntry;
 use dquant_storage::{BlockCache, CachedRoot, LocalRoot, NameProblem, Root, RootError};
@@ -46,12 +47,13 @@ impl Catalog {
         roots: &BTreeMap<String, PathBuf>,
         s3: &S3Settings,
         cache: Option<&Arc<BlockCache>>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         let mut out = BTreeMap::new();
         for (name, dir) in roots {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                return Err(format!(
-                    "root name {name:?}: must be one path segment, without '/'"
+                return Err(ConfigError::invalid(
+                    format!("root name {name:?}"),
+                    "must be one path segment, without '/'",
                 ));
             }
             out.insert(name.clone(), open_root(name, dir, s3, cache)?);
@@ -143,8 +145,12 @@ fn open_root(
     at: &std::path::Path,
     s3: &S3Settings,
     cache: Option<&Arc<BlockCache>>,
-) -> Result<Arc<dyn Root>, String> {
-    let fail = |e: &dyn std::fmt::Display| format!("root {name:?} ({}): {e}", at.display());
+) -> Result<Arc<dyn Root>, ConfigError> {
+    let fail = |e: &dyn std::fmt::Display| ConfigError::Root {
+        name: name.to_string(),
+        at: at.to_path_buf(),
+        problem: e.to_string(),
+    };
     match locate(at, s3).map_err(|e| fail(&e))? {
         Place::Store(place) => {
             let root: Arc<dyn Root> = Arc::new(place.root());

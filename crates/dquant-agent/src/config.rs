@@ -8,6 +8,7 @@ use dquant_objstore::S3Settings;
 use serde::Deserialize;
 
 use crate::auth::TenantConfig;
+use crate::config_error::ConfigError;
 use crate::limits::Limits;
 
 /// Default control-plane address: loopback only. Serving other hosts is a choice the
@@ -204,19 +205,28 @@ pub struct TrafficClass {
 impl BandwidthConfig {
     /// The tenants' shares of the link (with `""`, weight 1, for an agent without tenants),
     /// checked: shares in (0, 1], guarantees that fit the link, classes that exist.
-    pub fn shares(&self, tenants: &[TenantConfig]) -> Result<Vec<crate::bandwidth::Share>, String> {
+    pub fn shares(
+        &self,
+        tenants: &[TenantConfig],
+    ) -> Result<Vec<crate::bandwidth::Share>, ConfigError> {
         if self.link_bytes_per_s == 0 {
-            return Err("bandwidth.link_bytes_per_s: must be at least 1".into());
+            return Err(ConfigError::invalid(
+                "bandwidth.link_bytes_per_s",
+                "must be at least 1",
+            ));
         }
         for (i, c) in self.classes.iter().enumerate() {
             if c.dscp > 63 {
-                return Err(format!(
-                    "bandwidth.classes {:?}: dscp {} is not in 0..=63",
-                    c.name, c.dscp
+                return Err(ConfigError::invalid(
+                    format!("bandwidth.classes {:?}", c.name),
+                    format!("dscp {} is not in 0..=63", c.dscp),
                 ));
             }
             if self.classes[..i].iter().any(|o| o.name == c.name) {
-                return Err(format!("bandwidth.classes: {:?} is named twice", c.name));
+                return Err(ConfigError::invalid(
+                    "bandwidth.classes",
+                    format!("{:?} is named twice", c.name),
+                ));
             }
         }
         if tenants.is_empty() {
@@ -230,26 +240,26 @@ impl BandwidthConfig {
         for t in tenants {
             let guarantee = match (t.guarantee_bytes_per_s, t.guarantee_share) {
                 (Some(_), Some(_)) => {
-                    return Err(format!(
-                        "tenant {:?}: give guarantee_bytes_per_s or guarantee_share, not both",
-                        t.name
+                    return Err(ConfigError::invalid(
+                        format!("tenant {:?}", t.name),
+                        "give guarantee_bytes_per_s or guarantee_share, not both",
                     ))
                 }
                 (Some(b), None) => b,
                 (None, Some(f)) if f > 0.0 && f <= 1.0 => (f * self.link_bytes_per_s as f64) as u64,
                 (None, Some(f)) => {
-                    return Err(format!(
-                        "tenant {:?}: guarantee_share {f} is not in (0, 1]",
-                        t.name
+                    return Err(ConfigError::invalid(
+                        format!("tenant {:?}", t.name),
+                        format!("guarantee_share {f} is not in (0, 1]"),
                     ))
                 }
                 (None, None) => 0,
             };
             if let Some(c) = &t.class {
                 if !self.classes.iter().any(|k| &k.name == c) {
-                    return Err(format!(
-                        "tenant {:?}: class {c:?} is not among [[bandwidth.classes]]",
-                        t.name
+                    return Err(ConfigError::invalid(
+                        format!("tenant {:?}", t.name),
+                        format!("class {c:?} is not among [[bandwidth.classes]]"),
                     ));
                 }
             }
@@ -259,8 +269,7 @@ impl BandwidthConfig {
                 weight: t.weight.unwrap_or(1),
             });
         }
-        crate::bandwidth::Scheduler::check(self.link_bytes_per_s, &shares)
-            .map_err(|e| e.to_string())?;
+        crate::bandwidth::Scheduler::check(self.link_bytes_per_s, &shares)?;
         Ok(shares)
     }
 
@@ -365,23 +374,31 @@ impl AgentConfig {
     }
 
     /// Parses a TOML config; errors carry toml's line and column.
-    pub fn from_toml(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| format!("agent config: {e}"))
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Ok(toml::from_str(text)?)
     }
 
     /// Checks values that parse but cannot work.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.prefetch_frames == 0 {
-            return Err("prefetch_frames: must be at least 1".into());
+            return Err(ConfigError::invalid(
+                "prefetch_frames",
+                "must be at least 1",
+            ));
         }
         if self.share_window_batches < 2 {
-            return Err("share_window_batches: must be at least 2".into());
+            return Err(ConfigError::invalid(
+                "share_window_batches",
+                "must be at least 2",
+            ));
         }
         if self.max_sessions == 0 {
-            return Err("max_sessions: must be at least 1".into());
+            return Err(ConfigError::invalid("max_sessions", "must be at least 1"));
         }
         self.limits.validate()?;
-        self.s3.validate()?;
+        self.s3
+            .validate()
+            .map_err(|e| ConfigError::invalid(e.setting, e.problem))?;
         match &self.bandwidth {
             Some(b) => {
                 b.shares(&self.tenants)?;
@@ -392,34 +409,41 @@ impl AgentConfig {
                         || t.guarantee_share.is_some()
                         || t.class.is_some()
                 }) {
-                    return Err(format!(
-                        "tenant {:?}: a guarantee or class needs [bandwidth] with link_bytes_per_s \
-                         (the link they are shares of)",
-                        t.name
+                    return Err(ConfigError::invalid(
+                        format!("tenant {:?}", t.name),
+                        "a guarantee or class needs [bandwidth] with link_bytes_per_s (the link \
+                         they are shares of)",
                     ));
                 }
             }
         }
         if self.consumer_idle_secs == 0 {
-            return Err("consumer_idle_secs: must be at least 1".into());
+            return Err(ConfigError::invalid(
+                "consumer_idle_secs",
+                "must be at least 1",
+            ));
         }
         for (prefix, agents) in &self.placement {
             let ok = |a: &String| dquant_remote::is_host_port(a);
             if prefix.is_empty() || agents.is_empty() || !agents.iter().all(ok) {
-                return Err(format!(
-                    "placement {prefix:?}: give a non-empty dataset prefix and at least one \
-                     agent as HOST:PORT"
+                return Err(ConfigError::invalid(
+                    format!("placement {prefix:?}"),
+                    "give a non-empty dataset prefix and at least one agent as HOST:PORT",
                 ));
             }
         }
         if self.upstream_timeout_secs == 0 {
-            return Err("upstream_timeout_secs: must be at least 1".into());
+            return Err(ConfigError::invalid(
+                "upstream_timeout_secs",
+                "must be at least 1",
+            ));
         }
         if self.roots.is_empty() && self.placement.is_empty() {
-            return Err(
-                "roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)"
-                    .into(),
-            );
+            return Err(ConfigError::invalid(
+                "roots",
+                "no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a \
+                 [roots] table)",
+            ));
         }
         Ok(())
     }
@@ -455,7 +479,9 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:7878");
         assert_eq!(c.data_addr().to_string(), "127.0.0.1:7879");
         assert_eq!(c.roots["corpus"], PathBuf::from("/data"));
-        let e = AgentConfig::from_toml("prefetch = 3\n").unwrap_err();
+        let e = AgentConfig::from_toml("prefetch = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("agent config: "), "{e}");
         assert!(e.contains("unknown field `prefetch`"), "{e}");
         let c = AgentConfig::from_toml(
@@ -465,10 +491,12 @@ mod tests {
         assert_eq!(c.limits.max_world, 8);
         assert_eq!(c.limits.max_zstd_level, 3);
         assert_eq!(c.limits.max_sources, Limits::default().max_sources);
-        let e = AgentConfig::from_toml("[limits]\nmax_wrld = 8\n").unwrap_err();
+        let e = AgentConfig::from_toml("[limits]\nmax_wrld = 8\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field `max_wrld`"), "{e}");
         assert_eq!(
-            AgentConfig::default().validate().unwrap_err(),
+            AgentConfig::default().validate().unwrap_err().to_string(),
             "roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)"
         );
     }
@@ -480,8 +508,8 @@ mod tests {
         let text = format!(
             "{TENANTS}{extra_a}\n[[tenants]]\nname = \"b\"\ntoken = \"bbbbbbbbbbbbbbbbbbbb\"\nroots = [\"*\"]\n{extra}"
         );
-        let c = AgentConfig::from_toml(&text)?;
-        c.validate().map(|()| c)
+        let c = AgentConfig::from_toml(&text).map_err(|e| e.to_string())?;
+        c.validate().map(|()| c).map_err(|e| e.to_string())
     }
 
     #[test]

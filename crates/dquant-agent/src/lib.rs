@@ -23,6 +23,7 @@ mod auth;
 pub mod bandwidth;
 mod catalog;
 mod config;
+mod config_error;
 mod control;
 mod data;
 mod events;
@@ -60,6 +61,7 @@ pub use config::{
     AgentConfig, BandwidthConfig, BlockCacheConfig, TlsFiles, TrafficClass, DEFAULT_LISTEN,
     DEFAULT_PREFETCH,
 };
+pub use config_error::ConfigError;
 pub use limits::{LimitError, Limits, MAX_RANGE_TOKENS};
 pub use start::start;
 
@@ -127,7 +129,7 @@ impl Shared {
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("{0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

@@ -13,6 +13,8 @@ use dquant_codec::Compression;
 use dquant_plan::{Plan, WireCodec};
 use serde::Deserialize;
 
+use crate::config_error::ConfigError;
+
 pub use dquant_transport::record::MAX_RANGE_TOKENS;
 
 /// The `[limits]` table of the agent config.
@@ -116,7 +118,7 @@ pub enum LimitError {
 
 impl Limits {
     /// Checks values that parse but cannot work (a pool without workers, say).
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let at_least_one = [
             ("max_batch_bytes", self.max_batch_bytes == 0),
             ("max_batch_samples", self.max_batch_samples == 0),
@@ -133,13 +135,18 @@ impl Limits {
             ),
         ];
         if let Some((key, _)) = at_least_one.iter().find(|(_, zero)| *zero) {
-            return Err(format!("limits.{key}: must be at least 1"));
+            return Err(ConfigError::invalid(
+                format!("limits.{key}"),
+                "must be at least 1",
+            ));
         }
         if self.max_range_tokens > MAX_RANGE_TOKENS {
-            return Err(format!(
-                "limits.max_range_tokens: {} is above {MAX_RANGE_TOKENS}, the most one range \
-                 record carries",
-                self.max_range_tokens
+            return Err(ConfigError::invalid(
+                "limits.max_range_tokens",
+                format!(
+                    "{} is above {MAX_RANGE_TOKENS}, the most one range record carries",
+                    self.max_range_tokens
+                ),
             ));
         }
         Ok(())
@@ -306,7 +313,7 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(
-            l.validate().unwrap_err(),
+            l.validate().unwrap_err().to_string(),
             "limits.open_workers: must be at least 1"
         );
         let l = Limits {
@@ -314,7 +321,7 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(
-            l.validate().unwrap_err(),
+            l.validate().unwrap_err().to_string(),
             "limits.max_range_tokens: 16777217 is above 16777216, the most one range record \
              carries"
         );

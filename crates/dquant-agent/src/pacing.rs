@@ -14,6 +14,7 @@ use metrics::{Counter, Gauge};
 
 use crate::bandwidth::Scheduler;
 use crate::config::AgentConfig;
+use crate::config_error::ConfigError;
 use crate::metrics::Metrics;
 
 /// The scheduler and what each tenant's sockets are marked with.
@@ -28,7 +29,7 @@ pub(crate) struct Shaping {
 impl Shaping {
     /// The shaping `config` asks for (`[bandwidth]`), or `None` without it. The config was
     /// validated, so its shares fit.
-    pub fn new(config: &AgentConfig, metrics: &Metrics) -> Result<Option<Arc<Self>>, String> {
+    pub fn new(config: &AgentConfig, metrics: &Metrics) -> Result<Option<Arc<Self>>, ConfigError> {
         let Some(b) = &config.bandwidth else {
             return Ok(None);
         };
@@ -44,8 +45,7 @@ impl Shaping {
             .iter()
             .map(|s| metrics.tenant_meters(&s.tenant))
             .collect();
-        let sched = Scheduler::new(b.link_bytes_per_s, shares, Instant::now())
-            .map_err(|e| e.to_string())?;
+        let sched = Scheduler::new(b.link_bytes_per_s, shares, Instant::now())?;
         Ok(Some(Arc::new(Shaping {
             sched: Mutex::new(sched),
             dscp,

@@ -18,7 +18,7 @@ use tonic_health::ServingStatus;
 
 use crate::{
     auth, control, data, events, faults, local, megatron, metrics, open_pool, pacing, sessions,
-    share, AgentConfig, AgentError, AgentHandle, Catalog, Shared,
+    share, AgentConfig, AgentError, AgentHandle, Catalog, ConfigError, Shared,
 };
 
 /// Starts an agent: binds both planes, then serves on background threads.
@@ -78,7 +78,10 @@ impl Access {
         let cache = match &config.block_cache {
             Some(c) => Some(
                 BlockCache::open(&c.dir, c.max_bytes, c.block_bytes).map_err(|e| {
-                    AgentError::Config(format!("block_cache ({}): {e}", c.dir.display()))
+                    AgentError::Config(ConfigError::invalid(
+                        format!("block_cache ({})", c.dir.display()),
+                        e.to_string(),
+                    ))
                 })?,
             ),
             None => None,
@@ -264,7 +267,7 @@ fn load_tls(config: &AgentConfig) -> Result<Option<ServerTls>, AgentError> {
     };
     ServerTls::from_files(&f.cert, &f.key)
         .map(Some)
-        .map_err(|e| AgentError::Config(format!("tls: {e}")))
+        .map_err(|e| AgentError::Config(ConfigError::invalid("tls", e.to_string())))
 }
 
 /// The token and TLS this agent uses with its upstreams.
@@ -273,7 +276,7 @@ fn upstream_credentials(config: &AgentConfig) -> Result<Credentials, AgentError>
         None => None,
         Some(ca) => Some(
             Credentials::tls(ca, config.upstream_tls_name.as_deref())
-                .map_err(|e| AgentError::Config(format!("upstream_tls_ca: {e}")))?,
+                .map_err(|e| ConfigError::invalid("upstream_tls_ca", e.to_string()))?,
         ),
     };
     Ok(Credentials {

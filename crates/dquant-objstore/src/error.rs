@@ -19,3 +19,11 @@ pub enum ObjectRootError {
         source: object_store::Error,
     },
 }
+
+/// A setting that parses but cannot work: which one, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting}: {problem}")]
+pub struct InvalidSetting {
+    pub setting: String,
+    pub problem: String,
+}

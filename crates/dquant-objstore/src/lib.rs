@@ -30,7 +30,7 @@ pub use backends::{
     backend_of, is_object_uri, locate, schemes, Backend, Place, StorePlace, BACKENDS,
 };
 pub use destination::ObjectDestination;
-pub use error::ObjectRootError;
+pub use error::{InvalidSetting, ObjectRootError};
 pub use file::ObjectStats;
 pub use location::{S3Location, S3_SCHEME};
 pub use root::ObjectRoot;

@@ -20,7 +20,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 use serde::Deserialize;
 
-use crate::error::ObjectRootError;
+use crate::error::{InvalidSetting, ObjectRootError};
 use crate::location::S3Location;
 
 const MIB: u64 = 1 << 20;
@@ -96,12 +96,16 @@ impl ReadSettings {
 
 impl S3Settings {
     /// Checks values that parse but cannot work.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        let bad = |setting: &str, problem: &str| InvalidSetting {
+            setting: format!("s3.{setting}"),
+            problem: problem.to_string(),
+        };
         if !(64 << 10..=256 * MIB).contains(&self.part_bytes) {
-            return Err("s3.part_bytes: must be between 64 KiB and 256 MiB".into());
+            return Err(bad("part_bytes", "must be between 64 KiB and 256 MiB"));
         }
         if self.readahead_bytes > 4096 * MIB {
-            return Err("s3.readahead_bytes: at most 4 GiB".into());
+            return Err(bad("readahead_bytes", "at most 4 GiB"));
         }
         for (name, v) in [
             ("connect_timeout_secs", self.connect_timeout_secs),
@@ -109,7 +113,7 @@ impl S3Settings {
             ("request_timeout_secs", self.request_timeout_secs),
         ] {
             if v == 0 {
-                return Err(format!("s3.{name}: must be at least 1"));
+                return Err(bad(name, "must be at least 1"));
             }
         }
         Ok(())
@@ -162,11 +166,10 @@ impl S3Settings {
 
     /// An `object_store` client for `at`'s bucket with these settings.
     pub fn store(&self, at: &S3Location) -> Result<Arc<dyn ObjectStore>, ObjectRootError> {
-        self.validate()
-            .map_err(|problem| ObjectRootError::Settings {
-                location: at.to_string(),
-                problem,
-            })?;
+        self.validate().map_err(|e| ObjectRootError::Settings {
+            location: at.to_string(),
+            problem: e.to_string(),
+        })?;
         let http = self.check_http(at)?;
         install_tls_provider();
         let mut b = AmazonS3Builder::from_env()
