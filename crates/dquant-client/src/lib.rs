@@ -61,7 +61,7 @@ pub fn open_at(
     let agent = if uri.is_empty() {
         None
     } else {
-        Some(AgentUri::parse(uri).map_err(ClientError::Usage)?)
+        Some(AgentUri::parse(uri).map_err(|e| ClientError::Usage(e.to_string()))?)
     };
     match (offload, agent) {
         (Offload::Yes, None) => Err(ClientError::Usage(
@@ -87,7 +87,7 @@ pub fn open_shared(
     cursor: Cursor,
     share: &Share,
 ) -> Result<Reader, ClientError> {
-    let agent = AgentUri::parse(uri).map_err(ClientError::Usage)?;
+    let agent = AgentUri::parse(uri).map_err(|e| ClientError::Usage(e.to_string()))?;
     let creds = Credentials::from_env().map_err(ClientError::Connect)?;
     Reader::remote_shared(&agent, plan, cursor, share, &creds)
 }
@@ -96,7 +96,7 @@ pub fn open_shared(
 /// still in the stream's window) or at its current cursor (`None`). The reader learns the
 /// plan from the agent.
 pub fn subscribe(uri: &str, share: &str, at: Option<&Cursor>) -> Result<Reader, ClientError> {
-    let agent = AgentUri::parse(uri).map_err(ClientError::Usage)?;
+    let agent = AgentUri::parse(uri).map_err(|e| ClientError::Usage(e.to_string()))?;
     let creds = Credentials::from_env().map_err(ClientError::Connect)?;
     Reader::subscribe_with(&agent, share, at, &creds)
 }
@@ -126,7 +126,7 @@ pub fn check_plan_change(
     new.validate()?;
     let agent = match uri {
         "" => None,
-        u => Some(AgentUri::parse(u).map_err(ClientError::Usage)?),
+        u => Some(AgentUri::parse(u).map_err(|e| ClientError::Usage(e.to_string()))?),
     };
     let control = connect(agent.as_ref())?;
     let mut infos = Vec::with_capacity(new.sources.len());

@@ -116,7 +116,7 @@ impl AgentMegatron {
         config: &BuildConfig,
         wire_codec: &str,
     ) -> Result<Self, ClientError> {
-        let uri = AgentUri::parse(agent).map_err(ClientError::Usage)?;
+        let uri = AgentUri::parse(agent).map_err(|e| ClientError::Usage(e.to_string()))?;
         if !uri.dataset.is_empty() {
             return Err(ClientError::Usage(format!(
                 "{agent:?}: name the agent only; the datasets are the blend's prefixes"

@@ -168,7 +168,7 @@ impl Mount {
         opts: MountOptions,
         plans: Vec<(String, Plan)>,
     ) -> Result<Self, MountError> {
-        let u = AgentUri::parse(agent_uri).map_err(MountError::Usage)?;
+        let u = AgentUri::parse(agent_uri).map_err(|e| MountError::Usage(e.to_string()))?;
         if !u.dataset.is_empty() {
             return Err(MountError::Usage(format!(
                 "{agent_uri}: the mount shows every root of the agent; give its address alone \

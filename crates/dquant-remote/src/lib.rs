@@ -24,4 +24,4 @@ pub use readahead::ReadaheadConfig;
 pub use replicas::ReplicatedSource;
 pub use shutdown::{resume_point, shutdown_message};
 pub use source::{range_slot_size, RemoteSource};
-pub use uri::{is_host_port, is_unix_authority, AgentUri, Transport};
+pub use uri::{is_host_port, is_unix_authority, AgentUri, Transport, UriError};

@@ -13,7 +13,7 @@ use crate::{AgentUri, Control, RemoteSource, ReplicatedSource};
 
 /// Parses a source's `dquant://HOST:PORT/DATASET` URI, which must name a dataset.
 pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
-    let u = AgentUri::parse(uri).map_err(SourceError::Usage)?;
+    let u = AgentUri::parse(uri).map_err(|e| SourceError::Usage(e.to_string()))?;
     if u.dataset.is_empty() {
         return Err(SourceError::Usage(
             "the URI names an agent but no dataset (dquant://HOST:PORT/ROOT/PATH)".into(),

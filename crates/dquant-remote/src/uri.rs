@@ -3,6 +3,30 @@
 
 pub use dquant_transport::Transport;
 
+/// Why a string is not an agent address; each says what the address should look like.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UriError {
+    #[error("{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)")]
+    NotHostPort { uri: String },
+    #[error("{uri:?}: the Unix socket path is empty (e.g. unix:/run/dquant.sock)")]
+    EmptySocketPath { uri: String },
+    #[error(
+        "{uri:?} is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix \
+         socket path such as unix:/run/dquant.sock)"
+    )]
+    NotAnAgent { uri: String },
+    #[error("{uri:?}: option {key}={value:?} is not valid; use {allowed}")]
+    BadOption {
+        uri: String,
+        key: String,
+        value: String,
+        allowed: String,
+    },
+    #[error("{uri:?}: unknown option {key:?} (known: transport, verify, slots)")]
+    UnknownOption { uri: String, key: String },
+}
+
 /// An agent's address, from one of:
 /// - `dquant://HOST:PORT[/DATASET]`, over TCP; a plan source may name replicas of its
 ///   dataset, `dquant://HOST1:PORT,HOST2:PORT/ROOT/PATH` (see [`AgentUri::replicas`]);
@@ -35,22 +59,18 @@ impl AgentUri {
     pub const UNIX_SCHEME: &'static str = "unix:";
 
     /// Parses an agent address (see the type's docs for the forms).
-    pub fn parse(uri: &str) -> Result<Self, String> {
+    pub fn parse(uri: &str) -> Result<Self, UriError> {
         let (addr, query) = uri.split_once('?').unwrap_or((uri, ""));
         let mut me = if let Some(rest) = addr.strip_prefix(Self::SCHEME) {
             let (authority, dataset) = rest.split_once('/').unwrap_or((rest, ""));
             if !authority.split(',').all(is_host_port) {
-                return Err(format!(
-                    "{uri:?}: the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
-                ));
+                return Err(UriError::NotHostPort { uri: uri.into() });
             }
             Self::new(authority, dataset.trim_end_matches('/'))
         } else if let Some(rest) = addr.strip_prefix(Self::UNIX_SCHEME) {
             let path = rest.strip_prefix("//").unwrap_or(rest);
             if path.is_empty() {
-                return Err(format!(
-                    "{uri:?}: the Unix socket path is empty (e.g. unix:/run/dquant.sock)"
-                ));
+                return Err(UriError::EmptySocketPath { uri: uri.into() });
             }
             // A socket's authority is told from a HOST:PORT by its '/' (see
             // `is_unix_authority`), so a relative `unix:agent.sock` is `./agent.sock`.
@@ -62,25 +82,28 @@ impl AgentUri {
         } else if addr.starts_with('/') || addr.starts_with("./") || addr.starts_with("../") {
             Self::new(addr, "")
         } else {
-            return Err(format!(
-                "{uri:?} is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)"
-            ));
+            return Err(UriError::NotAnAgent { uri: uri.into() });
         };
         for kv in query.split('&').filter(|kv| !kv.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            let bad = || format!("{uri:?}: option {k}={v:?} is not valid");
+            let bad = |allowed: String| UriError::BadOption {
+                uri: uri.into(),
+                key: k.into(),
+                value: v.into(),
+                allowed,
+            };
             match k {
                 "transport" => {
                     me.transport = Some(
                         v.parse::<Transport>()
-                            .map_err(|_| format!("{}; use {}", bad(), Transport::names()))?,
+                            .map_err(|_| bad(Transport::names()))?,
                     )
                 }
                 "verify" => {
                     me.verify = match v {
                         "true" | "1" => true,
                         "false" | "0" => false,
-                        _ => return Err(format!("{}; use true or false", bad())),
+                        _ => return Err(bad("true or false".into())),
                     }
                 }
                 "slots" => {
@@ -88,13 +111,14 @@ impl AgentUri {
                         v.parse()
                             .ok()
                             .filter(|&n| (2..=4096).contains(&n))
-                            .ok_or_else(|| format!("{}; use 2 to 4096", bad()))?,
+                            .ok_or_else(|| bad("2 to 4096".into()))?,
                     )
                 }
                 _ => {
-                    return Err(format!(
-                        "{uri:?}: unknown option {k:?} (known: transport, verify, slots)"
-                    ))
+                    return Err(UriError::UnknownOption {
+                        uri: uri.into(),
+                        key: k.into(),
+                    })
                 }
             }
         }
@@ -172,7 +196,7 @@ mod tests {
         assert!(!u.verify);
         assert_eq!(AgentUri::parse("dquant://h:1").unwrap().dataset, "");
         assert_eq!(
-            AgentUri::parse("dquant://nohost/x").unwrap_err(),
+            AgentUri::parse("dquant://nohost/x").unwrap_err().to_string(),
             "\"dquant://nohost/x\": the agent address must be HOST:PORT (e.g. dquant://127.0.0.1:7878)"
         );
         // Unix sockets, in each spelling: shared memory by default.
@@ -207,15 +231,15 @@ mod tests {
         let u = AgentUri::parse("/s?transport=tcp&verify=0").unwrap();
         assert_eq!((u.transport(), u.verify), (Transport::TCP, false));
         assert_eq!(
-            AgentUri::parse("data/x").unwrap_err(),
+            AgentUri::parse("data/x").unwrap_err().to_string(),
             "\"data/x\" is not an agent address (expected dquant://HOST:PORT[/DATASET], or a Unix socket path such as unix:/run/dquant.sock)"
         );
         assert_eq!(
-            AgentUri::parse("unix:").unwrap_err(),
+            AgentUri::parse("unix:").unwrap_err().to_string(),
             "\"unix:\": the Unix socket path is empty (e.g. unix:/run/dquant.sock)"
         );
         assert_eq!(
-            AgentUri::parse("/s?verify=maybe").unwrap_err(),
+            AgentUri::parse("/s?verify=maybe").unwrap_err().to_string(),
             "\"/s?verify=maybe\": option verify=\"maybe\" is not valid; use true or false"
         );
     }
