@@ -218,7 +218,7 @@ impl Agent for Service {
     ) -> Result<Response<OpenReply>, Status> {
         let caller = caller_of(&req)?;
         let req = req.into_inner();
-        check_name(&req.share).map_err(Status::invalid_argument)?;
+        check_name(&req.share).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let stream = self
             .shared
             .shares

@@ -269,9 +269,13 @@ pub(crate) fn record_room(pipeline: &Pipeline, output: OutputDType, wire: WireCo
     (RECORD_HEADER_LEN + payload).saturating_add(pipeline.trailer_bound())
 }
 
-/// Why a plan's batches cannot go over a transport whose records hold `max` bytes.
-pub(crate) fn too_large(max: usize, room: usize, output: OutputDType) -> String {
-    format!("the transport's records hold {max} bytes; this plan's batches need {room} ({output})")
+/// A plan whose records do not fit the transport's (a ring's slots have a size).
+#[derive(Debug, thiserror::Error)]
+#[error("the transport's records hold {max} bytes; this plan's batches need {room} ({output})")]
+pub(crate) struct TooLarge {
+    pub max: usize,
+    pub room: usize,
+    pub output: OutputDType,
 }
 
 /// How a stream driven by [`run`] ended.
@@ -301,7 +305,12 @@ pub(crate) fn run(
     let mut stats = Stats::default();
     if let Some(max) = sink.max_record_len().filter(|&max| producer.room() > max) {
         {
-            let m = too_large(max, producer.room(), producer.output);
+            let m = TooLarge {
+                max,
+                room: producer.room(),
+                output: producer.output,
+            }
+            .to_string();
             sink.fail(&m);
             return (Outcome::Failed(m), stats);
         }

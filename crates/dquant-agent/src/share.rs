@@ -44,26 +44,42 @@ pub(crate) use window::{End, JoinError, Next, Pos, Window};
 /// The longest share name.
 pub(crate) const MAX_SHARE_NAME: usize = 256;
 
+/// Why a shared stream cannot be opened, joined or carried where it was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum ShareError {
+    #[error(
+        "share: {0:?} is not a share name (1 to {MAX_SHARE_NAME} printable ASCII characters \
+         without spaces, e.g. \"job42/dp3\")"
+    )]
+    BadName(String),
+    /// A subscriber's cursor is not in the stream's window.
+    #[error("share {name:?}: {source}")]
+    JoinRefused {
+        name: String,
+        #[source]
+        source: JoinError,
+    },
+    #[error("share {0:?} runs a different plan; subscribe to it, or choose another name")]
+    DifferentPlan(String),
+    /// `open_or_join` called again with the stream it was already given.
+    #[error("a shared stream opened twice")]
+    OpenedTwice,
+    /// The stream's producer thread cannot be started (the system's message).
+    #[error("cannot start a thread: {0}")]
+    Thread(String),
+    /// A record of the stream cannot be made plain for a ring (a bug, or memory gone bad).
+    #[error("a shared record: {0}")]
+    BadRecord(String),
+}
+
 /// Checks a share name: 1 to [`MAX_SHARE_NAME`] bytes of printable ASCII, no spaces.
-pub(crate) fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), ShareError> {
     let printable = name.bytes().all(|b| b.is_ascii_graphic());
     if name.is_empty() || name.len() > MAX_SHARE_NAME || !printable {
-        return Err(format!(
-            "share: {name:?} is not a share name (1 to {MAX_SHARE_NAME} printable ASCII \
-             characters without spaces, e.g. \"job42/dp3\")"
-        ));
+        return Err(ShareError::BadName(name.to_string()));
     }
     Ok(())
-}
-
-/// Why a subscriber cannot join the stream `name` where it asked.
-pub(crate) fn join_refused(name: &str, e: &JoinError) -> String {
-    format!("share {name:?}: {e}")
-}
-
-/// Why a plan cannot open or join the stream `name`: it runs another plan.
-pub(crate) fn different_plan(name: &str) -> String {
-    format!("share {name:?} runs a different plan; subscribe to it, or choose another name")
 }
 
 /// One record of a shared stream: the wire form, and what subscribers need of it made once
@@ -74,7 +90,7 @@ pub(crate) struct Slot {
     /// The crc32c of each frame-sized chunk of `wire` (TCP subscribers).
     crcs: OnceLock<Vec<u32>>,
     /// The record in the output dtype (shared-memory subscribers); `None`: `wire` is.
-    plain: OnceLock<Result<Option<Vec<u8>>, String>>,
+    plain: OnceLock<Result<Option<Vec<u8>>, ShareError>>,
     /// Where `wire`'s buffer goes back to when the slot is dropped.
     spares: Arc<Spares>,
 }
@@ -92,7 +108,7 @@ impl Slot {
     }
 
     /// The record in `output`'s plain dtype.
-    fn plain(&self, output: OutputDType) -> Result<&[u8], String> {
+    fn plain(&self, output: OutputDType) -> Result<&[u8], ShareError> {
         match self.plain.get_or_init(|| plain_record(&self.wire, output)) {
             Ok(Some(plain)) => Ok(plain),
             Ok(None) => Ok(&self.wire),
@@ -131,19 +147,19 @@ impl Spares {
 
 /// `wire` (a batch record in any codec) with its tokens in `output`'s plain dtype, as a
 /// shared-memory ring carries them; `None` when it already is.
-fn plain_record(wire: &[u8], output: OutputDType) -> Result<Option<Vec<u8>>, String> {
+fn plain_record(wire: &[u8], output: OutputDType) -> Result<Option<Vec<u8>>, ShareError> {
     let head: &[u8; RECORD_HEADER_LEN] = wire
         .get(..RECORD_HEADER_LEN)
         .and_then(|h| h.try_into().ok())
-        .ok_or("a shared record shorter than its header")?;
-    let mut h = BatchHeader::parse(head).map_err(|e| e.to_string())?;
+        .ok_or_else(|| ShareError::BadRecord("shorter than its header".into()))?;
+    let mut h = BatchHeader::parse(head).map_err(|e| ShareError::BadRecord(e.to_string()))?;
     let want = plain_codec(output);
     if h.codec == want {
         return Ok(None);
     }
     let (data, trailer) = (h.data_len() as usize, h.trailer_len as usize);
     let body = &wire[RECORD_HEADER_LEN..];
-    let bad = |e: String| format!("batch {}: {e}", h.index);
+    let bad = |e: String| ShareError::BadRecord(format!("batch {}: {e}", h.index));
     if body.len() < data + trailer {
         return Err(bad(format!(
             "{} bytes of a {}-byte payload",
@@ -356,24 +372,27 @@ impl Shares {
         at: Pos,
         events: &Arc<Events>,
         drain: Arc<AtomicBool>,
-    ) -> Result<(Subscription, bool), String> {
+    ) -> Result<(Subscription, bool), ShareError> {
         let Some(n) = new.as_ref() else {
-            return Err("a shared stream opened twice".into());
+            return Err(ShareError::OpenedTwice);
         };
         let key = (n.tenant.clone(), n.name.clone());
         let mut streams = self.streams();
         if let Some(s) = streams.get(&key).and_then(Weak::upgrade) {
             let name = &n.name;
             if s.info.reply.plan_json != n.info.reply.plan_json {
-                return Err(different_plan(name));
+                return Err(ShareError::DifferentPlan(name.clone()));
             }
             let sub = s
                 .join(session, Some(at))
-                .map_err(|e| join_refused(name, &e))?;
+                .map_err(|source| ShareError::JoinRefused {
+                    name: name.clone(),
+                    source,
+                })?;
             return Ok((sub, true));
         }
         let Some(new) = new.take() else {
-            return Err("a shared stream opened twice".into());
+            return Err(ShareError::OpenedTwice);
         };
         let stream = Arc::new(SharedStream {
             name: new.name.clone(),
@@ -388,12 +407,15 @@ impl Shares {
         });
         let sub = stream
             .join(session, None)
-            .map_err(|e| join_refused(&new.name, &e))?;
+            .map_err(|source| ShareError::JoinRefused {
+                name: new.name.clone(),
+                source,
+            })?;
         let producer = stream.clone();
         std::thread::Builder::new()
             .name("dquant-share".into())
             .spawn(move || produce(producer, new, &drain))
-            .map_err(|e| format!("cannot start a thread: {e}"))?;
+            .map_err(|e| ShareError::Thread(e.to_string()))?;
         streams.insert(key, Arc::downgrade(&stream));
         Ok((sub, false))
     }
@@ -560,7 +582,7 @@ mod tests {
     fn share_names_are_checked() {
         assert!(check_name("job42/dp3").is_ok());
         assert_eq!(
-            check_name("job 42").unwrap_err(),
+            check_name("job 42").unwrap_err().to_string(),
             "share: \"job 42\" is not a share name (1 to 256 printable ASCII characters \
              without spaces, e.g. \"job42/dp3\")"
         );

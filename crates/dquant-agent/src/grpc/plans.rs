@@ -17,9 +17,7 @@ use crate::auth::Caller;
 use crate::open_pool::Stop;
 use crate::produce::record_room;
 use crate::sessions::{Reservation, Work};
-use crate::share::{
-    check_name, different_plan, join_refused, NewStream, Pos, SharedStream, StreamInfo,
-};
+use crate::share::{check_name, NewStream, Pos, ShareError, SharedStream, StreamInfo};
 use crate::Shared;
 
 /// A plan opened as a shared stream.
@@ -76,7 +74,7 @@ pub(super) fn open_stream(
         let (sub, j) = shared
             .shares
             .open_or_join(&mut new, id, at, &shared.events, drain)
-            .map_err(Status::failed_precondition)?;
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
         joined = (j, sub.from());
         Ok::<_, Status>(Work::Subscriber { sub })
     });
@@ -111,13 +109,18 @@ pub(super) fn join_stream(
 ) -> Result<OpenReply, Status> {
     let name = &stream.name;
     if plan.is_some_and(|p| p != stream.info.reply.plan_json) {
-        return Err(Status::failed_precondition(different_plan(name)));
+        let e = ShareError::DifferentPlan(name.to_string());
+        return Err(Status::failed_precondition(e.to_string()));
     }
     let mut from = None;
     let (id, ticket) = place.add_with(caller.name(), |id| {
-        let sub = stream
-            .join(id, at)
-            .map_err(|e| Status::failed_precondition(join_refused(name, &e)))?;
+        let sub = stream.join(id, at).map_err(|source| {
+            let e = ShareError::JoinRefused {
+                name: name.to_string(),
+                source,
+            };
+            Status::failed_precondition(e.to_string())
+        })?;
         from = Some(sub.from());
         Ok::<_, Status>(Work::Subscriber { sub })
     })?;
@@ -210,7 +213,7 @@ pub(super) fn checked_plan(
         .and_then(|()| limits.check_wire("wire_codec", wire))
         .map_err(over_limit)?;
     if !req.share.is_empty() {
-        check_name(&req.share).map_err(Status::invalid_argument)?;
+        check_name(&req.share).map_err(|e| Status::invalid_argument(e.to_string()))?;
     }
     Ok((plan, wire))
 }

@@ -27,13 +27,13 @@ use dquant_transport::{
 
 use super::{End, Next, Slot, Subscription, RECHECK};
 use crate::metrics::Meter;
-use crate::produce::{too_large, Outcome, Stats};
+use crate::produce::{Outcome, Stats, TooLarge};
 
 /// Where a subscriber's records go.
 pub(crate) trait Outlet {
     /// Whether the transport carries the stream's largest record in this outlet's form (a
     /// ring's slots have a size; a socket has none).
-    fn fits(&self, info: &super::StreamInfo, output: OutputDType) -> Result<(), String> {
+    fn fits(&self, info: &super::StreamInfo, output: OutputDType) -> Result<(), TooLarge> {
         let _ = (info, output);
         Ok(())
     }
@@ -115,9 +115,13 @@ impl Outlet for RingOutlet<'_> {
         0
     }
 
-    fn fits(&self, info: &super::StreamInfo, output: OutputDType) -> Result<(), String> {
+    fn fits(&self, info: &super::StreamInfo, output: OutputDType) -> Result<(), TooLarge> {
         match self.sink.max_record_len() {
-            Some(max) if info.plain_room > max => Err(too_large(max, info.plain_room, output)),
+            Some(max) if info.plain_room > max => Err(TooLarge {
+                max,
+                room: info.plain_room,
+                output,
+            }),
             _ => Ok(()),
         }
     }
@@ -129,7 +133,9 @@ impl Outlet for RingOutlet<'_> {
     ) -> Result<(u64, usize), SinkError> {
         let (mut tokens, mut bytes) = (0, 0);
         for slot in slots {
-            let record = slot.plain(output).map_err(SinkError::Failed)?;
+            let record = slot
+                .plain(output)
+                .map_err(|e| SinkError::Failed(e.to_string()))?;
             self.sink.reserve(record.len())?.copy_from_slice(record);
             self.sink.commit(record.len())?;
             (tokens, bytes) = (tokens + slot.tokens, bytes + record.len());
@@ -160,7 +166,8 @@ pub(crate) fn relay(
 ) -> (Outcome, Stats) {
     let mut stats = Stats::default();
     let stream = sub.stream();
-    if let Err(m) = out.fits(&stream.info, stream.output) {
+    if let Err(e) = out.fits(&stream.info, stream.output) {
+        let m = e.to_string();
         out.fail(&m);
         return (Outcome::Failed(m), stats);
     }

@@ -46,7 +46,7 @@ pub(crate) enum Next<R> {
 }
 
 /// Why a subscriber cannot join where it asked.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub(crate) enum JoinError {
     #[error(
