@@ -82,7 +82,7 @@ pub(crate) fn open(
     wire: WireCodec,
 ) -> Result<OpenMegatronReply, Status> {
     let sources = open_sources(shared, &config)?;
-    let key = key_of(&config, &sources).map_err(Status::internal)?;
+    let key = key_of(&config, &sources).map_err(|e| Status::internal(e.to_string()))?;
     let started = std::time::Instant::now();
     let (served, cached) = shared
         .megatron
@@ -93,7 +93,7 @@ pub(crate) fn open(
             };
             Served::build(&config, sources, store.as_ref(), limits)
         })
-        .map_err(Status::invalid_argument)?;
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     let name = format!("megatron:{}", served.built.sources.join(","));
     tracing::info!(
         tenant = caller.name(),
@@ -141,6 +141,17 @@ pub(crate) struct Served {
     pub layout: RecordLayout,
 }
 
+/// Why a Megatron-order build failed: Megatron-Core's own refusal, with the agent's limit
+/// named when it was that limit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum BuildError {
+    #[error("{0} (limits.max_megatron_index_entries)")]
+    OverLimit(dquant_megatron::MegatronError),
+    #[error("{0}")]
+    Megatron(dquant_megatron::MegatronError),
+}
+
 impl Served {
     /// Builds `config` over `sources` (opened by the caller, named as the config names them),
     /// its GPT indices read from and kept in `store` when there is one.
@@ -149,15 +160,15 @@ impl Served {
         sources: Sources,
         store: Option<&DirStore>,
         limits: BuildLimits,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BuildError> {
         let store = store.map(|s| s as &dyn IndexStore);
         let built = build_within(config, &mut |p| sources.lengths_of(p), store, limits).map_err(
             |e| match e.is_over_limit() {
-                true => format!("{e} (limits.max_megatron_index_entries)"),
-                false => e.to_string(),
+                true => BuildError::OverLimit(e),
+                false => BuildError::Megatron(e),
             },
         )?;
-        let layout = RecordLayout::of(&built).map_err(|e| e.to_string())?;
+        let layout = RecordLayout::of(&built).map_err(BuildError::Megatron)?;
         Ok(Served {
             built,
             sources,
@@ -203,11 +214,11 @@ impl MegatronIndexes {
     /// The build for `key`, made by `make` if no one has made it; whether it was already
     /// made. Callers with the same key wait for one `make`; a failed one leaves the next
     /// caller to try again.
-    pub fn get_or_build(
+    pub fn get_or_build<E>(
         &self,
         key: String,
-        make: impl FnOnce() -> Result<Served, String>,
-    ) -> Result<(Arc<Served>, bool), String> {
+        make: impl FnOnce() -> Result<Served, E>,
+    ) -> Result<(Arc<Served>, bool), E> {
         let slot = self.slot(key);
         let mut built = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = &*built {
@@ -234,8 +245,8 @@ impl MegatronIndexes {
 /// The key of a config over its opened sources: the config's JSON (every field, so two
 /// configs that differ in any way that changes samples differ here) and each source's size,
 /// so a dataset rewritten under the same name is built again.
-pub(crate) fn key_of(config: &BuildConfig, sources: &Sources) -> Result<String, String> {
-    let json = serde_json::to_string(config).map_err(|e| e.to_string())?;
+pub(crate) fn key_of(config: &BuildConfig, sources: &Sources) -> Result<String, serde_json::Error> {
+    let json = serde_json::to_string(config)?;
     let sizes: Vec<String> = (0..sources.names().len())
         .map(|i| format!("{}:{}", sources.names()[i], sources.tokens(i)))
         .collect();
@@ -340,10 +351,14 @@ mod tests {
                 .err(),
             Some("disk on fire".to_string())
         );
-        let (first, cached) = ix.get_or_build("a".into(), || Ok(served())).unwrap();
+        let (first, cached) = ix
+            .get_or_build("a".into(), || Ok::<_, String>(served()))
+            .unwrap();
         assert!(!cached);
         let (again, cached) = ix
-            .get_or_build("a".into(), || panic!("built twice"))
+            .get_or_build("a".into(), || -> Result<Served, String> {
+                panic!("built twice")
+            })
             .unwrap();
         assert!(cached && Arc::ptr_eq(&first, &again));
     }
@@ -360,7 +375,7 @@ mod tests {
                         ix.get_or_build("k".into(), || {
                             builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             std::thread::sleep(std::time::Duration::from_millis(50));
-                            Ok(served())
+                            Ok::<_, String>(served())
                         })
                         .unwrap()
                         .0
@@ -377,10 +392,23 @@ mod tests {
     fn the_oldest_config_past_keep_is_built_again() {
         let ix = MegatronIndexes::new(2);
         for k in ["a", "b", "c"] {
-            ix.get_or_build(k.into(), || Ok(served())).unwrap();
+            ix.get_or_build(k.into(), || Ok::<_, String>(served()))
+                .unwrap();
         }
-        assert!(ix.get_or_build("c".into(), || Ok(served())).unwrap().1);
-        assert!(ix.get_or_build("b".into(), || Ok(served())).unwrap().1);
-        assert!(!ix.get_or_build("a".into(), || Ok(served())).unwrap().1);
+        assert!(
+            ix.get_or_build("c".into(), || Ok::<_, String>(served()))
+                .unwrap()
+                .1
+        );
+        assert!(
+            ix.get_or_build("b".into(), || Ok::<_, String>(served()))
+                .unwrap()
+                .1
+        );
+        assert!(
+            !ix.get_or_build("a".into(), || Ok::<_, String>(served()))
+                .unwrap()
+                .1
+        );
     }
 }
