@@ -29,10 +29,24 @@ pub(crate) struct Plane<H> {
     pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
+/// Why the control plane stopped serving before it was told to.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    #[error("the control listener: {0}")]
+    Listen(#[source] std::io::Error),
+    #[error("tls: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    #[error("{0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("the control plane thread panicked")]
+    Panicked,
+}
+
 /// Serves `plane` on a thread of its own until told to stop (or a fatal error, returned).
 pub(crate) fn spawn<H: Health>(
     plane: Plane<H>,
-) -> std::io::Result<std::thread::JoinHandle<Result<(), String>>> {
+) -> std::io::Result<std::thread::JoinHandle<Result<(), ControlError>>> {
     plane.listener.set_nonblocking(true)?;
     std::thread::Builder::new()
         .name("dquant-control".into())
@@ -54,8 +68,8 @@ async fn serve<H: Health>(
     shared: Arc<Shared>,
     health: HealthServer<H>,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+) -> Result<(), ControlError> {
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(ControlError::Listen)?;
     // Nagle off on the control connections: an Open must not wait on a delayed ACK (that
     // cost 40 ms of time-to-first-batch).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -74,14 +88,14 @@ async fn serve<H: Health>(
         let identity = Identity::from_pem(tls.cert_pem(), tls.key_pem());
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(identity))
-            .map_err(|e| format!("tls: {e}"))?;
+            .map_err(ControlError::Tls)?;
     }
     let tcp = builder
         .add_service(svc.clone())
         .add_service(health.clone())
         .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
     let Some(rx) = local else {
-        return tcp.await.map_err(|e| e.to_string());
+        return Ok(tcp.await?);
     };
     // Connections the Unix socket's router identified as gRPC.
     let uds = tokio_stream::StreamExt::map(
@@ -95,7 +109,6 @@ async fn serve<H: Health>(
         .add_service(svc)
         .add_service(health)
         .serve_with_incoming_shutdown(uds, stopped(stop));
-    tokio::try_join!(tcp, uds)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    tokio::try_join!(tcp, uds)?;
+    Ok(())
 }

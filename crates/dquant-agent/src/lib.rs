@@ -62,6 +62,7 @@ pub use config::{
     DEFAULT_PREFETCH,
 };
 pub use config_error::ConfigError;
+pub use control::ControlError;
 pub use limits::{LimitError, Limits, MAX_RANGE_TOKENS};
 pub use start::start;
 
@@ -157,7 +158,7 @@ pub struct AgentHandle {
     data_addr: SocketAddr,
     shared: Arc<Shared>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
-    server: Option<std::thread::JoinHandle<Result<(), String>>>,
+    server: Option<std::thread::JoinHandle<Result<(), control::ControlError>>>,
     /// Reports the agent's health (`grpc.health.v1`); turned to NOT_SERVING by a drain.
     health: tonic_health::server::HealthReporter,
     runtime: tokio::runtime::Handle,
@@ -206,11 +207,9 @@ impl AgentHandle {
     }
 
     /// Blocks until the control plane stops (it runs until shutdown or a fatal error).
-    pub fn wait(mut self) -> Result<(), String> {
+    pub fn wait(mut self) -> Result<(), ControlError> {
         match self.server.take() {
-            Some(h) => h
-                .join()
-                .map_err(|_| "the control plane thread panicked".to_string())?,
+            Some(h) => h.join().map_err(|_| ControlError::Panicked)?,
             None => Ok(()),
         }
     }
