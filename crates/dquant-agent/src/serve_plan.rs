@@ -60,7 +60,10 @@ pub(crate) fn stream_plan(
     let drain = &shared.draining;
     let (outcome, stats) = run(&mut producer, &mut sink, &cancel, drain, Instant::now);
     let sent = sink.join();
-    ended(outcome, stats).and_then(|stats| sent.map(|()| stats).map_err(StreamError::Stopped))
+    ended(outcome, stats).and_then(|stats| {
+        sent.map(|()| stats)
+            .map_err(|e| StreamError::Stopped(e.to_string()))
+    })
 }
 
 /// Streams a plan's batches into the client's shared-memory ring (`sink`) until the end, an

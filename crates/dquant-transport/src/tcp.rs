@@ -233,7 +233,7 @@ impl<'a> FrameSink<'a> {
 pub struct TcpBatchSink {
     /// `None` once the sink is joined (its channel to the sender closed).
     frames: Option<FrameSink<'static>>,
-    sender: Option<JoinHandle<Result<(), String>>>,
+    sender: Option<JoinHandle<Result<(), SendError>>>,
     /// Room for a record that does not fit the current frame; split into frames on commit.
     stage: Vec<u8>,
     staged: bool,
@@ -276,12 +276,10 @@ impl TcpBatchSink {
     /// Closes the channel and waits for the sender thread: Ok once the end (or the error
     /// message) was written, else why the stream ended early ("closed by the client",
     /// "client went away: …", "producer stopped" when neither `finish` nor `fail` came).
-    pub fn join(mut self) -> Result<(), String> {
+    pub fn join(mut self) -> Result<(), SendError> {
         drop(self.frames.take());
         match self.sender.take() {
-            Some(h) => h
-                .join()
-                .map_err(|_| "the sender thread panicked".to_string())?,
+            Some(h) => h.join().map_err(|_| SendError::Panicked)?,
             None => Ok(()),
         }
     }
@@ -349,11 +347,11 @@ fn send_frames(
     rx: Receiver<Msg>,
     queued: &AtomicUsize,
     cancel: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<(), SendError> {
     let mut w = FrameWriter::new(conn).with_pacer(pacer);
     for msg in rx.iter() {
         if cancel.load(Ordering::Relaxed) {
-            return Err("closed by the client".into());
+            return Err(SendError::Cancelled);
         }
         let r = match msg {
             Msg::Frame(buf) => {
@@ -361,31 +359,55 @@ fn send_frames(
                 queued.fetch_sub(1, Ordering::AcqRel);
                 r
             }
-            Msg::End => return w.finish(&[]).map_err(|e| e.to_string()),
+            Msg::End => return w.finish(&[]).map_err(SendError::End),
             Msg::Error(m) => {
                 let _ = w.fail(&m);
-                return Err(m);
+                return Err(SendError::Failed(m));
             }
         };
         if let Err(e) = r {
             // Dropping `rx` hands the queued buffers back and stops the producer.
-            return Err(send_error(&e, w.get_ref().socket()));
+            return Err(send_error(e, w.get_ref().socket()));
         }
     }
-    Err("producer stopped".into())
+    Err(SendError::ProducerStopped)
+}
+
+/// Why a TCP stream ended before its end frame went out.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    #[error("closed by the client")]
+    Cancelled,
+    /// The consumer's socket refused frames past its send timeout: a consumer that stopped
+    /// reading, released by the agent's idle limit (the timeout, in seconds).
+    #[error(
+        "the consumer read nothing for {0} s (the agent's consumer_idle_secs); session released"
+    )]
+    IdleConsumer(u64),
+    #[error("client went away: {0}")]
+    Gone(#[source] WireError),
+    /// The end frame could not be written.
+    #[error("{0}")]
+    End(#[source] WireError),
+    /// The producer failed; its message went out as the stream's error frame.
+    #[error("{0}")]
+    Failed(String),
+    /// The producer stopped without an end or an error.
+    #[error("producer stopped")]
+    ProducerStopped,
+    #[error("the sender thread panicked")]
+    Panicked,
 }
 
 /// Why a frame could not be sent: the consumer's socket refused it past its send timeout
 /// (a consumer that stopped reading, released by the agent's idle limit), or went away.
-pub fn send_error(e: &WireError, conn: &TcpStream) -> String {
+pub fn send_error(e: WireError, conn: &TcpStream) -> SendError {
     use std::io::ErrorKind::{TimedOut, WouldBlock};
-    let timed_out = matches!(e, WireError::Io(io) if matches!(io.kind(), WouldBlock | TimedOut));
+    let timed_out = matches!(&e, WireError::Io(io) if matches!(io.kind(), WouldBlock | TimedOut));
     match (timed_out, conn.write_timeout()) {
-        (true, Ok(Some(t))) => format!(
-            "the consumer read nothing for {} s (the agent's consumer_idle_secs); session released",
-            t.as_secs()
-        ),
-        _ => format!("client went away: {e}"),
+        (true, Ok(Some(t))) => SendError::IdleConsumer(t.as_secs()),
+        _ => SendError::Gone(e),
     }
 }
 

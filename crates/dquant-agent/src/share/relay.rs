@@ -62,8 +62,8 @@ impl FrameOutlet {
         FrameOutlet { frames }
     }
 
-    fn gone(&self, e: &WireError) -> SinkError {
-        SinkError::Gone(send_error(e, self.frames.get_ref().socket()))
+    fn gone(&self, e: WireError) -> SinkError {
+        SinkError::Gone(send_error(e, self.frames.get_ref().socket()).to_string())
     }
 }
 
@@ -84,7 +84,7 @@ impl Outlet for FrameOutlet {
         for some in frames.chunks(MAX_FRAMES_AT_ONCE) {
             self.frames
                 .send_all_checked(FrameKind::Data, some)
-                .map_err(|e| self.gone(&e))?;
+                .map_err(|e| self.gone(e))?;
         }
         Ok((tokens, bytes))
     }
@@ -95,7 +95,7 @@ impl Outlet for FrameOutlet {
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
-        self.frames.finish(&[]).map_err(|e| self.gone(&e))
+        self.frames.finish(&[]).map_err(|e| self.gone(e))
     }
 
     fn fail(&mut self, message: &str) {
