@@ -94,13 +94,18 @@ pub(crate) fn catch<S, T>(
     state: &mut S,
     f: impl FnOnce(&mut S) -> T,
     consumed_samples: impl FnOnce(&S) -> Option<u64>,
-) -> Result<T, String> {
+) -> Result<T, Panicked> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(state))).map_err(|payload| {
         let m = internal_error(payload.as_ref(), consumed_samples(state));
         tracing::error!(error = %m, "{what} panicked; it ends, the agent serves on");
-        m
+        Panicked(m)
     })
 }
+
+/// A panic [`catch`] caught: the message its session's client is told.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Panicked(pub String);
 
 /// Runs a session's streaming on its thread; a panic anywhere in it (a relay, a range
 /// server, not only a producer) becomes that session's failure instead of unwinding out of
@@ -109,7 +114,7 @@ pub(crate) fn contain<T>(
     stream: impl FnOnce() -> Result<T, crate::stream_error::StreamError>,
 ) -> Result<T, crate::stream_error::StreamError> {
     catch("a session's thread", &mut (), |()| stream(), |()| None)
-        .unwrap_or_else(|m| Err(crate::stream_error::StreamError::Panicked(m)))
+        .unwrap_or_else(|p| Err(crate::stream_error::StreamError::Panicked(p.0)))
 }
 
 #[cfg(test)]

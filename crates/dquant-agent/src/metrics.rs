@@ -30,6 +30,15 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
+/// The metrics endpoint could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("metrics on {addr}: {source}")]
+pub(crate) struct MetricsError {
+    addr: SocketAddr,
+    #[source]
+    source: metrics_exporter_prometheus::BuildError,
+}
+
 /// One agent's metrics.
 pub(crate) struct Metrics {
     recorder: Option<PrometheusRecorder>,
@@ -58,11 +67,11 @@ impl Metrics {
     /// drive the returned exporter future (the listener is bound here).
     pub fn serve(
         addr: SocketAddr,
-    ) -> Result<(Self, metrics_exporter_prometheus::ExporterFuture), String> {
+    ) -> Result<(Self, metrics_exporter_prometheus::ExporterFuture), MetricsError> {
         let (recorder, exporter) = PrometheusBuilder::new()
             .with_http_listener(addr)
             .build()
-            .map_err(|e| format!("metrics on {addr}: {e}"))?;
+            .map_err(|source| MetricsError { addr, source })?;
         let mut m = Metrics {
             recorder: Some(recorder),
             ..Metrics::off()

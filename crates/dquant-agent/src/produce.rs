@@ -368,7 +368,7 @@ fn step_contained(
         },
         |p| Some(p.cursor().consumed_samples),
     );
-    step.unwrap_or_else(|m| Err(ProduceError::Panicked(m)))
+    step.unwrap_or_else(|p| Err(ProduceError::Panicked(p.0)))
 }
 
 #[cfg(test)]

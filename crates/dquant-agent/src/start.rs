@@ -165,7 +165,8 @@ fn serve_metrics(config: &AgentConfig, runtime: &Runtime) -> Result<metrics::Met
     };
     // The exporter binds its listener in the runtime that serves it.
     let _in_runtime = runtime.enter();
-    let (m, exporter) = metrics::Metrics::serve(addr).map_err(AgentError::Start)?;
+    let (m, exporter) =
+        metrics::Metrics::serve(addr).map_err(|e| AgentError::Start(e.to_string()))?;
     runtime.spawn(async move {
         if let Err(e) = exporter.await {
             tracing::error!(error = ?e, "metrics endpoint stopped");

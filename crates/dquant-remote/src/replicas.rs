@@ -275,14 +275,14 @@ impl ReplicatedSource {
     /// back-off has passed.
     fn revive(&mut self) {
         while let Ok((i, r)) = self.revived.try_recv() {
-            let outcome = match r {
+            let failure = match r {
                 Ok(src) => {
                     self.replicas[i].conn = Some(src);
-                    Ok(())
+                    None
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Some(e.to_string()),
             };
-            self.health.reopened(i, outcome, Instant::now());
+            self.health.reopened(i, failure.as_deref(), Instant::now());
         }
         for i in self.health.due(Instant::now()) {
             let (opener, reference, authority) = (

@@ -67,11 +67,12 @@ impl Health {
         due
     }
 
-    /// The reopen of replica `i` ended at `now`: up again, or out for a longer back-off.
-    pub fn reopened(&mut self, i: usize, outcome: Result<(), String>, now: Instant) {
-        match outcome {
-            Ok(()) => self.down[i] = None,
-            Err(e) => self.failed(i, &e, now),
+    /// The reopen of replica `i` ended at `now`: up again (`failure` is `None`), or out for
+    /// a longer back-off with the reopen's error message.
+    pub fn reopened(&mut self, i: usize, failure: Option<&str>, now: Instant) {
+        match failure {
+            None => self.down[i] = None,
+            Some(e) => self.failed(i, e, now),
         }
     }
 
@@ -109,7 +110,7 @@ mod tests {
         assert_eq!(h.due(t0 + secs(1)), vec![1]);
         // Being reopened: not handed out again while that runs.
         assert_eq!(h.due(t0 + secs(5)), Vec::<usize>::new());
-        h.reopened(1, Ok(()), t0 + secs(5));
+        h.reopened(1, None, t0 + secs(5));
         assert!(h.is_up(1));
         assert_eq!(h.error(1), "");
     }
@@ -125,7 +126,7 @@ mod tests {
             waits.push((at - now).as_secs());
             now = at;
             assert_eq!(h.due(now), vec![0]);
-            h.reopened(0, Err("connection refused".into()), now);
+            h.reopened(0, Some("connection refused"), now);
         }
         assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
         assert_eq!(h.error(0), "connection refused");
@@ -138,10 +139,10 @@ mod tests {
         let mut h = Health::new(2);
         h.failed(0, "a", t0);
         h.due(t0 + secs(1));
-        h.reopened(0, Err("b".into()), t0 + secs(1));
+        h.reopened(0, Some("b"), t0 + secs(1));
         assert_eq!(h.retry_at(0), Some(t0 + secs(3)));
         h.due(t0 + secs(3));
-        h.reopened(0, Ok(()), t0 + secs(3));
+        h.reopened(0, None, t0 + secs(3));
         h.failed(0, "c", t0 + secs(10));
         assert_eq!(h.retry_at(0), Some(t0 + secs(11)));
     }
