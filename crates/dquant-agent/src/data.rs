@@ -138,14 +138,25 @@ pub(crate) fn serve_each<S: Send + 'static>(
 
 /// The first frame of a data connection, which must be a hello; the message says what else
 /// came.
-fn read_hello<R: std::io::Read>(frames: &mut FrameReader<R>) -> Result<Hello, String> {
+fn read_hello<R: std::io::Read>(frames: &mut FrameReader<R>) -> Result<Hello, HelloError> {
     let pool = BufferPool::new(1, HELLO_BUF);
     let mut buf = pool.get();
     match frames.next_into(&mut buf) {
-        Ok(true) => Hello::parse(&buf).map_err(|e| e.to_string()),
-        Ok(false) => Err("data stream: expected a hello frame, got an end frame".into()),
-        Err(e) => Err(e.to_string()),
+        Ok(true) => Ok(Hello::parse(&buf)?),
+        Ok(false) => Err(HelloError::Ended),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// Why a data connection's first frame is not a hello.
+#[derive(Debug, thiserror::Error)]
+enum HelloError {
+    #[error("{0}")]
+    Frame(#[from] dquant_transport::WireError),
+    #[error("{0}")]
+    Hello(#[from] dquant_transport::RecordError),
+    #[error("data stream: expected a hello frame, got an end frame")]
+    Ended,
 }
 
 fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
@@ -175,7 +186,7 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     let mut frames = FrameReader::new(read_half);
     let hello = match read_hello(&mut frames) {
         Ok(h) => h,
-        Err(m) => return refuse(&conn, "bad hello", m),
+        Err(e) => return refuse(&conn, "bad hello", e.to_string()),
     };
     let owner = match shared.auth.hello_owner(hello.token.as_deref()) {
         Ok(o) => o,

@@ -65,9 +65,9 @@ impl Encoding {
     /// Loading parses the bundled tables (a fraction of a second in optimised builds).
     pub fn tokenizer(&self) -> Result<&'static CoreBPE, CorpusError> {
         // tiktoken-rs's own `*_singleton()` functions unwrap the load result; we keep the error.
-        static R50K: OnceLock<Result<CoreBPE, String>> = OnceLock::new();
-        static CL100K: OnceLock<Result<CoreBPE, String>> = OnceLock::new();
-        static O200K: OnceLock<Result<CoreBPE, String>> = OnceLock::new();
+        static R50K: OnceLock<Result<CoreBPE, LoadFailure>> = OnceLock::new();
+        static CL100K: OnceLock<Result<CoreBPE, LoadFailure>> = OnceLock::new();
+        static O200K: OnceLock<Result<CoreBPE, LoadFailure>> = OnceLock::new();
         let cell = match self {
             Encoding::R50k => &R50K,
             Encoding::Cl100k => &CL100K,
@@ -75,7 +75,7 @@ impl Encoding {
         };
         cell.get_or_init(|| self.load())
             .as_ref()
-            .map_err(|message| self.load_error(message.clone()))
+            .map_err(|f| f.error(self.name()))
     }
 
     /// A private tokenizer instance, for one worker thread.
@@ -83,24 +83,32 @@ impl Encoding {
     /// Clones of a tiktoken-rs `CoreBPE` share fancy-regex's scratch pool (`Arc<Prog>`), which
     /// threads then fight over (measured: two threads sharing one instance were slower than
     /// one). A separately loaded instance has its own pool.
-    /// Errors are returned as text, for the worker to report with each file it would handle.
-    pub(crate) fn load_private(&self) -> Result<CoreBPE, String> {
+    /// A failure is kept, for the worker to report with each file it would handle.
+    pub(crate) fn load_private(&self) -> Result<CoreBPE, LoadFailure> {
         self.load()
     }
 
-    fn load(&self) -> Result<CoreBPE, String> {
+    fn load(&self) -> Result<CoreBPE, LoadFailure> {
         let loaded = match self {
             Encoding::R50k => tiktoken_rs::r50k_base(),
             Encoding::Cl100k => tiktoken_rs::cl100k_base(),
             Encoding::O200k => tiktoken_rs::o200k_base(),
         };
-        loaded.map_err(|e| format!("{e:#}"))
+        loaded.map_err(|e| LoadFailure(format!("{e:#}")))
     }
+}
 
-    fn load_error(&self, message: String) -> CorpusError {
+/// A tokenizer that did not load: tiktoken-rs's message. Kept as text because its error (an
+/// `anyhow::Error`) cannot be cloned, and a failed load is reported to every caller after it.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadFailure(String);
+
+impl LoadFailure {
+    /// The failure as the corpus error for `encoding`.
+    pub(crate) fn error(&self, encoding: &'static str) -> CorpusError {
         CorpusError::TokenizerLoad {
-            encoding: self.name(),
-            message,
+            encoding,
+            message: self.0.clone(),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use tiktoken_rs::CoreBPE;
 use walkdir::WalkDir;
 
+use crate::encoding::LoadFailure;
 use crate::ordered::ordered_parallel;
 use crate::{CorpusError, CorpusStats, Encoding};
 
@@ -245,12 +246,9 @@ impl RealCorpus {
                 0 => Ok(Tokenizer::Shared(bpe)),
                 _ => self.encoding.load_private().map(Tokenizer::Private),
             };
-            let work = |tok: &mut Result<Tokenizer, String>, i: usize| match tok {
+            let work = |tok: &mut Result<Tokenizer, LoadFailure>, i: usize| match tok {
                 Ok(tok) => tokenize(tok.get(), i),
-                Err(message) => Err(CorpusError::TokenizerLoad {
-                    encoding,
-                    message: message.clone(),
-                }),
+                Err(failure) => Err(failure.error(encoding)),
             };
             ordered_parallel(
                 files.len(),
