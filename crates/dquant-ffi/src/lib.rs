@@ -67,22 +67,22 @@ enum Mode {
 }
 
 impl DqReader {
-    fn claim(&mut self, mode: Mode, func: &str) -> Result<(), String> {
+    fn claim(&mut self, mode: Mode, func: &str) -> CResult<()> {
         match self.mode {
             Mode::Unset => {
                 self.mode = mode;
                 Ok(())
             }
             m if m == mode => Ok(()),
-            Mode::Bytes => Err(format!(
+            Mode::Bytes => Err(CError(format!(
                 "{func}: this reader is being read with dq_read; use either dq_read or \
                  dq_next_batch on one reader, not both (mixing would skip the rest of a \
                  partly read batch)"
-            )),
-            Mode::Batches => Err(format!(
+            ))),
+            Mode::Batches => Err(CError(format!(
                 "{func}: this reader is being read with dq_next_batch; use either dq_read or \
                  dq_next_batch on one reader, not both"
-            )),
+            ))),
         }
     }
 }
@@ -159,11 +159,31 @@ fn panic_error(func: &str, payload: &(dyn Any + Send)) -> String {
     )
 }
 
+/// An error as the C caller gets it: the message [`dq_last_error`] returns beside a failing
+/// return value, which is all the C ABI carries. Every failure reaches C through it, so the
+/// bindings' errors are rendered here once.
+#[derive(Debug)]
+struct CError(String);
+
+type CResult<T> = Result<T, CError>;
+
+impl From<String> for CError {
+    fn from(message: String) -> Self {
+        CError(message)
+    }
+}
+
+impl From<&str> for CError {
+    fn from(message: &str) -> Self {
+        CError(message.to_string())
+    }
+}
+
 /// Runs `body`; an error or a panic becomes this thread's last error and `fail` is returned.
-fn guard<T>(func: &str, fail: T, body: impl FnOnce() -> Result<T, String>) -> T {
+fn guard<T>(func: &str, fail: T, body: impl FnOnce() -> CResult<T>) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(v)) => v,
-        Ok(Err(msg)) => {
+        Ok(Err(CError(msg))) => {
             set_error(msg);
             fail
         }
@@ -184,7 +204,7 @@ unsafe fn with_reader<T>(
     func: &str,
     r: *mut DqReader,
     fail: T,
-    body: impl FnOnce(&mut DqReader) -> Result<T, String>,
+    body: impl FnOnce(&mut DqReader) -> CResult<T>,
 ) -> T {
     // SAFETY: the caller guarantees `r` is NULL or a live reader from `dq_open*` that nothing
     // else uses during this call, so a unique reference to it is sound.
@@ -198,7 +218,7 @@ unsafe fn with_reader<T>(
     }
     match catch_unwind(AssertUnwindSafe(|| body(&mut *h))) {
         Ok(Ok(v)) => v,
-        Ok(Err(msg)) => {
+        Ok(Err(CError(msg))) => {
             set_error(msg);
             fail
         }
@@ -214,7 +234,7 @@ unsafe fn with_reader<T>(
 ///
 /// # Safety
 /// `p` is NULL or points to a NUL-terminated string that stays valid and unmodified for `'a`.
-unsafe fn c_str<'a>(func: &str, name: &str, p: *const c_char) -> Result<Option<&'a str>, String> {
+unsafe fn c_str<'a>(func: &str, name: &str, p: *const c_char) -> CResult<Option<&'a str>> {
     if p.is_null() {
         return Ok(None);
     }
@@ -223,7 +243,7 @@ unsafe fn c_str<'a>(func: &str, name: &str, p: *const c_char) -> Result<Option<&
     let s = unsafe { CStr::from_ptr(p) };
     s.to_str()
         .map(Some)
-        .map_err(|e| format!("{func}: {name} is not valid UTF-8 ({e})"))
+        .map_err(|e| CError(format!("{func}: {name} is not valid UTF-8 ({e})")))
 }
 
 /// Why a call on a reader marked broken fails.
@@ -236,12 +256,12 @@ fn unusable(func: &str) -> String {
 ///
 /// # Safety
 /// `r` is NULL or a live reader from `dq_open*`, not being closed at the same time.
-unsafe fn cursor_of(func: &str, r: *const DqReader) -> Result<Cursor, String> {
+unsafe fn cursor_of(func: &str, r: *const DqReader) -> CResult<Cursor> {
     // SAFETY: the caller guarantees `r` is NULL or a live reader; reading it through a shared
     // reference is sound (the cursor calls take a `const dq_reader *`).
     let h = unsafe { r.as_ref() }.ok_or_else(|| format!("{func}: reader is NULL"))?;
     if h.broken {
-        return Err(unusable(func));
+        return Err(CError(unusable(func)));
     }
     Ok(h.reader.cursor())
 }
@@ -270,7 +290,7 @@ unsafe fn open(
         };
         dquant_client::open_at(uri, &plan, cursor, offload)
             .map(boxed)
-            .map_err(|e| e.to_string())
+            .map_err(|e| CError(e.to_string()))
     })
 }
 
@@ -340,10 +360,7 @@ pub unsafe extern "C" fn dq_open_cursor(
 ///
 /// # Safety
 /// `cursor_json` is NULL or a NUL-terminated string valid during the call.
-unsafe fn optional_cursor(
-    func: &str,
-    cursor_json: *const c_char,
-) -> Result<Option<Cursor>, String> {
+unsafe fn optional_cursor(func: &str, cursor_json: *const c_char) -> CResult<Option<Cursor>> {
     // SAFETY: the caller guarantees `cursor_json` is NULL or a NUL-terminated string.
     match unsafe { c_str(func, "cursor_json", cursor_json) }? {
         None => Ok(None),
@@ -399,7 +416,7 @@ pub unsafe extern "C" fn dq_open_shared(
         let cursor = cursor.unwrap_or(Cursor::START);
         dquant_client::open_shared(uri, &plan, cursor, &share)
             .map(boxed)
-            .map_err(|e| e.to_string())
+            .map_err(|e| CError(e.to_string()))
     })
 }
 
@@ -430,13 +447,13 @@ pub unsafe extern "C" fn dq_subscribe(
         };
         dquant_client::subscribe(uri, name, at.as_ref())
             .map(boxed)
-            .map_err(|e| e.to_string())
+            .map_err(|e| CError(e.to_string()))
     })
 }
 
 /// A cursor from its JSON text, the error naming `func`.
-fn parse_cursor(func: &str, text: &str) -> Result<Cursor, String> {
-    Cursor::from_json(text).map_err(|e| format!("{func}: {e}"))
+fn parse_cursor(func: &str, text: &str) -> CResult<Cursor> {
+    Cursor::from_json(text).map_err(|e| CError(format!("{func}: {e}")))
 }
 
 /// Writes `text` and a NUL into `buf` (`len` bytes) as `snprintf` does: as much as fits, always
@@ -492,7 +509,7 @@ pub unsafe extern "C" fn dq_merge_cursors(
     let func = "dq_merge_cursors";
     guard(func, -1, || {
         if cursors.is_null() {
-            return Err(format!("{func}: cursors is NULL"));
+            return Err(CError(format!("{func}: cursors is NULL")));
         }
         // SAFETY: the caller guarantees `cursors` holds `n` readable pointers.
         let ptrs = unsafe { std::slice::from_raw_parts(cursors, n) };
@@ -505,7 +522,7 @@ pub unsafe extern "C" fn dq_merge_cursors(
                     .ok_or_else(|| format!("{func}: cursors[{r}] is NULL"))?;
                 parse_cursor(func, text)
             })
-            .collect::<Result<Vec<Cursor>, String>>()?;
+            .collect::<CResult<Vec<Cursor>>>()?;
         let merged = dquant_plan::merge_cursors(&parsed).map_err(|e| format!("{func}: {e}"))?;
         let text = merged.to_json();
         // SAFETY: the caller's guarantee on `buf` and `len`.

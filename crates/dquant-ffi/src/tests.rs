@@ -392,11 +392,7 @@ fn a_panic_becomes_an_error_and_breaks_only_its_reader() {
     );
     let r = open_local(&plan_json(127, 4, "u16"));
     // SAFETY: `r` is live.
-    let v = unsafe {
-        with_reader("dq_test", r, -1, |_| -> Result<i32, String> {
-            panic!("{}", 42)
-        })
-    };
+    let v = unsafe { with_reader("dq_test", r, -1, |_| -> CResult<i32> { panic!("{}", 42) }) };
     assert_eq!(v, -1);
     assert_eq!(
         last_error().as_deref(),
