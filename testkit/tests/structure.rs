@@ -4,6 +4,8 @@
 //! - No product source file (`crates/*/src`, `python/src`) over [`MAX_FILE_LINES`] lines.
 //! - No product function over [`MAX_FN_LINES`] lines. Test code (`#[cfg(test)]` modules, in a
 //!   file or inline) is exempt: a model checker's step function reads best as one match.
+//! - No `Result<_, String>` in a library's product code: each layer has its error type (the
+//!   `dquant` binary, an edge, may use plain messages).
 //! - No circle of `use`s between the files of one crate (`crate::a` in `b.rs` and `crate::b`
 //!   in `a.rs`, or longer), except those in [`ALLOWED_CIRCLES`], each explained in its module
 //!   doc. Test modules do not count.
@@ -462,6 +464,46 @@ fn product_files_and_functions_are_short() {
     );
 }
 
+/// The lines of a file's product code that return a bare `String` as an error.
+fn string_errors(text: &str) -> Vec<usize> {
+    let blanked = blank_literals(text);
+    let clean: Vec<&str> = blanked.lines().collect();
+    let test = test_lines(&clean);
+    let squeezed = |l: &str| l.split_whitespace().collect::<String>();
+    clean
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| !test[*i] && l.contains("Result<") && squeezed(l).contains(",String>"))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn libraries_have_typed_errors() {
+    let mut found = Vec::new();
+    for (dir, product) in source_dirs() {
+        if !product || dir.ends_with("crates/dquant-cli/src") {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&dir, &mut files);
+        let tests = test_files(&files);
+        for f in files.iter().filter(|f| !tests.contains(*f)) {
+            let text = std::fs::read_to_string(f).expect("a source file");
+            found.extend(
+                string_errors(&text)
+                    .into_iter()
+                    .map(|l| format!("{}:{l}", rel(f))),
+            );
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a bare String as an error (give the layer's error enum a variant):\n  {}",
+        found.join("\n  ")
+    );
+}
+
 #[test]
 fn no_import_circles_between_a_crates_files() {
     let mut found: HashMap<String, Vec<Vec<String>>> = HashMap::new();
@@ -524,6 +566,10 @@ fn the_checker_measures_functions_and_finds_circles() {
     );
     assert_eq!(long_fns(&text, 80), vec![("long".to_string(), 2, 86)]);
     assert_eq!(long_fns(&text, 86), vec![]);
+    assert_eq!(
+        string_errors("fn a() -> Result<u8, String> {}\n// Result<u8, String>\nfn b() -> Result<(), E> {}\n#[cfg(test)]\nmod tests {\n    fn c() -> Result<(), String> {}\n}\n"),
+        vec![1]
+    );
 
     let graph = |edges: &[(&str, &str)]| {
         let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

@@ -16,6 +16,7 @@
 //! `file.rs` reads, `runtime.rs` bridges the async client to the storage layer's blocking
 //! reads.
 
+mod backend;
 mod backends;
 mod destination;
 mod error;
@@ -26,9 +27,8 @@ mod root;
 mod runtime;
 mod settings;
 
-pub use backends::{
-    backend_of, is_object_uri, locate, schemes, Backend, Place, StorePlace, BACKENDS,
-};
+pub use backend::{Backend, StorePlace};
+pub use backends::{backend_of, is_object_uri, locate, schemes, Place, BACKENDS};
 pub use destination::ObjectDestination;
 pub use error::{InvalidSetting, ObjectRootError};
 pub use file::ObjectStats;

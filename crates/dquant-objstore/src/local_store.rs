@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use object_store::local::LocalFileSystem;
 
-use crate::backends::{is_plain_path, Backend, StorePlace};
+use crate::backend::{is_plain_path, Backend, StorePlace};
 use crate::error::ObjectRootError;
 use crate::S3Settings;
 

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::backends::{is_plain_path, Backend, StorePlace};
+use crate::backend::{is_plain_path, Backend, StorePlace};
 use crate::error::ObjectRootError;
 use crate::S3Settings;
 
