@@ -7,18 +7,19 @@
 //! time spent waiting inside `next_batch`, its own CPU time and peak RSS, and the stream's
 //! xxh3, which the lab compares across scenarios.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use dquant_client::{Offload, Reader};
-use dquant_engine::{SourceError, TokenSource};
+use std::path::Path;
+
+use dquant_engine::{LocalSource, SourceError, TokenSource};
 use dquant_format::DType;
+use dquant_objstore::{locate, ObjectRoot, Place};
 use dquant_plan::{Cursor, Plan};
+use dquant_storage::{Dataset, OpenOptions};
 use serde_json::json;
 use xxhash_rust::xxh3::Xxh3;
-
-use super::s3::{s3_store, ObjectSource, Readahead};
 
 /// Scheme of plan sources the consumer reads from the lab's S3 server (`s3://BUCKET/KEY`).
 pub const S3_SCHEME: &str = "s3://";
@@ -62,9 +63,10 @@ fn s3_parts(uri: &str) -> Result<(&str, &str), SourceError> {
         .ok_or_else(|| SourceError::Usage(format!("{uri}: expected s3://BUCKET/KEY")))
 }
 
-/// Opens an `s3://BUCKET/KEY` source on `store`, which serves `bucket`.
+/// Opens an `s3://BUCKET/KEY` source through `root`, the bucket's object-store root: a raw
+/// token object of the source's dtype (default `i32`), read by ranged GETs in this process.
 fn s3_source(
-    store: &Arc<dyn object_store::ObjectStore>,
+    root: &ObjectRoot,
     bucket: &str,
     uri: &str,
     dtype: Option<&str>,
@@ -79,12 +81,13 @@ fn s3_source(
         .unwrap_or("i32")
         .parse()
         .map_err(|e| SourceError::Usage(format!("{uri}: {e}")))?;
-    Ok(Box::new(ObjectSource::open(
-        store.clone(),
-        object_store::path::Path::from(key),
-        dtype,
-        Readahead::default(),
-    )?))
+    let opts = OpenOptions {
+        raw_dtype: Some(dtype),
+        eod: None,
+    };
+    Ok(Box::new(LocalSource::new(Dataset::open_in(
+        root, key, &opts,
+    )?)))
 }
 
 /// Opens the plan the way `args` says.
@@ -101,9 +104,16 @@ fn open(args: &Args, plan: &Plan) -> Result<Reader> {
         .as_deref()
         .context("s3:// sources need --s3-endpoint")?;
     let (bucket, _) = s3_parts(&plan.sources[0].uri)?;
-    let store = s3_store(&super::s3_config(endpoint, bucket))?;
+    let Place::Store(place) = locate(
+        Path::new(&format!("s3://{bucket}")),
+        &super::s3_settings(endpoint),
+    )?
+    else {
+        bail!("s3://{bucket} is not an object-store location");
+    };
+    let root = place.root();
     Ok(Reader::local_with(plan, Cursor::START, |_, s| {
-        s3_source(&store, bucket, &s.uri, s.dtype.as_deref())
+        s3_source(&root, bucket, &s.uri, s.dtype.as_deref())
     })?)
 }
 

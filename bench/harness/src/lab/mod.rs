@@ -346,15 +346,9 @@ const BUCKET: &str = "lab";
 /// which nobody else reads, and the lab's figures are the link's, not TLS's.
 const LAB_TOKEN: &str = "lab-tenant-token-0123456789";
 
-/// The lab's S3 client settings: its s3s-fs's credentials, for `bucket` at `endpoint`.
-fn s3_config(endpoint: &str, bucket: &str) -> s3::S3Config {
-    s3::S3Config {
-        endpoint: endpoint.to_string(),
-        bucket: bucket.to_string(),
-        access_key: S3_KEY.into(),
-        secret_key: S3_SECRET.into(),
-        region: "us-east-1".into(),
-    }
+/// The lab's S3 client settings: its s3s-fs's credentials, at `endpoint`.
+fn s3_settings(endpoint: &str) -> dquant_objstore::S3Settings {
+    s3::settings(endpoint, S3_KEY, S3_SECRET)
 }
 
 impl Ctx<'_> {
@@ -690,10 +684,8 @@ fn stage_s3(tools: &Tools, s3_root: &Path, corpora: &[Corpus]) -> Result<()> {
     std::fs::create_dir_all(s3_root.join(BUCKET))
         .with_context(|| format!("cannot create {}", s3_root.display()))?;
     let _server = spawn_s3s_fs(tools, s3_root)?;
-    let store = s3::s3_store(&s3_config(
-        &format!("http://{STORAGE_IP}:{S3_PORT}"),
-        BUCKET,
-    ))?;
+    let settings = s3_settings(&format!("http://{STORAGE_IP}:{S3_PORT}"));
+    let store = s3::s3_store(&settings, BUCKET)?;
     let files: Vec<(String, PathBuf)> = corpora
         .iter()
         .map(|c| (format!("{}.bin", c.name()), c.prefix.with_extension("bin")))
