@@ -376,8 +376,6 @@ fn scan(i: f64, weights: &[f64], counts: &[u64]) -> usize {
     best
 }
 
-/// The first weight that is not a finite number above zero, with its index.
-
 #[cfg(test)]
 mod tests {
     use super::*;

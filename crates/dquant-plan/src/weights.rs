@@ -43,6 +43,7 @@ pub fn checked_weights(weights: &[f64]) -> Result<Vec<f64>, PlanError> {
     Ok(normalized)
 }
 
+/// The first weight that is not a finite number above zero, with its index.
 fn first_non_positive(weights: &[f64]) -> Option<(usize, f64)> {
     weights
         .iter()
