@@ -434,10 +434,9 @@ fn rel(p: &Path) -> String {
     p.strip_prefix(&root).unwrap_or(&p).display().to_string()
 }
 
-#[test]
-fn product_files_and_functions_are_short() {
-    let mut long_files = Vec::new();
-    let mut long_functions = Vec::new();
+/// Every product source file (not a test module's) with its text, and its source directory.
+fn product_files() -> Vec<(PathBuf, PathBuf, String)> {
+    let mut out = Vec::new();
     for (dir, product) in source_dirs() {
         if !product {
             continue;
@@ -445,15 +444,25 @@ fn product_files_and_functions_are_short() {
         let mut files = Vec::new();
         rust_files(&dir, &mut files);
         let tests = test_files(&files);
-        for f in files.iter().filter(|f| !tests.contains(*f)) {
-            let text = std::fs::read_to_string(f).expect("a source file");
-            let lines = text.lines().count();
-            if lines > MAX_FILE_LINES {
-                long_files.push(format!("{}: {lines} lines", rel(f)));
-            }
-            for (name, at, n) in long_fns(&text, MAX_FN_LINES) {
-                long_functions.push(format!("{}:{at}: fn {name}: {n} lines", rel(f)));
-            }
+        for f in files.into_iter().filter(|f| !tests.contains(f)) {
+            let text = std::fs::read_to_string(&f).expect("a source file");
+            out.push((dir.clone(), f, text));
+        }
+    }
+    out
+}
+
+#[test]
+fn product_files_and_functions_are_short() {
+    let mut long_files = Vec::new();
+    let mut long_functions = Vec::new();
+    for (_, f, text) in product_files() {
+        let lines = text.lines().count();
+        if lines > MAX_FILE_LINES {
+            long_files.push(format!("{}: {lines} lines", rel(&f)));
+        }
+        for (name, at, n) in long_fns(&text, MAX_FN_LINES) {
+            long_functions.push(format!("{}:{at}: fn {name}: {n} lines", rel(&f)));
         }
     }
     assert!(
@@ -481,21 +490,15 @@ fn string_errors(text: &str) -> Vec<usize> {
 #[test]
 fn libraries_have_typed_errors() {
     let mut found = Vec::new();
-    for (dir, product) in source_dirs() {
-        if !product || dir.ends_with("crates/dquant-cli/src") {
+    for (dir, f, text) in product_files() {
+        if dir.ends_with("crates/dquant-cli/src") {
             continue;
         }
-        let mut files = Vec::new();
-        rust_files(&dir, &mut files);
-        let tests = test_files(&files);
-        for f in files.iter().filter(|f| !tests.contains(*f)) {
-            let text = std::fs::read_to_string(f).expect("a source file");
-            found.extend(
-                string_errors(&text)
-                    .into_iter()
-                    .map(|l| format!("{}:{l}", rel(f))),
-            );
-        }
+        found.extend(
+            string_errors(&text)
+                .into_iter()
+                .map(|l| format!("{}:{l}", rel(&f))),
+        );
     }
     assert!(
         found.is_empty(),
