@@ -3,7 +3,8 @@
 //!
 //! An agent's control plane says where its data plane is ([`Endpoint`]); a consumer names
 //! the transport it wants (from the agent's address) and gets a `dyn BatchSource`. Adding a
-//! transport (RDMA) means one more variant here, one module, and a URI option.
+//! transport (RDMA) means one module with its [`Kind`] and one line in [`TRANSPORTS`]; the
+//! address option (`?transport=NAME`) and every list of transports follow from the registry.
 
 use std::fmt;
 use std::os::fd::OwnedFd;
