@@ -11,10 +11,12 @@
 //! [`ObjectDestination`] is the other direction: `dquant convert` writes its outputs into a
 //! bucket as multipart uploads, completed only when the whole output is written.
 //!
-//! Crate layout: [`location`](S3Location) parses `s3://` URIs, [`settings`](S3Settings) turns
-//! the config and the `AWS_*` variables into a client, `root.rs` lists, stats and opens,
-//! `file.rs` reads, `runtime.rs` bridges the async client to the storage layer's blocking
-//! reads.
+//! Crate layout: `backends.rs` is the registry of URI schemes ([`locate`] turns any location
+//! into a local path or a [`StorePlace`]), `backend.rs` what a backend is; the backends are
+//! [`location`](S3Location) (`s3://`) and `local_store.rs` (`file://`). [`settings`](S3Settings)
+//! turns the config and the `AWS_*` variables into a client, `root.rs` lists, stats and
+//! opens, `file.rs` reads, `runtime.rs` bridges the async client to the storage layer's
+//! blocking reads.
 
 mod backend;
 mod backends;
