@@ -85,7 +85,9 @@ struct Encoding {
 }
 
 struct Encoded {
-    head: Result<[u8; RECORD_HEADER_LEN], RangeError>,
+    /// The header, or the token that did not fit (its offset in the dataset); the dataset's
+    /// name is added where it is delivered, not copied into every job.
+    head: Result<[u8; RECORD_HEADER_LEN], CodecError>,
     tokens: Vec<u32>,
     payload: Vec<u8>,
 }
@@ -108,24 +110,23 @@ struct Ranges {
 impl Ranges {
     /// The checked range `start + len`, or the message the client gets.
     fn check(&self, start: u64, len: u64) -> Result<Range<u64>, RangeError> {
-        let name = self.name.clone();
+        // The dataset's name is copied only into an error: this runs for every range.
         if len > self.max_len {
-            let max = self.max_len;
             return Err(RangeError::TooLong {
-                name,
+                name: self.name.clone(),
                 start,
                 len,
-                max,
+                max: self.max_len,
             });
         }
         let end = start.checked_add(len).filter(|&e| e <= self.total);
-        let total = self.total;
-        end.map(|end| start..end).ok_or(RangeError::Outside {
-            name,
-            start,
-            len,
-            total,
-        })
+        end.map(|end| start..end)
+            .ok_or_else(|| RangeError::Outside {
+                name: self.name.clone(),
+                start,
+                len,
+                total: self.total,
+            })
     }
 
     fn read_error(&self, source: SourceError) -> RangeError {
@@ -173,14 +174,10 @@ impl Ranges {
             return Err(self.read_error(e));
         }
         let codec = codec_for(self.wire, &tokens);
-        let name = self.name.clone();
         let result = pool.encode_job(move |enc| {
             let head = enc
                 .encode(codec, &tokens, &mut payload)
-                .map_err(|e| RangeError::Encode {
-                    name,
-                    source: e.at_base(start),
-                })
+                .map_err(|e| e.at_base(start))
                 .map(|()| {
                     let payload_len = payload.len() as u32;
                     RangeHeader {
@@ -213,7 +210,10 @@ impl Ranges {
                 name: self.name.clone(),
             });
         };
-        let head = done.head?;
+        let head = done.head.map_err(|source| RangeError::Encode {
+            name: self.name.clone(),
+            source,
+        })?;
         if !sink.put(&head, &done.payload)? {
             return Ok(false);
         }
