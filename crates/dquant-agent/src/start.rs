@@ -23,7 +23,7 @@ use crate::{
 
 /// Starts an agent: binds both planes, then serves on background threads.
 pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
-    config.validate().map_err(AgentError::Config)?;
+    config.validate()?;
     let access = Access::open(&config)?;
     let planes = Listeners::bind(&config)?;
     let runtime = control_runtime()?;
@@ -74,27 +74,25 @@ struct Access {
 }
 
 impl Access {
-    fn open(config: &AgentConfig) -> Result<Self, AgentError> {
+    fn open(config: &AgentConfig) -> Result<Self, ConfigError> {
         let cache = match &config.block_cache {
             Some(c) => Some(
                 BlockCache::open(&c.dir, c.max_bytes, c.block_bytes).map_err(|e| {
-                    AgentError::Config(ConfigError::invalid(
+                    ConfigError::invalid(
                         format!("block_cache ({})", c.dir.display()),
                         e.to_string(),
-                    ))
+                    )
                 })?,
             ),
             None => None,
         };
-        let catalog =
-            Catalog::new(&config.roots, &config.s3, cache.as_ref()).map_err(AgentError::Config)?;
+        let catalog = Catalog::new(&config.roots, &config.s3, cache.as_ref())?;
         let roots: Vec<&str> = config.roots.keys().map(String::as_str).collect();
-        let auth = auth::Auth::new(&config.tenants, &roots).map_err(AgentError::Config)?;
+        let auth = auth::Auth::new(&config.tenants, &roots)?;
         let tls = load_tls(config)?;
         let upstream = upstream_credentials(config)?;
         let plaintext_ok = tls.is_some() || config.allow_plaintext;
-        auth::check_binds(&auth, plaintext_ok, &[config.listen, config.data_addr()])
-            .map_err(AgentError::Config)?;
+        auth::check_binds(&auth, plaintext_ok, &[config.listen, config.data_addr()])?;
         Ok(Access {
             cache,
             catalog,
@@ -195,7 +193,7 @@ fn assemble(
             |e| AgentError::Start(format!("cannot start the worker threads: {e}")),
         )?)),
     };
-    let shaping = pacing::Shaping::new(&config, &metrics).map_err(AgentError::Config)?;
+    let shaping = pacing::Shaping::new(&config, &metrics)?;
     let events = Arc::new(events::Events::new());
     Ok(Shared {
         shaping,
@@ -262,17 +260,17 @@ fn log_listening(shared: &Shared, control: SocketAddr, data: SocketAddr) {
 }
 
 /// The agent's certificate and key, when `[tls]` names them.
-fn load_tls(config: &AgentConfig) -> Result<Option<ServerTls>, AgentError> {
+fn load_tls(config: &AgentConfig) -> Result<Option<ServerTls>, ConfigError> {
     let Some(f) = &config.tls else {
         return Ok(None);
     };
     ServerTls::from_files(&f.cert, &f.key)
         .map(Some)
-        .map_err(|e| AgentError::Config(ConfigError::invalid("tls", e.to_string())))
+        .map_err(|e| ConfigError::invalid("tls", e.to_string()))
 }
 
 /// The token and TLS this agent uses with its upstreams.
-fn upstream_credentials(config: &AgentConfig) -> Result<Credentials, AgentError> {
+fn upstream_credentials(config: &AgentConfig) -> Result<Credentials, ConfigError> {
     let tls = match &config.upstream_tls_ca {
         None => None,
         Some(ca) => Some(
