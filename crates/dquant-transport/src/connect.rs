@@ -3,8 +3,10 @@
 //!
 //! An agent's control plane says where its data plane is ([`Endpoint`]); a consumer names
 //! the transport it wants (from the agent's address) and gets a `dyn BatchSource`. Adding a
-//! transport (RDMA) means one module with its [`Kind`] and one line in [`TRANSPORTS`]; the
-//! address option (`?transport=NAME`) and every list of transports follow from the registry.
+//! transport (RDMA) means one module with its `BatchSource`, and its [`Kind`] with one line in
+//! [`TRANSPORTS`] here; the address option (`?transport=NAME`) and every list of transports
+//! follow from the registry. (The kinds stand here, not in their modules, so that a
+//! transport's module never imports the registry that imports it.)
 
 use std::fmt;
 use std::os::fd::OwnedFd;
@@ -24,17 +26,16 @@ use crate::Hello;
 /// in agent addresses (`?transport=NAME`) and in reports.
 ///
 /// A transport is a name and a way to connect a session's data plane ([`Kind`]); adding one
-/// (RDMA, a DOCA DMA ring) is a module with its `Kind` and one line in [`TRANSPORTS`], and
-/// every list of transports (address parsing, messages, Python's) follows.
+/// (RDMA, a DOCA DMA ring) is a module with its `BatchSource`, its `Kind` and one line in
+/// [`TRANSPORTS`], and every list of transports (address parsing, messages, Python's)
+/// follows.
 #[derive(Clone, Copy)]
 pub struct Transport(&'static Kind);
 
-/// What a transport is: its name, where it reaches, and how it connects.
+/// What a transport is: its name, and how it connects.
 pub struct Kind {
     /// The name in agent addresses and reports.
     pub name: &'static str,
-    /// Whether it reaches only an agent on this host (through its Unix socket).
-    pub same_host: bool,
     /// Connects the data plane of the session `endpoint` describes.
     pub connect: fn(&Endpoint) -> Result<Box<dyn BatchSource>, ConnectError>,
 }
@@ -45,7 +46,6 @@ pub const TRANSPORTS: &[&Kind] = &[&TCP, &SHM];
 /// Frames over the agent's TCP data port (any host; TLS when the agent serves it).
 const TCP: Kind = Kind {
     name: "tcp",
-    same_host: false,
     connect: |endpoint| {
         let (_writer, records) =
             tcp::connect(&endpoint.data_addr, &endpoint.hello, endpoint.tls.as_ref())?;
@@ -57,7 +57,6 @@ const TCP: Kind = Kind {
 /// (same host only): batches land in the ring in the output dtype and are read in place.
 const SHM: Kind = Kind {
     name: "shm",
-    same_host: true,
     connect: |endpoint| Ok(Box::new(connect_ring(endpoint)?)),
 };
 
@@ -68,11 +67,6 @@ impl Transport {
     /// The name in agent addresses (`?transport=…`) and in reports.
     pub fn as_str(self) -> &'static str {
         self.0.name
-    }
-
-    /// Whether it reaches only an agent on this host.
-    pub fn same_host(self) -> bool {
-        self.0.same_host
     }
 
     /// Every transport, in [`TRANSPORTS`]' order.
