@@ -41,6 +41,22 @@ pub struct StorePlace {
 }
 
 impl StorePlace {
+    /// `path` in `store`, read and written as `settings` say.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        location: String,
+        path: String,
+        settings: &S3Settings,
+    ) -> Self {
+        StorePlace {
+            store,
+            location,
+            path,
+            read: settings.read(),
+            part_bytes: usize::try_from(settings.part_bytes).unwrap_or(usize::MAX),
+        }
+    }
+
     /// The whole location as a root (an agent's `--root NAME=s3://BUCKET/PREFIX`).
     pub fn root(&self) -> ObjectRoot {
         ObjectRoot::new(self.store.clone(), self.shown(), &self.path, self.read)

@@ -37,11 +37,10 @@ fn open_file(uri: &str, settings: &S3Settings) -> Result<StorePlace, ObjectRootE
     if !is_plain_path(path) {
         return Err(bad("the path may not hold empty, '.' or '..' segments"));
     }
-    Ok(StorePlace {
-        store: Arc::new(LocalFileSystem::new()),
-        location: FILE_SCHEME.to_string(),
-        path: path.to_string(),
-        read: settings.read(),
-        part_bytes: usize::try_from(settings.part_bytes).unwrap_or(usize::MAX),
-    })
+    Ok(StorePlace::new(
+        Arc::new(LocalFileSystem::new()),
+        FILE_SCHEME.to_string(),
+        path.to_string(),
+        settings,
+    ))
 }

@@ -69,14 +69,20 @@ pub(crate) const S3_BACKEND: Backend = Backend {
 };
 
 fn open_s3(uri: &str, settings: &S3Settings) -> Result<StorePlace, ObjectRootError> {
-    let at = S3Location::parse(uri)?;
-    Ok(StorePlace {
-        store: settings.store(&at)?,
-        location: format!("{S3_SCHEME}{}", at.bucket),
-        path: at.prefix,
-        read: settings.read(),
-        part_bytes: usize::try_from(settings.part_bytes).unwrap_or(usize::MAX),
-    })
+    S3Location::parse(uri)?.place(settings)
+}
+
+impl S3Location {
+    /// Its bucket's store, reached with `settings` (and the `AWS_*` variables they leave
+    /// unset), and its prefix in it. Nothing is requested until the place is used.
+    pub fn place(&self, settings: &S3Settings) -> Result<StorePlace, ObjectRootError> {
+        Ok(StorePlace::new(
+            settings.store(self)?,
+            format!("{S3_SCHEME}{}", self.bucket),
+            self.prefix.clone(),
+            settings,
+        ))
+    }
 }
 
 impl fmt::Display for S3Location {

@@ -44,13 +44,7 @@ impl ObjectRoot {
     /// The root at `s3://BUCKET/PREFIX`, reached with `settings` (and the `AWS_*` variables
     /// they leave unset). Nothing is requested until the root is used.
     pub fn s3(at: &S3Location, settings: &S3Settings) -> Result<Self, ObjectRootError> {
-        let store = settings.store(at)?;
-        Ok(Self::new(
-            store,
-            at.to_string(),
-            &at.prefix,
-            settings.read(),
-        ))
+        Ok(at.place(settings)?.root())
     }
 
     /// The root at `prefix` (`/`-separated, may be empty) of any store; `location` names it

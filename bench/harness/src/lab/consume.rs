@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use dquant_client::{Offload, Reader};
-use std::path::Path;
-
 use dquant_engine::{LocalSource, SourceError, TokenSource};
 use dquant_format::DType;
-use dquant_objstore::{locate, ObjectRoot, Place};
+use dquant_objstore::{ObjectRoot, S3Location};
 use dquant_plan::{Cursor, Plan};
 use dquant_storage::{Dataset, OpenOptions};
 use serde_json::json;
@@ -104,14 +102,11 @@ fn open(args: &Args, plan: &Plan) -> Result<Reader> {
         .as_deref()
         .context("s3:// sources need --s3-endpoint")?;
     let (bucket, _) = s3_parts(&plan.sources[0].uri)?;
-    let Place::Store(place) = locate(
-        Path::new(&format!("s3://{bucket}")),
-        &super::s3_settings(endpoint),
-    )?
-    else {
-        bail!("s3://{bucket} is not an object-store location");
+    let at = S3Location {
+        bucket: bucket.to_string(),
+        prefix: String::new(),
     };
-    let root = place.root();
+    let root = ObjectRoot::s3(&at, &super::s3_settings(endpoint))?;
     Ok(Reader::local_with(plan, Cursor::START, |_, s| {
         s3_source(&root, bucket, &s.uri, s.dtype.as_deref())
     })?)
