@@ -94,17 +94,15 @@ fn read_workspace(meta: &Value) -> Workspace {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    let packages = meta["packages"].as_array().expect("packages");
-    let names: BTreeSet<&str> = packages
+    let packages: Vec<&Value> = meta["packages"]
+        .as_array()
+        .expect("packages")
         .iter()
         .filter(|p| ids.contains(p["id"].as_str().unwrap_or("")))
-        .filter_map(|p| p["name"].as_str())
         .collect();
+    let names: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
     let mut members = BTreeMap::new();
     for p in packages {
-        if !ids.contains(p["id"].as_str().unwrap_or("")) {
-            continue;
-        }
         let deps = p["dependencies"]
             .as_array()
             .expect("dependencies")

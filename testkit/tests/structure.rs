@@ -152,6 +152,14 @@ fn ident_before(c: &[char], i: usize) -> bool {
     i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_')
 }
 
+/// `text` blanked ([`blank_literals`]) and, line by line, whether it is test code
+/// ([`test_lines`]): what every check here reads a file as.
+fn lex(text: &str) -> (String, Vec<bool>) {
+    let blanked = blank_literals(text);
+    let test = test_lines(&blanked.lines().collect::<Vec<_>>());
+    (blanked, test)
+}
+
 /// The lines of `clean` (blanked text) that are test code: from a `#[cfg(test)]` item to its
 /// end, and the whole file when it is a test module's file.
 fn test_lines(clean: &[&str]) -> Vec<bool> {
@@ -197,6 +205,7 @@ fn item_end(clean: &[&str], start: usize) -> Option<usize> {
 /// The name of the function a line starts, if it starts one.
 fn fn_name(line: &str) -> Option<&str> {
     let mut rest = line.trim_start();
+    // Rust writes the qualifiers in this order, so one pass strips any of them.
     for prefix in [
         "pub(crate) ",
         "pub(super) ",
@@ -208,9 +217,6 @@ fn fn_name(line: &str) -> Option<&str> {
     ] {
         rest = rest.strip_prefix(prefix).unwrap_or(rest);
     }
-    for prefix in ["const ", "async ", "unsafe ", "extern \"C\" "] {
-        rest = rest.strip_prefix(prefix).unwrap_or(rest);
-    }
     let name = rest.strip_prefix("fn ")?;
     let end = name.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
     Some(&name[..end])
@@ -218,9 +224,8 @@ fn fn_name(line: &str) -> Option<&str> {
 
 /// Functions of a file's product code longer than `max` lines: `(name, first line, lines)`.
 fn long_fns(text: &str, max: usize) -> Vec<(String, usize, usize)> {
-    let blanked = blank_literals(text);
+    let (blanked, test) = lex(text);
     let clean: Vec<&str> = blanked.lines().collect();
-    let test = test_lines(&clean);
     let mut long = Vec::new();
     for (i, line) in clean.iter().enumerate() {
         let Some(name) = fn_name(line).filter(|_| !test[i]) else {
@@ -303,11 +308,9 @@ fn import_graph(src: &Path, files: &[PathBuf]) -> BTreeMap<Vec<String>, BTreeSet
     for f in files {
         let me = module_path(src, f);
         let text = std::fs::read_to_string(f).unwrap_or_default();
-        let blanked = blank_literals(&text);
-        let clean: Vec<&str> = blanked.lines().collect();
-        let test = test_lines(&clean);
-        let code: String = clean
-            .iter()
+        let (blanked, test) = lex(&text);
+        let code: String = blanked
+            .lines()
             .zip(&test)
             .filter(|(_, t)| !**t)
             .map(|(l, _)| format!("{l}\n"))
@@ -475,12 +478,10 @@ fn product_files_and_functions_are_short() {
 
 /// The lines of a file's product code that return a bare `String` as an error.
 fn string_errors(text: &str) -> Vec<usize> {
-    let blanked = blank_literals(text);
-    let clean: Vec<&str> = blanked.lines().collect();
-    let test = test_lines(&clean);
+    let (blanked, test) = lex(text);
     let squeezed = |l: &str| l.split_whitespace().collect::<String>();
-    clean
-        .iter()
+    blanked
+        .lines()
         .enumerate()
         .filter(|(i, l)| !test[*i] && l.contains("Result<") && squeezed(l).contains(",String>"))
         .map(|(i, _)| i + 1)
