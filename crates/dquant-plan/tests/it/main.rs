@@ -1,0 +1,14 @@
+//! dquant-plan's integration tests, one module per concern, linked into one test binary:
+//! each binary links the whole dependency stack, so one per crate keeps a clean test
+//! build's link time and disk down (`testkit/tests/it/structure.rs` holds the rule).
+
+mod common;
+mod blend;
+mod fuzz_regressions;
+mod limits;
+mod mixture;
+mod permutation;
+mod plan_serde;
+mod resume;
+mod startup;
+mod stream;
