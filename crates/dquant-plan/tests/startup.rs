@@ -1,5 +1,7 @@
 //! Start-up cost: a plan over 10^12 tokens gives its first samples at once, in O(#sources)
-//! memory. A counting allocator measures every byte allocated on the way.
+//! memory. A counting allocator measures every byte allocated on the way: it counts the
+//! whole process's allocations, which is why these tests are a binary of their own, outside
+//! `tests/it`, where no other test allocates beside them.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,7 +5,9 @@
 //! ignored and written again.
 //!
 //! Every test of this binary shares one cache directory (`DQUANT_CACHE_DIR`, set once before
-//! any dataset is opened); their files differ, so their entries do too.
+//! any dataset is opened); their files differ, so their entries do too. Setting the variable
+//! is why these tests are a binary of their own, outside `tests/it`: the environment is the
+//! process's, and no other test may be reading it while it changes.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

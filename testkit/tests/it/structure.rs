@@ -9,6 +9,8 @@
 //! - No circle of `use`s between the files of one crate (`crate::a` in `b.rs` and `crate::b`
 //!   in `a.rs`, or longer), except those in [`ALLOWED_CIRCLES`], each explained in its module
 //!   doc. Test modules do not count.
+//! - One integration-test binary per crate (`tests/it/main.rs` when it has several
+//!   concerns), except those in [`SEPARATE_TEST_BINARIES`], each with its reason.
 //!
 //! The parsing is lexical (comments, strings and char literals blanked, then braces counted),
 //! which is exact for rustfmt-formatted code; the test of the checker below holds it to that.
@@ -505,6 +507,74 @@ fn libraries_have_typed_errors() {
         found.is_empty(),
         "a bare String as an error (give the layer's error enum a variant):\n  {}",
         found.join("\n  ")
+    );
+}
+
+/// Integration-test binaries that stand apart from their crate's `tests/it`, and why.
+const SEPARATE_TEST_BINARIES: &[(&str, &str)] = &[
+    (
+        "crates/dquant-storage/tests/eod_index.rs",
+        "sets DQUANT_CACHE_DIR, which is the whole process's",
+    ),
+    (
+        "crates/dquant-plan/tests/startup.rs",
+        "counts the whole process's allocations with a global allocator",
+    ),
+];
+
+/// Each integration-test binary of the workspace's crates: `tests/NAME.rs` or
+/// `tests/NAME/main.rs`.
+fn test_binaries() -> Vec<String> {
+    let root = repo_root();
+    let mut members: Vec<PathBuf> = ["crates", "bench"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(root.join(d)).ok())
+        .flat_map(|rd| rd.filter_map(Result::ok).map(|e| e.path()))
+        .collect();
+    members.push(root.join("testkit"));
+    let mut out = Vec::new();
+    for tests in members.iter().map(|m| m.join("tests")) {
+        let Ok(entries) = std::fs::read_dir(&tests) else {
+            continue;
+        };
+        for p in entries.filter_map(Result::ok).map(|e| e.path()) {
+            if p.extension().is_some_and(|e| e == "rs") {
+                out.push(rel(&p));
+            } else if p.join("main.rs").is_file() {
+                out.push(rel(&p.join("main.rs")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every integration-test binary links the whole dependency stack (55 MB each for the
+/// client's, before stripping): a crate keeps its tests in one binary (`tests/it/main.rs`
+/// with a module per concern, or a lone `tests/NAME.rs`), so a clean test build links a
+/// dozen binaries, not seventy.
+#[test]
+fn one_integration_test_binary_per_crate() {
+    let binaries = test_binaries();
+    let separate = |b: &String| SEPARATE_TEST_BINARIES.iter().any(|(p, _)| p == b);
+    let mut per_crate: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+    for b in binaries.iter().filter(|b| !separate(b)) {
+        let krate = b.split("/tests/").next().unwrap_or(b);
+        per_crate.entry(krate).or_default().push(b);
+    }
+    per_crate.retain(|_, bs| bs.len() > 1);
+    assert!(
+        per_crate.is_empty(),
+        "crates with several test binaries (make each a module of tests/it/main.rs, or say \
+         in SEPARATE_TEST_BINARIES why one needs a process of its own):\n  {per_crate:?}"
+    );
+    let gone: Vec<_> = SEPARATE_TEST_BINARIES
+        .iter()
+        .filter(|(p, _)| !binaries.iter().any(|b| b == p))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "SEPARATE_TEST_BINARIES names binaries that are gone: {gone:?}"
     );
 }
 

@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use dquant_agent::{AgentHandle, TenantConfig};
-use dquant_client::{open, Control, Offload};
+use dquant_client::{open, AgentUri, Control, Credentials, Offload, Reader};
+use dquant_plan::Cursor;
 use dquant_testkit::agent::{plan, Corpus};
 use dquant_testkit::metrics::{free_addr, scrape, value};
 use dquant_testkit::stream::drain;
@@ -68,9 +69,13 @@ fn metrics_count_what_was_streamed_and_what_was_refused() {
         .unwrap_err();
 
     // One stream for the tenant: its batches, tokens and bytes are counted.
-    std::env::set_var("DQUANT_TOKEN", TOKEN);
     let p = plan(&[("r50k", 1.0)], 127, 4);
-    let mut r = open(&agent.uri(), &p, Offload::Yes).unwrap();
+    let creds = Credentials {
+        token: Some(TOKEN.into()),
+        tls: None,
+    };
+    let uri = AgentUri::parse(&agent.uri()).unwrap();
+    let mut r = Reader::remote_with(&uri, &p, Cursor::START, &creds).unwrap();
     let (bytes, sizes) = drain(&mut r);
     drop(r);
     let tokens = bytes.len() as f64 / 4.0;

@@ -1,6 +1,6 @@
 //! Damaged block files: every kind of damage gives its exact error, never a panic.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dquant_codec::{Codec, Decoder, Width};
@@ -575,7 +575,7 @@ fn footer_offset_before_the_first_block() {
 /// was formatted, a panic instead of an error.
 #[test]
 fn fuzz_regression_first_token_overflow() {
-    let file = include_bytes!("data/fuzz-crash-first-token-overflow.dqb");
+    let file = include_bytes!("../data/fuzz-crash-first-token-overflow.dqb");
     let bf = BlockFile::from_bytes(file).unwrap();
     assert_eq!(
         bf.decode_all(file).unwrap_err().to_string(),

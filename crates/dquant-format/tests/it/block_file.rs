@@ -1,7 +1,7 @@
 //! Block file round trips over every codec at block boundaries, split pushes, write summaries,
 //! out-of-range tokens, random access, compression fallback and the document index.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dquant_codec::{Codec, Compression, Decoder, Width};

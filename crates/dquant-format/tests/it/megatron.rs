@@ -1,6 +1,6 @@
 //! Megatron-Core `.idx`/`.bin`: round trips, the real fixtures Megatron wrote, and errors.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dquant_codec::{Codec, TokenHasher};

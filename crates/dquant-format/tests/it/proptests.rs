@@ -1,7 +1,7 @@
 //! Property tests: the parsers never panic on arbitrary or damaged bytes, and random token
 //! streams with random document splits round-trip through the block writer.
 
-mod common;
+use crate::common;
 
 use common::Rng;
 use common::*;

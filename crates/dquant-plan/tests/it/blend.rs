@@ -1,6 +1,6 @@
 //! The blend: Megatron-Core's rule, replayed without arrays.
 
-mod common;
+use crate::common;
 
 use common::{megatron_blend, plan, schedule};
 use dquant_plan::Blender;

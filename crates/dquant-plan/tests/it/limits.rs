@@ -3,7 +3,7 @@
 //! exactly from cursors across the exhaustion, and reports say how many epochs each source
 //! gave.
 
-mod common;
+use crate::common;
 
 use common::{invalid, plan, schedule, schedule_err, with_rank};
 use dquant_plan::{source_use, Cursor, Plan, SampleRef, Stage, WhenExhausted};

@@ -2,13 +2,12 @@
 //! each binary links the whole dependency stack, so one per crate keeps a clean test
 //! build's link time and disk down (`testkit/tests/it/structure.rs` holds the rule).
 
-mod common;
 mod blend;
+mod common;
 mod fuzz_regressions;
 mod limits;
 mod mixture;
 mod permutation;
 mod plan_serde;
 mod resume;
-mod startup;
 mod stream;

@@ -4,7 +4,7 @@
 //! schedule changed after the cursor continues with nothing lost or repeated, and a change
 //! before it is refused with the sample where it would bite.
 
-mod common;
+use crate::common;
 
 use common::{infos, invalid, megatron_blend, plan, schedule, schedule_err, with_rank};
 use dquant_plan::{check_plan_change, Cursor, Interpolate, Plan, SampleRef, Stage};

@@ -1,6 +1,6 @@
 //! Plans as text: JSON and TOML round trips, defaults, and the exact validation messages.
 
-mod common;
+use crate::common;
 
 use dquant_codec::{Codec, Compression, Width};
 use dquant_plan::{

@@ -2,7 +2,7 @@
 //! a run's sub-rank cursors, merged, resume on another topology with every sample delivered
 //! exactly once (multisets), the blend's counts exact at every cursor on the way.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

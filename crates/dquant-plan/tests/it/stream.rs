@@ -1,7 +1,7 @@
 //! The stream a schedule yields: packing, shuffling, sharding, batching, resuming. Compared
 //! against a materializing reference (tests/common) and checked for coverage.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

@@ -9,7 +9,7 @@ use dquant_storage::conformance;
 use dquant_storage::{BlockCache, CachedRoot, LocalRoot, ReadAt, Root};
 use tempfile::TempDir;
 
-mod common;
+use crate::common;
 use common::Owned;
 
 fn cached(objects: &[(&str, &[u8])]) -> Box<dyn Root> {

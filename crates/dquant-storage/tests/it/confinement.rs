@@ -19,7 +19,7 @@ use dquant_storage::{
 };
 use tempfile::TempDir;
 
-mod common;
+use crate::common;
 use common::mkfifo;
 
 /// Both resolutions of one directory, named for failure messages.

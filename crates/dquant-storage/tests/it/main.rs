@@ -2,10 +2,9 @@
 //! each binary links the whole dependency stack, so one per crate keeps a clean test
 //! build's link time and disk down (`testkit/tests/it/structure.rs` holds the rule).
 
-mod common;
 mod block_cache;
 mod cache;
+mod common;
 mod confinement;
-mod eod_index;
 mod lazy_index;
 mod root_conformance;

@@ -13,7 +13,7 @@ use dquant_storage::{
 };
 use tempfile::TempDir;
 
-mod common;
+use crate::common;
 use common::{mkfifo, Owned};
 
 /// A `LocalRoot` made by `new` holding `objects`.
