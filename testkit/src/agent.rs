@@ -135,6 +135,18 @@ impl Corpus {
         dquant_agent::start(self.config()).unwrap()
     }
 
+    /// [`config`](Self::config) with TLS on both planes, from a test PKI made in `dir` for
+    /// 127.0.0.1; returns the config and the PKI (its CA is what clients trust).
+    pub fn tls_config(&self, dir: &Path) -> (AgentConfig, crate::tls::TestPki) {
+        let pki = crate::tls::make_pki(dir, "agent", &["127.0.0.1"]);
+        let mut cfg = self.config();
+        cfg.tls = Some(dquant_agent::TlsFiles {
+            cert: pki.cert.clone(),
+            key: pki.key.clone(),
+        });
+        (cfg, pki)
+    }
+
     /// An agent of this corpus that also listens on a Unix socket in the corpus's directory
     /// (for shared-memory readers); returns it and the socket's path.
     pub fn agent_with_socket(&self) -> (AgentHandle, String) {

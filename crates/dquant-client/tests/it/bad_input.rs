@@ -233,8 +233,6 @@ fn a_client_killed_mid_stream_frees_its_session() {
         let reply = control
             .open(OpenRequest {
                 plan_json: p.to_json(),
-                epoch: 0,
-                consumed_samples: 0,
                 ..Default::default()
             })
             .unwrap();
@@ -259,8 +257,6 @@ fn a_client_killed_mid_stream_frees_its_session() {
     let ctl = Control::connect(&short.control_addr().to_string()).unwrap();
     ctl.open(OpenRequest {
         plan_json: p.to_json(),
-        epoch: 0,
-        consumed_samples: 0,
         ..Default::default()
     })
     .unwrap();

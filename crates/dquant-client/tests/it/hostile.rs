@@ -460,12 +460,7 @@ fn a_tls_data_port_closes_what_is_not_tls_and_serves_on() {
     use dquant_transport::ClientTls;
     let c = Corpus::new();
     let dir = tempfile::tempdir().unwrap();
-    let pki = dquant_testkit::tls::make_pki(dir.path(), "agent", &["127.0.0.1"]);
-    let mut cfg = c.config();
-    cfg.tls = Some(dquant_agent::TlsFiles {
-        cert: pki.cert.clone(),
-        key: pki.key.clone(),
-    });
+    let (mut cfg, pki) = c.tls_config(dir.path());
     cfg.limits.max_handshakes = 2;
     let agent = start(cfg);
     let plain_hello = Hello {
@@ -503,8 +498,6 @@ fn a_tls_data_port_closes_what_is_not_tls_and_serves_on() {
     let reply = ctl
         .open(OpenRequest {
             plan_json: p.to_json(),
-            epoch: 0,
-            consumed_samples: 0,
             ..Default::default()
         })
         .unwrap();

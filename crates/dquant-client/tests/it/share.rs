@@ -73,7 +73,7 @@ fn four_subscribers_over_tcp_and_shm_get_the_stream_a_single_consumer_gets() {
     wait_idle(&agent);
 }
 
-/// (A subscriber SIGKILLed mid-stream: `crates/dquant-cli/tests/agent.rs`.)
+/// (A subscriber SIGKILLed mid-stream: `crates/dquant-cli/tests/it/agent.rs`.)
 #[test]
 fn a_subscriber_closed_mid_stream_leaves_the_others_streams_whole() {
     let c = Corpus::new();
@@ -191,12 +191,7 @@ fn large_records_reach_tls_subscribers_whole() {
     use dquant_transport::ClientTls;
     let c = Corpus::new();
     let dir = tempfile::tempdir().unwrap();
-    let pki = dquant_testkit::tls::make_pki(dir.path(), "agent", &["127.0.0.1"]);
-    let mut cfg = c.config();
-    cfg.tls = Some(dquant_agent::TlsFiles {
-        cert: pki.cert.clone(),
-        key: pki.key.clone(),
-    });
+    let (cfg, pki) = c.tls_config(dir.path());
     let agent = dquant_agent::start(cfg).unwrap();
     let mut p = plan(&[("r50k", 1.0)], 4095, 80);
     p.wire_codec = "u32".into();
