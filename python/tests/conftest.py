@@ -4,17 +4,25 @@ on loopback and a Unix socket."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# Raw files' document-index cache entries (DQUANT_CACHE_DIR) go to a directory of this run,
+# removed at its end, not to ~/.cache/dquant; the agents the tests start inherit it.
+_CACHE = tempfile.mkdtemp(prefix="dquant-test-cache-")
+os.environ.setdefault("DQUANT_CACHE_DIR", _CACHE)
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "testkit" / "fixtures" / "megatron"

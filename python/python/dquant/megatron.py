@@ -27,7 +27,9 @@ from __future__ import annotations
 import contextlib
 import os
 import random as _random
+import shutil
 import tempfile
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy
@@ -508,16 +510,19 @@ class _Tokenizer:
 def _gpt_dataset_config(*, eod: int, blend=None, blend_per_split=None, split=None,
                         sequence_length: int, random_seed: int, path_to_cache=None, **rest):
     """A ``GPTDatasetConfig``; Megatron's index cache goes to a fresh temporary directory
-    unless ``path_to_cache`` names one (without one, Megatron writes beside the data)."""
+    unless ``path_to_cache`` names one (without one, Megatron writes beside the data). The
+    temporary directory is removed when the config is collected (datasets built from it hold
+    it) or at exit."""
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
+    made = None
     if path_to_cache is None:
-        path_to_cache = tempfile.mkdtemp(prefix="dquant-megatron-check-")
+        path_to_cache = made = tempfile.mkdtemp(prefix="dquant-megatron-check-")
 
     rest.setdefault("reset_position_ids", False)
     rest.setdefault("reset_attention_mask", False)
     rest.setdefault("eod_mask_loss", False)
-    return GPTDatasetConfig(
+    config = GPTDatasetConfig(
         random_seed=random_seed,
         sequence_length=sequence_length,
         blend=blend,
@@ -527,6 +532,9 @@ def _gpt_dataset_config(*, eod: int, blend=None, blend_per_split=None, split=Non
         path_to_cache=path_to_cache,
         **rest,
     )
+    if made is not None:
+        weakref.finalize(config, shutil.rmtree, made, ignore_errors=True)
+    return config
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
