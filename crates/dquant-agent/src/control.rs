@@ -18,8 +18,10 @@ pub(crate) const SERVICE: &str = dquant_proto::v1::agent_server::SERVICE_NAME;
 
 /// What the control plane serves, and on what.
 pub(crate) struct Plane<H> {
-    /// Runs the server; its metrics exporter (if any) already runs on it.
-    pub runtime: tokio::runtime::Runtime,
+    /// The process's runtime (`dquant-runtime`): the server runs on it, and so does the
+    /// metrics exporter (if any), which stops when the server does.
+    pub runtime: tokio::runtime::Handle,
+    pub exporter: Option<tokio::task::AbortHandle>,
     pub listener: TcpListener,
     /// gRPC connections from the Unix socket's router.
     pub local: Option<tokio::sync::mpsc::UnboundedReceiver<UnixStream>>,
@@ -51,14 +53,17 @@ pub(crate) fn spawn<H: Health>(
     std::thread::Builder::new()
         .name("dquant-control".into())
         .spawn(move || {
-            let rt = &plane.runtime;
-            rt.block_on(serve(
+            let served = plane.runtime.block_on(serve(
                 plane.listener,
                 plane.local,
                 plane.shared,
                 plane.health,
                 plane.stop,
-            ))
+            ));
+            if let Some(exporter) = plane.exporter {
+                exporter.abort();
+            }
+            served
         })
 }
 

@@ -1,5 +1,5 @@
 //! Starting an agent, step by step: the configuration checked, what it serves opened, both
-//! planes (and the Unix socket) bound, the control runtime and the worker pools started, the
+//! planes (and the Unix socket) bound, the metrics endpoint and the worker pools started, the
 //! shared state assembled, and the background threads spawned. Each step is a function named
 //! for it, so `start` reads as the list.
 
@@ -13,7 +13,8 @@ use std::time::Duration;
 use dquant_remote::Credentials;
 use dquant_storage::BlockCache;
 use dquant_transport::ServerTls;
-use tokio::runtime::Runtime;
+use tokio::runtime::Handle;
+use tokio::task::AbortHandle;
 use tonic_health::ServingStatus;
 
 use crate::{
@@ -26,11 +27,10 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     config.validate()?;
     let access = Access::open(&config)?;
     let planes = Listeners::bind(&config)?;
-    let runtime = control_runtime()?;
-    let metrics = serve_metrics(&config, &runtime)?;
+    let runtime = dquant_runtime::handle();
+    let (metrics, exporter) = serve_metrics(&config, &runtime)?;
     let (health, health_service) = tonic_health::server::health_reporter();
     runtime.block_on(health.set_service_status(control::SERVICE, ServingStatus::Serving));
-    let runtime_handle = runtime.handle().clone();
     let shared = Arc::new(assemble(config, access, metrics, planes.data_addr)?);
     spawn_named("dquant-reaper", {
         let shared = shared.clone();
@@ -43,7 +43,8 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let grpc_local = planes.local.map(|l| accept_local(l, &shared)).transpose()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = control::spawn(control::Plane {
-        runtime,
+        runtime: runtime.clone(),
+        exporter,
         listener: planes.control,
         local: grpc_local,
         shared: shared.clone(),
@@ -59,7 +60,7 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         stop: Some(stop_tx),
         server: Some(server),
         health,
-        runtime: runtime_handle,
+        runtime,
     })
 }
 
@@ -146,31 +147,25 @@ fn bind_tcp(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AgentError> {
     Ok((l, bound))
 }
 
-/// The runtime the gRPC control plane (and the metrics endpoint) run on.
-fn control_runtime() -> Result<Runtime, AgentError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("dquant-grpc")
-        .enable_all()
-        .build()
-        .map_err(|e| AgentError::Start(format!("cannot start the control runtime: {e}")))
-}
-
-/// The agent's metrics: served on `metrics_listen` from `runtime`, or off.
-fn serve_metrics(config: &AgentConfig, runtime: &Runtime) -> Result<metrics::Metrics, AgentError> {
+/// The agent's metrics: served on `metrics_listen` from `runtime`, or off; with the
+/// exporter's task, which stops with the control plane.
+fn serve_metrics(
+    config: &AgentConfig,
+    runtime: &Handle,
+) -> Result<(metrics::Metrics, Option<AbortHandle>), AgentError> {
     let Some(addr) = config.metrics_listen else {
-        return Ok(metrics::Metrics::off());
+        return Ok((metrics::Metrics::off(), None));
     };
     // The exporter binds its listener in the runtime that serves it.
     let _in_runtime = runtime.enter();
     let (m, exporter) =
         metrics::Metrics::serve(addr).map_err(|e| AgentError::Start(e.to_string()))?;
-    runtime.spawn(async move {
+    let task = runtime.spawn(async move {
         if let Err(e) = exporter.await {
             tracing::error!(error = ?e, "metrics endpoint stopped");
         }
     });
-    Ok(m)
+    Ok((m, Some(task.abort_handle())))
 }
 
 /// The state every plane and session shares, with its pools started.

@@ -12,8 +12,8 @@ use object_store::{ObjectStore, ObjectStoreExt as _, WriteMultipart};
 
 use crate::error::ObjectRootError;
 use crate::location::S3Location;
-use crate::runtime::{block_in, run};
 use crate::settings::S3Settings;
+use dquant_runtime::{block_in, run};
 
 /// S3's least size of a multipart upload's parts, but the last.
 const MIN_PART_BYTES: usize = 5 << 20;

@@ -46,7 +46,6 @@ use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore};
 use tokio::task::AbortHandle;
 
-use crate::runtime::runtime;
 use crate::settings::ReadSettings;
 
 /// Sequential readers of one object that keep their own readahead.
@@ -213,7 +212,7 @@ impl ObjectFile {
             self.counters.clone(),
         );
         let weak: Weak<Part> = Arc::downgrade(&part);
-        let task = runtime().spawn(async move {
+        let task = dquant_runtime::handle().spawn(async move {
             let r = get.await;
             if let Some(p) = weak.upgrade() {
                 p.finish(r);

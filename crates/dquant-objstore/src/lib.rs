@@ -15,8 +15,8 @@
 //! into a local path or a [`StorePlace`]), `backend.rs` what a backend is; the backends are
 //! [`location`](S3Location) (`s3://`) and `local_store.rs` (`file://`). [`settings`](S3Settings)
 //! turns the config and the `AWS_*` variables into a client, `root.rs` lists, stats and
-//! opens, `file.rs` reads, `runtime.rs` bridges the async client to the storage layer's
-//! blocking reads.
+//! opens, `file.rs` reads; the async client's requests run on the process's one runtime
+//! (`dquant-runtime`), which the storage layer's blocking reads wait on.
 
 mod backend;
 mod backends;
@@ -26,7 +26,6 @@ mod file;
 mod local_store;
 mod location;
 mod root;
-mod runtime;
 mod settings;
 
 pub use backend::{Backend, StorePlace};

@@ -19,8 +19,8 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use crate::error::ObjectRootError;
 use crate::file::{Counters, ObjectFile, ObjectStats};
 use crate::location::S3Location;
-use crate::runtime::run;
 use crate::settings::{ReadSettings, S3Settings};
+use dquant_runtime::run;
 
 /// Datasets under a prefix of an object store.
 pub struct ObjectRoot {

@@ -1,14 +1,13 @@
-//! The control plane client: gRPC calls to an agent through one small runtime per process,
-//! and the data connection a session's `Open` reply leads to.
+//! The control plane client: gRPC calls to an agent on the process's one runtime, and the
+//! data connection a session's `Open` reply leads to.
 //!
 //! The host API is blocking (`read(fd, buf)`), and trainers call it from threads that may or
-//! may not run an async runtime of their own. Control calls therefore run on one private
-//! tokio runtime and the caller waits on a plain channel, which works from any thread; the
-//! data plane is plain blocking sockets, where the bytes are.
+//! may not run an async runtime of their own. Control calls therefore run on the process's
+//! runtime (`dquant-runtime`) and the caller waits with [`run`], which works from any thread;
+//! the data plane is plain blocking sockets, where the bytes are.
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use dquant_proto::v1::agent_client::AgentClient;
@@ -17,6 +16,7 @@ use dquant_proto::v1::{
     OpenMegatronRequest, OpenReply, OpenRequest, OpenSourceRequest, StatRequest, SubscribeRequest,
     WatchRequest,
 };
+use dquant_runtime::run;
 use dquant_storage::SourceError;
 use dquant_transport::record::MAX_TOKEN_LEN;
 use dquant_transport::{
@@ -26,45 +26,6 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::uri::{host_of, is_unix_authority};
-
-/// The control plane's runtime, one per process. Per process, not per program: a forked
-/// child (a PyTorch DataLoader worker) inherits the parent's runtime without its threads, and
-/// would wait forever on it, so a child builds its own. The parent's is leaked in the child:
-/// dropping it there would wait for threads that do not exist.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
-    let pid = std::process::id();
-    let mut rt = RT.lock().unwrap_or_else(|e| e.into_inner());
-    match *rt {
-        Some((owner, r)) if owner == pid => r,
-        _ => {
-            let r: &'static _ = Box::leak(Box::new(
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name("dquant-control")
-                    .enable_all()
-                    .build()
-                    .expect("the control-plane runtime starts (threads and timers are available)"),
-            ));
-            *rt = Some((pid, r));
-            r
-        }
-    }
-}
-
-/// Runs `f` on the control runtime and waits for it, from any thread.
-fn call<F>(f: F) -> F::Output
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    runtime().spawn(async move {
-        let _ = tx.send(f.await);
-    });
-    rx.recv()
-        .expect("control calls complete: the runtime outlives them")
-}
 
 /// An error and every cause under it, joined: tonic's top-level transport errors alone say
 /// only "transport error".
@@ -95,9 +56,13 @@ fn status_error(s: tonic::Status, tls: bool) -> SourceError {
 /// The agent's message, or for a failure of the connection itself (the agent never
 /// answered) the whole error chain, with a TLS hint where it points that way.
 fn status_message(s: tonic::Status, tls: bool) -> String {
-    use tonic::Code::{Internal, Unavailable, Unknown};
+    use tonic::Code::{Cancelled, Internal, Unavailable, Unknown};
     match s.code() {
         Unavailable | Unknown => tls_hint(chain(&s), tls),
+        // The connection closed under a call in flight, and hyper cancelled the call: a
+        // connection failure too. A status with a source was made here from a local error;
+        // the agent's own Cancelled (a stopped request) has none.
+        Cancelled if std::error::Error::source(&s).is_some() => tls_hint(chain(&s), tls),
         // h2's own protocol errors: the peer spoke something else than HTTP/2 (TLS).
         Internal if s.message().starts_with("h2 protocol error") => tls_hint(chain(&s), tls),
         _ => s.message().to_string(),
@@ -194,7 +159,7 @@ fn call_within<T: Send + 'static>(
     tls: bool,
     f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
 ) -> Result<T, SourceError> {
-    match call(async move { tokio::time::timeout(timeout, f).await }) {
+    match run(async move { tokio::time::timeout(timeout, f).await }) {
         Ok(r) => r.map(|r| r.into_inner()).map_err(|e| status_error(e, tls)),
         Err(_) => Err(SourceError::Agent(format!(
             "agent {authority}: no answer to {rpc} within {} s",
@@ -274,7 +239,7 @@ impl Control {
             // below is only the HTTP/2 :authority, never resolved.
             let path = std::path::PathBuf::from(authority);
             let ep = Endpoint::from_static("http://localhost").connect_timeout(timeout);
-            call(async move {
+            run(async move {
                 ep.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                     let path = path.clone();
                     async move {
@@ -297,7 +262,7 @@ impl Control {
                     .domain_name(name);
                 ep = ep.tls_config(config).map_err(|e| err(chain(&e)))?;
             }
-            call(async move { tokio::time::timeout(timeout, ep.connect()).await })
+            run(async move { tokio::time::timeout(timeout, ep.connect()).await })
                 .map_err(|_| err(format!("no connection within {} s", timeout.as_secs_f64())))?
                 .map_err(|e| err(tls_hint(chain(&e), tls.is_some())))?
         };
@@ -413,7 +378,7 @@ impl Control {
         let stream = self.within("Watch", async move { c.watch(req).await })?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let tls = self.tls.is_some();
-        runtime().spawn(async move {
+        dquant_runtime::handle().spawn(async move {
             let mut stream = stream;
             loop {
                 let item = match stream.message().await {
