@@ -6,7 +6,7 @@
 //! serve identical copies of a dataset. Token ranges are idempotent (a range read twice, from
 //! either replica, is the same tokens), so a read that fails on one replica can simply be
 //! asked again of another: the consumer sees no error and the stream stays byte-identical
-//! to an uninterrupted one. Only when every replica is gone does the read fail, and the
+//! to an uninterrupted one. Only when every replica stays gone does the read fail, and the
 //! consumer resumes from its cursor like after any other failure.
 //!
 //! # Spreading reads
@@ -23,12 +23,15 @@
 //! error.
 //!
 //! # Coming back
-//! A replica that failed is retried after a back-off (1 s, doubling to 30 s) on a thread of
-//! its own, so a reader never waits on a dead host's connect timeout; once it opens and
-//! matches, reads use it again.
+//! A replica that failed is retried after a back-off (1 s, doubling to 30 s, jittered) on a
+//! thread of its own, so a reader never waits on a dead host's connect timeout; once it opens
+//! and matches, reads use it again. While no replica is up, a read does not fail at once: it
+//! waits up to the source's timeout (`upstream_timeout_secs` on an agent) per read, trying
+//! the replicas again within 50 ms of their failure, doubling to a second, and goes on as soon
+//! as one is back. Only a read with no replica answering for that whole time fails.
 
 use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use dquant_proto::v1::{DatasetStat, StatRequest};
@@ -271,20 +274,31 @@ impl ReplicatedSource {
         self.failovers += 1;
     }
 
-    /// Installs replicas reopened since the last read, and starts reopening those whose
-    /// back-off has passed.
+    /// Installs replicas reopened since the last read, and starts reopening those that are
+    /// due (sooner while none is up: see [`Health`]).
     fn revive(&mut self) {
         while let Ok((i, r)) = self.revived.try_recv() {
-            let failure = match r {
-                Ok(src) => {
-                    self.replicas[i].conn = Some(src);
-                    None
-                }
-                Err(e) => Some(e.to_string()),
-            };
-            self.health.reopened(i, failure.as_deref(), Instant::now());
+            self.install(i, r);
         }
-        for i in self.health.due(Instant::now()) {
+        self.start_reopens();
+    }
+
+    /// A reopen's outcome: replica `i` up again with its source, or out for longer.
+    fn install(&mut self, i: usize, r: Result<RemoteSource, SourceError>) {
+        let failure = match r {
+            Ok(src) => {
+                self.replicas[i].conn = Some(src);
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        self.health.reopened(i, failure.as_deref(), Instant::now());
+    }
+
+    /// Reopens, each on a thread of its own, the replicas that are due.
+    fn start_reopens(&mut self) {
+        let urgent = self.live() == 0;
+        for i in self.health.due(Instant::now(), urgent) {
             let (opener, reference, authority) = (
                 self.opener.clone(),
                 self.reference.clone(),
@@ -301,6 +315,33 @@ impl ReplicatedSource {
         }
     }
 
+    /// With no replica up: reopens them (see [`Health`]) until one is back, or fails with
+    /// every replica's last error once `deadline` passes. A reader never sees a failover
+    /// while some replica answers within the deadline.
+    fn await_replica(&mut self, deadline: Instant) -> Result<(), SourceError> {
+        while self.live() == 0 {
+            self.start_reopens();
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.all_down());
+            }
+            let wake = self
+                .health
+                .next_due(true)
+                .map_or(deadline, |t| t.min(deadline));
+            match self
+                .revived
+                .recv_timeout(wake.saturating_duration_since(now))
+            {
+                Ok((i, r)) => self.install(i, r),
+                Err(RecvTimeoutError::Timeout) => {}
+                // Never: this source holds a sender.
+                Err(RecvTimeoutError::Disconnected) => return Err(self.all_down()),
+            }
+        }
+        Ok(())
+    }
+
     /// The error when no replica is left: each one's last error.
     fn all_down(&self) -> SourceError {
         let why: Vec<String> = self
@@ -310,9 +351,10 @@ impl ReplicatedSource {
             .map(|(i, r)| format!("{}: {}", r.authority, self.health.error(i)))
             .collect();
         SourceError::Agent(format!(
-            "every replica of {} failed ({})",
+            "every replica of {} failed ({}), and none answered again within {} s",
             self.opener.dataset.dataset,
-            why.join("; ")
+            why.join("; "),
+            self.opener.timeout.as_secs_f64()
         ))
     }
 
@@ -501,11 +543,10 @@ impl TokenSource for ReplicatedSource {
                 self.opener.dataset.dataset, r.start, r.end, self.tokens
             )));
         }
+        let deadline = Instant::now() + self.opener.timeout;
         loop {
             self.revive();
-            if self.live() == 0 {
-                return Err(self.all_down());
-            }
+            self.await_replica(deadline)?;
             match self.try_read(ranges, out) {
                 Ok(()) => return Ok(()),
                 Err((Some(i), e)) => {

@@ -185,6 +185,44 @@ fn a_replica_killed_mid_stream_changes_nothing() {
     }
 }
 
+/// `a` started again where it was (its control and data ports), serving the same corpus.
+fn restart(dir: &Path, a: &AgentProcess) -> AgentProcess {
+    let root = format!("corpus={}", dir.join("corpus").display());
+    let args = ["--root", &root, "--worker-threads", "0"];
+    AgentProcess::start_on(BIN, &authority(a), &a.data, &args)
+}
+
+/// What the chaos runs found: the replica serving alone dies a moment after the other one
+/// came back (still inside the back-off its failure earned). The read waits for the one
+/// that is back instead of failing, and the stream is unchanged.
+#[test]
+fn the_last_replica_dying_just_after_another_came_back_is_no_error() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path(), 0);
+    let (a, b) = (storage(dir.path()), storage(dir.path()));
+    let reps = [authority(&a), authority(&b)];
+    let (h, _empty) = host(&reps);
+    let p = plan(
+        &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
+        true,
+    );
+    let want = local(dir.path(), &p);
+    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+    let mut got = read_batches(&mut r, 10);
+    let mut a = a;
+    a.signal(libc::SIGKILL);
+    let _ = a.child.wait();
+    // The reads move to b; a is out for its back-off.
+    got.extend(read_batches(&mut r, 10));
+    let _a = restart(dir.path(), &a);
+    b.signal(libc::SIGKILL);
+    let (rest, err) = read_rest(&mut r);
+    assert_eq!(err, None, "a was back before b died");
+    got.extend(rest);
+    assert_eq!(got.len(), want.len());
+    assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+}
+
 #[test]
 fn all_replicas_killed_is_an_error_and_the_cursor_resumes_the_rest() {
     let dir = tempfile::tempdir().unwrap();

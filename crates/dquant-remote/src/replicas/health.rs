@@ -6,18 +6,30 @@
 //! ([`FIRST_BACKOFF`], doubling on every failure while it is out, up to [`MAX_BACKOFF`]).
 //! Once the back-off passes it is *due*: the caller reopens it (on a thread of its own) and
 //! reports the outcome. A reopen that works brings it up and forgets the back-off.
+//!
+//! While no replica is up a reader is waiting, so the wait is short: a down replica is due
+//! [`URGENT_FIRST`] after its last failure, doubling to [`URGENT_MAX`] (a replica restarted
+//! a moment after the others died is found within a second, not after its 30 s back-off).
+//! Every wait is jittered (between half of it and all of it, from a seed of this reader's),
+//! so that the readers of a replica that comes back do not all knock at once.
 
+use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 pub(crate) const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub(crate) const URGENT_FIRST: Duration = Duration::from_millis(50);
+pub(crate) const URGENT_MAX: Duration = Duration::from_secs(1);
 
 /// Why a replica is out, and when it is tried again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Down {
     error: String,
-    retry_at: Instant,
+    /// When it last failed (or its last reopen did).
+    at: Instant,
     backoff: Duration,
+    /// Failures in a row, this one included.
+    tries: u32,
     /// A reopen is running.
     trying: bool,
 }
@@ -26,13 +38,23 @@ struct Down {
 #[derive(Clone, Debug)]
 pub(crate) struct Health {
     down: Vec<Option<Down>>,
+    seed: u64,
 }
 
 impl Health {
-    /// `n` replicas, all up.
+    /// `n` replicas, all up, with a jitter seed of their own.
     pub fn new(n: usize) -> Self {
+        let seed = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Self::with_seed(n, seed)
+    }
+
+    /// `n` replicas, all up, jittered from `seed`.
+    pub fn with_seed(n: usize, seed: u64) -> Self {
         Health {
             down: vec![None; n],
+            seed,
         }
     }
 
@@ -43,28 +65,65 @@ impl Health {
 
     /// Replica `i` failed with `error` at `now`: out until its back-off passes.
     pub fn failed(&mut self, i: usize, error: &str, now: Instant) {
-        let backoff = self.down[i]
-            .as_ref()
-            .map_or(FIRST_BACKOFF, |d| (d.backoff * 2).min(MAX_BACKOFF));
+        let prev = self.down[i].as_ref();
         self.down[i] = Some(Down {
             error: error.to_string(),
-            retry_at: now + backoff,
-            backoff,
+            at: now,
+            backoff: prev.map_or(FIRST_BACKOFF, |d| (d.backoff * 2).min(MAX_BACKOFF)),
+            tries: prev.map_or(1, |d| d.tries.saturating_add(1)),
             trying: false,
         });
     }
 
-    /// The replicas to reopen now: down, past their back-off, and not being reopened
-    /// already. Each is marked as being reopened.
-    pub fn due(&mut self, now: Instant) -> Vec<usize> {
-        let mut due = Vec::new();
-        for (i, d) in self.down.iter_mut().enumerate() {
-            if let Some(d) = d.as_mut().filter(|d| !d.trying && d.retry_at <= now) {
+    /// When down replica `i` is due: after its back-off, or its short wait while no
+    /// replica is up (`urgent`), jittered.
+    fn retry_at(&self, i: usize, d: &Down, urgent: bool) -> Instant {
+        let wait = if urgent {
+            let doublings = d.tries.saturating_sub(1).min(16);
+            (URGENT_FIRST * (1u32 << doublings)).min(URGENT_MAX)
+        } else {
+            d.backoff
+        };
+        d.at + self.jittered(wait, i, d.tries)
+    }
+
+    /// `wait` scaled into [wait/2, wait], the same for the same seed, replica and try.
+    fn jittered(&self, wait: Duration, i: usize, tries: u32) -> Duration {
+        let mut h = self.seed ^ ((i as u64) << 32) ^ u64::from(tries);
+        // splitmix64's finaliser: a well-mixed u64 from a counter.
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        let fraction = (h >> 11) as f64 / (1u64 << 53) as f64;
+        wait / 2 + wait.mul_f64(fraction / 2.0)
+    }
+
+    /// The replicas to reopen now: down, due (see [`Health::next_due`]), and not being
+    /// reopened already. Each is marked as being reopened.
+    pub fn due(&mut self, now: Instant, urgent: bool) -> Vec<usize> {
+        let due: Vec<usize> = (0..self.down.len())
+            .filter(|&i| {
+                self.down[i]
+                    .as_ref()
+                    .is_some_and(|d| !d.trying && self.retry_at(i, d, urgent) <= now)
+            })
+            .collect();
+        for &i in &due {
+            if let Some(d) = self.down[i].as_mut() {
                 d.trying = true;
-                due.push(i);
             }
         }
         due
+    }
+
+    /// The soonest a replica that is down and not being reopened becomes due.
+    pub fn next_due(&self, urgent: bool) -> Option<Instant> {
+        (0..self.down.len())
+            .filter_map(|i| {
+                let d = self.down[i].as_ref().filter(|d| !d.trying)?;
+                Some(self.retry_at(i, d, urgent))
+            })
+            .min()
     }
 
     /// The reopen of replica `i` ended at `now`: up again (`failure` is `None`), or out for
@@ -80,86 +139,7 @@ impl Health {
     pub fn error(&self, i: usize) -> &str {
         self.down[i].as_ref().map_or("", |d| d.error.as_str())
     }
-
-    /// When replica `i` is tried again, if it is out.
-    #[cfg(test)]
-    fn retry_at(&self, i: usize) -> Option<Instant> {
-        self.down[i].as_ref().map(|d| d.retry_at)
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn secs(s: u64) -> Duration {
-        Duration::from_secs(s)
-    }
-
-    #[test]
-    fn a_failed_replica_is_due_after_its_backoff_and_reopened_once() {
-        let t0 = Instant::now();
-        let mut h = Health::new(3);
-        h.failed(1, "connection refused", t0);
-        assert!(h.is_up(0) && !h.is_up(1) && h.is_up(2));
-        assert_eq!(h.error(1), "connection refused");
-        assert_eq!(
-            h.due(t0 + secs(1) - Duration::from_millis(1)),
-            Vec::<usize>::new()
-        );
-        assert_eq!(h.due(t0 + secs(1)), vec![1]);
-        // Being reopened: not handed out again while that runs.
-        assert_eq!(h.due(t0 + secs(5)), Vec::<usize>::new());
-        h.reopened(1, None, t0 + secs(5));
-        assert!(h.is_up(1));
-        assert_eq!(h.error(1), "");
-    }
-
-    #[test]
-    fn failed_reopens_double_the_backoff_up_to_its_cap() {
-        let mut now = Instant::now();
-        let mut h = Health::new(2);
-        h.failed(0, "reset", now);
-        let mut waits = Vec::new();
-        for _ in 0..8 {
-            let at = h.retry_at(0).unwrap();
-            waits.push((at - now).as_secs());
-            now = at;
-            assert_eq!(h.due(now), vec![0]);
-            h.reopened(0, Some("connection refused"), now);
-        }
-        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
-        assert_eq!(h.error(0), "connection refused");
-        assert!(h.is_up(1), "the other replica is untouched");
-    }
-
-    #[test]
-    fn a_replica_back_up_starts_its_backoff_afresh_when_it_fails_again() {
-        let t0 = Instant::now();
-        let mut h = Health::new(2);
-        h.failed(0, "a", t0);
-        h.due(t0 + secs(1));
-        h.reopened(0, Some("b"), t0 + secs(1));
-        assert_eq!(h.retry_at(0), Some(t0 + secs(3)));
-        h.due(t0 + secs(3));
-        h.reopened(0, None, t0 + secs(3));
-        h.failed(0, "c", t0 + secs(10));
-        assert_eq!(h.retry_at(0), Some(t0 + secs(11)));
-    }
-
-    #[test]
-    fn every_replica_out_each_keeps_its_own_error_and_clock() {
-        let t0 = Instant::now();
-        let mut h = Health::new(3);
-        for (i, e) in ["refused", "reset", "timed out"].iter().enumerate() {
-            h.failed(i, e, t0 + secs(i as u64));
-        }
-        assert!((0..3).all(|i| !h.is_up(i)));
-        assert_eq!(
-            [h.error(0), h.error(1), h.error(2)],
-            ["refused", "reset", "timed out"]
-        );
-        assert_eq!(h.due(t0 + secs(2)), vec![0, 1]);
-        assert_eq!(h.due(t0 + secs(3)), vec![2]);
-    }
-}
+mod tests;
