@@ -177,6 +177,15 @@ impl Metrics {
             .increment(1);
     }
 
+    /// Counts the reads moved off `replica` (`HOST:PORT`), which failed, for `dataset`.
+    pub fn failovers(&self, replica: &str, dataset: &str) -> Counter {
+        let labels = vec![
+            Label::new("replica", replica.to_string()),
+            Label::new("dataset", dataset.to_string()),
+        ];
+        self.counter("dquant_replica_failovers_total", labels)
+    }
+
     /// A request or connection was refused for `reason`.
     pub fn refusal(&self, reason: &'static str) {
         self.counter("dquant_refusals_total", vec![Label::new("reason", reason)])

@@ -21,7 +21,7 @@ pub use control::{
 pub use open::{dataset_uri, open_on_agent, open_source};
 pub use range_stream::check_payload_len;
 pub use readahead::ReadaheadConfig;
-pub use replicas::ReplicatedSource;
+pub use replicas::{OnFailover, ReplicatedSource};
 pub use shutdown::{resume_point, shutdown_message};
 pub use source::{range_slot_size, RemoteSource};
 pub use uri::{is_host_port, is_unix_authority, AgentUri, Transport, UriError};

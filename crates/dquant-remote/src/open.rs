@@ -9,7 +9,7 @@ use dquant_proto::v1::StatRequest;
 use dquant_storage::{LocalSource, SourceError, TokenSource};
 
 use crate::control::{Credentials, DEFAULT_RPC_TIMEOUT};
-use crate::{AgentUri, Control, RemoteSource, ReplicatedSource};
+use crate::{AgentUri, Control, OnFailover, RemoteSource, ReplicatedSource};
 
 /// Parses a source's `dquant://HOST:PORT/DATASET` URI, which must name a dataset.
 pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
@@ -24,18 +24,23 @@ pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
 
 /// Opens `u`'s dataset on its agent as a range source, every control call and data read
 /// bounded by `timeout`, with `creds` (a tenant's token, the TLS to expect). Several agents
-/// (`dquant://HOST1:PORT,HOST2:PORT/...`) are replicas: a [`ReplicatedSource`] over them.
+/// (`dquant://HOST1:PORT,HOST2:PORT/...`) are replicas: a [`ReplicatedSource`] over them,
+/// which tells `on_failover` of each read it moves off a failed replica.
 pub fn open_on_agent(
     u: &AgentUri,
     s: &Source,
     wire_codec: &str,
     timeout: Duration,
     creds: &Credentials,
+    on_failover: Option<&OnFailover>,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
     let replicas = u.replicas();
     if replicas.len() > 1 {
         let dataset = stat_of(u.dataset.clone(), s);
-        let r = ReplicatedSource::open(&replicas, dataset, wire_codec, timeout, creds)?;
+        let mut r = ReplicatedSource::open(&replicas, dataset, wire_codec, timeout, creds)?;
+        if let Some(f) = on_failover {
+            r.set_on_failover(f.clone());
+        }
         return Ok(Box::new(r));
     }
     let c = Control::connect_with(&u.authority, timeout, creds)?;
@@ -68,7 +73,7 @@ pub fn open_source(
     if s.uri.starts_with(AgentUri::SCHEME) {
         let u = dataset_uri(&s.uri)?;
         let creds = Credentials::from_env()?;
-        return open_on_agent(&u, s, wire_codec, DEFAULT_RPC_TIMEOUT, &creds);
+        return open_on_agent(&u, s, wire_codec, DEFAULT_RPC_TIMEOUT, &creds, None);
     }
     match agent {
         Some(c) => Ok(Box::new(RemoteSource::open(

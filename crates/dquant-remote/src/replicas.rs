@@ -164,6 +164,10 @@ struct Replica {
 /// A reopen attempt's result: the replica's index and its source, checked.
 type Revived = (usize, Result<RemoteSource, SourceError>);
 
+/// Told of each failover of a [`ReplicatedSource`]: the replica that failed (its
+/// `HOST:PORT`) and the dataset. An agent counts them in its metrics, by replica.
+pub type OnFailover = std::sync::Arc<dyn Fn(&str, &str) + Send + Sync>;
+
 /// A dataset on several agents as one [`TokenSource`] (see the module docs).
 pub struct ReplicatedSource {
     opener: Opener,
@@ -180,6 +184,7 @@ pub struct ReplicatedSource {
     revived_tx: Sender<Revived>,
     revived: Receiver<Revived>,
     failovers: u64,
+    on_failover: Option<OnFailover>,
 }
 
 impl ReplicatedSource {
@@ -250,6 +255,7 @@ impl ReplicatedSource {
             revived_tx,
             revived,
             failovers: 0,
+            on_failover: None,
         })
     }
 
@@ -263,6 +269,11 @@ impl ReplicatedSource {
         self.failovers
     }
 
+    /// Calls `f` at each failover from now on (see [`OnFailover`]).
+    pub fn set_on_failover(&mut self, f: OnFailover) {
+        self.on_failover = Some(f);
+    }
+
     pub fn set_readahead(&mut self, config: ReadaheadConfig) {
         self.readahead = config;
     }
@@ -272,6 +283,9 @@ impl ReplicatedSource {
         self.replicas[i].conn = None;
         self.health.failed(i, &e.to_string(), Instant::now());
         self.failovers += 1;
+        if let Some(f) = &self.on_failover {
+            f(&self.replicas[i].authority, &self.opener.dataset.dataset);
+        }
     }
 
     /// Installs replicas reopened since the last read, and starts reopening those that are

@@ -3,17 +3,33 @@
 //!
 //! Blocking work: every function here runs on the open pool, never on the runtime's threads.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::catalog::Resolved;
 use dquant_engine::{open_options, LocalSource, SourceError, TokenSource};
 use dquant_plan::Source;
 use dquant_proto::v1::{DatasetStat, IndexPart, IndexReply, StatRequest};
-use dquant_remote::{dataset_uri, open_on_agent, AgentUri};
+use dquant_remote::{dataset_uri, open_on_agent, AgentUri, OnFailover};
 use dquant_storage::{Dataset, StorageError};
 use tonic::Status;
 
 use crate::Shared;
+
+/// Counts a replicated source's failovers in the agent's metrics, by replica
+/// (`dquant_replica_failovers_total`).
+fn failovers_counted(shared: &Shared, u: &AgentUri) -> OnFailover {
+    let counters: Vec<(String, metrics::Counter)> = u
+        .replicas()
+        .into_iter()
+        .map(|a| (a.to_string(), shared.metrics.failovers(a, &u.dataset)))
+        .collect();
+    Arc::new(move |replica: &str, _dataset: &str| {
+        if let Some((_, c)) = counters.iter().find(|(a, _)| a == replica) {
+            c.increment(1);
+        }
+    })
+}
 
 /// Opens a plan source on this agent: a dataset under a root, or (chaining) a dataset on
 /// other agents (named by the source, `dquant://HOST:PORT[,HOST:PORT...]/ROOT/PATH`, or
@@ -41,7 +57,8 @@ pub(super) fn open_plan_source(
                  --upstream {a}`)"
             )));
         }
-        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream);
+        let counted = failovers_counted(shared, &u);
+        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream, Some(&counted));
     }
     if let Some(agents) = config.placement_of(&s.uri) {
         let u = dataset_uri(&format!(
@@ -50,7 +67,8 @@ pub(super) fn open_plan_source(
             agents.join(","),
             s.uri
         ))?;
-        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream);
+        let counted = failovers_counted(shared, &u);
+        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream, Some(&counted));
     }
     let found = shared
         .catalog

@@ -101,12 +101,31 @@ fn authority(a: &AgentProcess) -> String {
 /// A host agent (in this process) that may chain to `upstreams`, with one frame of
 /// prefetch, so that it reads from its upstreams as the consumer goes.
 fn host(upstreams: &[String]) -> (dquant_agent::AgentHandle, tempfile::TempDir) {
+    host_config(upstreams, |_| {})
+}
+
+/// [`host`], its config changed by `edit` first.
+fn host_config(
+    upstreams: &[String],
+    edit: impl FnOnce(&mut dquant_agent::AgentConfig),
+) -> (dquant_agent::AgentHandle, tempfile::TempDir) {
     let empty = tempfile::tempdir().unwrap();
     let mut cfg = dquant_testkit::agent::config(&[("none", empty.path().to_path_buf())]);
     cfg.upstreams = upstreams.to_vec();
     cfg.prefetch_frames = 1;
     cfg.upstream_timeout_secs = 5;
+    edit(&mut cfg);
     (dquant_agent::start(cfg).unwrap(), empty)
+}
+
+/// The failovers a host agent's metrics count for `replica`.
+fn failovers(metrics: SocketAddr, replica: &str) -> f64 {
+    let label = format!("replica=\"{replica}\"");
+    scrape(metrics)
+        .lines()
+        .filter(|l| l.starts_with("dquant_replica_failovers_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 fn plan(uri: &str, shuffle: bool) -> Plan {
@@ -156,7 +175,8 @@ fn a_replica_killed_mid_stream_changes_nothing() {
             storage_with_metrics(dir.path()),
         );
         let reps = [authority(&a), authority(&b)];
-        let (h, _empty) = host(&reps);
+        let host_metrics = free_addr();
+        let (h, _empty) = host_config(&reps, |c| c.metrics_listen = Some(host_metrics));
         let p = plan(
             &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
             shuffle,
@@ -173,8 +193,13 @@ fn a_replica_killed_mid_stream_changes_nothing() {
         let a_at_kill = served(a_metrics);
         let (rest, err) = read_rest(&mut r);
         assert_eq!(err, None, "shuffle={shuffle}");
-        // The survivor served what b no longer could.
+        // The survivor served what b no longer could; the host counted b's failover.
         served_more_than(a_metrics, a_at_kill, "replica a, after the kill,");
+        assert!(
+            failovers(host_metrics, &reps[1]) >= 1.0,
+            "shuffle={shuffle}"
+        );
+        assert_eq!(failovers(host_metrics, &reps[0]), 0.0, "shuffle={shuffle}");
         got.extend(rest);
         assert_eq!(got.len(), want.len(), "shuffle={shuffle}");
         assert!(
