@@ -24,6 +24,10 @@ pub enum Fault {
     /// The next producer at `site` that makes its batch number `batch` (0-based) panics
     /// there, once.
     PanicAtBatch { site: Site, batch: u64 },
+    /// The next range session (`OpenSource`) that receives its request number `request`
+    /// (0-based) drops its connection there without an answer, once: a storage agent dying
+    /// under a reader, as its readers see it.
+    CutRangeSession { request: u64 },
 }
 
 /// The faults armed on one agent (shared by its sessions). Empty in release builds.
@@ -42,22 +46,49 @@ impl Faults {
             .push(fault);
     }
 
+    /// A range session received its request number `request`: whether a fault says to cut
+    /// its connection there (never, in release builds).
+    #[inline]
+    pub fn cut_range_session(&self, _request: u64) -> bool {
+        #[cfg(debug_assertions)]
+        {
+            let hit = Fault::CutRangeSession { request: _request };
+            self.take(&hit)
+        }
+        #[cfg(not(debug_assertions))]
+        false
+    }
+
+    /// How many faults are armed and have not fired.
+    #[cfg(debug_assertions)]
+    pub fn armed(&self) -> usize {
+        self.armed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Disarms `fault` if it is armed; says whether it was.
+    #[cfg(debug_assertions)]
+    fn take(&self, fault: &Fault) -> bool {
+        let mut armed = self
+            .armed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let i = armed.iter().position(|f| f == fault);
+        i.map(|i| armed.remove(i)).is_some()
+    }
+
     /// A producer at `site` is about to make batch number `batch`: panics if a fault says so.
     #[inline]
     pub fn before_batch(&self, _site: Site, _batch: u64) {
         #[cfg(debug_assertions)]
         {
-            let mut armed = self
-                .armed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let hit = Fault::PanicAtBatch {
                 site: _site,
                 batch: _batch,
             };
-            if let Some(i) = armed.iter().position(|f| *f == hit) {
-                armed.remove(i);
-                drop(armed);
+            if self.take(&hit) {
                 panic!("injected fault: {_site:?} producer panics at batch {_batch}");
             }
         }

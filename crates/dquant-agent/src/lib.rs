@@ -220,6 +220,13 @@ impl AgentHandle {
         self.shared.faults.arm(fault);
     }
 
+    /// Faults armed and not fired yet (debug builds only): a test's proof that its faults
+    /// happened.
+    #[cfg(debug_assertions)]
+    pub fn faults_armed(&self) -> usize {
+        self.shared.faults.armed()
+    }
+
     /// Stops accepting, cancels every session and waits for the control plane to stop.
     pub fn shutdown(mut self) {
         self.stop_now();

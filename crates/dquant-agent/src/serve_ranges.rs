@@ -36,6 +36,7 @@ use dquant_transport::{
     WireError,
 };
 
+use crate::faults::Faults;
 use crate::metrics::Meter;
 use crate::produce::Stats;
 use crate::sessions::Work;
@@ -519,11 +520,26 @@ fn serve<R: Requests>(
         stats: Stats::default(),
         cancel,
         meter,
+        faults: shared.faults.clone(),
+        requests: 0,
     };
     let pool = shared.workers.clone();
     match pool.filter(|p| wire.compresses() && p.workers() >= 2) {
         Some(pool) => session.serve_ahead(ds, &pool),
         None => session.serve(ds),
+    }
+}
+
+/// Why no request came: a bad one, or a fault a test armed.
+enum Cut {
+    Bad(RangeError),
+    Injected,
+}
+
+impl Cut {
+    /// How a session cut by a fault ends: its connection dropped, nothing written.
+    fn ended() -> StreamError {
+        StreamError::Failed("injected fault: the range session's connection was cut".into())
     }
 }
 
@@ -536,9 +552,23 @@ struct Session<'f, R: Read> {
     stats: Stats,
     cancel: Arc<AtomicBool>,
     meter: Meter,
+    /// Faults tests arm (debug builds), and the requests received so far.
+    faults: Faults,
+    requests: u64,
 }
 
 impl<R: Requests> Session<'_, R> {
+    /// The next request into `req` and `ranges`, as [`next_request`]; a fault armed for this
+    /// request cuts the connection without an answer (the session returns, dropping it).
+    fn next(&mut self, req: &mut PooledBuf, ranges: &mut Vec<(u64, u64)>) -> Result<bool, Cut> {
+        let got = next_request(self.frames, req, ranges).map_err(Cut::Bad)?;
+        if got && self.faults.cut_range_session(self.requests) {
+            return Err(Cut::Injected);
+        }
+        self.requests += got as u64;
+        Ok(got)
+    }
+
     /// One request at a time, each range read and encoded on this thread.
     fn serve(mut self, mut ds: Ranges) -> Result<Stats, StreamError> {
         let mut req = self.req.get();
@@ -547,10 +577,11 @@ impl<R: Requests> Session<'_, R> {
             if self.cancel.load(Ordering::Relaxed) {
                 return self.end();
             }
-            match next_request(self.frames, &mut req, &mut ranges) {
+            match self.next(&mut req, &mut ranges) {
                 Ok(true) => {}
                 Ok(false) => return self.end(),
-                Err(m) => return self.fail(m),
+                Err(Cut::Bad(m)) => return self.fail(m),
+                Err(Cut::Injected) => return Err(Cut::ended()),
             }
             if let Some(end) = self.respond(|sink, stats| ds.answer(&ranges, sink, stats)) {
                 return end;
@@ -573,13 +604,14 @@ impl<R: Requests> Session<'_, R> {
                 if self.cancel.load(Ordering::Relaxed) {
                     return self.end();
                 }
-                match next_request(self.frames, &mut req, &mut ranges) {
+                match self.next(&mut req, &mut ranges) {
                     Ok(true) => {
                         ds.announce(&ranges);
                         ahead.take(&ranges)
                     }
                     Ok(false) => stop = Some(Stop::Closed),
-                    Err(m) => stop = Some(Stop::Bad(m)),
+                    Err(Cut::Bad(m)) => stop = Some(Stop::Bad(m)),
+                    Err(Cut::Injected) => return Err(Cut::ended()),
                 }
             }
             // The requests before a bad frame or the client's end are answered first, as

@@ -113,8 +113,9 @@ impl Reference {
         })
     }
 
-    /// Why `src` (at `authority`) does not hold the reference's data, if it does not.
-    fn mismatch(&self, authority: &str, src: &mut RemoteSource) -> Result<(), SourceError> {
+    /// Whether `src` (at `authority`) holds the reference's data: [`Check::Differs`] says
+    /// why not, [`Check::Failed`] that the replica failed while being checked.
+    fn mismatch(&self, authority: &str, src: &mut RemoteSource) -> Result<(), Check> {
         let (a, b) = (&self.stat, &src.stat);
         let refuse = |what: String| {
             SourceError::Agent(format!(
@@ -130,28 +131,67 @@ impl Reference {
             ))
         };
         if a.tokens != b.tokens {
-            return Err(differs("tokens", &a.tokens, &b.tokens));
+            return Err(Check::Differs(differs("tokens", &a.tokens, &b.tokens)));
         }
         if a.documents != 0 && b.documents != 0 && a.documents != b.documents {
-            return Err(differs("documents", &a.documents, &b.documents));
+            return Err(Check::Differs(differs(
+                "documents",
+                &a.documents,
+                &b.documents,
+            )));
         }
         if let (Some(x), Some(y)) = (a.stored_max_token, b.stored_max_token) {
             if x != y {
-                return Err(differs("largest token", &x, &y));
+                return Err(Check::Differs(differs("largest token", &x, &y)));
             }
         }
         if !a.checksum.is_empty() && !b.checksum.is_empty() && a.checksum != b.checksum {
-            return Err(differs("content checksum", &a.checksum, &b.checksum));
+            return Err(Check::Differs(differs(
+                "content checksum",
+                &a.checksum,
+                &b.checksum,
+            )));
         }
         let ranges: Vec<Range<u64>> = self.probes.iter().map(|p| p.0.clone()).collect();
-        let got = read_probes(&mut src.stream, &ranges)?;
+        let got = read_probes(&mut src.stream, &ranges).map_err(Check::Failed)?;
         for ((r, want), got) in self.probes.iter().zip(got) {
             if *want != got {
-                return Err(refuse(format!("tokens {}..{} differ", r.start, r.end)));
+                let e = refuse(format!("tokens {}..{} differ", r.start, r.end));
+                return Err(Check::Differs(e));
             }
         }
         Ok(())
     }
+}
+
+/// Why a replica was not admitted: it holds other data (the open fails: a replica set must
+/// serve one dataset), or it failed on the way (it is left out, to be tried again).
+enum Check {
+    Differs(SourceError),
+    Failed(SourceError),
+}
+
+impl Check {
+    fn error(self) -> SourceError {
+        match self {
+            Check::Differs(e) | Check::Failed(e) => e,
+        }
+    }
+}
+
+/// Opens replica `authority` and checks it against `reference`, which the first replica
+/// that opens and answers its probes becomes.
+fn admit(
+    opener: &Opener,
+    authority: &str,
+    reference: &mut Option<Reference>,
+) -> Result<RemoteSource, Check> {
+    let mut src = opener.open(authority).map_err(Check::Failed)?;
+    match reference {
+        None => *reference = Some(Reference::of(authority, &mut src).map_err(Check::Failed)?),
+        Some(r) => r.mismatch(authority, &mut src)?,
+    }
+    Ok(src)
 }
 
 /// A replica's address and, while it is up, its connection (`Some` exactly while
@@ -213,15 +253,10 @@ impl ReplicatedSource {
                 authority: a.to_string(),
                 conn: None,
             };
-            match opener.open(a) {
-                Ok(mut src) => {
-                    match &reference {
-                        None => reference = Some(Reference::of(a, &mut src)?),
-                        Some(refr) => refr.mismatch(a, &mut src)?,
-                    }
-                    r.conn = Some(src);
-                }
-                Err(e) => {
+            match admit(&opener, a, &mut reference) {
+                Ok(src) => r.conn = Some(src),
+                Err(Check::Differs(e)) => return Err(e),
+                Err(Check::Failed(e)) => {
                     errors.push(format!("{a}: {e}"));
                     health.failed(i, &e.to_string(), Instant::now());
                 }
@@ -321,7 +356,9 @@ impl ReplicatedSource {
             let tx = self.revived_tx.clone();
             std::thread::spawn(move || {
                 let r = opener.open(&authority).and_then(|mut src| {
-                    reference.mismatch(&authority, &mut src)?;
+                    reference
+                        .mismatch(&authority, &mut src)
+                        .map_err(Check::error)?;
                     Ok(src)
                 });
                 let _ = tx.send((i, r));

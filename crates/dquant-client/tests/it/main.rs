@@ -13,6 +13,7 @@ mod observability;
 mod offload;
 mod panics;
 mod readahead;
+mod replica_faults;
 mod s3_root;
 mod share;
 mod shared_datasets;

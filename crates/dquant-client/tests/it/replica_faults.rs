@@ -1,0 +1,64 @@
+//! Replica faults a reader never sees, injected through the agent's debug-only hook
+//! (`AgentHandle::inject`): one of two replicas cuts a range session's connection, as a
+//! storage agent that dies under its readers does. The stream is byte-identical to a local
+//! read and has no error. (`crates/dquant-cli/tests/it/replicas.rs` kills real agent
+//! processes; these cut at chosen requests, which a kill cannot time.)
+#![cfg(debug_assertions)]
+
+use dquant_agent::faults::Fault;
+use dquant_agent::AgentHandle;
+use dquant_client::{open, Offload};
+use dquant_plan::Plan;
+use dquant_testkit::agent::{plan, Corpus};
+use dquant_testkit::stream::drain;
+use dquant_testkit::xxh3;
+
+/// A plan over `corpus/r50k` held by both agents, read from them as replicas by the client.
+fn replicated(a: &AgentHandle, b: &AgentHandle) -> Plan {
+    let mut p = plan(&[("r50k", 1.0)], 127, 4);
+    p.sources[0].uri = format!(
+        "dquant://{},{}/corpus/r50k",
+        a.control_addr(),
+        b.control_addr()
+    );
+    p.wire_codec = "u16".into();
+    p
+}
+
+/// The same stream read from the local file.
+fn local(c: &Corpus) -> Vec<u8> {
+    let mut p = plan(&[("r50k", 1.0)], 127, 4);
+    p.wire_codec = "u16".into();
+    drain(&mut open("", &c.localized(&p), Offload::No).unwrap()).0
+}
+
+/// The second replica fails while the open checks that it holds the same data (its first
+/// request is the open's probes): it is left out to be tried again, and the open goes on
+/// with the first. (Before, a replica failing there failed the whole open.)
+#[test]
+fn a_replica_failing_while_it_is_checked_at_open_is_left_out() {
+    let c = Corpus::new();
+    let (a, b) = (c.agent(), c.agent());
+    b.inject(Fault::CutRangeSession { request: 0 });
+    let mut r = open("", &replicated(&a, &b), Offload::No).unwrap();
+    let (got, _) = drain(&mut r);
+    assert_eq!(b.faults_armed(), 0, "the cut happened");
+    assert!(xxh3(&got) == xxh3(&local(&c)), "the streams differ");
+}
+
+/// Each replica cuts a session mid-stream in turn: every read moves to the other, and back.
+#[test]
+fn replicas_cut_mid_stream_in_turn_change_nothing() {
+    let c = Corpus::new();
+    let (a, b) = (c.agent(), c.agent());
+    a.inject(Fault::CutRangeSession { request: 3 });
+    b.inject(Fault::CutRangeSession { request: 2 });
+    let mut r = open("", &replicated(&a, &b), Offload::No).unwrap();
+    let (got, _) = drain(&mut r);
+    assert_eq!(
+        (a.faults_armed(), b.faults_armed()),
+        (0, 0),
+        "both cuts happened"
+    );
+    assert!(xxh3(&got) == xxh3(&local(&c)), "the streams differ");
+}
