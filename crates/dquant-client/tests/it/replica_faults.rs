@@ -62,3 +62,39 @@ fn replicas_cut_mid_stream_in_turn_change_nothing() {
     );
     assert!(xxh3(&got) == xxh3(&local(&c)), "the streams differ");
 }
+
+/// One replica's copy of a block file has a flipped bit (its disk, not the network): its
+/// agent's block check fails the ranges that touch it, the reads move to the other replica,
+/// and the stream is that of the good copy, without an error.
+#[test]
+fn a_flipped_bit_in_one_replicas_copy_never_reaches_a_batch() {
+    let (good, bad) = (Corpus::new(), Corpus::new());
+    let path = bad.root().join("r50k.dqb");
+    let mut bytes = std::fs::read(&path).unwrap();
+    // A third of the way in: inside a block's payload, far from the footer and the index.
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x10;
+    std::fs::write(&path, bytes).unwrap();
+    let mut whole = plan(&[("r50k.dqb", 1.0)], 127, 4);
+    whole.wire_codec = "u16".into();
+    let want = drain(&mut open("", &good.localized(&whole), Offload::No).unwrap()).0;
+    // The damage is real: the bad copy alone fails.
+    let mut alone = open("", &bad.localized(&whole), Offload::No).unwrap();
+    let e = std::iter::from_fn(|| match alone.next_batch() {
+        Ok(Some(_)) => Some(None),
+        Ok(None) => None,
+        Err(e) => Some(Some(e.to_string())),
+    })
+    .flatten()
+    .next()
+    .expect("the bad copy fails its check");
+    assert!(e.contains("r50k.dqb: checksum mismatch in block"), "{e}");
+    let (a, b) = (good.agent(), bad.agent());
+    for (first, second) in [(&a, &b), (&b, &a)] {
+        let mut p = replicated(first, second);
+        p.sources[0].uri = p.sources[0].uri.replace("r50k", "r50k.dqb");
+        let mut r = open("", &p, Offload::No).unwrap();
+        let (got, _) = drain(&mut r);
+        assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+    }
+}
