@@ -136,3 +136,102 @@ fn jitter_is_fixed_by_the_seed_and_differs_between_readers() {
         "the replicas of one reader are spread too: {one:?}"
     );
 }
+
+/// A small xorshift generator: the simulation's schedules, reproducible from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Milliseconds a simulated reader's clock moves per step; it reads (and so notices a
+/// replica that died) at every step.
+const TICK_MS: u64 = 10;
+/// The longest a simulated reopen takes.
+const REOPEN_MAX_MS: u64 = 200;
+
+/// One random fault schedule over `ms` milliseconds, checked step by step: replicas die and
+/// come back at random; a reader notices a dead replica at its next read, reopens what
+/// [`Health`] says is due (each reopen taking a random time, and working when the replica is
+/// up as it ends); and whenever it has no replica while one has been up for longer than the
+/// bound (the longest urgent wait, plus a reopen, plus a step), the schedule fails. It runs
+/// `span_ms` simulated milliseconds.
+fn simulate(seed: u64, span_ms: u64) -> Result<(), String> {
+    let mut rng = Rng(seed | 1);
+    let n = 2 + rng.below(3) as usize;
+    let t0 = Instant::now();
+    let mut h = Health::with_seed(n, seed);
+    // Truth: each replica's state and when it next flips; when it last came up.
+    let mut up = vec![true; n];
+    let mut flip_at: Vec<u64> = (0..n).map(|_| 50 + rng.below(3000)).collect();
+    let mut up_since = vec![0u64; n];
+    // The reader: its connections, and its reopens in flight (replica, when they end).
+    let mut conn = vec![true; n];
+    let mut reopening: Vec<(usize, u64)> = Vec::new();
+    let mut without: Option<u64> = None;
+    let bound = URGENT_MAX.as_millis() as u64 + REOPEN_MAX_MS + TICK_MS;
+    let mut now = 0;
+    while now < span_ms {
+        now += TICK_MS;
+        let at = t0 + ms(now);
+        for i in 0..n {
+            if flip_at[i] <= now {
+                up[i] = !up[i];
+                if up[i] {
+                    up_since[i] = now;
+                }
+                flip_at[i] = now + 50 + rng.below(3000);
+            }
+            if conn[i] && !up[i] {
+                conn[i] = false;
+                h.failed(i, "reset", at);
+            }
+        }
+        reopening.retain(|&(i, end)| {
+            if end > now {
+                return true;
+            }
+            conn[i] = up[i];
+            h.reopened(i, (!up[i]).then_some("refused"), at);
+            false
+        });
+        let urgent = !conn.iter().any(|&c| c);
+        for i in h.due(at, urgent) {
+            reopening.push((i, now + rng.below(REOPEN_MAX_MS + 1)));
+        }
+        // Since when the reader has had no replica, and so has been waiting.
+        let since = *without.get_or_insert(now);
+        if !urgent {
+            without = None;
+        }
+        let starved = urgent && (0..n).any(|i| up[i] && now - up_since[i].max(since) > bound);
+        if starved {
+            return Err(format!(
+                "seed {seed}: at {now} ms the reader has waited since {since} ms, though a \
+                 replica has been up for over {bound} ms of it (up since {up_since:?}, up {up:?})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The failover's promise, over a thousand random fault schedules of a minute each: a reader
+/// is never without a replica for longer than the bound while one is up. A failure prints
+/// its seed; `simulate(seed, ..)` replays it.
+#[test]
+fn no_reader_waits_past_the_bound_while_a_replica_is_up() {
+    for seed in 0..1000u64 {
+        if let Err(e) = simulate(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 60_000) {
+            panic!("{e}");
+        }
+    }
+}
