@@ -9,6 +9,7 @@
 //! - No circle of `use`s between the files of one crate (`crate::a` in `b.rs` and `crate::b`
 //!   in `a.rs`, or longer), except those in [`ALLOWED_CIRCLES`], each explained in its module
 //!   doc. Test modules do not count.
+//! - One tokio runtime per process: no product code but `dquant-runtime` builds one.
 //! - One integration-test binary per crate (`tests/it/main.rs` when it has several
 //!   concerns), except those in [`SEPARATE_TEST_BINARIES`], each with its reason.
 //!
@@ -506,6 +507,33 @@ fn libraries_have_typed_errors() {
     assert!(
         found.is_empty(),
         "a bare String as an error (give the layer's error enum a variant):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+/// One tokio runtime per process: product code builds none but `dquant-runtime`'s, which
+/// the control plane, object-store reads and upstream calls share (tests may build their
+/// own).
+#[test]
+fn only_dquant_runtime_builds_a_runtime() {
+    let mut found = Vec::new();
+    for (dir, f, text) in product_files() {
+        if dir.ends_with("crates/dquant-runtime/src") {
+            continue;
+        }
+        let (blanked, test) = lex(&text);
+        for (i, l) in blanked.lines().enumerate() {
+            let builds = ["runtime::Builder", "Runtime::new(", "#[tokio::main"]
+                .iter()
+                .any(|p| l.contains(p));
+            if builds && !test[i] {
+                found.push(format!("{}:{}", rel(&f), i + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a tokio runtime built outside dquant-runtime (use dquant_runtime::handle() or run()):\n  {}",
         found.join("\n  ")
     );
 }
