@@ -43,6 +43,22 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// A status made here from a connection failure, as its message and the errors under it
+/// (tonic's own `Display` of a status prints `code:`, `source:` and a `Debug` of the cause).
+fn status_chain(s: &tonic::Status) -> String {
+    match std::error::Error::source(s) {
+        Some(cause) => {
+            let under = chain(cause);
+            if under.contains(s.message()) {
+                under
+            } else {
+                format!("{}: {under}", s.message())
+            }
+        }
+        None => s.message().to_string(),
+    }
+}
+
 /// An agent's refusal: [`SourceError::NotFound`] for a dataset it does not have, else
 /// [`SourceError::Agent`].
 fn status_error(s: tonic::Status, tls: bool) -> SourceError {
@@ -58,13 +74,13 @@ fn status_error(s: tonic::Status, tls: bool) -> SourceError {
 fn status_message(s: tonic::Status, tls: bool) -> String {
     use tonic::Code::{Cancelled, Internal, Unavailable, Unknown};
     match s.code() {
-        Unavailable | Unknown => tls_hint(chain(&s), tls),
+        Unavailable | Unknown => tls_hint(status_chain(&s), tls),
         // The connection closed under a call in flight, and hyper cancelled the call: a
         // connection failure too. A status with a source was made here from a local error;
         // the agent's own Cancelled (a stopped request) has none.
-        Cancelled if std::error::Error::source(&s).is_some() => tls_hint(chain(&s), tls),
+        Cancelled if std::error::Error::source(&s).is_some() => tls_hint(status_chain(&s), tls),
         // h2's own protocol errors: the peer spoke something else than HTTP/2 (TLS).
-        Internal if s.message().starts_with("h2 protocol error") => tls_hint(chain(&s), tls),
+        Internal if s.message().starts_with("h2 protocol error") => tls_hint(status_chain(&s), tls),
         _ => s.message().to_string(),
     }
 }

@@ -139,6 +139,8 @@ fn clients_without_the_agents_ca_are_refused_saying_what_to_set() {
 
     let plain = dquant(&["ls", &agent.uri], None);
     assert_eq!(plain.status.code(), Some(1));
+    // The failure itself in words, not tonic's `code: '...', source: ...` debug form.
+    assert!(!stderr(&plain).contains("code: '"), "{}", stderr(&plain));
     assert!(
         stderr(&plain).contains(
             "(if the agent serves TLS, set DQUANT_TLS_CA to the CA that signed its certificate)"
