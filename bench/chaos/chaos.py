@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""The chaos soak (issue 35): faults without loss, checked sample for sample.
+
+Three storage agents serve the same corpus (replicas), a host agent chains to them, and
+readers (`dquant read` through the host agent) stream a blended plan whose sources name the
+three replicas. For --minutes, one fault every 0.3-1.5 s, drawn from:
+
+- replica_kill: SIGKILL of a replica that is serving while another one serves too, which comes
+  back 0.2-2 s later at its address;
+- host_kill / host_term: SIGKILL or SIGTERM (a graceful drain) of the host agent, which comes
+  back 0.1-1 s later at its address;
+- reader_kill: SIGKILL of a reader.
+
+Each reader restarts from the whole samples it wrote (`--cursor`), its bytes appended to what
+it had. A reader whose plan ends starts another pass. The checker: every finished pass is
+byte-identical to the plan read locally in one go (the same samples, each exactly once, in
+order), and the pass cut short at the end is a prefix of it.
+
+Reported: faults by kind; errors the readers saw, by cause (a replica fault while another
+replica served must never be one); time until every reader moved on after each fault (p50,
+p99, by kind); bytes compared. Exit status 1 when a stream differs or a replica fault reached
+a reader. Standard library only; `bench/chaos/run.sh` builds the binary and calls this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+SEQ_LEN = 2047
+BATCH = 8
+ITEM = 2  # u16 output
+SAMPLE_BYTES = (SEQ_LEN + 1) * ITEM
+CHUNK = 1 << 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Agent:
+    """A `dquant serve` process at fixed loopback addresses, so that a restart is found where
+    its clients knew it."""
+
+    def __init__(self, name: str, dquant: str, args: List[str], logs: Path):
+        self.name, self.dquant, self.args, self.logs = name, dquant, args, logs
+        self.control = f"127.0.0.1:{free_port()}"
+        self.data = f"127.0.0.1:{free_port()}"
+        self.proc: Optional[subprocess.Popen] = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log_path = self.logs / f"{self.name}.{self.starts}.log"
+        with open(log_path, "w") as out:
+            self.proc = subprocess.Popen(
+                [self.dquant, "serve", "--listen", self.control, "--data-listen", self.data,
+                 *self.args],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out)
+        deadline = time.monotonic() + 30
+        while "dquant agent listening" not in log_path.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start:\n{log_path.read_text()}")
+            time.sleep(0.02)
+
+    def up(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def send(self, sig: int) -> None:
+        if self.up():
+            self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGKILL, wait: float = 30) -> None:
+        self.send(sig)
+        if self.proc is not None:
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def classify(stderr: str) -> str:
+    """What a reader's error came from, by its message."""
+    if "every replica" in stderr or "no replica of" in stderr:
+        return "replicas"
+    host = ("shutting down", "draining", "connection refused", "Connection refused",
+            "reset", "closed", "broken pipe", "Broken pipe", "unavailable", "transport error",
+            "without an end frame", "timed out")
+    if any(h in stderr for h in host):
+        return "host agent"
+    return "other"
+
+
+class Reader:
+    """One `dquant read` through the host agent, restarted from the whole samples it wrote."""
+
+    def __init__(self, idx: int, dquant: str, plan: Path, host: Agent, work: Path):
+        self.idx, self.dquant, self.plan, self.host, self.work = idx, dquant, plan, host, work
+        self.proc: Optional[subprocess.Popen] = None
+        self.pass_no = 0
+        self.written = 0          # whole-sample bytes of this pass in finished segments
+        self.segments: List[Path] = []
+        self.errors: Dict[str, int] = {}
+        self.error_lines: List[str] = []
+        self.passes_ok = 0
+        self.bytes_compared = 0
+        self.mismatches: List[str] = []
+
+    def out(self) -> Path:
+        return self.work / f"r{self.idx}.p{self.pass_no}.s{len(self.segments)}"
+
+    def start(self) -> None:
+        seg = self.out()
+        self.segments.append(seg)
+        cursor = self.written // SAMPLE_BYTES
+        self.err = open(self.work / f"r{self.idx}.err", "w+")
+        self.proc = subprocess.Popen(
+            [self.dquant, "read", str(self.plan), "--agent", f"dquant://{self.host.control}",
+             "--out", str(seg), "--cursor", str(cursor), "--quiet"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
+
+    def progress(self) -> int:
+        """Bytes of the stream written so far (passes before this one count whole)."""
+        live = self.segments[-1].stat().st_size if self.segments and self.segments[-1].exists() else 0
+        return self.pass_no * 10**15 + self.written + live
+
+    def _close_segment(self) -> None:
+        """Keeps the whole samples of the last segment."""
+        seg = self.segments[-1]
+        size = seg.stat().st_size if seg.exists() else 0
+        whole = size - size % SAMPLE_BYTES
+        if whole != size:
+            with open(seg, "r+b") as f:
+                f.truncate(whole)
+        self.written += whole
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            self._close_segment()
+            self.proc = None
+
+    def poll(self, reference: "Reference") -> Optional[str]:
+        """Handles an exit: a finished pass is checked and a new one begun, an error counted
+        by cause. Returns the cause of an error, if one ended the reader."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        rc = self.proc.returncode
+        self.proc = None
+        self._close_segment()
+        self.err.seek(0)
+        stderr = self.err.read()
+        self.err.close()
+        if rc == 0:
+            self._check_pass(reference, whole=True)
+            self.pass_no += 1
+            self.written, self.segments = 0, []
+            return None
+        cause = classify(stderr)
+        self.errors[cause] = self.errors.get(cause, 0) + 1
+        last = [l for l in stderr.splitlines() if l.strip()][-1:] or ["(no message)"]
+        self.error_lines.append(f"{cause}: {last[0][:300]}")
+        return cause
+
+    def _check_pass(self, reference: "Reference", whole: bool) -> None:
+        h = hashlib.blake2b(digest_size=16)
+        n = 0
+        # A read resumed at the end of the plan writes nothing, and may make no file.
+        for seg in (s for s in self.segments if s.exists()):
+            with open(seg, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
+        ok = reference.matches(h, n, whole)
+        self.bytes_compared += n
+        if ok:
+            self.passes_ok += whole
+        else:
+            self.mismatches.append(f"reader {self.idx} pass {self.pass_no}: {n} bytes differ "
+                                   f"from the local stream ({'whole' if whole else 'prefix'})")
+        for seg in self.segments:
+            seg.unlink(missing_ok=True)
+
+    def finish(self, reference: "Reference") -> None:
+        """At the end: the pass in hand, cut short, must be a prefix of the stream."""
+        self.kill()
+        if self.segments:
+            self._check_pass(reference, whole=False)
+
+
+class Reference:
+    """The plan's stream read locally in one go: its length, hash, and the file for
+    prefix checks."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.size = path.stat().st_size
+        h = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        self.digest = h.digest()
+
+    def matches(self, h, n: int, whole: bool) -> bool:
+        if whole:
+            return n == self.size and h.digest() == self.digest
+        if n > self.size:
+            return False
+        ref = hashlib.blake2b(digest_size=16)
+        with open(self.path, "rb") as f:
+            left = n
+            while left:
+                chunk = f.read(min(CHUNK, left))
+                ref.update(chunk)
+                left -= len(chunk)
+        return ref.digest() == h.digest()
+
+
+def make_data(dquant: str, data: Path, tokens: int) -> None:
+    data.mkdir(parents=True, exist_ok=True)
+    for name, seed, n in (("web", 1, tokens), ("code", 2, tokens // 2)):
+        if not (data / f"{name}.idx").exists():
+            subprocess.run([dquant, "corpus", "zipf", str(data / name), "--tokens", str(n),
+                            "--seed", str(seed), "--eod", "50256", "--quiet"], check=True,
+                           stdout=subprocess.DEVNULL)
+
+
+def write_plan(path: Path, uris: List[str], samples: int) -> None:
+    plan = {
+        "seq_len": SEQ_LEN, "batch_size": BATCH, "seed": 7, "shuffle": True,
+        "samples": samples, "output": "u16", "wire_codec": "u16",
+        "sources": [{"uri": uris[0], "weight": 0.7}, {"uri": uris[1], "weight": 0.3}],
+    }
+    path.write_text(json.dumps(plan))
+
+
+def percentile(xs: List[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="example: bench/chaos/run.sh --minutes 2")
+    ap.add_argument("--minutes", type=float, default=2.0)
+    ap.add_argument("--readers", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=40_000,
+                    help="samples per pass (4 MiB of u16 per 1000)")
+    ap.add_argument("--tokens", type=int, default=16_000_000, help="tokens of the larger dataset")
+    ap.add_argument("--seed", type=int, default=0, help="the fault schedule's seed")
+    ap.add_argument("--dquant", default=str(REPO / "target" / "release" / "dquant"))
+    ap.add_argument("--data", type=Path, default=Path("/var/tmp/dquant-chaos"))
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    rng = random.Random(a.seed)
+    a.out.mkdir(parents=True, exist_ok=True)
+    logs, work = a.out / "logs", a.out / "work"
+    logs.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    make_data(a.dquant, a.data, a.tokens)
+
+    local_plan = work / "local.json"
+    write_plan(local_plan, [str(a.data / "web"), str(a.data / "code")], a.samples)
+    log("the reference: the plan read locally")
+    subprocess.run([a.dquant, "read", str(local_plan), "--out", str(work / "reference"),
+                    "--quiet"], check=True, stderr=subprocess.DEVNULL)
+    reference = Reference(work / "reference")
+
+    root = ["--root", f"corpus={a.data}", "--worker-threads", "0"]
+    replicas = [Agent(f"replica{i}", a.dquant, root, logs) for i in range(3)]
+    for r in replicas:
+        r.start()
+    authorities = ",".join(r.control for r in replicas)
+    ups = [x for r in replicas for x in ("--upstream", r.control)]
+    host = Agent("host", a.dquant, ["--root", f"none={work}", "--prefetch-frames", "2", *ups], logs)
+    host.start()
+    plan = work / "plan.json"
+    write_plan(plan, [f"dquant://{authorities}/corpus/web", f"dquant://{authorities}/corpus/code"],
+               a.samples)
+    readers = [Reader(i, a.dquant, plan, host, work) for i in range(a.readers)]
+    for r in readers:
+        r.start()
+
+    faults: Dict[str, int] = {}
+    recover: Dict[str, List[float]] = {}
+    pending: List[tuple] = []            # (kind, at, progress of each reader then)
+    restarts: List[tuple] = []           # (when, agent)
+    end = time.monotonic() + a.minutes * 60
+    next_fault = time.monotonic() + rng.uniform(0.3, 1.5)
+    log(f"{a.minutes} min of faults: 3 replicas, a host agent, {a.readers} readers; "
+        f"{reference.size / 1e6:.0f} MB per pass")
+    while time.monotonic() < end:
+        now = time.monotonic()
+        for when, agent in [x for x in restarts if x[0] <= now]:
+            restarts.remove((when, agent))
+            agent.start()
+        for r in readers:
+            r.poll(reference)
+            if r.proc is None and host.up():
+                r.start()
+        for p in list(pending):
+            kind, at, before = p
+            if all(r.progress() > b for r, b in zip(readers, before)):
+                recover.setdefault(kind, []).append(now - at)
+                pending.remove(p)
+        if now >= next_fault:
+            serving = [r for r in replicas if r.up()]
+            kinds = ["reader_kill", "host_kill", "host_term"]
+            if len(serving) >= 2:
+                kinds += ["replica_kill"] * 3
+            kind = rng.choice(kinds) if host.up() else rng.choice(["reader_kill"] + ["replica_kill"] * (len(serving) >= 2))
+            before = [r.progress() for r in readers]
+            if kind == "replica_kill":
+                victim = rng.choice(serving)
+                victim.stop(signal.SIGKILL)
+                restarts.append((now + rng.uniform(0.2, 2.0), victim))
+            elif kind in ("host_kill", "host_term"):
+                host.stop(signal.SIGKILL if kind == "host_kill" else signal.SIGTERM, wait=40)
+                restarts.append((now + rng.uniform(0.1, 1.0), host))
+            else:
+                victim = rng.choice(readers)
+                victim.kill()
+            faults[kind] = faults.get(kind, 0) + 1
+            pending.append((kind, now, before))
+            next_fault = time.monotonic() + rng.uniform(0.3, 1.5)
+        time.sleep(0.02)
+
+    log("faults over: checking the passes in hand")
+    for r in readers:
+        r.poll(reference)
+        r.finish(reference)
+    for agent in [host, *replicas]:
+        agent.stop(signal.SIGKILL)
+
+    errors: Dict[str, int] = {}
+    for r in readers:
+        for k, v in r.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    mismatches = [m for r in readers for m in r.mismatches]
+    report = {
+        "minutes": a.minutes, "readers": a.readers, "seed": a.seed,
+        "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
+        "passes_checked": sum(r.passes_ok for r in readers),
+        "bytes_compared": sum(r.bytes_compared for r in readers),
+        "recovery_s": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99)}
+                       for k, v in sorted(recover.items())},
+        "mismatches": mismatches,
+        "error_lines": [l for r in readers for l in r.error_lines][:50],
+    }
+    (a.out / "report.json").write_text(json.dumps(report, indent=2))
+    (a.out / "figures.json").write_text(json.dumps({"figures": figures(report)}, indent=2))
+    print(render(report))
+    (work / "reference").unlink(missing_ok=True)
+    if report["passes_checked"] == 0:
+        log("no pass finished: nothing was checked whole (more --minutes, or fewer --samples)")
+        return 1
+    bad = bool(mismatches) or errors.get("replicas", 0) > 0
+    return 1 if bad else 0
+
+
+def figures(r: dict) -> List[dict]:
+    """The soak's figures in bench/results.py's schema: each against what the same run did."""
+    f, e, rec = r["faults"], r["reader_errors"], r["recovery_s"]
+    host = f.get("host_kill", 0) + f.get("host_term", 0)
+    out = [
+        {"name": "reader-visible errors caused by replica faults", "value": e.get("replicas", 0),
+         "unit": "errors", "goal": "<= 0",
+         "baseline": f"{f.get('replica_kill', 0)} replica SIGKILLs in the same run, another "
+                     "replica serving at each"},
+        {"name": "streams that differ from the local read", "value": len(r["mismatches"]),
+         "unit": "streams", "goal": "<= 0",
+         "baseline": f"{r['passes_checked']} whole passes checked, "
+                     f"{r['bytes_compared'] / 1e9:.2f} GB compared"},
+        {"name": "resumes per reader per host-agent fault",
+         "value": round(e.get("host agent", 0) / max(1, host * r["readers"]), 3),
+         "unit": "resumes", "goal": "<= 1",
+         "baseline": f"{host} host-agent faults (SIGKILL and SIGTERM), {r['readers']} readers"},
+    ]
+    for kind, label in (("replica_kill", "a replica SIGKILL"), ("host_kill", "a host-agent SIGKILL")):
+        if kind in rec:
+            out.append({"name": f"every reader moving on after {label}, p99",
+                        "value": round(rec[kind]["p99"], 3), "unit": "s", "goal": None,
+                        "baseline": f"p50 {rec[kind]['p50']:.3f} s over {rec[kind]['n']} faults"})
+    return out
+
+
+def render(r: dict) -> str:
+    lines = [f"# Chaos soak: {r['minutes']} min, {r['readers']} readers, seed {r['seed']}", "",
+             "| fault | count | readers moved on after: p50 | p99 |", "|---|---|---|---|"]
+    for k, n in sorted(r["faults"].items()):
+        rec = r["recovery_s"].get(k, {})
+        lines.append(f"| {k} | {n} | {rec.get('p50', float('nan')):.2f} s | "
+                     f"{rec.get('p99', float('nan')):.2f} s |")
+    lines += ["", "| errors readers saw, by cause | count |", "|---|---|"]
+    for k in ("replicas", "host agent", "other"):
+        lines.append(f"| {k} | {r['reader_errors'].get(k, 0)} |")
+    lines += ["", f"Passes checked whole: {r['passes_checked']}; bytes compared: "
+              f"{r['bytes_compared'] / 1e9:.2f} GB; streams that differ: {len(r['mismatches'])}."]
+    for m in r["mismatches"]:
+        lines.append(f"- {m}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
