@@ -220,48 +220,70 @@ fn restart(dir: &Path, a: &AgentProcess) -> AgentProcess {
 /// What the chaos runs found: the replica serving alone dies a moment after the other one
 /// came back (still inside the back-off its failure earned). The read waits for the one
 /// that is back instead of failing, and the stream is unchanged.
-#[test]
-fn the_last_replica_dying_just_after_another_came_back_is_no_error() {
+/// Two storage agents of one corpus, a host agent chained to both, and a reader of the
+/// replicated plan through it, 10 batches in.
+struct Pair {
+    dir: tempfile::TempDir,
+    a: AgentProcess,
+    b: AgentProcess,
+    _host: (dquant_agent::AgentHandle, tempfile::TempDir),
+    /// The whole stream, read locally, and what the reader got so far.
+    want: Vec<u8>,
+    got: Vec<u8>,
+    r: Reader,
+}
+
+fn pair(shuffle: bool) -> Pair {
     let dir = tempfile::tempdir().unwrap();
     corpus(dir.path(), 0);
     let (a, b) = (storage(dir.path()), storage(dir.path()));
     let reps = [authority(&a), authority(&b)];
-    let (h, _empty) = host(&reps);
+    let host = host(&reps);
     let p = plan(
         &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
-        true,
+        shuffle,
     );
     let want = local(dir.path(), &p);
-    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
-    let mut got = read_batches(&mut r, 10);
-    let mut a = a;
-    a.signal(libc::SIGKILL);
-    let _ = a.child.wait();
+    let mut r = open(&host.0.uri(), &p, Offload::Yes).unwrap();
+    let got = read_batches(&mut r, 10);
+    Pair {
+        dir,
+        a,
+        b,
+        _host: host,
+        want,
+        got,
+        r,
+    }
+}
+
+#[test]
+fn the_last_replica_dying_just_after_another_came_back_is_no_error() {
+    let mut x = pair(true);
+    x.a.signal(libc::SIGKILL);
+    let _ = x.a.child.wait();
     // The reads move to b; a is out for its back-off.
-    got.extend(read_batches(&mut r, 10));
-    let _a = restart(dir.path(), &a);
-    b.signal(libc::SIGKILL);
-    let (rest, err) = read_rest(&mut r);
+    x.got.extend(read_batches(&mut x.r, 10));
+    let _a = restart(x.dir.path(), &x.a);
+    x.b.signal(libc::SIGKILL);
+    let (rest, err) = read_rest(&mut x.r);
     assert_eq!(err, None, "a was back before b died");
-    got.extend(rest);
-    assert_eq!(got.len(), want.len());
-    assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+    x.got.extend(rest);
+    assert_eq!(x.got.len(), x.want.len());
+    assert!(xxh3(&x.got) == xxh3(&x.want), "the streams differ");
 }
 
 #[test]
 fn all_replicas_killed_is_an_error_and_the_cursor_resumes_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
-    corpus(dir.path(), 0);
-    let (a, b) = (storage(dir.path()), storage(dir.path()));
-    let reps = [authority(&a), authority(&b)];
-    let (h, _empty) = host(&reps);
-    let p = plan(
-        &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
-        false,
-    );
-    let want = local(dir.path(), &p);
-    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
-    let mut got = read_batches(&mut r, 10);
+    let Pair {
+        dir,
+        a,
+        b,
+        _host,
+        want,
+        mut got,
+        mut r,
+    } = pair(false);
     for s in [&a, &b] {
         s.signal(libc::SIGKILL);
     }
