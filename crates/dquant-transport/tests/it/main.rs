@@ -2,6 +2,7 @@
 //! each binary links the whole dependency stack, so one per crate keeps a clean test
 //! build's link time and disk down (`testkit/tests/it/structure.rs` holds the rule).
 
+mod common;
 mod fuzz_regressions;
 mod ring;
 mod tcp;

@@ -18,15 +18,7 @@ fn batch(i: u64, slot_size: usize) -> Vec<u8> {
         1 => slot_size,
         _ => (i as usize * 7919) % slot_size,
     };
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    crate::common::payload(i, len)
 }
 
 fn produce(producer: &mut RingProducer, i: u64) {

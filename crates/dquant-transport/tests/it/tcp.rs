@@ -6,20 +6,9 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 
 use dquant_transport::frame::{FrameHeader, MAX_PAYLOAD};
-use dquant_transport::{BufferPool, FrameKind, FrameReader, FrameWriter, WireError};
 
-/// Deterministic payload `i` of length `len`.
-fn payload(i: usize, len: usize) -> Vec<u8> {
-    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use crate::common::payload;
+use dquant_transport::{BufferPool, FrameKind, FrameReader, FrameWriter, WireError};
 
 /// Runs `server` on one end of a loopback connection and returns the client end.
 fn pair(server: impl FnOnce(TcpStream) + Send + 'static) -> (TcpStream, thread::JoinHandle<()>) {
@@ -51,7 +40,7 @@ fn frames_arrive_intact_in_order() {
     let (c, h) = pair(move |s| {
         let mut w = FrameWriter::new(std::io::BufWriter::new(s));
         for (i, &n) in s2.iter().enumerate() {
-            w.send(FrameKind::Data, &payload(i, n)).unwrap();
+            w.send(FrameKind::Data, &payload(i as u64, n)).unwrap();
         }
         w.finish(b"done").unwrap();
     });
@@ -60,7 +49,7 @@ fn frames_arrive_intact_in_order() {
     h.join().unwrap();
     assert_eq!(got.len(), sizes.len());
     for (i, (g, &n)) in got.iter().zip(&sizes).enumerate() {
-        assert_eq!(*g, payload(i, n), "frame {i}");
+        assert_eq!(*g, payload(i as u64, n), "frame {i}");
     }
     assert_eq!(pool.available(), 2, "every buffer went back");
 }
@@ -147,7 +136,7 @@ fn a_slow_consumer_stalls_the_producer_without_loss() {
     let (c, h) = pair(move |s| {
         let mut w = FrameWriter::new(s);
         for i in 0..n {
-            w.send(FrameKind::Data, &payload(i, 65536)).unwrap();
+            w.send(FrameKind::Data, &payload(i as u64, 65536)).unwrap();
         }
         w.finish(&[]).unwrap();
     });
@@ -166,7 +155,7 @@ fn a_slow_consumer_stalls_the_producer_without_loss() {
         if !r.next_into(&mut buf).unwrap() {
             break;
         }
-        assert_eq!(*buf, payload(got, 65536)[..]);
+        assert_eq!(*buf, payload(got as u64, 65536)[..]);
         got += 1;
         held.push(buf);
     }
