@@ -266,8 +266,6 @@ fn a_client_killed_mid_stream_frees_its_session() {
     let reply = ctl
         .open(OpenRequest {
             plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
-            epoch: 0,
-            consumed_samples: 0,
             ..Default::default()
         })
         .unwrap();

@@ -158,8 +158,6 @@ fn abandoned_opens_are_reaped_without_waiting_for_the_next_open() {
     for _ in 0..2 {
         ctl.open(OpenRequest {
             plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
-            epoch: 0,
-            consumed_samples: 0,
             ..Default::default()
         })
         .unwrap();
@@ -319,8 +317,6 @@ fn close_needs_the_ticket_and_the_owner() {
     let reply = a
         .open(OpenRequest {
             plan_json: plan(&[("r50k", 1.0)], 127, 4).to_json(),
-            epoch: 0,
-            consumed_samples: 0,
             ..Default::default()
         })
         .unwrap();
@@ -362,8 +358,6 @@ fn the_data_plane_hello_needs_the_sessions_tenant_token() {
     let reply = a
         .open(OpenRequest {
             plan_json: long.to_json(),
-            epoch: 0,
-            consumed_samples: 0,
             ..Default::default()
         })
         .unwrap();
