@@ -11,7 +11,6 @@
 //! here decodes them (`Pipeline::next_batch`).
 
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -46,8 +45,6 @@ Examples:
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Megatron prefix of the dataset.
-    pub data: PathBuf,
     #[command(flatten)]
     pub plan: PlanOpts,
     /// Shuffle the plan (default: stored order).
@@ -204,7 +201,7 @@ pub(crate) struct Volume {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let ds = DataSpec::new(&a.data)?;
+    let ds = a.plan.dataset()?;
     if a.repeats == 0 {
         bail!("--repeats must be at least 1");
     }

@@ -143,9 +143,12 @@ impl From<Output> for OutputDType {
     }
 }
 
-/// The plan every measurement uses (the issue's: seq_len 4095, batch 16, u16 out and on the wire).
+/// The dataset and the plan every measurement uses (the issue's: seq_len 4095, batch 16, u16
+/// out and on the wire).
 #[derive(clap::Args, Debug, Clone)]
 pub struct PlanOpts {
+    /// Megatron prefix of the dataset.
+    pub data: PathBuf,
     /// Tokens per sample, not counting the label token.
     #[arg(long, default_value_t = 4095)]
     pub seq_len: u32,
@@ -167,6 +170,11 @@ pub struct PlanOpts {
 }
 
 impl PlanOpts {
+    /// The dataset named by `data`, checked.
+    pub fn dataset(&self) -> Result<DataSpec> {
+        DataSpec::new(&self.data)
+    }
+
     pub fn plan(&self, uri: &str, shuffle: bool) -> Plan {
         let mut p = Plan::new(vec![Source::new(uri)], self.seq_len, self.batch_size);
         p.shuffle = shuffle;

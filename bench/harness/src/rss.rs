@@ -1,7 +1,6 @@
 //! Memory: the agent process's resident set while it streams a dataset many times larger
 //! than its memory limit (64 MiB plus the session's prefetch budget).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -12,7 +11,7 @@ use serde_json::json;
 
 use crate::procs::{self, AgentProc};
 use crate::report::{f, mib, Table};
-use crate::{DataSpec, PlanOpts};
+use crate::PlanOpts;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -27,8 +26,6 @@ Examples:
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Megatron prefix of the dataset to stream.
-    pub data: PathBuf,
     #[command(flatten)]
     pub plan: PlanOpts,
     /// The agent's prefetch frames (1 MiB each) per session.
@@ -51,7 +48,7 @@ pub struct Args {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let ds = DataSpec::new(&a.data)?;
+    let ds = a.plan.dataset()?;
     if a.passes == 0 {
         bail!("--passes must be at least 1");
     }

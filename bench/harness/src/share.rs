@@ -7,7 +7,6 @@
 //! read at most 1.2× the lone reader's, each subscriber at least 0.8× the lone reader's
 //! throughput.
 
-use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,7 @@ use serde_json::json;
 
 use crate::procs::{self, AgentProc};
 use crate::report::{f, median, Table};
-use crate::{DataSpec, PlanOpts};
+use crate::PlanOpts;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -33,8 +32,6 @@ Examples:
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Megatron prefix of the dataset.
-    pub data: PathBuf,
     #[command(flatten)]
     pub plan: PlanOpts,
     /// Readers of the shared stream, and separate sessions to compare with.
@@ -169,7 +166,7 @@ fn measure(
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let ds = DataSpec::new(&a.data)?;
+    let ds = a.plan.dataset()?;
     if a.readers < 2 || a.runs == 0 {
         bail!("--readers must be at least 2 and --runs at least 1");
     }

@@ -4,7 +4,6 @@
 
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -40,8 +39,6 @@ Examples:
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Megatron prefix of the dataset to stream (uint16 ids for the target).
-    pub data: PathBuf,
     #[command(flatten)]
     pub plan: PlanOpts,
     /// Rounds of all cases; each round has its own plain-copy baseline.
@@ -351,7 +348,7 @@ fn memcpy(run: usize, bytes: u64, a: &Args, ds: &DataSpec) -> Result<M> {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let ds = DataSpec::new(&a.data)?;
+    let ds = a.plan.dataset()?;
     if a.runs == 0 || a.cases.is_empty() {
         bail!("nothing to run: give --runs ≥ 1 and at least one case");
     }

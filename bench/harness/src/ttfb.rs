@@ -1,7 +1,6 @@
 //! Time to first batch: wall time from `open()` to the first batch returned, through an
 //! already-running agent and in-process, on a large (10 GB) dataset with a shuffled plan.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -27,8 +26,6 @@ Examples:
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Megatron prefix of the dataset (the issue's: 10 GB of int32 tokens).
-    pub data: PathBuf,
     #[command(flatten)]
     pub plan: PlanOpts,
     /// Measurements of each case.
@@ -146,7 +143,7 @@ fn once(a: &Args, ds: &DataSpec, agent: &AgentProc, case: Case, cold: bool) -> R
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let ds = DataSpec::new(&a.data)?;
+    let ds = a.plan.dataset()?;
     if a.repeats == 0 {
         bail!("--repeats must be at least 1");
     }

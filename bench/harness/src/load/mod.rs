@@ -65,8 +65,6 @@ Needs the release `dquant` binary next to this one (cargo build --release -p dqu
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Megatron prefix of the dataset to stream (ids must fit the plan's output dtype).
-    pub data: PathBuf,
     #[command(flatten)]
     pub plan: PlanOpts,
     /// Well-behaved consumers (threads of this process), each one rank of a world this big.
@@ -209,7 +207,7 @@ impl Phase {
 }
 
 pub fn run(a: &Args) -> Result<()> {
-    let ds = DataSpec::new(&a.data)?;
+    let ds = a.plan.dataset()?;
     let (duration, warmup) = if a.smoke {
         (5.0, 1.0)
     } else {
