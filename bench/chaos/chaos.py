@@ -17,9 +17,12 @@ byte-identical to the plan read locally in one go (the same samples, each exactl
 order), and the pass cut short at the end is a prefix of it.
 
 Reported: faults by kind; errors the readers saw, by cause (a replica fault while another
-replica served must never be one); time until every reader moved on after each fault (p50,
-p99, by kind); bytes compared. Exit status 1 when a stream differs or a replica fault reached
-a reader. Standard library only; `bench/chaos/run.sh` builds the binary and calls this.
+replica served must never be one), with the last line of each: every one that is not a
+host-agent connection failure, and the first 50 of those; time until every reader moved on
+after each fault (p50, p99, by kind); bytes compared. Exit status 1 when a stream differs or a
+replica fault reached a reader. However the run ends (an error, SIGINT, SIGTERM), every agent
+and reader it started is stopped. Standard library only; `bench/chaos/run.sh` builds the
+binary and calls this.
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import benchlib  # noqa: E402
+from benchlib import Agent  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN = 2047
@@ -43,58 +48,8 @@ BATCH = 8
 ITEM = 2  # u16 output
 SAMPLE_BYTES = (SEQ_LEN + 1) * ITEM
 CHUNK = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def log(msg: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class Agent:
-    """A `dquant serve` process at fixed loopback addresses, so that a restart is found where
-    its clients knew it."""
-
-    def __init__(self, name: str, dquant: str, args: List[str], logs: Path):
-        self.name, self.dquant, self.args, self.logs = name, dquant, args, logs
-        self.control = f"127.0.0.1:{free_port()}"
-        self.data = f"127.0.0.1:{free_port()}"
-        self.proc: Optional[subprocess.Popen] = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        log_path = self.logs / f"{self.name}.{self.starts}.log"
-        with open(log_path, "w") as out:
-            self.proc = subprocess.Popen(
-                [self.dquant, "serve", "--listen", self.control, "--data-listen", self.data,
-                 *self.args],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out)
-        deadline = time.monotonic() + 30
-        while "dquant agent listening" not in log_path.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start:\n{log_path.read_text()}")
-            time.sleep(0.02)
-
-    def up(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def send(self, sig: int) -> None:
-        if self.up():
-            self.proc.send_signal(sig)
-
-    def stop(self, sig: int = signal.SIGKILL, wait: float = 30) -> None:
-        self.send(sig)
-        if self.proc is not None:
-            try:
-                self.proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+HOST_LINES = 50  # host-agent connection failures whose lines the report keeps (all counted)
+log = benchlib.logger("chaos")
 
 
 def classify(stderr: str) -> str:
@@ -119,7 +74,7 @@ class Reader:
         self.written = 0          # whole-sample bytes of this pass in finished segments
         self.segments: List[Path] = []
         self.errors: Dict[str, int] = {}
-        self.error_lines: List[str] = []
+        self.error_lines: List[Tuple[str, str]] = []  # (cause, the error's last line)
         self.passes_ok = 0
         self.bytes_compared = 0
         self.mismatches: List[str] = []
@@ -178,7 +133,7 @@ class Reader:
         cause = classify(stderr)
         self.errors[cause] = self.errors.get(cause, 0) + 1
         last = [l for l in stderr.splitlines() if l.strip()][-1:] or ["(no message)"]
-        self.error_lines.append(f"{cause}: {last[0][:300]}")
+        self.error_lines.append((cause, f"{cause}: {last[0][:300]}"))
         return cause
 
     def _check_pass(self, reference: "Reference", whole: bool) -> None:
@@ -272,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/dquant-chaos"))
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
-    rng = random.Random(a.seed)
+    benchlib.exit_on(signal.SIGINT, signal.SIGTERM)
     a.out.mkdir(parents=True, exist_ok=True)
     logs, work = a.out / "logs", a.out / "work"
     logs.mkdir(exist_ok=True)
@@ -286,18 +241,65 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "--quiet"], check=True, stderr=subprocess.DEVNULL)
     reference = Reference(work / "reference")
 
+    agents: List[Agent] = []
+    readers: List[Reader] = []
+    try:
+        faults, recover = soak(a, reference, logs, work, agents, readers)
+    finally:
+        stop_all(agents, readers)
+
+    errors: Dict[str, int] = {}
+    for r in readers:
+        for k, v in r.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    mismatches = [m for r in readers for m in r.mismatches]
+    lines = [x for r in readers for x in r.error_lines]
+    host_lines = [line for cause, line in lines if cause == "host agent"]
+    report = {
+        "minutes": a.minutes, "readers": a.readers, "seed": a.seed,
+        "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
+        "passes_checked": sum(r.passes_ok for r in readers),
+        "bytes_compared": sum(r.bytes_compared for r in readers),
+        "recovery_s": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99)}
+                       for k, v in sorted(recover.items())},
+        "mismatches": mismatches,
+        # Every error that is not a host-agent connection failure, then the first of those.
+        "error_lines": [line for cause, line in lines if cause != "host agent"]
+                       + host_lines[:HOST_LINES],
+        "host_agent_error_lines_left_out": max(0, len(host_lines) - HOST_LINES),
+    }
+    (a.out / "report.json").write_text(json.dumps(report, indent=2))
+    (a.out / "figures.json").write_text(json.dumps({"figures": figures(report)}, indent=2))
+    print(render(report))
+    (work / "reference").unlink(missing_ok=True)
+    if report["passes_checked"] == 0:
+        log("no pass finished: nothing was checked whole (more --minutes, or fewer --samples)")
+        return 1
+    bad = bool(mismatches) or errors.get("replicas", 0) > 0
+    return 1 if bad else 0
+
+
+def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
+         readers: List[Reader]) -> Tuple[Dict[str, int], Dict[str, List[float]]]:
+    """The replicas, the host agent and the readers started (each put in `agents` or `readers`
+    first, for `stop_all`), --minutes of faults, and the passes in hand checked. Returns the
+    faults by kind and the recovery times by kind."""
+    rng = random.Random(a.seed)
     root = ["--root", f"corpus={a.data}", "--worker-threads", "0"]
-    replicas = [Agent(f"replica{i}", a.dquant, root, logs) for i in range(3)]
+    replicas = [Agent(a.dquant, root, name=f"replica{i}", fixed=True, logs=logs) for i in range(3)]
+    agents += replicas
     for r in replicas:
         r.start()
     authorities = ",".join(r.control for r in replicas)
     ups = [x for r in replicas for x in ("--upstream", r.control)]
-    host = Agent("host", a.dquant, ["--root", f"none={work}", "--prefetch-frames", "2", *ups], logs)
+    host = Agent(a.dquant, ["--root", f"none={work}", "--prefetch-frames", "2", *ups],
+                 name="host", fixed=True, logs=logs)
+    agents.append(host)
     host.start()
     plan = work / "plan.json"
     write_plan(plan, [f"dquant://{authorities}/corpus/web", f"dquant://{authorities}/corpus/code"],
                a.samples)
-    readers = [Reader(i, a.dquant, plan, host, work) for i in range(a.readers)]
+    readers += [Reader(i, a.dquant, plan, host, work) for i in range(a.readers)]
     for r in readers:
         r.start()
 
@@ -349,33 +351,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     for r in readers:
         r.poll(reference)
         r.finish(reference)
-    for agent in [host, *replicas]:
-        agent.stop(signal.SIGKILL)
+    return faults, recover
 
-    errors: Dict[str, int] = {}
-    for r in readers:
-        for k, v in r.errors.items():
-            errors[k] = errors.get(k, 0) + v
-    mismatches = [m for r in readers for m in r.mismatches]
-    report = {
-        "minutes": a.minutes, "readers": a.readers, "seed": a.seed,
-        "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
-        "passes_checked": sum(r.passes_ok for r in readers),
-        "bytes_compared": sum(r.bytes_compared for r in readers),
-        "recovery_s": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99)}
-                       for k, v in sorted(recover.items())},
-        "mismatches": mismatches,
-        "error_lines": [l for r in readers for l in r.error_lines][:50],
-    }
-    (a.out / "report.json").write_text(json.dumps(report, indent=2))
-    (a.out / "figures.json").write_text(json.dumps({"figures": figures(report)}, indent=2))
-    print(render(report))
-    (work / "reference").unlink(missing_ok=True)
-    if report["passes_checked"] == 0:
-        log("no pass finished: nothing was checked whole (more --minutes, or fewer --samples)")
-        return 1
-    bad = bool(mismatches) or errors.get("replicas", 0) > 0
-    return 1 if bad else 0
+
+def stop_all(agents: List[Agent], readers: List[Reader]) -> None:
+    """Every reader and agent the run started, stopped (SIGKILL), however the run ends; a
+    second ^C or SIGTERM is ignored meanwhile, so that nothing is left behind."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    for p in [r.proc for r in readers if r.proc is not None]:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    for agent in agents:
+        agent.close(signal.SIGKILL)
 
 
 def figures(r: dict) -> List[dict]:

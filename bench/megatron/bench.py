@@ -23,16 +23,19 @@ import gc
 import json
 import os
 import random
-import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
+
+BENCH = str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, BENCH)
+from benchlib import Agent  # noqa: E402
 
 warnings.simplefilter("ignore")
 
@@ -98,30 +101,6 @@ def reads(prefix, seq_len, train_samples, label, rng):
     ]
 
 
-class Agent:
-    """`dquant serve` over the corpora directory (root `bench`), on loopback."""
-
-    def __init__(self, binary, root):
-        self.dir = tempfile.mkdtemp(prefix="dquant-megatron-bench-")
-        self.socket = os.path.join(self.dir, "agent.sock")
-        self.proc = subprocess.Popen(
-            [binary, "serve", "--root", f"bench={root}", "--listen", "127.0.0.1:0",
-             "--data-listen", "127.0.0.1:0", "--socket", self.socket],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, env={**os.environ, "DQUANT_LOG": "warn"})
-        for line in self.proc.stderr:
-            m = re.search(r"listening: uri=(\S+)", line)
-            if m:
-                self.uri = m.group(1)
-                return
-        raise RuntimeError("dquant serve did not start")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 # Run in a fresh interpreter: what a rank's process grows by when it opens the datasets and
 # reads 20 batches, over what importing torch and dquant costs.
 RSS_PROBE = r"""
@@ -129,10 +108,9 @@ import json, sys, warnings
 warnings.simplefilter("ignore")
 import torch
 from dquant import megatron as dm
-def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
+sys.path.insert(0, sys.argv[2])
+from benchlib import status_kib
+rss = lambda: status_kib("VmRSS") * 1024
 cfg, sizes, agent = json.loads(sys.argv[1])
 before = rss()
 train = dm.build_train_valid_test_datasets(**cfg, num_samples=sizes, agent=agent)[0]
@@ -143,7 +121,7 @@ print(rss() - before)
 
 
 def rss_growth(cfg, sizes, agent):
-    out = subprocess.run([sys.executable, "-c", RSS_PROBE, json.dumps([cfg, sizes, agent])],
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE, json.dumps([cfg, sizes, agent]), BENCH],
                          check=True, capture_output=True, text=True).stdout
     return int(out.split()[-1])
 
@@ -155,9 +133,9 @@ def agent_figures(binary, build, prefixes, seq_len, train_samples, rng, megatron
     from dquant import megatron as dm
 
     root = os.path.dirname(build[1])
-    agent = Agent(binary, root)
     figures = []
-    try:
+    # `dquant serve` over the corpora directory (root `bench`), on loopback and a Unix socket.
+    with Agent(binary, ["--root", f"bench={root}"], socket=True, env={"DQUANT_LOG": "warn"}) as agent:
         sizes = [train_samples, train_samples // 100, train_samples // 1000]
         base = dict(split="969,30,1", sequence_length=seq_len, random_seed=1234, eod=50256,
                     create_attention_mask=False)
@@ -221,8 +199,6 @@ def agent_figures(binary, build, prefixes, seq_len, train_samples, rng, megatron
             value=round((a2 - a1) / 2**20, 1), unit="MiB",
             baseline=f"{each}; the same build in-process: {inproc}",
             goal="<= 16"))
-    finally:
-        agent.stop()
     return figures
 
 

@@ -21,63 +21,33 @@ and appends the whole table to bench/history/mount.md. `bench/mount/run.sh` runs
 import argparse
 import datetime
 import gc
-import json
 import os
-import platform
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import Agent, cpu_s, git_commit, median, spread, status_kib  # noqa: E402
+import benchlib  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (all its threads)."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def peak_rss_mib(pid: int) -> float:
     """Peak resident memory (VmHWM) of process `pid`, MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return status_kib("VmHWM", pid) / 1024
 
 
 def is_mounted(path: Path) -> bool:
     path = str(path.resolve())
     with open("/proc/self/mountinfo") as f:
         return any(line.split(" ")[4] == path and " - fuse dquant:" in line for line in f)
-
-
-class Agent:
-    def __init__(self, dquant: Path, root: Path):
-        self.proc = subprocess.Popen(
-            [str(dquant), "serve", "--root", f"corpus={root}", "--listen", "127.0.0.1:0",
-             "--data-listen", "127.0.0.1:0"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, env={**os.environ, "DQUANT_LOG": "warn"},
-        )
-        for _ in range(100):
-            line = self.proc.stderr.readline()
-            m = re.search(r"listening: uri=(\S+)", line)
-            if m:
-                self.uri = m.group(1)
-                return
-        raise RuntimeError("dquant serve did not start")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(20)
 
 
 class Mount:
@@ -194,15 +164,6 @@ def command_args(argv: list) -> str:
     return " ".join(out)
 
 
-def median(v):
-    return float(np.median(v))
-
-
-def spread(v, f):
-    lo, hi = f(min(v)), f(max(v))
-    return lo if lo == hi else f"{lo}–{hi}"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dquant", default=str(REPO / "target/release/dquant"))
@@ -247,11 +208,10 @@ def main():
     rng = np.random.default_rng(7)
     offsets = rng.integers(0, (size - 4096) // 4096, a.random_reads) * 4096
 
-    agent = Agent(dquant, root)
     rows = {k: [] for k in ("seq_local", "seq_cold", "seq_warm", "rnd_local", "rnd_cold",
                             "gpt_local_build", "gpt_local_it", "gpt_mount_build", "gpt_mount_it",
                             "mount_cpu", "agent_cpu", "mount_rss")}
-    try:
+    with Agent(dquant, ["--root", f"corpus={root}"], env={"DQUANT_LOG": "warn"}) as agent:
         for run in range(a.runs):
             t, n = read_seq(Path(f"{local}.bin"))
             assert n == size
@@ -297,8 +257,6 @@ def main():
             rows["gpt_mount_build"].append(b)
             rows["gpt_mount_it"].append(a.gpt_samples / it)
             print(f"bench/mount: run {run + 1}/{a.runs} done", file=sys.stderr)
-    finally:
-        agent.stop()
 
     def ratio(k, base):
         return [x / y for x, y in zip(rows[k], rows[base])]
@@ -340,9 +298,6 @@ def main():
 def record(a, table: str, tokens: int, f: dict) -> None:
     """The figures into bench/results/mount.json (through bench/results.py, which fills in the
     commit, date and machine), and the whole table appended to bench/history/mount.md."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import results
-
     command = f"bench/mount/run.sh {command_args(sys.argv[1:])}".strip()
     figures = [
         {"name": "sequential 1 MiB reads, cold: mount ÷ local", "value": round(f["seq_cold"], 3), "unit": "×",
@@ -358,22 +313,13 @@ def record(a, table: str, tokens: int, f: dict) -> None:
         {"name": f"mount process RSS after {f['streamed_gib']:.1f} GiB streamed", "value": round(f["rss"]), "unit": "MiB",
          "baseline": "bounded: the mount keeps no file in memory", "goal": None},
     ]
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"figures": figures}, fh)
-    try:
-        if results.main(["record", "mount", "--figures", fh.name, "--command", command,
-                         "--title", "`dquant mount` against local files"]) != 0:
-            sys.exit("bench/mount/bench.py: the figures were not recorded (above: why)")
-    finally:
-        os.unlink(fh.name)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    head = (f"## {when}: `dquant mount` against local files\n\n`{command}` · commit {commit} · "
+    head = (f"## {when}: `dquant mount` against local files\n\n`{command}` · commit {git_commit()} · "
             f"{tokens:,} tokens of real r50k text (int32 on the agent, uint16 through the mount), "
             f"{a.runs} runs (medians; ranges where they differ).\n\n")
-    hist = REPO / "bench" / "history" / "mount.md"
-    with open(hist, "a") as h:
-        h.write(head + table + "\n\n")
+    if not benchlib.record("mount", figures, command, head + table + "\n\n",
+                           "--title", "`dquant mount` against local files"):
+        sys.exit("bench/mount/bench.py: the figures were not recorded (above: why)")
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import gc
 import hashlib
 import json
@@ -20,10 +21,8 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -32,6 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import benchlib  # noqa: E402
+from benchlib import BenchError, spread  # noqa: E402
 
 # Version of the cached data layout (MDS/LitData copies, reference checksums). Bump it when
 # the way the copies are written changes, so stale caches are not reused.
@@ -52,12 +55,7 @@ IDX_DTYPES = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class BenchError(RuntimeError):
-    pass
+log = benchlib.logger("bench")
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,47 +209,47 @@ def prepare(prefix: Prefix, seq_len: int, wd: Path, peers: set[str], dquant_bin:
     meta["store_dtype"] = store
     v = samples_view(prefix.memmap(), seq_len)
 
-    if "mds" in peers and not (wd / "mds" / "index.json").exists():
+    @contextlib.contextmanager
+    def writing(key: str, what: str, out: Path):
+        """Times the block, which writes `out`, into meta[key]; logs it and saves meta."""
+        t0 = time.perf_counter()
+        yield
+        meta[key] = round(time.perf_counter() - t0, 2)
+        log(f"wrote {what} in {meta[key]} s: {out}")
+        meta_path.write_text(json.dumps(meta, indent=1))
+
+    out = wd / "mds"
+    if "mds" in peers and not (out / "index.json").exists():
         from streaming import MDSWriter
 
-        t0 = time.perf_counter()
-        out = wd / "mds"
-        shutil.rmtree(out, ignore_errors=True)
-        with MDSWriter(
-            out=str(out),
-            columns={"tokens": f"ndarray:{store}:{seq_len + 1}"},
-            compression=None,
-            progress_bar=False,
-        ) as w:
-            for i in range(len(v)):
-                w.write({"tokens": v[i].astype(store)})
-        meta["mds_write_s"] = round(time.perf_counter() - t0, 2)
-        log(f"wrote MDS copy ({len(v)} samples) in {meta['mds_write_s']} s: {out}")
-        meta_path.write_text(json.dumps(meta, indent=1))
+        with writing("mds_write_s", f"MDS copy ({len(v)} samples)", out):
+            shutil.rmtree(out, ignore_errors=True)
+            with MDSWriter(
+                out=str(out),
+                columns={"tokens": f"ndarray:{store}:{seq_len + 1}"},
+                compression=None,
+                progress_bar=False,
+            ) as w:
+                for i in range(len(v)):
+                    w.write({"tokens": v[i].astype(store)})
 
-    if "litdata" in peers and not (wd / "litdata" / "index.json").exists():
-        t0 = time.perf_counter()
-        out = wd / "litdata"
-        shutil.rmtree(out, ignore_errors=True)
-        write_litdata(prefix.path, seq_len, len(v), store, out)
-        meta["litdata_write_s"] = round(time.perf_counter() - t0, 2)
-        log(f"wrote LitData copy in {meta['litdata_write_s']} s: {out}")
-        meta_path.write_text(json.dumps(meta, indent=1))
+    out = wd / "litdata"
+    if "litdata" in peers and not (out / "index.json").exists():
+        with writing("litdata_write_s", "LitData copy", out):
+            shutil.rmtree(out, ignore_errors=True)
+            write_litdata(prefix.path, seq_len, len(v), store, out)
 
     u16 = wd / "dquant-u16" / Path(prefix.path).name
     if "dquant-local-u16copy" in peers and not Path(str(u16) + ".idx").exists():
         if store != "uint16":
             raise BenchError("dquant-local-u16copy: the vocabulary does not fit 16 bits")
-        t0 = time.perf_counter()
-        u16.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [dquant_bin, "convert", "--quiet", prefix.path, str(u16), "--codec", "u16"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        meta["dquant_u16_convert_s"] = round(time.perf_counter() - t0, 2)
-        log(f"wrote a uint16 copy with dquant convert in {meta['dquant_u16_convert_s']} s: {u16}")
-        meta_path.write_text(json.dumps(meta, indent=1))
+        with writing("dquant_u16_convert_s", "a uint16 copy with dquant convert", u16):
+            u16.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                [dquant_bin, "convert", "--quiet", prefix.path, str(u16), "--codec", "u16"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
     meta["dquant_u16_copy"] = str(u16)
     return meta
 
@@ -300,16 +298,11 @@ def write_litdata(path: str, seq_len: int, n: int, store: str, out: Path) -> Non
 # out numpy), then `int(t.sum(dtype=torch.int64))` (reads every token once), `int(t[0, 0])`
 # and `int(t[-1, -1])`.
 
-_TORCH = None
-
-
+@functools.cache
 def _torch():
-    global _TORCH
-    if _TORCH is None:
-        import torch
+    import torch
 
-        _TORCH = torch
-    return _TORCH
+    return torch
 
 
 @dataclass
@@ -342,7 +335,7 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
     tensor, canonical = ld.tensor, ld.canonical
     h = hashlib.blake2b(digest_size=16) if hashing else None
     pids = ld.cpu_pids()
-    c_other0 = sum(proc_cpu(p) for p in pids)
+    c_other0 = sum(benchlib.cpu_s(p, gone=0.0) for p in pids)
     tokens = total = batches = 0
     first = last = first_at = None
     c0 = time.process_time()
@@ -368,7 +361,7 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
             h.update(np.ascontiguousarray(canonical(batch), dtype="<i4").data)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    other = sum(proc_cpu(p) for p in pids) - c_other0
+    other = sum(benchlib.cpu_s(p, gone=0.0) for p in pids) - c_other0
     r = {
         "wall_s": wall,
         "cpu_s": cpu,
@@ -383,15 +376,6 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
     if h is not None:
         r["hash"] = h.hexdigest()
     return r
-
-
-def proc_cpu(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            parts = f.read().rsplit(")", 1)[1].split()
-        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def warm_page_cache(paths: Iterable[Path]) -> None:
@@ -463,17 +447,10 @@ def megatron_loader(
         cache = wd / f"megatron-cache-w{workers}{'-masks' if masks else ''}"
         shutil.rmtree(cache, ignore_errors=True)  # time the index build every run
         config = GPTDatasetConfig(
-            random_seed=1234,
-            sequence_length=a.seq_len,
-            blend=([prefix.path], None),
-            split="100,0,0",
-            path_to_cache=str(cache),
-            tokenizer=_Tokenizer(eod=a.eod),
-            mmap_bin_files=True,
-            reset_position_ids=masks,
-            reset_attention_mask=False,
-            eod_mask_loss=masks,
-            create_attention_mask=False,
+            random_seed=1234, sequence_length=a.seq_len, blend=([prefix.path], None),
+            split="100,0,0", path_to_cache=str(cache), tokenizer=_Tokenizer(eod=a.eod),
+            mmap_bin_files=True, reset_position_ids=masks, reset_attention_mask=False,
+            eod_mask_loss=masks, create_attention_mask=False,
         )
         t0 = time.perf_counter()
         with megatron_unshuffled():
@@ -485,33 +462,40 @@ def megatron_loader(
             raise BenchError(
                 f"Megatron GPTDataset has {len(train)} samples, the plan {ref['samples']}"
             )
-        kw = dict(persistent_workers=True) if workers else {}
         state["dl"] = torch.utils.data.DataLoader(
-            train,
-            batch_size=a.batch_size,
-            shuffle=False,
-            num_workers=workers,
-            drop_last=False,
-            **kw,
+            train, batch_size=a.batch_size, shuffle=False, num_workers=workers, drop_last=False,
+            **persistent(workers),
         )
         ld.notes.append(f"index build {state['index_s']:.3f} s")
 
-    ld = Loader(
-        name="Megatron-Core GPTDataset"
-        + (" + position_ids, loss_mask" if masks else "")
-        + (" (1 worker)" if workers else ""),
-        kind="masks" if masks else "peer",
-        group=f"w{workers}",
-        config=f"GPTDataset (indices built unshuffled, create_attention_mask=False"
-        + (", reset_position_ids=True, eod_mask_loss=True" if masks else "")
-        + f") + DataLoader(batch_size={a.batch_size}, num_workers={workers})",
-        setup=setup,
-        batches=lambda: state["dl"],
-        **shifted_pair("tokens"),
+    opts = ", reset_position_ids=True, eod_mask_loss=True" if masks else ""
+    config = f"GPTDataset (indices built unshuffled, create_attention_mask=False{opts}) + "
+    config += f"DataLoader(batch_size={a.batch_size}, num_workers={workers})"
+    ld = dataloader_row(state, workers, "Megatron-Core GPTDataset", "peer", masks, config=config,
+                        setup=setup, **shifted_pair("tokens"))
+    return ld
+
+
+def dataloader_row(
+    state: dict, workers: int, name: str, kind: str, masks: bool = False, **kw
+) -> Loader:
+    """A row whose batches come from `state["dl"]`, the DataLoader its setup builds with
+    `workers` worker processes (their CPU counts as the row's; a peer's name says so). With
+    `masks`, a row of its own kind: the loop also takes each batch's position_ids and
+    loss_mask."""
+    return Loader(
+        name=name + (" + position_ids, loss_mask" if masks else "")
+        + (" (1 worker)" if workers and kind == "peer" else ""),
+        kind="masks" if masks else kind, group=f"w{workers}", batches=lambda: state["dl"],
         cpu_pids=lambda: worker_pids(state.get("dl")),
         outputs=touch_outputs if masks else None,
+        **kw,
     )
-    return ld
+
+
+def persistent(workers: int) -> dict:
+    """A DataLoader's keywords for `workers`: workers kept over passes (not started anew)."""
+    return dict(persistent_workers=True) if workers else {}
 
 
 def touch_outputs(b) -> int:
@@ -531,6 +515,12 @@ def shifted_pair(inputs: str) -> dict:
         .to(torch.int32)
         .numpy(),
     }
+
+
+def numpy_batches() -> dict:
+    """`tensor` and `canonical` for batches that are numpy arrays of whole samples."""
+    torch = _torch()
+    return {"tensor": lambda b: (torch.from_numpy(b), None), "canonical": lambda b: b}
 
 
 def worker_pids(dl) -> list[int]:
@@ -553,23 +543,18 @@ def mds_loader(a, wd: Path, workers: int, store: str) -> Loader:
         ds = StreamingDataset(
             local=str(wd / "mds"), remote=None, shuffle=False, batch_size=a.batch_size
         )
-        kw = dict(persistent_workers=True) if workers else {}
         state["ds"] = ds
         state["dl"] = torch.utils.data.DataLoader(
-            ds, batch_size=a.batch_size, num_workers=workers, drop_last=False, **kw
+            ds, batch_size=a.batch_size, num_workers=workers, drop_last=False, **persistent(workers)
         )
 
-    return Loader(
-        name="MosaicML Streaming" + (" (1 worker)" if workers else ""),
-        kind="peer",
-        group=f"w{workers}",
+    return dataloader_row(
+        state, workers, "MosaicML Streaming", "peer",
         config=f"MDS column ndarray:{store}:{a.seq_len + 1}, StreamingDataset(local, "
         f"shuffle=False, batch_size={a.batch_size}) + DataLoader(num_workers={workers})",
         setup=setup,
-        batches=lambda: state["dl"],
         tensor=lambda b: (b["tokens"], None),
         canonical=lambda b: b["tokens"].numpy(),
-        cpu_pids=lambda: worker_pids(state.get("dl")),
     )
 
 
@@ -589,21 +574,18 @@ def litdata_loader(a, wd: Path, workers: int) -> Loader:
             shuffle=False,
             drop_last=False,
         )
-        kw = dict(persistent_workers=True) if workers else {}
-        state["dl"] = StreamingDataLoader(ds, batch_size=a.batch_size, num_workers=workers, **kw)
+        state["dl"] = StreamingDataLoader(
+            ds, batch_size=a.batch_size, num_workers=workers, **persistent(workers)
+        )
 
-    return Loader(
-        name="LitData" + (" (1 worker)" if workers else ""),
-        kind="peer",
-        group=f"w{workers}",
+    return dataloader_row(
+        state, workers, "LitData", "peer",
         config=f"optimize(TokensLoader), StreamingDataset(TokensLoader("
         f"block_size={a.seq_len + 1}), shuffle=False) + "
         f"StreamingDataLoader(batch_size={a.batch_size}, num_workers={workers})",
         setup=setup,
-        batches=lambda: state["dl"],
         tensor=lambda b: (b, None),
         canonical=lambda b: b.numpy(),
-        cpu_pids=lambda: worker_pids(state.get("dl")),
     )
 
 
@@ -613,7 +595,6 @@ def litdata_loader(a, wd: Path, workers: int) -> Loader:
 def ceiling_loader(prefix: Prefix, a, store: str) -> Loader:
     """Not a loader: the plan's batches already in memory, in a Python list. What the loop
     body alone costs; no loader can beat it in this loop."""
-    torch = _torch()
     state: dict = {}
 
     def setup():
@@ -624,15 +605,10 @@ def ceiling_loader(prefix: Prefix, a, store: str) -> Loader:
         ]
 
     return Loader(
-        name=f"(loop alone: batches already in a list, {store})",
-        kind="ceiling",
-        group="w0",
+        name=f"(loop alone: batches already in a list, {store})", kind="ceiling", group="w0",
         config="a Python list of the plan's numpy batches, built before timing: the cost of "
         "the loop body alone, the ceiling for any loader",
-        setup=setup,
-        batches=lambda: state["batches"],
-        tensor=lambda b: (torch.from_numpy(b), None),
-        canonical=lambda b: b,
+        setup=setup, batches=lambda: state["batches"], **numpy_batches(),
         close=lambda: state.clear(),
     )
 
@@ -651,7 +627,6 @@ def dquant_plan(a, uri: str, output: str) -> dict:
 
 
 def dquant_local(path: str, a, output: str, label: str = "") -> Loader:
-    torch = _torch()
     state: dict = {}
 
     def setup():
@@ -661,116 +636,49 @@ def dquant_local(path: str, a, output: str, label: str = "") -> Loader:
         state["plan"] = dquant_plan(a, os.path.abspath(path), output)
 
     def batches():
-        r = state["dquant"].open(state["plan"], offload=False)
-        try:
+        with contextlib.closing(state["dquant"].open(state["plan"], offload=False)) as r:
             yield from r
-        finally:
-            r.close()
 
     return Loader(
-        name=f"dquant in-process ({output}{label})",
-        kind="dquant",
-        group="w0",
+        name=f"dquant in-process ({output}{label})", kind="dquant", group="w0",
         config=f"dquant.open(plan, offload=False), output {output}, numpy batches"
-        + (
-            f", reading {Path(path).name} (the corpus as uint16, `dquant convert --codec u16`)"
-            if label
-            else ""
-        ),
-        setup=setup,
-        batches=batches,
-        tensor=lambda b: (torch.from_numpy(b), None),
-        canonical=lambda b: b,
+        + (f", reading {Path(path).name} (the corpus as uint16, `dquant convert --codec u16`)"
+           if label else ""),
+        setup=setup, batches=batches, **numpy_batches(),
     )
 
 
-class Agent:
-    """`dquant serve` on a Unix socket, serving the corpus directory as root `bench`."""
-
-    def __init__(self, binary: str, root: str, sock: str):
-        self.sock = sock
-        self.log = tempfile.TemporaryFile("w+")  # its output, read for the banner
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(sock)
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "serve",
-                "--root",
-                f"bench={root}",
-                "--socket",
-                sock,
-                "--listen",
-                "127.0.0.1:0",
-                "--data-listen",
-                "127.0.0.1:0",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            self.log.seek(0)
-            text = self.log.read()
-            if "listening" in text:
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise BenchError(
-                    f"dquant serve did not start (exit {self.proc.returncode}):\n{text}"
-                )
-            time.sleep(0.05)
-        self.banner = next(line for line in text.splitlines() if "listening" in line)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.sock)
-        self.log.close()
-
-
 def dquant_shm(prefix: Prefix, a, output: str) -> Loader:
-    torch = _torch()
     state: dict = {}
 
     def setup():
         import dquant
 
         state["dquant"] = dquant
-        sock = str(WORK_ROOT / f"agent-{os.getpid()}.sock")
-        state["agent"] = Agent(a.dquant_bin, os.path.dirname(os.path.abspath(prefix.path)), sock)
+        # `dquant serve` on a Unix socket, serving the corpus directory as root `bench`.
+        root = os.path.dirname(os.path.abspath(prefix.path))
+        state["agent"] = benchlib.Agent(
+            a.dquant_bin, ["--root", f"bench={root}"], socket=True, new_session=True
+        )
+        state["agent"].start()
         state["plan"] = dquant_plan(a, "bench/" + os.path.basename(prefix.path), output)
 
     def batches():
-        r = state["dquant"].open(
-            state["plan"], offload=True, agent=state["agent"].sock, transport="shm"
-        )
-        try:
+        with contextlib.closing(
+            state["dquant"].open(
+                state["plan"], offload=True, agent=state["agent"].socket, transport="shm"
+            )
+        ) as r:
             yield from r
-        finally:
-            r.close()
 
     def close():
         if "agent" in state:
-            state["agent"].stop()
+            state["agent"].close()
 
     return Loader(
-        name=f"dquant agent, shm ({output})",
-        kind="dquant",
-        group="w1",
+        name=f"dquant agent, shm ({output})", kind="dquant", group="w1",
         config=f"dquant serve + dquant.open(plan, offload=True, transport='shm'), output {output}",
-        setup=setup,
-        batches=batches,
-        tensor=lambda b: (torch.from_numpy(b), None),
-        canonical=lambda b: b,
-        close=close,
+        setup=setup, batches=batches, **numpy_batches(), close=close,
         cpu_pids=lambda: [state["agent"].proc.pid] if "agent" in state else [],
     )
 
@@ -795,30 +703,18 @@ def dquant_torch(
             plan.update(boundaries="eod", eod=a.eod, position_ids=True, loss_mask=True)
         ds = dqt.TokenDataset(plan)
         if own_loader:
-            kw = dict(persistent_workers=True) if workers else {}
-            state["dl"] = dqt.DataLoader(ds, num_workers=workers, **kw)
+            state["dl"] = dqt.DataLoader(ds, num_workers=workers, **persistent(workers))
         else:
             state["dl"] = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
 
     loader = "dquant.torch.DataLoader" if own_loader else "DataLoader"
     label = ", dquant DataLoader" if own_loader and not workers else ""
-    return Loader(
-        name="dquant TokenDataset (i64"
-        + label
-        + (", 1 worker" if workers else "")
-        + ")"
-        + (" + position_ids, loss_mask" if masks else ""),
-        kind="masks" if masks else "dquant",
-        group=f"w{workers}",
-        config=f"dquant.torch.TokenDataset(plan with output i64"
-        + (', boundaries "eod", position_ids, loss_mask' if masks else "")
-        + f") + {loader}(batch_size=None, num_workers={workers})",
-        setup=setup,
-        batches=lambda: state["dl"],
-        **shifted_pair("input_ids"),
-        cpu_pids=lambda: worker_pids(state.get("dl")),
-        outputs=touch_outputs if masks else None,
-    )
+    name = f"dquant TokenDataset (i64{label}{', 1 worker' if workers else ''})"
+    opts = ', boundaries "eod", position_ids, loss_mask' if masks else ""
+    config = f"dquant.torch.TokenDataset(plan with output i64{opts}) + "
+    config += f"{loader}(batch_size=None, num_workers={workers})"
+    return dataloader_row(state, workers, name, "dquant", masks, config=config, setup=setup,
+                          **shifted_pair("input_ids"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -830,27 +726,12 @@ def fmt_rate(x: float) -> str:
     return f"{x / 1e6:.1f}" if x < 1e9 else f"{x / 1e6:,.0f}"
 
 
-def spread(xs: list[float], f: Callable[[float], str]) -> str:
-    lo, hi = f(min(xs)), f(max(xs))
-    return lo if lo == hi else f"{lo}–{hi}"
-
-
 def machine() -> dict:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = "?"
-    with contextlib.suppress(OSError):
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal"):
-                mem = f"{int(line.split()[1]) / 2**20:.0f} GiB"
+    mem = benchlib.proc_field("/proc/meminfo", "MemTotal")
     return {
         "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "mem": mem,
+        "cpu": benchlib.proc_field("/proc/cpuinfo", "model name") or "?",
+        "mem": f"{int(mem.split()[0]) / 2**20:.0f} GiB" if mem else "?",
         "kernel": platform.release(),
         "python": platform.python_version(),
         "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -869,18 +750,6 @@ def versions() -> dict:
     return out
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def verify(ld: Loader, r: dict, ref: dict, exact: bool) -> None:
     want = {"tokens": ref["tokens"], "sum": ref["sum"]}
     if exact:
@@ -897,99 +766,98 @@ def verify(ld: Loader, r: dict, ref: dict, exact: bool) -> None:
 OPTIONAL = {"dquant-torch", "dquant-torch-w1", "dquant-torch-dl", "dquant-torch-masks"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--prefix", required=True, help="Megatron prefix (PREFIX.bin + PREFIX.idx)")
-    ap.add_argument(
-        "--mb", type=int, default=None, help="MB of text the corpus was made from (recorded only)"
-    )
-    ap.add_argument(
-        "--tokens",
-        type=int,
-        default=None,
-        help="use only the first N tokens of the prefix (a truncated copy is cached)",
-    )
-    ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
+    arg = ap.add_argument
+    arg("--prefix", required=True, help="Megatron prefix (PREFIX.bin + PREFIX.idx)")
+    arg("--mb", type=int, default=None, help="MB of text the corpus was made from (recorded only)")
+    arg("--tokens", type=int, default=None,
+        help="use only the first N tokens of the prefix (a truncated copy is cached)")
+    arg("--seq-len", type=int, default=2048)
+    arg("--batch-size", type=int, default=8)
+    arg("--runs", type=int, default=3)
+    arg("--torch-threads", type=int, default=1,
         help="torch intra-op threads in this process (default 1: the loop runs on one core; "
-        "worker processes and the agent get the others)",
-    )
-    ap.add_argument(
-        "--min-run-s",
-        type=float,
-        default=1.0,
-        help="a run repeats whole passes until it has lasted this long (default 1)",
-    )
-    ap.add_argument("--eod", type=int, default=50256, help="end-of-document id (Megatron config)")
-    ap.add_argument(
-        "--loaders",
+        "worker processes and the agent get the others)")
+    arg("--min-run-s", type=float, default=1.0,
+        help="a run repeats whole passes until it has lasted this long (default 1)")
+    arg("--eod", type=int, default=50256, help="end-of-document id (Megatron config)")
+    arg("--loaders",
         default="megatron,mds,litdata,dquant-local,dquant-local-i64,dquant-local-u16copy,"
         "dquant-shm,dquant-torch,dquant-torch-dl,megatron-masks,dquant-torch-masks,ceiling",
         help="comma list of: megatron, mds, litdata, dquant-local, dquant-local-i64, "
         "dquant-local-u16copy, dquant-shm, dquant-torch, dquant-torch-dl, megatron-masks, "
-        "dquant-torch-masks, ceiling (default: all)",
-    )
-    ap.add_argument(
-        "--workers1",
-        action="store_true",
-        help="also run the peers and dquant's TokenDataset with DataLoader(num_workers=1)",
-    )
-    ap.add_argument("--dquant-bin", default=str(REPO / "target" / "release" / "dquant"))
-    ap.add_argument("--out", default=None, help="output dir (default bench/python/out/<UTC time>)")
-    ap.add_argument(
-        "--no-append",
-        action="store_true",
-        help="do not record (bench/results/python_loaders.json, bench/history/python_loaders.md)",
-    )
-    ap.add_argument("--command", default=None, help="the command line to record")
-    a = ap.parse_args(argv)
+        "dquant-torch-masks, ceiling (default: all)")
+    arg("--workers1", action="store_true",
+        help="also run the peers and dquant's TokenDataset with DataLoader(num_workers=1)")
+    arg("--dquant-bin", default=str(REPO / "target" / "release" / "dquant"))
+    arg("--out", default=None, help="output dir (default bench/python/out/<UTC time>)")
+    arg("--no-append", action="store_true",
+        help="do not record (bench/results/python_loaders.json, bench/history/python_loaders.md)")
+    arg("--command", default=None, help="the command line to record")
+    return ap.parse_args(argv)
 
-    warnings.filterwarnings("ignore")
-    _torch().set_num_threads(a.torch_threads)
-    logging.disable(logging.WARNING)
-    started = dt.datetime.now(dt.UTC)
-    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    out = (
-        Path(a.out)
-        if a.out
-        else REPO / "bench" / "python" / "out" / started.strftime("%Y%m%dT%H%M%SZ")
-    )
-    out.mkdir(parents=True, exist_ok=True)
 
-    src = Prefix.read(a.prefix)
-    prefix = src
+@dataclass
+class Data:
+    """The corpus the rows read, and what `prepare` made of it."""
+
+    prefix: Prefix
+    wd: Path  # the work dir: peers' copies, caches
+    meta: dict  # prepare's: reference checksums, store dtype, copies' write times
+    prep_s: float
+
+    @property
+    def ref(self) -> dict:
+        return self.meta["reference"]
+
+    def paths(self, key: str) -> list[Path]:
+        """The files a row reads, for warming the page cache before its verification pass."""
+        megatron = [Path(self.prefix.path + ".bin"), Path(self.prefix.path + ".idx")]
+        u16 = self.meta["dquant_u16_copy"]
+        return {
+            "mds": [self.wd / "mds"],
+            "litdata": [self.wd / "litdata"],
+            "dquant-local-u16copy": [Path(u16 + ".bin"), Path(u16 + ".idx")],
+        }.get(key.removesuffix("-w1"), megatron)
+
+
+def prepare_data(a, names: list[str]) -> Data:
+    """The corpus (truncated to --tokens), its reference checksums and the peers' copies."""
+    prefix = Prefix.read(a.prefix)
     if a.tokens:
         dst = str(WORK_ROOT / "corpus" / f"{Path(a.prefix).name}-first{a.tokens}")
-        prefix = truncate_prefix(src, a.tokens, dst)
-    names = [x.strip() for x in a.loaders.split(",") if x.strip()]
+        prefix = truncate_prefix(prefix, a.tokens, dst)
     wd = work_dir_for(prefix, a.seq_len)
     log(f"data: {prefix.path} ({prefix.tokens:,} {prefix.dtype} tokens), work dir {wd}")
     t_prep = time.perf_counter()
     meta = prepare(prefix, a.seq_len, wd, set(names), a.dquant_bin)
-    prep_s = time.perf_counter() - t_prep
-    ref = meta["reference"]
+    d = Data(prefix, wd, meta, time.perf_counter() - t_prep)
+    ref = d.ref
     log(
         f"plan: {ref['samples']:,} samples of {a.seq_len + 1} tokens = {ref['tokens']:,} tokens, "
         f"batch {a.batch_size}, unshuffled; stream blake2b {ref['hash']}"
     )
-    out_dtype = "u16" if meta["store_dtype"] == "uint16" else "i32"
+    return d
 
+
+def make_loaders(a, d: Data, names: list[str]) -> list[Loader]:
+    """The rows --loaders names (with --workers1, the one-worker twins of the peers and of
+    TokenDataset), in table order: peers in one process, peers with a worker, dquant, boundary
+    outputs, the loop alone."""
+    prefix, ref, wd, store = d.prefix, d.ref, d.wd, d.meta["store_dtype"]
+    out_dtype = "u16" if store == "uint16" else "i32"
     factories: dict[str, Callable[[], Loader]] = {
         "megatron": lambda: megatron_loader(prefix, a, ref, wd, 0),
-        "mds": lambda: mds_loader(a, wd, 0, meta["store_dtype"]),
+        "mds": lambda: mds_loader(a, wd, 0, store),
         "litdata": lambda: litdata_loader(a, wd, 0),
-        "ceiling": lambda: ceiling_loader(prefix, a, meta["store_dtype"]),
+        "ceiling": lambda: ceiling_loader(prefix, a, store),
         "dquant-local": lambda: dquant_local(prefix.path, a, out_dtype),
         "dquant-local-i64": lambda: dquant_local(prefix.path, a, "i64"),
         "dquant-local-u16copy": lambda: dquant_local(
-            meta["dquant_u16_copy"], a, "u16", label=", uint16 copy"
+            d.meta["dquant_u16_copy"], a, "u16", label=", uint16 copy"
         ),
         "dquant-shm": lambda: dquant_shm(prefix, a, out_dtype),
         "dquant-torch": lambda: dquant_torch(prefix, a, 0),
@@ -1001,12 +869,14 @@ def main(argv: list[str] | None = None) -> int:
         factories.update(
             {
                 "megatron-w1": lambda: megatron_loader(prefix, a, ref, wd, 1),
-                "mds-w1": lambda: mds_loader(a, wd, 1, meta["store_dtype"]),
+                "mds-w1": lambda: mds_loader(a, wd, 1, store),
                 "litdata-w1": lambda: litdata_loader(a, wd, 1),
                 "dquant-torch-w1": lambda: dquant_torch(prefix, a, 1),
             }
         )
-        names += [n + "-w1" for n in ("megatron", "mds", "litdata", "dquant-torch") if n in names]
+        names = names + [
+            n + "-w1" for n in ("megatron", "mds", "litdata", "dquant-torch") if n in names
+        ]
     for n in names:
         if n not in factories:
             raise BenchError(f"unknown loader {n!r}")
@@ -1015,104 +885,89 @@ def main(argv: list[str] | None = None) -> int:
         ld = factories[n]()
         ld.key = n
         loaders.append(ld)
-    # Table order: peers in one process, peers with a worker, dquant, the loop alone.
     loaders.sort(
         key=lambda ld: (
             {"peer": 0, "dquant": 1, "masks": 2, "ceiling": 3}[ld.kind],
             ld.group != "w0" and ld.kind == "peer",
         )
     )
-    data_paths = {
-        "megatron": [Path(prefix.path + ".bin"), Path(prefix.path + ".idx")],
-        "megatron-masks": [Path(prefix.path + ".bin"), Path(prefix.path + ".idx")],
-        "mds": [wd / "mds"],
-        "litdata": [wd / "litdata"],
-        "dquant-local-u16copy": [
-            Path(meta["dquant_u16_copy"] + ".bin"),
-            Path(meta["dquant_u16_copy"] + ".idx"),
-        ],
-    }
+    return loaders
 
-    try:
-        # Setup (untimed) and one verification pass each: exact stream hash, and it warms the
-        # page cache and the loader's lazy state.
-        for ld in loaders:
-            try:
-                t0 = time.perf_counter()
-                ld.setup()
-                ld.setup_s = time.perf_counter() - t0
-            except ImportError as e:
-                ld.skipped = f"not installed ({e})"
-                log(f"{ld.name}: skipped, {ld.skipped}")
-                continue
-            except Exception as e:  # an optional row whose API is not there (yet)
-                if ld.key not in OPTIONAL:
-                    raise
-                ld.skipped = f"setup failed: {type(e).__name__}: {e}"
-                log(f"{ld.name}: skipped, {ld.skipped}")
-                continue
-            warm_page_cache(data_paths.get(ld.key.removesuffix("-w1"), data_paths["megatron"]))
-            r = run_pass(ld, hashing=True)
-            verify(ld, r, ref, exact=True)
+
+def set_up_and_verify(loaders: list[Loader], d: Data) -> None:
+    """Each row's setup (untimed; an optional or uninstalled row is skipped) and one
+    verification pass: the exact stream hash. It also warms the page cache and the loader's
+    lazy state."""
+    for ld in loaders:
+        try:
+            t0 = time.perf_counter()
+            ld.setup()
+            ld.setup_s = time.perf_counter() - t0
+        except ImportError as e:
+            ld.skipped = f"not installed ({e})"
+            log(f"{ld.name}: skipped, {ld.skipped}")
+            continue
+        except Exception as e:  # an optional row whose API is not there (yet)
+            if ld.key not in OPTIONAL:
+                raise
+            ld.skipped = f"setup failed: {type(e).__name__}: {e}"
+            log(f"{ld.name}: skipped, {ld.skipped}")
+            continue
+        warm_page_cache(d.paths(ld.key))
+        r = run_pass(ld, hashing=True)
+        verify(ld, r, d.ref, exact=True)
+        log(
+            f"{ld.name}: setup {ld.setup_s:.2f} s; verification pass {r['wall_s']:.2f} s "
+            f"(with hashing): {r['batches']} batches, stream identical to the plan"
+        )
+
+
+def timed_runs(a, live: list[Loader], ref: dict) -> dict[str, list[dict]]:
+    """--runs timed runs of each row, round-robin over the rows so that drift in the machine's
+    speed hits all. A run is one pass, or as many whole passes as take --min-run-s (fast
+    rows), every one of them checked."""
+    results: dict[str, list[dict]] = {ld.name: [] for ld in live}
+    for run in range(a.runs):
+        for ld in live:
+            gc.collect()
+            passes = []
+            while not passes or sum(p["wall_s"] for p in passes) < a.min_run_s:
+                r = run_pass(ld, hashing=False)
+                verify(ld, r, ref, exact=False)
+                passes.append(r)
+            r = {
+                k: sum(p[k] for p in passes)
+                for k in ("wall_s", "cpu_s", "other_cpu_s", "tokens", "batches")
+            }
+            r["passes"] = len(passes)
+            r["first_batch_s"] = benchlib.median(p["first_batch_s"] for p in passes)
+            results[ld.name].append(r)
             log(
-                f"{ld.name}: setup {ld.setup_s:.2f} s; verification pass {r['wall_s']:.2f} s "
-                f"(with hashing): {r['batches']} batches, stream identical to the plan"
+                f"run {run + 1}/{a.runs} {ld.name}: {r['passes']} pass(es) in "
+                f"{r['wall_s']:.3f} s, {r['tokens'] / r['wall_s'] / 1e6:.1f} M tokens/s"
             )
-        live = [ld for ld in loaders if not ld.skipped]
-        # Timed runs, round-robin over loaders so that drift in the machine's speed hits all.
-        # A run is one pass, or as many whole passes as take --min-run-s (fast rows), every
-        # one of them checked.
-        results: dict[str, list[dict]] = {ld.name: [] for ld in live}
-        for run in range(a.runs):
-            for ld in live:
-                gc.collect()
-                passes = []
-                while not passes or sum(p["wall_s"] for p in passes) < a.min_run_s:
-                    r = run_pass(ld, hashing=False)
-                    verify(ld, r, ref, exact=False)
-                    passes.append(r)
-                r = {
-                    k: sum(p[k] for p in passes)
-                    for k in ("wall_s", "cpu_s", "other_cpu_s", "tokens", "batches")
-                }
-                r["passes"] = len(passes)
-                r["first_batch_s"] = statistics.median(p["first_batch_s"] for p in passes)
-                results[ld.name].append(r)
-                log(
-                    f"run {run + 1}/{a.runs} {ld.name}: {r['passes']} pass(es) in "
-                    f"{r['wall_s']:.3f} s, {r['tokens'] / r['wall_s'] / 1e6:.1f} M tokens/s"
-                )
-    finally:
-        for ld in loaders:
-            with contextlib.suppress(Exception):
-                ld.close()
+    return results
 
+
+def table_rows(loaders: list[Loader], results: dict[str, list[dict]]) -> tuple[list, dict | None]:
+    """A row per loader (its runs, rates and CPU per 10⁹ tokens), each against the fastest
+    peer (returned too) and, where there is one, the loop alone."""
     rows = []
     for ld in loaders:
         row = {
-            "loader": ld.name,
-            "key": ld.key,
+            "loader": ld.name, "key": ld.key,
             "goal": ld.kind == "dquant" and not ld.key.endswith("-w1"),
-            "kind": ld.kind,
-            "group": ld.group,
-            "config": ld.config,
-            "dtype": ld.dtype,
-            "setup_s": round(ld.setup_s, 3),
-            "notes": ld.notes,
-            "skipped": ld.skipped,
+            "kind": ld.kind, "group": ld.group, "config": ld.config, "dtype": ld.dtype,
+            "setup_s": round(ld.setup_s, 3), "notes": ld.notes, "skipped": ld.skipped,
         }
         if not ld.skipped:
             rs = results[ld.name]
             rates = [r["tokens"] / r["wall_s"] for r in rs]
             row.update(
-                {
-                    "runs": rs,
-                    "rate_median": statistics.median(rates),
-                    "rates": rates,
-                    "cpu_per_gtok": [r["cpu_s"] / r["tokens"] * 1e9 for r in rs],
-                    "other_cpu_per_gtok": [r["other_cpu_s"] / r["tokens"] * 1e9 for r in rs],
-                    "first_batch_s": [r["first_batch_s"] for r in rs],
-                }
+                runs=rs, rate_median=benchlib.median(rates), rates=rates,
+                cpu_per_gtok=[r["cpu_s"] / r["tokens"] * 1e9 for r in rs],
+                other_cpu_per_gtok=[r["other_cpu_s"] / r["tokens"] * 1e9 for r in rs],
+                first_batch_s=[r["first_batch_s"] for r in rs],
             )
         rows.append(row)
     peers = [r for r in rows if r["kind"] == "peer" and not r["skipped"]]
@@ -1127,42 +982,60 @@ def main(argv: list[str] | None = None) -> int:
         if base:
             r["vs_base"] = [x / base["rate_median"] for x in r["rates"]]
             r["vs_base_median"] = r["rate_median"] / base["rate_median"]
+    return rows, base
 
-    res = {
+
+def result_doc(a, d: Data, rows: list, base: dict | None, started, load_start: str) -> dict:
+    """results.json: the run's setting, the data, the plan and the rows."""
+    prefix, meta, ref = d.prefix, d.meta, d.ref
+    return {
         "date": started.isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": benchlib.git_commit(),
         "command": a.command or " ".join(sys.argv),
         "machine": {**machine(), "load_start": load_start},
         "versions": versions(),
         "data": {
-            "prefix": prefix.path,
-            "stored_dtype": str(prefix.dtype),
-            "tokens_in_file": prefix.tokens,
-            "documents": len(prefix.doc_indices) - 1,
-            "peer_dtype": meta["store_dtype"],
-            "work_dir": str(wd),
-            "text_mb": a.mb,
-            "dquant_u16_convert_s": meta.get("dquant_u16_convert_s"),
-            "mds_write_s": meta.get("mds_write_s"),
-            "litdata_write_s": meta.get("litdata_write_s"),
+            "prefix": prefix.path, "stored_dtype": str(prefix.dtype),
+            "tokens_in_file": prefix.tokens, "documents": len(prefix.doc_indices) - 1,
+            "peer_dtype": meta["store_dtype"], "work_dir": str(d.wd), "text_mb": a.mb,
+            **{k: meta.get(k) for k in ("dquant_u16_convert_s", "mds_write_s", "litdata_write_s")},
         },
         "plan": {
-            "seq_len": a.seq_len,
-            "batch_size": a.batch_size,
-            "shuffle": False,
-            "samples": ref["samples"],
-            "tokens_per_pass": ref["tokens"],
-            "stream_blake2b": ref["hash"],
-            "sum": ref["sum"],
+            "seq_len": a.seq_len, "batch_size": a.batch_size, "shuffle": False,
+            "samples": ref["samples"], "tokens_per_pass": ref["tokens"],
+            "stream_blake2b": ref["hash"], "sum": ref["sum"],
         },
-        "runs": a.runs,
-        "min_run_s": a.min_run_s,
-        "torch_threads": a.torch_threads,
+        "runs": a.runs, "min_run_s": a.min_run_s, "torch_threads": a.torch_threads,
         "baseline": base["loader"] if base else None,
         "rows": rows,
-        "prepare_s": round(prep_s, 2),
+        "prepare_s": round(d.prep_s, 2),
         "elapsed_s": round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    warnings.filterwarnings("ignore")
+    _torch().set_num_threads(a.torch_threads)
+    logging.disable(logging.WARNING)
+    started = dt.datetime.now(dt.UTC)
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    out = Path(a.out or REPO / "bench" / "python" / "out" / started.strftime("%Y%m%dT%H%M%SZ"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    names = [x.strip() for x in a.loaders.split(",") if x.strip()]
+    d = prepare_data(a, names)
+    loaders = make_loaders(a, d, names)
+    try:
+        set_up_and_verify(loaders, d)
+        results = timed_runs(a, [ld for ld in loaders if not ld.skipped], d.ref)
+    finally:
+        for ld in loaders:
+            with contextlib.suppress(Exception):
+                ld.close()
+
+    rows, base = table_rows(loaders, results)
+    res = result_doc(a, d, rows, base, started, load_start)
     table = render(res)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "table.md").write_text(table)
@@ -1287,33 +1160,17 @@ def record(res: dict, table: str) -> None:
     """The figures into bench/results/python_loaders.json (bench/results.py fills in the
     commit, date and machine, and renders RESULTS.md), and the whole write-up appended to
     bench/history/python_loaders.md (append-only)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import results
-
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"figures": figures(res)}, fh)
-    try:
-        code = results.main(["record", "python_loaders", "--figures", fh.name,
-                             "--command", res["command"]])
-    finally:
-        os.unlink(fh.name)
-    if code != 0:
-        raise BenchError("the figures were not recorded (above: why)")
     heading = (
         f"## {res['date'][:16]}: Python loaders end to end, dquant against "
         f"Megatron-Core, MosaicML Streaming and LitData\n\n"
     )
-    with open(REPO / "bench" / "history" / "python_loaders.md", "a") as h:
-        h.write(heading + table + "\n")
+    if not benchlib.record("python_loaders", figures(res), res["command"], heading + table + "\n"):
+        raise BenchError("the figures were not recorded (above: why)")
     log("recorded bench/results/python_loaders.json; table in bench/history/python_loaders.md")
 
 
-def _sigterm(signum, frame):
-    raise SystemExit(128 + signum)  # run the finally blocks: stop the agent
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _sigterm)
+    benchlib.exit_on(signal.SIGTERM)  # run the finally blocks: stop the agent
     try:
         sys.exit(main())
     except BenchError as e:

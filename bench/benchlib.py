@@ -1,0 +1,200 @@
+"""Plumbing shared by the benchmark scripts: the `dquant serve` child process, /proc figures,
+the spread and median of runs, logging, the commit, and recording through bench/results.py.
+
+Why: python/bench.py, megatron/bench.py, mount/bench.py and chaos/chaos.py each had a copy of
+these (four agent classes, three readers of /proc), and the copies drifted: two agents were
+killed when they hung on exit, two were left running. Scripts import it with
+`sys.path.insert(0, str(Path(__file__).resolve().parents[1]))` then `import benchlib`.
+Standard library only: chaos.py runs with the system python3. (bench/results.py does not use
+it: its test copies that file alone.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class BenchError(RuntimeError):
+    """A benchmark that cannot go on: the scripts print its message, not a traceback."""
+
+
+def logger(tag: str) -> Callable[[str], None]:
+    """A `log(msg)` that writes `[TAG HH:MM:SS] msg` to stderr."""
+    def log(msg: str) -> None:
+        print(f"[{tag} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    return log
+
+
+def exit_on(*signals: int) -> None:
+    """Turns each signal into SystemExit(128 + signal), so that `finally` blocks and context
+    managers stop the processes a script started."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    for s in signals:
+        signal.signal(s, handler)
+
+
+def proc_field(path: str, key: str) -> Optional[str]:
+    """The value after `key:` in a /proc file (/proc/cpuinfo, /proc/meminfo,
+    /proc/PID/status), stripped; None when the file or the key is not there."""
+    try:
+        with open(path) as f:
+            for line in f:
+                k, sep, v = line.partition(":")
+                if sep and k.strip() == key:
+                    return v.strip()
+    except OSError:
+        pass
+    return None
+
+
+def status_kib(field: str, pid="self") -> int:
+    """A memory figure of /proc/PID/status in KiB (VmRSS: resident now; VmHWM: its peak);
+    0 when absent."""
+    v = proc_field(f"/proc/{pid}/status", field)
+    return int(v.split()[0]) if v else 0
+
+
+def cpu_s(pid: int, gone: Optional[float] = None) -> float:
+    """User + system CPU seconds of process `pid` (all its threads). A process that is gone
+    raises, or gives `gone` when that is a number."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        if gone is None:
+            raise
+        return gone
+
+
+def median(xs: Iterable[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def spread(xs: list[float], f: Callable[[float], str]) -> str:
+    """`lo–hi` of runs, each formatted by `f`; one figure when both read the same."""
+    lo, hi = f(min(xs)), f(max(xs))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def git_commit() -> str:
+    """HEAD's short hash, or "?"."""
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def record(area: str, figures: list[dict], command: str, history: str, *args: str) -> bool:
+    """`figures` recorded as AREA's result by bench/results.py (which fills in the commit, date
+    and machine, and renders RESULTS.md; `args`: more of its `record` options), then `history`
+    appended to bench/history/AREA.md. False, with nothing appended, when results.py refused
+    (it said why on stderr)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import results
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"figures": figures}, fh)
+    try:
+        code = results.main(["record", area, "--figures", fh.name, "--command", command, *args])
+    finally:
+        os.unlink(fh.name)
+    if code != 0:
+        return False
+    with open(REPO / "bench" / "history" / f"{area}.md", "a") as h:
+        h.write(history)
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """`dquant serve --listen --data-listen` on loopback plus the caller's flags (`args`).
+    `start()` waits for its banner (and reads `uri` from it); `stop()` signals it, then kills
+    it if it lingers; `close()` (or leaving a `with` block) also removes its private directory.
+    `fixed`: free ports picked now, so a restart listens where its clients knew it. `socket`:
+    also `--socket` in the private directory. `env`: variables for it. `logs`: the directory for
+    its output, NAME.START.log (default the private one). `new_session`: a terminal's ^C reaches
+    only the script, which then stops it."""
+
+    def __init__(self, dquant, args: Iterable[str] = (), *, name: str = "dquant serve",
+                 fixed: bool = False, socket: bool = False, env: Optional[dict] = None,
+                 logs: Optional[Path] = None, new_session: bool = False):
+        port = (lambda: f"127.0.0.1:{free_port()}") if fixed else (lambda: "127.0.0.1:0")
+        self.control, self.data = port(), port()
+        self.dquant, self.args, self.name = str(dquant), list(args), name
+        self.env = {**os.environ, **env} if env else None
+        self.dir = Path(tempfile.mkdtemp(prefix="dquant-agent-"))
+        self.socket = str(self.dir / "agent.sock") if socket else None
+        self.logs, self.new_session = logs or self.dir, new_session
+        self.proc: Optional[subprocess.Popen] = None
+        self.uri: Optional[str] = None
+        self.starts = 0
+
+    def start(self) -> "Agent":
+        self.starts += 1
+        log_path = self.logs / f"{self.name}.{self.starts}.log"
+        flags = ["--listen", self.control, "--data-listen", self.data, *self.args]
+        if self.socket:
+            flags += ["--socket", self.socket]
+        with open(log_path, "w") as out:
+            self.proc = subprocess.Popen(
+                [self.dquant, "serve", *flags], stdin=subprocess.DEVNULL, stdout=out,
+                stderr=out, env=self.env, start_new_session=self.new_session)
+        deadline = time.monotonic() + 30
+        while not (m := re.search(r"dquant agent listening: uri=(\S+)", log_path.read_text())):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop(signal.SIGKILL)
+                raise BenchError(f"{self.name} did not start (exit {self.proc.returncode}):\n"
+                                 f"{log_path.read_text()}")
+            time.sleep(0.02)
+        self.uri = m.group(1)
+        return self
+
+    def up(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, wait: float = 10) -> None:
+        """`sig` (SIGTERM: a graceful drain), then SIGKILL after `wait` seconds."""
+        if self.up():
+            self.proc.send_signal(sig)
+        if self.proc is not None:
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        self.stop(sig)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "Agent":
+        try:
+            return self if self.up() else self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.close()
