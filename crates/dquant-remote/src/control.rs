@@ -72,16 +72,24 @@ fn status_error(s: tonic::Status, tls: bool) -> SourceError {
 /// The agent's message, or for a failure of the connection itself (the agent never
 /// answered) the whole error chain, with a TLS hint where it points that way.
 fn status_message(s: tonic::Status, tls: bool) -> String {
+    match connection_failed(&s) {
+        true => tls_hint(status_chain(&s), tls),
+        false => s.message().to_string(),
+    }
+}
+
+/// Whether `s` says the connection failed, not the agent: the agent never answered.
+fn connection_failed(s: &tonic::Status) -> bool {
     use tonic::Code::{Cancelled, Internal, Unavailable, Unknown};
     match s.code() {
-        Unavailable | Unknown => tls_hint(status_chain(&s), tls),
-        // The connection closed under a call in flight, and hyper cancelled the call: a
-        // connection failure too. A status with a source was made here from a local error;
-        // the agent's own Cancelled (a stopped request) has none.
-        Cancelled if std::error::Error::source(&s).is_some() => tls_hint(status_chain(&s), tls),
+        Unavailable | Unknown => true,
+        // The connection closed under a call in flight, and hyper cancelled the call. A
+        // status with a source was made here from a local error; the agent's own Cancelled
+        // (a stopped request) has none.
+        Cancelled => std::error::Error::source(s).is_some(),
         // h2's own protocol errors: the peer spoke something else than HTTP/2 (TLS).
-        Internal if s.message().starts_with("h2 protocol error") => tls_hint(status_chain(&s), tls),
-        _ => s.message().to_string(),
+        Internal => s.message().starts_with("h2 protocol error"),
+        _ => false,
     }
 }
 

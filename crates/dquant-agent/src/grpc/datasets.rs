@@ -41,7 +41,6 @@ pub(super) fn open_plan_source(
     wire_codec: &str,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
     let config = &shared.config;
-    let timeout = Duration::from_secs(config.upstream_timeout_secs);
     if s.uri.starts_with(AgentUri::SCHEME) {
         let u = dataset_uri(&s.uri)?;
         // Checked before anything is dialed: the answer must not tell the client whether
@@ -57,8 +56,7 @@ pub(super) fn open_plan_source(
                  --upstream {a}`)"
             )));
         }
-        let counted = failovers_counted(shared, &u);
-        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream, Some(&counted));
+        return open_upstream(shared, &u, s, wire_codec);
     }
     if let Some(agents) = config.placement_of(&s.uri) {
         let u = dataset_uri(&format!(
@@ -67,14 +65,33 @@ pub(super) fn open_plan_source(
             agents.join(","),
             s.uri
         ))?;
-        let counted = failovers_counted(shared, &u);
-        return open_on_agent(&u, s, wire_codec, timeout, &shared.upstream, Some(&counted));
+        return open_upstream(shared, &u, s, wire_codec);
     }
     let found = shared
         .catalog
         .resolve(&s.uri)
         .map_err(|e| SourceError::NotFound(e.0))?;
     Ok(Box::new(open_shared(shared, &found, s)?))
+}
+
+/// Opens a dataset on upstream agents (chaining): one agent, or a replica set whose
+/// failovers the agent counts in its metrics.
+fn open_upstream(
+    shared: &Shared,
+    u: &AgentUri,
+    s: &Source,
+    wire_codec: &str,
+) -> Result<Box<dyn TokenSource>, SourceError> {
+    let timeout = Duration::from_secs(shared.config.upstream_timeout_secs);
+    let counted = (u.replicas().len() > 1).then(|| failovers_counted(shared, u));
+    open_on_agent(
+        u,
+        s,
+        wire_codec,
+        timeout,
+        &shared.upstream,
+        counted.as_ref(),
+    )
 }
 
 /// A source over the dataset `found`, opened once for every session that reads it (the
