@@ -61,6 +61,13 @@ impl Catalog {
         Ok(Catalog { roots: out })
     }
 
+    /// The same catalog with each root replaced by `f` of it (a wrapper).
+    #[cfg(debug_assertions)]
+    pub(crate) fn map_roots(self, f: impl Fn(Arc<dyn Root>) -> Arc<dyn Root>) -> Self {
+        let roots = self.roots.into_iter().map(|(n, r)| (n, f(r))).collect();
+        Catalog { roots }
+    }
+
     pub fn roots(&self) -> &BTreeMap<String, Arc<dyn Root>> {
         &self.roots
     }

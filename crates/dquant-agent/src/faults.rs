@@ -28,6 +28,9 @@ pub enum Fault {
     /// (0-based) drops its connection there without an answer, once: a storage agent dying
     /// under a reader, as its readers see it.
     CutRangeSession { request: u64 },
+    /// A fault of the agent's storage, on an object of any of its roots (named relative to
+    /// its root): a failing or full disk under the agent (see [`dquant_storage::faulty`]).
+    Storage(dquant_storage::faulty::StorageFault),
 }
 
 /// The faults armed on one agent (shared by its sessions). Empty in release builds.
@@ -35,15 +38,33 @@ pub enum Fault {
 pub(crate) struct Faults {
     #[cfg(debug_assertions)]
     armed: std::sync::Arc<std::sync::Mutex<Vec<Fault>>>,
+    /// Storage faults, fired by the roots [`Faults::wrap`] wrapped.
+    #[cfg(debug_assertions)]
+    storage: dquant_storage::faulty::StorageFaults,
 }
 
 impl Faults {
     #[cfg(debug_assertions)]
     pub fn arm(&self, fault: Fault) {
+        if let Fault::Storage(f) = fault {
+            return self.storage.arm(f);
+        }
         self.armed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(fault);
+    }
+
+    /// The catalog whose roots fail where storage faults say (itself, in release builds).
+    pub fn wrap(&self, catalog: crate::catalog::Catalog) -> crate::catalog::Catalog {
+        #[cfg(debug_assertions)]
+        {
+            use dquant_storage::faulty::FaultyRoot;
+            let faults = self.storage.clone();
+            catalog.map_roots(|r| std::sync::Arc::new(FaultyRoot::new(r, faults.clone())))
+        }
+        #[cfg(not(debug_assertions))]
+        catalog
     }
 
     /// A range session received its request number `request`: whether a fault says to cut
@@ -62,10 +83,12 @@ impl Faults {
     /// How many faults are armed and have not fired.
     #[cfg(debug_assertions)]
     pub fn armed(&self) -> usize {
-        self.armed
+        let armed = self
+            .armed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+            .len();
+        armed + self.storage.armed()
     }
 
     /// Disarms `fault` if it is armed; says whether it was.

@@ -190,6 +190,7 @@ fn assemble(
     };
     let shaping = pacing::Shaping::new(&config, &metrics)?;
     let events = Arc::new(events::Events::new());
+    let faults = faults::Faults::default();
     Ok(Shared {
         shaping,
         shares: share::Shares::default(),
@@ -205,7 +206,7 @@ fn assemble(
         auth: access.auth,
         refusals: auth::RefusalLog::default(),
         metrics,
-        catalog: access.catalog,
+        catalog: faults.wrap(access.catalog),
         datasets: dquant_storage::DatasetCache::new(config.keep_datasets),
         megatron: megatron::MegatronIndexes::new(config.keep_megatron_builds),
         config,
@@ -215,7 +216,7 @@ fn assemble(
         stopping: AtomicBool::new(false),
         draining: Arc::new(AtomicBool::new(false)),
         block_cache: access.cache,
-        faults: faults::Faults::default(),
+        faults,
     })
 }
 

@@ -38,7 +38,12 @@ pub struct LocalFiles;
 
 struct LocalStaged {
     dst: std::path::PathBuf,
-    out: BufWriter<NamedTempFile>,
+    /// The temporary file, renamed over `dst` at commit and removed if dropped before.
+    tmp: NamedTempFile,
+    /// Writes go to the same file through a descriptor of its own: `NamedTempFile`'s own
+    /// writes add the temporary name to every error (`... at path "/d/.out.bin.XOeAR4.tmp"`),
+    /// and the error already names the output.
+    out: BufWriter<File>,
 }
 
 impl Destination for LocalFiles {
@@ -59,9 +64,14 @@ impl Destination for LocalFiles {
             .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
             .tempfile_in(dir)
             .map_err(|e| StorageError::io(dir, e))?;
+        let file = tmp
+            .as_file()
+            .try_clone()
+            .map_err(|e| StorageError::io(dir, e))?;
         Ok(Box::new(LocalStaged {
             dst: dst.to_path_buf(),
-            out: BufWriter::with_capacity(1 << 20, tmp),
+            tmp,
+            out: BufWriter::with_capacity(1 << 20, file),
         }))
     }
 }
@@ -72,9 +82,8 @@ impl StagedObject for LocalStaged {
     }
 
     fn commit(self: Box<Self>) -> io::Result<()> {
-        let dst = self.dst;
-        let tmp = self.out.into_inner().map_err(|e| e.into_error())?;
-        tmp.as_file().sync_all()?;
+        let LocalStaged { dst, tmp, out } = *self;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         tmp.persist(&dst).map_err(|e| e.error)?;
         if let Some(dir) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
             // Make the rename itself durable.

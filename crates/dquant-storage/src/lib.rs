@@ -20,6 +20,8 @@ mod dataset;
 mod destination;
 mod eod_index;
 mod error;
+#[cfg(debug_assertions)]
+pub mod faulty;
 mod local_root;
 mod memory_root;
 mod root;

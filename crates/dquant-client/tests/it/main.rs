@@ -18,4 +18,5 @@ mod s3_root;
 mod share;
 mod shared_datasets;
 mod shm;
+mod storage_faults;
 mod watch;

@@ -6,5 +6,6 @@ mod block_cache;
 mod cache;
 mod common;
 mod confinement;
+mod faults;
 mod lazy_index;
 mod root_conformance;

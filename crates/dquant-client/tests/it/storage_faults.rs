@@ -1,0 +1,119 @@
+//! A failing disk under an agent, injected through its debug-only hook
+//! (`Fault::Storage`, see `dquant_storage::faulty`): EIO, an object that ends early, a latency
+//! spike. Under a replica set the reader sees none of them and its stream is unchanged; under
+//! a lone agent the reader gets a clear error naming the object, never wrong tokens, and the
+//! agent serves on.
+#![cfg(debug_assertions)]
+
+use std::time::{Duration, Instant};
+
+use dquant_agent::faults::Fault;
+use dquant_agent::AgentHandle;
+use dquant_client::{open, Offload, Reader};
+use dquant_plan::Plan;
+use dquant_storage::faulty::StorageFault;
+use dquant_testkit::agent::{plan, Corpus};
+use dquant_testkit::stream::drain;
+use dquant_testkit::xxh3;
+
+fn eio(nth: u64) -> Fault {
+    Fault::Storage(StorageFault::ReadError {
+        object: "r50k.bin".into(),
+        nth,
+    })
+}
+
+/// A shuffled plan over `corpus/r50k` (the Megatron pair, whose `.bin` the faults hit).
+fn r50k() -> Plan {
+    let mut p = plan(&[("r50k", 1.0)], 127, 4);
+    p.wire_codec = "u16".into();
+    p
+}
+
+fn local(c: &Corpus) -> Vec<u8> {
+    drain(&mut open("", &c.localized(&r50k()), Offload::No).unwrap()).0
+}
+
+/// The batches a reader yields until its first error, and that error.
+fn until_error(r: &mut Reader) -> (Vec<u8>, Option<String>) {
+    let mut bytes = Vec::new();
+    loop {
+        match r.next_batch() {
+            Ok(Some(b)) => bytes.extend_from_slice(b.tokens.as_bytes()),
+            Ok(None) => return (bytes, None),
+            Err(e) => return (bytes, Some(e.to_string())),
+        }
+    }
+}
+
+fn replicated(a: &AgentHandle, b: &AgentHandle) -> Plan {
+    let mut p = r50k();
+    let (x, y) = (a.control_addr(), b.control_addr());
+    p.sources[0].uri = format!("dquant://{x},{y}/corpus/r50k");
+    p
+}
+
+/// One replica's disk returns EIO, the other's has its file end early: each read moves to
+/// the other replica, and the stream is the local one, without an error.
+#[test]
+fn eio_and_a_short_read_on_replicas_disks_never_reach_the_reader() {
+    let c = Corpus::new();
+    let (a, b) = (c.agent(), c.agent());
+    a.inject(eio(4));
+    b.inject(Fault::Storage(StorageFault::ShortRead {
+        object: "r50k.bin".into(),
+        nth: 6,
+    }));
+    let (got, error) = until_error(&mut open("", &replicated(&a, &b), Offload::No).unwrap());
+    assert_eq!(error, None);
+    assert_eq!(
+        (a.faults_armed(), b.faults_armed()),
+        (0, 0),
+        "both faults fired"
+    );
+    assert!(xxh3(&got) == xxh3(&local(&c)), "the streams differ");
+}
+
+/// A lone agent has no other copy: its reader gets the batches before the failed read, then
+/// an error that names the object and the disk's error. The fault cost that session only:
+/// the same agent then streams the whole plan correctly.
+#[test]
+fn eio_under_a_lone_agent_is_a_clear_error_and_the_agent_serves_on() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    agent.inject(eio(3));
+    let (got, error) = until_error(&mut open(&agent.uri(), &r50k(), Offload::Yes).unwrap());
+    let e = error.expect("the read error reaches the reader");
+    assert!(
+        e.contains("r50k.bin") && e.contains("Input/output error (os error 5)"),
+        "{e}"
+    );
+    let want = local(&c);
+    assert!(
+        got.len() < want.len() && want.starts_with(&got),
+        "before the error: a prefix of the stream"
+    );
+    assert_eq!(agent.faults_armed(), 0);
+    c.assert_serving(&agent);
+    let again = drain(&mut open(&agent.uri(), &r50k(), Offload::Yes).unwrap()).0;
+    assert!(xxh3(&again) == xxh3(&want), "the streams differ");
+}
+
+/// A latency spike of three slow reads changes nothing but time.
+#[test]
+fn a_latency_spike_changes_nothing_but_time() {
+    let c = Corpus::new();
+    let agent = c.agent();
+    let delay = Duration::from_millis(150);
+    agent.inject(Fault::Storage(StorageFault::Slow {
+        object: "r50k.bin".into(),
+        nth: 2,
+        reads: 3,
+        delay,
+    }));
+    let t = Instant::now();
+    let got = drain(&mut open(&agent.uri(), &r50k(), Offload::Yes).unwrap()).0;
+    assert!(t.elapsed() >= delay * 3, "the reads were slowed");
+    assert_eq!(agent.faults_armed(), 0);
+    assert!(xxh3(&got) == xxh3(&local(&c)), "the streams differ");
+}
