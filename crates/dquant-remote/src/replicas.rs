@@ -28,7 +28,8 @@
 //! and matches, reads use it again. While no replica is up, a read does not fail at once: it
 //! waits up to the source's timeout (`upstream_timeout_secs` on an agent) per read, trying
 //! the replicas again within 50 ms of their failure, doubling to a second, and goes on as soon
-//! as one is back. Only a read with no replica answering for that whole time fails.
+//! as one is back. Only a read with no replica answering for that whole time fails. An open
+//! that finds no replica up waits the same way.
 
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -194,6 +195,71 @@ fn admit(
     Ok(src)
 }
 
+/// Admits every replica that opens and matches; while none does, tries them again (each
+/// within [`Health`]'s urgent back-off) until `opener.timeout` passes. Returns the
+/// reference the admitted ones matched.
+fn first_admission(
+    opener: &Opener,
+    replicas: &mut [Replica],
+    health: &mut Health,
+) -> Result<Reference, SourceError> {
+    let deadline = Instant::now() + opener.timeout;
+    let mut reference: Option<Reference> = None;
+    let mut due: Vec<usize> = (0..replicas.len()).collect();
+    let mut warned = false;
+    loop {
+        // Whether every failure of this pass is one no wait can mend.
+        let mut hopeless = !due.is_empty();
+        for i in due {
+            let a = &replicas[i].authority;
+            match admit(opener, a, &mut reference) {
+                Ok(src) => {
+                    replicas[i].conn = Some(src);
+                    health.reopened(i, None, Instant::now());
+                }
+                Err(Check::Differs(e)) => return Err(e),
+                Err(Check::Failed(e)) => {
+                    hopeless &= e.is_not_found() || matches!(e, SourceError::Usage(_));
+                    health.reopened(i, Some(&e.to_string()), Instant::now());
+                }
+            }
+        }
+        if let Some(r) = reference {
+            return Ok(r);
+        }
+        let now = Instant::now();
+        if now >= deadline || hopeless {
+            return Err(SourceError::Agent(format!(
+                "no replica of {} could be opened: {}",
+                opener.dataset.dataset,
+                errors(replicas, health)
+            )));
+        }
+        if !warned {
+            warned = true;
+            tracing::warn!(
+                dataset = %opener.dataset.dataset,
+                errors = %errors(replicas, health),
+                "no replica answered the open; trying them again for up to {} s",
+                opener.timeout.as_secs_f64()
+            );
+        }
+        let wake = health.next_due(true).map_or(deadline, |t| t.min(deadline));
+        std::thread::sleep(wake.saturating_duration_since(now));
+        due = health.due(Instant::now(), true);
+    }
+}
+
+/// Each replica's last error, `HOST:PORT: error; ...`.
+fn errors(replicas: &[Replica], health: &Health) -> String {
+    let why: Vec<String> = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("{}: {}", r.authority, health.error(i)))
+        .collect();
+    why.join("; ")
+}
+
 /// A replica's address and, while it is up, its connection (`Some` exactly while
 /// [`Health`] has it up).
 struct Replica {
@@ -229,8 +295,10 @@ pub struct ReplicatedSource {
 
 impl ReplicatedSource {
     /// Opens `dataset` on every replica in `authorities`, checks that they hold the same data
-    /// (see the module docs), and reads from those that opened. Fails when none opens, or
-    /// when one holds other data.
+    /// (see the module docs), and reads from those that opened. While none opens, tries them
+    /// again as a read with no replica up does, until `timeout` passes; fails then, at once
+    /// when one holds other data, and at once when every replica tried says the dataset is
+    /// not there or the request is wrong (no wait makes those right).
     pub fn open(
         authorities: &[&str],
         dataset: StatRequest,
@@ -244,32 +312,15 @@ impl ReplicatedSource {
             timeout,
             creds: creds.clone(),
         };
-        let mut replicas = Vec::new();
-        let mut health = Health::new(authorities.len());
-        let mut reference: Option<Reference> = None;
-        let mut errors = Vec::new();
-        for (i, a) in authorities.iter().enumerate() {
-            let mut r = Replica {
+        let mut replicas: Vec<Replica> = authorities
+            .iter()
+            .map(|a| Replica {
                 authority: a.to_string(),
                 conn: None,
-            };
-            match admit(&opener, a, &mut reference) {
-                Ok(src) => r.conn = Some(src),
-                Err(Check::Differs(e)) => return Err(e),
-                Err(Check::Failed(e)) => {
-                    errors.push(format!("{a}: {e}"));
-                    health.failed(i, &e.to_string(), Instant::now());
-                }
-            }
-            replicas.push(r);
-        }
-        let Some(reference) = reference else {
-            return Err(SourceError::Agent(format!(
-                "no replica of {} could be opened: {}",
-                opener.dataset.dataset,
-                errors.join("; ")
-            )));
-        };
+            })
+            .collect();
+        let mut health = Health::new(authorities.len());
+        let reference = first_admission(&opener, &mut replicas, &mut health)?;
         let max_token = replicas
             .iter()
             .filter_map(|r| r.conn.as_ref().map(|c| c.max_token_bound()))
@@ -395,16 +446,10 @@ impl ReplicatedSource {
 
     /// The error when no replica is left: each one's last error.
     fn all_down(&self) -> SourceError {
-        let why: Vec<String> = self
-            .replicas
-            .iter()
-            .enumerate()
-            .map(|(i, r)| format!("{}: {}", r.authority, self.health.error(i)))
-            .collect();
         SourceError::Agent(format!(
             "every replica of {} failed ({}), and none answered again within {} s",
             self.opener.dataset.dataset,
-            why.join("; "),
+            errors(&self.replicas, &self.health),
             self.opener.timeout.as_secs_f64()
         ))
     }

@@ -217,9 +217,6 @@ fn restart(dir: &Path, a: &AgentProcess) -> AgentProcess {
     AgentProcess::start_on(BIN, &authority(a), &a.data, &args)
 }
 
-/// What the chaos runs found: the replica serving alone dies a moment after the other one
-/// came back (still inside the back-off its failure earned). The read waits for the one
-/// that is back instead of failing, and the stream is unchanged.
 /// Two storage agents of one corpus, a host agent chained to both, and a reader of the
 /// replicated plan through it, 10 batches in.
 struct Pair {
@@ -257,6 +254,9 @@ fn pair(shuffle: bool) -> Pair {
     }
 }
 
+/// What the chaos runs found: the replica serving alone dies a moment after the other one
+/// came back (still inside the back-off its failure earned). The read waits for the one
+/// that is back instead of failing, and the stream is unchanged.
 #[test]
 fn the_last_replica_dying_just_after_another_came_back_is_no_error() {
     let mut x = pair(true);
@@ -306,6 +306,36 @@ fn all_replicas_killed_is_an_error_and_the_cursor_resumes_the_rest() {
     got.extend(rest);
     assert_eq!(got.len(), want.len());
     assert!(xxh3(&got) == xxh3(&want), "the resumed stream differs");
+}
+
+/// A plan opened while every replica is down (a storage restart under a starting job)
+/// waits for one to come back instead of failing, and streams the whole plan.
+#[test]
+fn an_open_with_every_replica_down_waits_for_one_to_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path(), 0);
+    let (mut a, mut b) = (storage(dir.path()), storage(dir.path()));
+    let reps = [authority(&a), authority(&b)];
+    let (h, _empty) = host(&reps);
+    let p = plan(
+        &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
+        true,
+    );
+    let want = local(dir.path(), &p);
+    for s in [&mut a, &mut b] {
+        s.signal(libc::SIGKILL);
+        let _ = s.child.wait();
+    }
+    let at = dir.path().to_path_buf();
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        restart(&at, &b)
+    });
+    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+    let (got, err) = read_rest(&mut r);
+    assert_eq!(err, None);
+    assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+    drop(back.join().unwrap());
 }
 
 #[test]
