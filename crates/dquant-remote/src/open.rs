@@ -22,10 +22,11 @@ pub fn dataset_uri(uri: &str) -> Result<AgentUri, SourceError> {
     Ok(u)
 }
 
-/// Opens `u`'s dataset on its agent as a range source, every control call and data read
-/// bounded by `timeout`, with `creds` (a tenant's token, the TLS to expect). Several agents
-/// (`dquant://HOST1:PORT,HOST2:PORT/...`) are replicas: a [`ReplicatedSource`] over them,
-/// which tells `on_failover` of each read it moves off a failed replica.
+/// Opens `u`'s dataset on its agents as a range source, every control call and data read
+/// bounded by `timeout`, with `creds` (a tenant's token, the TLS to expect). The agents
+/// (`dquant://HOST1:PORT[,HOST2:PORT...]/...`) are a [`ReplicatedSource`]'s replicas, one
+/// agent a set of one: a read that meets a dead agent waits for it (or moves to another)
+/// until `timeout` instead of failing, and `on_failover` hears of each such failure.
 pub fn open_on_agent(
     u: &AgentUri,
     s: &Source,
@@ -34,21 +35,12 @@ pub fn open_on_agent(
     creds: &Credentials,
     on_failover: Option<&OnFailover>,
 ) -> Result<Box<dyn TokenSource>, SourceError> {
-    let replicas = u.replicas();
-    if replicas.len() > 1 {
-        let dataset = stat_of(u.dataset.clone(), s);
-        let mut r = ReplicatedSource::open(&replicas, dataset, wire_codec, timeout, creds)?;
-        if let Some(f) = on_failover {
-            r.set_on_failover(f.clone());
-        }
-        return Ok(Box::new(r));
+    let dataset = stat_of(u.dataset.clone(), s);
+    let mut r = ReplicatedSource::open(&u.replicas(), dataset, wire_codec, timeout, creds)?;
+    if let Some(f) = on_failover {
+        r.set_on_failover(f.clone());
     }
-    let c = Control::connect_with(&u.authority, timeout, creds)?;
-    Ok(Box::new(RemoteSource::open(
-        c,
-        stat_of(u.dataset.clone(), s),
-        wire_codec,
-    )?))
+    Ok(Box::new(r))
 }
 
 /// What a range source asks the agent to open: the dataset, with the source's raw-file

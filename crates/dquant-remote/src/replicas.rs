@@ -1,5 +1,6 @@
 //! One dataset held by several storage agents: reads spread across them, and moved to the
-//! others when one dies or stalls, with nothing lost.
+//! others when one dies or stalls, with nothing lost. A dataset on one agent is a set of one,
+//! so a read that meets its agent restarting waits for it the same way.
 //!
 //! # Why a source of its own
 //! A plan source `dquant://HOST1:PORT,HOST2:PORT/ROOT/PATH` names replicas: agents that
@@ -29,243 +30,33 @@
 //! waits up to the source's timeout (`upstream_timeout_secs` on an agent) per read, trying
 //! the replicas again within 50 ms of their failure, doubling to a second, and goes on as soon
 //! as one is back. Only a read with no replica answering for that whole time fails. An open
-//! that finds no replica up waits the same way.
+//! that finds no replica of a set up waits the same way (an agent alone is not waited for at
+//! open: a wrong address must fail at once).
+//!
+//! # The request's errors, not a replica's
+//! An error the agent itself reports (an error frame) may be its replica's fault (a failing
+//! disk, a corrupt copy: the read moves on) or the request's (a token too wide for the wire
+//! codec: every replica says the same). A read that meets the same agent error on two
+//! replicas, or on an agent alone, fails at once with it; so does an open whose replicas all
+//! refuse it alike. Nothing is waited out that no wait can mend.
 
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use dquant_proto::v1::{DatasetStat, StatRequest};
+use dquant_proto::v1::StatRequest;
 use dquant_storage::{check_ranges, SourceError, TokenSource};
 use dquant_transport::record::MAX_REQUEST_RANGES;
 
+mod admission;
 mod health;
 
-use crate::control::{Control, Credentials};
+use crate::control::Credentials;
 use crate::range_stream::RangeStream;
 use crate::readahead::{read_ahead, ReadaheadConfig, Sequence, Served, Streams, Window};
 use crate::source::RemoteSource;
+use admission::{errors, first_admission, refusal, Check, Opener, Reference, Replica};
 use health::Health;
-
-/// Probe ranges compared between replicas at open, of [`PROBE_TOKENS`] each.
-const PROBES: u64 = 8;
-const PROBE_TOKENS: u64 = 32;
-
-/// How a replica is opened: everything but its address.
-#[derive(Clone)]
-struct Opener {
-    dataset: StatRequest,
-    wire_codec: String,
-    timeout: Duration,
-    creds: Credentials,
-}
-
-impl Opener {
-    fn open(&self, authority: &str) -> Result<RemoteSource, SourceError> {
-        let c = Control::connect_with(authority, self.timeout, &self.creds)?;
-        let mut s = RemoteSource::open(c, self.dataset.clone(), &self.wire_codec)?;
-        s.set_readahead(ReadaheadConfig::OFF);
-        Ok(s)
-    }
-}
-
-/// What every replica must match: the first replica's stat and probe tokens.
-struct Reference {
-    authority: String,
-    stat: DatasetStat,
-    probes: Vec<(Range<u64>, Vec<u32>)>,
-}
-
-/// The probe ranges of a dataset of `tokens` tokens: spread evenly, first and last included.
-fn probe_ranges(tokens: u64) -> Vec<Range<u64>> {
-    let len = PROBE_TOKENS.min(tokens);
-    if len == 0 {
-        return Vec::new();
-    }
-    let mut starts: Vec<u64> = (0..PROBES)
-        .map(|i| (tokens - len) * i / (PROBES - 1))
-        .collect();
-    starts.dedup();
-    starts.into_iter().map(|s| s..s + len).collect()
-}
-
-/// Reads `ranges` stop-and-wait on `s`.
-fn read_probes(s: &mut RangeStream, ranges: &[Range<u64>]) -> Result<Vec<Vec<u32>>, SourceError> {
-    let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end - r.start)).collect();
-    s.send(&pairs)?;
-    ranges
-        .iter()
-        .map(|r| {
-            let mut out = vec![0u32; (r.end - r.start) as usize];
-            s.recv(r.start, r.end - r.start, Some(&mut out))?;
-            Ok(out)
-        })
-        .collect()
-}
-
-impl Reference {
-    fn of(authority: &str, src: &mut RemoteSource) -> Result<Self, SourceError> {
-        let ranges = probe_ranges(src.stat.tokens);
-        let tokens = read_probes(&mut src.stream, &ranges)?;
-        Ok(Reference {
-            authority: authority.to_string(),
-            stat: src.stat.clone(),
-            probes: ranges.into_iter().zip(tokens).collect(),
-        })
-    }
-
-    /// Whether `src` (at `authority`) holds the reference's data: [`Check::Differs`] says
-    /// why not, [`Check::Failed`] that the replica failed while being checked.
-    fn mismatch(&self, authority: &str, src: &mut RemoteSource) -> Result<(), Check> {
-        let (a, b) = (&self.stat, &src.stat);
-        let refuse = |what: String| {
-            SourceError::Agent(format!(
-                "replica {authority} of {} holds other data than replica {}: {what}; every \
-                 replica must serve the same dataset",
-                self.stat.dataset, self.authority
-            ))
-        };
-        let differs = |what: &str, x: &dyn std::fmt::Display, y: &dyn std::fmt::Display| {
-            refuse(format!(
-                "{what} {x} on {}, {y} on {authority}",
-                self.authority
-            ))
-        };
-        if a.tokens != b.tokens {
-            return Err(Check::Differs(differs("tokens", &a.tokens, &b.tokens)));
-        }
-        if a.documents != 0 && b.documents != 0 && a.documents != b.documents {
-            return Err(Check::Differs(differs(
-                "documents",
-                &a.documents,
-                &b.documents,
-            )));
-        }
-        if let (Some(x), Some(y)) = (a.stored_max_token, b.stored_max_token) {
-            if x != y {
-                return Err(Check::Differs(differs("largest token", &x, &y)));
-            }
-        }
-        if !a.checksum.is_empty() && !b.checksum.is_empty() && a.checksum != b.checksum {
-            return Err(Check::Differs(differs(
-                "content checksum",
-                &a.checksum,
-                &b.checksum,
-            )));
-        }
-        let ranges: Vec<Range<u64>> = self.probes.iter().map(|p| p.0.clone()).collect();
-        let got = read_probes(&mut src.stream, &ranges).map_err(Check::Failed)?;
-        for ((r, want), got) in self.probes.iter().zip(got) {
-            if *want != got {
-                let e = refuse(format!("tokens {}..{} differ", r.start, r.end));
-                return Err(Check::Differs(e));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Why a replica was not admitted: it holds other data (the open fails: a replica set must
-/// serve one dataset), or it failed on the way (it is left out, to be tried again).
-enum Check {
-    Differs(SourceError),
-    Failed(SourceError),
-}
-
-impl Check {
-    fn error(self) -> SourceError {
-        match self {
-            Check::Differs(e) | Check::Failed(e) => e,
-        }
-    }
-}
-
-/// Opens replica `authority` and checks it against `reference`, which the first replica
-/// that opens and answers its probes becomes.
-fn admit(
-    opener: &Opener,
-    authority: &str,
-    reference: &mut Option<Reference>,
-) -> Result<RemoteSource, Check> {
-    let mut src = opener.open(authority).map_err(Check::Failed)?;
-    match reference {
-        None => *reference = Some(Reference::of(authority, &mut src).map_err(Check::Failed)?),
-        Some(r) => r.mismatch(authority, &mut src)?,
-    }
-    Ok(src)
-}
-
-/// Admits every replica that opens and matches; while none does, tries them again (each
-/// within [`Health`]'s urgent back-off) until `opener.timeout` passes. Returns the
-/// reference the admitted ones matched.
-fn first_admission(
-    opener: &Opener,
-    replicas: &mut [Replica],
-    health: &mut Health,
-) -> Result<Reference, SourceError> {
-    let deadline = Instant::now() + opener.timeout;
-    let mut reference: Option<Reference> = None;
-    let mut due: Vec<usize> = (0..replicas.len()).collect();
-    let mut warned = false;
-    loop {
-        // Whether every failure of this pass is one no wait can mend.
-        let mut hopeless = !due.is_empty();
-        for i in due {
-            let a = &replicas[i].authority;
-            match admit(opener, a, &mut reference) {
-                Ok(src) => {
-                    replicas[i].conn = Some(src);
-                    health.reopened(i, None, Instant::now());
-                }
-                Err(Check::Differs(e)) => return Err(e),
-                Err(Check::Failed(e)) => {
-                    hopeless &= e.is_not_found() || matches!(e, SourceError::Usage(_));
-                    health.reopened(i, Some(&e.to_string()), Instant::now());
-                }
-            }
-        }
-        if let Some(r) = reference {
-            return Ok(r);
-        }
-        let now = Instant::now();
-        if now >= deadline || hopeless {
-            return Err(SourceError::Agent(format!(
-                "no replica of {} could be opened: {}",
-                opener.dataset.dataset,
-                errors(replicas, health)
-            )));
-        }
-        if !warned {
-            warned = true;
-            tracing::warn!(
-                dataset = %opener.dataset.dataset,
-                errors = %errors(replicas, health),
-                "no replica answered the open; trying them again for up to {} s",
-                opener.timeout.as_secs_f64()
-            );
-        }
-        let wake = health.next_due(true).map_or(deadline, |t| t.min(deadline));
-        std::thread::sleep(wake.saturating_duration_since(now));
-        due = health.due(Instant::now(), true);
-    }
-}
-
-/// Each replica's last error, `HOST:PORT: error; ...`.
-fn errors(replicas: &[Replica], health: &Health) -> String {
-    let why: Vec<String> = replicas
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("{}: {}", r.authority, health.error(i)))
-        .collect();
-    why.join("; ")
-}
-
-/// A replica's address and, while it is up, its connection (`Some` exactly while
-/// [`Health`] has it up).
-struct Replica {
-    authority: String,
-    conn: Option<RemoteSource>,
-}
 
 /// A reopen attempt's result: the replica's index and its source, checked.
 type Revived = (usize, Result<RemoteSource, SourceError>);
@@ -442,6 +233,26 @@ impl ReplicatedSource {
             }
         }
         Ok(())
+    }
+
+    /// Whether replica `i`'s failure `e` is the request's, not the replica's: an error the
+    /// agent itself reported (a token that does not fit the wire codec) that every replica
+    /// gives alike. It is one when the set has one replica, or another replica reported the
+    /// same message for this read; no failover or wait would mend it, so the read fails at
+    /// once. (A corrupt copy's checksum error names its own replica's failure and differs
+    /// from the others' answers: that one fails over.)
+    fn same_everywhere(
+        &self,
+        refusals: &mut Vec<(usize, String)>,
+        i: usize,
+        e: &SourceError,
+    ) -> bool {
+        let Some(m) = refusal(e) else {
+            return false;
+        };
+        let seen = refusals.iter().any(|(j, n)| *j != i && n == m);
+        refusals.push((i, m.to_string()));
+        seen || self.replicas.len() == 1
     }
 
     /// The error when no replica is left: each one's last error.
@@ -640,11 +451,19 @@ impl TokenSource for ReplicatedSource {
             )));
         }
         let deadline = Instant::now() + self.opener.timeout;
+        // The agents' own errors this read met, by replica.
+        let mut refusals: Vec<(usize, String)> = Vec::new();
         loop {
             self.revive();
             self.await_replica(deadline)?;
             match self.try_read(ranges, out) {
                 Ok(()) => return Ok(()),
+                Err((Some(i), e)) if self.same_everywhere(&mut refusals, i, &e) => {
+                    self.fail(i, &e);
+                    self.abandon_window();
+                    self.seq = Sequence::default();
+                    return Err(e);
+                }
                 Err((Some(i), e)) => {
                     tracing::warn!(
                         replica = %self.replicas[i].authority,
@@ -660,20 +479,5 @@ impl TokenSource for ReplicatedSource {
                 Err((None, e)) => return Err(e),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn probes_cover_the_dataset_ends() {
-        assert_eq!(probe_ranges(0), Vec::<Range<u64>>::new());
-        assert_eq!(probe_ranges(10), vec![0..10]);
-        let p = probe_ranges(1000);
-        assert_eq!(p.len(), 8);
-        assert_eq!(p[0], 0..32);
-        assert_eq!(p[7], 968..1000);
     }
 }

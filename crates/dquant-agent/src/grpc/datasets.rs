@@ -74,7 +74,7 @@ pub(super) fn open_plan_source(
     Ok(Box::new(open_shared(shared, &found, s)?))
 }
 
-/// Opens a dataset on upstream agents (chaining): one agent, or a replica set whose
+/// Opens a dataset on upstream agents (chaining): one agent or a replica set, whose
 /// failovers the agent counts in its metrics.
 fn open_upstream(
     shared: &Shared,

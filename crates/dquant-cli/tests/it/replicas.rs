@@ -308,6 +308,34 @@ fn all_replicas_killed_is_an_error_and_the_cursor_resumes_the_rest() {
     assert!(xxh3(&got) == xxh3(&want), "the resumed stream differs");
 }
 
+/// One storage agent, no replicas: killed mid-stream and started again at its address a
+/// moment later, it is waited for (up to the host's upstream timeout) like a replica set
+/// of one. The reader sees no error and the stream is unchanged.
+#[test]
+fn a_lone_storage_agent_restarted_mid_stream_is_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path(), 0);
+    let mut a = storage(dir.path());
+    let (h, _empty) = host(&[authority(&a)]);
+    let p = plan(&format!("{}/corpus/big", a.uri), true);
+    let want = local(dir.path(), &p);
+    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+    let mut got = read_batches(&mut r, 10);
+    a.signal(libc::SIGKILL);
+    let _ = a.child.wait();
+    let at = dir.path().to_path_buf();
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        restart(&at, &a)
+    });
+    let (rest, err) = read_rest(&mut r);
+    assert_eq!(err, None, "the agent was back within the upstream timeout");
+    got.extend(rest);
+    assert_eq!(got.len(), want.len());
+    assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+    drop(back.join().unwrap());
+}
+
 /// A plan opened while every replica is down (a storage restart under a starting job)
 /// waits for one to come back instead of failing, and streams the whole plan.
 #[test]

@@ -98,3 +98,35 @@ fn a_flipped_bit_in_one_replicas_copy_never_reaches_a_batch() {
         assert!(xxh3(&got) == xxh3(&want), "the streams differ");
     }
 }
+
+/// An error every replica reports alike (a token too wide for the plan's wire codec) is the
+/// request's, not a replica's: the read fails at once with the agents' message, as from one
+/// agent. (Before, the reads failed over from one replica to the other until the timeout,
+/// 120 s, and then named every replica as failed.)
+#[test]
+fn an_error_every_replica_reports_alike_fails_at_once() {
+    let c = Corpus::new();
+    let (a, b) = (c.agent(), c.agent());
+    let mut p = plan(&[("wide", 1.0)], 255, 4);
+    p.shuffle = false;
+    p.wire_codec = "u16".into();
+    let (x, y) = (a.control_addr(), b.control_addr());
+    p.sources[0].uri = format!("dquant://{x},{y}/corpus/wide");
+    let t = std::time::Instant::now();
+    // The open's probes of the replicas' data already meet a wide token, or the reads do.
+    let e = match open("", &p, Offload::No) {
+        Err(e) => e.to_string(),
+        Ok(mut r) => loop {
+            match r.next_batch() {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("a u16 wire codec carried 18-bit tokens"),
+                Err(e) => break e.to_string(),
+            }
+        },
+    };
+    assert!(t.elapsed().as_secs() < 10, "{:?}", t.elapsed());
+    assert!(
+        e.contains("corpus/wide: token ") && e.ends_with("it needs 18 bits: use bits:18 or wider"),
+        "{e}"
+    );
+}
