@@ -267,6 +267,9 @@ pub fn hint(message: &str, tls: bool) -> &'static str {
         "h2 protocol error",
         "frame with invalid size",
         "connection closed",
+        // hyper, when the peer closed before HTTP/2 was up (a TLS agent hanging up on
+        // plaintext), under load: the same failure as the ones above.
+        "connection was not ready",
     ]
     .iter()
     .any(|s| lower.contains(s))
