@@ -15,6 +15,19 @@ pub fn drain(r: &mut Reader) -> (Vec<u8>, Vec<usize>) {
     (bytes, sizes)
 }
 
+/// Everything a reader yields until its end or its first error, and that error: for tests
+/// of faults, where an error is an outcome to check, not a failure of the test.
+pub fn until_error(r: &mut Reader) -> (Vec<u8>, Option<String>) {
+    let mut bytes = Vec::new();
+    loop {
+        match r.next_batch() {
+            Ok(Some(b)) => bytes.extend_from_slice(b.tokens.as_bytes()),
+            Ok(None) => return (bytes, None),
+            Err(e) => return (bytes, Some(e.to_string())),
+        }
+    }
+}
+
 /// Everything a reader yields through `read` in `buf_len`-byte calls.
 pub fn read_all(r: &mut Reader, buf_len: usize) -> Vec<u8> {
     let mut got = Vec::new();

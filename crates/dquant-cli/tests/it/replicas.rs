@@ -15,6 +15,7 @@ use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_storage::{DatasetWriter, OutputFormat};
 use dquant_testkit::metrics::{free_addr, scrape};
 use dquant_testkit::process::AgentProcess;
+use dquant_testkit::stream::until_error;
 use dquant_testkit::xxh3;
 
 const BIN: &str = env!("CARGO_BIN_EXE_dquant");
@@ -140,19 +141,7 @@ fn plan(uri: &str, shuffle: bool) -> Plan {
 fn local(dir: &Path, p: &Plan) -> Vec<u8> {
     let mut p = p.clone();
     p.sources[0].uri = dir.join("corpus/big").display().to_string();
-    read_rest(&mut Reader::local(&p, Cursor::START).unwrap()).0
-}
-
-/// Everything `r` yields until its end or its first error.
-fn read_rest(r: &mut Reader) -> (Vec<u8>, Option<String>) {
-    let mut bytes = Vec::new();
-    loop {
-        match r.next_batch() {
-            Ok(Some(b)) => bytes.extend_from_slice(b.tokens.as_bytes()),
-            Ok(None) => return (bytes, None),
-            Err(e) => return (bytes, Some(e.to_string())),
-        }
-    }
+    until_error(&mut Reader::local(&p, Cursor::START).unwrap()).0
 }
 
 /// Reads `n` batches of `r`.
@@ -191,7 +180,7 @@ fn a_replica_killed_mid_stream_changes_nothing() {
         b.signal(libc::SIGKILL);
         let _ = b.child.wait();
         let a_at_kill = served(a_metrics);
-        let (rest, err) = read_rest(&mut r);
+        let (rest, err) = until_error(&mut r);
         assert_eq!(err, None, "shuffle={shuffle}");
         // The survivor served what b no longer could; the host counted b's failover.
         served_more_than(a_metrics, a_at_kill, "replica a, after the kill,");
@@ -266,7 +255,7 @@ fn the_last_replica_dying_just_after_another_came_back_is_no_error() {
     x.got.extend(read_batches(&mut x.r, 10));
     let _a = restart(x.dir.path(), &x.a);
     x.b.signal(libc::SIGKILL);
-    let (rest, err) = read_rest(&mut x.r);
+    let (rest, err) = until_error(&mut x.r);
     assert_eq!(err, None, "a was back before b died");
     x.got.extend(rest);
     assert_eq!(x.got.len(), x.want.len());
@@ -287,7 +276,7 @@ fn all_replicas_killed_is_an_error_and_the_cursor_resumes_the_rest() {
     for s in [&a, &b] {
         s.signal(libc::SIGKILL);
     }
-    let (rest, err) = read_rest(&mut r);
+    let (rest, err) = until_error(&mut r);
     got.extend(rest);
     let err = err.expect("every replica is gone");
     assert!(
@@ -301,7 +290,7 @@ fn all_replicas_killed_is_an_error_and_the_cursor_resumes_the_rest() {
     let (h2, _empty2) = host(&[authority(&c)]);
     let p2 = plan(&format!("{}/corpus/big", c.uri), false);
     let mut r = open_at(&h2.uri(), &p2, cursor, Offload::Yes).unwrap();
-    let (rest, err) = read_rest(&mut r);
+    let (rest, err) = until_error(&mut r);
     assert_eq!(err, None);
     got.extend(rest);
     assert_eq!(got.len(), want.len());
@@ -328,7 +317,7 @@ fn a_lone_storage_agent_restarted_mid_stream_is_waited_for() {
         std::thread::sleep(std::time::Duration::from_millis(300));
         restart(&at, &a)
     });
-    let (rest, err) = read_rest(&mut r);
+    let (rest, err) = until_error(&mut r);
     assert_eq!(err, None, "the agent was back within the upstream timeout");
     got.extend(rest);
     assert_eq!(got.len(), want.len());
@@ -360,7 +349,7 @@ fn an_open_with_every_replica_down_waits_for_one_to_come_back() {
         restart(&at, &b)
     });
     let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
-    let (got, err) = read_rest(&mut r);
+    let (got, err) = until_error(&mut r);
     assert_eq!(err, None);
     assert!(xxh3(&got) == xxh3(&want), "the streams differ");
     drop(back.join().unwrap());
@@ -417,7 +406,7 @@ fn the_placement_map_routes_datasets_to_their_replicas() {
     b.signal(libc::SIGKILL);
     let _ = b.child.wait();
     std::thread::sleep(Duration::from_millis(50));
-    let (rest, err) = read_rest(&mut r);
+    let (rest, err) = until_error(&mut r);
     assert_eq!(err, None);
     got.extend(rest);
     assert!(xxh3(&got) == xxh3(&want), "the streams differ");

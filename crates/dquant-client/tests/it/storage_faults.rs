@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use dquant_agent::faults::Fault;
 use dquant_agent::AgentHandle;
-use dquant_client::{open, Offload, Reader};
+use dquant_client::{open, Offload};
 use dquant_plan::Plan;
 use dquant_storage::faulty::StorageFault;
 use dquant_testkit::agent::{plan, Corpus};
-use dquant_testkit::stream::drain;
+use dquant_testkit::stream::{drain, until_error};
 use dquant_testkit::xxh3;
 
 fn eio(nth: u64) -> Fault {
@@ -32,18 +32,6 @@ fn r50k() -> Plan {
 
 fn local(c: &Corpus) -> Vec<u8> {
     drain(&mut open("", &c.localized(&r50k()), Offload::No).unwrap()).0
-}
-
-/// The batches a reader yields until its first error, and that error.
-fn until_error(r: &mut Reader) -> (Vec<u8>, Option<String>) {
-    let mut bytes = Vec::new();
-    loop {
-        match r.next_batch() {
-            Ok(Some(b)) => bytes.extend_from_slice(b.tokens.as_bytes()),
-            Ok(None) => return (bytes, None),
-            Err(e) => return (bytes, Some(e.to_string())),
-        }
-    }
 }
 
 fn replicated(a: &AgentHandle, b: &AgentHandle) -> Plan {
