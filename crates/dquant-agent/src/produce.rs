@@ -371,5 +371,7 @@ fn step_contained(
     step.unwrap_or_else(|p| Err(ProduceError::Panicked(p.0)))
 }
 
+#[cfg(all(test, debug_assertions))]
+mod simulation;
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,7 @@
-//! The produce loop driven over the in-memory pair with simulated time: every batch once and
-//! in order under back-pressure, idle flushes by the clock, errors after the batches before
-//! them.
-
-//! The produce loop driven with the in-memory transport and a simulated clock: no
-//! sockets, no threads, no sleeps.
+//! The produce loop driven over the in-memory pair with a simulated clock (no sockets,
+//! threads or sleeps): every batch once and in order under back-pressure, idle flushes by
+//! the clock, errors after the batches before them. `simulation.rs` runs the same loop under
+//! random schedules, with these helpers.
 
 use std::cell::Cell;
 use std::path::Path;
@@ -21,7 +19,7 @@ use dquant_transport::BatchHeader;
 use super::*;
 
 /// A raw u16 token file of `n` tokens, with `big` (if any) at token 5000.
-fn dataset(dir: &Path, n: usize, big: Option<u16>) -> String {
+pub(super) fn dataset(dir: &Path, n: usize, big: Option<u16>) -> String {
     let mut tokens: Vec<u16> = (0..n).map(|i| (i * 7919 % 30_000) as u16).collect();
     if let Some(b) = big {
         tokens[5000] = b;
@@ -32,7 +30,7 @@ fn dataset(dir: &Path, n: usize, big: Option<u16>) -> String {
     path.display().to_string()
 }
 
-fn plan(uri: &str, output: OutputDType, wire: &str) -> Plan {
+pub(super) fn plan(uri: &str, output: OutputDType, wire: &str) -> Plan {
     let mut source = Source::new(uri);
     source.dtype = Some("u16".into());
     let mut p = Plan::new(vec![source], 63, 4);
@@ -69,7 +67,7 @@ fn pools() -> [Option<Arc<WorkerPool>>; 2] {
 }
 
 /// One received record: its header and its tokens decoded.
-fn decode(record: &[u8]) -> (BatchHeader, Vec<u32>) {
+pub(super) fn decode(record: &[u8]) -> (BatchHeader, Vec<u32>) {
     let head: &[u8; RECORD_HEADER_LEN] = record[..RECORD_HEADER_LEN].try_into().unwrap();
     let h = BatchHeader::parse(head).unwrap();
     let payload = &record[RECORD_HEADER_LEN..];
@@ -88,7 +86,7 @@ fn drain(source: &mut MemorySource, got: &mut Vec<(BatchHeader, Vec<u32>)>) {
 }
 
 /// The plan's batches in-process: (index, samples, cursor, tokens).
-fn local(p: &Plan) -> Vec<(u64, usize, Cursor, Vec<u32>)> {
+pub(super) fn local(p: &Plan) -> Vec<(u64, usize, Cursor, Vec<u32>)> {
     let mut pl = pipeline(p);
     let mut out = Vec::new();
     while let Some(b) = pl.next_batch().unwrap() {
