@@ -9,6 +9,7 @@
 //! - with the `s3` feature, [`s3`]: an S3 server on loopback and a proxy that breaks it;
 //! - with the `tls` feature, [`tls`]: a CA and agent certificates made per test;
 //! - [`metrics`]: an agent's Prometheus page, scraped;
+//! - [`netns`]: a network namespace on a veth pair, partitioned and healed;
 //! - [`tap`]: the packets on `lo` as the kernel sent them (IP header marks);
 //! - [`require`]: a component a test needs, which must be there under `CI=true`.
 
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod metrics;
+pub mod netns;
 pub mod process;
 #[cfg(feature = "s3")]
 pub mod s3;

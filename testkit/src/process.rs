@@ -8,13 +8,14 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A `dquant serve` process on ephemeral loopback ports; killed when dropped. Its stderr (the
+/// A `dquant serve` process on ephemeral ports (loopback, or a namespace's address); killed
+/// when dropped. Its stderr (the
 /// agent's log) is collected for [`AgentProcess::log`] and for panic messages.
 pub struct AgentProcess {
     pub child: Child,
-    /// `dquant://127.0.0.1:PORT`, from the agent's listening line.
+    /// `dquant://HOST:PORT`, from the agent's listening line.
     pub uri: String,
-    /// The data plane's `127.0.0.1:PORT`.
+    /// The data plane's `HOST:PORT`.
     pub data: String,
     log: Arc<Mutex<String>>,
 }
@@ -34,7 +35,26 @@ impl AgentProcess {
         data: &str,
         args: &[&str],
     ) -> AgentProcess {
-        let mut child = Command::new(bin)
+        Self::spawn(Command::new(bin), listen, data, args)
+    }
+
+    /// Starts `BIN serve` inside network namespace `ns` (`ip netns exec`, which becomes the
+    /// agent itself), on `ns`'s address at ephemeral ports.
+    pub fn start_in(
+        ns: &crate::netns::Netns,
+        bin: impl AsRef<OsStr>,
+        args: &[&str],
+    ) -> AgentProcess {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns.name]).arg(bin);
+        let (listen, data) = (format!("{}:0", ns.addr), format!("{}:0", ns.addr));
+        Self::spawn(c, &listen, &data, args)
+    }
+
+    /// Starts `command serve ...` (see [`AgentProcess::start_on`]).
+    fn spawn(mut command: Command, listen: &str, data: &str, args: &[&str]) -> AgentProcess {
+        let host = listen.rsplit_once(':').map_or("", |(h, _)| h).to_string();
+        let mut child = command
             .args(["serve", "--listen", listen, "--data-listen", data])
             .args(args)
             .stdin(Stdio::null())
@@ -77,7 +97,7 @@ impl AgentProcess {
         };
         agent.uri = field("uri=");
         assert_eq!(agent.uri, format!("dquant://{}", field("control=")));
-        assert!(field("data=").starts_with("127.0.0.1:"), "{line}");
+        assert!(field("data=").starts_with(&format!("{host}:")), "{line}");
         agent.data = field("data=");
         agent
     }

@@ -14,6 +14,7 @@ use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_storage::{DatasetWriter, OutputFormat};
 use dquant_testkit::metrics::{free_addr, scrape};
+use dquant_testkit::netns::{self, Netns};
 use dquant_testkit::process::AgentProcess;
 use dquant_testkit::stream::until_error;
 use dquant_testkit::xxh3;
@@ -323,6 +324,67 @@ fn a_lone_storage_agent_restarted_mid_stream_is_waited_for() {
     assert_eq!(got.len(), want.len());
     assert!(xxh3(&got) == xxh3(&want), "the streams differ");
     drop(back.join().unwrap());
+}
+
+/// A network partition, not a dead process, in two network namespaces the test makes: the
+/// replica whose link goes down drops every packet in silence (no reset, no refusal), so its
+/// reads hear nothing, and after the host's upstream timeout they move to the other replica.
+/// Healed, it is used again when the other one's link goes down in turn. The reader sees no
+/// error and its stream is the local one.
+#[test]
+fn a_partitioned_replica_is_waited_out_and_used_again_once_healed() {
+    if !dquant_testkit::require(
+        "network namespaces",
+        netns::available(),
+        "root and iproute2",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path(), 0);
+    let (na, nb) = (Netns::new(), Netns::new());
+    // Beyond loopback an agent serves tenants only; plaintext is allowed on this private link.
+    const TOKEN: &str = "partition-test-token-0123";
+    let conf = dir.path().join("storage.toml");
+    let roots = dir.path().join("corpus");
+    let toml = format!(
+        "allow_plaintext = true\nworker_threads = 0\n[[tenants]]\nname = \"host\"\n\
+         token = \"{TOKEN}\"\nroots = [\"*\"]\n[roots]\ncorpus = \"{}\"\n",
+        roots.display()
+    );
+    std::fs::write(&conf, toml).unwrap();
+    let args = ["--config", conf.to_str().unwrap()];
+    let a = AgentProcess::start_in(&na, BIN, &args);
+    let b = AgentProcess::start_in(&nb, BIN, &args);
+    let reps = [authority(&a), authority(&b)];
+    let (h, _empty) = host_config(&reps, |c| {
+        c.upstream_timeout_secs = 2;
+        c.upstream_token = Some(TOKEN.into());
+    });
+    let p = plan(
+        &format!("dquant://{},{}/corpus/big", reps[0], reps[1]),
+        true,
+    );
+    let want = local(dir.path(), &p);
+    let mut r = open(&h.uri(), &p, Offload::Yes).unwrap();
+    let mut got = read_batches(&mut r, 10);
+    na.partition();
+    let t = Instant::now();
+    got.extend(read_batches(&mut r, 30));
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "a's reads were waited out"
+    );
+    na.heal();
+    // Past a's back-off: the next read reopens it.
+    std::thread::sleep(Duration::from_secs(2));
+    got.extend(read_batches(&mut r, 5));
+    nb.partition();
+    let (rest, err) = until_error(&mut r);
+    assert_eq!(err, None, "a was back before b's link went down");
+    got.extend(rest);
+    assert_eq!(got.len(), want.len());
+    assert!(xxh3(&got) == xxh3(&want), "the streams differ");
 }
 
 /// A plan opened while every replica is down (a storage restart under a starting job)
