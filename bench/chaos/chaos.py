@@ -2,8 +2,9 @@
 """The chaos soak (issue 35): faults without loss, checked sample for sample.
 
 Three storage agents serve the same corpus (replicas), a host agent chains to them, and
-readers (`dquant read` through the host agent) stream a blended plan whose sources name the
-three replicas. For --minutes, one fault every 0.3-1.5 s, drawn from:
+readers (`dquant read` through the host agent: --shm-readers of them, one by default, through
+its shared-memory ring, the rest over TCP) stream a blended plan whose sources name the three
+replicas. For --minutes, one fault every 0.3-1.5 s, drawn from:
 
 - replica_kill: SIGKILL of a replica that is serving while another one serves too, which comes
   back 0.2-2 s later at its address;
@@ -58,7 +59,9 @@ def classify(stderr: str) -> str:
         return "replicas"
     host = ("shutting down", "draining", "connection refused", "Connection refused",
             "reset", "closed", "broken pipe", "Broken pipe", "unavailable", "transport error",
-            "without an end frame", "timed out")
+            "without an end frame", "timed out",
+            # the shared-memory ring's consumer, when the agent behind it dies
+            "agent went away")
     if any(h in stderr for h in host):
         return "host agent"
     return "other"
@@ -67,8 +70,10 @@ def classify(stderr: str) -> str:
 class Reader:
     """One `dquant read` through the host agent, restarted from the whole samples it wrote."""
 
-    def __init__(self, idx: int, dquant: str, plan: Path, host: Agent, work: Path):
+    def __init__(self, idx: int, dquant: str, plan: Path, host: Agent, work: Path, shm: bool):
         self.idx, self.dquant, self.plan, self.host, self.work = idx, dquant, plan, host, work
+        # Through the host's shared-memory ring (its Unix socket), or over TCP.
+        self.address = host.socket if shm else f"dquant://{host.control}"
         self.proc: Optional[subprocess.Popen] = None
         self.pass_no = 0
         self.written = 0          # whole-sample bytes of this pass in finished segments
@@ -88,7 +93,7 @@ class Reader:
         cursor = self.written // SAMPLE_BYTES
         self.err = open(self.work / f"r{self.idx}.err", "w+")
         self.proc = subprocess.Popen(
-            [self.dquant, "read", str(self.plan), "--agent", f"dquant://{self.host.control}",
+            [self.dquant, "read", str(self.plan), "--agent", self.address,
              "--out", str(seg), "--cursor", str(cursor), "--quiet"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
 
@@ -219,6 +224,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  epilog="example: bench/chaos/run.sh --minutes 2")
     ap.add_argument("--minutes", type=float, default=2.0)
     ap.add_argument("--readers", type=int, default=3)
+    ap.add_argument("--shm-readers", type=int, default=1,
+                    help="how many of the readers read through the host agent's shared-memory "
+                         "ring (its Unix socket); the rest over TCP")
     ap.add_argument("--samples", type=int, default=40_000,
                     help="samples per pass (4 MiB of u16 per 1000)")
     ap.add_argument("--tokens", type=int, default=16_000_000, help="tokens of the larger dataset")
@@ -256,7 +264,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     lines = [x for r in readers for x in r.error_lines]
     host_lines = [line for cause, line in lines if cause == "host agent"]
     report = {
-        "minutes": a.minutes, "readers": a.readers, "seed": a.seed,
+        "minutes": a.minutes, "readers": a.readers, "shm_readers": min(a.shm_readers, a.readers),
+        "seed": a.seed,
         "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
         "passes_checked": sum(r.passes_ok for r in readers),
         "bytes_compared": sum(r.bytes_compared for r in readers),
@@ -293,13 +302,14 @@ def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
     authorities = ",".join(r.control for r in replicas)
     ups = [x for r in replicas for x in ("--upstream", r.control)]
     host = Agent(a.dquant, ["--root", f"none={work}", "--prefetch-frames", "2", *ups],
-                 name="host", fixed=True, logs=logs)
+                 name="host", fixed=True, socket=True, logs=logs)
     agents.append(host)
     host.start()
     plan = work / "plan.json"
     write_plan(plan, [f"dquant://{authorities}/corpus/web", f"dquant://{authorities}/corpus/code"],
                a.samples)
-    readers += [Reader(i, a.dquant, plan, host, work) for i in range(a.readers)]
+    readers += [Reader(i, a.dquant, plan, host, work, shm=i < a.shm_readers)
+                for i in range(a.readers)]
     for r in readers:
         r.start()
 
@@ -394,7 +404,8 @@ def figures(r: dict) -> List[dict]:
 
 
 def render(r: dict) -> str:
-    lines = [f"# Chaos soak: {r['minutes']} min, {r['readers']} readers, seed {r['seed']}", "",
+    lines = [f"# Chaos soak: {r['minutes']} min, {r['readers']} readers "
+             f"({r.get('shm_readers', 0)} over shared memory), seed {r['seed']}", "",
              "| fault | count | readers moved on after: p50 | p99 |", "|---|---|---|---|"]
     for k, n in sorted(r["faults"].items()):
         rec = r["recovery_s"].get(k, {})
