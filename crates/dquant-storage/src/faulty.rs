@@ -132,11 +132,11 @@ impl StorageFaults {
                 nth,
                 reads,
                 delay,
-            } if o == object && (*nth..nth + reads).contains(&read) => {
+            } if o == object && (*nth..nth.saturating_add(*reads)).contains(&read) => {
                 if matches!(hit, Hit::None) {
                     hit = Hit::Delay(*delay);
                 }
-                read + 1 < nth + reads
+                read + 1 < nth.saturating_add(*reads)
             }
             _ => true,
         });
