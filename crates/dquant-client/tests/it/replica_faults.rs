@@ -13,23 +13,24 @@ use dquant_testkit::agent::{plan, Corpus};
 use dquant_testkit::stream::drain;
 use dquant_testkit::xxh3;
 
-/// A plan over `corpus/r50k` held by both agents, read from them as replicas by the client.
-fn replicated(a: &AgentHandle, b: &AgentHandle) -> Plan {
+/// A plan over `corpus/r50k` (the Megatron pair), in the u16 wire codec.
+pub(crate) fn r50k() -> Plan {
     let mut p = plan(&[("r50k", 1.0)], 127, 4);
-    p.sources[0].uri = format!(
-        "dquant://{},{}/corpus/r50k",
-        a.control_addr(),
-        b.control_addr()
-    );
     p.wire_codec = "u16".into();
     p
 }
 
+/// [`r50k`] held by both agents, read from them as replicas by the client.
+pub(crate) fn replicated(a: &AgentHandle, b: &AgentHandle) -> Plan {
+    let mut p = r50k();
+    let (x, y) = (a.control_addr(), b.control_addr());
+    p.sources[0].uri = format!("dquant://{x},{y}/corpus/r50k");
+    p
+}
+
 /// The same stream read from the local file.
-fn local(c: &Corpus) -> Vec<u8> {
-    let mut p = plan(&[("r50k", 1.0)], 127, 4);
-    p.wire_codec = "u16".into();
-    drain(&mut open("", &c.localized(&p), Offload::No).unwrap()).0
+pub(crate) fn local(c: &Corpus) -> Vec<u8> {
+    drain(&mut open("", &c.localized(&r50k()), Offload::No).unwrap()).0
 }
 
 /// The second replica fails while the open checks that it holds the same data (its first

@@ -8,37 +8,20 @@
 use std::time::{Duration, Instant};
 
 use dquant_agent::faults::Fault;
-use dquant_agent::AgentHandle;
 use dquant_client::{open, Offload};
-use dquant_plan::Plan;
 use dquant_storage::faulty::StorageFault;
-use dquant_testkit::agent::{plan, Corpus};
+use dquant_testkit::agent::Corpus;
 use dquant_testkit::stream::{drain, until_error};
 use dquant_testkit::xxh3;
+
+// The plans are the replica faults' (the faults below hit `r50k.bin`, the pair's data).
+use crate::replica_faults::{local, r50k, replicated};
 
 fn eio(nth: u64) -> Fault {
     Fault::Storage(StorageFault::ReadError {
         object: "r50k.bin".into(),
         nth,
     })
-}
-
-/// A shuffled plan over `corpus/r50k` (the Megatron pair, whose `.bin` the faults hit).
-fn r50k() -> Plan {
-    let mut p = plan(&[("r50k", 1.0)], 127, 4);
-    p.wire_codec = "u16".into();
-    p
-}
-
-fn local(c: &Corpus) -> Vec<u8> {
-    drain(&mut open("", &c.localized(&r50k()), Offload::No).unwrap()).0
-}
-
-fn replicated(a: &AgentHandle, b: &AgentHandle) -> Plan {
-    let mut p = r50k();
-    let (x, y) = (a.control_addr(), b.control_addr());
-    p.sources[0].uri = format!("dquant://{x},{y}/corpus/r50k");
-    p
 }
 
 /// One replica's disk returns EIO, the other's has its file end early: each read moves to
