@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A `dquant serve` process on ephemeral ports (loopback, or a namespace's address); killed
-/// when dropped. Its stderr (the
-/// agent's log) is collected for [`AgentProcess::log`] and for panic messages.
+/// when dropped. Its stderr (the agent's log) is collected for [`AgentProcess::log`] and for
+/// panic messages.
 pub struct AgentProcess {
     pub child: Child,
     /// `dquant://HOST:PORT`, from the agent's listening line.
@@ -47,8 +47,8 @@ impl AgentProcess {
     ) -> AgentProcess {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &ns.name]).arg(bin);
-        let (listen, data) = (format!("{}:0", ns.addr), format!("{}:0", ns.addr));
-        Self::spawn(c, &listen, &data, args)
+        let any_port = format!("{}:0", ns.addr);
+        Self::spawn(c, &any_port, &any_port, args)
     }
 
     /// Starts `command serve ...` (see [`AgentProcess::start_on`]).

@@ -27,8 +27,8 @@ use crate::error::StorageError;
 use crate::root::{ObjectMeta, Root, RootError};
 
 /// One fault, on the object named `object` (a root's relative name, or a destination's
-/// path as given). Read numbers count every read of the object since the fault was armed,
-/// from 0, whoever made it.
+/// path as given). Read numbers count every read of the object, whoever made it, from 0 at
+/// the first fault armed for it (a second fault on the same object counts on from there).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StorageFault {
     /// Read number `nth` fails with EIO.
@@ -68,7 +68,7 @@ enum Hit {
 #[derive(Default)]
 struct Armed {
     faults: Vec<StorageFault>,
-    /// Reads of each object with a fault armed, since it was armed.
+    /// Reads of each object since a fault was first armed for it.
     reads: HashMap<String, u64>,
 }
 
