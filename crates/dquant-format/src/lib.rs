@@ -15,9 +15,11 @@
 //!
 //! Every format carries the same logical content: a token stream plus a [`DocIndex`] of
 //! sequence and document boundaries. [`ContentChecksum`] hashes that content independently of
-//! the format and codec.
+//! the format and codec. A Megatron `.bin` carries no checksums of its own; [`chunk_sums`] is
+//! the sidecar that gives it some.
 
 pub mod block;
+pub mod chunk_sums;
 mod content;
 mod dtype;
 mod error;

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use dquant_codec::Codec;
 use dquant_format::block::{BlockLayout, FooterHead};
+use dquant_format::chunk_sums::ChunkSums;
 use dquant_format::{ContentChecksum, DType, DocIndex, FormatError};
 
 use crate::backend::ReadAt;
@@ -22,8 +23,10 @@ mod index;
 mod objects;
 mod open;
 mod read;
+mod sums;
 
 use index::Index;
+pub use open::SUMS_EXT;
 pub use read::{ReadBuffers, TokenReader};
 
 /// How to interpret files that do not describe themselves.
@@ -88,6 +91,9 @@ enum Source {
     Plain {
         file: Box<dyn ReadAt>,
         dtype: DType,
+        /// The file's chunk sums, when a sidecar came with it (Megatron `PREFIX.dqsum`):
+        /// every read is checked against them.
+        sums: Option<Box<sums::CheckedChunks>>,
     },
     Block {
         file: Box<dyn ReadAt>,
@@ -196,12 +202,24 @@ impl Dataset {
     }
 
     /// The local file holding a plain dataset's tokens (a Megatron `.bin` or a raw file,
-    /// from a path or a directory root), already open; `None` for block files and objects
-    /// in other stores.
+    /// from a path or a directory root), already open, for a caller that maps it; `None` for
+    /// block files, objects in other stores, and files with chunk sums (their reads must go
+    /// through the dataset, which checks them).
     pub fn plain_local_file(&self) -> Option<&std::fs::File> {
         match &self.source {
-            Source::Plain { file, .. } => file.local_file(),
-            Source::Block { .. } => None,
+            Source::Plain {
+                file, sums: None, ..
+            } => file.local_file(),
+            _ => None,
+        }
+    }
+
+    /// The chunk sums every read of a plain file is checked against, and the sidecar they
+    /// came from, when it has one.
+    pub fn chunk_sums(&self) -> Option<(&ChunkSums, &Path)> {
+        match &self.source {
+            Source::Plain { sums: Some(s), .. } => Some((s.sums(), s.sidecar())),
+            _ => None,
         }
     }
 

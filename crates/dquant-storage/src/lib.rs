@@ -31,7 +31,7 @@ mod writer;
 pub use backend::{LocalFile, ReadAt};
 pub use block_cache::{BlockCache, BlockCacheStats, CachedRoot};
 pub use cache::{CacheStats, DatasetCache};
-pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader};
+pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader, SUMS_EXT};
 pub use destination::{Destination, LocalFiles, StagedObject};
 pub use eod_index::cache_dir as index_cache_dir;
 pub use error::StorageError;

@@ -5,11 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use dquant_format::block::{self, BlockLayout, FooterHead, Trailer};
+use dquant_format::chunk_sums::{self, ChunkSums};
 use dquant_format::megatron::{self};
 use dquant_format::{DType, DocIndex, FormatError};
 
 use super::index::{alloc_for, lazy_idx, FooterIndex, LazyIndex};
 use super::objects::{megatron_prefix, InRoot, Objects, Paths};
+use super::sums::CheckedChunks;
 use super::{next_id, read_at, Dataset, Format, Index, OpenOptions, Source};
 use crate::backend::ReadAt;
 use crate::eod_index::EodIndex;
@@ -71,16 +73,32 @@ impl Dataset {
         let file = objects.open(&bin_path)?;
         megatron::check_bin_tokens(dtype, tokens, file.len())
             .map_err(|e| StorageError::format(&bin_path, e))?;
-        let versions = vec![
+        let mut versions = vec![
             (idx_path.clone(), idx.version()),
             (bin_path.clone(), file.version()),
         ];
+        let mut size = file.len() + idx.len();
+        let sums_path = sibling(SUMS_EXT);
+        let sums = match objects.exists(&sums_path) {
+            true => {
+                let sidecar = objects.open(&sums_path)?;
+                versions.push((sums_path.clone(), sidecar.version()));
+                size += sidecar.len();
+                Some(Box::new(read_sums(
+                    &*sidecar,
+                    sums_path,
+                    &bin_path,
+                    file.len(),
+                )?))
+            }
+            false => None,
+        };
         Ok(Dataset {
             id: next_id(),
             path: prefix.to_path_buf(),
             data_path: bin_path,
             format: Format::Megatron { dtype },
-            size: file.len() + idx.len(),
+            size,
             index: Index::Lazy(Box::new(LazyIndex {
                 header,
                 tokens,
@@ -88,7 +106,7 @@ impl Dataset {
                 idx_path,
                 loaded: OnceLock::new(),
             })),
-            source: Source::Plain { file, dtype },
+            source: Source::Plain { file, dtype, sums },
             versions,
             scanned_max: OnceLock::new(),
         })
@@ -187,10 +205,47 @@ impl Dataset {
             data_path: path.to_path_buf(),
             format: Format::Raw { dtype },
             index,
-            source: Source::Plain { file, dtype },
+            source: Source::Plain {
+                file,
+                dtype,
+                sums: None,
+            },
             size,
             versions: vec![(path.to_path_buf(), version)],
             scanned_max: OnceLock::new(),
         })
     }
+}
+
+/// The ending of a Megatron dataset's chunk sums sidecar: `PREFIX.dqsum` beside `PREFIX.bin`.
+pub const SUMS_EXT: &str = ".dqsum";
+
+/// Reads and checks the chunk sums sidecar `path` of the data file `data` (`data_len` bytes).
+/// Its length is bounded by the data file's before it is read: a sidecar at the smallest
+/// chunk size is the largest that can cover it.
+fn read_sums(
+    sidecar: &dyn ReadAt,
+    path: PathBuf,
+    data: &Path,
+    data_len: u64,
+) -> Result<CheckedChunks, StorageError> {
+    let most =
+        data_len.div_ceil(u64::from(chunk_sums::MIN_CHUNK)) * 4 + chunk_sums::HEADER_LEN as u64 + 4;
+    if sidecar.len() > most {
+        return Err(StorageError::format(
+            &path,
+            FormatError::corrupt(
+                "chunk sums file",
+                format!(
+                    "{} bytes, more than any sidecar of {}'s {data_len} bytes ({most})",
+                    sidecar.len(),
+                    data.display()
+                ),
+            ),
+        ));
+    }
+    let mut bytes = vec![0u8; sidecar.len() as usize];
+    read_at(sidecar, &path, &mut bytes, 0)?;
+    let sums = ChunkSums::parse(&bytes).map_err(|e| StorageError::format(&path, e))?;
+    CheckedChunks::new(sums, path, data, data_len)
 }

@@ -66,7 +66,7 @@ impl Dataset {
         start: u64,
         bufs: &mut [IoSliceMut<'_>],
     ) -> Result<(), StorageError> {
-        let Source::Plain { file, dtype } = &self.source else {
+        let Source::Plain { file, dtype, sums } = &self.source else {
             return Err(StorageError::Usage(format!(
                 "{}: a block file has no stored token bytes to copy; read tokens instead",
                 self.path.display()
@@ -83,7 +83,12 @@ impl Dataset {
             )));
         }
         file.read_exact_vectored_at(bufs, start * item)
-            .map_err(|e| read_error(&**file, &self.data_path, end * item, e))
+            .map_err(|e| read_error(&**file, &self.data_path, end * item, e))?;
+        if let Some(sums) = sums {
+            let pieces: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
+            sums.check(&**file, &self.data_path, start * item, &pieces)?;
+        }
+        Ok(())
     }
 
     /// Tells the dataset's object that the tokens of `ranges` are about to be read (see
@@ -93,7 +98,7 @@ impl Dataset {
         let tokens = self.tokens();
         let inside = ranges.iter().filter(|r| r.start < r.end && r.end <= tokens);
         let (file, bytes): (&dyn ReadAt, Vec<Range<u64>>) = match &self.source {
-            Source::Plain { file, dtype } => {
+            Source::Plain { file, dtype, .. } => {
                 let item = dtype.itemsize() as u64;
                 (
                     &**file,
@@ -136,7 +141,7 @@ impl Dataset {
             "read_into: the buffer must hold the range"
         );
         match &self.source {
-            Source::Plain { file, dtype } => {
+            Source::Plain { file, dtype, sums } => {
                 let item = dtype.itemsize() as u64;
                 bufs.bytes.resize(out.len() * item as usize, 0);
                 read_at(
@@ -145,6 +150,9 @@ impl Dataset {
                     &mut bufs.bytes,
                     range.start * item,
                 )?;
+                if let Some(sums) = sums {
+                    sums.check(&**file, &self.data_path, range.start * item, &[&bufs.bytes])?;
+                }
                 dtype
                     .decode(&bufs.bytes, out, range.start)
                     .map_err(|e| StorageError::format(&self.data_path, e))

@@ -4,6 +4,7 @@
 
 mod block_cache;
 mod cache;
+mod chunk_sums;
 mod common;
 mod confinement;
 mod faults;
