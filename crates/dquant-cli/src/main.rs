@@ -20,6 +20,7 @@ Examples:
   dquant inspect data/cl100k_int32
   dquant convert data/cl100k_int32 data/cl100k.dqb --codec auto --zstd 3
   dquant verify data/cl100k_int32 data/cl100k.dqb
+  dquant sums data/cl100k_int32                  # a crc32c per 64 KiB of the .bin, checked on every read
   dquant bench codecs data/cl100k_int32
   dquant read plan.toml --out batches.u16          # run a blend/pack/shuffle plan in-process
   dquant serve --root corpus=/data/tokens          # the offload agent, on 127.0.0.1:7878
@@ -54,6 +55,7 @@ enum Cmd {
     Convert(cmd::convert::Args),
     Inspect(cmd::inspect::Args),
     Verify(cmd::verify::Args),
+    Sums(cmd::sums::Args),
     #[command(subcommand, after_help = CORPUS_EXAMPLES)]
     Corpus(cmd::corpus::Cmd),
     #[command(subcommand, after_help = BENCH_EXAMPLES)]
@@ -76,6 +78,7 @@ fn main() {
         Cmd::Convert(a) => cmd::convert::run(&a).map(|_| 0),
         Cmd::Inspect(a) => cmd::inspect::run(&a).map(|_| 0),
         Cmd::Verify(a) => cmd::verify::run(&a),
+        Cmd::Sums(a) => cmd::sums::run(&a),
         Cmd::Corpus(c) => cmd::corpus::run(&c).map(|_| 0),
         Cmd::Bench(c) => cmd::bench::run(&c).map(|_| 0),
         Cmd::Read(a) => cmd::read::run(&a).map(|_| 0),

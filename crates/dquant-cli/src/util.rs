@@ -66,16 +66,33 @@ pub fn in_input(path: &Path) -> impl Fn(StorageError) -> anyhow::Error + '_ {
 
 /// A token-count progress bar on stderr; hidden when `quiet` or when stderr is not a terminal.
 pub fn bar(len: u64, msg: &str, quiet: bool) -> ProgressBar {
+    styled_bar(
+        len,
+        msg,
+        quiet,
+        "{msg:>12} [{bar:30}] {human_pos}/{human_len} tokens {per_sec} eta {eta}",
+    )
+}
+
+/// A byte-count progress bar, as [`bar`].
+pub fn bytes_bar(len: u64, msg: &str, quiet: bool) -> ProgressBar {
+    styled_bar(
+        len,
+        msg,
+        quiet,
+        "{msg:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    )
+}
+
+fn styled_bar(len: u64, msg: &str, quiet: bool, template: &str) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
     let pb = ProgressBar::new(len);
     pb.set_style(
-        ProgressStyle::with_template(
-            "{msg:>12} [{bar:30}] {human_pos}/{human_len} tokens {per_sec} eta {eta}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(template)
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(Duration::from_millis(200));

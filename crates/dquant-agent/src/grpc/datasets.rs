@@ -112,7 +112,9 @@ pub(super) fn open_shared(
 /// even when that means a scan (a raw file with `eod` seen for the first time) or reading an
 /// index (a block file's checksum covers its document index): `Stat` asks, opening a source
 /// to read tokens does not (its stat then says 0 documents until someone has counted them,
-/// and no checksum until someone has read the index).
+/// and no checksum until someone has read the index). A Megatron dataset's checksum is its
+/// chunk sums sidecar's digest, when it has one: replicas whose sidecars differ hold
+/// different bytes.
 pub(super) fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetStat, StorageError> {
     let (documents, sequences) = match count {
         true => (ds.documents()?, ds.sequences()?),
@@ -134,6 +136,7 @@ pub(super) fn stat_of(name: &str, ds: &Dataset, count: bool) -> Result<DatasetSt
             false => ds.stored_checksum_if_known(),
         }
         .map(|c| c.to_string())
+        .or_else(|| ds.chunk_sums().map(|(s, _)| s.digest()))
         .unwrap_or_default(),
         max_token: None,
     })

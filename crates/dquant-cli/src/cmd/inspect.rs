@@ -229,6 +229,11 @@ impl Report {
             "bytes": self.bytes,
             "bytes_per_token": self.per_token(self.bytes),
             "checksum": self.checksum.to_string(),
+            "chunk_sums": ds.chunk_sums().map(|(s, path)| json!({
+                "sidecar": path,
+                "chunk_bytes": s.chunk(),
+                "digest": s.digest(),
+            })),
             "sizes": self.rows.iter().map(|(n, b)| json!({"codec": n, "bytes": b, "bytes_per_token": self.per_token(*b)})).collect::<Vec<_>>(),
         })
     }
@@ -254,6 +259,14 @@ impl Report {
             self.per_token(now)
         );
         println!("checksum    {}", self.checksum);
+        if let Some((s, path)) = ds.chunk_sums() {
+            println!(
+                "chunk sums  {} ({} KiB chunks, {}): every chunk checked",
+                path.display(),
+                s.chunk() >> 10,
+                s.digest()
+            );
+        }
         if self.rows.is_empty() {
             return;
         }

@@ -8,5 +8,6 @@ pub mod read;
 pub mod remote;
 pub mod serve;
 pub mod subscribe;
+pub mod sums;
 pub mod top;
 pub mod verify;

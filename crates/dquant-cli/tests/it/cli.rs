@@ -954,6 +954,94 @@ fn damaged_megatron_files_give_clear_errors() {
     );
 }
 
+/// crc32c (Castagnoli), bit by bit: the sidecar's sums checked without dquant's code.
+fn crc32c(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 == 1 {
+                (c >> 1) ^ 0x82F6_3B78
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+#[test]
+fn megatron_chunk_sums_catch_a_flipped_bit_in_the_bin() {
+    let dir = tmp();
+    let d = dir.path();
+    let good = fixture("r50k_int32");
+    let x = d.join("x");
+    std::fs::copy(with_ext(&good, "idx"), with_ext(&x, "idx")).unwrap();
+    std::fs::copy(with_ext(&good, "bin"), with_ext(&x, "bin")).unwrap();
+    let (bin, sidecar) = (with_ext(&x, "bin"), with_ext(&x, "dqsum"));
+    let r = json(&["sums", &s(&x), "--chunk-kib", "4", "--json"]);
+    assert_eq!(
+        (&r["chunks"], &r["bytes"], &r["chunk_bytes"]),
+        (&Value::from(158), &Value::from(644_128), &Value::from(4096))
+    );
+    // The sidecar, read by hand: magic, chunk size, length, one crc per 4 KiB, a trailer crc.
+    let data = read(&bin);
+    let sums = read(&sidecar);
+    assert_eq!(sums.len(), 24 + 158 * 4 + 4);
+    assert_eq!(&sums[..8], b"DQSUMS\0\x01");
+    assert_eq!(sums[8..12], 4096u32.to_le_bytes());
+    assert_eq!(sums[16..24], 644_128u64.to_le_bytes());
+    let crc_at = |o: usize| u32::from_le_bytes(sums[o..o + 4].try_into().unwrap());
+    for (i, chunk) in data.chunks(4096).enumerate() {
+        assert_eq!(crc_at(24 + 4 * i), crc32c(chunk), "chunk {i}");
+    }
+    assert_eq!(crc_at(sums.len() - 4), crc32c(&sums[..sums.len() - 4]));
+    let ok_check = format!("{}: 0 of 158 chunks differ\n", bin.display());
+    assert_eq!(ok(&["sums", &s(&x), "--check"]), ok_check);
+    assert!(ok(&["inspect", &s(&x), "--no-sizes"]).contains(&format!(
+        "chunk sums  {} (4 KiB chunks, crc32c/4KiB:{:08x})",
+        sidecar.display(),
+        crc_at(sums.len() - 4)
+    )));
+
+    // One flipped bit in chunk 52: the scrub names it, and every reader refuses the chunk.
+    let mut flipped = data.clone();
+    flipped[213_200] ^= 0x10;
+    std::fs::write(&bin, &flipped).unwrap();
+    let r = dquant(&["sums", &s(&x), "--check"]);
+    assert_eq!(
+        (r.code, r.stdout),
+        (
+            1,
+            format!(
+                "{b}: chunk 52 (bytes 212992..217088) differs from {}\n{b}: 1 of 158 chunks \
+                 differ\n",
+                sidecar.display(),
+                b = bin.display()
+            )
+        )
+    );
+    let want = format!(
+        "{}: checksum mismatch in chunk 52 (bytes 212992..217088), against {}: stored \
+         {:#010x}, computed {:#010x}",
+        bin.display(),
+        sidecar.display(),
+        crc32c(&data[212_992..217_088]),
+        crc32c(&flipped[212_992..217_088])
+    );
+    assert_eq!(fails(&["inspect", &s(&x)]), want);
+    assert_eq!(fails(&["verify", &s(&good), &s(&x)]), want);
+    assert_eq!(fails(&["convert", &s(&x), &s(&d.join("y.dqb"))]), want);
+    assert_eq!(entries(d), ["x.bin", "x.dqsum", "x.idx"]);
+    assert_eq!(
+        fails(&["sums", &s(&d.join("none"))]),
+        format!(
+            "{}: No such file or directory (os error 2)",
+            d.join("none.bin").display()
+        )
+    );
+}
+
 /// (offset, payload length) of each block of a .dqb, walked by hand: a 64-byte file header,
 /// then blocks of a 32-byte header ("DQBK", codec, tokens u32, payload_len u32, ...) and payload.
 fn blocks(file: &[u8]) -> Vec<(usize, usize)> {

@@ -10,7 +10,7 @@ use dquant_agent::AgentHandle;
 use dquant_client::{open, Offload};
 use dquant_plan::Plan;
 use dquant_testkit::agent::{plan, Corpus};
-use dquant_testkit::stream::drain;
+use dquant_testkit::stream::{drain, until_error};
 use dquant_testkit::xxh3;
 
 /// A plan over `corpus/r50k` (the Megatron pair), in the u16 wire codec.
@@ -81,14 +81,9 @@ fn a_flipped_bit_in_one_replicas_copy_never_reaches_a_batch() {
     let want = drain(&mut open("", &good.localized(&whole), Offload::No).unwrap()).0;
     // The damage is real: the bad copy alone fails.
     let mut alone = open("", &bad.localized(&whole), Offload::No).unwrap();
-    let e = std::iter::from_fn(|| match alone.next_batch() {
-        Ok(Some(_)) => Some(None),
-        Ok(None) => None,
-        Err(e) => Some(Some(e.to_string())),
-    })
-    .flatten()
-    .next()
-    .expect("the bad copy fails its check");
+    let e = until_error(&mut alone)
+        .1
+        .expect("the bad copy fails its check");
     assert!(e.contains("r50k.dqb: checksum mismatch in block"), "{e}");
     let (a, b) = (good.agent(), bad.agent());
     for (first, second) in [(&a, &b), (&b, &a)] {
@@ -97,6 +92,49 @@ fn a_flipped_bit_in_one_replicas_copy_never_reaches_a_batch() {
         let mut r = open("", &p, Offload::No).unwrap();
         let (got, _) = drain(&mut r);
         assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+    }
+}
+
+/// The same for a Megatron `.bin`, which has no checksums of its own: both replicas carry the
+/// good copy's chunk sums sidecar (`dquant sums`), one `.bin` has a flipped bit. Its agent
+/// fails the reads that meet the damaged chunk, naming the chunk; they move to the other
+/// replica, and the stream is the good copy's, without an error.
+#[test]
+fn a_flipped_bit_in_one_replicas_megatron_bin_never_reaches_a_batch() {
+    use dquant_format::chunk_sums::{ChunkSums, MIN_CHUNK};
+    let (good, bad) = (Corpus::new(), Corpus::new());
+    let bin = std::fs::read(good.root().join("r50k.bin")).unwrap();
+    let sums = ChunkSums::of(&bin, MIN_CHUNK).unwrap().encode();
+    for c in [&good, &bad] {
+        std::fs::write(c.root().join("r50k.dqsum"), &sums).unwrap();
+    }
+    let mut flipped = bin.clone();
+    flipped[bin.len() / 3] ^= 0x10;
+    std::fs::write(bad.root().join("r50k.bin"), flipped).unwrap();
+    let want = local(&good);
+    let mut alone = open("", &bad.localized(&r50k()), Offload::No).unwrap();
+    let e = until_error(&mut alone)
+        .1
+        .expect("the bad copy fails its check");
+    assert!(
+        e.contains("r50k.bin: checksum mismatch in chunk 52 (bytes 212992..217088), against"),
+        "{e}"
+    );
+    // The bad agent's metrics show that it was asked for the damaged chunk and failed it.
+    let mut cfg = bad.config();
+    let metrics = dquant_testkit::metrics::free_addr();
+    cfg.metrics_listen = Some(metrics);
+    let (a, b) = (good.agent(), dquant_agent::start(cfg).unwrap());
+    let failed = || {
+        let page = dquant_testkit::metrics::scrape(metrics);
+        dquant_testkit::metrics::value(&page, "dquant_session_ends_total{how=\"failed\"}")
+    };
+    for (first, second) in [(&a, &b), (&b, &a)] {
+        let before = failed();
+        let mut r = open("", &replicated(first, second), Offload::No).unwrap();
+        let (got, _) = drain(&mut r);
+        assert!(xxh3(&got) == xxh3(&want), "the streams differ");
+        assert!(failed() > before, "the bad replica never met the damage");
     }
 }
 
