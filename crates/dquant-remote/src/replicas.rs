@@ -165,6 +165,15 @@ impl ReplicatedSource {
         }
     }
 
+    /// Replica `i` failed a read with `e`: out with it ([`Self::fail`]), and with the read
+    /// state built on its stream. A failed read leaves no sequence to go on from: the next
+    /// one starts afresh.
+    fn failed_read(&mut self, i: usize, e: &SourceError) {
+        self.fail(i, e);
+        self.abandon_window();
+        self.seq = Sequence::default();
+    }
+
     /// Installs replicas reopened since the last read, and starts reopening those that are
     /// due (sooner while none is up: see [`Health`]).
     fn revive(&mut self) {
@@ -459,9 +468,7 @@ impl TokenSource for ReplicatedSource {
             match self.try_read(ranges, out) {
                 Ok(()) => return Ok(()),
                 Err((Some(i), e)) if self.same_everywhere(&mut refusals, i, &e) => {
-                    self.fail(i, &e);
-                    self.abandon_window();
-                    self.seq = Sequence::default();
+                    self.failed_read(i, &e);
                     return Err(e);
                 }
                 Err((Some(i), e)) => {
@@ -471,10 +478,7 @@ impl TokenSource for ReplicatedSource {
                         error = %e,
                         "replica failed; its reads move to the others"
                     );
-                    self.fail(i, &e);
-                    self.abandon_window();
-                    // A failed read leaves no sequence to go on from: start afresh.
-                    self.seq = Sequence::default();
+                    self.failed_read(i, &e);
                 }
                 Err((None, e)) => return Err(e),
             }

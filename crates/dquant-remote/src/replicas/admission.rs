@@ -58,8 +58,12 @@ fn probe_ranges(tokens: u64) -> Vec<Range<u64>> {
     starts.into_iter().map(|s| s..s + len).collect()
 }
 
-/// Reads `ranges` stop-and-wait on `s`.
+/// Reads `ranges` stop-and-wait on `s` (no request at all for none: an agent alone has no
+/// probes).
 fn read_probes(s: &mut RangeStream, ranges: &[Range<u64>]) -> Result<Vec<Vec<u32>>, SourceError> {
+    if ranges.is_empty() {
+        return Ok(Vec::new());
+    }
     let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end - r.start)).collect();
     s.send(&pairs)?;
     ranges
