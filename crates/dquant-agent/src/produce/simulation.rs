@@ -11,20 +11,17 @@
 //! - after a producer's panic at batch k: exactly the k batches before it, then the error;
 //! - after a cancel or a hang-up: a prefix.
 
-use std::cell::{Cell, RefCell};
-use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::AtomicU64;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dquant_engine::LocalSource;
 use dquant_plan::Plan;
 use dquant_transport::memory::{pair, End, MemorySink, MemorySource};
 use dquant_transport::tcp::MAX_FRAME_AGE;
 use dquant_transport::BatchHeader;
 
-use super::tests::{dataset, decode, local, plan};
+use super::tests::{dataset, decode, local, pipeline_at, plan, producer};
 use super::*;
 use crate::faults::Fault;
 
@@ -161,15 +158,10 @@ fn schedule(seed: u64, p: &Plan, want: &[(u64, usize, Cursor, Vec<u32>)]) -> usi
             batch,
         });
     }
-    let pl = Pipeline::open(p, Cursor::START, |_, s| {
-        Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?))
-    })
-    .unwrap();
-    let mut prod = Producer::new(Box::new(pl), p.output, p.parsed_wire_codec().unwrap())
-        .with_faults(faults, Site::Session);
+    let mut prod = producer(p).with_faults(faults, Site::Session);
     let (sink, source) = pair(capacity);
     let clock = Arc::new(Clock::new());
-    let sim = RefCell::new(Sim {
+    let mut sim = Sim {
         sink,
         source,
         rng,
@@ -177,7 +169,7 @@ fn schedule(seed: u64, p: &Plan, want: &[(u64, usize, Cursor, Vec<u32>)]) -> usi
         got: Vec::new(),
         reserves: 0,
         hang_up_at,
-    });
+    };
     let (cancel, draining) = (AtomicBool::new(false), AtomicBool::new(false));
     let steps = Cell::new(0u64);
     let now = || {
@@ -191,8 +183,7 @@ fn schedule(seed: u64, p: &Plan, want: &[(u64, usize, Cursor, Vec<u32>)]) -> usi
         steps.set(steps.get() + 1);
         clock.now()
     };
-    let (outcome, stats) = run(&mut prod, &mut *sim.borrow_mut(), &cancel, &draining, now);
-    let mut sim = sim.into_inner();
+    let (outcome, stats) = run(&mut prod, &mut sim, &cancel, &draining, now);
     if !matches!(&outcome, Outcome::Stopped(_)) {
         sim.take(u64::MAX);
     }
@@ -257,10 +248,7 @@ fn check(
 
 /// A pipeline opened at `consumed` makes exactly the batches `rest`.
 fn assert_resumes(p: &Plan, consumed: u64, rest: &[(u64, usize, Cursor, Vec<u32>)]) {
-    let mut pl = Pipeline::open(p, Cursor::new(0, consumed), |_, s| {
-        Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?))
-    })
-    .unwrap();
+    let mut pl = pipeline_at(p, Cursor::new(0, consumed));
     for (_, _, cursor, w) in rest {
         let b = pl
             .next_batch()

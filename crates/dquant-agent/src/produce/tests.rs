@@ -41,15 +41,20 @@ pub(super) fn plan(uri: &str, output: OutputDType, wire: &str) -> Plan {
 }
 
 fn pipeline(p: &Plan) -> Box<Pipeline> {
+    pipeline_at(p, Cursor::START)
+}
+
+/// `p`'s pipeline over its local sources, opened at `cursor`.
+pub(super) fn pipeline_at(p: &Plan, cursor: Cursor) -> Box<Pipeline> {
     Box::new(
-        Pipeline::open(p, Cursor::START, |_, s| {
+        Pipeline::open(p, cursor, |_, s| {
             Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?))
         })
         .unwrap(),
     )
 }
 
-fn producer(p: &Plan) -> Producer {
+pub(super) fn producer(p: &Plan) -> Producer {
     producer_on(p, None)
 }
 
@@ -332,11 +337,8 @@ fn drain_resumes_after_the_delivered_batches(pool: Option<Arc<WorkerPool>>) {
     // Resuming from that cursor continues with the eighth batch exactly: the two parts
     // together are the whole stream.
     let whole = |cursor: Cursor| {
-        let pl = Pipeline::open(&p, cursor, |_, s| {
-            Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?))
-        })
-        .unwrap();
-        let mut prod = Producer::new(Box::new(pl), p.output, p.parsed_wire_codec().unwrap());
+        let pl = pipeline_at(&p, cursor);
+        let mut prod = Producer::new(pl, p.output, p.parsed_wire_codec().unwrap());
         let (mut sink, mut source) = pair(usize::MAX);
         let no = AtomicBool::new(false);
         run(&mut prod, &mut sink, &no, &no, Instant::now);
