@@ -61,7 +61,10 @@ def classify(stderr: str) -> str:
             "reset", "closed", "broken pipe", "Broken pipe", "unavailable", "transport error",
             "without an end frame", "timed out",
             # the shared-memory ring's consumer, when the agent behind it dies
-            "agent went away")
+            "agent went away",
+            # the host agent restarted between the reader's Open and its data connection:
+            # the new agent never opened that session
+            "or wrong ticket")
     if any(h in stderr for h in host):
         return "host agent"
     return "other"
