@@ -12,17 +12,22 @@ replicas. For --minutes, one fault every 0.3-1.5 s, drawn from:
   back 0.1-1 s later at its address;
 - reader_kill: SIGKILL of a reader.
 
+The third replica's copy of each corpus also has --corrupt bits flipped on its disk, one per
+chunk of the `.bin` (the corpora carry chunk sums sidecars, `dquant sums`): its agent must fail
+every read that meets one, and the reads move to the other replicas, so no reader ever sees
+a damaged token or an error for it.
+
 Each reader restarts from the whole samples it wrote (`--cursor`), its bytes appended to what
 it had. A reader whose plan ends starts another pass. The checker: every finished pass is
 byte-identical to the plan read locally in one go (the same samples, each exactly once, in
 order), and the pass cut short at the end is a prefix of it.
 
-Reported: faults by kind; errors the readers saw, by cause (a replica fault while another
+Reported: faults by kind; the flipped chunks and how many reads the corrupt replica refused; errors the readers saw, by cause (a replica fault while another
 replica served must never be one), with the last line of each: every one that is not a
 host-agent connection failure, and the first 50 of those; time until every reader moved on
-after each fault (p50, p99, by kind); bytes compared. Exit status 1 when a stream differs or a
-replica fault reached a reader. However the run ends (an error, SIGINT, SIGTERM), every agent
-and reader it started is stopped. Standard library only; `bench/chaos/run.sh` builds the
+after each fault (p50, p99, by kind); bytes compared. Exit status 1 when a stream differs, a
+replica fault reached a reader, or no read met the corrupt replica's damage. However the run
+ends (an error, SIGINT, SIGTERM), every agent and reader it started is stopped. Standard library only; `bench/chaos/run.sh` builds the
 binary and calls this.
 """
 
@@ -198,13 +203,48 @@ class Reference:
         return ref.digest() == h.digest()
 
 
+DATASETS = ("web", "code")
+SUMS_CHUNK = 64 << 10  # dquant sums' default chunk
+
+
 def make_data(dquant: str, data: Path, tokens: int) -> None:
+    """The two corpora, each with its chunk sums sidecar, made once."""
     data.mkdir(parents=True, exist_ok=True)
-    for name, seed, n in (("web", 1, tokens), ("code", 2, tokens // 2)):
+    for name, seed, n in zip(DATASETS, (1, 2), (tokens, tokens // 2)):
         if not (data / f"{name}.idx").exists():
             subprocess.run([dquant, "corpus", "zipf", str(data / name), "--tokens", str(n),
                             "--seed", str(seed), "--eod", "50256", "--quiet"], check=True,
                            stdout=subprocess.DEVNULL)
+        if not (data / f"{name}.dqsum").exists():
+            subprocess.run([dquant, "sums", str(data / name), "--quiet"], check=True,
+                           stdout=subprocess.DEVNULL)
+
+
+def corrupt_copy(data: Path, dst: Path, flips: int, rng: random.Random) -> List[str]:
+    """A copy of the corpora in `dst` with one bit flipped in each of `flips` distinct chunks
+    of every `.bin` (the `.idx` and sidecar linked, unchanged). Returns `NAME.bin: chunk N`
+    for each."""
+    dst.mkdir(parents=True, exist_ok=True)
+    flipped = []
+    for name in DATASETS:
+        for ext in (".idx", ".dqsum"):
+            target = dst / f"{name}{ext}"
+            target.unlink(missing_ok=True)
+            target.hardlink_to(data / f"{name}{ext}")
+        raw = bytearray((data / f"{name}.bin").read_bytes())
+        chunks = rng.sample(range(len(raw) // SUMS_CHUNK), flips)
+        for c in sorted(chunks):
+            at = c * SUMS_CHUNK + rng.randrange(SUMS_CHUNK)
+            raw[at] ^= 1 << rng.randrange(8)
+            flipped.append(f"{name}.bin: chunk {c}")
+        (dst / f"{name}.bin").write_bytes(raw)
+    return flipped
+
+
+def refused_reads(logs: Path, name: str) -> int:
+    """Reads the agent `name` refused for a chunk that failed its sums, from its logs."""
+    return sum(p.read_text(errors="replace").count("checksum mismatch in chunk")
+               for p in logs.glob(f"{name}.*.log"))
 
 
 def write_plan(path: Path, uris: List[str], samples: int) -> None:
@@ -234,6 +274,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="samples per pass (4 MiB of u16 per 1000)")
     ap.add_argument("--tokens", type=int, default=16_000_000, help="tokens of the larger dataset")
     ap.add_argument("--seed", type=int, default=0, help="the fault schedule's seed")
+    ap.add_argument("--corrupt", type=int, default=4,
+                    help="chunks of each .bin with a flipped bit in the third replica's copy "
+                         "(0: none)")
     ap.add_argument("--dquant", default=str(REPO / "target" / "release" / "dquant"))
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/dquant-chaos"))
     ap.add_argument("--out", type=Path, required=True)
@@ -254,6 +297,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     agents: List[Agent] = []
     readers: List[Reader] = []
+    flipped = corrupt_copy(a.data, work / "corrupt", a.corrupt, random.Random(a.seed)) \
+        if a.corrupt else []
     try:
         faults, recover = soak(a, reference, logs, work, agents, readers)
     finally:
@@ -270,6 +315,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "minutes": a.minutes, "readers": a.readers, "shm_readers": min(a.shm_readers, a.readers),
         "seed": a.seed,
         "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
+        "corrupt_chunks": flipped, "corrupt_reads_refused": refused_reads(logs, "replica2"),
         "passes_checked": sum(r.passes_ok for r in readers),
         "bytes_compared": sum(r.bytes_compared for r in readers),
         "recovery_s": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99)}
@@ -287,7 +333,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if report["passes_checked"] == 0:
         log("no pass finished: nothing was checked whole (more --minutes, or fewer --samples)")
         return 1
-    bad = bool(mismatches) or errors.get("replicas", 0) > 0
+    # Flipped chunks that no read met would prove nothing.
+    unmet = bool(report["corrupt_chunks"]) and report["corrupt_reads_refused"] == 0
+    if unmet:
+        log("the corrupt replica refused no read: its damage was never met")
+    bad = bool(mismatches) or errors.get("replicas", 0) > 0 or unmet
     return 1 if bad else 0
 
 
@@ -297,8 +347,11 @@ def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
     first, for `stop_all`), --minutes of faults, and the passes in hand checked. Returns the
     faults by kind and the recovery times by kind."""
     rng = random.Random(a.seed)
-    root = ["--root", f"corpus={a.data}", "--worker-threads", "0"]
-    replicas = [Agent(a.dquant, root, name=f"replica{i}", fixed=True, logs=logs) for i in range(3)]
+    def root(i: int) -> List[str]:
+        data = work / "corrupt" if a.corrupt and i == 2 else a.data
+        return ["--root", f"corpus={data}", "--worker-threads", "0"]
+    replicas = [Agent(a.dquant, root(i), name=f"replica{i}", fixed=True, logs=logs)
+                for i in range(3)]
     agents += replicas
     for r in replicas:
         r.start()
@@ -393,6 +446,10 @@ def figures(r: dict) -> List[dict]:
          "unit": "streams", "goal": "<= 0",
          "baseline": f"{r['passes_checked']} whole passes checked, "
                      f"{r['bytes_compared'] / 1e9:.2f} GB compared"},
+        {"name": "reads the corrupt replica refused (never served, never a reader's error)",
+         "value": r["corrupt_reads_refused"], "unit": "reads", "goal": ">= 1",
+         "baseline": f"{len(r['corrupt_chunks'])} chunks with a flipped bit in one replica's "
+                     "copy, checked by the streams above"},
         {"name": "resumes per reader per host-agent fault",
          "value": round(e.get("host agent", 0) / max(1, host * r["readers"]), 3),
          "unit": "resumes", "goal": "<= 1",
@@ -417,6 +474,8 @@ def render(r: dict) -> str:
     lines += ["", "| errors readers saw, by cause | count |", "|---|---|"]
     for k in ("replicas", "host agent", "other"):
         lines.append(f"| {k} | {r['reader_errors'].get(k, 0)} |")
+    lines += ["", f"Corrupt replica: {len(r['corrupt_chunks'])} chunks with a flipped bit, "
+              f"{r['corrupt_reads_refused']} reads refused for them."]
     lines += ["", f"Passes checked whole: {r['passes_checked']}; bytes compared: "
               f"{r['bytes_compared'] / 1e9:.2f} GB; streams that differ: {len(r['mismatches'])}."]
     for m in r["mismatches"]:

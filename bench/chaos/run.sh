@@ -2,8 +2,10 @@
 # The chaos soak (issue 35), in one command: three replicas, a host agent chained to them
 # and readers through it, on loopback, with a fault every 0.3-1.5 s (SIGKILL of a replica
 # while another serves, SIGKILL or SIGTERM of the host agent, SIGKILL of a reader) for
-# --minutes. Every reader's stream is checked against the plan read locally, byte for byte:
-# exit status 1 when one differs or a replica fault reached a reader. See bench/chaos/chaos.py.
+# --minutes; the third replica's copy has flipped bits that its chunk sums must catch. Every
+# reader's stream is checked against the plan read locally, byte for byte: exit status 1 when
+# one differs, a replica fault reached a reader, or no read met the flipped bits. See
+# bench/chaos/chaos.py.
 #
 # Usage:
 #   bench/chaos/run.sh --minutes 2                 # what CI runs
