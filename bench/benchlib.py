@@ -135,13 +135,17 @@ class Agent:
     `fixed`: free ports picked now, so a restart listens where its clients knew it. `socket`:
     also `--socket` in the private directory. `env`: variables for it. `logs`: the directory for
     its output, NAME.START.log (default the private one). `new_session`: a terminal's ^C reaches
-    only the script, which then stops it."""
+    only the script, which then stops it. `host` and `prefix`: where it listens, and what runs
+    it (`ip netns exec NS` for an agent inside a network namespace at the namespace's
+    address; there, fixed ports are ports free here, which a fresh namespace has free too)."""
 
     def __init__(self, dquant, args: Iterable[str] = (), *, name: str = "dquant serve",
                  fixed: bool = False, socket: bool = False, env: Optional[dict] = None,
-                 logs: Optional[Path] = None, new_session: bool = False):
-        port = (lambda: f"127.0.0.1:{free_port()}") if fixed else (lambda: "127.0.0.1:0")
+                 logs: Optional[Path] = None, new_session: bool = False,
+                 host: str = "127.0.0.1", prefix: Iterable[str] = ()):
+        port = (lambda: f"{host}:{free_port()}") if fixed else (lambda: f"{host}:0")
         self.control, self.data = port(), port()
+        self.prefix = list(prefix)
         self.dquant, self.args, self.name = str(dquant), list(args), name
         self.env = {**os.environ, **env} if env else None
         self.dir = Path(tempfile.mkdtemp(prefix="dquant-agent-"))
@@ -159,7 +163,7 @@ class Agent:
             flags += ["--socket", self.socket]
         with open(log_path, "w") as out:
             self.proc = subprocess.Popen(
-                [self.dquant, "serve", *flags], stdin=subprocess.DEVNULL, stdout=out,
+                [*self.prefix, self.dquant, "serve", *flags], stdin=subprocess.DEVNULL, stdout=out,
                 stderr=out, env=self.env, start_new_session=self.new_session)
         deadline = time.monotonic() + 30
         while not (m := re.search(r"dquant agent listening: uri=(\S+)", log_path.read_text())):

@@ -10,6 +10,10 @@ replicas. For --minutes, one fault every 0.3-1.5 s, drawn from:
   back 0.2-2 s later at its address;
 - host_kill / host_term: SIGKILL or SIGTERM (a graceful drain) of the host agent, which comes
   back 0.1-1 s later at its address;
+- replica_partition: the link of a replica's network namespace cut for 1-4 s (packets vanish
+  either way, no reset), while another clean replica serves; with --netns (the default when
+  root and iproute2 are here) every replica runs in a namespace of its own, reached over a
+  veth pair, and serves the host agent as a tenant on that private link;
 - reader_kill: SIGKILL of a reader.
 
 The third replica's copy of each corpus also has --corrupt bits flipped on its disk, one per
@@ -46,6 +50,7 @@ from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
+import netns  # noqa: E402
 from benchlib import Agent  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,6 +282,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--corrupt", type=int, default=4,
                     help="chunks of each .bin with a flipped bit in the third replica's copy "
                          "(0: none)")
+    ap.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
+                    help="the replicas each in a network namespace of its own, so that their "
+                         "links can be cut (replica_partition faults); auto: when root and "
+                         "iproute2 are here")
     ap.add_argument("--dquant", default=str(REPO / "target" / "release" / "dquant"))
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/dquant-chaos"))
     ap.add_argument("--out", type=Path, required=True)
@@ -299,10 +308,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     readers: List[Reader] = []
     flipped = corrupt_copy(a.data, work / "corrupt", a.corrupt, random.Random(a.seed)) \
         if a.corrupt else []
+    nets: List[netns.Netns] = []
+    if a.netns == "on" or (a.netns == "auto" and netns.available()):
+        try:
+            for k in range(3):
+                nets.append(netns.Netns(k))
+        except BaseException:
+            for n in nets:
+                n.close()
+            raise
+    elif a.netns == "auto":
+        log("not root or no `ip`: the replicas stay on loopback, and no link is cut")
     try:
-        faults, recover = soak(a, reference, logs, work, agents, readers)
+        faults, recover = soak(a, reference, logs, work, agents, readers, nets)
     finally:
         stop_all(agents, readers)
+        for n in nets:
+            n.close()
 
     errors: Dict[str, int] = {}
     for r in readers:
@@ -313,6 +335,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     host_lines = [line for cause, line in lines if cause == "host agent"]
     report = {
         "minutes": a.minutes, "readers": a.readers, "shm_readers": min(a.shm_readers, a.readers),
+        "netns": bool(nets),
         "seed": a.seed,
         "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
         "corrupt_chunks": flipped, "corrupt_reads_refused": refused_reads(logs, "replica2"),
@@ -341,26 +364,54 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 1 if bad else 0
 
 
+TOKEN = "chaos-soak-host-token-0123456789"  # the host agent's, on the replicas' links
+PARTITION_S = (1.0, 4.0)  # how long a partition lasts
+
+
+def replica_config(work: Path, data: Path, i: int) -> Path:
+    """Replica i's config: the corpus, and (for an address beyond loopback) the host's tenant
+    token and plaintext on its private link."""
+    conf = work / f"replica{i}.toml"
+    conf.write_text("\n".join([
+        "allow_plaintext = true", "worker_threads = 0",
+        "[[tenants]]", 'name = "host"', f'token = "{TOKEN}"', 'roots = ["*"]',
+        "[roots]", f'corpus = "{data}"', ""]))
+    return conf
+
+
+def start_cluster(a, logs: Path, work: Path, nets: List[netns.Netns],
+                  agents: List[Agent]) -> Tuple[List[Agent], Agent]:
+    """The three replicas (each in a namespace of its own when `nets` has them, the third on
+    the corrupt copy when there is one) and the host agent chained to them, started."""
+    replicas = []
+    for i in range(3):
+        data = work / "corrupt" if a.corrupt and i == 2 else a.data
+        where = dict(host=nets[i].addr, prefix=nets[i].prefix()) if nets else {}
+        replicas.append(Agent(a.dquant, ["--config", str(replica_config(work, data, i))],
+                              name=f"replica{i}", fixed=True, logs=logs, **where))
+    agents += replicas
+    for r in replicas:
+        r.start()
+    host_conf = work / "host.toml"
+    host_conf.write_text(f'upstream_token = "{TOKEN}"\n')
+    ups = [x for r in replicas for x in ("--upstream", r.control)]
+    host = Agent(a.dquant, ["--config", str(host_conf), "--root", f"none={work}",
+                            "--prefetch-frames", "2", *ups],
+                 name="host", fixed=True, socket=True, logs=logs)
+    agents.append(host)
+    host.start()
+    return replicas, host
+
+
 def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
-         readers: List[Reader]) -> Tuple[Dict[str, int], Dict[str, List[float]]]:
+         readers: List[Reader], nets: List[netns.Netns]
+         ) -> Tuple[Dict[str, int], Dict[str, List[float]]]:
     """The replicas, the host agent and the readers started (each put in `agents` or `readers`
     first, for `stop_all`), --minutes of faults, and the passes in hand checked. Returns the
     faults by kind and the recovery times by kind."""
     rng = random.Random(a.seed)
-    def root(i: int) -> List[str]:
-        data = work / "corrupt" if a.corrupt and i == 2 else a.data
-        return ["--root", f"corpus={data}", "--worker-threads", "0"]
-    replicas = [Agent(a.dquant, root(i), name=f"replica{i}", fixed=True, logs=logs)
-                for i in range(3)]
-    agents += replicas
-    for r in replicas:
-        r.start()
+    replicas, host = start_cluster(a, logs, work, nets, agents)
     authorities = ",".join(r.control for r in replicas)
-    ups = [x for r in replicas for x in ("--upstream", r.control)]
-    host = Agent(a.dquant, ["--root", f"none={work}", "--prefetch-frames", "2", *ups],
-                 name="host", fixed=True, socket=True, logs=logs)
-    agents.append(host)
-    host.start()
     plan = work / "plan.json"
     write_plan(plan, [f"dquant://{authorities}/corpus/web", f"dquant://{authorities}/corpus/code"],
                a.samples)
@@ -369,19 +420,30 @@ def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
     for r in readers:
         r.start()
 
+    # A replica serves when it is up and its link is not cut; the corrupt one (when there is
+    # one) cannot serve its damaged chunks, so a replica fault needs a clean one serving on.
+    clean = replicas[:2] if a.corrupt else replicas
+    cut = {id(r): n for r, n in zip(replicas, nets)}
+
+    def serving(r: Agent) -> bool:
+        return r.up() and not (id(r) in cut and cut[id(r)].partitioned)
+
+    def may_fault(victim: Agent) -> bool:
+        return any(serving(c) for c in clean if c is not victim)
+
     faults: Dict[str, int] = {}
     recover: Dict[str, List[float]] = {}
     pending: List[tuple] = []            # (kind, at, progress of each reader then)
-    restarts: List[tuple] = []           # (when, agent)
+    restarts: List[tuple] = []           # (when, what to call)
     end = time.monotonic() + a.minutes * 60
     next_fault = time.monotonic() + rng.uniform(0.3, 1.5)
-    log(f"{a.minutes} min of faults: 3 replicas, a host agent, {a.readers} readers; "
-        f"{reference.size / 1e6:.0f} MB per pass")
+    log(f"{a.minutes} min of faults: 3 replicas{' in network namespaces' if nets else ''}, "
+        f"a host agent, {a.readers} readers; {reference.size / 1e6:.0f} MB per pass")
     while time.monotonic() < end:
         now = time.monotonic()
-        for when, agent in [x for x in restarts if x[0] <= now]:
-            restarts.remove((when, agent))
-            agent.start()
+        for when, act in [x for x in restarts if x[0] <= now]:
+            restarts.remove((when, act))
+            act()
         for r in readers:
             r.poll(reference)
             if r.proc is None and host.up():
@@ -392,19 +454,26 @@ def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
                 recover.setdefault(kind, []).append(now - at)
                 pending.remove(p)
         if now >= next_fault:
-            serving = [r for r in replicas if r.up()]
-            kinds = ["reader_kill", "host_kill", "host_term"]
-            if len(serving) >= 2:
-                kinds += ["replica_kill"] * 3
-            kind = rng.choice(kinds) if host.up() else rng.choice(["reader_kill"] + ["replica_kill"] * (len(serving) >= 2))
+            killable = [r for r in replicas if serving(r) and may_fault(r)]
+            cuttable = [r for r in killable if nets and not any(n.partitioned for n in nets)]
+            kinds = ["reader_kill"]
+            if host.up():
+                kinds += ["host_kill", "host_term"]
+            kinds += ["replica_kill"] * (3 if killable else 0)
+            kinds += ["replica_partition"] * (2 if cuttable else 0)
+            kind = rng.choice(kinds)
             before = [r.progress() for r in readers]
             if kind == "replica_kill":
-                victim = rng.choice(serving)
+                victim = rng.choice(killable)
                 victim.stop(signal.SIGKILL)
-                restarts.append((now + rng.uniform(0.2, 2.0), victim))
+                restarts.append((now + rng.uniform(0.2, 2.0), victim.start))
+            elif kind == "replica_partition":
+                link = cut[id(rng.choice(cuttable))]
+                link.partition()
+                restarts.append((now + rng.uniform(*PARTITION_S), link.heal))
             elif kind in ("host_kill", "host_term"):
                 host.stop(signal.SIGKILL if kind == "host_kill" else signal.SIGTERM, wait=40)
-                restarts.append((now + rng.uniform(0.1, 1.0), host))
+                restarts.append((now + rng.uniform(0.1, 1.0), host.start))
             else:
                 victim = rng.choice(readers)
                 victim.kill()
@@ -413,6 +482,9 @@ def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
             next_fault = time.monotonic() + rng.uniform(0.3, 1.5)
         time.sleep(0.02)
 
+    for n in nets:
+        if n.partitioned:
+            n.heal()
     log("faults over: checking the passes in hand")
     for r in readers:
         r.poll(reference)
