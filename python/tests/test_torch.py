@@ -81,12 +81,20 @@ def test_a_resumed_run_yields_exactly_the_rest_despite_prefetch(data, workers):
     state = json.loads(json.dumps(ds.state_dict()))  # plain data, as in a checkpoint
     ds2 = TokenDataset(p)
     ds2.load_state_dict(state)
-    rest = list(DataLoader(ds2, **kw))
+    for i, b in enumerate(DataLoader(ds2, **kw)):
+        head.append(b)
+        if i == 6:
+            break
+    # A checkpoint of the resumed run resumes too (its state had lost its version once).
+    state = json.loads(json.dumps(ds2.state_dict()))
+    ds3 = TokenDataset(p)
+    ds3.load_state_dict(state)
+    rest = list(DataLoader(ds3, **kw))
     # The same samples in the same order as the uninterrupted run.
     got = np.concatenate([samples_of(head), samples_of(rest)])
     np.testing.assert_array_equal(got, full)
     # After the whole stream, the next pass starts over.
-    again = samples_of(DataLoader(ds2, **kw))
+    again = samples_of(DataLoader(ds3, **kw))
     np.testing.assert_array_equal(again, full)
 
 

@@ -427,6 +427,8 @@ def _checked_state(state: Any) -> Dict[str, Any]:
             for c in s["cursors"]
         ]
         s["start"] = dict(state.get("start", _START))
+        # What state_dict() gives after this resume is a current state, whatever was loaded.
+        s["version"] = _STATE_VERSION
     except (KeyError, TypeError):
         raise ValueError(f"TokenDataset.load_state_dict: not a TokenDataset state: {state!r}") from None
     n = s["num_workers"]
