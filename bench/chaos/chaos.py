@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -180,6 +181,61 @@ class Reader:
             self._check_pass(reference, whole=False)
 
 
+class PyReader(Reader):
+    """A `dquant.torch.TokenDataset` under a DataLoader with workers (`pyreader.py`), through
+    the host agent's shared-memory ring: it checkpoints after every batch and resumes from
+    its checkpoint, as a training job does. Its stream is the loader's (workers' batches
+    interleaved), so it is checked against `pyreader.py` run locally, its own reference."""
+
+    def __init__(self, idx: int, python: str, plan: Path, host: Agent, work: Path,
+                 reference: "Reference"):
+        super().__init__(idx, "", plan, host, work, shm=True)
+        self.python, self.reference = python, reference
+
+    def out(self) -> Path:
+        return self.work / f"py{self.idx}.p{self.pass_no}"
+
+    def state(self) -> Path:
+        return self.work / f"py{self.idx}.p{self.pass_no}.state"
+
+    def start(self) -> None:
+        self.segments = [self.out()]
+        self.err = open(self.work / f"py{self.idx}.err", "w+")
+        self.proc = subprocess.Popen(
+            [self.python, str(Path(__file__).parent / "pyreader.py"), "--plan", str(self.plan),
+             "--agent", self.address, "--out", str(self.out()), "--state", str(self.state())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err,
+            start_new_session=True)
+
+    def progress(self) -> int:
+        out = self.out()
+        return self.pass_no * 10**15 + (out.stat().st_size if out.exists() else 0)
+
+    def _close_segment(self) -> None:
+        """Nothing: the next start cuts the file back to its checkpoint."""
+
+    def kill(self) -> None:
+        """SIGKILL of the loader and its workers (its own process group)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def _check_pass(self, reference: "Reference", whole: bool) -> None:
+        super()._check_pass(self.reference, whole)
+        self.state().unlink(missing_ok=True)
+
+    def finish(self, reference: "Reference") -> None:
+        """At the end: the pass in hand, cut back to its checkpoint, must be a prefix."""
+        self.kill()
+        out, state = self.out(), self.state()
+        if out.exists():
+            kept = json.loads(state.read_text())["bytes"] if state.exists() else 0
+            with open(out, "r+b") as f:
+                f.truncate(kept)
+            self._check_pass(self.reference, whole=False)
+
+
 class Reference:
     """The plan's stream read locally in one go: its length, hash, and the file for
     prefix checks."""
@@ -286,6 +342,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="the replicas each in a network namespace of its own, so that their "
                          "links can be cut (replica_partition faults); auto: when root and "
                          "iproute2 are here")
+    ap.add_argument("--python", help="a Python with dquant and torch (python/test.sh "
+                    "--no-tests prints one); with it, --python-readers more readers")
+    ap.add_argument("--python-readers", type=int, default=1,
+                    help="TokenDataset readers (a DataLoader with 2 workers, over shared memory, "
+                         "checkpointing after every batch), with --python")
     ap.add_argument("--dquant", default=str(REPO / "target" / "release" / "dquant"))
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/dquant-chaos"))
     ap.add_argument("--out", type=Path, required=True)
@@ -303,6 +364,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     subprocess.run([a.dquant, "read", str(local_plan), "--out", str(work / "reference"),
                     "--quiet"], check=True, stderr=subprocess.DEVNULL)
     reference = Reference(work / "reference")
+    py_reference = None
+    if a.python and a.python_readers:
+        log("the Python readers' reference: pyreader.py run locally")
+        subprocess.run([a.python, str(Path(__file__).parent / "pyreader.py"), "--plan",
+                        str(local_plan), "--out", str(work / "py_reference"), "--state",
+                        str(work / "py_reference.state")], check=True)
+        py_reference = Reference(work / "py_reference")
 
     agents: List[Agent] = []
     readers: List[Reader] = []
@@ -320,7 +388,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif a.netns == "auto":
         log("not root or no `ip`: the replicas stay on loopback, and no link is cut")
     try:
-        faults, recover = soak(a, reference, logs, work, agents, readers, nets)
+        faults, recover = soak(a, reference, py_reference, logs, work, agents, readers, nets)
     finally:
         stop_all(agents, readers)
         for n in nets:
@@ -336,6 +404,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     report = {
         "minutes": a.minutes, "readers": a.readers, "shm_readers": min(a.shm_readers, a.readers),
         "netns": bool(nets),
+        "python_readers": a.python_readers if py_reference else 0,
         "seed": a.seed,
         "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
         "corrupt_chunks": flipped, "corrupt_reads_refused": refused_reads(logs, "replica2"),
@@ -353,6 +422,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     (a.out / "figures.json").write_text(json.dumps({"figures": figures(report)}, indent=2))
     print(render(report))
     (work / "reference").unlink(missing_ok=True)
+    (work / "py_reference").unlink(missing_ok=True)
     if report["passes_checked"] == 0:
         log("no pass finished: nothing was checked whole (more --minutes, or fewer --samples)")
         return 1
@@ -403,8 +473,8 @@ def start_cluster(a, logs: Path, work: Path, nets: List[netns.Netns],
     return replicas, host
 
 
-def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
-         readers: List[Reader], nets: List[netns.Netns]
+def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path, work: Path,
+         agents: List[Agent], readers: List[Reader], nets: List[netns.Netns]
          ) -> Tuple[Dict[str, int], Dict[str, List[float]]]:
     """The replicas, the host agent and the readers started (each put in `agents` or `readers`
     first, for `stop_all`), --minutes of faults, and the passes in hand checked. Returns the
@@ -417,6 +487,9 @@ def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
                a.samples)
     readers += [Reader(i, a.dquant, plan, host, work, shm=i < a.shm_readers)
                 for i in range(a.readers)]
+    if py_reference is not None:
+        readers += [PyReader(a.readers + i, a.python, plan, host, work, py_reference)
+                    for i in range(a.python_readers)]
     for r in readers:
         r.start()
 
@@ -438,7 +511,7 @@ def soak(a, reference: Reference, logs: Path, work: Path, agents: List[Agent],
     end = time.monotonic() + a.minutes * 60
     next_fault = time.monotonic() + rng.uniform(0.3, 1.5)
     log(f"{a.minutes} min of faults: 3 replicas{' in network namespaces' if nets else ''}, "
-        f"a host agent, {a.readers} readers; {reference.size / 1e6:.0f} MB per pass")
+        f"a host agent, {len(readers)} readers; {reference.size / 1e6:.0f} MB per pass")
     while time.monotonic() < end:
         now = time.monotonic()
         for when, act in [x for x in restarts if x[0] <= now]:
@@ -509,6 +582,7 @@ def figures(r: dict) -> List[dict]:
     """The soak's figures in bench/results.py's schema: each against what the same run did."""
     f, e, rec = r["faults"], r["reader_errors"], r["recovery_s"]
     host = f.get("host_kill", 0) + f.get("host_term", 0)
+    readers = r["readers"] + r.get("python_readers", 0)
     out = [
         {"name": "reader-visible errors caused by replica faults", "value": e.get("replicas", 0),
          "unit": "errors", "goal": "<= 0",
@@ -523,9 +597,9 @@ def figures(r: dict) -> List[dict]:
          "baseline": f"{len(r['corrupt_chunks'])} chunks with a flipped bit in one replica's "
                      "copy, checked by the streams above"},
         {"name": "resumes per reader per host-agent fault",
-         "value": round(e.get("host agent", 0) / max(1, host * r["readers"]), 3),
+         "value": round(e.get("host agent", 0) / max(1, host * readers), 3),
          "unit": "resumes", "goal": "<= 1",
-         "baseline": f"{host} host-agent faults (SIGKILL and SIGTERM), {r['readers']} readers"},
+         "baseline": f"{host} host-agent faults (SIGKILL and SIGTERM), {readers} readers"},
     ]
     for kind, label in (("replica_kill", "a replica SIGKILL"), ("host_kill", "a host-agent SIGKILL")):
         if kind in rec:
@@ -537,7 +611,8 @@ def figures(r: dict) -> List[dict]:
 
 def render(r: dict) -> str:
     lines = [f"# Chaos soak: {r['minutes']} min, {r['readers']} readers "
-             f"({r.get('shm_readers', 0)} over shared memory), seed {r['seed']}", "",
+             f"({r.get('shm_readers', 0)} over shared memory) and {r.get('python_readers', 0)} "
+             f"Python TokenDataset reader(s), seed {r['seed']}", "",
              "| fault | count | readers moved on after: p50 | p99 |", "|---|---|---|---|"]
     for k, n in sorted(r["faults"].items()):
         rec = r["recovery_s"].get(k, {})

@@ -30,7 +30,13 @@ ARGS=()
 for a in "$@"; do
   if [[ "$a" == --record ]]; then RECORD=1; else ARGS+=("$a"); fi
 done
-python3 bench/chaos/chaos.py --dquant "$REPO/target/release/dquant" --out "$OUT" "${ARGS[@]}"
+# The Python reader needs the test venv with dquant and torch (python/test.sh makes it, the
+# first time in minutes); --python-readers 0 leaves it out.
+PY=()
+if [[ " $* " != *" --python-readers 0 "* ]]; then
+  PY=(--python "$(python/test.sh --no-tests | tail -n 1)")
+fi
+python3 bench/chaos/chaos.py --dquant "$REPO/target/release/dquant" --out "$OUT" "${PY[@]}" "${ARGS[@]}"
 if [[ $RECORD == 1 ]]; then
   python3 bench/results.py record chaos --figures "$OUT/figures.json" \
     --command "bench/chaos/run.sh $*" \

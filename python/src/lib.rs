@@ -32,14 +32,14 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 pyo3::create_exception!(
-    _dquant,
+    dquant._dquant,
     AgentError,
     PyRuntimeError,
     "The agent refused or failed a session, went away, or sent something malformed; the message is the agent's or says what was delivered."
 );
 
 pyo3::create_exception!(
-    _dquant,
+    dquant._dquant,
     AgentShutdown,
     AgentError,
     "The agent shut down gracefully after the last batch this reader delivered; the reader's `cursor()` is where to open the plan again (on another agent, or this one once back): nothing is skipped or repeated. `consumed_samples` is its position (the whole cursor when the stream started at a plain one)."

@@ -307,3 +307,29 @@ def test_a_schedule_changed_after_the_saved_position_resumes_exactly(data):
     with pytest.raises(ValueError, match="blends differently from sample 300 on, before the "
                        "saved position"):
         TokenDataset(early).load_state_dict(state)
+
+
+def test_errors_cross_from_dataloader_workers_intact():
+    """A worker's error reaches the loop only pickled: an error torch cannot pickle is lost,
+    and the loader then ends the epoch early without a word."""
+    import pickle
+
+    for e in (dquant.AgentError("agent went away"), dquant.AgentShutdown("drained")):
+        back = pickle.loads(pickle.dumps(e))
+        assert (type(back), str(back)) == (type(e), str(e))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_an_agent_killed_under_dataloader_workers_raises_not_a_short_epoch(data, fresh_agent, transport):
+    from conftest import on_agent
+
+    p = on_agent(plan(data, "r50k_int32", epochs=50, batch_size=2), data)
+    target = fresh_agent.socket if transport == "shm" else fresh_agent.uri
+    ds = TokenDataset(p, agent=target, transport=transport)
+    loader = iter(DataLoader(ds, num_workers=2))
+    for _ in range(4):
+        next(loader)
+    fresh_agent.kill()
+    with pytest.raises(dquant.AgentError):
+        for _ in loader:
+            pass
