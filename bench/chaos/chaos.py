@@ -73,6 +73,8 @@ def classify(stderr: str) -> str:
             "without an end frame", "timed out",
             # the shared-memory ring's consumer, when the agent behind it dies
             "agent went away",
+            # a reader started just before the host agent died: its socket is gone
+            "cannot reach agent",
             # the host agent restarted between the reader's Open and its data connection:
             # the new agent never opened that session
             "or wrong ticket")
