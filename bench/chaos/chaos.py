@@ -2,19 +2,25 @@
 """The chaos soak (issue 35): faults without loss, checked sample for sample.
 
 Three storage agents serve the same corpus (replicas), a host agent chains to them, and
-readers (`dquant read` through the host agent: --shm-readers of them, one by default, through
-its shared-memory ring, the rest over TCP) stream a blended plan whose sources name the three
-replicas. For --minutes, one fault every 0.3-1.5 s, drawn from:
+readers stream a blended plan whose sources name the three replicas through the host agent:
+`dquant read`s (--shm-readers of them, one by default, through its shared-memory ring, the rest
+over TCP), --share-groups pairs reading one shared stream (`dquant read --share --group 2`
+over TCP and `dquant subscribe` over shared memory, failing and resuming together, as a
+tensor-parallel group does), and with --python, --python-readers `dquant.torch.TokenDataset`s
+under a DataLoader with two workers (`pyreader.py`, over shared memory, checkpointing after
+every batch). For --minutes, one fault every 0.3-1.5 s, drawn from:
 
-- replica_kill: SIGKILL of a replica that is serving while another one serves too, which comes
+- replica_kill: SIGKILL of a replica while a clean one (not the corrupt copy below) serves on,
   back 0.2-2 s later at its address;
 - host_kill / host_term: SIGKILL or SIGTERM (a graceful drain) of the host agent, which comes
   back 0.1-1 s later at its address;
+- replica_term: SIGTERM of a replica (a graceful drain) under the same rule, restarted once it
+  has exited;
 - replica_partition: the link of a replica's network namespace cut for 1-4 s (packets vanish
   either way, no reset), while another clean replica serves; with --netns (the default when
   root and iproute2 are here) every replica runs in a namespace of its own, reached over a
   veth pair, and serves the host agent as a tenant on that private link;
-- reader_kill: SIGKILL of a reader.
+- reader_kill: SIGKILL of a reader (a pair: both; a TokenDataset: its workers too).
 
 The third replica's copy of each corpus also has --corrupt bits flipped on its disk, one per
 chunk of the `.bin` (the corpora carry chunk sums sidecars, `dquant sums`): its agent must fail
@@ -238,6 +244,110 @@ class PyReader(Reader):
             self._check_pass(self.reference, whole=False)
 
 
+class ShareGroup(Reader):
+    """A tensor-parallel pair reading one shared stream through the host agent: `dquant read
+    --share NAME --group 2` opens it, `dquant subscribe` joins it over shared memory. Each
+    writes its own copy, and each copy is checked against the plan read locally. Like a
+    training job's TP group, the pair fails and resumes together: when either member stops,
+    the other is stopped, both copies are cut back to the samples both hold, and both start
+    again there on a stream of a new name (the old one may still be ending)."""
+
+    def __init__(self, idx: int, dquant: str, plan: Path, host: Agent, work: Path):
+        super().__init__(idx, dquant, plan, host, work, shm=False)
+        self.socket = host.socket
+        self.gen = 0
+        self.copies: List[List[Path]] = [[], []]   # each member's segments of this pass
+        self.procs: List[Optional[subprocess.Popen]] = [None, None]
+
+    def start(self) -> None:
+        self.gen += 1
+        name = f"soak/g{self.idx}/{self.gen}"
+        cursor = self.written // SAMPLE_BYTES
+        segs = [self.work / f"g{self.idx}.p{self.pass_no}.m{m}.s{len(self.copies[m])}"
+                for m in (0, 1)]
+        for m in (0, 1):
+            self.copies[m].append(segs[m])
+        self.err = open(self.work / f"g{self.idx}.err", "w+")
+        opener = [self.dquant, "read", str(self.plan), "--agent", self.address, "--share", name,
+                  "--group", "2", "--cursor", str(cursor), "--out", str(segs[0]), "--quiet"]
+        joiner = [self.dquant, "subscribe", self.socket, name, "--cursor-json",
+                  json.dumps({"consumed_samples": cursor}), "--wait", "30", "--out",
+                  str(segs[1]), "--quiet"]
+        self.procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=self.err) for c in (opener, joiner)]
+        self.proc = self.procs[0]
+
+    def progress(self) -> int:
+        """The slower member's bytes: the pair moved on when both did."""
+        def size(segs: List[Path]) -> int:
+            return sum(p.stat().st_size for p in segs if p.exists())
+        return self.pass_no * 10**15 + min(size(c) for c in self.copies)
+
+    def _stop_members(self) -> None:
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.kill()
+            if p is not None:
+                p.wait()
+        self.procs = [None, None]
+        self.proc = None
+
+    def _close_segment(self) -> None:
+        """Both copies cut back to the whole samples both hold (from their last segments)."""
+        def total(segs: List[Path]) -> int:
+            return sum(p.stat().st_size for p in segs if p.exists())
+        keep = min(total(c) for c in self.copies)
+        keep -= keep % SAMPLE_BYTES
+        for segs in self.copies:
+            extra = total(segs) - keep
+            for seg in reversed(segs):
+                size = seg.stat().st_size if seg.exists() else 0
+                cut = min(extra, size)
+                if cut:
+                    with open(seg, "r+b") as f:
+                        f.truncate(size - cut)
+                    extra -= cut
+        self.written = keep
+
+    def kill(self) -> None:
+        if any(p is not None for p in self.procs):
+            self._stop_members()
+            self._close_segment()
+
+    def poll(self, reference: "Reference") -> Optional[str]:
+        codes = [p.poll() if p is not None else None for p in self.procs]
+        if self.proc is None or all(c is None for c in codes):
+            return None
+        if codes == [0, 0]:
+            self.procs, self.proc = [None, None], None
+            self.err.close()
+            for m in (0, 1):
+                self.segments = self.copies[m]
+                self._check_pass(reference, whole=True)
+            self.pass_no += 1
+            self.written, self.copies = 0, [[], []]
+            return None
+        if any(c not in (None, 0) for c in codes):
+            self._stop_members()
+            self._close_segment()
+            self.err.seek(0)
+            stderr = self.err.read()
+            self.err.close()
+            cause = classify(stderr)
+            self.errors[cause] = self.errors.get(cause, 0) + 1
+            last = [l for l in stderr.splitlines() if l.strip()][-1:] or ["(no message)"]
+            self.error_lines.append((cause, f"{cause}: {last[0][:300]}"))
+            return cause
+        return None  # one member finished; the other is still reading its last batches
+
+    def finish(self, reference: "Reference") -> None:
+        self.kill()
+        for m in (0, 1):
+            if self.copies[m]:
+                self.segments = self.copies[m]
+                self._check_pass(reference, whole=False)
+
+
 class Reference:
     """The plan's stream read locally in one go: its length, hash, and the file for
     prefix checks."""
@@ -344,6 +454,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="the replicas each in a network namespace of its own, so that their "
                          "links can be cut (replica_partition faults); auto: when root and "
                          "iproute2 are here")
+    ap.add_argument("--share-groups", type=int, default=1,
+                    help="pairs reading one shared stream (an opener over TCP, a subscriber over "
+                         "shared memory), failing and resuming together")
     ap.add_argument("--python", help="a Python with dquant and torch (python/test.sh "
                     "--no-tests prints one); with it, --python-readers more readers")
     ap.add_argument("--python-readers", type=int, default=1,
@@ -407,10 +520,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "minutes": a.minutes, "readers": a.readers, "shm_readers": min(a.shm_readers, a.readers),
         "netns": bool(nets),
         "python_readers": a.python_readers if py_reference else 0,
+        "share_groups": a.share_groups,
         "seed": a.seed,
         "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
         "corrupt_chunks": flipped, "corrupt_reads_refused": refused_reads(logs, "replica2"),
         "passes_checked": sum(r.passes_ok for r in readers),
+        "passes_by_reader": {f"{type(r).__name__} {r.idx}": r.passes_ok for r in readers},
         "bytes_compared": sum(r.bytes_compared for r in readers),
         "recovery_s": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99)}
                        for k, v in sorted(recover.items())},
@@ -428,6 +543,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if report["passes_checked"] == 0:
         log("no pass finished: nothing was checked whole (more --minutes, or fewer --samples)")
         return 1
+    idle = [k for k, v in report["passes_by_reader"].items() if v == 0]
+    if idle and a.minutes >= 2:
+        log(f"no whole pass from {', '.join(idle)}: their kind was not checked whole")
     # Flipped chunks that no read met would prove nothing.
     unmet = bool(report["corrupt_chunks"]) and report["corrupt_reads_refused"] == 0
     if unmet:
@@ -489,8 +607,10 @@ def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path,
                a.samples)
     readers += [Reader(i, a.dquant, plan, host, work, shm=i < a.shm_readers)
                 for i in range(a.readers)]
+    readers += [ShareGroup(len(readers) + i, a.dquant, plan, host, work)
+                for i in range(a.share_groups)]
     if py_reference is not None:
-        readers += [PyReader(a.readers + i, a.python, plan, host, work, py_reference)
+        readers += [PyReader(len(readers) + i, a.python, plan, host, work, py_reference)
                     for i in range(a.python_readers)]
     for r in readers:
         r.start()
@@ -500,8 +620,16 @@ def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path,
     clean = replicas[:2] if a.corrupt else replicas
     cut = {id(r): n for r, n in zip(replicas, nets)}
 
+    draining: set = set()
+
     def serving(r: Agent) -> bool:
-        return r.up() and not (id(r) in cut and cut[id(r)].partitioned)
+        cut_off = id(r) in cut and cut[id(r)].partitioned
+        return r.up() and not cut_off and id(r) not in draining
+
+    def restart_drained(r: Agent) -> None:
+        r.stop(signal.SIGTERM, wait=40)
+        draining.discard(id(r))
+        r.start()
 
     def may_fault(victim: Agent) -> bool:
         return any(serving(c) for c in clean if c is not victim)
@@ -534,7 +662,8 @@ def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path,
             kinds = ["reader_kill"]
             if host.up():
                 kinds += ["host_kill", "host_term"]
-            kinds += ["replica_kill"] * (3 if killable else 0)
+            kinds += ["replica_kill"] * (2 if killable else 0)
+            kinds += ["replica_term"] * (1 if killable else 0)
             kinds += ["replica_partition"] * (2 if cuttable else 0)
             kind = rng.choice(kinds)
             before = [r.progress() for r in readers]
@@ -542,6 +671,14 @@ def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path,
                 victim = rng.choice(killable)
                 victim.stop(signal.SIGKILL)
                 restarts.append((now + rng.uniform(0.2, 2.0), victim.start))
+            elif kind == "replica_term":
+                # A graceful drain: its sessions end with "draining", and the host's reads of
+                # it move on; it is restarted once it has exited.
+                victim = rng.choice(killable)
+                victim.proc.send_signal(signal.SIGTERM)
+                draining.add(id(victim))
+                restarts.append((now + rng.uniform(0.2, 2.0),
+                                 lambda v=victim: restart_drained(v)))
             elif kind == "replica_partition":
                 link = cut[id(rng.choice(cuttable))]
                 link.partition()
@@ -584,7 +721,7 @@ def figures(r: dict) -> List[dict]:
     """The soak's figures in bench/results.py's schema: each against what the same run did."""
     f, e, rec = r["faults"], r["reader_errors"], r["recovery_s"]
     host = f.get("host_kill", 0) + f.get("host_term", 0)
-    readers = r["readers"] + r.get("python_readers", 0)
+    readers = r["readers"] + r.get("python_readers", 0) + r.get("share_groups", 0)
     out = [
         {"name": "reader-visible errors caused by replica faults", "value": e.get("replicas", 0),
          "unit": "errors", "goal": "<= 0",
@@ -613,8 +750,9 @@ def figures(r: dict) -> List[dict]:
 
 def render(r: dict) -> str:
     lines = [f"# Chaos soak: {r['minutes']} min, {r['readers']} readers "
-             f"({r.get('shm_readers', 0)} over shared memory) and {r.get('python_readers', 0)} "
-             f"Python TokenDataset reader(s), seed {r['seed']}", "",
+             f"({r.get('shm_readers', 0)} over shared memory), {r.get('share_groups', 0)} "
+             f"shared-stream pair(s) and {r.get('python_readers', 0)} Python TokenDataset "
+             f"reader(s), seed {r['seed']}", "",
              "| fault | count | readers moved on after: p50 | p99 |", "|---|---|---|---|"]
     for k, n in sorted(r["faults"].items()):
         rec = r["recovery_s"].get(k, {})
@@ -625,7 +763,8 @@ def render(r: dict) -> str:
         lines.append(f"| {k} | {r['reader_errors'].get(k, 0)} |")
     lines += ["", f"Corrupt replica: {len(r['corrupt_chunks'])} chunks with a flipped bit, "
               f"{r['corrupt_reads_refused']} reads refused for them."]
-    lines += ["", f"Passes checked whole: {r['passes_checked']}; bytes compared: "
+    by = ", ".join(f"{k}: {v}" for k, v in r.get("passes_by_reader", {}).items())
+    lines += ["", f"Passes checked whole: {r['passes_checked']} ({by}); bytes compared: "
               f"{r['bytes_compared'] / 1e9:.2f} GB; streams that differ: {len(r['mismatches'])}."]
     for m in r["mismatches"]:
         lines.append(f"- {m}")
