@@ -208,3 +208,78 @@ impl Sources {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use dquant_format::chunk_sums::{ChunkSums, MIN_CHUNK};
+    use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
+
+    use super::Sources;
+    use crate::{Piece, Sample};
+
+    /// A source with a chunk sums sidecar is read through its dataset, which checks it, not
+    /// through a map of the `.bin`: a flipped bit fails the sample that meets it, and a
+    /// sample elsewhere reads as before.
+    #[test]
+    fn a_source_with_chunk_sums_is_checked_not_mapped() {
+        let dir = tempfile::tempdir().unwrap();
+        let x = dir.path().join("x");
+        dquant_testkit::copy_fixture("r50k_int32", &x);
+        let bin = std::fs::read(x.with_extension("bin")).unwrap();
+        let open = || {
+            let ds = Dataset::open(&x, &OpenOptions::default()).unwrap();
+            Sources::from_opened(&["x".into()], vec![Arc::new(ds)]).unwrap()
+        };
+        // A sequence of at least 2,100 tokens: samples at 0 and 2,000 of it are chunks apart.
+        let ds = Dataset::open(&x, &OpenOptions::default()).unwrap();
+        let offsets = ds.index().unwrap().seq_offsets().to_vec();
+        let seq = (0..offsets.len() - 1)
+            .find(|&i| offsets[i + 1] - offsets[i] >= 2_100)
+            .unwrap();
+        let sample = |offset| Sample {
+            dataset_id: None,
+            pieces: vec![Piece {
+                source: 0,
+                sequence: seq as u64,
+                offset,
+                length: 100,
+            }],
+            pad: 0,
+        };
+        let read = |s: &Sources, offset| {
+            let mut out = vec![0u32; 100];
+            s.read_into(
+                &sample(offset),
+                &mut out,
+                0,
+                &mut Vec::new(),
+                &mut ReadBuffers::new(),
+            )
+            .map(|()| out)
+            .map_err(|e| e.to_string())
+        };
+        let mapped = open();
+        assert!(mapped.maps[0].is_some());
+        let sums = ChunkSums::of(&bin, MIN_CHUNK).unwrap().encode();
+        std::fs::write(x.with_extension("dqsum"), sums).unwrap();
+        let checked = open();
+        assert!(checked.maps[0].is_none());
+        assert_eq!(read(&checked, 0), read(&mapped, 0));
+        let at = (offsets[seq] + 2_050) as usize * 4;
+        let mut flipped = bin.clone();
+        flipped[at] ^= 0x10;
+        std::fs::write(x.with_extension("bin"), flipped).unwrap();
+        let checked = open();
+        let e = read(&checked, 2_000).unwrap_err();
+        let c = at / 4096;
+        let want = format!(
+            "x.bin: checksum mismatch in chunk {c} (bytes {}..{})",
+            c * 4096,
+            (c + 1) * 4096
+        );
+        assert!(e.contains(&want), "{e}");
+        assert_eq!(read(&checked, 0), read(&mapped, 0));
+    }
+}
