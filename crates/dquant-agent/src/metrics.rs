@@ -13,6 +13,7 @@
 //! | `dquant_batches_total`, `dquant_tokens_total`, `dquant_bytes_total` | counter | `tenant` |
 //! | `dquant_session_ends_total` | counter | `how`: `finished`, `failed`, `stopped`, `drained` |
 //! | `dquant_refusals_total` | counter | `reason` |
+//! | `dquant_corrupt_reads_total` | counter | `dataset`: range reads refused because this agent's copy failed its checksum |
 //! | `dquant_source_samples_total` | counter | `tenant`, `dataset` (the plan's source URI) |
 //! | `dquant_source_samples_per_epoch` | gauge | `dataset`: `samples_total / samples_per_epoch` is epochs |
 //! | `dquant_tenant_link_bytes_total` | counter | `tenant`: frame bytes paced through `[bandwidth]` |
@@ -184,6 +185,13 @@ impl Metrics {
             Label::new("dataset", dataset.to_string()),
         ];
         self.counter("dquant_replica_failovers_total", labels)
+    }
+
+    /// Counts the reads of `dataset` refused because its stored bytes failed their checksum
+    /// (this agent's copy is damaged: a block's crc, or a chunk's sum in a Megatron sidecar).
+    pub fn corrupt_reads(&self, dataset: &str) -> Counter {
+        let labels = vec![Label::new("dataset", dataset.to_string())];
+        self.counter("dquant_corrupt_reads_total", labels)
     }
 
     /// A request or connection was refused for `reason`.

@@ -513,6 +513,7 @@ fn serve<R: Requests>(
         .metrics
         .meter(owner)
         .with_tally(shared.events.tally(owner));
+    let corrupt = shared.metrics.corrupt_reads(&ds.name);
     let session = Session {
         out,
         frames,
@@ -520,6 +521,7 @@ fn serve<R: Requests>(
         stats: Stats::default(),
         cancel,
         meter,
+        corrupt,
         faults: shared.faults.clone(),
         requests: 0,
     };
@@ -552,6 +554,8 @@ struct Session<'f, R: Read> {
     stats: Stats,
     cancel: Arc<AtomicBool>,
     meter: Meter,
+    /// Reads refused because this agent's copy failed its checksum.
+    corrupt: metrics::Counter,
     /// Faults tests arm (debug builds), and the requests received so far.
     faults: Faults,
     requests: u64,
@@ -660,6 +664,9 @@ impl<R: Requests> Session<'_, R> {
     }
 
     fn fail(&mut self, e: RangeError) -> Result<Stats, StreamError> {
+        if matches!(&e, RangeError::Read { source, .. } if source.is_corrupt()) {
+            self.corrupt.increment(1);
+        }
         let m = e.to_string();
         self.out.fail(&m);
         Err(StreamError::Failed(m))

@@ -41,6 +41,18 @@ impl StorageError {
         }
     }
 
+    /// Whether stored bytes failed their checksum (a block's crc, a chunk's sum): the copy is
+    /// damaged, and another copy may not be.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Format {
+                source: FormatError::Checksum { .. },
+                ..
+            }
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StorageError::Io {
             path: path.into(),

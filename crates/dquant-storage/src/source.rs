@@ -47,6 +47,11 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// Whether stored bytes failed their checksum ([`StorageError::is_corrupt`]).
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, SourceError::Storage(e) if e.is_corrupt())
+    }
+
     /// Whether the dataset does not exist: a missing local file or object, or a dataset (or
     /// root) the agent does not have.
     pub fn is_not_found(&self) -> bool {

@@ -120,14 +120,14 @@ fn a_flipped_bit_in_one_replicas_megatron_bin_never_reaches_a_batch() {
         e.contains("r50k.bin: checksum mismatch in chunk 52 (bytes 212992..217088), against"),
         "{e}"
     );
-    // The bad agent's metrics show that it was asked for the damaged chunk and failed it.
+    // The bad agent counts the reads it refused for its damaged copy (an operator's signal).
     let mut cfg = bad.config();
     let metrics = dquant_testkit::metrics::free_addr();
     cfg.metrics_listen = Some(metrics);
     let (a, b) = (good.agent(), dquant_agent::start(cfg).unwrap());
     let failed = || {
         let page = dquant_testkit::metrics::scrape(metrics);
-        dquant_testkit::metrics::value(&page, "dquant_session_ends_total{how=\"failed\"}")
+        dquant_testkit::metrics::value(&page, "dquant_corrupt_reads_total{dataset=\"corpus/r50k\"}")
     };
     for (first, second) in [(&a, &b), (&b, &a)] {
         let before = failed();
