@@ -79,19 +79,17 @@ impl Dataset {
         ];
         let mut size = file.len() + idx.len();
         let sums_path = sibling(SUMS_EXT);
-        let sums = match objects.exists(&sums_path) {
-            true => {
-                let sidecar = objects.open(&sums_path)?;
+        // Opened, not looked up first: a sidecar that appears or goes between the two would
+        // fail the open for nothing.
+        let sums = match objects.open(&sums_path) {
+            Ok(sidecar) => {
                 versions.push((sums_path.clone(), sidecar.version()));
                 size += sidecar.len();
-                Some(Box::new(read_sums(
-                    &*sidecar,
-                    sums_path,
-                    &bin_path,
-                    file.len(),
-                )?))
+                let sums = read_sums(&*sidecar, sums_path, &bin_path, file.len())?;
+                Some(Box::new(sums))
             }
-            false => None,
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e),
         };
         Ok(Dataset {
             id: next_id(),
