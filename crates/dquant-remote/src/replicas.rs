@@ -155,14 +155,21 @@ impl ReplicatedSource {
         self.readahead = config;
     }
 
-    /// Takes a replica out after `e`, to be tried again after its back-off.
+    /// Takes a replica out after `e`, to be tried again after its back-off, and counts the
+    /// failover.
     fn fail(&mut self, i: usize, e: &SourceError) {
-        self.replicas[i].conn = None;
-        self.health.failed(i, &e.to_string(), Instant::now());
+        self.drop_conn(i, e);
         self.failovers += 1;
         if let Some(f) = &self.on_failover {
             f(&self.replicas[i].authority, &self.opener.dataset.dataset);
         }
+    }
+
+    /// Drops replica `i`'s connection after `e` (its session is over), to be reopened after
+    /// its back-off: no failover when the error was the request's.
+    fn drop_conn(&mut self, i: usize, e: &SourceError) {
+        self.replicas[i].conn = None;
+        self.health.failed(i, &e.to_string(), Instant::now());
     }
 
     /// Replica `i` failed a read with `e`: out with it ([`Self::fail`]), and with the read
@@ -170,6 +177,18 @@ impl ReplicatedSource {
     /// one starts afresh.
     fn failed_read(&mut self, i: usize, e: &SourceError) {
         self.fail(i, e);
+        self.restart_reads();
+    }
+
+    /// Replica `i` refused a read with the request's own error ([`Self::same_everywhere`]):
+    /// its session is over, but it did not fail, so no failover is counted.
+    fn refused_read(&mut self, i: usize, e: &SourceError) {
+        self.drop_conn(i, e);
+        self.restart_reads();
+    }
+
+    /// Drops the read state built on the streams: the next read starts afresh.
+    fn restart_reads(&mut self) {
         self.abandon_window();
         self.seq = Sequence::default();
     }
@@ -468,7 +487,7 @@ impl TokenSource for ReplicatedSource {
             match self.try_read(ranges, out) {
                 Ok(()) => return Ok(()),
                 Err((Some(i), e)) if self.same_everywhere(&mut refusals, i, &e) => {
-                    self.failed_read(i, &e);
+                    self.refused_read(i, &e);
                     return Err(e);
                 }
                 Err((Some(i), e)) => {
