@@ -148,11 +148,14 @@ impl ChunkSums {
     }
 
     /// Chunk `i`'s recorded crc32c.
+    ///
+    /// # Panics
+    /// If `i` is not below [`chunks`](ChunkSums::chunks).
     pub fn crc(&self, i: u64) -> u32 {
         self.crcs[i as usize]
     }
 
-    /// Checks chunk `i` against `computed`, its bytes' crc32c.
+    /// Checks chunk `i` against `computed`, its bytes' crc32c (panics as [`crc`](Self::crc)).
     pub fn check(&self, i: u64, computed: u32) -> Result<(), FormatError> {
         let stored = self.crc(i);
         if stored == computed {
