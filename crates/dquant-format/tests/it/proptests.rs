@@ -264,3 +264,40 @@ proptest! {
         }
     }
 }
+
+/// A chunk sums sidecar that parses re-encodes to the very bytes it came from.
+fn check_sums(bytes: &[u8]) {
+    use dquant_format::chunk_sums::ChunkSums;
+    if let Ok(s) = ChunkSums::parse(bytes) {
+        assert_eq!(s.encode(), bytes);
+        assert_eq!(s.chunks(), s.data_len().div_ceil(u64::from(s.chunk())));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chunk_sums_parse_never_panics_on_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        check_sums(&bytes);
+    }
+
+    /// A valid sidecar with bytes changed: refused (the trailer crc covers everything), or,
+    /// when a change keeps every check, the same sidecar again.
+    #[test]
+    fn chunk_sums_with_changed_bytes_never_panic(
+        len in 0usize..40_000,
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+    ) {
+        use dquant_format::chunk_sums::{ChunkSums, MIN_CHUNK};
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let mut bytes = ChunkSums::of(&data, MIN_CHUNK).unwrap().encode();
+        for (at, v) in edits {
+            let n = bytes.len();
+            bytes[at % n] = v;
+        }
+        check_sums(&bytes);
+    }
+}
