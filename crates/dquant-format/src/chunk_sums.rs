@@ -43,6 +43,9 @@ pub struct ChunkSums {
     chunk: u32,
     data_len: u64,
     crcs: Vec<u32>,
+    /// The sidecar's trailer: the crc32c of its header and table, found once (parsed, or
+    /// summed when built), since it is also the [`digest`](ChunkSums::digest) a `Stat` sends.
+    trailer: u32,
 }
 
 impl ChunkSums {
@@ -99,21 +102,18 @@ impl ChunkSums {
             chunk,
             data_len,
             crcs,
+            trailer: stored,
         })
     }
 
     /// The sidecar's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_LEN + 4 * self.crcs.len() + 4);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&self.chunk.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&self.data_len.to_le_bytes());
+        out.extend_from_slice(&header(self.chunk, self.data_len));
         for c in &self.crcs {
             out.extend_from_slice(&c.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&self.trailer.to_le_bytes());
         out
     }
 
@@ -172,10 +172,7 @@ impl ChunkSums {
     /// Stands for the whole file's content: the sidecar's own trailer crc (over the chunk
     /// size, the length and every chunk's crc), as `crc32c/64KiB:0123abcd`.
     pub fn digest(&self) -> String {
-        let bytes = self.encode();
-        let tail = &bytes[bytes.len() - 4..];
-        let crc = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-        format!("crc32c/{}KiB:{crc:08x}", self.chunk >> 10)
+        format!("crc32c/{}KiB:{:08x}", self.chunk >> 10, self.trailer)
     }
 }
 
@@ -223,12 +220,27 @@ impl ChunkSumsBuilder {
         if self.open.1 > 0 {
             self.crcs.push(self.open.0);
         }
+        let head = crc32c::crc32c(&header(self.chunk, self.data_len));
+        let trailer = self
+            .crcs
+            .iter()
+            .fold(head, |crc, c| crc32c::crc32c_append(crc, &c.to_le_bytes()));
         ChunkSums {
             chunk: self.chunk,
             data_len: self.data_len,
             crcs: self.crcs,
+            trailer,
         }
     }
+}
+
+/// The sidecar's first [`HEADER_LEN`] bytes.
+fn header(chunk: u32, data_len: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..8].copy_from_slice(&MAGIC);
+    h[8..12].copy_from_slice(&chunk.to_le_bytes());
+    h[16..24].copy_from_slice(&data_len.to_le_bytes());
+    h
 }
 
 fn check_chunk(chunk: u32) -> Result<(), FormatError> {
