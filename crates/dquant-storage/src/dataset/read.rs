@@ -85,8 +85,7 @@ impl Dataset {
         file.read_exact_vectored_at(bufs, start * item)
             .map_err(|e| read_error(&**file, &self.data_path, end * item, e))?;
         if let Some(sums) = sums {
-            let pieces: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
-            sums.check(&**file, &self.data_path, start * item, &pieces)?;
+            sums.check(&**file, &self.data_path, start * item, bufs)?;
         }
         Ok(())
     }
@@ -151,7 +150,12 @@ impl Dataset {
                     range.start * item,
                 )?;
                 if let Some(sums) = sums {
-                    sums.check(&**file, &self.data_path, range.start * item, &[&bufs.bytes])?;
+                    sums.check(
+                        &**file,
+                        &self.data_path,
+                        range.start * item,
+                        &[bufs.bytes.as_slice()],
+                    )?;
                 }
                 dtype
                     .decode(&bufs.bytes, out, range.start)

@@ -8,7 +8,7 @@
 //! time would read each chunk a hundred times over. A chunk that fails is never marked, so
 //! every read that touches it fails.
 
-use std::ops::Range;
+use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -73,12 +73,12 @@ impl CheckedChunks {
     /// `pieces` are those bytes, back to back from `at` in `file` (named `name`). A chunk the
     /// read covers whole is summed from `pieces`; one it covers in part is read whole, checked,
     /// and its overlap compared with `pieces`, so what the caller returns is what was checked.
-    pub(super) fn check(
+    pub(super) fn check<P: Deref<Target = [u8]>>(
         &self,
         file: &dyn ReadAt,
         name: &Path,
         at: u64,
-        pieces: &[&[u8]],
+        pieces: &[P],
     ) -> Result<(), StorageError> {
         let len: u64 = pieces.iter().map(|p| p.len() as u64).sum();
         let read = at..at + len;
@@ -110,13 +110,13 @@ impl CheckedChunks {
 
     /// The part of chunk `c` (`whole`) that the read returned must equal what it returned:
     /// they differ only if the file changed between the two reads.
-    fn same_overlap(
+    fn same_overlap<P: Deref<Target = [u8]>>(
         &self,
         name: &Path,
         whole: &[u8],
         c: Range<u64>,
         read: Range<u64>,
-        pieces: &[&[u8]],
+        pieces: &[P],
     ) -> Result<(), StorageError> {
         let (s, e) = (c.start.max(read.start), c.end.min(read.end));
         let mut want = &whole[(s - c.start) as usize..(e - c.start) as usize];
@@ -154,7 +154,7 @@ impl CheckedChunks {
 }
 
 /// Calls `f` on the slices of `pieces` (back to back) that hold `range`, in order.
-fn each_slice(pieces: &[&[u8]], range: Range<u64>, mut f: impl FnMut(&[u8])) {
+fn each_slice<P: Deref<Target = [u8]>>(pieces: &[P], range: Range<u64>, mut f: impl FnMut(&[u8])) {
     let mut off = 0u64;
     for p in pieces {
         let (ps, pe) = (off, off + p.len() as u64);
