@@ -143,19 +143,10 @@ impl Dataset {
             Source::Plain { file, dtype, sums } => {
                 let item = dtype.itemsize() as u64;
                 bufs.bytes.resize(out.len() * item as usize, 0);
-                read_at(
-                    &**file,
-                    &self.data_path,
-                    &mut bufs.bytes,
-                    range.start * item,
-                )?;
+                let at = range.start * item;
+                read_at(&**file, &self.data_path, &mut bufs.bytes, at)?;
                 if let Some(sums) = sums {
-                    sums.check(
-                        &**file,
-                        &self.data_path,
-                        range.start * item,
-                        &[bufs.bytes.as_slice()],
-                    )?;
+                    sums.check(&**file, &self.data_path, at, &[bufs.bytes.as_slice()])?;
                 }
                 dtype
                     .decode(&bufs.bytes, out, range.start)
