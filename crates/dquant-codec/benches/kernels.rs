@@ -17,6 +17,9 @@
 //! generator below, frequent tokens mostly at low ids as in BPE vocabularies). They are i.i.d.,
 //! so the zstd ratios here carry no n-gram repetition: real text compresses better.
 //!
+//! The `ranks` group decodes and encodes frequency-rank codes (the archive codec's step after
+//! zstd) in tokens per second, beside a copy of the u32 output.
+//!
 //! Run: `cargo bench -p dquant-codec --bench kernels` (add a filter such as `kernels/l2` to run
 //! one group).
 
@@ -25,7 +28,9 @@ use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use dquant_codec::{decode_width, encode_width, kernels, Codec, Decoder, Encoder, Width};
+use dquant_codec::{
+    decode_width, encode_width, kernels, Codec, Decoder, Encoder, RankTable, Width,
+};
 
 /// Working sets for the kernel groups: (name, tokens).
 const SETS: [(&str, usize); 2] = [("l2", 64 * 1024), ("big", 16 * 1024 * 1024)];
@@ -139,6 +144,9 @@ fn bench_kernels(c: &mut Criterion) {
             g.bench_function(format!("load_{name}"), |b| {
                 b.iter(|| kernels::load_plain(w, black_box(&enc), &mut out).unwrap());
             });
+            // Once more outside criterion, whose filter may have skipped the closures.
+            kernels::store_plain(w, toks, &mut enc).unwrap();
+            kernels::load_plain(w, &enc, &mut out).unwrap();
             assert_eq!(&out, toks, "{name} round trip");
         }
 
@@ -151,6 +159,8 @@ fn bench_kernels(c: &mut Criterion) {
             g.bench_function(format!("unpack_bits{bits}"), |b| {
                 b.iter(|| decode_width(w, black_box(&enc), &mut out).unwrap());
             });
+            encode_width(w, toks, &mut enc).unwrap();
+            decode_width(w, &enc, &mut out).unwrap();
             assert_eq!(&out, toks, "bits:{bits} round trip");
         }
         memcpy(&mut g, "memcpy_last");
@@ -199,10 +209,47 @@ fn bench_zstd(c: &mut Criterion) {
         g.bench_function(format!("decode/{name}"), |b| {
             b.iter(|| dec.decode(codec, black_box(&payload), &mut out).unwrap());
         });
+        dec.decode(codec, &payload, &mut out).unwrap();
         assert_eq!(&out, toks, "{name} round trip");
     }
     g.finish();
 }
 
-criterion_group!(benches, bench_kernels, bench_zstd);
+/// Rank codes alone (`RankTable::decode`, the archive codec's step after zstd): Zipf ids of an
+/// o200k-sized vocabulary ranked by their counts, against a copy of the u32 output.
+fn bench_ranks(c: &mut Criterion) {
+    let toks = zipf_tokens(4 * BLOCK_TOKENS, VOCAB_18, 7);
+    let mut counts = vec![0u64; VOCAB_18 as usize];
+    toks.iter().for_each(|&t| counts[t as usize] += 1);
+    let table = RankTable::from_counts(&counts).unwrap();
+    let mut codes = Vec::new();
+    table.encoder().encode(&toks, &mut codes).unwrap();
+    println!(
+        "rank codes: {} tokens, {:.3} bytes/token",
+        toks.len(),
+        codes.len() as f64 / toks.len() as f64
+    );
+    let mut g = c.benchmark_group("ranks/1Mi");
+    configure(&mut g);
+    g.throughput(Throughput::Elements(toks.len() as u64));
+    let mut out = vec![0u32; toks.len()];
+    g.bench_function("memcpy_u32", |b| {
+        b.iter(|| out.copy_from_slice(black_box(&toks)))
+    });
+    g.bench_function("decode", |b| {
+        b.iter(|| table.decode(black_box(&codes), &mut out).unwrap())
+    });
+    table.decode(&codes, &mut out).unwrap();
+    assert_eq!(out, toks, "rank codes round trip");
+    let enc = table.encoder();
+    g.bench_function("encode", |b| {
+        b.iter(|| {
+            codes.clear();
+            enc.encode(black_box(&toks), &mut codes).unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_kernels, bench_zstd, bench_ranks);
 criterion_main!(benches);

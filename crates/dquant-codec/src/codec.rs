@@ -9,11 +9,14 @@ use crate::bitpack;
 use crate::compress::Compression;
 use crate::error::CodecError;
 use crate::kernels::{self, first_over};
+use crate::ranks::{RankEncoder, RankTable};
 use crate::width::Width;
 
 /// How a run of token ids is represented: a storage width, optionally compressed.
 ///
-/// Text form: `WIDTH[+zstd:L|+lz4]`, e.g. `u16`, `bits:17`, `u16+zstd:3`, `u24+lz4`.
+/// Text form: `WIDTH[+zstd:L|+lz4|+rank+zstd:L]`, e.g. `u16`, `bits:17`, `u16+zstd:3`,
+/// `u24+lz4`, `u24+rank+zstd:19`. The width is the plain form a block falls back to when
+/// compression would grow it, and bounds the ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Codec {
     pub width: Width,
@@ -57,7 +60,11 @@ impl Codec {
     /// reserves this much; a receiver refuses more (a corrupt or hostile peer must not make it
     /// allocate gigabytes).
     pub fn max_encoded_len(self, n: usize) -> usize {
-        let raw = self.raw_len(n);
+        let raw = match self.compression {
+            // Rank codes take up to 4 bytes a token, whatever the width.
+            Compression::Ranked(_) => n.saturating_mul(4),
+            _ => self.raw_len(n),
+        };
         raw + raw / 16 + 4096
     }
 }
@@ -130,12 +137,32 @@ pub struct Encoder {
     codec: Codec,
     zstd: Option<zstd::bulk::Compressor<'static>>,
     scratch: Vec<u8>,
+    /// For [`Compression::Ranked`].
+    ranks: RankEncoder,
 }
 
 impl Encoder {
+    /// An encoder for any codec but [`Compression::Ranked`], which needs
+    /// [`Encoder::with_ranks`].
     pub fn new(codec: Codec) -> Result<Self, CodecError> {
+        if codec.compression.needs_rank_table() {
+            return Err(CodecError::Backend {
+                codec: codec.to_string(),
+                reason: "needs the dataset's rank table".into(),
+            });
+        }
+        Self::build(codec, RankEncoder::default())
+    }
+
+    /// An encoder for `codec` that ranks ids by `table` (used when the codec is
+    /// [`Compression::Ranked`]).
+    pub fn with_ranks(codec: Codec, table: &RankTable) -> Result<Self, CodecError> {
+        Self::build(codec, table.encoder())
+    }
+
+    fn build(codec: Codec, ranks: RankEncoder) -> Result<Self, CodecError> {
         let zstd = match codec.compression {
-            Compression::Zstd(level) => {
+            Compression::Zstd(level) | Compression::Ranked(level) => {
                 let mut c = zstd::bulk::Compressor::new(level).map_err(|e| backend(codec, e))?;
                 // The block layer knows every payload's size and checksums it; zstd's own
                 // frame fields would only repeat that.
@@ -151,6 +178,7 @@ impl Encoder {
             codec,
             zstd,
             scratch: Vec::new(),
+            ranks,
         })
     }
 
@@ -171,26 +199,14 @@ impl Encoder {
             }
             return Ok(raw_len);
         }
-        self.scratch.resize(raw_len, 0);
-        encode_width(self.codec.width, tokens, &mut self.scratch)?;
-        let written = match (&mut self.zstd, self.codec.compression) {
-            (Some(z), Compression::Zstd(_)) => {
-                out.resize(start + zstd::zstd_safe::compress_bound(raw_len), 0);
-                z.compress_to_buffer(&self.scratch, &mut out[start..])
-                    .map_err(|e| backend(self.codec, e))
-            }
-            (_, Compression::Lz4) => {
-                out.resize(start + lz4_flex::block::get_maximum_output_size(raw_len), 0);
-                lz4_flex::block::compress_into(&self.scratch, &mut out[start..]).map_err(|e| {
-                    CodecError::Backend {
-                        codec: self.codec.to_string(),
-                        reason: e.to_string(),
-                    }
-                })
-            }
-            _ => unreachable!("encoder state matches its codec"),
-        };
-        match written {
+        if self.codec.compression.needs_rank_table() {
+            self.scratch.clear();
+            self.ranks.encode(tokens, &mut self.scratch)?;
+        } else {
+            self.scratch.resize(raw_len, 0);
+            encode_width(self.codec.width, tokens, &mut self.scratch)?;
+        }
+        match self.compress(out) {
             Ok(n) => {
                 out.truncate(start + n);
                 Ok(n)
@@ -199,6 +215,28 @@ impl Encoder {
                 out.truncate(start);
                 Err(e)
             }
+        }
+    }
+
+    /// Compresses the scratch buffer onto the end of `out` (grown to the bound first).
+    fn compress(&mut self, out: &mut Vec<u8>) -> Result<usize, CodecError> {
+        let (codec, start, len) = (self.codec, out.len(), self.scratch.len());
+        match (&mut self.zstd, codec.compression) {
+            (Some(z), Compression::Zstd(_) | Compression::Ranked(_)) => {
+                out.resize(start + zstd::zstd_safe::compress_bound(len), 0);
+                z.compress_to_buffer(&self.scratch, &mut out[start..])
+                    .map_err(|e| backend(codec, e))
+            }
+            (_, Compression::Lz4) => {
+                out.resize(start + lz4_flex::block::get_maximum_output_size(len), 0);
+                lz4_flex::block::compress_into(&self.scratch, &mut out[start..]).map_err(|e| {
+                    CodecError::Backend {
+                        codec: codec.to_string(),
+                        reason: e.to_string(),
+                    }
+                })
+            }
+            _ => unreachable!("encoder state matches its codec"),
         }
     }
 }
@@ -223,51 +261,81 @@ impl Decoder {
         }
     }
 
-    /// Decodes exactly `out.len()` tokens encoded with `codec` from `payload`.
+    /// Decodes exactly `out.len()` tokens encoded with `codec` from `payload`. A
+    /// [`Compression::Ranked`] payload needs [`Decoder::decode_with`] and its table.
     pub fn decode(
         &mut self,
         codec: Codec,
         payload: &[u8],
         out: &mut [u32],
     ) -> Result<(), CodecError> {
-        let raw_len = codec.raw_len(out.len());
+        self.decode_with(codec, payload, None, out)
+    }
+
+    /// [`Decoder::decode`], with the dataset's rank table for [`Compression::Ranked`]
+    /// payloads (other codecs ignore it).
+    pub fn decode_with(
+        &mut self,
+        codec: Codec,
+        payload: &[u8],
+        ranks: Option<&RankTable>,
+        out: &mut [u32],
+    ) -> Result<(), CodecError> {
         let corrupt = |reason: String| CodecError::Corrupt {
             codec: codec.to_string(),
             reason,
         };
-        let raw: &[u8] = match codec.compression {
-            Compression::None => payload,
-            Compression::Zstd(_) => {
+        let Compression::Ranked(_) = codec.compression else {
+            let raw = self.decompress(codec, payload, codec.raw_len(out.len()), true)?;
+            return decode_width(codec.width, raw, out);
+        };
+        let table = ranks.ok_or_else(|| corrupt("no rank table to decode it with".into()))?;
+        // The longest code is 4 bytes a token.
+        let raw = self.decompress(codec, payload, out.len().saturating_mul(4), false)?;
+        table.decode(raw, out).map_err(|e| match e {
+            CodecError::Corrupt { reason, .. } => corrupt(reason),
+            e => e,
+        })
+    }
+
+    /// `payload` decompressed (as it is, for no compression) into at most `cap` bytes, and
+    /// exactly `cap` if `exact`.
+    fn decompress<'a>(
+        &'a mut self,
+        codec: Codec,
+        payload: &'a [u8],
+        cap: usize,
+        exact: bool,
+    ) -> Result<&'a [u8], CodecError> {
+        let corrupt = |reason: String| CodecError::Corrupt {
+            codec: codec.to_string(),
+            reason,
+        };
+        let n = match codec.compression {
+            Compression::None => return Ok(payload),
+            Compression::Zstd(_) | Compression::Ranked(_) => {
                 let z = match &mut self.zstd {
                     Some(z) => z,
                     None => self
                         .zstd
                         .insert(zstd::bulk::Decompressor::new().map_err(|e| backend(codec, e))?),
                 };
-                self.scratch.resize(raw_len, 0);
-                let n = z
-                    .decompress_to_buffer(payload, &mut self.scratch[..])
-                    .map_err(|e| corrupt(e.to_string()))?;
-                if n != raw_len {
-                    return Err(corrupt(format!(
-                        "decompressed to {n} bytes, expected {raw_len}"
-                    )));
-                }
-                &self.scratch
+                self.scratch.resize(cap, 0);
+                z.decompress_to_buffer(payload, &mut self.scratch[..])
+                    .map_err(|e| corrupt(e.to_string()))?
             }
             Compression::Lz4 => {
-                self.scratch.resize(raw_len, 0);
-                let n = lz4_flex::block::decompress_into(payload, &mut self.scratch)
-                    .map_err(|e| corrupt(e.to_string()))?;
-                if n != raw_len {
-                    return Err(corrupt(format!(
-                        "decompressed to {n} bytes, expected {raw_len}"
-                    )));
-                }
-                &self.scratch
+                self.scratch.resize(cap, 0);
+                lz4_flex::block::decompress_into(payload, &mut self.scratch)
+                    .map_err(|e| corrupt(e.to_string()))?
             }
         };
-        decode_width(codec.width, raw, out)
+        if exact && n != cap {
+            return Err(corrupt(format!(
+                "decompressed to {n} bytes, expected {cap}"
+            )));
+        }
+        Ok(&self.scratch[..n])
     }
 }
 
@@ -284,6 +352,8 @@ mod tests {
             "u24+lz4",
             "i64+zstd:-3",
             "bits:1+zstd:19",
+            "u24+rank+zstd:19",
+            "u16+rank+zstd:-5",
         ] {
             let c: Codec = s.parse().unwrap();
             assert_eq!(c.to_string(), s);
@@ -291,11 +361,54 @@ mod tests {
         }
         assert_eq!(
             "u16+gzip".parse::<Codec>().unwrap_err().to_string(),
-            "invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL"
+            "invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
         );
         assert_eq!(
             "u16+zstd:99".parse::<Codec>().unwrap_err().to_string(),
             "invalid codec 'zstd:99': zstd level must be in -131072..=22 and not 0"
+        );
+    }
+
+    #[test]
+    fn ranked_payloads_round_trip_with_their_table_only() {
+        let codec: Codec = "u24+rank+zstd:3".parse().unwrap();
+        let tokens: Vec<u32> = (0..50_000u32).map(|i| (i * i) % 70_001).collect();
+        let mut counts = vec![0u64; 70_001];
+        tokens.iter().for_each(|&t| counts[t as usize] += 1);
+        let table = RankTable::from_counts(&counts).unwrap();
+        assert_eq!(
+            Encoder::new(codec).err().unwrap().to_string(),
+            "u24+rank+zstd:3 failed: needs the dataset's rank table"
+        );
+        let mut enc = Encoder::with_ranks(codec, &table).unwrap();
+        let mut payload = vec![7];
+        enc.encode(&tokens, &mut payload).unwrap();
+        let mut dec = Decoder::new();
+        let mut out = vec![0; tokens.len()];
+        dec.decode_with(codec, &payload[1..], Some(&table), &mut out)
+            .unwrap();
+        assert_eq!(out, tokens);
+        assert_eq!(
+            dec.decode(codec, &payload[1..], &mut out)
+                .unwrap_err()
+                .to_string(),
+            "u24+rank+zstd:3 payload is corrupt: no rank table to decode it with"
+        );
+        // One token too many asked for: the codes run out.
+        let mut more = vec![0; tokens.len() + 1];
+        assert_eq!(
+            dec.decode_with(codec, &payload[1..], Some(&table), &mut more)
+                .unwrap_err()
+                .to_string(),
+            format!(
+                "u24+rank+zstd:3 payload is corrupt: the code of token {} is cut off",
+                tokens.len()
+            )
+        );
+        let e = enc.encode(&[1, 70_002], &mut payload).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "token 70002 at offset 1 is not in the dataset's rank table"
         );
     }
 

@@ -14,6 +14,10 @@ pub enum Compression {
     Zstd(i32),
     /// LZ4 block format (lz4_flex): cheapest to decode.
     Lz4,
+    /// Frequency ranks in variable-length bytes ([`crate::RankTable`]), then zstd at the
+    /// given level: the archive codec. Needs the dataset's rank table to encode and decode,
+    /// so it is a storage codec only, never a wire codec.
+    Ranked(i32),
 }
 
 impl Compression {
@@ -34,11 +38,30 @@ impl Compression {
         }
     }
 
+    /// `rank+zstd:level`, the level checked as [`Compression::zstd`] checks it.
+    pub fn ranked(level: i32) -> Result<Self, CodecError> {
+        match Self::zstd(level) {
+            Ok(_) => Ok(Compression::Ranked(level)),
+            Err(CodecError::Parse { reason, .. }) => Err(CodecError::Parse {
+                input: format!("rank+zstd:{level}"),
+                reason,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether this compression needs a dataset's rank table ([`Compression::Ranked`]).
+    pub fn needs_rank_table(self) -> bool {
+        matches!(self, Compression::Ranked(_))
+    }
+
     pub(crate) fn code(self) -> (u8, i8) {
+        let level = |l: i32| l.clamp(i8::MIN as i32, i8::MAX as i32) as i8;
         match self {
             Compression::None => (0, 0),
-            Compression::Zstd(l) => (1, l.clamp(i8::MIN as i32, i8::MAX as i32) as i8),
+            Compression::Zstd(l) => (1, level(l)),
             Compression::Lz4 => (2, 0),
+            Compression::Ranked(l) => (3, level(l)),
         }
     }
 
@@ -50,6 +73,7 @@ impl Compression {
             (0, 0) => Some(Compression::None),
             (1, _) => Some(Compression::Zstd(level as i32)),
             (2, 0) => Some(Compression::Lz4),
+            (3, _) => Some(Compression::Ranked(level as i32)),
             _ => None,
         }
     }
@@ -61,6 +85,7 @@ impl fmt::Display for Compression {
             Compression::None => f.write_str("none"),
             Compression::Zstd(l) => write!(f, "zstd:{l}"),
             Compression::Lz4 => f.write_str("lz4"),
+            Compression::Ranked(l) => write!(f, "rank+zstd:{l}"),
         }
     }
 }
@@ -73,6 +98,14 @@ impl FromStr for Compression {
             "none" => Ok(Compression::None),
             "lz4" => Ok(Compression::Lz4),
             "zstd" => Ok(Compression::Zstd(3)),
+            "rank+zstd" => Ok(Compression::Ranked(19)),
+            _ if s.starts_with("rank+zstd:") => match s["rank+zstd:".len()..].parse::<i32>() {
+                Ok(l) => Compression::ranked(l),
+                Err(_) => Err(CodecError::Parse {
+                    input: s.into(),
+                    reason: "zstd level must be an integer".into(),
+                }),
+            },
             _ => match s.strip_prefix("zstd:").map(str::parse::<i32>) {
                 Some(Ok(l)) => Compression::zstd(l),
                 Some(Err(_)) => Err(CodecError::Parse {
@@ -81,7 +114,9 @@ impl FromStr for Compression {
                 }),
                 None => Err(CodecError::Parse {
                     input: s.into(),
-                    reason: "expected none, lz4, zstd or zstd:LEVEL".into(),
+                    reason:
+                        "expected none, lz4, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+                            .into(),
                 }),
             },
         }

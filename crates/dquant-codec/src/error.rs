@@ -31,6 +31,11 @@ pub enum CodecError {
         width: Width,
     },
 
+    /// A token has no rank in the dataset's rank table (`rank+zstd` encodes only the ids it
+    /// was built from). Nothing was encoded.
+    #[error("token {value} at offset {offset} is not in the dataset's rank table")]
+    Unranked { offset: u64, value: u32 },
+
     /// An encoded payload does not have the size its codec implies.
     #[error("{codec} payload is {actual} bytes, but {tokens} tokens need {expected} bytes")]
     LengthMismatch {
@@ -75,6 +80,10 @@ impl CodecError {
                 offset: offset + base,
                 value,
                 width,
+            },
+            CodecError::Unranked { offset, value } => CodecError::Unranked {
+                offset: offset + base,
+                value,
             },
             e => e,
         }

@@ -3,8 +3,10 @@
 //! Token ids live in memory as `u32`: every tokenizer in use has fewer than 2^32 ids, and a
 //! single in-memory type keeps every kernel monomorphic and easy to vectorise. A [`Codec`] is a
 //! storage [`Width`] (`u16`, `bits:17`, `i32`, ...) optionally wrapped in a [`Compression`]
-//! (`zstd:L`, `lz4`). It is the unit of representation for a block of tokens: on disk in the
-//! dquant block file, and on the wire between agents.
+//! (`zstd:L`, `lz4`), or renumbered by frequency first ([`RankTable`], `rank+zstd:L`, the
+//! archive codec). It is the unit of representation for a block of tokens: on disk in the
+//! dquant block file, and on the wire between agents (every codec but `rank+zstd`, whose table
+//! belongs to a stored dataset).
 //!
 //! Why this crate is pure: the same kernels run in `dquant convert`, in the agent near storage,
 //! on a DPU's ARM cores and in the host client. Keeping them free of I/O and async makes them
@@ -24,10 +26,12 @@ mod compress;
 mod error;
 mod hash;
 pub mod kernels;
+mod ranks;
 mod width;
 
 pub use codec::{decode_width, encode_width, Codec, Decoder, Encoder};
 pub use compress::Compression;
 pub use error::CodecError;
 pub use hash::TokenHasher;
+pub use ranks::{RankEncoder, RankTable, MAX_RANKED_IDS};
 pub use width::{bits_needed, Width};
