@@ -12,18 +12,24 @@
 //!
 //! ```text
 //! file    = header(64) block* footer trailer(32)
-//! header  = "DQBLOCKS" version:u16=1 header_len:u16=64 codec:[u8;4] block_tokens:u32
+//! header  = "DQBLOCKS" version:u16 header_len:u16=64 codec:[u8;4] block_tokens:u32
 //!           vocab_size:u32 reserved:[u8;36]=0 crc32c(bytes 0..60):u32
 //! block   = "DQBK" codec:[u8;4] tokens:u32 payload_len:u32 first_token:u64
 //!           payload_crc32c:u32 crc32c(bytes 0..28):u32 payload[payload_len]
-//! footer  = token_count:u64 max_token:u32 reserved:u32=0 tokens_xxh3:u64 block_count:u64
+//! footer  = token_count:u64 max_token:u32 rank_table_len:u32 tokens_xxh3:u64 block_count:u64
 //!           sequence_count:u64 document_count:u64 block_offset:u64 * (block_count + 1)
-//!           sequence_length:varint * sequence_count
+//!           rank_table[rank_table_len] sequence_length:varint * sequence_count
 //!           sequences_per_document:varint * document_count
 //! trailer = footer_offset:u64 footer_len:u64 footer_crc32c:u32 crc32c(bytes 0..20):u32
 //!           "DQBLOCKS"
 //! codec   = width_kind:u8 width_bits:u8 compression_kind:u8 compression_level:i8
+//! rank_table = id_count:u32 zigzag_delta_id:leb128 * id_count crc32c:u32
 //! ```
+//!
+//! Version 1 is every codec but `rank+zstd`, with `rank_table_len = 0`. Version 2 is a
+//! `rank+zstd` file ([`dquant_codec::RankTable`]): its blocks hold frequency ranks, and the
+//! footer's head holds the table that turns them back into ids, read with the block table at
+//! open.
 //!
 //! Each block names its own codec: a block that compression would grow is stored at its plain
 //! width, and the header's codec is the one the writer asked for.
@@ -42,7 +48,20 @@ pub use writer::{BlockFileWriter, WriteSummary};
 
 pub const FILE_MAGIC: [u8; 8] = *b"DQBLOCKS";
 pub const BLOCK_MAGIC: [u8; 4] = *b"DQBK";
+/// The version of a file in any codec but `rank+zstd`.
 pub const VERSION: u16 = 1;
+/// The version of a `rank+zstd` file, whose footer holds its rank table: a build that reads
+/// only version 1 says so, instead of failing on the first block.
+pub const VERSION_RANKED: u16 = 2;
+
+/// The version a file in `codec` is written as.
+fn version_for(codec: Codec) -> u16 {
+    if codec.compression.needs_rank_table() {
+        VERSION_RANKED
+    } else {
+        VERSION
+    }
+}
 pub const HEADER_LEN: usize = 64;
 pub const BLOCK_HEADER_LEN: usize = 32;
 pub const TRAILER_LEN: usize = 32;
@@ -127,7 +146,7 @@ impl FileHeader {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&FILE_MAGIC);
-        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        b[8..10].copy_from_slice(&version_for(self.codec).to_le_bytes());
         b[10..12].copy_from_slice(&(HEADER_LEN as u16).to_le_bytes());
         b[12..16].copy_from_slice(&self.codec.to_bytes());
         b[16..20].copy_from_slice(&self.block_tokens.to_le_bytes());
@@ -154,11 +173,11 @@ impl FileHeader {
             ));
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_RANKED {
             return Err(FormatError::UnsupportedVersion {
                 what: "dquant block file",
                 version: version as u64,
-                supported: VERSION as u64,
+                supported: "versions 1 and 2",
             });
         }
         check_crc(|| "block file header".into(), u32_at(b, 60), &b[..60])?;
@@ -170,6 +189,12 @@ impl FileHeader {
             ));
         }
         let codec = codec_from(&b[12..16], "block file header")?;
+        if version != version_for(codec) {
+            return Err(FormatError::corrupt(
+                "block file header",
+                format!("version {version} with codec {codec} (version 2 is for rank+zstd files, 1 for the rest)"),
+            ));
+        }
         let block_tokens = u32_at(b, 16);
         check_block_tokens(codec, block_tokens, "block file header")?;
         Ok(FileHeader {

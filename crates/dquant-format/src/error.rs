@@ -18,11 +18,12 @@ pub enum FormatError {
         expected: String,
     },
 
-    #[error("unsupported {what} version {version} (this build reads version {supported})")]
+    #[error("unsupported {what} version {version} (this build reads {supported})")]
     UnsupportedVersion {
         what: &'static str,
         version: u64,
-        supported: u64,
+        /// The versions this build reads, in words (`version 1`).
+        supported: &'static str,
     },
 
     #[error(

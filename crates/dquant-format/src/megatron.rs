@@ -80,7 +80,7 @@ impl IdxHeader {
             return Err(FormatError::UnsupportedVersion {
                 what: "Megatron .idx",
                 version,
-                supported: VERSION,
+                supported: "version 1",
             });
         }
         let dtype = DType::from_code(b[17])?;

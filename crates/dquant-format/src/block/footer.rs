@@ -1,6 +1,10 @@
 //! The block file's footer: its head (counts, totals, the block table) checked apart from the
 //! document index after it, so a reader opens a file without reading its index.
 
+use std::sync::Arc;
+
+use dquant_codec::RankTable;
+
 use super::*;
 use crate::error::FormatError;
 use crate::index::DocIndex;
@@ -15,6 +19,8 @@ pub struct Footer {
     pub tokens_checksum: u64,
     /// Byte offset of every block, then the footer offset (`blocks + 1` entries).
     pub block_offsets: Vec<u64>,
+    /// The rank table of a `rank+zstd` file (version 2), `None` in any other.
+    pub ranks: Option<Arc<RankTable>>,
     pub index: DocIndex,
 }
 
@@ -26,7 +32,8 @@ impl Footer {
         );
         b.extend_from_slice(&self.token_count.to_le_bytes());
         b.extend_from_slice(&self.max_token.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        let ranks = rank_section(self.ranks.as_deref());
+        b.extend_from_slice(&(ranks.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.tokens_checksum.to_le_bytes());
         b.extend_from_slice(&(self.block_offsets.len() as u64 - 1).to_le_bytes());
         b.extend_from_slice(&(ix.sequences() as u64).to_le_bytes());
@@ -34,6 +41,7 @@ impl Footer {
         for &o in &self.block_offsets {
             b.extend_from_slice(&o.to_le_bytes());
         }
+        b.extend_from_slice(&ranks);
         for i in 0..ix.sequences() {
             varint::put(&mut b, ix.sequence_len(i));
         }
@@ -50,9 +58,57 @@ impl Footer {
             max_token: head.max_token,
             tokens_checksum: head.tokens_checksum,
             block_offsets: head.block_offsets,
+            ranks: head.ranks,
             index,
         }
     }
+}
+
+/// A rank table's footer section: its stored form and a crc32c of it (the footer's own crc is
+/// checked only with its index, and a wrong table would decode wrong ids that every block
+/// crc passes). Empty without a table.
+fn rank_section(ranks: Option<&RankTable>) -> Vec<u8> {
+    let Some(t) = ranks else {
+        return Vec::new();
+    };
+    let mut b = Vec::new();
+    t.encode(&mut b);
+    let c = crc(&b);
+    b.extend_from_slice(&c.to_le_bytes());
+    b
+}
+
+/// The rank table in a footer's section `b`: there must be one in a `rank+zstd` file, and
+/// none in any other.
+fn ranks_in(header: &FileHeader, b: &[u8]) -> Result<Option<Arc<RankTable>>, FormatError> {
+    match (header.codec.compression.needs_rank_table(), b.len()) {
+        (false, 0) => Ok(None),
+        (true, n) if n > 0 => {
+            let max = header.codec.width.max_token();
+            Ok(Some(Arc::new(parse_rank_section(b, max)?)))
+        }
+        (_, n) => Err(FormatError::corrupt(
+            FOOTER,
+            format!("a {n}-byte rank table in a {} file", header.codec),
+        )),
+    }
+}
+
+/// Parses a rank table's footer section (with its crc32c); every id at most `max_token` (the
+/// width's).
+fn parse_rank_section(b: &[u8], max_token: u32) -> Result<RankTable, FormatError> {
+    let Some(body) = b.len().checked_sub(4).map(|n| &b[..n]) else {
+        return Err(FormatError::corrupt(
+            FOOTER,
+            "a rank table of under 4 bytes",
+        ));
+    };
+    check_crc(
+        || "block file rank table".into(),
+        u32_at(b, body.len()),
+        body,
+    )?;
+    RankTable::parse(body, max_token).map_err(|e| FormatError::corrupt(FOOTER, e.to_string()))
 }
 
 pub(super) const FOOTER: &str = "block file footer";
@@ -69,6 +125,10 @@ pub struct FooterHead {
     pub tokens_checksum: u64,
     /// Byte offset of every block, then the footer offset (`blocks + 1` entries).
     pub block_offsets: Vec<u64>,
+    /// The rank table of a `rank+zstd` file (version 2), `None` in any other.
+    pub ranks: Option<Arc<RankTable>>,
+    /// Bytes of the rank table's section, after the block table (0 without one).
+    pub rank_bytes: u32,
     /// Counts of the index's entries.
     pub sequences: u64,
     pub documents: u64,
@@ -85,12 +145,13 @@ impl FooterHead {
         blocks
             .checked_add(1)?
             .checked_mul(8)?
-            .checked_add(FOOTER_FIXED_LEN as u64)
+            .checked_add(FOOTER_FIXED_LEN as u64)?
+            .checked_add(u32_at(fixed, 12) as u64)
     }
 
     /// Bytes of footer the head takes.
     pub fn encoded_len(&self) -> usize {
-        FOOTER_FIXED_LEN + 8 * self.block_offsets.len()
+        FOOTER_FIXED_LEN + 8 * self.block_offsets.len() + self.rank_bytes as usize
     }
 
     /// Parses and cross-checks the head from the footer's first bytes (at least
@@ -108,6 +169,7 @@ impl FooterHead {
         }
         let token_count = u64_at(b, 0);
         let max_token = u32_at(b, 8);
+        let rank_bytes = u32_at(b, 12);
         let tokens_checksum = u64_at(b, 16);
         let blocks = u64_at(b, 24);
         let seqs = u64_at(b, 32);
@@ -126,20 +188,26 @@ impl FooterHead {
         // make us allocate more than the footer's own size.
         let table_len = (blocks + 1).saturating_mul(8);
         let rest = trailer.footer_len.saturating_sub(FOOTER_FIXED_LEN as u64);
-        if table_len.saturating_add(seqs).saturating_add(docs) > rest {
+        let needed = table_len.saturating_add(rank_bytes as u64);
+        if needed.saturating_add(seqs).saturating_add(docs) > rest {
+            let table = match rank_bytes {
+                0 => String::new(),
+                n => format!(" a {n}-byte rank table,"),
+            };
             return Err(FormatError::corrupt(
                 FOOTER,
                 format!(
-                    "{blocks} blocks, {seqs} sequences and {docs} documents do not fit in {} bytes",
+                    "{blocks} blocks,{table} {seqs} sequences and {docs} documents do not fit in {} bytes",
                     trailer.footer_len
                 ),
             ));
         }
         let table_end = FOOTER_FIXED_LEN + table_len as usize;
-        if b.len() < table_end {
+        let head_end = table_end + rank_bytes as usize;
+        if b.len() < head_end {
             return Err(FormatError::truncated(
                 FOOTER,
-                table_end as u64,
+                head_end as u64,
                 b.len() as u64,
             ));
         }
@@ -148,11 +216,14 @@ impl FooterHead {
             .map(|c| u64_at(c, 0))
             .collect();
         check_block_table(&block_offsets, trailer.footer_offset)?;
+        let ranks = ranks_in(header, &b[table_end..head_end])?;
         Ok(FooterHead {
             token_count,
             max_token,
             tokens_checksum,
             block_offsets,
+            ranks,
+            rank_bytes,
             sequences: seqs,
             documents: docs,
         })

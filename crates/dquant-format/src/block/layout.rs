@@ -191,7 +191,7 @@ impl BlockLayout {
             want.end - want.start,
             "decode_block: wrong output length"
         );
-        dec.decode(h.codec, payload, out)
+        dec.decode_with(h.codec, payload, self.footer.ranks.as_deref(), out)
             .map_err(|e| FormatError::corrupt(what, e.at_base(want.start).to_string()))
     }
 }

@@ -1,7 +1,9 @@
 //! Writing a block file: tokens streamed into blocks with bounded memory, the footer and
 //! trailer written after them (the writer never seeks back).
 
-use dquant_codec::{encode_width, Codec, Compression, Decoder, Encoder, TokenHasher};
+use std::sync::Arc;
+
+use dquant_codec::{encode_width, Codec, Compression, Decoder, Encoder, RankTable, TokenHasher};
 
 use super::*;
 use crate::content::ContentChecksum;
@@ -31,16 +33,47 @@ pub struct BlockFileWriter {
     max_token: u32,
     payload: Vec<u8>,
     verify: Option<(Decoder, Vec<u32>)>,
+    /// The rank table of a `rank+zstd` file.
+    ranks: Option<Arc<RankTable>>,
 }
 
 impl BlockFileWriter {
     /// Starts a file; the returned header bytes go first. With `verify`, every block is decoded
     /// again right after encoding and compared with its input.
     pub fn new(header: FileHeader, verify: bool) -> Result<(Self, [u8; HEADER_LEN]), FormatError> {
+        Self::start(header, None, verify)
+    }
+
+    /// [`BlockFileWriter::new`] for a `rank+zstd` file: its blocks hold ranks in `ranks`,
+    /// which must rank every token pushed, and the footer keeps the table.
+    pub fn new_ranked(
+        header: FileHeader,
+        ranks: Arc<RankTable>,
+        verify: bool,
+    ) -> Result<(Self, [u8; HEADER_LEN]), FormatError> {
+        Self::start(header, Some(ranks), verify)
+    }
+
+    fn start(
+        header: FileHeader,
+        ranks: Option<Arc<RankTable>>,
+        verify: bool,
+    ) -> Result<(Self, [u8; HEADER_LEN]), FormatError> {
         check_block_tokens(header.codec, header.block_tokens, "block file settings")?;
+        let encoder = match (&ranks, header.codec.compression.needs_rank_table()) {
+            (Some(t), true) => Encoder::with_ranks(header.codec, t)?,
+            (None, false) => Encoder::new(header.codec)?,
+            (Some(_), false) => {
+                return Err(FormatError::corrupt(
+                    "block file settings",
+                    format!("a rank table for a {} file", header.codec),
+                ))
+            }
+            (None, true) => Encoder::new(header.codec)?,
+        };
         let w = BlockFileWriter {
             header,
-            encoder: Encoder::new(header.codec)?,
+            encoder,
             pending: Vec::new(),
             offsets: Vec::new(),
             pos: HEADER_LEN as u64,
@@ -49,6 +82,7 @@ impl BlockFileWriter {
             max_token: 0,
             payload: Vec::new(),
             verify: verify.then(|| (Decoder::new(), Vec::new())),
+            ranks,
         };
         Ok((w, header.encode()))
     }
@@ -105,7 +139,7 @@ impl BlockFileWriter {
         }
         if let Some((dec, buf)) = &mut self.verify {
             buf.resize(tokens.len(), 0);
-            dec.decode(codec, &self.payload, buf)?;
+            dec.decode_with(codec, &self.payload, self.ranks.as_deref(), buf)?;
             if buf != tokens {
                 return Err(FormatError::corrupt(
                     format!("block at token {first}"),
@@ -161,6 +195,7 @@ impl BlockFileWriter {
             max_token: self.max_token,
             tokens_checksum: self.hasher.finish(),
             block_offsets,
+            ranks: self.ranks.clone(),
             index: index.clone(),
         };
         let fb = footer.encode();

@@ -72,16 +72,23 @@ fn wrong_file_magic() {
 #[test]
 fn unsupported_version() {
     let (_, _, mut file) = base();
-    file[8..10].copy_from_slice(&2u16.to_le_bytes());
+    file[8..10].copy_from_slice(&3u16.to_le_bytes());
     fix_file_header_crc(&mut file); // the crc is right, the version is not
     assert_eq!(
         parse_err(&file),
-        "unsupported dquant block file version 2 (this build reads version 1)"
+        "unsupported dquant block file version 3 (this build reads versions 1 and 2)"
+    );
+    // Version 2 is for rank+zstd files, whose footer holds the rank table.
+    file[8..10].copy_from_slice(&2u16.to_le_bytes());
+    fix_file_header_crc(&mut file);
+    assert_eq!(
+        parse_err(&file),
+        "corrupt block file header: version 2 with codec i32 (version 2 is for rank+zstd files, 1 for the rest)"
     );
     file[8..10].copy_from_slice(&0xFFFFu16.to_le_bytes());
     assert_eq!(
         parse_err(&file),
-        "unsupported dquant block file version 65535 (this build reads version 1)"
+        "unsupported dquant block file version 65535 (this build reads versions 1 and 2)"
     );
 }
 
@@ -128,8 +135,8 @@ fn header_fields_with_a_valid_crc() {
         "corrupt block file header: unknown codec bytes [07, 21, 00, 00]"
     );
     assert_eq!(
-        with(12, &[2, 16, 3, 0]),
-        "corrupt block file header: unknown codec bytes [02, 10, 03, 00]"
+        with(12, &[2, 16, 4, 0]),
+        "corrupt block file header: unknown codec bytes [02, 10, 04, 00]"
     );
     assert_eq!(
         with(16, &100u32.to_le_bytes()),

@@ -7,3 +7,4 @@ mod block_file;
 mod common;
 mod megatron;
 mod proptests;
+mod ranked;

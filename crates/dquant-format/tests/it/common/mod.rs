@@ -2,7 +2,9 @@
 //! token and index generators, and a one-call block file writer.
 #![allow(dead_code)]
 
-use dquant_codec::{Codec, Compression, TokenHasher, Width};
+use std::sync::Arc;
+
+use dquant_codec::{Codec, Compression, RankTable, TokenHasher, Width};
 use dquant_format::block::{BlockFileWriter, FileHeader, WriteSummary, TRAILER_LEN};
 use dquant_format::{ContentChecksum, DocIndex, DocIndexBuilder};
 
@@ -55,13 +57,28 @@ pub fn all_widths() -> Vec<Width> {
     w
 }
 
-pub fn all_compressions() -> [Compression; 4] {
+pub fn all_compressions() -> [Compression; 5] {
     [
         Compression::None,
         Compression::Zstd(1),
         Compression::Zstd(3),
         Compression::Lz4,
+        Compression::Ranked(3),
     ]
+}
+
+/// Whether `codec` can hold every id of its width: `rank+zstd` takes ids below 2^24.
+pub fn holds_its_width(codec: Codec) -> bool {
+    !codec.compression.needs_rank_table()
+        || (codec.width.max_token() as usize) < dquant_codec::MAX_RANKED_IDS
+}
+
+/// The rank table of `tokens` (as `dquant convert` builds it).
+pub fn ranks_of(tokens: &[u32]) -> RankTable {
+    let max = tokens.iter().copied().max().map_or(0, |m| m as usize + 1);
+    let mut counts = vec![0u64; max];
+    tokens.iter().for_each(|&t| counts[t as usize] += 1);
+    RankTable::from_counts(&counts).expect("a table of the tokens")
 }
 
 /// `n` tokens that fit `width`: runs of a repeated token, small ids and uniform ids up to the
@@ -139,7 +156,12 @@ pub fn write_chunked(
         block_tokens,
         vocab_size: 50257,
     };
-    let (mut w, head) = BlockFileWriter::new(header, verify).expect("writer settings are valid");
+    let (mut w, head) = if codec.compression.needs_rank_table() {
+        BlockFileWriter::new_ranked(header, Arc::new(ranks_of(tokens)), verify)
+    } else {
+        BlockFileWriter::new(header, verify)
+    }
+    .expect("writer settings are valid");
     let mut file = head.to_vec();
     let mut rest = tokens;
     let mut sizes = chunks.iter().cycle();
