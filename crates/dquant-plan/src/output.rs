@@ -102,11 +102,19 @@ impl FromStr for WireCodec {
     type Err = dquant_codec::CodecError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.strip_prefix("auto") {
-            Some("") => Ok(WireCodec::Auto(Compression::None)),
-            Some(rest) if rest.starts_with('+') => Ok(WireCodec::Auto(rest[1..].parse()?)),
-            _ => Ok(WireCodec::Fixed(s.parse()?)),
+        let wire = match s.strip_prefix("auto") {
+            Some("") => WireCodec::Auto(Compression::None),
+            Some(rest) if rest.starts_with('+') => WireCodec::Auto(rest[1..].parse()?),
+            _ => WireCodec::Fixed(s.parse()?),
+        };
+        // A rank table belongs to one stored dataset; a consumer has none to decode with.
+        if wire.codec_for_max(0).compression.needs_rank_table() {
+            return Err(dquant_codec::CodecError::Parse {
+                input: s.into(),
+                reason: "rank+zstd is a storage codec (it needs the dataset's rank table); use zstd:LEVEL on the wire".into(),
+            });
         }
+        Ok(wire)
     }
 }
 

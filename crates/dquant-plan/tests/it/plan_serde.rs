@@ -227,8 +227,14 @@ fn validation_names_the_field() {
     );
     assert_eq!(
         invalid(|p| p.wire_codec = "auto+gzip".into()),
-        "wire_codec: invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL"
+        "wire_codec: invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
     );
+    for codec in ["u24+rank+zstd:19", "auto+rank+zstd:3"] {
+        assert_eq!(
+            invalid(|p| p.wire_codec = codec.into()),
+            format!("wire_codec: invalid codec '{codec}': rank+zstd is a storage codec (it needs the dataset's rank table); use zstd:LEVEL on the wire")
+        );
+    }
     assert_eq!(
         invalid(|p| p.wire_codec = "bits:33".into()),
         "wire_codec: invalid codec 'bits:33': N in bits:N must be an integer in 1..=32"
