@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::destination::{Destination, LocalFiles, StagedObject};
 use crate::error::StorageError;
-use dquant_codec::{Codec, TokenHasher};
+use dquant_codec::{Codec, RankTable, TokenHasher};
 use dquant_format::block::{BlockFileWriter, FileHeader};
 use dquant_format::{megatron, ContentChecksum, DType, DocIndex, FormatError};
 
@@ -119,6 +119,17 @@ impl DatasetWriter {
         path: &Path,
         format: OutputFormat,
     ) -> Result<Self, StorageError> {
+        Self::create_ranked_in(to, path, format, None)
+    }
+
+    /// [`DatasetWriter::create_in`], with the rank table a `rank+zstd` block file needs (it
+    /// must rank every token pushed; see [`RankTable::from_counts`]).
+    pub fn create_ranked_in(
+        to: Arc<dyn Destination>,
+        path: &Path,
+        format: OutputFormat,
+        ranks: Option<Arc<RankTable>>,
+    ) -> Result<Self, StorageError> {
         let stage = |p: &Path| Staged::create(&*to, p);
         let sink = match format {
             OutputFormat::Megatron { dtype } => {
@@ -139,8 +150,11 @@ impl DatasetWriter {
                     block_tokens,
                     vocab_size,
                 };
-                let (writer, head) = BlockFileWriter::new(header, true)
-                    .map_err(|e| StorageError::format(path, e))?;
+                let writer = match ranks {
+                    Some(t) => BlockFileWriter::new_ranked(header, t, true),
+                    None => BlockFileWriter::new(header, true),
+                };
+                let (writer, head) = writer.map_err(|e| StorageError::format(path, e))?;
                 let mut file = stage(path)?;
                 file.write(&head)?;
                 Sink::Block {

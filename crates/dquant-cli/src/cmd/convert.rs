@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use dquant_codec::{kernels, Codec, Compression, Width};
+use dquant_codec::{kernels, Codec, Compression, RankTable, Width, MAX_RANKED_IDS};
 use dquant_format::block::block_tokens_for;
 #[cfg(test)]
 use dquant_format::block::DEFAULT_BLOCK_BYTES;
@@ -28,6 +28,9 @@ Examples:
   dquant convert data/cl100k_int32 data/cl100k.dqb --codec bits:17 --vocab 100277
   # raw little-endian int32 tokens, documents split at token 50256
   dquant convert tokens.i32 out.dqb --dtype i32 --eod 50256
+  # archive: ids renumbered by frequency, zstd -19, 2 Mi-token blocks: at most the size of
+  # whole-file `zstd -19 --long` on prose and code, with random access by block
+  dquant convert data/web_int32 data/web.dqb --preset archive
   # in place in an S3-compatible bucket (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... say where):
   # read by ranged GETs, written by a multipart upload completed only when all is written
   dquant convert s3://corpus/web_int32 s3://corpus/web.dqb --codec auto --zstd 3";
@@ -43,6 +46,19 @@ pub enum OutKind {
     Raw,
 }
 
+/// A named set of codec and block settings.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// Cold storage and transfer: `auto+rank+zstd:19` in blocks of 2 Mi tokens. Smallest,
+    /// slow to write (zstd -19), and a random read decodes a whole block; serve shuffled
+    /// training from a faster codec.
+    Archive,
+}
+
+/// Tokens per block of the archive preset: 8 MiB of int32, where zstd finds the repeats of
+/// code as whole-file `zstd --long` does (1 Mi-token blocks store code about 6% larger).
+pub const ARCHIVE_BLOCK_TOKENS: u32 = 1 << 21;
+
 /// Re-encode a token dataset losslessly (Megatron, raw or dquant block file) into another
 /// format or codec. Streams with bounded memory, verifies every block as it is written, and
 /// replaces DST atomically: a failed convert leaves no partial DST.
@@ -56,10 +72,16 @@ pub struct Args {
     /// or s3://BUCKET/KEY.
     pub dst: PathBuf,
     /// Width and compression: auto, u8, u16, u24, u32, i32, i64 or bits:N, optionally with
-    /// +zstd:L or +lz4 (e.g. u16+zstd:3). `auto` picks the narrowest lossless width from
-    /// --vocab or the data (byte-aligned when compressing, where zstd does best).
+    /// +zstd:L, +lz4 or +rank+zstd:L (e.g. u16+zstd:3). `auto` picks the narrowest lossless
+    /// width from --vocab or the data (byte-aligned when compressing, where zstd does best).
+    /// `rank+zstd` renumbers ids by frequency first (a .dqb keeps the table): smallest, for
+    /// ids below 2^24.
     #[arg(long, default_value = "auto")]
     pub codec: String,
+    /// Codec and block size for a purpose (dqb output): `archive` is
+    /// `--codec auto+rank+zstd:19` in blocks of 2 Mi tokens.
+    #[arg(long, value_enum, conflicts_with_all = ["codec", "zstd", "lz4", "block_size"])]
+    pub preset: Option<Preset>,
     /// Compress blocks with zstd at this level (dqb output only).
     #[arg(long, value_name = "LEVEL", conflicts_with = "lz4")]
     pub zstd: Option<i32>,
@@ -116,12 +138,39 @@ pub fn parse_codec(codec: &str, zstd: Option<i32>, lz4: bool) -> Result<(WidthSp
     Ok((spec, comp))
 }
 
+/// The output kind, width, compression and block size `a` asks for (by its preset, or by
+/// its flags).
+pub fn settings(a: &Args) -> Result<(OutKind, WidthSpec, Compression, BlockSize)> {
+    match a.preset {
+        Some(Preset::Archive) => Ok((
+            a.format.unwrap_or(OutKind::Dqb),
+            WidthSpec::Auto,
+            Compression::ranked(19)?,
+            BlockSize::Tokens(ARCHIVE_BLOCK_TOKENS),
+        )),
+        None => {
+            let (spec, comp) = parse_codec(&a.codec, a.zstd, a.lz4)?;
+            let block = BlockSize::Bytes(a.block_size);
+            Ok((out_kind(&a.dst, a.format), spec, comp, block))
+        }
+    }
+}
+
 /// The output format for `dst`.
 pub fn out_kind(dst: &Path, explicit: Option<OutKind>) -> OutKind {
     explicit.unwrap_or_else(|| match dst.extension().and_then(|e| e.to_str()) {
         Some("dqb") => OutKind::Dqb,
         _ => OutKind::Megatron,
     })
+}
+
+/// How large a .dqb output's blocks are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockSize {
+    /// Uncompressed payload bytes (`--block-size`).
+    Bytes(usize),
+    /// Tokens (a preset's).
+    Tokens(u32),
 }
 
 /// Resolves the output format from the kind, the requested width and compression and the
@@ -131,7 +180,7 @@ pub fn resolve_output(
     spec: WidthSpec,
     comp: Compression,
     max_token: u32,
-    block_size: usize,
+    block: BlockSize,
     vocab: Option<u32>,
 ) -> Result<OutputFormat> {
     match kind {
@@ -164,9 +213,13 @@ pub fn resolve_output(
                 WidthSpec::Auto => Width::narrowest(max_token, comp != Compression::None),
                 WidthSpec::Fixed(w) => w,
             };
+            let block_tokens = match block {
+                BlockSize::Bytes(b) => block_tokens_for(width, b),
+                BlockSize::Tokens(t) => t,
+            };
             Ok(OutputFormat::Block {
                 codec: Codec::new(width, comp),
-                block_tokens: block_tokens_for(width, block_size),
+                block_tokens,
                 vocab_size: vocab.unwrap_or(0),
             })
         }
@@ -189,6 +242,35 @@ pub fn max_token(ds: &Dataset, quiet: bool) -> Result<u32> {
     Ok(max)
 }
 
+/// The rank table of the data: one pass counting every id (ids must be below 2^24, so the
+/// counts take at most 128 MiB).
+pub fn rank_table(ds: &Dataset, quiet: bool) -> Result<RankTable> {
+    let pb = util::bar(ds.tokens(), "counting ids", quiet);
+    let mut counts: Vec<u64> = Vec::new();
+    let src = ds.data_path().to_path_buf();
+    ds.scan(1 << 22, |start, t| {
+        let max = kernels::max_token(t) as usize;
+        if max >= MAX_RANKED_IDS {
+            let i = t.iter().position(|&x| x as usize >= MAX_RANKED_IDS);
+            let i = i.unwrap_or(0);
+            bail!(
+                "{}: token {} at offset {} is over 2^24 - 1, the largest id rank+zstd takes; use zstd:LEVEL",
+                src.display(),
+                t[i],
+                start + i as u64
+            );
+        }
+        if counts.len() <= max {
+            counts.resize(max + 1, 0);
+        }
+        t.iter().for_each(|&x| counts[x as usize] += 1);
+        pb.inc(t.len() as u64);
+        Ok(())
+    })?;
+    pb.finish_and_clear();
+    Ok(RankTable::from_counts(&counts)?)
+}
+
 pub fn describe(f: &OutputFormat) -> String {
     match f {
         OutputFormat::Megatron { dtype } => {
@@ -209,8 +291,7 @@ pub fn describe(f: &OutputFormat) -> String {
 pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
     let t0 = Instant::now();
     let ds = util::open(&a.src, &a.input)?;
-    let kind = out_kind(&a.dst, a.format);
-    let (spec, comp) = parse_codec(&a.codec, a.zstd, a.lz4)?;
+    let (kind, spec, comp, block) = settings(a)?;
     let out = Output::of(&a.dst)?;
     let dst_main = match kind {
         OutKind::Megatron => PathBuf::from(format!(
@@ -225,15 +306,20 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
     if let Some(0) = a.vocab {
         bail!("--vocab must be at least 1");
     }
-    let max = match (spec, a.vocab) {
-        (WidthSpec::Auto, Some(v)) => v - 1,
-        (WidthSpec::Auto, None) => max_token(&ds, a.output.quiet())?,
-        (WidthSpec::Fixed(w), _) => w.max_token(),
-    };
-    let fmt = resolve_output(kind, spec, comp, max, a.block_size, a.vocab)?;
     let quiet = a.output.quiet();
+    let ranks = match comp.needs_rank_table() && kind == OutKind::Dqb {
+        true => Some(Arc::new(rank_table(&ds, quiet)?)),
+        false => None,
+    };
+    let max = match (spec, a.vocab, &ranks) {
+        (WidthSpec::Auto, Some(v), _) => v - 1,
+        (WidthSpec::Auto, None, Some(t)) => t.ids().iter().copied().max().unwrap_or(0),
+        (WidthSpec::Auto, None, None) => max_token(&ds, quiet)?,
+        (WidthSpec::Fixed(w), _, _) => w.max_token(),
+    };
+    let fmt = resolve_output(kind, spec, comp, max, block, a.vocab)?;
     let pb = util::bar(ds.tokens(), "converting", quiet);
-    let mut w = DatasetWriter::create_in(out.to.clone(), &out.name, fmt)?;
+    let mut w = DatasetWriter::create_ranked_in(out.to.clone(), &out.name, fmt, ranks)?;
     let src = ds.data_path().to_path_buf();
     ds.scan(1 << 22, |start, t| {
         if let Some(v) = a.vocab {
@@ -392,7 +478,7 @@ mod tests {
     fn output_resolution() {
         let r = |k, c: &str, max| {
             let (s, comp) = parse_codec(c, None, false).unwrap();
-            resolve_output(k, s, comp, max, DEFAULT_BLOCK_BYTES, None)
+            resolve_output(k, s, comp, max, BlockSize::Bytes(DEFAULT_BLOCK_BYTES), None)
         };
         assert_eq!(
             r(OutKind::Megatron, "auto", 50256).unwrap(),

@@ -438,6 +438,7 @@ fn to_block_file(src: &Path, dst: &Path) -> Result<(u64, u64)> {
         src: src.to_path_buf(),
         dst: dst.to_path_buf(),
         codec: "u16+zstd:3".into(),
+        preset: None,
         zstd: None,
         lz4: false,
         format: None,

@@ -500,6 +500,16 @@ fn r50k_multiseq_round_trips_through_every_codec() {
             &["--codec", "bits:17+zstd:3", "--block-size", "64KiB"],
             "dquant block file (bits:17+zstd:3, 30720 tokens per block)",
         ),
+        (
+            "archive.dqb",
+            &["--preset", "archive"],
+            "dquant block file (u16+rank+zstd:19, 2097152 tokens per block)",
+        ),
+        (
+            "rank_small_blocks.dqb",
+            &["--codec", "auto+rank+zstd:3", "--block-size", "64KiB"],
+            "dquant block file (u16+rank+zstd:3, 32768 tokens per block)",
+        ),
     ];
     round_trip(
         &src,
@@ -544,6 +554,11 @@ fn cl100k_like_round_trips_through_every_codec() {
             "dquant block file (u24+lz4,",
         ),
         ("auto.dqb", &[], "dquant block file (bits:17,"),
+        (
+            "archive.dqb",
+            &["--preset", "archive"],
+            "dquant block file (u24+rank+zstd:19, 2097152 tokens per block)",
+        ),
         // `auto` to a Megatron prefix: int32, as Megatron-Core picks for ids above 65535.
         ("auto_megatron", &[], "Megatron IndexedDataset (int32)"),
     ];
@@ -1215,6 +1230,37 @@ fn usage_errors_are_clear() {
     let r = dquant(&["convert", &src]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("<DST>"), "{}", r.stderr);
+    let r = dquant(&["convert", &src, &dqb, "--preset", "archive", "--zstd", "3"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the argument '--preset <PRESET>' cannot be used with '--zstd <LEVEL>'"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn archive_refusals_name_the_cause() {
+    let dir = tmp();
+    let src = s(&fixture("r50k_int32"));
+    let dst = s(&dir.path().join("x"));
+    assert_eq!(
+        fails(&["convert", &src, &dst, "--preset", "archive", "--format", "megatron"]),
+        "Megatron .bin files cannot be compressed; write a .dqb block file for rank+zstd:19"
+    );
+    // Ids at or over 2^24 have no rank: the first is named, nothing is written.
+    let big = dir.path().join("big");
+    Megatron::from_docs(&[vec![5, 1 << 24, 7]]).write_i32(&big);
+    let out = s(&dir.path().join("big.dqb"));
+    assert_eq!(
+        fails(&["convert", &s(&big), &out, "--codec", "auto+rank+zstd:3"]),
+        format!(
+            "{}: token 16777216 at offset 1 is over 2^24 - 1, the largest id rank+zstd takes; use zstd:LEVEL",
+            with_ext(&big, "bin").display()
+        )
+    );
+    assert!(!Path::new(&out).exists());
 }
 
 // ---------------------------------------------------------------------------------------------
