@@ -1,15 +1,18 @@
-//! `dquant bench codecs`: wire bytes per token and decode speed of every codec on real data,
-//! against `zstd -3` over the whole raw int32 stream, measured in the same run.
+//! `dquant bench codecs`: bits per token and decode speed of every codec and preset on real
+//! data, against `zstd -3` and `zstd -19 --long` over the whole raw int32 stream and the
+//! corpus's order-0 entropy, measured in the same run.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use dquant_codec::{kernels, Codec, Compression, Decoder, Width};
+use dquant_codec::{kernels, Codec, Compression, Decoder, RankTable, Width};
 use dquant_format::block::{block_tokens_for, BlockFile, BlockFileWriter, FileHeader};
 use dquant_storage::Dataset;
 use serde_json::json;
 
+use crate::cmd::convert::ARCHIVE_BLOCK_TOKENS;
 use crate::cmd::inspect::default_codecs;
 use crate::util::{self, InputOpts, OutputOpts};
 
@@ -23,11 +26,14 @@ const EXAMPLES: &str = "\
 Examples:
   dquant corpus real --encoding cl100k data/cl100k_int32
   dquant bench codecs data/cl100k_int32
-  dquant bench codecs data/r50k_int32 data/o200k_int32 --codecs u16+zstd:3,bits:18 --json";
+  dquant bench codecs data/r50k_int32 data/o200k_int32 --codecs u16+zstd:3,bits:18 --json
+  dquant bench codecs data/prose_o200k --codecs u24+zstd:3 --no-presets";
 
-/// For each dataset and codec: exact block-file bytes per token, the ratio to `zstd -3` over
-/// the whole raw int32 file (one frame, the baseline users get today), and single-thread encode
-/// and decode speed (best of --repeat runs, whole dataset in memory).
+/// For each dataset, codec and preset: exact block-file bits per token, the ratios to
+/// `zstd -3` and `zstd -19 --long` over the whole raw int32 file (one frame each, what users
+/// get today), and single-thread encode and decode speed (best of --repeat runs, whole dataset
+/// in memory). The header line gives the corpus's order-0 entropy, the bound for a coder that
+/// sees one token at a time.
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct CodecsArgs {
@@ -42,6 +48,9 @@ pub struct CodecsArgs {
     /// Timed decode repetitions (best is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: u32,
+    /// Leave out the presets' rows (`dquant convert --preset`), which write at zstd -19.
+    #[arg(long)]
+    pub no_presets: bool,
     #[command(flatten)]
     pub input: InputOpts,
     #[command(flatten)]
@@ -77,16 +86,61 @@ pub fn run(c: &Cmd) -> Result<()> {
     Ok(())
 }
 
-/// One dataset's codec table: each codec's size and speeds against zstd -3 over the raw
-/// int32 file.
+/// One dataset's codec table: each codec's size and speeds against zstd -3 and zstd -19
+/// --long over the raw int32 file.
 struct CodecReport {
     path: PathBuf,
     tokens: usize,
     max: u32,
-    /// The baseline's bytes, encode and decode seconds.
+    /// Order-0 entropy of the ids, bits per token.
+    entropy: f64,
+    /// zstd -3's bytes, encode and decode seconds.
     base: (usize, f64, f64),
-    /// (codec, bytes, encode seconds, decode seconds).
-    rows: Vec<(Codec, u64, f64, f64)>,
+    /// zstd -19 --long's bytes.
+    long: usize,
+    rows: Vec<Row>,
+}
+
+/// One codec or preset, written as a block file and read back.
+struct Row {
+    /// The codec, or the preset and its codec (`archive: u24+rank+zstd:19`).
+    name: String,
+    bytes: u64,
+    /// Encode and decode seconds.
+    enc: f64,
+    dec: f64,
+}
+
+/// What a row writes: a codec in blocks of `block_tokens`.
+struct Case {
+    name: String,
+    codec: Codec,
+    block_tokens: u32,
+}
+
+/// Order-0 entropy of `tokens` in bits per token.
+fn entropy(tokens: &[u32], max: u32) -> f64 {
+    let mut counts = vec![0u64; max as usize + 1];
+    tokens.iter().for_each(|&t| counts[t as usize] += 1);
+    let n = tokens.len().max(1) as f64;
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+/// Whole-file `zstd -19 --long` (long-distance matching, a 128 MiB window, as the CLI's
+/// `--long` sets it): the best general-purpose baseline.
+fn zstd_long(raw: &[u8]) -> Result<usize> {
+    use zstd::zstd_safe::CParameter;
+    let mut c = zstd::bulk::Compressor::new(19)?;
+    c.set_parameter(CParameter::EnableLongDistanceMatching(true))?;
+    c.set_parameter(CParameter::WindowLog(27))?;
+    Ok(c.compress(raw)?.len())
 }
 
 fn bench_dataset(a: &CodecsArgs, path: &Path) -> Result<CodecReport> {
@@ -104,6 +158,34 @@ fn bench_dataset(a: &CodecsArgs, path: &Path) -> Result<CodecReport> {
         .collect();
     let (base, base_enc) = best_of(1, || Ok(zstd::bulk::compress(&raw, 3)?))?;
     let (_, base_dec) = best_of(a.repeat, || Ok(zstd::bulk::decompress(&base, raw.len())?))?;
+    if !a.output.quiet() {
+        eprintln!(
+            "  {}: zstd -19 --long over the whole file ...",
+            path.display()
+        );
+    }
+    let long = zstd_long(&raw)?;
+    let mut rows = Vec::new();
+    for case in cases(a, max) {
+        if !a.output.quiet() {
+            eprintln!("  {}: {} ...", path.display(), case.name);
+        }
+        rows.push(measure_codec(&ds, &tokens, case, a.repeat)?);
+    }
+    Ok(CodecReport {
+        path: ds.path().to_path_buf(),
+        tokens: tokens.len(),
+        max,
+        entropy: entropy(&tokens, max),
+        base: (base.len(), base_enc, base_dec),
+        long,
+        rows,
+    })
+}
+
+/// The rows to measure: --codecs (or plain, byte-aligned and compressed forms), in blocks of
+/// --block-size, then each preset with its own codec and blocks.
+fn cases(a: &CodecsArgs, max: u32) -> Vec<Case> {
     let mut codecs = a.codecs.clone().unwrap_or_else(|| {
         let mut v = default_codecs(max);
         v.insert(0, Codec::plain(Width::I32));
@@ -114,38 +196,40 @@ fn bench_dataset(a: &CodecsArgs, path: &Path) -> Result<CodecReport> {
         v
     });
     codecs.retain(|c| c.width.max_token() >= max);
-    let mut rows = Vec::new();
-    for codec in codecs {
-        if !a.output.quiet() {
-            eprintln!("  {}: {codec} ...", path.display());
-        }
-        let (bytes, enc, dec) = measure_codec(a, &ds, &tokens, codec)?;
-        rows.push((codec, bytes, enc, dec));
+    let mut cases: Vec<Case> = codecs
+        .into_iter()
+        .map(|codec| Case {
+            name: codec.to_string(),
+            codec,
+            block_tokens: block_tokens_for(codec.width, a.block_size),
+        })
+        .collect();
+    if !a.no_presets && (max as usize) < dquant_codec::MAX_RANKED_IDS {
+        let codec = Codec::new(Width::narrowest(max, true), Compression::Ranked(19));
+        cases.push(Case {
+            name: format!("archive: {codec}"),
+            codec,
+            block_tokens: ARCHIVE_BLOCK_TOKENS,
+        });
     }
-    Ok(CodecReport {
-        path: ds.path().to_path_buf(),
-        tokens: tokens.len(),
-        max,
-        base: (base.len(), base_enc, base_dec),
-        rows,
-    })
+    cases
 }
 
-/// `tokens` written as a block file in `codec` and decoded back (checked): its bytes, and the
-/// best encode and decode seconds.
-fn measure_codec(
-    a: &CodecsArgs,
-    ds: &Dataset,
-    tokens: &[u32],
-    codec: Codec,
-) -> Result<(u64, f64, f64)> {
+/// `tokens` written as a block file in the case's codec and decoded back (checked): its bytes,
+/// and the best encode and decode seconds. A `rank+zstd` file's encode time includes counting
+/// the ids for its table.
+fn measure_codec(ds: &Dataset, tokens: &[u32], case: Case, repeat: u32) -> Result<Row> {
+    let codec = case.codec;
     let header = FileHeader {
         codec,
-        block_tokens: block_tokens_for(codec.width, a.block_size),
+        block_tokens: case.block_tokens,
         vocab_size: 0,
     };
     let (file, enc) = best_of(1, || {
-        let (mut w, head) = BlockFileWriter::new(header, false)?;
+        let (mut w, head) = match codec.compression.needs_rank_table() {
+            true => BlockFileWriter::new_ranked(header, Arc::new(ranks_of(tokens)?), false)?,
+            false => BlockFileWriter::new(header, false)?,
+        };
         let mut file = head.to_vec();
         w.push(tokens, &mut file)?;
         w.finish(ds.index()?, &mut file)?;
@@ -154,7 +238,7 @@ fn measure_codec(
     let meta = BlockFile::from_bytes(&file)?;
     let mut out = vec![0u32; tokens.len()];
     let mut dec = Decoder::new();
-    let (_, dec_s) = best_of(a.repeat, || {
+    let (_, dec_s) = best_of(repeat, || {
         for i in 0..meta.blocks() {
             let b = meta.byte_range(i..i + 1);
             let t = meta.block_tokens(i);
@@ -168,21 +252,40 @@ fn measure_codec(
         Ok(())
     })?;
     anyhow::ensure!(out == tokens, "{codec} did not round-trip");
-    Ok((file.len() as u64, enc, dec_s))
+    Ok(Row {
+        name: case.name,
+        bytes: file.len() as u64,
+        enc,
+        dec: dec_s,
+    })
+}
+
+/// The rank table of tokens held in memory (`dquant convert` counts them from the file).
+fn ranks_of(tokens: &[u32]) -> Result<RankTable> {
+    let mut counts = vec![0u64; kernels::max_token(tokens) as usize + 1];
+    tokens.iter().for_each(|&t| counts[t as usize] += 1);
+    Ok(RankTable::from_counts(&counts)?)
 }
 
 impl CodecReport {
     fn json(&self) -> serde_json::Value {
         let n = self.tokens.max(1) as f64;
         let (base, base_enc, base_dec) = self.base;
-        let base_bpt = base as f64 / n;
+        let bits = |b: u64| 8.0 * b as f64 / n;
         json!({
             "path": self.path, "tokens": self.tokens, "max_token": self.max,
-            "baseline": {"name": "zstd -3 over raw int32 (whole file)", "bytes": base, "bytes_per_token": base_bpt,
+            "order0_entropy_bits_per_token": self.entropy,
+            "baseline": {"name": "zstd -3 over raw int32 (whole file)", "bytes": base, "bytes_per_token": base as f64 / n,
+                         "bits_per_token": bits(base as u64),
                          "encode_mtok_s": n / base_enc / 1e6, "decode_mtok_s": n / base_dec / 1e6},
-            "codecs": self.rows.iter().map(|(c, b, e, d)| json!({
-                "codec": c.to_string(), "bytes": b, "bytes_per_token": *b as f64 / n,
-                "vs_zstd3_whole": *b as f64 / n / base_bpt, "encode_mtok_s": n / e / 1e6, "decode_mtok_s": n / d / 1e6,
+            "baseline_long": {"name": "zstd -19 --long over raw int32 (whole file)", "bytes": self.long,
+                              "bits_per_token": bits(self.long as u64)},
+            "codecs": self.rows.iter().map(|r| json!({
+                "codec": r.name, "bytes": r.bytes, "bytes_per_token": r.bytes as f64 / n,
+                "bits_per_token": bits(r.bytes),
+                "vs_zstd3_whole": r.bytes as f64 / base as f64,
+                "vs_zstd19_long_whole": r.bytes as f64 / self.long as f64,
+                "encode_mtok_s": n / r.enc / 1e6, "decode_mtok_s": n / r.dec / 1e6,
             })).collect::<Vec<_>>(),
         })
     }
@@ -190,28 +293,47 @@ impl CodecReport {
     fn print(&self) {
         let n = self.tokens.max(1) as f64;
         let (base, _, base_dec) = self.base;
-        let base_bpt = base as f64 / n;
+        let bits = |b: u64| 8.0 * b as f64 / n;
         println!(
-            "{}: {} tokens, max id {}; baseline zstd -3 over raw int32 (whole file): {:.3} bytes/token, decode {:.0} M tokens/s",
+            "{}: {} tokens, max id {}, order-0 entropy {:.2} bits/token",
             self.path.display(),
             util::thousands(self.tokens as u64),
             self.max,
-            base_bpt,
-            n / base_dec / 1e6
+            self.entropy,
         );
         println!(
-            "  {:<16} {:>14} {:>12} {:>14} {:>12} {:>12}",
-            "codec", "bytes", "bytes/token", "vs zstd -3", "enc Mtok/s", "dec Mtok/s"
+            "  baselines over raw int32 (whole file): zstd -3 {:.2} bits/token (decode {:.0} M tokens/s), zstd -19 --long {:.2} bits/token",
+            bits(base as u64),
+            n / base_dec / 1e6,
+            bits(self.long as u64),
         );
-        for (c, b, e, d) in &self.rows {
+        let w = self
+            .rows
+            .iter()
+            .map(|r| r.name.len())
+            .max()
+            .unwrap_or(5)
+            .max(16);
+        println!(
+            "  {:<w$} {:>14} {:>10} {:>11} {:>13} {:>11} {:>11}",
+            "codec",
+            "bytes",
+            "bits/token",
+            "vs zstd -3",
+            "vs -19 --long",
+            "enc Mtok/s",
+            "dec Mtok/s"
+        );
+        for r in &self.rows {
             println!(
-                "  {:<16} {:>14} {:>12.3} {:>13.3}x {:>12.1} {:>12.1}",
-                c.to_string(),
-                util::thousands(*b),
-                *b as f64 / n,
-                *b as f64 / n / base_bpt,
-                n / e / 1e6,
-                n / d / 1e6
+                "  {:<w$} {:>14} {:>10.2} {:>10.3}x {:>12.3}x {:>11.1} {:>11.1}",
+                r.name,
+                util::thousands(r.bytes),
+                bits(r.bytes),
+                r.bytes as f64 / base as f64,
+                r.bytes as f64 / self.long as f64,
+                n / r.enc / 1e6,
+                n / r.dec / 1e6
             );
         }
     }
