@@ -146,7 +146,7 @@ impl RankTable {
         let mut ids = Vec::with_capacity(count);
         let (mut pos, mut prev) = (4, 0i64);
         for r in 0..count {
-            let z = leb128(b, &mut pos).ok_or_else(|| table_error(format!("id {r} is cut off")))?;
+            let z = leb128(b, &mut pos).map_err(|e| table_error(format!("id {r} {e}")))?;
             let d = (z >> 1) as i64 ^ -((z & 1) as i64);
             prev = prev.wrapping_add(d);
             if !(0..=max_token as i64).contains(&prev) {
@@ -214,17 +214,25 @@ fn quarter_octave(c: u64) -> u32 {
     k * 4 + frac as u32
 }
 
-fn leb128(b: &[u8], pos: &mut usize) -> Option<u64> {
+/// A LEB128 varint in its shortest form: a longer one, or one over 64 bits, is refused (so
+/// that every table parsed re-encodes to its own bytes), as is one cut off.
+fn leb128(b: &[u8], pos: &mut usize) -> Result<u64, &'static str> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
-        let byte = *b.get(*pos)?;
+        let byte = *b.get(*pos).ok_or("is cut off")?;
         *pos += 1;
+        if shift == 63 && byte > 1 {
+            return Err("is over 64 bits");
+        }
         v |= ((byte & 0x7F) as u64) << shift;
         if byte < 0x80 {
-            return Some(v);
+            return match byte != 0 || shift == 0 {
+                true => Ok(v),
+                false => Err("is not in its shortest form"),
+            };
         }
     }
-    None
+    Err("is over 64 bits")
 }
 
 fn encode_ranks(ranks: &[u32], tokens: &[u32], out: &mut Vec<u8>) -> Result<(), CodecError> {
@@ -485,6 +493,10 @@ mod tests {
         assert_eq!(
             err(&[0xFF, 0xFF, 0xFF, 0x0F, 0], 10),
             "rank table payload is corrupt: 268435455 ids cannot be stored in 1 bytes"
+        );
+        assert_eq!(
+            err(&[1, 0, 0, 0, 0x82, 0], 10),
+            "rank table payload is corrupt: id 0 is not in its shortest form"
         );
         assert_eq!(
             err(&[2, 0, 0, 0, 2, 0], 10),

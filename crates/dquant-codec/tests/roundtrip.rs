@@ -1,7 +1,7 @@
 //! Property tests: every codec round-trips at every width and length class, and out-of-range
 //! input fails with the exact error.
 
-use dquant_codec::{Codec, CodecError, Compression, Decoder, Encoder, Width};
+use dquant_codec::{Codec, CodecError, Compression, Decoder, Encoder, RankTable, Width};
 use proptest::prelude::*;
 
 fn all_widths() -> Vec<Width> {
@@ -141,6 +141,45 @@ proptest! {
         let w = all_widths()[wi];
         let mut out = vec![0; n];
         let _ = Decoder::new().decode(Codec::new(w, COMPRESSIONS[comp]), &bytes, &mut out);
+    }
+
+    #[test]
+    fn ranked_streams_round_trip(n in 0usize..3000, distinct in 1u32..5000, seed in any::<u64>()) {
+        let mut x = seed;
+        let tokens: Vec<u32> = (0..n).map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            // Skewed: small draws far more often, spread over ids up to 2^20 - 1.
+            let r = ((x >> 33) % distinct as u64) * ((x >> 13) % distinct as u64) / distinct as u64;
+            (r as u32).wrapping_mul(2_654_435_761) % (1 << 20)
+        }).collect();
+        let mut counts = vec![0u64; 1 << 20];
+        tokens.iter().for_each(|&t| counts[t as usize] += 1);
+        let table = RankTable::from_counts(&counts).unwrap();
+        let codec: Codec = "u24+rank+zstd:1".parse().unwrap();
+        let mut payload = Vec::new();
+        Encoder::with_ranks(codec, &table).unwrap().encode(&tokens, &mut payload).unwrap();
+        let mut out = vec![0; n];
+        Decoder::new().decode_with(codec, &payload, Some(&table), &mut out).unwrap();
+        prop_assert_eq!(out, tokens);
+        let mut stored = Vec::new();
+        table.encode(&mut stored);
+        prop_assert_eq!(RankTable::parse(&stored, (1 << 20) - 1).unwrap(), table);
+    }
+
+    #[test]
+    fn arbitrary_rank_tables_and_codes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600), n in 0usize..300, max in any::<u32>()) {
+        if let Ok(t) = RankTable::parse(&bytes, max) {
+            // What parses re-encodes to the same bytes, and holds no id over `max`.
+            let mut again = Vec::new();
+            t.encode(&mut again);
+            prop_assert_eq!(&again, &bytes);
+            prop_assert!(t.ids().iter().all(|&id| id <= max));
+        }
+        let table = RankTable::from_ids((0..300).rev().collect()).unwrap();
+        let mut out = vec![0; n];
+        let _ = table.decode(&bytes, &mut out);
+        let codec: Codec = "u16+rank+zstd:3".parse().unwrap();
+        let _ = Decoder::new().decode_with(codec, &bytes, Some(&table), &mut out);
     }
 }
 
