@@ -92,4 +92,3 @@ if [ $record = 1 ]; then
       crates/dquant-cli/src/cmd/bench.rs crates/dquant-cli/src/cmd/convert.rs crates/dquant-corpus/src \
     --notes "Corpora: prose is 64 MB of English (the GCIDE dictionary from dict-gcide, split in 200 KB documents, and the Python 3.11 manual's reStructuredText from python3.11-doc), code 32 MB of Rust crate sources, each tokenized with r50k, cl100k and o200k (dquant corpus real). Baselines are whole-file zstd over the raw int32 file (libzstd via the zstd crate; -19 --long is level 19 with long-distance matching and a 2^27 window, as the CLI's --long), measured in the same run; codec sizes are whole .dqb files (headers, block table, and for the archive preset its rank table). Speeds are one thread, data in memory, decode best of 3. Kernel ratios are criterion means against memcpy of the same bytes (the 64 MiB set; the faster of the group's two memcpy runs)."
 fi
-fi
