@@ -101,3 +101,42 @@ fn bad_plans_name_the_field() {
         )
     );
 }
+
+/// A shuffled plan reads samples from random places: over an archive (`rank+zstd`, the rank
+/// table in the footer) and over small ranked blocks it gives the bytes it gives over the
+/// Megatron source.
+#[test]
+fn a_shuffled_plan_reads_the_same_tokens_from_ranked_block_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_str("r50k_int32");
+    let stream = |uri: &str| {
+        let plan = dir.path().join("plan.toml");
+        std::fs::write(
+            &plan,
+            format!(
+                "seq_len = 255\nbatch_size = 4\noutput = \"u16\"\nseed = 11\nshuffle = true\n\
+                 epochs = 2\n[[sources]]\nuri = \"{uri}\"\n"
+            ),
+        )
+        .unwrap();
+        let o = dquant(&["read", plan.to_str().unwrap(), "-q"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o.stdout
+    };
+    let want = stream(&src);
+    assert_eq!(want.len(), 2 * 631 * 256 * 2);
+    for (name, opts) in [
+        ("archive.dqb", &["--preset", "archive"][..]),
+        (
+            "small.dqb",
+            &["--codec", "auto+rank+zstd:3", "--block-size", "16KiB"][..],
+        ),
+    ] {
+        let dqb = dir.path().join(name);
+        let mut args = vec!["convert", &src, dqb.to_str().unwrap(), "-q"];
+        args.extend_from_slice(opts);
+        let o = dquant(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(stream(dqb.to_str().unwrap()) == want, "{name}");
+    }
+}
