@@ -9,7 +9,7 @@ use crate::bitpack;
 use crate::compress::Compression;
 use crate::error::CodecError;
 use crate::kernels::{self, first_over};
-use crate::ranks::{RankEncoder, RankTable};
+use crate::ranks::{max_codes_len, RankEncoder, RankTable};
 use crate::width::Width;
 
 /// How a run of token ids is represented: a storage width, optionally compressed.
@@ -55,16 +55,22 @@ impl Codec {
         self.width.encoded_len(n)
     }
 
+    /// The most bytes `n` tokens may take before compression, what a decoder holds: the
+    /// width's size, or for [`Compression::Ranked`] the rank codes' (up to 4 bytes a token,
+    /// whatever the width).
+    pub fn max_raw_len(self, n: usize) -> usize {
+        match self.compression {
+            Compression::Ranked(_) => max_codes_len(n),
+            _ => self.raw_len(n),
+        }
+    }
+
     /// The most bytes `n` tokens may take in this codec: the plain length plus what
     /// compression adds to data it cannot compress (zstd and lz4 add far less). A producer
     /// reserves this much; a receiver refuses more (a corrupt or hostile peer must not make it
     /// allocate gigabytes).
     pub fn max_encoded_len(self, n: usize) -> usize {
-        let raw = match self.compression {
-            // Rank codes take up to 4 bytes a token, whatever the width.
-            Compression::Ranked(_) => n.saturating_mul(4),
-            _ => self.raw_len(n),
-        };
+        let raw = self.max_raw_len(n);
         raw + raw / 16 + 4096
     }
 }
@@ -290,8 +296,7 @@ impl Decoder {
             return decode_width(codec.width, raw, out);
         };
         let table = ranks.ok_or_else(|| corrupt("no rank table to decode it with".into()))?;
-        // The longest code is 4 bytes a token.
-        let raw = self.decompress(codec, payload, out.len().saturating_mul(4), false)?;
+        let raw = self.decompress(codec, payload, max_codes_len(out.len()), false)?;
         table.decode(raw, out).map_err(|e| match e {
             CodecError::Corrupt { reason, .. } => corrupt(reason),
             e => e,

@@ -46,6 +46,11 @@ pub const LANES: usize = 4;
 /// Bytes of lane offsets in front of a payload's codes.
 const LANE_HEADER: usize = 4 * (LANES - 1);
 
+/// The most bytes the codes of `n` tokens take: the lane offsets and 4 bytes a token.
+pub(crate) fn max_codes_len(n: usize) -> usize {
+    n.saturating_mul(4).saturating_add(LANE_HEADER)
+}
+
 /// The token range of lane `k` of `n` tokens: `n / LANES` each, the rest in the last.
 fn lane(n: usize, k: usize) -> std::ops::Range<usize> {
     let q = n / LANES;
@@ -311,28 +316,29 @@ fn decode_ranks(ids: &[u32], src: &[u8], out: &mut [u32]) -> Result<(), CodecErr
     // lane's bytes; its end is checked below).
     let mut t = 0;
     while t < q && pos[LANES - 1] + 4 <= codes.len() {
-        for k in 0..LANES {
+        for (k, p) in pos.iter_mut().enumerate() {
             let i = k * q + t;
             // Only a corrupt lane runs past the end: it is refused, never read out of bounds.
-            let b = codes.get(pos[k]..pos[k] + 4).ok_or_else(|| cut_off(i))?;
+            let b = codes.get(*p..*p + 4).ok_or_else(|| cut_off(i))?;
             let (r, len) = code_at(b);
-            pos[k] += len;
+            *p += len;
             out[i] = *ids.get(r as usize).ok_or_else(|| no_id(r, i, ids.len()))?;
         }
         t += 1;
     }
-    for k in 0..LANES {
+    for (k, (p, end)) in pos.iter_mut().zip(ends).enumerate() {
         let rest = lane(n, k);
-        for i in rest.start + t..rest.end {
-            let (r, len) = code_near_end(codes.get(pos[k]..ends[k]).unwrap_or_default())
-                .ok_or_else(|| cut_off(i))?;
-            pos[k] += len;
-            out[i] = *ids.get(r as usize).ok_or_else(|| no_id(r, i, ids.len()))?;
+        let first = rest.start + t;
+        for (j, o) in out[first..rest.end].iter_mut().enumerate() {
+            let i = first + j;
+            let (r, len) =
+                code_near_end(codes.get(*p..end).unwrap_or_default()).ok_or_else(|| cut_off(i))?;
+            *p += len;
+            *o = *ids.get(r as usize).ok_or_else(|| no_id(r, i, ids.len()))?;
         }
-        if pos[k] != ends[k] {
+        if *p != end {
             return Err(corrupt(format!(
-                "lane {k} ends at byte {} of the codes, not {}",
-                pos[k], ends[k]
+                "lane {k} ends at byte {p} of the codes, not {end}"
             )));
         }
     }

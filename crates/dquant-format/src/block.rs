@@ -82,7 +82,8 @@ fn check_block_tokens(codec: Codec, block_tokens: u32, what: &str) -> Result<(),
             format!("block size {block_tokens} tokens is not a positive multiple of 256"),
         ));
     }
-    let bytes = codec.raw_len(block_tokens as usize);
+    // What a reader allocates to decode one block.
+    let bytes = codec.max_raw_len(block_tokens as usize);
     if bytes > MAX_BLOCK_BYTES {
         return Err(FormatError::corrupt(
             what,

@@ -162,3 +162,23 @@ fn the_writer_needs_a_table_for_rank_zstd_and_refuses_unranked_tokens() {
         "token 7 at offset 100 is not in the dataset's rank table"
     );
 }
+
+/// A reader holds a block's rank codes (up to 4 bytes a token, whatever the width) before it
+/// decodes them: the block size is checked against that, not against the width.
+#[test]
+fn block_sizes_are_checked_against_the_rank_codes() {
+    let header = |codec: &str| FileHeader {
+        codec: codec.parse::<Codec>().unwrap(),
+        block_tokens: 1 << 28,
+        vocab_size: 0,
+    };
+    assert!(BlockFileWriter::new(header("u8+zstd:3"), false).is_ok());
+    let table = Arc::new(RankTable::from_ids(vec![1]).unwrap());
+    assert_eq!(
+        BlockFileWriter::new_ranked(header("u8+rank+zstd:3"), table, false)
+            .err()
+            .unwrap()
+            .to_string(),
+        "corrupt block file settings: blocks of 268435456 tokens at u8+rank+zstd:3 hold 1073741836 bytes, over the 1073741824-byte limit"
+    );
+}
