@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use dquant_format::chunk_sums::{ChunkSums, ChunkSumsBuilder, DEFAULT_CHUNK};
-use dquant_storage::{megatron_prefix_of, Destination, LocalFiles, SUMS_EXT};
+use dquant_storage::{megatron_prefix_of, Dataset, Destination, LocalFiles, OpenOptions, SUMS_EXT};
 use serde_json::json;
 
 use crate::util::{self, OutputOpts};
@@ -87,10 +87,17 @@ pub fn run(a: &Args) -> Result<i32> {
 }
 
 /// Checks `bin` against `sidecar`: 0 when every chunk matches, 1 (with each chunk that
-/// differs listed) otherwise.
+/// differs listed) otherwise. The sidecar is read as every open reads it (bounded by what its
+/// `.bin` can need, refused when stale), by opening the dataset.
 fn check(bin: &Path, sidecar: &Path, output: &OutputOpts) -> Result<i32> {
-    let bytes = std::fs::read(sidecar).with_context(|| sidecar.display().to_string())?;
-    let want = ChunkSums::parse(&bytes).with_context(|| sidecar.display().to_string())?;
+    let ds = Dataset::open(&megatron_prefix_of(bin), &OpenOptions::default())?;
+    let Some((want, _)) = ds.chunk_sums() else {
+        bail!(
+            "{}: no chunk sums sidecar; write one with `dquant sums {}`",
+            sidecar.display(),
+            megatron_prefix_of(bin).display()
+        );
+    };
     let got = sum(bin, want.chunk(), output.quiet())?;
     if got.data_len() != want.data_len() {
         bail!(

@@ -1055,6 +1055,33 @@ fn megatron_chunk_sums_catch_a_flipped_bit_in_the_bin() {
             d.join("none.bin").display()
         )
     );
+    // --check with no sidecar, and with one of another file (the r50k uint16 fixture's .bin
+    // is half as long): it is read as every open reads it.
+    let y = d.join("y");
+    std::fs::copy(with_ext(&good, "idx"), with_ext(&y, "idx")).unwrap();
+    std::fs::copy(with_ext(&good, "bin"), with_ext(&y, "bin")).unwrap();
+    assert_eq!(
+        fails(&["sums", &s(&y), "--check"]),
+        format!(
+            "{}: no chunk sums sidecar; write one with `dquant sums {}`",
+            with_ext(&y, "dqsum").display(),
+            y.display()
+        )
+    );
+    let half = fixture("r50k_uint16");
+    let z = d.join("z");
+    std::fs::copy(with_ext(&half, "idx"), with_ext(&z, "idx")).unwrap();
+    std::fs::copy(with_ext(&half, "bin"), with_ext(&z, "bin")).unwrap();
+    ok(&["sums", &s(&z)]);
+    std::fs::rename(with_ext(&z, "dqsum"), with_ext(&y, "dqsum")).unwrap();
+    assert_eq!(
+        fails(&["sums", &s(&y), "--check"]),
+        format!(
+            "{}: covers 322064 bytes of {}, which has 644128: the sidecar is stale; write it again with `dquant sums`",
+            with_ext(&y, "dqsum").display(),
+            with_ext(&y, "bin").display()
+        )
+    );
 }
 
 /// (offset, payload length) of each block of a .dqb, walked by hand: a 64-byte file header,
