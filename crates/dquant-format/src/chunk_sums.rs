@@ -71,6 +71,14 @@ impl ChunkSums {
             |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
         let chunk = u32_at(8);
         check_chunk(chunk)?;
+        // Refused, not ignored: a sidecar that parses re-encodes to its own bytes (found by
+        // the `chunk_sums` fuzz target).
+        if u32_at(12) != 0 {
+            return Err(corrupt(format!(
+                "bytes 12..16 are {:#010x}, not zero",
+                u32_at(12)
+            )));
+        }
         let data_len = u64::from(u32_at(16)) | (u64::from(u32_at(20)) << 32);
         let count = data_len.div_ceil(u64::from(chunk));
         let want = count
@@ -335,6 +343,12 @@ mod tests {
                 1u64 << 62,
                 (1u64 << 62) / 4096 * 4 + 28
             )
+        );
+        let mut zero = good.clone();
+        zero[15] = 39;
+        assert_eq!(
+            msg(&zero),
+            "corrupt chunk sums file: bytes 12..16 are 0x27000000, not zero"
         );
         let mut chunk = good.clone();
         chunk[8..12].copy_from_slice(&1000u32.to_le_bytes());

@@ -182,3 +182,32 @@ fn block_sizes_are_checked_against_the_rank_codes() {
         "corrupt block file settings: blocks of 268435456 tokens at u8+rank+zstd:3 hold 1073741836 bytes, over the 1073741824-byte limit"
     );
 }
+
+/// Tokens of the kept version-2 file: three blocks of 1,024 and a partial one.
+fn kept_tokens() -> Vec<u32> {
+    let mut rng = Rng::new(2026);
+    let ids: Vec<u32> = (0..300).map(|_| rng.below(50_000) as u32).collect();
+    (0..3_500)
+        .map(|_| ids[(rng.below(300) * rng.below(300) / 300) as usize])
+        .collect()
+}
+
+/// A version-2 file written when the format was made, kept in `tests/data` (the `block_file`
+/// fuzz target's seeds copy it): every later build must read it to the same tokens and
+/// table. `DQUANT_WRITE_KEPT=1` writes it again, for a deliberate format change only.
+#[test]
+fn the_kept_version_2_file_reads_back() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ranked-v2.dqb");
+    let t = kept_tokens();
+    let index = DocIndex::single(t.len() as u64);
+    if std::env::var_os("DQUANT_WRITE_KEPT").is_some() {
+        std::fs::write(path, write(CODEC.parse().unwrap(), 1024, &t, &index)).unwrap();
+    }
+    let file = std::fs::read(path).unwrap();
+    let bf = BlockFile::from_bytes(&file).unwrap();
+    assert_eq!(bf.header.codec.to_string(), CODEC);
+    assert_eq!(bf.blocks(), 4);
+    assert_eq!(bf.decode_all(&file).unwrap(), t);
+    assert_eq!(*bf.footer.ranks.as_deref().unwrap(), ranks_of(&t));
+    assert_eq!(bf.content_checksum(), content_of(&t, &index));
+}
