@@ -7,7 +7,8 @@
 //!
 //! Random bytes rarely get past the file's crc32c checks, so every input is tried twice: as
 //! it is, and with every checksum recomputed over the layout the bytes themselves declare
-//! (header, block headers and payloads per the block table, footer, trailer). The second
+//! (header, block headers and payloads per the block table, a `rank+zstd` file's rank table,
+//! footer, trailer). The second
 //! pass drives the fuzzer into the semantic checks behind the checksums.
 #![no_main]
 
@@ -49,11 +50,18 @@ fn fix_checksums(f: &mut [u8]) {
     // Block boundaries: the footer's block table when there is one, else a walk over the
     // block headers' payload lengths.
     let mut bounds = Vec::new();
-    if let Some(r) = footer.as_ref().filter(|r| r.len() >= 48) {
+    if let Some(r) = footer.clone().filter(|r| r.len() >= 48) {
         let n = u64_at(f, r.start + 24).saturating_add(1);
         let fit = ((r.len() - 48) / 8) as u64;
         for i in 0..n.min(fit) as usize {
             bounds.push(u64_at(f, r.start + 48 + 8 * i));
+        }
+        // A rank+zstd file's rank table, after the block table, ends in its own crc.
+        let ranks = u32::from_le_bytes(f[r.start + 12..r.start + 16].try_into().unwrap()) as u64;
+        let at = (r.start as u64).saturating_add(48).saturating_add(n.saturating_mul(8));
+        if ranks >= 4 && n <= fit && at.saturating_add(ranks) <= r.end as u64 {
+            let (at, end) = (at as usize, (at + ranks) as usize);
+            put_crc(f, end - 4, at..end - 4);
         }
     } else {
         let mut at = HEADER_LEN;

@@ -199,10 +199,28 @@ def main():
         if os.path.exists(src):
             with open(src, "rb") as f:
                 write("idx_parser", name, f.read())
-    dqb = os.path.join(HERE, "..", "..", "crates", "dquant-format", "tests", "data",
-                       "fuzz-crash-first-token-overflow.dqb")
-    with open(dqb, "rb") as f:
-        write("block_file", "first-token-overflow.dqb", f.read())
+    data = os.path.join(HERE, "..", "..", "crates", "dquant-format", "tests", "data")
+    for src, name in (("fuzz-crash-first-token-overflow.dqb", "first-token-overflow.dqb"),
+                      ("ranked-v2.dqb", "ranked-v2.dqb")):
+        with open(os.path.join(data, src), "rb") as f:
+            write("block_file", name, f.read())
+
+    # Chunk sums of a fixture's .bin in 4 KiB chunks (the sidecar `dquant sums` writes):
+    # magic, chunk size, zero, the .bin's length, a crc32c a chunk, the crc32c of all before.
+    src = os.path.join(FIXTURES, "r50k_uint16.bin")
+    if os.path.exists(src):
+        with open(src, "rb") as f:
+            b = f.read()
+        chunk = 4096
+        body = b"DQSUMS\0\x01" + struct.pack("<IIQ", chunk, 0, len(b))
+        body += b"".join(struct.pack("<I", crc32c(b[i:i + chunk])) for i in range(0, len(b), chunk))
+        write("chunk_sums", "r50k_uint16.dqsum", body + struct.pack("<I", crc32c(body)))
+        empty = b"DQSUMS\0\x01" + struct.pack("<IIQ", 65536, 0, 0)
+        write("chunk_sums", "empty.dqsum", empty + struct.pack("<I", crc32c(empty)))
+        # Found by the target: bytes 12..16 not zero were ignored, so the sidecar did not
+        # re-encode to its bytes; now refused.
+        reserved = b"DQSUMS\0\x01" + struct.pack("<IIQ", 65536, 0x27000000, 0)
+        write("chunk_sums", "reserved-not-zero.dqsum", reserved + struct.pack("<I", crc32c(reserved)))
 
 
 if __name__ == "__main__":
