@@ -985,14 +985,20 @@ fn crc32c(bytes: &[u8]) -> u32 {
     !c
 }
 
+/// Copies the Megatron dataset `src` (its .idx and .bin) to the prefix `dst`.
+fn copy_megatron(src: &Path, dst: &Path) {
+    for ext in ["idx", "bin"] {
+        std::fs::copy(with_ext(src, ext), with_ext(dst, ext)).unwrap();
+    }
+}
+
 #[test]
 fn megatron_chunk_sums_catch_a_flipped_bit_in_the_bin() {
     let dir = tmp();
     let d = dir.path();
     let good = fixture("r50k_int32");
     let x = d.join("x");
-    std::fs::copy(with_ext(&good, "idx"), with_ext(&x, "idx")).unwrap();
-    std::fs::copy(with_ext(&good, "bin"), with_ext(&x, "bin")).unwrap();
+    copy_megatron(&good, &x);
     let (bin, sidecar) = (with_ext(&x, "bin"), with_ext(&x, "dqsum"));
     let r = json(&["sums", &s(&x), "--chunk-kib", "4", "--json"]);
     assert_eq!(
@@ -1058,8 +1064,7 @@ fn megatron_chunk_sums_catch_a_flipped_bit_in_the_bin() {
     // --check with no sidecar, and with one of another file (the r50k uint16 fixture's .bin
     // is half as long): it is read as every open reads it.
     let y = d.join("y");
-    std::fs::copy(with_ext(&good, "idx"), with_ext(&y, "idx")).unwrap();
-    std::fs::copy(with_ext(&good, "bin"), with_ext(&y, "bin")).unwrap();
+    copy_megatron(&good, &y);
     assert_eq!(
         fails(&["sums", &s(&y), "--check"]),
         format!(
@@ -1070,8 +1075,7 @@ fn megatron_chunk_sums_catch_a_flipped_bit_in_the_bin() {
     );
     let half = fixture("r50k_uint16");
     let z = d.join("z");
-    std::fs::copy(with_ext(&half, "idx"), with_ext(&z, "idx")).unwrap();
-    std::fs::copy(with_ext(&half, "bin"), with_ext(&z, "bin")).unwrap();
+    copy_megatron(&half, &z);
     ok(&["sums", &s(&z)]);
     std::fs::rename(with_ext(&z, "dqsum"), with_ext(&y, "dqsum")).unwrap();
     assert_eq!(

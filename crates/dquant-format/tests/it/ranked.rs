@@ -10,13 +10,18 @@ use dquant_format::DocIndex;
 
 const CODEC: &str = "u16+rank+zstd:3";
 
-fn tokens() -> Vec<u32> {
-    // Like text: 2,000 ids spread up to 60,000, a few used far more often than the rest.
-    let mut rng = Rng::new(7);
-    let ids: Vec<u32> = (0..2000).map(|_| rng.below(60_000) as u32).collect();
-    (0..20_000)
-        .map(|_| ids[(rng.below(2000) * rng.below(2000) / 2000) as usize])
+/// Like text: `n` draws of `distinct` ids spread up to 60,000, a few used far more often
+/// than the rest.
+fn text_like(seed: u64, distinct: u64, n: usize) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    let ids: Vec<u32> = (0..distinct).map(|_| rng.below(60_000) as u32).collect();
+    (0..n)
+        .map(|_| ids[(rng.below(distinct) * rng.below(distinct) / distinct) as usize])
         .collect()
+}
+
+fn tokens() -> Vec<u32> {
+    text_like(7, 2000, 20_000)
 }
 
 fn ranked_file() -> (Vec<u32>, Vec<u8>) {
@@ -185,11 +190,7 @@ fn block_sizes_are_checked_against_the_rank_codes() {
 
 /// Tokens of the kept version-2 file: three blocks of 1,024 and a partial one.
 fn kept_tokens() -> Vec<u32> {
-    let mut rng = Rng::new(2026);
-    let ids: Vec<u32> = (0..300).map(|_| rng.below(50_000) as u32).collect();
-    (0..3_500)
-        .map(|_| ids[(rng.below(300) * rng.below(300) / 300) as usize])
-        .collect()
+    text_like(2026, 300, 3_500)
 }
 
 /// A version-2 file written when the format was made, kept in `tests/data` (the `block_file`
