@@ -119,15 +119,17 @@ struct Case {
 }
 
 /// Order-0 entropy of `tokens` in bits per token.
-fn entropy(tokens: &[u32], max: u32) -> f64 {
-    let mut counts = vec![0u64; max as usize + 1];
-    tokens.iter().for_each(|&t| counts[t as usize] += 1);
+///
+/// Counted over a sorted copy, not a table indexed by id: the ids come from the file, and a
+/// table as long as the largest (up to 2^32) would be allocated from a stored value.
+fn entropy(tokens: &[u32]) -> f64 {
+    let mut sorted = tokens.to_vec();
+    sorted.sort_unstable();
     let n = tokens.len().max(1) as f64;
-    counts
-        .iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| {
-            let p = c as f64 / n;
+    sorted
+        .chunk_by(|a, b| a == b)
+        .map(|run| {
+            let p = run.len() as f64 / n;
             -p * p.log2()
         })
         .sum()
@@ -176,7 +178,7 @@ fn bench_dataset(a: &CodecsArgs, path: &Path) -> Result<CodecReport> {
         path: ds.path().to_path_buf(),
         tokens: tokens.len(),
         max,
-        entropy: entropy(&tokens, max),
+        entropy: entropy(&tokens),
         base: (base.len(), base_enc, base_dec),
         long,
         rows,
@@ -262,7 +264,12 @@ fn measure_codec(ds: &Dataset, tokens: &[u32], case: Case, repeat: u32) -> Resul
 
 /// The rank table of tokens held in memory (`dquant convert` counts them from the file).
 fn ranks_of(tokens: &[u32]) -> Result<RankTable> {
-    let mut counts = vec![0u64; kernels::max_token(tokens) as usize + 1];
+    let max = kernels::max_token(tokens);
+    // Checked before the counts are allocated (a table of the largest id's length).
+    if max as usize >= dquant_codec::MAX_RANKED_IDS {
+        anyhow::bail!("token {max} is over 2^24 - 1, the largest id rank+zstd takes");
+    }
+    let mut counts = vec![0u64; max as usize + 1];
     tokens.iter().for_each(|&t| counts[t as usize] += 1);
     Ok(RankTable::from_counts(&counts)?)
 }

@@ -1292,6 +1292,33 @@ fn archive_refusals_name_the_cause() {
         )
     );
     assert!(!Path::new(&out).exists());
+    // `bench codecs` over ids near 2^31: the entropy is counted without a table indexed by
+    // id (it would be 16 GB), and a rank+zstd row is refused before its counts are.
+    let huge = dir.path().join("huge");
+    Megatron::from_docs(&[vec![5, 2_000_000_000, 7, 5, 5, 9]]).write_i32(&huge);
+    let v = json(&[
+        "bench",
+        "codecs",
+        &s(&huge),
+        "--codecs",
+        "u32",
+        "--no-presets",
+        "--json",
+    ]);
+    let e = v[0]["order0_entropy_bits_per_token"].as_f64().unwrap();
+    assert!((e - (0.5 + 0.5 * 6f64.log2())).abs() < 1e-12, "{e}");
+    assert_eq!(
+        fails(&[
+            "bench",
+            "codecs",
+            &s(&huge),
+            "--codecs",
+            "u32+rank+zstd:3",
+            "--no-presets",
+            "-q"
+        ]),
+        "token 2000000000 is over 2^24 - 1, the largest id rank+zstd takes"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
