@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::receive::{copy_payload, BatchSource, ReceiveError, RecordView};
+use crate::receive::{copy_payload, record_header, BatchSource, ReceiveError, RecordView};
 use crate::record::RECORD_HEADER_LEN;
 use crate::sink::{BatchSink, SinkError};
 use crate::tcp::IdleFlush;
@@ -202,18 +202,7 @@ impl BatchSource for MemorySource {
                 _ => Ok(None),
             };
         };
-        let head = record.first_chunk::<RECORD_HEADER_LEN>().ok_or_else(|| {
-            ReceiveError::Transport(format!("a {}-byte record has no header", record.len()))
-        })?;
-        let h = BatchHeader::parse(head).map_err(WireError::from)?;
-        if record.len() != RECORD_HEADER_LEN + h.payload_len as usize {
-            return Err(ReceiveError::Transport(format!(
-                "batch {}: a {}-byte record for a {}-byte payload",
-                h.index,
-                record.len(),
-                h.payload_len
-            )));
-        }
+        let h = record_header(&record, "in-memory")?;
         self.held = Some(record);
         Ok(Some(h))
     }

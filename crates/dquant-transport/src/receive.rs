@@ -9,6 +9,7 @@
 use std::ops::Deref;
 use std::time::Duration;
 
+use crate::record::RECORD_HEADER_LEN;
 use crate::{BatchHeader, WireError};
 
 /// A record the consumer may keep: its bytes (the header, then the payload) stay valid, and
@@ -82,7 +83,7 @@ pub fn copy_payload(
     out: &mut [u8],
     transport: &str,
 ) -> Result<(), ReceiveError> {
-    match record.and_then(|r| r.get(crate::record::RECORD_HEADER_LEN..)) {
+    match record.and_then(|r| r.get(RECORD_HEADER_LEN..)) {
         Some(p) if p.len() == out.len() => {
             out.copy_from_slice(p);
             Ok(())
@@ -92,4 +93,25 @@ pub fn copy_payload(
             out.len()
         ))),
     }
+}
+
+/// The header of a record held whole in memory (a ring slot, an in-process buffer), checked
+/// to be followed by exactly its payload: how a transport that keeps records whole serves
+/// [`BatchSource::next_header`]. `transport` names it in the error.
+pub fn record_header(record: &[u8], transport: &str) -> Result<BatchHeader, ReceiveError> {
+    let len = record.len();
+    let bad = |what: String| ReceiveError::Transport(format!("{transport}: {what}"));
+    let Some(head) = record.first_chunk::<RECORD_HEADER_LEN>() else {
+        return Err(bad(format!(
+            "a {len}-byte batch record is shorter than its header"
+        )));
+    };
+    let h = BatchHeader::parse(head).map_err(WireError::from)?;
+    if RECORD_HEADER_LEN + h.payload_len as usize != len {
+        return Err(bad(format!(
+            "batch {} holds {} bytes of {} in a {len}-byte record",
+            h.index, h.payload_len, h.codec
+        )));
+    }
+    Ok(h)
 }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::frame::MAX_PAYLOAD;
-use crate::receive::{copy_payload, BatchSource, ReceiveError, RecordView};
-use crate::record::{MAX_HELLO_LEN, RECORD_HEADER_LEN};
+use crate::receive::{copy_payload, record_header, BatchSource, ReceiveError, RecordView};
+use crate::record::MAX_HELLO_LEN;
 use crate::ring::{RingConsumer, RingError, RingFds, RingProducer, RingView, MAX_HANDSHAKE_EXTRA};
 use crate::sink::{BatchSink, SinkError};
 use crate::{BatchHeader, BufferPool, FrameReader, FrameWriter, Hello, RecordError, WireError};
@@ -284,25 +284,6 @@ impl RingRecords {
     }
 }
 
-/// The header of a ring record, checked to be followed by exactly its payload.
-fn record_header(record: &[u8]) -> Result<BatchHeader, ReceiveError> {
-    let len = record.len();
-    let bad = |what: String| ReceiveError::Transport(format!("shared-memory ring: {what}"));
-    let Some(head) = record.first_chunk::<RECORD_HEADER_LEN>() else {
-        return Err(bad(format!(
-            "a {len}-byte batch record is shorter than its header"
-        )));
-    };
-    let h = BatchHeader::parse(head).map_err(WireError::from)?;
-    if RECORD_HEADER_LEN + h.payload_len as usize != len {
-        return Err(bad(format!(
-            "batch {} holds {} bytes of {} in a {len}-byte record",
-            h.index, h.payload_len, h.codec
-        )));
-    }
-    Ok(h)
-}
-
 impl BatchSource for RingSource {
     fn next_header(&mut self) -> Result<Option<BatchHeader>, ReceiveError> {
         self.held = None;
@@ -315,7 +296,7 @@ impl BatchSource for RingSource {
             Ok(None) => return Ok(None),
             Err(e) => return Err(self.ring_error(e)),
         };
-        let h = record_header(&view)?;
+        let h = record_header(&view, "shared-memory ring")?;
         self.held = Some(view);
         Ok(Some(h))
     }
