@@ -9,18 +9,19 @@
 //! comes first, within the same hello timeout and handshake count.
 
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsFd;
-use std::sync::atomic::Ordering;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dquant_transport::record::MAX_HELLO_LEN;
-use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, Hello};
+use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, Hello, Pacer};
 
+use crate::carrier::{self, Carrier};
 use crate::produce::Stats;
 use crate::serve_plan::stream_plan;
 use crate::serve_ranges::serve_ranges;
-use crate::sessions::{claim_error, Work};
+use crate::sessions::Work;
 use crate::stream_error::StreamError;
 use crate::Shared;
 
@@ -162,9 +163,8 @@ enum HelloError {
 fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
     let peer = sock
         .peer_addr()
-        .map(|a| a.to_string())
+        .map(|a| a.ip().to_string())
         .unwrap_or_else(|_| "?".into());
-    let ip = peer.rsplit_once(':').map_or(peer.as_str(), |(ip, _)| ip);
     let _ = sock.set_nodelay(true);
     let _ = sock.set_read_timeout(Some(HELLO_TIMEOUT));
     let _ = sock.set_write_timeout(Some(HELLO_TIMEOUT));
@@ -172,69 +172,124 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
         None => DataStream::plain(sock),
         Some(tls) => match tls.accept(sock) {
             Ok(c) => c,
-            Err(e) => return shared.refuse("data", ip, "tls handshake", &e.to_string()),
+            Err(e) => return shared.refuse("data", &peer, "tls handshake", &e.to_string()),
         },
-    };
-    let refuse = |conn: &DataStream, reason: &'static str, msg: String| {
-        shared.refuse("data", ip, reason, &msg);
-        let _ = FrameWriter::new(conn).fail(&msg);
-        let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     };
     let Ok(read_half) = conn.try_clone() else {
         return;
     };
     let mut frames = FrameReader::new(read_half);
-    let hello = match read_hello(&mut frames) {
-        Ok(h) => h,
-        Err(e) => return refuse(&conn, "bad hello", e.to_string()),
-    };
-    let owner = match shared.auth.hello_owner(hello.token.as_deref()) {
-        Ok(o) => o,
-        Err(r) => return refuse(&conn, r.reason(), format!("data stream: {}", r.message())),
-    };
-    let claimed =
-        shared
-            .sessions
-            .claim(hello.session, &hello.ticket, &owner, conn.socket().as_fd());
-    let Some((work, cancel)) = claimed else {
-        return refuse(&conn, "bad hello", claim_error(hello.session));
-    };
-    drop(handshake);
-    let pacer = shared.shaping.as_ref().and_then(|s| {
-        if let Err(e) = s.mark(&owner, conn.socket()) {
-            tracing::warn!(session = hello.session, error = %e, "cannot mark the data socket's traffic class");
+    match read_hello(&mut frames) {
+        Ok(hello) => {
+            let tcp = TcpConn {
+                conn,
+                frames,
+                hello,
+                peer,
+                pacer: None,
+            };
+            carrier::serve(tcp, &shared, handshake)
         }
-        s.pacer(&owner)
-    });
-    let _ = conn.socket().set_read_timeout(None);
-    keep_alive(
-        conn.socket(),
-        Duration::from_secs(shared.config.consumer_idle_secs),
-    );
-    let id = hello.session;
-    let started = Instant::now();
-    let kind = work.kind();
-    tracing::info!(session = id, %peer, kind, "session streaming");
-    shared.events.streaming(&owner);
-    // A panic below ends this session alone; its client is told on a second handle of the
-    // connection (the first went into the stream that panicked).
-    let notify = conn.try_clone().ok();
-    let result = crate::faults::contain(|| match work {
-        w @ (Work::Plan { .. } | Work::Subscriber { .. }) => {
-            let meter = w
-                .meter(&shared.metrics, &owner)
-                .with_tally(shared.events.tally(&owner));
-            stream_plan(w, conn, cancel, &shared, meter, pacer)
+        Err(e) => {
+            shared.refuse("data", &peer, "bad hello", &e.to_string());
+            refuse_on(&conn, &e.to_string());
         }
-        w @ Work::Source { .. } => {
-            serve_ranges(w, conn, &mut frames, (&shared, &owner), cancel, pacer)
-        }
-    });
-    if let (Err(StreamError::Panicked(m)), Some(n)) = (&result, &notify) {
-        let _ = FrameWriter::new(n).fail(m);
     }
-    shared.sessions.finish(id);
-    log_end(&shared, (id, &owner), kind, "tcp", started, result);
+}
+
+/// Tells the consumer `message` in an error frame, and closes the connection.
+fn refuse_on(conn: &DataStream, message: &str) {
+    let _ = FrameWriter::new(conn).fail(message);
+    let _ = conn.socket().shutdown(std::net::Shutdown::Both);
+}
+
+/// A TCP (or TLS) data connection that said hello: plan batches go out as frames in the
+/// session's wire codec, paced by its tenant's share of the link; a source session's
+/// requests come in on `frames`.
+struct TcpConn {
+    conn: DataStream,
+    frames: FrameReader<DataStream>,
+    hello: Hello,
+    /// The peer's IP address.
+    peer: String,
+    /// The tenant's share of the link, once the session is claimed.
+    pacer: Option<Box<dyn Pacer>>,
+}
+
+impl Carrier for TcpConn {
+    const TRANSPORT: &'static str = "tcp";
+    const PLANE: &'static str = "data";
+    const WHAT: &'static str = "data stream";
+
+    fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn hangup(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.conn.socket().as_fd())
+    }
+
+    fn refuse(&self, message: &str) {
+        refuse_on(&self.conn, message)
+    }
+
+    /// Marks the socket's traffic class and takes the tenant's pacer; lifts the hello's
+    /// timeouts for the liveness checks of a stream.
+    fn ready(
+        &mut self,
+        shared: &Shared,
+        owner: &str,
+        _: &Arc<AtomicBool>,
+    ) -> Result<(), (&'static str, String)> {
+        let socket = self.conn.socket();
+        self.pacer = shared.shaping.as_ref().and_then(|s| {
+            if let Err(e) = s.mark(owner, socket) {
+                tracing::warn!(session = self.hello.session, error = %e, "cannot mark the data socket's traffic class");
+            }
+            s.pacer(owner)
+        });
+        let _ = socket.set_read_timeout(None);
+        keep_alive(socket, Duration::from_secs(shared.config.consumer_idle_secs));
+        Ok(())
+    }
+
+    /// A panic is told on a second handle of the connection: the first went into the
+    /// stream that panicked.
+    fn panic_notice(&self) -> Option<Box<dyn FnOnce(&str)>> {
+        let n = self.conn.try_clone().ok()?;
+        Some(Box::new(move |m: &str| {
+            let _ = FrameWriter::new(n).fail(m);
+        }))
+    }
+
+    fn carry(
+        mut self,
+        work: Work,
+        cancel: Arc<AtomicBool>,
+        shared: &Shared,
+        owner: &str,
+    ) -> Result<Stats, StreamError> {
+        match work {
+            w @ (Work::Plan { .. } | Work::Subscriber { .. }) => {
+                let meter = w
+                    .meter(&shared.metrics, owner)
+                    .with_tally(shared.events.tally(owner));
+                stream_plan(w, self.conn, cancel, shared, meter, self.pacer)
+            }
+            w @ Work::Source { .. } => serve_ranges(
+                w,
+                self.conn,
+                &mut self.frames,
+                (shared, owner),
+                cancel,
+                self.pacer,
+            ),
+        }
+    }
 }
 
 /// Liveness of a streaming connection: TCP keepalive finds a peer that vanished (a host

@@ -21,6 +21,7 @@
 
 mod auth;
 pub mod bandwidth;
+mod carrier;
 mod catalog;
 mod config;
 mod config_error;

@@ -8,20 +8,24 @@
 //! connections are handed to the tonic server; rings get a thread each, as data connections
 //! do on the TCP plane.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dquant_transport::ring::{RingError, HANDSHAKE};
-use dquant_transport::shm::RingOffer;
-use dquant_transport::FrameWriter;
+use dquant_transport::shm::{RingOffer, RingSink};
+use dquant_transport::{FrameWriter, Hello};
 use rustix::net::RecvFlags;
 
-use crate::data::{log_end, serve_each, Handshake, HELLO_TIMEOUT};
-use crate::serve_plan::stream_ring;
+use crate::carrier::{self, Carrier};
+use crate::data::{serve_each, Handshake, HELLO_TIMEOUT};
+use crate::produce::Stats;
+use crate::serve_plan::stream_in_memory;
 use crate::serve_ranges::serve_ranges_ring;
-use crate::sessions::{claim_error, Work};
+use crate::sessions::Work;
+use crate::stream_error::StreamError;
 use crate::Shared;
 
 /// Accepts connections on the agent's Unix socket until the agent stops. gRPC connections
@@ -139,64 +143,101 @@ fn refuse(conn: &UnixStream, msg: &str) {
     let _ = conn.shutdown(std::net::Shutdown::Both);
 }
 
-/// Receives a ring with its session's hello, attaches to it, and streams the session's plan
-/// into it, or answers its range requests (they come on the same socket) into it.
+/// Receives a ring with its session's hello and serves the session in it.
 fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
-    let offer = match RingOffer::receive(&conn) {
-        Ok(o) => o,
-        Err(e) => return refuse(&conn, &e.to_string()),
-    };
-    let id = offer.hello.session;
-    let owner = match shared.auth.hello_owner(offer.hello.token.as_deref()) {
-        Ok(o) => o,
-        Err(r) => {
-            shared.refuse("unix socket", "?", r.reason(), r.message());
-            return refuse(&conn, &format!("shared-memory ring: {}", r.message()));
+    match RingOffer::receive(&conn) {
+        Ok(offer) => {
+            let ring = RingConn {
+                conn,
+                hello: offer.hello.clone(),
+                offer: Some(offer),
+                sink: None,
+            };
+            carrier::serve(ring, shared, handshake)
         }
-    };
-    let claimed = shared
-        .sessions
-        .claim(id, &offer.hello.ticket, &owner, conn.as_fd());
-    let Some((work, cancel)) = claimed else {
-        return refuse(&conn, &claim_error(id));
-    };
-    let sink = conn
-        .try_clone()
-        .map_err(|source| RingError::Io { op: "dup", source })
-        .and_then(|sock| offer.accept(sock, cancel.clone()))
-        .map(|sink| sink.with_idle_limit(Duration::from_secs(shared.config.consumer_idle_secs)));
-    let sink = match sink {
-        Ok(s) => s,
-        Err(e) => {
-            shared.sessions.finish(id);
-            return refuse(&conn, &format!("shared-memory ring: {e}"));
-        }
-    };
-    drop(handshake);
-    let _ = conn.set_read_timeout(None);
-    let started = Instant::now();
-    if let Some(l) = sink.layout() {
-        tracing::info!(
-            session = id,
-            transport = "shm",
-            slots = l.slot_count,
-            slot_size = l.slot_size,
-            "session streaming"
-        );
+        Err(e) => refuse(&conn, &e.to_string()),
     }
-    shared.events.streaming(&owner);
-    let kind = work.kind();
-    let result = match work {
-        w @ Work::Source { .. } => crate::faults::contain(|| {
-            serve_ranges_ring(w, sink, conn, (shared, &owner), cancel.clone())
-        }),
-        w => {
-            let meter = w
-                .meter(&shared.metrics, &owner)
-                .with_tally(shared.events.tally(&owner));
-            crate::faults::contain(|| stream_ring(w, sink, &cancel, shared, meter))
+}
+
+/// A ring handed over on the Unix socket with its session's hello: the session's plan
+/// batches go into its slots in the output dtype, read in place by the consumer; a source
+/// session's requests come as frames on the socket and each answer takes one slot.
+struct RingConn {
+    conn: UnixStream,
+    hello: Hello,
+    /// The offer, until the ring is attached ([`Carrier::ready`]).
+    offer: Option<RingOffer>,
+    sink: Option<RingSink>,
+}
+
+impl Carrier for RingConn {
+    const TRANSPORT: &'static str = "shm";
+    const PLANE: &'static str = "unix socket";
+    const WHAT: &'static str = "shared-memory ring";
+
+    fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    fn peer(&self) -> &str {
+        "?"
+    }
+
+    fn hangup(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.conn.as_fd())
+    }
+
+    fn refuse(&self, message: &str) {
+        refuse(&self.conn, message)
+    }
+
+    /// Attaches to the ring (it is checked and mapped here), with the consumer's idle limit.
+    fn ready(
+        &mut self,
+        shared: &Shared,
+        _: &str,
+        cancel: &Arc<AtomicBool>,
+    ) -> Result<(), (&'static str, String)> {
+        let offer = self.offer.take().ok_or(("bad ring", "no ring".to_string()))?;
+        let id = self.hello.session;
+        let idle = Duration::from_secs(shared.config.consumer_idle_secs);
+        let sink = self
+            .conn
+            .try_clone()
+            .map_err(|source| RingError::Io { op: "dup", source })
+            .and_then(|sock| offer.accept(sock, cancel.clone()))
+            .map_err(|e| ("bad ring", e.to_string()))?
+            .with_idle_limit(idle);
+        let _ = self.conn.set_read_timeout(None);
+        if let Some(l) = sink.layout() {
+            let (slots, slot_size) = (l.slot_count, l.slot_size);
+            tracing::info!(session = id, slots, slot_size, "ring attached");
         }
-    };
-    shared.sessions.finish(id);
-    log_end(shared, (id, &owner), kind, "shm", started, result);
+        self.sink = Some(sink);
+        Ok(())
+    }
+
+    fn carry(
+        self,
+        work: Work,
+        cancel: Arc<AtomicBool>,
+        shared: &Shared,
+        owner: &str,
+    ) -> Result<Stats, StreamError> {
+        let Some(mut sink) = self.sink else {
+            return Err(StreamError::Failed("the ring was not attached".into()));
+        };
+        match work {
+            w @ Work::Source { .. } => {
+                serve_ranges_ring(w, sink, self.conn, (shared, owner), cancel)
+            }
+            w => {
+                let meter = w
+                    .meter(&shared.metrics, owner)
+                    .with_tally(shared.events.tally(owner));
+                let not_ranges = "shared-memory rings carry plan batches; open a source over the data port";
+                stream_in_memory(w, &mut sink, &cancel, shared, meter, not_ranges)
+            }
+        }
+    }
 }

@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use dquant_engine::plain_codec;
 use dquant_plan::WireCodec;
-use dquant_transport::shm::RingSink;
 use dquant_transport::tcp::TcpBatchSink;
 use dquant_transport::{BatchSink, DataStream, FrameWriter};
 
@@ -66,42 +65,37 @@ pub(crate) fn stream_plan(
     })
 }
 
-/// Streams a plan's batches into the client's shared-memory ring (`sink`) until the end, an
-/// error, a consumer that goes away, or `cancel`. Each slot gets one batch record, the tokens
-/// already in the output dtype, so the consumer reads them in place.
-pub(crate) fn stream_ring(
+/// Streams a plan's batches into `sink`, a transport in memory the consumer reads in place
+/// (a shared-memory ring, the loopback queue), until the end, an error, a consumer that goes
+/// away, or `cancel`. Each record carries the tokens already in the output dtype: memory is
+/// not a link. A source session is refused with `not_ranges`.
+pub(crate) fn stream_in_memory(
     work: Work,
-    mut sink: RingSink,
+    sink: &mut dyn BatchSink,
     cancel: &AtomicBool,
     shared: &Shared,
     meter: Meter,
+    not_ranges: &str,
 ) -> Result<Stats, StreamError> {
     let (pipeline, output) = match work {
         Work::Plan {
             pipeline, output, ..
         } => (pipeline, output),
         Work::Subscriber { sub } => {
-            let mut out = RingOutlet { sink: &mut sink };
+            let mut out = RingOutlet { sink };
             let (outcome, stats) = relay(&sub, &mut out, cancel, &meter);
             return ended(outcome, stats);
         }
         Work::Source { .. } => {
-            let m = "shared-memory rings carry plan batches; open a source over the data port";
-            sink.fail(m);
-            return Err(StreamError::Failed(m.into()));
+            sink.fail(not_ranges);
+            return Err(StreamError::Failed(not_ranges.into()));
         }
     };
     let plain = WireCodec::Fixed(plain_codec(output));
     let mut producer = Producer::new(pipeline, output, plain)
         .with_meter(meter)
         .with_faults(shared.faults.clone(), Site::Session);
-    let (outcome, stats) = run(
-        &mut producer,
-        &mut sink,
-        cancel,
-        &shared.draining,
-        Instant::now,
-    );
+    let (outcome, stats) = run(&mut producer, sink, cancel, &shared.draining, Instant::now);
     ended(outcome, stats)
 }
 

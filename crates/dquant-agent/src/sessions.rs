@@ -87,8 +87,9 @@ struct Active {
     /// A plan's batches (drained at shutdown), not a chained agent's ranges (cancelled).
     plan: bool,
     cancel: Arc<AtomicBool>,
-    /// The session's socket (TCP data connection or Unix ring socket), shut down to cancel.
-    conn: OwnedFd,
+    /// The session's socket (TCP data connection or Unix ring socket), shut down to cancel;
+    /// `None` for a transport whose waits watch the cancel flag (loopback).
+    conn: Option<OwnedFd>,
 }
 
 /// Compares two tickets in constant time: a ticket is the only secret of a session.
@@ -97,8 +98,10 @@ fn same_ticket(a: &[u8; 16], b: &[u8]) -> bool {
 }
 
 /// Wakes whatever the session's threads are blocked on in that socket.
-fn shutdown(conn: &OwnedFd) {
-    let _ = rustix::net::shutdown(conn, rustix::net::Shutdown::Both);
+fn shutdown(conn: &Option<OwnedFd>) {
+    if let Some(conn) = conn {
+        let _ = rustix::net::shutdown(conn, rustix::net::Shutdown::Both);
+    }
 }
 
 /// The agent's session table.
@@ -268,7 +271,7 @@ impl Sessions {
         id: u64,
         ticket: &[u8; 16],
         owner: &str,
-        conn: BorrowedFd<'_>,
+        conn: Option<BorrowedFd<'_>>,
     ) -> Option<(Work, Arc<AtomicBool>)> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let p = pending.get(&id)?;
@@ -277,7 +280,10 @@ impl Sessions {
         }
         let p = pending.remove(&id)?;
         let cancel = Arc::new(AtomicBool::new(false));
-        let conn = conn.try_clone_to_owned().ok()?;
+        let conn = match conn {
+            Some(c) => Some(c.try_clone_to_owned().ok()?),
+            None => None,
+        };
         self.active
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

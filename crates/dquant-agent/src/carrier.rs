@@ -1,0 +1,106 @@
+//! One session on a data connection, whatever transport carries it.
+//!
+//! Every transport's listener does its own handshake (a TLS accept and a hello frame on the
+//! TCP data port, a ring offer on the Unix socket, an in-memory offer on the loopback plane)
+//! and then hands the connection here as a [`Carrier`]. What follows is the same for all of
+//! them, so it is written once: the hello's tenant, the claim of the pending session, the
+//! transport made ready for it, the `Watch` events, the session run with its panics contained,
+//! and its end in the table, the metrics and the log. A new transport's agent side is one
+//! module with its accept loop and its `Carrier`, and one line in `start` that starts it.
+
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dquant_transport::Hello;
+
+use crate::data::{log_end, Handshake};
+use crate::produce::Stats;
+use crate::sessions::{claim_error, Work};
+use crate::stream_error::StreamError;
+use crate::Shared;
+
+/// A data connection that has said which session it is (its hello), in the terms of the
+/// transport that accepted it.
+pub(crate) trait Carrier: Sized {
+    /// The transport's name, as the session's end event and log lines give it (`tcp`).
+    const TRANSPORT: &'static str;
+    /// Where refusals are counted and logged (`data`, `unix socket`).
+    const PLANE: &'static str;
+    /// What a refusal's message to the consumer starts with (`data stream`).
+    const WHAT: &'static str;
+
+    /// The hello the connection presented.
+    fn hello(&self) -> &Hello;
+
+    /// The peer, as refusals and log lines name it.
+    fn peer(&self) -> &str;
+
+    /// The descriptor the session table shuts down to cancel the session, waking whatever
+    /// its thread is blocked on; `None` for a transport whose waits watch the cancel flag.
+    fn hangup(&self) -> Option<BorrowedFd<'_>>;
+
+    /// Tells the consumer `message` and closes the connection (the caller has counted and
+    /// logged the refusal).
+    fn refuse(&self, message: &str);
+
+    /// Makes the transport ready for the session just claimed (a ring attached, timeouts
+    /// lifted); the refusal's reason and message when it cannot be.
+    fn ready(
+        &mut self,
+        shared: &Shared,
+        owner: &str,
+        cancel: &Arc<AtomicBool>,
+    ) -> Result<(), (&'static str, String)>;
+
+    /// Where a panic of the session is told to its consumer, if the transport can still say
+    /// it after the stream that panicked was lost (a second handle on the connection).
+    fn panic_notice(&self) -> Option<Box<dyn FnOnce(&str)>> {
+        None
+    }
+
+    /// Carries the session's work until its end, an error, its cancel or the agent's drain.
+    fn carry(
+        self,
+        work: Work,
+        cancel: Arc<AtomicBool>,
+        shared: &Shared,
+        owner: &str,
+    ) -> Result<Stats, StreamError>;
+}
+
+/// Serves the session `conn` said hello for, from its claim to its end; a hello that is no
+/// pending session of its tenant is refused with the reason.
+pub(crate) fn serve<C: Carrier>(mut conn: C, shared: &Shared, handshake: Handshake) {
+    let refuse = |conn: &C, reason: &'static str, message: String| {
+        shared.refuse(C::PLANE, conn.peer(), reason, &message);
+        conn.refuse(&message);
+    };
+    let id = conn.hello().session;
+    let owner = match shared.auth.hello_owner(conn.hello().token.as_deref()) {
+        Ok(o) => o,
+        Err(r) => return refuse(&conn, r.reason(), format!("{}: {}", C::WHAT, r.message())),
+    };
+    let ticket = conn.hello().ticket;
+    let Some((work, cancel)) = shared.sessions.claim(id, &ticket, &owner, conn.hangup()) else {
+        return refuse(&conn, "bad hello", claim_error(id));
+    };
+    if let Err((reason, m)) = conn.ready(shared, &owner, &cancel) {
+        shared.sessions.finish(id);
+        return refuse(&conn, reason, format!("{}: {m}", C::WHAT));
+    }
+    drop(handshake);
+    let started = Instant::now();
+    let kind = work.kind();
+    let transport = C::TRANSPORT;
+    tracing::info!(session = id, peer = conn.peer(), kind, transport, "session streaming");
+    shared.events.streaming(&owner);
+    let notice = conn.panic_notice();
+    let result = crate::faults::contain(|| conn.carry(work, cancel, shared, &owner));
+    if let (Err(StreamError::Panicked(m)), Some(tell)) = (&result, notice) {
+        tell(m);
+    }
+    shared.sessions.finish(id);
+    log_end(shared, (id, &owner), kind, transport, started, result);
+}
