@@ -94,7 +94,13 @@ pub(crate) fn serve<C: Carrier>(mut conn: C, shared: &Shared, handshake: Handsha
     let started = Instant::now();
     let kind = work.kind();
     let transport = C::TRANSPORT;
-    tracing::info!(session = id, peer = conn.peer(), kind, transport, "session streaming");
+    tracing::info!(
+        session = id,
+        peer = conn.peer(),
+        kind,
+        transport,
+        "session streaming"
+    );
     shared.events.streaming(&owner);
     let notice = conn.panic_notice();
     let result = crate::faults::contain(|| conn.carry(work, cancel, shared, &owner));

@@ -253,7 +253,10 @@ impl Carrier for TcpConn {
             s.pacer(owner)
         });
         let _ = socket.set_read_timeout(None);
-        keep_alive(socket, Duration::from_secs(shared.config.consumer_idle_secs));
+        keep_alive(
+            socket,
+            Duration::from_secs(shared.config.consumer_idle_secs),
+        );
         Ok(())
     }
 

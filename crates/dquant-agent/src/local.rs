@@ -198,7 +198,10 @@ impl Carrier for RingConn {
         _: &str,
         cancel: &Arc<AtomicBool>,
     ) -> Result<(), (&'static str, String)> {
-        let offer = self.offer.take().ok_or(("bad ring", "no ring".to_string()))?;
+        let offer = self
+            .offer
+            .take()
+            .ok_or(("bad ring", "no ring".to_string()))?;
         let id = self.hello.session;
         let idle = Duration::from_secs(shared.config.consumer_idle_secs);
         let sink = self
@@ -235,7 +238,8 @@ impl Carrier for RingConn {
                 let meter = w
                     .meter(&shared.metrics, owner)
                     .with_tally(shared.events.tally(owner));
-                let not_ranges = "shared-memory rings carry plan batches; open a source over the data port";
+                let not_ranges =
+                    "shared-memory rings carry plan batches; open a source over the data port";
                 stream_in_memory(w, &mut sink, &cancel, shared, meter, not_ranges)
             }
         }
