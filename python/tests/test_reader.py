@@ -176,7 +176,7 @@ def test_bad_plans_raise_value_error_with_the_message(data):
         match=r"^offload=True needs an agent: pass agent='dquant://HOST:PORT' or the path of its Unix socket",
     ):
         dquant.open(plan(data))
-    with pytest.raises(ValueError, match=r"^transport must be 'tcp', 'shm' or None, not 'rdma'$"):
+    with pytest.raises(ValueError, match=r"^transport must be 'tcp', 'shm', 'loopback' or None, not 'rdma'$"):
         dquant.open(plan(data), agent="dquant://127.0.0.1:1", transport="rdma")
     with pytest.raises(TypeError):
         dquant.open(42)

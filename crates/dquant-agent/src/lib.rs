@@ -32,6 +32,7 @@ pub mod faults;
 mod grpc;
 mod limits;
 mod local;
+mod loopback;
 mod megatron;
 mod metrics;
 mod open_pool;

@@ -18,8 +18,8 @@ use tokio::task::AbortHandle;
 use tonic_health::ServingStatus;
 
 use crate::{
-    auth, control, data, events, faults, local, megatron, metrics, open_pool, pacing, sessions,
-    share, AgentConfig, AgentError, AgentHandle, Catalog, ConfigError, Shared,
+    auth, control, data, events, faults, local, loopback, megatron, metrics, open_pool, pacing,
+    sessions, share, AgentConfig, AgentError, AgentHandle, Catalog, ConfigError, Shared,
 };
 
 /// Starts an agent: binds both planes, then serves on background threads.
@@ -40,6 +40,8 @@ pub fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         let (data, shared) = (planes.data, shared.clone());
         move || data::accept_loop(data, shared)
     })?;
+    loopback::listen(planes.data_addr.port(), &shared)
+        .map_err(|e| AgentError::Start(e.to_string()))?;
     let grpc_local = planes.local.map(|l| accept_local(l, &shared)).transpose()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = control::spawn(control::Plane {

@@ -33,12 +33,13 @@ pub enum UriError {
 /// - `unix:PATH`, `unix://PATH` or a plain path (`/run/dquant.sock`, `./agent.sock`): the
 ///   agent's Unix socket, on this host; offloaded plans then use a shared-memory ring.
 ///
-/// Either may end in options, `?transport=shm|tcp&verify=true|false&slots=N`:
+/// Either may end in options, `?transport=tcp|shm|loopback&verify=true|false&slots=N`:
 /// `transport` overrides the default above (`shm` with a TCP address needs the agent to
 /// have a Unix socket on this host; `tcp` with a path uses the agent's data port on
-/// loopback); `verify` has the agent compute, and this process check, each ring batch's
+/// loopback; `loopback` hands batches over in memory to an agent started in this process);
+/// `verify` has the agent compute, and this process check, each ring batch's
 /// crc32c (default false: see [`dquant_transport::ring::RingConsumer::create_with`]);
-/// `slots` sizes the ring (default: `dquant_client::shm::default_slots`).
+/// `slots` sizes the ring, or the loopback queue (default: `dquant_client::shm::default_slots`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentUri {
     /// `HOST:PORT` (or `HOST1:PORT,HOST2:PORT` for replicas), or the socket path for a

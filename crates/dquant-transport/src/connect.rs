@@ -41,7 +41,7 @@ pub struct Kind {
 }
 
 /// Every transport, the default for a network address first.
-pub const TRANSPORTS: &[&Kind] = &[&TCP, &SHM];
+pub const TRANSPORTS: &[&Kind] = &[&TCP, &SHM, &LOOPBACK];
 
 /// Frames over the agent's TCP data port (any host; TLS when the agent serves it).
 const TCP: Kind = Kind {
@@ -60,6 +60,12 @@ const SHM: Kind = Kind {
     connect: |endpoint| Ok(Box::new(connect_ring(endpoint)?)),
 };
 
+/// Records handed over in memory to an agent in this process (`dquant_agent::start`).
+const LOOPBACK: Kind = Kind {
+    name: "loopback",
+    connect: |endpoint| Ok(Box::new(crate::loopback::connect(endpoint)?)),
+};
+
 impl Transport {
     pub const TCP: Transport = Transport(&TCP);
     pub const SHM: Transport = Transport(&SHM);
@@ -74,10 +80,13 @@ impl Transport {
         TRANSPORTS.iter().map(|k| Transport(k))
     }
 
-    /// The names of every transport, as a message lists them: `tcp or shm`.
+    /// The names of every transport, as a message lists them: `tcp, shm or loopback`.
     pub fn names() -> String {
         let names: Vec<&str> = Self::all().map(Transport::as_str).collect();
-        names.join(" or ")
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
     }
 }
 

@@ -20,6 +20,7 @@ mod error;
 pub use dquant_wire::{frame, record};
 pub mod connect;
 mod io;
+pub mod loopback;
 pub mod memory;
 mod pool;
 pub mod receive;

@@ -8,6 +8,7 @@ mod boundaries;
 mod hostile;
 mod index_rpc;
 mod local;
+mod loopback;
 mod megatron_agent;
 mod observability;
 mod offload;

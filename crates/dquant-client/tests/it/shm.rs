@@ -25,19 +25,23 @@ fn stream(uri: &str, p: &Plan, from: Cursor, transport: Transport) -> (u64, Vec<
 }
 
 /// The plan's stream is the same in-process, over TCP, over shm (with and without crc
-/// checks), and over shm reached through the TCP address.
+/// checks), over shm reached through the TCP address, and handed over in memory to this
+/// process's agent (loopback, with a 2-record queue too).
 fn assert_parity(c: &Corpus, agent: &AgentHandle, sock: &str, p: &Plan, from: Cursor) {
     let mut local = Reader::local(&c.localized(p), from.clone()).unwrap();
     let (lb, ls) = drain(&mut local);
     assert!(!lb.is_empty(), "the plan yields data");
     let want = (xxh3(&lb), ls, local.cursor());
     let tcp = agent.uri();
+    let loopback: Transport = "loopback".parse().unwrap();
     for (uri, t) in [
         (tcp.clone(), Transport::TCP),
         (sock.to_string(), Transport::SHM),
         (format!("unix:{sock}?verify=true&slots=3"), Transport::SHM),
         (format!("{tcp}?transport=shm"), Transport::SHM),
         (format!("{sock}?transport=tcp"), Transport::TCP),
+        (format!("{tcp}?transport=loopback"), loopback),
+        (format!("{tcp}?transport=loopback&slots=2"), loopback),
     ] {
         assert_eq!(stream(&uri, p, from.clone(), t), want, "{uri}");
     }
@@ -203,7 +207,7 @@ fn bad_ring_handovers_get_exact_errors() {
     for (uri, want) in [
         (
             format!("{sock}?transport=dma"),
-            format!("{sock:?}: option transport=\"dma\" is not valid; use tcp or shm"),
+            format!("{sock:?}: option transport=\"dma\" is not valid; use tcp, shm or loopback"),
         ),
         (
             format!("{sock}?slots=1"),
