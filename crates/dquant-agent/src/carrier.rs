@@ -47,27 +47,31 @@ pub(crate) trait Carrier: Sized {
 
     /// Makes the transport ready for the session just claimed (a ring attached, timeouts
     /// lifted); the refusal's reason and message when it cannot be.
-    fn ready(
-        &mut self,
-        shared: &Shared,
-        owner: &str,
-        cancel: &Arc<AtomicBool>,
-    ) -> Result<(), (&'static str, String)>;
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal>;
 
     /// Where a panic of the session is told to its consumer, if the transport can still say
     /// it after the stream that panicked was lost (a second handle on the connection).
-    fn panic_notice(&self) -> Option<Box<dyn FnOnce(&str)>> {
+    fn panic_notice(&self) -> Option<Notice> {
         None
     }
 
     /// Carries the session's work until its end, an error, its cancel or the agent's drain.
-    fn carry(
-        self,
-        work: Work,
-        cancel: Arc<AtomicBool>,
-        shared: &Shared,
-        owner: &str,
-    ) -> Result<Stats, StreamError>;
+    fn carry(self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError>;
+}
+
+/// Tells a consumer its session's panic.
+pub(crate) type Notice = Box<dyn FnOnce(&str)>;
+
+/// Why a transport cannot carry a claimed session: the refusal's reason (metrics) and its
+/// message.
+pub(crate) type Refusal = (&'static str, String);
+
+/// A session just claimed: for whom, with what, and the flag that cancels it.
+pub(crate) struct Claimed<'a> {
+    pub shared: &'a Shared,
+    /// The tenant (`""` when the agent serves anyone).
+    pub owner: &'a str,
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// Serves the session `conn` said hello for, from its claim to its end; a hello that is no
@@ -86,7 +90,12 @@ pub(crate) fn serve<C: Carrier>(mut conn: C, shared: &Shared, handshake: Handsha
     let Some((work, cancel)) = shared.sessions.claim(id, &ticket, &owner, conn.hangup()) else {
         return refuse(&conn, "bad hello", claim_error(id));
     };
-    if let Err((reason, m)) = conn.ready(shared, &owner, &cancel) {
+    let session = Claimed {
+        shared,
+        owner: &owner,
+        cancel,
+    };
+    if let Err((reason, m)) = conn.ready(&session) {
         shared.sessions.finish(id);
         return refuse(&conn, reason, format!("{}: {m}", C::WHAT));
     }
@@ -103,7 +112,7 @@ pub(crate) fn serve<C: Carrier>(mut conn: C, shared: &Shared, handshake: Handsha
     );
     shared.events.streaming(&owner);
     let notice = conn.panic_notice();
-    let result = crate::faults::contain(|| conn.carry(work, cancel, shared, &owner));
+    let result = crate::faults::contain(|| conn.carry(work, session));
     if let (Err(StreamError::Panicked(m)), Some(tell)) = (&result, notice) {
         tell(m);
     }

@@ -10,14 +10,14 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dquant_transport::record::MAX_HELLO_LEN;
 use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, Hello, Pacer};
 
-use crate::carrier::{self, Carrier};
+use crate::carrier::{self, Carrier, Claimed, Notice, Refusal};
 use crate::produce::Stats;
 use crate::serve_plan::stream_plan;
 use crate::serve_ranges::serve_ranges;
@@ -239,12 +239,8 @@ impl Carrier for TcpConn {
 
     /// Marks the socket's traffic class and takes the tenant's pacer; lifts the hello's
     /// timeouts for the liveness checks of a stream.
-    fn ready(
-        &mut self,
-        shared: &Shared,
-        owner: &str,
-        _: &Arc<AtomicBool>,
-    ) -> Result<(), (&'static str, String)> {
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal> {
+        let Claimed { shared, owner, .. } = *session;
         let socket = self.conn.socket();
         self.pacer = shared.shaping.as_ref().and_then(|s| {
             if let Err(e) = s.mark(owner, socket) {
@@ -262,20 +258,19 @@ impl Carrier for TcpConn {
 
     /// A panic is told on a second handle of the connection: the first went into the
     /// stream that panicked.
-    fn panic_notice(&self) -> Option<Box<dyn FnOnce(&str)>> {
+    fn panic_notice(&self) -> Option<Notice> {
         let n = self.conn.try_clone().ok()?;
         Some(Box::new(move |m: &str| {
             let _ = FrameWriter::new(n).fail(m);
         }))
     }
 
-    fn carry(
-        mut self,
-        work: Work,
-        cancel: Arc<AtomicBool>,
-        shared: &Shared,
-        owner: &str,
-    ) -> Result<Stats, StreamError> {
+    fn carry(mut self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError> {
+        let Claimed {
+            shared,
+            owner,
+            cancel,
+        } = session;
         match work {
             w @ (Work::Plan { .. } | Work::Subscriber { .. }) => {
                 let meter = w

@@ -10,7 +10,6 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use dquant_transport::shm::{RingOffer, RingSink};
 use dquant_transport::{FrameWriter, Hello};
 use rustix::net::RecvFlags;
 
-use crate::carrier::{self, Carrier};
+use crate::carrier::{self, Carrier, Claimed, Refusal};
 use crate::data::{serve_each, Handshake, HELLO_TIMEOUT};
 use crate::produce::Stats;
 use crate::serve_plan::stream_in_memory;
@@ -192,12 +191,8 @@ impl Carrier for RingConn {
     }
 
     /// Attaches to the ring (it is checked and mapped here), with the consumer's idle limit.
-    fn ready(
-        &mut self,
-        shared: &Shared,
-        _: &str,
-        cancel: &Arc<AtomicBool>,
-    ) -> Result<(), (&'static str, String)> {
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal> {
+        let Claimed { shared, cancel, .. } = session;
         let offer = self
             .offer
             .take()
@@ -220,13 +215,12 @@ impl Carrier for RingConn {
         Ok(())
     }
 
-    fn carry(
-        self,
-        work: Work,
-        cancel: Arc<AtomicBool>,
-        shared: &Shared,
-        owner: &str,
-    ) -> Result<Stats, StreamError> {
+    fn carry(self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError> {
+        let Claimed {
+            shared,
+            owner,
+            cancel,
+        } = session;
         let Some(mut sink) = self.sink else {
             return Err(StreamError::Failed("the ring was not attached".into()));
         };

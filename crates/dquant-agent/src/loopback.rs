@@ -8,14 +8,14 @@
 //! agent is another process.
 
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dquant_transport::loopback::{Listener, LoopbackSink, Offer};
 use dquant_transport::Hello;
 
-use crate::carrier::{self, Carrier};
+use crate::carrier::{self, Carrier, Claimed, Notice, Refusal};
 use crate::data::serve_each;
 use crate::produce::Stats;
 use crate::serve_plan::stream_in_memory;
@@ -94,29 +94,23 @@ impl Carrier for LoopbackConn {
         self.offer.refuse(message)
     }
 
-    fn ready(
-        &mut self,
-        _: &Shared,
-        _: &str,
-        cancel: &Arc<AtomicBool>,
-    ) -> Result<(), (&'static str, String)> {
-        self.sink = Some(self.offer.accept(cancel.clone()));
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal> {
+        self.sink = Some(self.offer.accept(session.cancel.clone()));
         Ok(())
     }
 
     /// A panic is told through the queue, whose sink the panic dropped.
-    fn panic_notice(&self) -> Option<Box<dyn FnOnce(&str)>> {
+    fn panic_notice(&self) -> Option<Notice> {
         let offer = self.offer.clone();
         Some(Box::new(move |m: &str| offer.refuse(m)))
     }
 
-    fn carry(
-        self,
-        work: Work,
-        cancel: Arc<AtomicBool>,
-        shared: &Shared,
-        owner: &str,
-    ) -> Result<Stats, StreamError> {
+    fn carry(self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError> {
+        let Claimed {
+            shared,
+            owner,
+            cancel,
+        } = session;
         let Some(mut sink) = self.sink else {
             return Err(StreamError::Failed(
                 "the loopback queue was not ready".into(),

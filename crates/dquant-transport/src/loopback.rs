@@ -18,14 +18,15 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::connect::Endpoint;
 use crate::error::ConnectError;
-use crate::receive::{copy_payload, record_header, BatchSource, ReceiveError, RecordView};
-use crate::record::RECORD_HEADER_LEN;
+use crate::receive::{
+    copy_payload, record_header, take_in_place, wait_until, BatchSource, ReceiveError, RecordView,
+};
 use crate::sink::{record_room, BatchSink, SinkError};
 use crate::{BatchHeader, Hello, WireError};
 
@@ -65,10 +66,8 @@ impl Listener {
 
     /// The next offer, or `None` when `timeout` passed first.
     pub fn accept(&self, timeout: Duration) -> Option<Offer> {
-        match self.offers.recv_timeout(timeout) {
-            Ok(o) => Some(o),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        // Disconnected cannot happen while the table holds the sender; either way, no offer.
+        self.offers.recv_timeout(timeout).ok()
     }
 }
 
@@ -248,18 +247,10 @@ impl LoopbackSource {
     /// Waits until a record or the end is at hand, at most until `deadline`; false if it
     /// passed first.
     fn wait(&self, deadline: Option<Instant>) -> bool {
-        let mut s = lock(&self.queue.state);
-        while s.records.is_empty() && s.end.is_none() {
-            let left = match deadline {
-                None => Duration::from_secs(3600),
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(t) if !t.is_zero() => t,
-                    _ => return false,
-                },
-            };
-            s = self.queue.wait(s, left);
-        }
-        true
+        let (state, changed) = (&self.queue.state, &self.queue.changed);
+        wait_until(state, changed, deadline, |s| {
+            s.records.is_empty() && s.end.is_none()
+        })
     }
 }
 
@@ -281,17 +272,8 @@ impl BatchSource for LoopbackSource {
         Ok(Some(h))
     }
 
-    /// Handed over in place when the payload is 8-byte aligned (as a typed view of its
-    /// tokens needs); otherwise the reader copies the payload out.
     fn take_record(&mut self) -> Option<RecordView> {
-        let aligned = self
-            .held
-            .as_ref()
-            .is_some_and(|r| (r.as_ptr() as usize + RECORD_HEADER_LEN).is_multiple_of(8));
-        if !aligned {
-            return None;
-        }
-        self.held.take().map(|r| Box::new(r) as RecordView)
+        take_in_place(&mut self.held)
     }
 
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {

@@ -11,8 +11,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::receive::{copy_payload, record_header, BatchSource, ReceiveError, RecordView};
-use crate::record::RECORD_HEADER_LEN;
+use crate::receive::{
+    copy_payload, record_header, take_in_place, wait_until, BatchSource, ReceiveError, RecordView,
+};
 use crate::sink::{BatchSink, SinkError};
 use crate::tcp::IdleFlush;
 use crate::{BatchHeader, WireError};
@@ -172,23 +173,10 @@ impl MemorySource {
     /// Waits until a record or the end is at hand, at most until `deadline`; false if it
     /// passed first.
     fn wait(&self, deadline: Option<Instant>) -> bool {
-        let mut s = lock(&self.shared);
-        while s.delivered.is_empty() && s.end.is_none() {
-            let timeout = match deadline {
-                None => Duration::from_secs(3600),
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(t) if !t.is_zero() => t,
-                    _ => return false,
-                },
-            };
-            s = self
-                .shared
-                .arrived
-                .wait_timeout(s, timeout)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        true
+        let (state, arrived) = (&self.shared.state, &self.shared.arrived);
+        wait_until(state, arrived, deadline, |s| {
+            s.delivered.is_empty() && s.end.is_none()
+        })
     }
 }
 
@@ -207,17 +195,8 @@ impl BatchSource for MemorySource {
         Ok(Some(h))
     }
 
-    /// Records are handed over in place when their payload is 8-byte aligned (as a typed
-    /// view of its tokens needs); otherwise the reader copies the payload out.
     fn take_record(&mut self) -> Option<RecordView> {
-        let aligned = self
-            .held
-            .as_ref()
-            .is_some_and(|r| (r.as_ptr() as usize + RECORD_HEADER_LEN).is_multiple_of(8));
-        if !aligned {
-            return None;
-        }
-        self.held.take().map(|r| Box::new(r) as RecordView)
+        take_in_place(&mut self.held)
     }
 
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
@@ -236,6 +215,8 @@ impl BatchSource for MemorySource {
 #[cfg(test)]
 mod tests {
     use dquant_codec::Codec;
+
+    use crate::record::RECORD_HEADER_LEN;
 
     use super::*;
 

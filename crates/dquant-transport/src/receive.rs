@@ -7,7 +7,8 @@
 //! `dyn BatchSource`; a new transport is one more implementation.
 
 use std::ops::Deref;
-use std::time::Duration;
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::record::RECORD_HEADER_LEN;
 use crate::{BatchHeader, WireError};
@@ -114,4 +115,42 @@ pub fn record_header(record: &[u8], transport: &str) -> Result<BatchHeader, Rece
         )));
     }
     Ok(h)
+}
+
+/// A record held whole in this process's heap, handed over in place when its payload is
+/// 8-byte aligned (as a typed view of its tokens needs); `None` leaves it held, for the
+/// reader to copy its payload out.
+pub fn take_in_place(held: &mut Option<Vec<u8>>) -> Option<RecordView> {
+    let aligned = held
+        .as_ref()
+        .is_some_and(|r| (r.as_ptr() as usize + RECORD_HEADER_LEN).is_multiple_of(8));
+    if !aligned {
+        return None;
+    }
+    held.take().map(|r| Box::new(r) as RecordView)
+}
+
+/// Waits on `changed` while `pending` holds for the state in `state`, at most until
+/// `deadline` (`None`: for as long as it takes): false if the deadline passed first. How a
+/// transport in memory waits for its next record or its end.
+pub fn wait_until<T>(
+    state: &Mutex<T>,
+    changed: &Condvar,
+    deadline: Option<Instant>,
+    pending: impl FnMut(&mut T) -> bool,
+) -> bool {
+    let s = state.lock().unwrap_or_else(PoisonError::into_inner);
+    match deadline {
+        None => {
+            drop(changed.wait_while(s, pending));
+            true
+        }
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            let waited = changed.wait_timeout_while(s, left, pending);
+            let (guard, timeout) = waited.unwrap_or_else(PoisonError::into_inner);
+            drop(guard);
+            !timeout.timed_out()
+        }
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use dquant_client::{open, open_at, ClientError, Offload};
+use dquant_client::{open, open_at, ClientError, Offload, Reader};
 use dquant_testkit::agent::{plan, wait_idle, Corpus};
 use dquant_testkit::stream::drain;
 use dquant_testkit::xxh3;
@@ -14,16 +14,22 @@ fn loopback(agent: &dquant_agent::AgentHandle) -> String {
     format!("{}?transport=loopback&slots=2", agent.uri())
 }
 
+/// A loopback reader of a plan with no end in sight, one batch read.
+fn streaming(agent: &dquant_agent::AgentHandle) -> Reader {
+    let mut p = plan(&[("r50k", 1.0)], 255, 8);
+    p.epochs = Some(50);
+    let mut r = open(&loopback(agent), &p, Offload::Yes).unwrap();
+    r.next_batch().unwrap().unwrap();
+    r
+}
+
 /// A reader dropped mid-stream frees its session (the producer waiting for room sees the
 /// hang-up), and the agent serves on.
 #[test]
 fn a_reader_dropped_mid_stream_frees_its_session() {
     let c = Corpus::new();
     let agent = c.agent();
-    let mut p = plan(&[("r50k", 1.0)], 255, 8);
-    p.epochs = Some(50);
-    let mut r = open(&loopback(&agent), &p, Offload::Yes).unwrap();
-    r.next_batch().unwrap().unwrap();
+    let r = streaming(&agent);
     assert_eq!(agent.sessions(), (0, 1));
     drop(r);
     wait_idle(&agent);
@@ -70,10 +76,7 @@ fn a_drain_gives_a_loopback_reader_its_resume_cursor() {
 fn shutdown_cancels_a_stalled_loopback_session() {
     let c = Corpus::new();
     let agent = c.agent();
-    let mut p = plan(&[("r50k", 1.0)], 255, 8);
-    p.epochs = Some(50);
-    let mut r = open(&loopback(&agent), &p, Offload::Yes).unwrap();
-    r.next_batch().unwrap().unwrap();
+    let mut r = streaming(&agent);
     let t = Instant::now();
     agent.shutdown();
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
@@ -84,5 +87,8 @@ fn shutdown_cancels_a_stalled_loopback_session() {
             Err(e) => break e,
         }
     };
-    assert!(matches!(e, ClientError::Agent(_) | ClientError::Wire(_)), "{e:?}");
+    assert!(
+        matches!(e, ClientError::Agent(_) | ClientError::Wire(_)),
+        "{e:?}"
+    );
 }
