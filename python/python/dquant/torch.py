@@ -46,6 +46,7 @@ import torch.utils.data
 from torch.utils.data._utils.collate import default_convert as _default_convert
 
 import dquant
+from dquant import _handoff
 
 __all__ = ["TokenDataset", "DataLoader"]
 
@@ -236,12 +237,19 @@ class TokenDataset(torch.utils.data.IterableDataset):
             # cursor is the loop's position: state_dict() reads it when asked, rather than
             # every batch paying for it.
             self._live = (slot, reader, workers)
+        handoff = not in_process and _handoff.enabled()
+        arena = None
         try:
             for arr in reader:
                 item = self._item(arr)
                 if tag:
                     cursor = json.dumps(arr.base.full_cursor)
                     item[_POSITION] = {"slot": slot, "cursor": cursor}
+                if handoff:
+                    # Through a slot of this worker's shared memory, not torch's pickling
+                    # of each tensor (see dquant._handoff); torch's way when none is free.
+                    arena = arena or _handoff.arena_for(item)
+                    item = arena.put(item) or item
                 yield item
         finally:
             if in_process:
