@@ -150,6 +150,16 @@ def samples_view(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     )
 
 
+def sample_multiset(rows: np.ndarray) -> int:
+    """An order-free digest of `rows` (samples, one a row): the sum of their blake2b digests,
+    mod 2^128. Several DataLoader workers interleave their batches (and dquant's shard the
+    samples among them), so those rows are checked sample for sample, not by order."""
+    total = 0
+    for row in np.ascontiguousarray(rows, dtype="<i4"):
+        total += int.from_bytes(hashlib.blake2b(row.data, digest_size=16).digest(), "little")
+    return total % (1 << 128)
+
+
 def reference(prefix: Prefix, seq_len: int) -> dict:
     v = samples_view(prefix.memmap(), seq_len)
     h = hashlib.blake2b(digest_size=16)
@@ -204,6 +214,11 @@ def prepare(prefix: Prefix, seq_len: int, wd: Path, peers: set[str], dquant_bin:
         log(f"reference checksums in {time.perf_counter() - t0:.1f} s")
         meta_path.write_text(json.dumps(meta, indent=1))
     ref = meta["reference"]
+    if "multiset" not in ref:
+        v = samples_view(prefix.memmap(), seq_len)
+        ref["multiset"] = str(sum(sample_multiset(v[i : i + 4096])
+                                  for i in range(0, len(v), 4096)) % (1 << 128))
+        meta_path.write_text(json.dumps(meta, indent=1))
     # Peers store the narrowest numpy dtype that holds the vocabulary.
     store = "uint16" if ref["max_id"] <= 0xFFFF else "int32"
     meta["store_dtype"] = store
@@ -334,6 +349,7 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
     i64 = _torch().int64
     tensor, canonical = ld.tensor, ld.canonical
     h = hashlib.blake2b(digest_size=16) if hashing else None
+    multiset = 0
     pids = ld.cpu_pids()
     c_other0 = sum(benchlib.cpu_s(p, gone=0.0) for p in pids)
     tokens = total = batches = 0
@@ -358,7 +374,10 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
             first = f0
             ld.dtype = str(t.dtype).removeprefix("torch.")
         if h is not None:
-            h.update(np.ascontiguousarray(canonical(batch), dtype="<i4").data)
+            rows = np.ascontiguousarray(canonical(batch), dtype="<i4")
+            h.update(rows.data)
+            if ld.group not in ("w0", "w1"):
+                multiset += sample_multiset(rows)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     other = sum(benchlib.cpu_s(p, gone=0.0) for p in pids) - c_other0
@@ -375,6 +394,7 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
     }
     if h is not None:
         r["hash"] = h.hexdigest()
+        r["multiset"] = str(multiset % (1 << 128))
     return r
 
 
@@ -485,12 +505,16 @@ def dataloader_row(
     loss_mask."""
     return Loader(
         name=name + (" + position_ids, loss_mask" if masks else "")
-        + (" (1 worker)" if workers and kind == "peer" else ""),
+        + (f" ({plural(workers, 'worker')})" if workers and kind == "peer" else ""),
         kind="masks" if masks else kind, group=f"w{workers}", batches=lambda: state["dl"],
         cpu_pids=lambda: worker_pids(state.get("dl")),
         outputs=touch_outputs if masks else None,
         **kw,
     )
+
+
+def plural(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def persistent(workers: int) -> dict:
@@ -689,11 +713,10 @@ def dquant_torch(
     """dquant.torch.TokenDataset as a PyTorch user would take it: int64 tensors (its default
     dtype) from a plan whose output is already i64, so nothing is converted in Python. Its
     items are dicts of `input_ids` and `labels` (seq_len each, views of one batch), through
-    torch's DataLoader or dquant.torch.DataLoader (`own_loader`, always with workers); with
-    `masks`, plus Megatron's position_ids and loss_mask (boundaries at the EOD token)."""
+    torch's DataLoader or dquant.torch.DataLoader (`own_loader`); with `masks`, plus
+    Megatron's position_ids and loss_mask (boundaries at the EOD token)."""
     torch = _torch()
     state: dict = {}
-    own_loader = own_loader or workers > 0
 
     def setup():
         import dquant.torch as dqt
@@ -705,11 +728,13 @@ def dquant_torch(
         if own_loader:
             state["dl"] = dqt.DataLoader(ds, num_workers=workers, **persistent(workers))
         else:
-            state["dl"] = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+            state["dl"] = torch.utils.data.DataLoader(
+                ds, batch_size=None, num_workers=workers, **persistent(workers)
+            )
 
     loader = "dquant.torch.DataLoader" if own_loader else "DataLoader"
-    label = ", dquant DataLoader" if own_loader and not workers else ""
-    name = f"dquant TokenDataset (i64{label}{', 1 worker' if workers else ''})"
+    label = ", dquant DataLoader" if own_loader else ""
+    name = f"dquant TokenDataset (i64{label}{', ' + plural(workers, 'worker') if workers else ''})"
     opts = ', boundaries "eod", position_ids, loss_mask' if masks else ""
     config = f"dquant.torch.TokenDataset(plan with output i64{opts}) + "
     config += f"{loader}(batch_size=None, num_workers={workers})"
@@ -752,8 +777,10 @@ def versions() -> dict:
 
 def verify(ld: Loader, r: dict, ref: dict, exact: bool) -> None:
     want = {"tokens": ref["tokens"], "sum": ref["sum"]}
-    if exact:
+    if exact and ld.group in ("w0", "w1"):
         want["hash"] = ref["hash"]
+    elif exact:  # workers interleave: the same samples, in another order
+        want["multiset"] = ref["multiset"]
     got = {k: r.get(k) for k in want}
     if got != want:
         raise BenchError(
@@ -790,8 +817,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma list of: megatron, mds, litdata, dquant-local, dquant-local-i64, "
         "dquant-local-u16copy, dquant-shm, dquant-torch, dquant-torch-dl, megatron-masks, "
         "dquant-torch-masks, ceiling (default: all)")
-    arg("--workers1", action="store_true",
-        help="also run the peers and dquant's TokenDataset with DataLoader(num_workers=1)")
+    arg("--workers", default="",
+        help="comma list of DataLoader worker counts (e.g. 1,2,4): also run LitData and "
+        "dquant's TokenDataset (torch's DataLoader and dquant's) with that many workers; with "
+        "1, also Megatron-Core and MosaicML Streaming")
+    arg("--workers1", action="store_true", help="the same as --workers 1")
     arg("--dquant-bin", default=str(REPO / "target" / "release" / "dquant"))
     arg("--out", default=None, help="output dir (default bench/python/out/<UTC time>)")
     arg("--no-append", action="store_true",
@@ -844,7 +874,7 @@ def prepare_data(a, names: list[str]) -> Data:
 
 
 def make_loaders(a, d: Data, names: list[str]) -> list[Loader]:
-    """The rows --loaders names (with --workers1, the one-worker twins of the peers and of
+    """The rows --loaders names (with --workers, the N-worker twins of LitData and of
     TokenDataset), in table order: peers in one process, peers with a worker, dquant, boundary
     outputs, the loop alone."""
     prefix, ref, wd, store = d.prefix, d.ref, d.wd, d.meta["store_dtype"]
@@ -865,18 +895,17 @@ def make_loaders(a, d: Data, names: list[str]) -> list[Loader]:
         "megatron-masks": lambda: megatron_loader(prefix, a, ref, wd, 0, masks=True),
         "dquant-torch-masks": lambda: dquant_torch(prefix, a, 0, own_loader=True, masks=True),
     }
-    if a.workers1:
-        factories.update(
-            {
-                "megatron-w1": lambda: megatron_loader(prefix, a, ref, wd, 1),
-                "mds-w1": lambda: mds_loader(a, wd, 1, store),
-                "litdata-w1": lambda: litdata_loader(a, wd, 1),
-                "dquant-torch-w1": lambda: dquant_torch(prefix, a, 1),
-            }
-        )
-        names = names + [
-            n + "-w1" for n in ("megatron", "mds", "litdata", "dquant-torch") if n in names
-        ]
+    for w in worker_counts(a):
+        with_workers = {
+            "litdata": lambda w=w: litdata_loader(a, wd, w),
+            "dquant-torch": lambda w=w: dquant_torch(prefix, a, w),
+            "dquant-torch-dl": lambda w=w: dquant_torch(prefix, a, w, own_loader=True),
+        }
+        if w == 1:
+            with_workers["megatron"] = lambda: megatron_loader(prefix, a, ref, wd, 1)
+            with_workers["mds"] = lambda: mds_loader(a, wd, 1, store)
+        factories.update({f"{n}-w{w}": f for n, f in with_workers.items()})
+        names = names + [f"{n}-w{w}" for n in with_workers if n in names]
     for n in names:
         if n not in factories:
             raise BenchError(f"unknown loader {n!r}")
@@ -892,6 +921,16 @@ def make_loaders(a, d: Data, names: list[str]) -> list[Loader]:
         )
     )
     return loaders
+
+
+def worker_counts(a) -> list[int]:
+    """The worker counts --workers (and --workers1) ask for, in order."""
+    counts = [int(w) for w in a.workers.split(",") if w.strip()]
+    if a.workers1 and 1 not in counts:
+        counts.insert(0, 1)
+    if any(w < 1 for w in counts):
+        raise BenchError(f"--workers: counts of at least 1, got {a.workers!r}")
+    return sorted(set(counts))
 
 
 def set_up_and_verify(loaders: list[Loader], d: Data) -> None:
@@ -918,7 +957,9 @@ def set_up_and_verify(loaders: list[Loader], d: Data) -> None:
         verify(ld, r, d.ref, exact=True)
         log(
             f"{ld.name}: setup {ld.setup_s:.2f} s; verification pass {r['wall_s']:.2f} s "
-            f"(with hashing): {r['batches']} batches, stream identical to the plan"
+            f"(with hashing): {r['batches']} batches, "
+            + ("stream identical to the plan" if ld.group in ("w0", "w1")
+               else "the plan's samples, each once (workers interleave them)")
         )
 
 
@@ -956,7 +997,7 @@ def table_rows(loaders: list[Loader], results: dict[str, list[dict]]) -> tuple[l
     for ld in loaders:
         row = {
             "loader": ld.name, "key": ld.key,
-            "goal": ld.kind == "dquant" and not ld.key.endswith("-w1"),
+            "goal": ld.kind == "dquant" and ld.group in ("w0", "w1") and "-w" not in ld.key,
             "kind": ld.kind, "group": ld.group, "config": ld.config, "dtype": ld.dtype,
             "setup_s": round(ld.setup_s, 3), "notes": ld.notes, "skipped": ld.skipped,
         }
@@ -1063,7 +1104,9 @@ def render(res: dict) -> str:
         f"- Plan: seq_len {p['seq_len']}, batch {p['batch_size']}, unshuffled, 1 epoch = "
         f"{p['samples']:,} samples of {p['seq_len'] + 1} tokens = {p['tokens_per_pass']:,} "
         f"tokens per pass; every loader's stream verified identical (blake2b "
-        f"{p['stream_blake2b'][:16]}…), and every timed pass's token count and id sum",
+        f"{p['stream_blake2b'][:16]}…; with 2 or more DataLoader workers, the same samples "
+        f"each once, in the order the workers interleave them), and every timed pass's token "
+        f"count and id sum",
         "- Loop: `for batch in loader: t = tensor(batch); int(t.sum(dtype=int64)); t[0,0]; "
         f"t[-1,-1]`; page cache warm; one Python process (DataLoader num_workers=0, torch "
         f"threads {res['torch_threads']}) unless the row says otherwise",
@@ -1122,6 +1165,15 @@ def render(res: dict) -> str:
                     f"| {r['loader']} vs {q['loader']} | {target or '—'} | {x:.2f}× "
                     f"(cost {1 - x:.0%} of the plain rate) | {mark} |"
                 )
+    workers = worker_pairs({r["key"]: r for r in rows if not r["skipped"]})
+    if workers:
+        lines += ["", "| DataLoader workers | target | got | |", "|---|---|---|---|"]
+        for r, q, target in workers:
+            x = r["rate_median"] / q["rate_median"]
+            lines.append(
+                f"| {r['loader']} vs {q['loader']} | ≥ {target:.1f}× | {x:.2f}× | "
+                f"{'✅' if x >= target else '❌'} |"
+            )
     lines.append("")
     lines.append("Configurations:")
     for r in rows:
@@ -1144,6 +1196,14 @@ def figures(res: dict) -> list[dict]:
                 "baseline": f"{base['loader']}: {base['rate_median'] / 1e6:.1f} M tokens/s",
                 "goal": ">= 3.0" if r["goal"] else None,
             })
+    for r, q, target in worker_pairs(rows):
+        out.append({
+            "name": f"{r['loader']}: tokens/s ÷ {q['loader']}'s",
+            "value": round(r["rate_median"] / q["rate_median"], 3),
+            "unit": "×",
+            "baseline": f"{q['loader']}: {q['rate_median'] / 1e6:.1f} M tokens/s",
+            "goal": f">= {target}",
+        })
     if "dquant-torch-masks" in rows and "dquant-torch-dl" in rows:
         r, q = rows["dquant-torch-masks"], rows["dquant-torch-dl"]
         out.append({
@@ -1154,6 +1214,22 @@ def figures(res: dict) -> list[dict]:
             "goal": ">= 0.8",
         })
     return out
+
+
+def worker_pairs(rows: dict) -> list[tuple[dict, dict, float]]:
+    """The issue's goals for TokenDataset behind DataLoader workers, as (row, baseline row,
+    target): at least 1.5x LitData with as many workers, through torch's DataLoader and
+    dquant's; and never below TokenDataset in this process (torch's DataLoader, no worker)."""
+    pairs = []
+    for key in rows:
+        if not key.startswith("dquant-torch") or "-w" not in key or "masks" in key:
+            continue
+        w = key.rsplit("-w", 1)[1]
+        if f"litdata-w{w}" in rows:
+            pairs.append((rows[key], rows[f"litdata-w{w}"], 1.5))
+        if "dquant-torch" in rows:
+            pairs.append((rows[key], rows["dquant-torch"], 1.0))
+    return pairs
 
 
 def record(res: dict, table: str) -> None:

@@ -14,7 +14,9 @@
 #   --tokens N       use only the first N tokens of the corpus
 #   --seq-len N      default 2048        --batch-size N   default 8
 #   --runs N         timed runs per loader (default 3)
-#   --no-workers1    skip the DataLoader(num_workers=1) rows
+#   --workers LIST   DataLoader worker counts for LitData and TokenDataset (default 1,2,4;
+#                    with 1, Megatron-Core and MosaicML Streaming too)
+#   --no-workers     skip the DataLoader worker rows (--no-workers1: the same)
 #   --loaders LIST   e.g. megatron,mds,litdata,dquant-local,dquant-shm,ceiling (see --help-bench)
 #   --min-run-s S    a run repeats whole passes for at least S seconds (default 1)
 #   --no-append      do not record (bench/results/python_loaders.json, bench/history/)
@@ -36,7 +38,7 @@ ORIG_ARGS="$*"
 MB=256
 SMOKE=0
 APPEND=1
-WORKERS1=1
+WORKERS=1,2,4
 HELP_BENCH=0
 ARGS=()
 while [[ $# -gt 0 ]]; do
@@ -45,14 +47,16 @@ while [[ $# -gt 0 ]]; do
     --mb=*) MB="${1#*=}"; shift ;;
     --smoke) SMOKE=1; shift ;;
     --no-append) APPEND=0; shift ;;
-    --no-workers1) WORKERS1=0; shift ;;
+    --workers) WORKERS="$2"; shift 2 ;;
+    --workers=*) WORKERS="${1#*=}"; shift ;;
+    --no-workers|--no-workers1) WORKERS=""; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --help-bench) HELP_BENCH=1; shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
 if [[ $SMOKE == 1 ]]; then
-  MB=4; APPEND=0; WORKERS1=0
+  MB=4; APPEND=0; WORKERS=""
   ARGS=(--runs 1 "${ARGS[@]}")
 fi
 say() { echo "bench/python/run.sh: $*" >&2; }
@@ -96,7 +100,7 @@ fi
 # 4. The benchmark.
 EXTRA=()
 [[ $APPEND == 1 ]] || EXTRA+=(--no-append)
-[[ $WORKERS1 == 0 ]] || EXTRA+=(--workers1)
+[[ -z $WORKERS ]] || EXTRA+=(--workers "$WORKERS")
 CMD="bench/python/run.sh${ORIG_ARGS:+ $ORIG_ARGS}"
 exec "$PY" "$HERE/bench.py" --prefix "$CORPUS" --dquant-bin "$DQ" --mb "$MB" \
   --command "$CMD" "${EXTRA[@]}" "${ARGS[@]}"
