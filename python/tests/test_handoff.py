@@ -107,3 +107,11 @@ def test_a_slot_goes_back_when_its_last_tensor_goes(data):
     del a
     gc.collect()
     assert arena.take() == sent[0].args[1]
+
+
+def test_a_worker_whose_memory_cannot_be_mapped_says_what_to_do():
+    gone = 2**22 + 1  # above the largest pid_max Linux allows: no such process
+    with pytest.raises(RuntimeError, match=r"^dquant: cannot map the batches of DataLoader "
+                       rf"worker {gone} \(/proc/{gone}/fd: .*\); set DQUANT_WORKER_SHM=0 to "
+                       r"hand them over torch's way$"):
+        _handoff._Mapped(gone, 3, 4, 4096)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import mmap
 import os
 import threading
@@ -33,12 +34,17 @@ import torch
 
 # Slots in a worker's arena: torch keeps up to prefetch_factor (2) batches a worker in
 # flight, the loop holds one or two, pin_memory one more; the rest is room for a loop that
-# keeps a few batches (a gradient-accumulation step) before any goes torch's way.
+# keeps a few batches (a gradient-accumulation step) before any goes torch's way. Fewer for
+# large batches, so that an arena stays within ARENA_BYTES (but never under MIN_SLOTS).
 SLOTS = 12
+MIN_SLOTS = 4
+ARENA_BYTES = 64 << 20
 # Regions in a slot start on this boundary (the strictest dtype alignment, and a cache line).
 ALIGN = 64
 # Room for batches larger than the first (cu_seqlens grows with the documents of a batch).
 HEADROOM = 1.25
+
+_log = logging.getLogger("dquant")
 
 _DTYPES = {
     str(d): d
@@ -155,7 +161,7 @@ def arena_for(item: Dict[str, Any]) -> Arena:
     """An arena whose slots hold ``item`` with room to spare."""
     size = _layout(item)[3]
     slot = -(-int(size * HEADROOM + 4096) // mmap.PAGESIZE) * mmap.PAGESIZE
-    return Arena(slot)
+    return Arena(slot, max(MIN_SLOTS, min(SLOTS, ARENA_BYTES // slot)))
 
 
 class SlotItem(dict):
@@ -188,20 +194,29 @@ class _Mapped:
     """A worker's arena as the main process maps it, and its free-slot pipe."""
 
     def __init__(self, pid: int, fd: int, free_w: int, length: int):
-        mfd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        self.free_w = -1
         try:
-            self.map = mmap.mmap(mfd, length)
-        finally:
-            os.close(mfd)
-        self.free_w = os.open(f"/proc/{pid}/fd/{free_w}", os.O_WRONLY | os.O_CLOEXEC)
+            mfd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                self.map = mmap.mmap(mfd, length)
+            finally:
+                os.close(mfd)
+            self.free_w = os.open(f"/proc/{pid}/fd/{free_w}", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise RuntimeError(
+                f"dquant: cannot map the batches of DataLoader worker {pid} "
+                f"(/proc/{pid}/fd: {e}); set DQUANT_WORKER_SHM=0 to hand them over torch's way"
+            ) from e
         self.slot_types: Dict[int, type] = {}
 
     def give_back(self, slot: int) -> None:
+        # Called from a finalizer, in whichever thread freed the last tensor: it must not
+        # raise. A worker that is gone (EPIPE) needs its slot no more.
         try:
             os.write(self.free_w, slot.to_bytes(4, "little"))
-        except OSError as e:  # the worker is gone: nobody to give it to
+        except OSError as e:
             if e.errno not in (errno.EPIPE, errno.EBADF):
-                raise
+                _log.warning("dquant: cannot give slot %d back to its worker: %s", slot, e)
 
     def slot(self, slot: int, slot_size: int):
         """The slot's memory, as an object whose end gives the slot back."""
@@ -219,10 +234,11 @@ class _Mapped:
         return owner
 
     def __del__(self):
-        try:
-            os.close(self.free_w)
-        except OSError:
-            pass
+        if self.free_w >= 0:
+            try:
+                os.close(self.free_w)
+            except OSError:
+                pass
 
 
 def _mapped(where) -> _Mapped:
