@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The cost report (issue 36): CPU-ns per token for the agent and for the host on each path,
+# beside the limit measured in the same run, the stages of the agent's producer, and how many
+# trainer GPUs (10,000 tokens/s each) one agent core feeds. One command:
+#
+#   bench/cost/run.sh [--record] [--runs N] [DATA_DIR [OUT_DIR]]
+#
+#   DATA_DIR  where the dataset is generated once and reused (default /work/bench-data):
+#             zipf256m_int32, 256 Mi Zipf token ids (1 GiB), Megatron int32:
+#               dquant corpus zipf DATA/zipf256m_int32 --tokens 268435456 --vocab 50257 --eod 50256
+#   OUT_DIR   default bench/cost/out/<UTC timestamp>: machine.txt, the measurements' JSON
+#             (throughput*.json, breakdown.json, fanout.json, pagecache.json) and report.md
+#   The default worker pool is the agent's: one worker a core but one (1 on 2 vCPU).
+#   --runs N  rounds of each throughput case (default 3)
+#   --record  record the figures (bench/results/cost.json; bench/RESULTS.md is rendered)
+#
+# What runs (dquant-offload-bench, release build; about 3 minutes on 2 vCPU):
+#   throughput, the agent's default worker pool: plain TCP copy and memcpy (the limits), the
+#     plan in this process, on an agent over TCP, TLS and a shared-memory ring, each unshuffled
+#     and shuffled, and over TCP with the wire codec auto+zstd:1 (the compress stage);
+#   throughput again with --worker-threads 1: the DPU view, one worker thread; and with
+#     --worker-threads 0, no pool;
+#   breakdown: the producer's stages on one thread (read, narrow, pack, encode, frame+crc);
+#   share: 4 subscribers of one shared stream over TCP (fan-out);
+#   a page-cache copy of the dataset's file (cat FILE > /dev/null), the local paths' limit.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+RECORD=0
+RUNS=3
+ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --record) RECORD=1; shift ;;
+    --runs) RUNS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+DATA="${ARGS[0]:-/work/bench-data}"
+OUT="${ARGS[1]:-$REPO/bench/cost/out/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$DATA" "$OUT"
+cd "$REPO"
+
+echo "== building (release)"
+cargo build --release -q -p dquant-bench -p dquant-cli
+BENCH="$REPO/target/release/dquant-offload-bench"
+DQ="$REPO/target/release/dquant"
+{
+  echo "date:    $(date -u)"
+  echo "nproc:   $(nproc)"
+  echo "cpu:     $(lscpu | grep 'Model name' | sed 's/.*: *//')"
+  echo "commit:  $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "load before: $(uptime)"
+} | tee "$OUT/machine.txt"
+
+DS="$DATA/zipf256m_int32"
+if [[ ! -f "$DS.bin" || ! -f "$DS.idx" ]]; then
+  echo "== generating $DS"
+  "$DQ" corpus zipf "$DS" --tokens 268435456 --vocab 50257 --eod 50256 -q
+fi
+
+CASES=plain,memcpy,inproc,inproc-shuffled,agent,agent-shuffled,agent-tls,agent-tls-shuffled,agent-shm,agent-shm-shuffled
+echo "== throughput (the agent's default worker pool)"
+"$BENCH" throughput "$DS" --runs "$RUNS" --cases "$CASES" --json-out "$OUT/throughput.json"
+echo "== throughput, one worker thread (the DPU view)"
+"$BENCH" throughput "$DS" --runs "$RUNS" --cases "$CASES" --worker-threads 1 \
+  --json-out "$OUT/throughput-w1.json"
+echo "== throughput, no worker pool (each session reads on its own thread)"
+"$BENCH" throughput "$DS" --runs "$RUNS" --cases "$CASES" --worker-threads 0 \
+  --json-out "$OUT/throughput-w0.json"
+echo "== throughput, wire codec auto+zstd:1 (the compress stage)"
+"$BENCH" throughput "$DS" --runs "$RUNS" --cases plain,agent --wire-codec auto+zstd:1 \
+  --samples 16384 --json-out "$OUT/throughput-zstd.json"
+echo "== breakdown (the producer's stages, one thread)"
+"$BENCH" breakdown "$DS" --repeats "$RUNS" --json-out "$OUT/breakdown.json"
+echo "== fan-out (4 subscribers of one shared stream, TCP)"
+"$BENCH" share "$DS" --readers 4 --runs "$RUNS" --transport tcp --samples 16384 \
+  --json-out "$OUT/fanout.json"
+echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
+
+REPORT=(python3 bench/cost/report.py "$OUT" --dataset "$DS" --command "bench/cost/run.sh --runs $RUNS")
+[[ $RECORD == 0 ]] || REPORT+=(--record)
+"${REPORT[@]}"
