@@ -292,11 +292,14 @@ fn default_prefetch() -> usize {
 /// Most read threads an agent starts unless told otherwise.
 const MAX_DEFAULT_WORKER_THREADS: usize = 8;
 
-/// One worker per core but one (sessions' own threads and the transports need a core:
-/// on 2 cores, two workers beside them made unshuffled delivery slower), at most 8.
+/// One worker per core but two (the sessions' own threads and the transports need a core
+/// each), at most 8: none on 2 cores. There, one worker beside a session's thread and its
+/// consumer halved shared-memory delivery and doubled the agent's CPU per token (its idle
+/// spin and hand-overs cost more than the reads it took), compressed TCP too
+/// (`bench/cost/run.sh`, the `cost` area of bench/RESULTS.md).
 fn default_worker_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores - 1).min(MAX_DEFAULT_WORKER_THREADS)
+    cores.saturating_sub(2).min(MAX_DEFAULT_WORKER_THREADS)
 }
 fn default_max_sessions() -> usize {
     256

@@ -25,7 +25,7 @@ Examples:
   #   data_listen = \"127.0.0.1:7879\"  # data plane (default: control port + 1)
   #   socket = \"/run/dquant.sock\"     # local clients: control plane + shared-memory rings
   #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
-  #   worker_threads = 8              # reads + compression, shared by sessions (default: cores - 1, at most 8)
+  #   worker_threads = 8              # reads + compression, shared by sessions (default: cores - 2, at most 8)
   #   max_sessions = 256
   #   keep_datasets = 16              # datasets kept open while no session reads them
   #   keep_megatron_builds = 4        # Megatron-order builds (agent=) kept after their sessions end
