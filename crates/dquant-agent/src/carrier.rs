@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use dquant_transport::Hello;
 
-use crate::data::{log_end, Handshake};
+use crate::accept::Handshake;
 use crate::produce::Stats;
 use crate::sessions::{claim_error, Work};
 use crate::stream_error::StreamError;
@@ -118,4 +118,57 @@ pub(crate) fn serve<C: Carrier>(mut conn: C, shared: &Shared, handshake: Handsha
     }
     shared.sessions.finish(id);
     log_end(shared, (id, &owner), kind, transport, started, result);
+}
+
+/// The log line at a session's end.
+pub(crate) fn log_end(
+    shared: &Shared,
+    (id, tenant): (u64, &str),
+    kind: &str,
+    transport: &str,
+    started: Instant,
+    result: Result<Stats, StreamError>,
+) {
+    let how = match &result {
+        Ok(_) => "finished",
+        Err(StreamError::Drained(_)) => "drained",
+        Err(StreamError::Stopped(_)) => "stopped",
+        Err(_) => "failed",
+    };
+    shared.metrics.session_end(how);
+    let stats = result.as_ref().copied().unwrap_or_default();
+    shared.events.closed(dquant_proto::v1::SessionClosed {
+        session: id,
+        tenant: tenant.to_string(),
+        kind: kind.to_string(),
+        transport: transport.to_string(),
+        how: how.to_string(),
+        message: result
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default(),
+        records: stats.records,
+        tokens: stats.tokens,
+        wire_bytes: stats.wire_bytes,
+    });
+    let secs = started.elapsed().as_secs_f64();
+    match result {
+        Ok(s) => tracing::info!(
+            session = id,
+            kind,
+            transport,
+            records = s.records,
+            tokens = s.tokens,
+            wire_bytes = s.wire_bytes,
+            secs,
+            "session ended"
+        ),
+        Err(StreamError::Drained(m)) => {
+            tracing::info!(session = id, kind, transport, secs, message = %m, "session drained")
+        }
+        Err(e) => {
+            tracing::warn!(session = id, kind, transport, error = %e, secs, "session ended early")
+        }
+    }
 }

@@ -10,13 +10,13 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dquant_transport::record::MAX_HELLO_LEN;
 use dquant_transport::{BufferPool, DataStream, FrameReader, FrameWriter, Hello, Pacer};
 
+use crate::accept::{serve_each, Handshake, HELLO_TIMEOUT};
 use crate::carrier::{self, Carrier, Claimed, Notice, Refusal};
 use crate::produce::Stats;
 use crate::serve_plan::stream_plan;
@@ -24,9 +24,6 @@ use crate::serve_ranges::serve_ranges;
 use crate::sessions::Work;
 use crate::stream_error::StreamError;
 use crate::Shared;
-
-/// How long a new connection has to send its hello.
-pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest hello frame read: a hello is at most [`MAX_HELLO_LEN`] bytes, so a
 /// connection that has not said who it is never gets a frame-sized buffer.
@@ -49,39 +46,6 @@ pub(crate) fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     );
 }
 
-/// A connection that has not said hello yet: counted against `limits.max_handshakes` from
-/// its accept until its hello is checked (or it fails), across both planes.
-pub(crate) struct Handshake {
-    shared: Arc<Shared>,
-}
-
-impl Handshake {
-    /// Counts one more connection in its handshake, or `None` when the agent is at its limit.
-    fn enter(shared: &Arc<Shared>) -> Option<Self> {
-        let max = shared.config.limits.max_handshakes;
-        let n = shared.handshakes.fetch_add(1, Ordering::Relaxed);
-        let h = Handshake {
-            shared: shared.clone(),
-        };
-        // Over the limit: dropping `h` takes the count back.
-        (n < max).then_some(h)
-    }
-}
-
-impl Drop for Handshake {
-    fn drop(&mut self) {
-        self.shared.handshakes.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// What a connection over `limits.max_handshakes` is told.
-pub(crate) fn busy_message(max: usize) -> String {
-    format!(
-        "agent is at its limit of {max} connections waiting for their hello \
-         (limits.max_handshakes); retry later"
-    )
-}
-
 /// Refuses a TCP connection from the accept loop itself: no thread, one small write that a
 /// fresh socket's empty send buffer takes without blocking.
 fn refuse_busy_tcp(conn: TcpStream, msg: &str) {
@@ -95,46 +59,6 @@ fn refuse_busy_tcp(conn: TcpStream, msg: &str) {
 /// refusal is logged and counted).
 fn refuse_busy_tls(conn: TcpStream, _msg: &str) {
     let _ = conn.shutdown(std::net::Shutdown::Both);
-}
-
-/// Accepts connections until the agent is stopping, each handled on its own thread (shared
-/// by the TCP data plane and the Unix socket), with its [`Handshake`] place; one over the
-/// limit is refused with `refuse` and never gets a thread. A failed accept is logged and
-/// retried.
-pub(crate) fn serve_each<S: Send + 'static>(
-    incoming: impl Iterator<Item = std::io::Result<S>>,
-    shared: &Arc<Shared>,
-    plane: &'static str,
-    thread: &'static str,
-    refuse: fn(S, &str),
-    handle: impl Fn(S, Handshake) + Clone + Send + 'static,
-) {
-    for conn in incoming {
-        if shared.stopping.load(Ordering::Relaxed) {
-            break;
-        }
-        let conn = match conn {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "{plane}: accept failed");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let Some(hs) = Handshake::enter(shared) else {
-            let msg = busy_message(shared.config.limits.max_handshakes);
-            shared.refuse(plane, "any", "handshakes full", &msg);
-            refuse(conn, &msg);
-            continue;
-        };
-        let handle = handle.clone();
-        let spawned = std::thread::Builder::new()
-            .name(thread.into())
-            .spawn(move || handle(conn, hs));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "{plane}: cannot start a connection thread");
-        }
-    }
 }
 
 /// The first frame of a data connection, which must be a hello; the message says what else
@@ -311,56 +235,3 @@ fn keep_alive(conn: &TcpStream, idle: Duration) {
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_PROBES: u32 = 6;
-
-/// The log line at a session's end.
-pub(crate) fn log_end(
-    shared: &Shared,
-    (id, tenant): (u64, &str),
-    kind: &str,
-    transport: &str,
-    started: Instant,
-    result: Result<Stats, StreamError>,
-) {
-    let how = match &result {
-        Ok(_) => "finished",
-        Err(StreamError::Drained(_)) => "drained",
-        Err(StreamError::Stopped(_)) => "stopped",
-        Err(_) => "failed",
-    };
-    shared.metrics.session_end(how);
-    let stats = result.as_ref().copied().unwrap_or_default();
-    shared.events.closed(dquant_proto::v1::SessionClosed {
-        session: id,
-        tenant: tenant.to_string(),
-        kind: kind.to_string(),
-        transport: transport.to_string(),
-        how: how.to_string(),
-        message: result
-            .as_ref()
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default(),
-        records: stats.records,
-        tokens: stats.tokens,
-        wire_bytes: stats.wire_bytes,
-    });
-    let secs = started.elapsed().as_secs_f64();
-    match result {
-        Ok(s) => tracing::info!(
-            session = id,
-            kind,
-            transport,
-            records = s.records,
-            tokens = s.tokens,
-            wire_bytes = s.wire_bytes,
-            secs,
-            "session ended"
-        ),
-        Err(StreamError::Drained(m)) => {
-            tracing::info!(session = id, kind, transport, secs, message = %m, "session drained")
-        }
-        Err(e) => {
-            tracing::warn!(session = id, kind, transport, error = %e, secs, "session ended early")
-        }
-    }
-}

@@ -19,6 +19,7 @@
 //! pulls token ranges from that agent — an agent near the host chained to one near storage.
 //! A plan opened as a shared stream ([`share`]) runs once for every subscriber.
 
+mod accept;
 mod auth;
 pub mod bandwidth;
 mod carrier;

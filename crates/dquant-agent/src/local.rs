@@ -18,8 +18,8 @@ use dquant_transport::shm::{RingOffer, RingSink};
 use dquant_transport::{FrameWriter, Hello};
 use rustix::net::RecvFlags;
 
+use crate::accept::{serve_each, Handshake, HELLO_TIMEOUT};
 use crate::carrier::{self, Carrier, Claimed, Refusal};
-use crate::data::{serve_each, Handshake, HELLO_TIMEOUT};
 use crate::produce::Stats;
 use crate::serve_plan::stream_in_memory;
 use crate::serve_ranges::serve_ranges_ring;
@@ -105,7 +105,7 @@ impl Peers {
 }
 
 /// Refuses a connection over `limits.max_handshakes` from the accept loop (see
-/// `data::serve_each`): one small non-blocking write, no thread.
+/// `accept::serve_each`): one small non-blocking write, no thread.
 fn refuse_busy(conn: UnixStream, msg: &str) {
     let _ = conn.set_nonblocking(true);
     let _ = FrameWriter::new(&conn).fail(msg);

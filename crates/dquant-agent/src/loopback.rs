@@ -15,8 +15,8 @@ use std::time::Duration;
 use dquant_transport::loopback::{Listener, LoopbackSink, Offer};
 use dquant_transport::Hello;
 
+use crate::accept::serve_each;
 use crate::carrier::{self, Carrier, Claimed, Notice, Refusal};
-use crate::data::serve_each;
 use crate::produce::Stats;
 use crate::serve_plan::stream_in_memory;
 use crate::sessions::Work;

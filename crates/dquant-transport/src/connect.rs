@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 pub use crate::error::ConnectError;
+use crate::loopback;
 use crate::receive::BatchSource;
 use crate::ring::RingConsumer;
 use crate::shm::{RingRecords, RingSource};
@@ -63,7 +64,13 @@ const SHM: Kind = Kind {
 /// Records handed over in memory to an agent in this process (`dquant_agent::start`).
 const LOOPBACK: Kind = Kind {
     name: "loopback",
-    connect: |endpoint| Ok(Box::new(crate::loopback::connect(endpoint)?)),
+    connect: |e| {
+        Ok(Box::new(loopback::connect(
+            &e.data_addr,
+            &e.hello,
+            e.ring.slots,
+        )?))
+    },
 };
 
 impl Transport {

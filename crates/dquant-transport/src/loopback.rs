@@ -22,7 +22,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::connect::Endpoint;
 use crate::error::ConnectError;
 use crate::receive::{
     copy_payload, record_header, take_in_place, wait_until, BatchSource, ReceiveError, RecordView,
@@ -136,25 +135,25 @@ impl Offer {
     }
 }
 
-/// Connects to the loopback listener of the agent in this process whose data port
-/// `endpoint` names, and hands it the session's hello.
-pub fn connect(endpoint: &Endpoint) -> Result<LoopbackSource, ConnectError> {
+/// Connects to the loopback listener of the agent in this process whose data plane is
+/// `data_addr` (`HOST:PORT`), hands it the session's `hello`, and gets a queue of `slots`
+/// records.
+pub fn connect(data_addr: &str, hello: &Hello, slots: u32) -> Result<LoopbackSource, ConnectError> {
     let refused = |why: String| ConnectError::Connect {
-        addr: endpoint.data_addr.clone(),
+        addr: data_addr.to_string(),
         source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, why),
     };
-    let port = endpoint
-        .data_addr
+    let port = data_addr
         .rsplit_once(':')
         .and_then(|(_, p)| p.parse::<u16>().ok())
         .ok_or_else(|| refused("not HOST:PORT".into()))?;
     let queue = Arc::new(Queue {
         state: Mutex::new(State::default()),
         changed: Condvar::new(),
-        capacity: endpoint.ring.slots.max(1) as usize,
+        capacity: slots.max(1) as usize,
     });
     let offer = Offer {
-        hello: endpoint.hello.clone(),
+        hello: hello.clone(),
         queue: queue.clone(),
     };
     let sent = lock(&LISTENERS).get(&port).map(|tx| tx.send(offer).is_ok());
@@ -299,25 +298,14 @@ impl Drop for LoopbackSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::RingShape;
 
-    fn endpoint(port: u16, slots: u32) -> Endpoint {
-        Endpoint {
-            agent: format!("127.0.0.1:{port}"),
-            data_addr: format!("127.0.0.1:{port}"),
-            socket: None,
-            hello: Hello {
-                session: 7,
-                ticket: [3; 16],
-                token: None,
-            },
-            ring: RingShape {
-                slots,
-                slot_size: 4096,
-                verify: false,
-            },
-            tls: None,
-        }
+    fn connect(port: u16, slots: u32) -> Result<LoopbackSource, ConnectError> {
+        let hello = Hello {
+            session: 7,
+            ticket: [3; 16],
+            token: None,
+        };
+        super::connect(&format!("127.0.0.1:{port}"), &hello, slots)
     }
 
     fn record(index: u64) -> Vec<u8> {
@@ -347,7 +335,7 @@ mod tests {
     fn records_cross_in_order_with_back_pressure_then_the_end() {
         let listener = Listener::bind(40001).unwrap();
         assert!(Listener::bind(40001).is_none(), "one listener a port");
-        let mut source = connect(&endpoint(40001, 2)).unwrap();
+        let mut source = connect(40001, 2).unwrap();
         let offer = listener.accept(Duration::from_secs(1)).unwrap();
         assert_eq!((offer.hello.session, offer.hello.ticket), (7, [3; 16]));
         let producer = std::thread::spawn(move || {
@@ -375,7 +363,7 @@ mod tests {
     #[test]
     fn hang_ups_cancels_refusals_and_no_listener() {
         let listener = Listener::bind(40002).unwrap();
-        let source = connect(&endpoint(40002, 1)).unwrap();
+        let source = connect(40002, 1).unwrap();
         let offer = listener.accept(Duration::from_secs(1)).unwrap();
         let cancel = Arc::new(AtomicBool::new(false));
         let mut sink = offer.accept(cancel.clone());
@@ -392,7 +380,7 @@ mod tests {
             Err(SinkError::Gone("client went away".into()))
         );
 
-        let mut source = connect(&endpoint(40002, 1)).unwrap();
+        let mut source = connect(40002, 1).unwrap();
         let offer = listener.accept(Duration::from_secs(1)).unwrap();
         offer.refuse("data stream: unknown session 7");
         match source.next_header() {
@@ -403,7 +391,7 @@ mod tests {
         }
 
         drop(listener);
-        let e = connect(&endpoint(40002, 1)).err().unwrap();
+        let e = connect(40002, 1).err().unwrap();
         assert_eq!(
             e.to_string(),
             "cannot reach agent 127.0.0.1:40002: no agent in this process serves loopback \
