@@ -45,19 +45,9 @@ echo "== building (release)"
 cargo build --release -q -p dquant-bench -p dquant-cli
 BENCH="$REPO/target/release/dquant-offload-bench"
 DQ="$REPO/target/release/dquant"
-{
-  echo "date:    $(date -u)"
-  echo "nproc:   $(nproc)"
-  echo "cpu:     $(lscpu | grep 'Model name' | sed 's/.*: *//')"
-  echo "commit:  $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-  echo "load before: $(uptime)"
-} | tee "$OUT/machine.txt"
-
-DS="$DATA/zipf256m_int32"
-if [[ ! -f "$DS.bin" || ! -f "$DS.idx" ]]; then
-  echo "== generating $DS"
-  "$DQ" corpus zipf "$DS" --tokens 268435456 --vocab 50257 --eod 50256 -q
-fi
+source bench/common.sh
+machine_info "$OUT/machine.txt"
+DS="$(zipf256m "$DATA" "$DQ")"
 
 CASES=plain,memcpy,inproc,inproc-shuffled,agent,agent-shuffled,agent-tls,agent-tls-shuffled,agent-shm,agent-shm-shuffled
 echo "== throughput (the agent's default worker pool)"

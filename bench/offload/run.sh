@@ -45,16 +45,9 @@ BENCH="$REPO/target/release/dquant-offload-bench"
 DQ="$REPO/target/release/dquant"
 need_dquant() { [[ -x "$DQ" ]] || cargo build --release -p dquant-cli; }
 
-{
-  echo "date:    $(date -u)"
-  echo "nproc:   $(nproc)"
-  echo "cpu:     $(lscpu | grep 'Model name' | sed 's/.*: *//')"
-  echo "memory:  $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
-  echo "commit:  $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-  echo "dirty:   $(git status --porcelain -- crates bench/harness 2>/dev/null | tr '\n' ' ')"
-  echo "rustc:   $(rustc --version)"
-  echo "load before: $(uptime)"
-} | tee "$OUT/machine.txt"
+source bench/common.sh
+machine_info "$OUT/machine.txt"
+echo "rustc:   $(rustc --version)" | tee -a "$OUT/machine.txt"
 
 # -- datasets ---------------------------------------------------------------------------------
 avail() { df --output=avail -B1 "$DATA" | tail -1; }

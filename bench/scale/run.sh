@@ -67,15 +67,8 @@ cargo build --release -p dquant-cli -p dquant-bench
 DQ="$REPO/target/release/dquant"
 BENCH="$REPO/target/release/dquant-offload-bench"
 
-{
-  echo "date:    $(date -u)"
-  echo "nproc:   $(nproc)"
-  echo "cpu:     $(lscpu | grep 'Model name' | sed 's/.*: *//')"
-  echo "memory:  $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
-  echo "commit:  $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-  echo "dirty:   $(git status --porcelain -- crates bench 2>/dev/null | tr '\n' ' ')"
-  echo "load before: $(uptime)"
-} | tee "$OUT/machine.txt"
+source bench/common.sh
+machine_info "$OUT/machine.txt"
 
 cleanup() {
   if ((KEEP == 0)); then
