@@ -245,11 +245,30 @@ pub struct LoopbackSource {
 impl LoopbackSource {
     /// Waits until a record or the end is at hand, at most until `deadline`; false if it
     /// passed first.
+    ///
+    /// Every [`CANCEL_CHECK`] it also looks whether anyone else still holds the queue: an
+    /// offer the agent never took (it stopped first) leaves this source alone with it, and
+    /// the stream then ends with an error instead of a wait for ever.
     fn wait(&self, deadline: Option<Instant>) -> bool {
         let (state, changed) = (&self.queue.state, &self.queue.changed);
-        wait_until(state, changed, deadline, |s| {
-            s.records.is_empty() && s.end.is_none()
-        })
+        loop {
+            let step = Instant::now() + CANCEL_CHECK;
+            let until = deadline.map_or(step, |d| d.min(step));
+            if wait_until(state, changed, Some(until), |s| {
+                s.records.is_empty() && s.end.is_none()
+            }) {
+                return true;
+            }
+            if Arc::strong_count(&self.queue) == 1 {
+                self.queue.end(End::Failed(format!(
+                    "{NAME}: the agent went away before it served the session"
+                )));
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+        }
     }
 }
 
@@ -386,6 +405,19 @@ mod tests {
         match source.next_header() {
             Err(ReceiveError::Wire(WireError::Remote(m))) => {
                 assert_eq!(m, "data stream: unknown session 7")
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // An offer the agent never took (it stopped first) ends the stream, not a wait.
+        let mut source = connect(40002, 1).unwrap();
+        drop(listener.accept(Duration::from_secs(1)).unwrap());
+        match source.next_header() {
+            Err(ReceiveError::Wire(WireError::Remote(m))) => {
+                assert_eq!(
+                    m,
+                    "loopback: the agent went away before it served the session"
+                )
             }
             other => panic!("{other:?}"),
         }
