@@ -24,6 +24,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_dquant");
 /// Writes `DIR/corpus/big` (Megatron int32): 4 Mi tokens in documents of 100..4000, ids
 /// below 50 000 from `seed` (an LCG: deterministic).
 fn corpus(dir: &Path, seed: u64) {
+    corpus_of(dir, seed, 4 << 20);
+}
+
+/// As [`corpus`], with `tokens` tokens.
+fn corpus_of(dir: &Path, seed: u64, tokens: u64) {
     let root = dir.join("corpus");
     std::fs::create_dir_all(&root).unwrap();
     let mut w = DatasetWriter::create(
@@ -39,7 +44,7 @@ fn corpus(dir: &Path, seed: u64) {
             .wrapping_add(1442695040888963407);
         (x >> 33) as u32
     };
-    let mut left: u64 = 4 << 20;
+    let mut left = tokens;
     while left > 0 {
         let n = (100 + next() as u64 % 3900).min(left);
         let doc: Vec<u32> = (0..n).map(|_| next() % 50_000).collect();
@@ -168,7 +173,10 @@ fn read_batches(r: &mut Reader, n: usize) -> Vec<u8> {
 #[test]
 fn a_replica_killed_mid_stream_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    corpus(dir.path(), 0);
+    // 48 MiB of u16 output: far more than the host agent's prefetch and the sockets hold, so
+    // the rest of the stream is still to be read from a replica when b dies (with 8 MiB, a
+    // host agent on an idle pool had fetched it all before the kill, and a served nothing).
+    corpus_of(dir.path(), 0, 24 << 20);
     for shuffle in [false, true] {
         let ((a, a_metrics), (mut b, b_metrics)) = (
             storage_with_metrics(dir.path()),
