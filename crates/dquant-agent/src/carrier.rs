@@ -30,6 +30,8 @@ pub(crate) trait Carrier: Sized {
     const PLANE: &'static str;
     /// What a refusal's message to the consumer starts with (`data stream`).
     const WHAT: &'static str;
+    /// What [`Carrier::ready`] makes for [`Carrier::carry`]: the session's sink, its pacer.
+    type Ready;
 
     /// The hello the connection presented.
     fn hello(&self) -> &Hello;
@@ -47,7 +49,7 @@ pub(crate) trait Carrier: Sized {
 
     /// Makes the transport ready for the session just claimed (a ring attached, timeouts
     /// lifted); the refusal's reason and message when it cannot be.
-    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal>;
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<Self::Ready, Refusal>;
 
     /// Where a panic of the session is told to its consumer, if the transport can still say
     /// it after the stream that panicked was lost (a second handle on the connection).
@@ -56,7 +58,12 @@ pub(crate) trait Carrier: Sized {
     }
 
     /// Carries the session's work until its end, an error, its cancel or the agent's drain.
-    fn carry(self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError>;
+    fn carry(
+        self,
+        ready: Self::Ready,
+        work: Work,
+        session: Claimed<'_>,
+    ) -> Result<Stats, StreamError>;
 }
 
 /// Tells a consumer its session's panic.
@@ -95,10 +102,13 @@ pub(crate) fn serve<C: Carrier>(mut conn: C, shared: &Shared, handshake: Handsha
         owner: &owner,
         cancel,
     };
-    if let Err((reason, m)) = conn.ready(&session) {
-        shared.sessions.finish(id);
-        return refuse(&conn, reason, format!("{}: {m}", C::WHAT));
-    }
+    let ready = match conn.ready(&session) {
+        Ok(r) => r,
+        Err((reason, m)) => {
+            shared.sessions.finish(id);
+            return refuse(&conn, reason, format!("{}: {m}", C::WHAT));
+        }
+    };
     drop(handshake);
     let started = Instant::now();
     let kind = work.kind();
@@ -112,7 +122,7 @@ pub(crate) fn serve<C: Carrier>(mut conn: C, shared: &Shared, handshake: Handsha
     );
     shared.events.streaming(&owner);
     let notice = conn.panic_notice();
-    let result = crate::faults::contain(|| conn.carry(work, session));
+    let result = crate::faults::contain(|| conn.carry(ready, work, session));
     if let (Err(StreamError::Panicked(m)), Some(tell)) = (&result, notice) {
         tell(m);
     }

@@ -110,7 +110,6 @@ fn handle(sock: TcpStream, shared: Arc<Shared>, handshake: Handshake) {
                 frames,
                 hello,
                 peer,
-                pacer: None,
             };
             carrier::serve(tcp, &shared, handshake)
         }
@@ -136,14 +135,14 @@ struct TcpConn {
     hello: Hello,
     /// The peer's IP address.
     peer: String,
-    /// The tenant's share of the link, once the session is claimed.
-    pacer: Option<Box<dyn Pacer>>,
 }
 
 impl Carrier for TcpConn {
     const TRANSPORT: &'static str = "tcp";
     const PLANE: &'static str = "data";
     const WHAT: &'static str = "data stream";
+    /// The tenant's share of the link, if the agent shapes it.
+    type Ready = Option<Box<dyn Pacer>>;
 
     fn hello(&self) -> &Hello {
         &self.hello
@@ -163,10 +162,10 @@ impl Carrier for TcpConn {
 
     /// Marks the socket's traffic class and takes the tenant's pacer; lifts the hello's
     /// timeouts for the liveness checks of a stream.
-    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal> {
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<Self::Ready, Refusal> {
         let Claimed { shared, owner, .. } = *session;
         let socket = self.conn.socket();
-        self.pacer = shared.shaping.as_ref().and_then(|s| {
+        let pacer = shared.shaping.as_ref().and_then(|s| {
             if let Err(e) = s.mark(owner, socket) {
                 tracing::warn!(session = self.hello.session, error = %e, "cannot mark the data socket's traffic class");
             }
@@ -177,7 +176,7 @@ impl Carrier for TcpConn {
             socket,
             Duration::from_secs(shared.config.consumer_idle_secs),
         );
-        Ok(())
+        Ok(pacer)
     }
 
     /// A panic is told on a second handle of the connection: the first went into the
@@ -189,7 +188,12 @@ impl Carrier for TcpConn {
         }))
     }
 
-    fn carry(mut self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError> {
+    fn carry(
+        mut self,
+        pacer: Self::Ready,
+        work: Work,
+        session: Claimed<'_>,
+    ) -> Result<Stats, StreamError> {
         let Claimed {
             shared,
             owner,
@@ -200,7 +204,7 @@ impl Carrier for TcpConn {
                 let meter = w
                     .meter(&shared.metrics, owner)
                     .with_tally(shared.events.tally(owner));
-                stream_plan(w, self.conn, cancel, shared, meter, self.pacer)
+                stream_plan(w, self.conn, cancel, shared, meter, pacer)
             }
             w @ Work::Source { .. } => serve_ranges(
                 w,
@@ -208,7 +212,7 @@ impl Carrier for TcpConn {
                 &mut self.frames,
                 (shared, owner),
                 cancel,
-                self.pacer,
+                pacer,
             ),
         }
     }

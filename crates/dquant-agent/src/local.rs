@@ -150,7 +150,6 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
                 conn,
                 hello: offer.hello.clone(),
                 offer: Some(offer),
-                sink: None,
             };
             carrier::serve(ring, shared, handshake)
         }
@@ -166,13 +165,14 @@ struct RingConn {
     hello: Hello,
     /// The offer, until the ring is attached ([`Carrier::ready`]).
     offer: Option<RingOffer>,
-    sink: Option<RingSink>,
 }
 
 impl Carrier for RingConn {
     const TRANSPORT: &'static str = "shm";
     const PLANE: &'static str = "unix socket";
     const WHAT: &'static str = "shared-memory ring";
+    /// The ring, attached.
+    type Ready = RingSink;
 
     fn hello(&self) -> &Hello {
         &self.hello
@@ -191,7 +191,7 @@ impl Carrier for RingConn {
     }
 
     /// Attaches to the ring (it is checked and mapped here), with the consumer's idle limit.
-    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal> {
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<Self::Ready, Refusal> {
         let Claimed { shared, cancel, .. } = session;
         let offer = self
             .offer
@@ -211,19 +211,20 @@ impl Carrier for RingConn {
             let (slots, slot_size) = (l.slot_count, l.slot_size);
             tracing::info!(session = id, slots, slot_size, "ring attached");
         }
-        self.sink = Some(sink);
-        Ok(())
+        Ok(sink)
     }
 
-    fn carry(self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError> {
+    fn carry(
+        self,
+        mut sink: Self::Ready,
+        work: Work,
+        session: Claimed<'_>,
+    ) -> Result<Stats, StreamError> {
         let Claimed {
             shared,
             owner,
             cancel,
         } = session;
-        let Some(mut sink) = self.sink else {
-            return Err(StreamError::Failed("the ring was not attached".into()));
-        };
         match work {
             w @ Work::Source { .. } => {
                 serve_ranges_ring(w, sink, self.conn, (shared, owner), cancel)

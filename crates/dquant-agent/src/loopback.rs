@@ -60,22 +60,23 @@ fn accept_loop(listener: Listener, shared: Arc<Shared>) {
         "dquant-loopback",
         refuse_busy,
         move |offer, hs| {
-            let conn = LoopbackConn { offer, sink: None };
+            let conn = LoopbackConn { offer };
             carrier::serve(conn, &shared, hs)
         },
     );
 }
 
-/// A consumer's offer, and the session's queue once it is claimed.
+/// A consumer's offer of a queue for its session's records.
 struct LoopbackConn {
     offer: Offer,
-    sink: Option<LoopbackSink>,
 }
 
 impl Carrier for LoopbackConn {
     const TRANSPORT: &'static str = "loopback";
     const PLANE: &'static str = "loopback";
     const WHAT: &'static str = "data stream";
+    /// The producer's end of the session's queue.
+    type Ready = LoopbackSink;
 
     fn hello(&self) -> &Hello {
         &self.offer.hello
@@ -94,9 +95,8 @@ impl Carrier for LoopbackConn {
         self.offer.refuse(message)
     }
 
-    fn ready(&mut self, session: &Claimed<'_>) -> Result<(), Refusal> {
-        self.sink = Some(self.offer.accept(session.cancel.clone()));
-        Ok(())
+    fn ready(&mut self, session: &Claimed<'_>) -> Result<Self::Ready, Refusal> {
+        Ok(self.offer.accept(session.cancel.clone()))
     }
 
     /// A panic is told through the queue, whose sink the panic dropped.
@@ -105,17 +105,17 @@ impl Carrier for LoopbackConn {
         Some(Box::new(move |m: &str| offer.refuse(m)))
     }
 
-    fn carry(self, work: Work, session: Claimed<'_>) -> Result<Stats, StreamError> {
+    fn carry(
+        self,
+        mut sink: Self::Ready,
+        work: Work,
+        session: Claimed<'_>,
+    ) -> Result<Stats, StreamError> {
         let Claimed {
             shared,
             owner,
             cancel,
         } = session;
-        let Some(mut sink) = self.sink else {
-            return Err(StreamError::Failed(
-                "the loopback queue was not ready".into(),
-            ));
-        };
         let meter = work
             .meter(&shared.metrics, owner)
             .with_tally(shared.events.tally(owner));

@@ -280,10 +280,7 @@ impl Sessions {
         }
         let p = pending.remove(&id)?;
         let cancel = Arc::new(AtomicBool::new(false));
-        let conn = match conn {
-            Some(c) => Some(c.try_clone_to_owned().ok()?),
-            None => None,
-        };
+        let conn = conn.map(|c| c.try_clone_to_owned()).transpose().ok()?;
         self.active
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
