@@ -4,7 +4,7 @@ the host on each path, beside the limit measured in the same run; the producer's
 how many trainer GPUs at 10,000 tokens/s one agent core feeds. Writes OUT/report.md (and
 prints it); with --record, the figures go to bench/results/cost.json.
 
-    bench/cost/report.py OUT_DIR --dataset PREFIX --command CMD [--record]
+    bench/cost/report.py OUT_DIR --dataset PREFIX --command CMD --fanout-samples N [--record]
 
 Why a ratio and a count of GPUs: a GPU needs thousands of tokens a second, so what dquant
 saves is CPU (the host's, a storage node's, a DPU's ARM cores), and the yardstick is cost per
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -123,10 +124,12 @@ def stages(path: Path) -> list[tuple[str, float]]:
     return out
 
 
-def fanout(path: Path, readers_samples: tuple[int, int], seq_len: int = 4095) -> dict:
-    """The agent's CPU per delivered token, one shared stream to N readers against one."""
+def fanout(path: Path, samples: int) -> dict:
+    """The agent's CPU per delivered token, one shared stream to N readers against one;
+    each reader streamed `samples` samples of the plan the share bench names."""
     doc = json.loads(path.read_text())
-    readers, samples = readers_samples
+    readers = doc["readers"]
+    seq_len = int(re.search(r"seq_len (\d+)", doc["plan"]).group(1))
     per_reader = samples * (seq_len + 1)
     return {
         "shared_ns": doc["shared"]["agent_cpu_s"] * 1e9 / (readers * per_reader),
@@ -190,7 +193,7 @@ def table(rows: list[dict], title: str) -> list[str]:
     return lines + [""]
 
 
-def report(out: Path, dataset: str, command: str) -> tuple[str, list[dict]]:
+def report(out: Path, dataset: str, command: str, fanout_samples: int) -> tuple[str, list[dict]]:
     # Measured once, at the end of run.sh's runs: a report made again later from the same
     # measurements keeps the limit they were measured beside.
     saved = out / "pagecache.json"
@@ -209,7 +212,7 @@ def report(out: Path, dataset: str, command: str) -> tuple[str, list[dict]]:
                      "agent_ns": z["agent_ns"], "host_ns": z["host_ns"],
                      "limit_ns": (zs["plain"]["agent_ns"] or 0) + zs["plain"]["host_ns"],
                      "gpus": gpus(z["agent_ns"])})
-    fo = fanout(out / "fanout.json", (4, 16384))
+    fo = fanout(out / "fanout.json", fanout_samples)
     st = stages(out / "breakdown.json")
     tcp = tp.get("agent")
     producer = st[-1][1]
@@ -227,7 +230,7 @@ def report(out: Path, dataset: str, command: str) -> tuple[str, list[dict]]:
     lines += table(rows1, "Paths, one worker thread (the DPU view)")
     lines += table(rows0, "Paths, no worker pool (each session reads on its own thread)")
     lines += [
-        "### Fan-out (4 subscribers of one shared stream, TCP)", "",
+        f"### Fan-out ({fo['readers']} subscribers of one shared stream, TCP)", "",
         f"- agent CPU per delivered token: {fo['shared_ns']:.3f} ns, against {fo['lone_ns']:.3f} "
         f"ns for a lone stream ({fo['shared_ns'] / fo['lone_ns']:.2f}×); the slowest "
         f"subscriber's rate ÷ a lone stream's: {fo['rate_ratio']:.2f}×; GPUs fed per agent "
@@ -262,7 +265,7 @@ def figures(rows: list[dict], rows1: list[dict], rows0: list[dict], fo: dict) ->
                         "value": round(r["gpus"]), "unit": "GPUs",
                         "baseline": f"{ns:.2f} {who} CPU ns/token; {GPU_TOKENS_PER_S:,} tokens/s a GPU",
                         "goal": None})
-    out.append({"name": "fan-out, 4 subscribers: agent CPU per delivered token ÷ a lone stream's",
+    out.append({"name": f"fan-out, {fo['readers']} subscribers: agent CPU per delivered token ÷ a lone stream's",
                 "value": round(fo["shared_ns"] / fo["lone_ns"], 3), "unit": "×",
                 "baseline": f"a lone stream: {fo['lone_ns']:.3f} ns/token", "goal": None})
     return out
@@ -273,9 +276,11 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--dataset", required=True, help="the Megatron prefix the runs read")
     ap.add_argument("--command", required=True)
+    ap.add_argument("--fanout-samples", type=int, required=True,
+                    help="the samples each fan-out reader streamed (run.sh's share --samples)")
     ap.add_argument("--record", action="store_true")
     a = ap.parse_args()
-    text, figs = report(a.out, a.dataset, a.command)
+    text, figs = report(a.out, a.dataset, a.command, a.fanout_samples)
     (a.out / "report.md").write_text(text)
     print(text)
     if a.record:

@@ -64,10 +64,12 @@ echo "== throughput, wire codec auto+zstd:1 (the compress stage)"
 echo "== breakdown (the producer's stages, one thread)"
 "$BENCH" breakdown "$DS" --repeats "$RUNS" --json-out "$OUT/breakdown.json"
 echo "== fan-out (4 subscribers of one shared stream, TCP)"
-"$BENCH" share "$DS" --readers 4 --runs "$RUNS" --transport tcp --samples 16384 \
+FANOUT_SAMPLES=16384
+"$BENCH" share "$DS" --readers 4 --runs "$RUNS" --transport tcp --samples "$FANOUT_SAMPLES" \
   --json-out "$OUT/fanout.json"
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
 
-REPORT=(python3 bench/cost/report.py "$OUT" --dataset "$DS" --command "bench/cost/run.sh --runs $RUNS")
+REPORT=(python3 bench/cost/report.py "$OUT" --dataset "$DS" --command "bench/cost/run.sh --runs $RUNS"
+  --fanout-samples "$FANOUT_SAMPLES")
 [[ $RECORD == 0 ]] || REPORT+=(--record)
 "${REPORT[@]}"
