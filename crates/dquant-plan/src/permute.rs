@@ -110,6 +110,40 @@ impl Permutation {
         }
     }
 
+    /// Which `x` goes to `y`: the inverse of [`Permutation::apply`], at the same cost. Cycle
+    /// walking backwards (decrypt again while the result is `>= n`) retraces the forward walk.
+    ///
+    /// # Panics
+    /// If `y >= self.len()`.
+    #[inline]
+    pub fn invert(&self, y: u64) -> u64 {
+        assert!(y < self.n, "permutation of [0, {}) inverted at {y}", self.n);
+        let mut x = y;
+        loop {
+            x = self.decrypt(x);
+            if x < self.n {
+                return x;
+            }
+        }
+    }
+
+    /// One pass of the Feistel network backwards: each round `(L, R) -> (R ^ F(L), L)`, the
+    /// keys in reverse order.
+    #[inline]
+    fn decrypt(&self, y: u64) -> u64 {
+        // ROUNDS is even: the halves' widths at the end are those at the start.
+        let (mut wl, mut wr) = (self.left_bits, self.right_bits);
+        let (mut l, mut r) = (y >> wr, y & low_mask(wr));
+        for &k in self.keys.iter().rev() {
+            // `l` was the round's input right half (width `wl`); `r` its output, masked to
+            // the width of the input left half (`wr`).
+            let f = mix64(k ^ l.wrapping_mul(GOLDEN)) & low_mask(wr);
+            (l, r) = (r ^ f, l);
+            (wl, wr) = (wr, wl);
+        }
+        (l << wr) | r
+    }
+
     /// One pass of the Feistel network over `[0, 2^bits)`. The halves differ by at most one
     /// bit, so their widths swap at each round; after an even number of rounds they are back.
     #[inline]
@@ -165,6 +199,26 @@ mod tests {
                 assert!(is_bijection(&Permutation::new(n, 42)), "n={n}");
             }
         }
+    }
+
+    #[test]
+    fn invert_undoes_apply() {
+        for n in (0..=300u64).chain([1 << 20, (1 << 20) + 3, u64::MAX / 3]) {
+            for key in [0, 9, n ^ 0x5eed] {
+                let p = Permutation::new(n, key);
+                let xs = (0..n.min(400)).chain((n > 400).then(|| n - 1));
+                for x in xs {
+                    assert_eq!(p.invert(p.apply(x)), x, "n={n} key={key} x={x}");
+                    assert_eq!(p.apply(p.invert(x)), x, "n={n} key={key} y={x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "permutation of [0, 5) inverted at 7")]
+    fn out_of_range_invert_panics() {
+        Permutation::new(5, 0).invert(7);
     }
 
     #[test]
