@@ -196,6 +196,16 @@ impl Schedule {
         self.world
     }
 
+    /// Whether each source's epochs are shuffled (the plan's `shuffle`).
+    pub fn shuffles(&self) -> bool {
+        self.shuffle
+    }
+
+    /// The plan's seed, which keys every epoch's shuffle.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Whether the incomplete end of the stream is dropped (the plan's `drop_last`).
     pub fn drop_last(&self) -> bool {
         self.drop_last

@@ -6,6 +6,7 @@ mod blend;
 mod common;
 mod fuzz_regressions;
 mod limits;
+mod locate;
 mod mixture;
 mod permutation;
 mod plan_serde;
