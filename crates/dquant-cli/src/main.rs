@@ -23,6 +23,7 @@ Examples:
   dquant sums data/cl100k_int32                  # a crc32c per 64 KiB of the .bin, checked on every read
   dquant bench codecs data/cl100k_int32
   dquant read plan.toml --out batches.u16          # run a blend/pack/shuffle plan in-process
+  dquant locate plan.toml --sample 123456          # which documents a sample holds; --document K:D: the reverse
   dquant serve --root corpus=/data/tokens          # the offload agent, on 127.0.0.1:7878
   dquant ls dquant://127.0.0.1:7878/corpus         # what it serves
   dquant stat dquant://127.0.0.1:7878/corpus/web_int32
@@ -61,6 +62,7 @@ enum Cmd {
     #[command(subcommand, after_help = BENCH_EXAMPLES)]
     Bench(cmd::bench::Cmd),
     Read(cmd::read::Args),
+    Locate(cmd::locate::Args),
     Subscribe(cmd::subscribe::Args),
     Serve(cmd::serve::Args),
     Ls(cmd::remote::LsArgs),
@@ -82,6 +84,7 @@ fn main() {
         Cmd::Corpus(c) => cmd::corpus::run(&c).map(|_| 0),
         Cmd::Bench(c) => cmd::bench::run(&c).map(|_| 0),
         Cmd::Read(a) => cmd::read::run(&a).map(|_| 0),
+        Cmd::Locate(a) => cmd::locate::run(&a).map(|_| 0),
         Cmd::Subscribe(a) => cmd::subscribe::run(&a).map(|_| 0),
         Cmd::Serve(a) => cmd::serve::run(&a).map(|_| 0),
         Cmd::Ls(a) => cmd::remote::ls(&a).map(|_| 0),

@@ -22,6 +22,7 @@ mod batch;
 mod error;
 mod inproc;
 pub mod megatron;
+mod provenance;
 mod reader;
 pub mod shm;
 
@@ -33,6 +34,7 @@ pub use dquant_engine::{EngineError, SourceError, TokenSource};
 pub use dquant_remote::{AgentUri, Control, Credentials, Transport, Watch};
 pub use error::ClientError;
 pub use megatron::{AgentMegatron, Over, SampleBatch, SHM_WIRE_CODEC};
+pub use provenance::{Located, Piece, Provenance};
 pub use reader::{Reader, Share};
 
 /// Where a plan runs.

@@ -148,9 +148,11 @@ impl Schedule {
     /// full batches of every rank.
     pub fn delivered_samples(&self) -> u64 {
         match self.drop_last() {
-            true => self.total_samples() / self.world() / self.batch_size()
-                * self.batch_size()
-                * self.world(),
+            true => {
+                self.total_samples() / self.world() / self.batch_size()
+                    * self.batch_size()
+                    * self.world()
+            }
             false => self.total_samples(),
         }
     }

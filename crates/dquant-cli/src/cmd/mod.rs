@@ -3,6 +3,7 @@ pub mod convert;
 pub mod corpus;
 pub mod demo;
 pub mod inspect;
+pub mod locate;
 pub mod mount;
 pub mod read;
 pub mod remote;

@@ -5,6 +5,7 @@
 mod agent;
 mod cli;
 mod deploy;
+mod locate;
 mod mount;
 mod read;
 mod replicas;

@@ -79,7 +79,11 @@ fn locate_gives_each_samples_step_rank_and_tokens() {
         for i in order {
             let got = s.locate(&mut index, i).unwrap();
             let (step, rank, smp) = &want[&i];
-            assert_eq!((got.step, got.rank, &got.sample), (*step, *rank, smp), "{name}: {i}");
+            assert_eq!(
+                (got.step, got.rank, &got.sample),
+                (*step, *rank, smp),
+                "{name}: {i}"
+            );
         }
     }
 }
@@ -109,7 +113,17 @@ fn samples_holding_a_token_range_are_every_sample_that_reads_it() {
         let mut index = s.blend_index();
         let ranges = |d: usize| {
             let t = tokens[d];
-            [0..1, 0..25, 9..11, 10..11, 11..12, 333..1_000, t - 1..t, t - 40..t, 0..t]
+            [
+                0..1,
+                0..25,
+                9..11,
+                10..11,
+                11..12,
+                333..1_000,
+                t - 1..t,
+                t - 40..t,
+                0..t,
+            ]
         };
         let windows = [0..u64::MAX, 0..0, 100..900, 1_234..1_235, 3_000..u64::MAX];
         for d in 0..tokens.len() {
