@@ -14,6 +14,7 @@
 //! Argument handling that is easier in Python (plan dicts and files, agent URIs, transports)
 //! lives in `dquant/__init__.py`; this module takes a plan as JSON.
 
+mod locate;
 mod megatron;
 
 use std::sync::{Mutex, MutexGuard};
@@ -26,7 +27,7 @@ use dquant_plan::{Cursor, DocStarts, OutputDType};
 use numpy::ndarray::ArrayView2;
 use numpy::{Element, IntoPyArray, PyArray1, PyArray2};
 use pyo3::exceptions::{
-    PyConnectionError, PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError,
+    PyConnectionError, PyFileNotFoundError, PyIndexError, PyOSError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -63,6 +64,7 @@ fn to_py(e: ClientError) -> PyErr {
         ClientError::Engine(EngineError::Source { .. }) => PyOSError::new_err(msg),
         ClientError::Engine(_) | ClientError::Usage(_) => PyValueError::new_err(msg),
         ClientError::Connect(_) => PyConnectionError::new_err(msg),
+        ClientError::IndexOutOfRange(_) => PyIndexError::new_err(msg),
         // Agent, NotFound (an agent's), Wire, and whatever later versions add.
         _ => AgentError::new_err(msg),
     }
@@ -645,6 +647,7 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transports, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Batch>()?;
+    m.add_class::<locate::Provenance>()?;
     m.add_function(wrap_pyfunction!(megatron::megatron_config, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::megatron_order, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::megatron_agent_order, m)?)?;

@@ -31,6 +31,7 @@ from ._dquant import (
     AgentError,
     AgentShutdown,
     Batch,
+    Provenance,
     Reader,
     __version__,
     merge_cursors_json,
@@ -43,6 +44,8 @@ __all__ = [
     "open",
     "subscribe",
     "merge_cursors",
+    "locate",
+    "samples_of",
     "Reader",
     "Batch",
     "AgentError",
@@ -259,3 +262,51 @@ def merge_cursors(cursors: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         >>> reader = dquant.open(plan, cursor=merged, rank=0, world=3)
     """
     return json.loads(merge_cursors_json([_cursor_json(c) for c in cursors]))
+
+
+# Plans asked about, bound to their opened sources (a document index is read once per plan).
+_PROVENANCE: Dict[str, Provenance] = {}
+_PROVENANCE_KEEP = 4
+
+
+def _provenance(plan: Any) -> Provenance:
+    text = json.dumps(plan_of(plan), sort_keys=True)
+    p = _PROVENANCE.pop(text, None) or Provenance(text)
+    _PROVENANCE[text] = p  # most recent last
+    while len(_PROVENANCE) > _PROVENANCE_KEEP:
+        _PROVENANCE.pop(next(iter(_PROVENANCE)))
+    return p
+
+
+def locate(plan: Any, sample: int) -> Dict[str, Any]:
+    """Where global sample ``sample`` of ``plan`` goes and where its tokens come from.
+
+    Returns ``{"sample", "epoch", "step", "rank", "pieces"}`` as ``dquant locate --json``
+    prints it: ``step`` and ``rank`` receive the sample under the plan's ``batch_size`` and
+    ``world``; each piece is ``{"source", "uri", "document", "offset", "length"}``, and the
+    pieces in order are the sample's ``seq_len + 1`` tokens. ``plan`` is anything
+    ``plan_of`` takes. Computed from the plan, no stream is read.
+
+        >>> dquant.locate("plan.toml", 123456)["pieces"][0]["document"]
+    """
+    return json.loads(_provenance(plan).locate_json(int(sample)))
+
+
+def samples_of(
+    plan: Any, source: int, document: int, range: Optional[Sequence[int]] = None
+) -> list:
+    """Every global sample of ``plan`` that holds any token of document ``document`` of
+    source ``source`` (its index in the plan's sources), ascending: for a takedown request or
+    a contamination audit. ``range=(start, end)`` limits it to samples ``start..end``
+    (``end`` excluded); the default is the whole plan. Computed through the inverse
+    shuffle, in time proportional to the answer.
+    """
+    if range is None:
+        return _provenance(plan).samples_of(int(source), int(document))
+    try:
+        start, end = (int(x) for x in range)
+    except (TypeError, ValueError):
+        raise ValueError(f"range must be (start, end), got {range!r}") from None
+    if start > end:
+        raise ValueError(f"range {range!r}: the start is past the end")
+    return _provenance(plan).samples_of(int(source), int(document), start, end)
