@@ -24,6 +24,7 @@ Examples:
   dquant bench codecs data/cl100k_int32
   dquant read plan.toml --out batches.u16          # run a blend/pack/shuffle plan in-process
   dquant locate plan.toml --sample 123456          # which documents a sample holds; --document K:D: the reverse
+  dquant audit plan.toml --until 5000000           # per source: samples, tokens, epochs, documents touched
   dquant serve --root corpus=/data/tokens          # the offload agent, on 127.0.0.1:7878
   dquant ls dquant://127.0.0.1:7878/corpus         # what it serves
   dquant stat dquant://127.0.0.1:7878/corpus/web_int32
@@ -63,6 +64,7 @@ enum Cmd {
     Bench(cmd::bench::Cmd),
     Read(cmd::read::Args),
     Locate(cmd::locate::Args),
+    Audit(cmd::audit::Args),
     Subscribe(cmd::subscribe::Args),
     Serve(cmd::serve::Args),
     Ls(cmd::remote::LsArgs),
@@ -85,6 +87,7 @@ fn main() {
         Cmd::Bench(c) => cmd::bench::run(&c).map(|_| 0),
         Cmd::Read(a) => cmd::read::run(&a).map(|_| 0),
         Cmd::Locate(a) => cmd::locate::run(&a).map(|_| 0),
+        Cmd::Audit(a) => cmd::audit::run(&a).map(|_| 0),
         Cmd::Subscribe(a) => cmd::subscribe::run(&a).map(|_| 0),
         Cmd::Serve(a) => cmd::serve::run(&a).map(|_| 0),
         Cmd::Ls(a) => cmd::remote::ls(&a).map(|_| 0),

@@ -18,6 +18,7 @@
 //! `dquant_transport::BatchSource` (TCP frames, the shared-memory ring, or the plan run in
 //! this process), records checked against the plan and handed out in place.
 
+mod audit;
 mod batch;
 mod error;
 mod inproc;
@@ -29,6 +30,7 @@ pub mod shm;
 use dquant_plan::{Cursor, Plan};
 use dquant_remote::open_source;
 
+pub use audit::{SourceAudit, EXACT_BUDGET};
 pub use batch::{Batch, OwnedBatch, Tokens};
 pub use dquant_engine::{EngineError, SourceError, TokenSource};
 pub use dquant_remote::{AgentUri, Control, Credentials, Transport, Watch};

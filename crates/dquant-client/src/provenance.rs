@@ -13,6 +13,7 @@ use dquant_plan::{BlendIndex, Plan, Schedule, SourceInfo};
 use dquant_remote::open_source;
 use serde::Serialize;
 
+use crate::audit::{self, SourceAudit};
 use crate::error::ClientError;
 
 /// One contiguous run of a sample's tokens inside one document.
@@ -111,6 +112,37 @@ impl Provenance {
         Ok(self
             .schedule
             .samples_holding(&mut self.index, source, tokens, range))
+    }
+
+    /// How much of each source the global samples `0..until` consumed ([`SourceAudit`]).
+    pub fn audit(&mut self, until: u64) -> Result<Vec<SourceAudit>, ClientError> {
+        let total = self.schedule.total_samples();
+        if until > total {
+            return Err(ClientError::Usage(format!(
+                "until: {until} is past the end of the plan ({total} samples)"
+            )));
+        }
+        let counts = self.index.counts_at(until);
+        let sample_len = self.schedule.sample_len() as u64;
+        let mut out = Vec::with_capacity(counts.len());
+        for (d, &samples) in counts.iter().enumerate() {
+            let idx = self.index_of(d)?;
+            let (touched, completed, exact) = audit::documents(&self.schedule, d, idx, samples);
+            let documents = idx.documents() as u64;
+            out.push(SourceAudit {
+                source: d,
+                uri: self.plan.sources[d].uri.clone(),
+                samples,
+                tokens: samples * sample_len,
+                epochs: samples as f64 / self.schedule.samples_per_epoch(d) as f64,
+                documents,
+                documents_touched: touched,
+                documents_completed: completed,
+                touched_share: touched / documents.max(1) as f64,
+                exact,
+            });
+        }
+        Ok(out)
     }
 
     /// The token range of document `document` of source `source`.

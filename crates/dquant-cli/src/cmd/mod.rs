@@ -1,3 +1,4 @@
+pub mod audit;
 pub mod bench;
 pub mod convert;
 pub mod corpus;

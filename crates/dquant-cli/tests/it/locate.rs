@@ -119,6 +119,7 @@ fn locate_matches_the_stream_both_ways() {
             holding.insert((key.0, key.1, i));
         }
     }
+    audit_matches(plan0, &located);
     // A document's samples: exactly those whose pieces name it, whole plan and a window.
     for (k, d) in [(0, 0), (0, 13), (0, 27), (1, 5), (1, 27)] {
         for (range, window) in [(None, 0..u64::MAX), (Some("200..900"), 200..900)] {
@@ -176,4 +177,54 @@ fn locate_names_what_is_wrong() {
         usage.contains("\"7\" is not SOURCE:DOCUMENT (e.g. 0:42)"),
         "{usage}"
     );
+}
+
+/// `dquant audit --until N` against the located samples below N: per source, the samples
+/// drawn, and the documents with a token read (touched) and with every reachable token read
+/// (completed), from the pieces' token coverage.
+fn audit_matches(plan: &str, located: &[Value]) {
+    let reach = |uri: &str| {
+        let ds = Dataset::open(Path::new(uri), &OpenOptions::default()).unwrap();
+        let idx = ds.index().unwrap().clone();
+        // Tokens a sample can hold: the first S * seq_len + 1.
+        let limit = (ds.tokens() - 1) / SEQ as u64 * SEQ as u64 + 1;
+        (idx, limit)
+    };
+    for until in [0u64, 1, 100, 701, 1494] {
+        let got: Value = serde_json::from_slice(&ok(&[
+            "audit",
+            plan,
+            "--until",
+            &until.to_string(),
+            "--json",
+        ]))
+        .unwrap();
+        for (k, row) in got["sources"].as_array().unwrap().iter().enumerate() {
+            let (idx, limit) = reach(row["uri"].as_str().unwrap());
+            let mut covered = vec![BTreeSet::new(); idx.documents()];
+            let mut samples = 0;
+            for at in &located[..until as usize] {
+                let pieces = at["pieces"].as_array().unwrap();
+                samples += u64::from(pieces[0]["source"] == k as u64);
+                for p in pieces.iter().filter(|p| p["source"] == k as u64) {
+                    let (o, n) = (p["offset"].as_u64().unwrap(), p["length"].as_u64().unwrap());
+                    covered[p["document"].as_u64().unwrap() as usize].extend(o..o + n);
+                }
+            }
+            let touched = covered.iter().filter(|c| !c.is_empty()).count();
+            let completed = (0..idx.documents())
+                .filter(|&d| {
+                    let r = idx.document(d);
+                    let want = r.end.min(limit).saturating_sub(r.start);
+                    want > 0 && covered[d].len() as u64 == want
+                })
+                .count();
+            let what = format!("until {until}, source {k}: {row}");
+            assert_eq!(row["samples"], samples, "{what}");
+            assert_eq!(row["exact"], true, "{what}");
+            assert_eq!(row["documents_touched"], touched as f64, "{what}");
+            assert_eq!(row["documents_completed"], completed as f64, "{what}");
+            assert_eq!(row["tokens"], samples * (SEQ as u64 + 1), "{what}");
+        }
+    }
 }
