@@ -510,6 +510,31 @@ impl Batch {
         ))
     }
 
+    /// Each sample's origins, when the plan has `provenance`: int64 of shape `(pieces, 5)`,
+    /// one row a piece, `(sample, source, document, offset, length)`; a sample's rows in order
+    /// are its `seq_len + 1` tokens. `None` without provenance.
+    #[getter]
+    fn provenance<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(o) = self.batch.origins.as_ref() else {
+            return Ok(None);
+        };
+        let rows = (0..o.samples()).flat_map(|k| {
+            o.sample(k).map(move |p| {
+                let n = |x: u64| x as i64;
+                [
+                    k as i64,
+                    i64::from(p.source),
+                    n(p.document),
+                    n(p.offset),
+                    i64::from(p.length),
+                ]
+            })
+        });
+        let flat: Vec<i64> = rows.flatten().collect();
+        let a = numpy::PyArrayMethods::reshape(&PyArray1::from_vec(py, flat), [o.pieces(), 5])?;
+        Ok(Some(a.into_any()))
+    }
+
     /// `position_ids`, int64 of shape `(samples, seq_len)`, restarting at each document
     /// (Megatron's `reset_position_ids`).
     fn position_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

@@ -72,3 +72,31 @@ def test_errors_say_what_is_wrong():
         dquant.samples_of(plan(), 2, 0)
     with pytest.raises(ValueError, match=r"the start is past the end"):
         dquant.samples_of(plan(), 0, 0, range=(5, 1))
+
+
+def test_provenance_in_the_batch_is_what_locate_says():
+    torch = pytest.importorskip("torch")
+    from dquant.torch import DataLoader, TokenDataset
+
+    p = dict(plan(1), provenance=True, boundaries="documents", world=WORLD)
+    with dquant.open(p, offload=False) as reader:
+        batches = [b.base.provenance for b in reader]
+    rows = []
+    for step, prov in enumerate(batches):
+        for sample, source, document, offset, length in prov.tolist():
+            rows.append((step * BATCH + sample, source, document, offset, length))
+    want = []
+    for local in range(1800 // WORLD):
+        at = dquant.locate(plan(), local * WORLD + 1)
+        want += [(local, q["source"], q["document"], q["offset"], q["length"]) for q in at["pieces"]]
+    assert rows == want
+    # Through torch's DataLoader, with workers handing batches over in shared memory: 2
+    # workers make rank 1 of 3 sub-ranks 2 and 3 of 6, so it reads samples i with i % 6 in
+    # {2, 3}. Workers interleave batches: compare the pieces as a multiset.
+    loader = DataLoader(TokenDataset(p), num_workers=2)
+    got = sorted(tuple(r[1:]) for item in loader for r in item["provenance"].tolist())
+    want = []
+    for i in (i for i in range(1800) if i % 6 in (2, 3)):
+        want += [(q["source"], q["document"], q["offset"], q["length"]) for q in dquant.locate(plan(), i)["pieces"]]
+    assert got == sorted(want)
+    assert dquant.open(plan(1), offload=False).__next__().base.provenance is None

@@ -181,7 +181,13 @@ impl Producer {
             return Err(EngineError::Usage(m).into());
         };
         data.copy_from_slice(&e.payload);
-        put_trailer(&mut e.header, e.docs.as_ref(), &e.cursor.blend, body)?;
+        put_trailer(
+            &mut e.header,
+            e.docs.as_ref(),
+            e.origins.as_ref(),
+            &e.cursor.blend,
+            body,
+        )?;
         head.copy_from_slice(&e.header.encode());
         let len = RECORD_HEADER_LEN + e.header.payload_len as usize;
         sink.commit(len)?;
@@ -207,7 +213,13 @@ impl Producer {
         let tokens = b.samples * sample_len;
         let payload_len = width.encoded_len(tokens);
         let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
-        put_trailer(&mut h, b.docs.as_ref(), &b.cursor.blend, body)?;
+        put_trailer(
+            &mut h,
+            b.docs.as_ref(),
+            b.origins.as_ref(),
+            &b.cursor.blend,
+            body,
+        )?;
         head.copy_from_slice(&h.encode());
         let len = RECORD_HEADER_LEN + h.payload_len as usize;
         sink.commit(len)?;
@@ -245,7 +257,7 @@ impl Producer {
                 })?
             }
         }
-        put_trailer(&mut header, b.docs, &b.cursor.blend, body)?;
+        put_trailer(&mut header, b.docs, b.origins, &b.cursor.blend, body)?;
         head.copy_from_slice(&header.encode());
         let len = RECORD_HEADER_LEN + header.payload_len as usize;
         sink.commit(len)?;

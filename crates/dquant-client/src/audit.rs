@@ -137,9 +137,9 @@ mod tests {
         // probability 1/2; a two-sample one is touched with 1 - C(2,2)/C(4,2) = 5/6 and
         // complete with C(2,0)/C(4,2) = 1/6.
         let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
-        let (t, c) = expected([0..1].into_iter(), 4, 2);
+        let (t, c) = expected(std::iter::once(0..1), 4, 2);
         assert!(close(t, 0.5) && close(c, 0.5), "{t} {c}");
-        let (t, c) = expected([1..3].into_iter(), 4, 2);
+        let (t, c) = expected(std::iter::once(1..3), 4, 2);
         assert!(close(t, 5.0 / 6.0) && close(c, 1.0 / 6.0), "{t} {c}");
         // Three samples of four drawn, a three-sample document: never untouched; complete
         // only when the one undrawn sample is the fourth: 1/4.

@@ -10,7 +10,7 @@
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use dquant_plan::{Cursor, DocStarts, OutputDType};
+use dquant_plan::{Cursor, DocStarts, Origins, OutputDType};
 use dquant_transport::record::RECORD_HEADER_LEN;
 use dquant_transport::RecordView;
 
@@ -27,6 +27,9 @@ pub struct Batch<'a> {
     /// them with [`DocStarts::position_ids`], [`DocStarts::loss_mask`] and
     /// [`DocStarts::cu_seqlens`].
     pub docs: Option<&'a DocStarts>,
+    /// Each sample's origins (source documents and the runs of tokens in them), when the
+    /// plan has `provenance`.
+    pub origins: Option<&'a Origins>,
 }
 
 /// A batch's tokens in the plan's output dtype.
@@ -87,6 +90,8 @@ pub struct OwnedBatch {
     pub cursor: Cursor,
     /// Where documents start inside each sample, when the plan has `boundaries`.
     pub docs: Option<DocStarts>,
+    /// Each sample's origins, when the plan has `provenance`.
+    pub origins: Option<Origins>,
     pub(crate) record: RecordView,
     /// Payload bytes after the record header.
     pub(crate) len: usize,

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use dquant_codec::kernels::store_plain;
 use dquant_codec::{Compression, Decoder};
-use dquant_engine::{doc_section, plain_codec, Pipeline, SourceError, TokenSource};
-use dquant_plan::{Cursor, DocStarts, OutputDType, Plan, Schedule, Source, SourceUse};
+use dquant_engine::{doc_section, origin_section, plain_codec, Pipeline, SourceError, TokenSource};
+use dquant_plan::{Cursor, DocStarts, Origins, OutputDType, Plan, Schedule, Source, SourceUse};
 use dquant_proto::v1::{OpenReply, OpenRequest, StreamPosition, SubscribeRequest};
 use dquant_remote::{open_source, AgentUri, Control, Credentials, Transport, DEFAULT_RPC_TIMEOUT};
 use dquant_transport::record::RECORD_HEADER_LEN;
@@ -77,6 +77,10 @@ pub struct Reader {
     trailer_bound: u64,
     /// The document starts of the batch at hand, when the plan has boundaries.
     docs: Option<DocStarts>,
+    /// Whether batch records carry origins (the plan has provenance), and the batch at
+    /// hand's.
+    provenance: bool,
+    origins: Option<Origins>,
     /// Bytes of the batch at hand already handed out by `read`.
     read_pos: usize,
     /// Position after the last batch fully handed out.
@@ -87,6 +91,9 @@ pub struct Reader {
     payload: Vec<u8>,
     decoded: Vec<u32>,
 }
+
+/// A batch's trailer, split: its document starts, its origins, and the cursor trailer.
+type Trailer<'t> = (Option<DocStarts>, Option<Origins>, &'t [u8]);
 
 /// Where the reader's stream comes from, for [`Reader::new`].
 struct Origin {
@@ -284,6 +291,8 @@ impl Reader {
             boundaries: plan.boundaries.is_some(),
             trailer_bound: plan.trailer_bound(),
             docs: None,
+            provenance: plan.provenance,
+            origins: None,
             pool,
             decoder: Decoder::new(),
             payload: Vec::new(),
@@ -382,7 +391,7 @@ impl Reader {
             None => self.receive(&h, bytes)?,
         };
         let trailer = &record[RECORD_HEADER_LEN + bytes..][..h.trailer_len as usize];
-        let (docs, blend) = self.parse_trailer(&h, trailer)?;
+        let (docs, origins, blend) = self.parse_trailer(&h, trailer)?;
         let mut cursor = self.start.moved_to(h.cursor_epoch, h.cursor_consumed);
         if !blend.is_empty() {
             cursor.blend = blend
@@ -391,6 +400,7 @@ impl Reader {
                 .collect();
         }
         self.docs = docs;
+        self.origins = origins;
         self.batch_cursor = cursor;
         self.record = Some(record);
         self.batch_len = bytes;
@@ -418,13 +428,13 @@ impl Reader {
         Ok(())
     }
 
-    /// Splits a batch's trailer into its document starts (when the plan has boundaries) and
-    /// the cursor trailer (none, or the plan's length).
+    /// Splits a batch's trailer into its document starts (when the plan has boundaries), its
+    /// origins (when it has provenance) and the cursor trailer (none, or the plan's length).
     fn parse_trailer<'t>(
         &self,
         h: &BatchHeader,
         trailer: &'t [u8],
-    ) -> Result<(Option<DocStarts>, &'t [u8]), ClientError> {
+    ) -> Result<Trailer<'t>, ClientError> {
         let bad = |e: String| ClientError::Agent(format!("agent sent batch {}: {e}", h.index));
         let (docs, rest) = if self.boundaries {
             let seq_len = (self.sample_len - 1) as u32;
@@ -434,6 +444,13 @@ impl Reader {
         } else {
             (None, trailer)
         };
+        let (origins, rest) = if self.provenance {
+            let (o, used) = origin_section::decode(rest, h.samples as usize, h.sample_len)
+                .map_err(|e| bad(e.to_string()))?;
+            (Some(o), &rest[used..])
+        } else {
+            (None, rest)
+        };
         if !rest.is_empty() && rest.len() != self.cursor_len {
             return Err(bad(format!(
                 "a {}-byte cursor trailer; the plan's is {} bytes",
@@ -441,7 +458,7 @@ impl Reader {
                 self.cursor_len
             )));
         }
-        Ok((docs, rest))
+        Ok((docs, origins, rest))
     }
 
     /// A record taken where it lies must already be the tokens in the output dtype.
@@ -512,6 +529,7 @@ impl Reader {
             sample_len: self.sample_len,
             tokens: tokens_of(self.output, self.batch_bytes()),
             docs: self.docs.as_ref(),
+            origins: self.origins.as_ref(),
         }
     }
 
@@ -553,6 +571,7 @@ impl Reader {
             output: self.output,
             cursor: self.cursor.clone(),
             docs: self.docs.take(),
+            origins: self.origins.take(),
             record,
             len,
             in_ring: self.source.shared_memory(),

@@ -4,7 +4,7 @@
 //! Apart from the pipeline so that what consumes a batch (fit checks, record encoding) depends
 //! on these types and not on the pipeline that makes them.
 
-use dquant_plan::{Cursor, DocStarts};
+use dquant_plan::{Cursor, DocStarts, Origins};
 
 /// One batch of tokens, borrowed from the pipeline.
 pub struct TokenBatch<'a> {
@@ -21,6 +21,8 @@ pub struct TokenBatch<'a> {
     pub uris: &'a [String],
     /// Each sample's document starts, when the plan has boundaries.
     pub docs: Option<&'a DocStarts>,
+    /// Each sample's origins, when the plan has `provenance`.
+    pub origins: Option<&'a Origins>,
 }
 
 impl TokenBatch<'_> {
@@ -31,6 +33,7 @@ impl TokenBatch<'_> {
             samples: self.samples,
             cursor: self.cursor.clone(),
             docs: self.docs.cloned(),
+            origins: self.origins.cloned(),
         }
     }
 }
@@ -44,4 +47,6 @@ pub struct BatchInfo {
     pub cursor: Cursor,
     /// Each sample's document starts, when the plan has boundaries.
     pub docs: Option<DocStarts>,
+    /// Each sample's origins, when the plan has `provenance`.
+    pub origins: Option<Origins>,
 }

@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use dquant_codec::{Codec, Width};
-use dquant_plan::{Cursor, DocStarts, WireCodec};
+use dquant_plan::{Cursor, DocStarts, Origins, WireCodec};
 use dquant_wire::BatchHeader;
 
 use crate::batch::BatchInfo;
@@ -36,6 +36,8 @@ pub struct Encoded {
     pub cursor: Cursor,
     /// Its document starts, when the plan has boundaries.
     pub docs: Option<DocStarts>,
+    /// Its origins, when the plan has provenance.
+    pub origins: Option<Origins>,
     /// Tokens in the batch.
     pub tokens: u64,
     /// The batch's tokens, kept to be reused for a later batch.
@@ -126,6 +128,7 @@ impl EncodeAhead {
                     payload,
                     cursor: info.cursor,
                     docs: info.docs,
+                    origins: info.origins,
                     tokens: buf.len() as u64,
                     buf,
                 })

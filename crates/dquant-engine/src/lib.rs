@@ -17,6 +17,8 @@ mod doc_starts;
 mod encode_ahead;
 mod error;
 mod fit;
+pub mod origin_section;
+mod origins;
 mod pipeline;
 pub mod record;
 mod worker_pool;

@@ -9,12 +9,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use dquant_codec::Width;
-use dquant_plan::{Cursor, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo};
+use dquant_plan::{Cursor, Origins, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo};
 
 use crate::batch::{BatchInfo, TokenBatch};
 use crate::batch_reads::{self, source_error};
 use crate::doc_starts::{BatchTokens, DocFinder};
 use crate::fit::check_fits;
+use crate::origins;
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 use dquant_storage::source::{SourceError, TokenSource};
@@ -43,6 +44,8 @@ pub struct Pipeline {
     trailer_bound: usize,
     /// Samples this stream has taken from each source since it opened.
     drawn: Vec<u64>,
+    /// The last batch's origins, when the plan has `provenance`.
+    origins: Option<Origins>,
 }
 
 impl Pipeline {
@@ -92,6 +95,9 @@ impl Pipeline {
         if let Some(f) = &docs {
             f.check(&sources, &uris)?;
         }
+        if plan.provenance {
+            origins::check_indexes(&sources, &uris, "provenance = true")?;
+        }
         Ok(Pipeline {
             schedule,
             iter,
@@ -108,6 +114,7 @@ impl Pipeline {
             docs,
             trailer_bound: usize::try_from(plan.trailer_bound()).unwrap_or(usize::MAX),
             drawn: vec![0; n],
+            origins: plan.provenance.then(Origins::new),
         })
     }
 
@@ -214,11 +221,15 @@ impl Pipeline {
                 let tokens = BatchTokens::Stored { width, bytes };
                 f.fill(&b.samples, tokens, &self.sources, &self.uris)?;
             }
+            if let Some(o) = &mut self.origins {
+                origins::fill(o, &b.samples, &self.sources, &self.uris)?;
+            }
             return Ok(Some(BatchInfo {
                 index: b.index,
                 samples: b.samples.len(),
                 cursor: self.iter.cursor(),
                 docs: self.docs.as_ref().map(|f| f.docs().clone()),
+                origins: self.origins.clone(),
             }));
         }
         let Some(b) = self.next_batch_checked(width)? else {
@@ -291,6 +302,9 @@ impl Pipeline {
             let tokens = BatchTokens::U32(&self.tokens);
             f.fill(&b.samples, tokens, &self.sources, &self.uris)?;
         }
+        if let Some(o) = &mut self.origins {
+            origins::fill(o, &b.samples, &self.sources, &self.uris)?;
+        }
         Ok(Some(TokenBatch {
             index: b.index,
             tokens: &self.tokens,
@@ -299,6 +313,7 @@ impl Pipeline {
             provenance: &self.provenance,
             uris: &self.uris,
             docs: self.docs.as_ref().map(DocFinder::docs),
+            origins: self.origins.as_ref(),
         }))
     }
 

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 
 use dquant_codec::kernels::max_token;
 use dquant_codec::{Codec, CodecError, Compression, Encoder, Width};
-use dquant_plan::{DocStarts, OutputDType, WireCodec};
+use dquant_plan::{DocStarts, Origins, OutputDType, WireCodec};
 use dquant_wire::BatchHeader;
 
 use crate::batch::{BatchInfo, TokenBatch};
-use crate::doc_section;
 use crate::fit::check_fits;
 use crate::EngineError;
+use crate::{doc_section, origin_section};
 
 /// The codec `wire` gives `tokens`: a fixed codec as it is, `auto` from their largest token.
 pub fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
@@ -75,12 +75,14 @@ pub fn batch_header(
 
 /// Writes the trailer of the batch of `h` into `body` after the `h.payload_len` bytes of its
 /// tokens, and counts it in `h`: the batch's document starts when the plan has boundaries
-/// ([`crate::doc_section`]), then the cursor trailer (`blend`: the blend's counts at the
+/// ([`crate::doc_section`]), its origins when the plan has provenance
+/// ([`crate::origin_section`]), then the cursor trailer (`blend`: the blend's counts at the
 /// cursor after the batch, empty for a single source). The record's room includes it
 /// ([`dquant_plan::Plan::trailer_bound`]).
 pub fn put_trailer(
     h: &mut BatchHeader,
     docs: Option<&DocStarts>,
+    origins: Option<&Origins>,
     blend: &[u64],
     body: &mut [u8],
 ) -> Result<(), EngineError> {
@@ -92,6 +94,10 @@ pub fn put_trailer(
             .get_mut(at..)
             .ok_or_else(|| no_room("document starts"))?;
         at += doc_section::encode(d, room).ok_or_else(|| no_room("document starts"))?;
+    }
+    if let Some(o) = origins {
+        let room = body.get_mut(at..).ok_or_else(|| no_room("provenance"))?;
+        at += origin_section::encode(o, room).ok_or_else(|| no_room("provenance"))?;
     }
     let len = 8 * blend.len();
     let room = body

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::boundaries::{doc_section_bound, Boundaries};
 use crate::cursor::cursor_trailer_len;
 use crate::error::PlanError;
+use crate::origins::origin_section_bound;
 use crate::output::{OutputDType, WireCodec};
 
 /// A declarative description of the batches a consumer wants: which sources, blended how,
@@ -86,6 +87,11 @@ pub struct Plan {
     /// `PackedSeqParams`). Needs `boundaries`. Default `false`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cu_seqlens: bool,
+    /// Ship each sample's origins (its source documents, the offset into the first, and the
+    /// run of tokens in each) in the batch record, through every transport. Needs each
+    /// source's document index. Default `false`. See [`crate::origins`].
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub provenance: bool,
     /// Later blend weights: each stage's `weights` hold from its start on (the sources'
     /// `weight`s hold from sample 0). See [`crate::mixture`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -288,6 +294,7 @@ impl Plan {
             position_ids: false,
             loss_mask: false,
             cu_seqlens: false,
+            provenance: false,
             stages: Vec::new(),
             interpolate: Interpolate::Step,
             when_exhausted: WhenExhausted::Stop,
@@ -321,14 +328,19 @@ impl Plan {
     }
 
     /// Bytes of a batch record's trailer at most: the document-start section when the plan
-    /// has `boundaries` ([`crate::boundaries::doc_section_bound`]), then the cursor trailer.
+    /// has `boundaries` ([`crate::boundaries::doc_section_bound`]), the provenance section
+    /// with `provenance` ([`crate::origins::origin_section_bound`]), then the cursor trailer.
     /// What a producer reserves, and a receiver accepts, past the tokens.
     pub fn trailer_bound(&self) -> u64 {
         let docs = match self.boundaries {
             Some(_) => doc_section_bound(self.batch_size, self.seq_len),
             None => 0,
         };
-        docs + self.cursor_trailer_len() as u64
+        let origins = match self.provenance {
+            true => origin_section_bound(self.batch_size, self.seq_len),
+            false => 0,
+        };
+        docs + origins + self.cursor_trailer_len() as u64
     }
 
     /// Parses and validates a plan written in JSON.

@@ -80,6 +80,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
     ``max_seqlen`` (an int32 scalar tensor). The agent ships only each sample's document
     starts; the arrays are expanded here.
 
+    Provenance. A plan with ``provenance=True`` adds ``provenance``: int64 of shape
+    ``(pieces, 5)``, one row per run of a sample's tokens inside one document,
+    ``(sample, source, document, offset, length)`` (see ``dquant.locate``).
+
     Args:
         plan: a plan dict, JSON text, a ``.json``/``.toml`` file, or one dataset URI (see
             :func:`dquant.plan_of`).
@@ -148,6 +152,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
         # whether cu_seqlens are asked for too.
         self._masks = bool(self.plan.get("loss_mask")) | 2 * bool(self.plan.get("position_ids"))
         self._cu_seqlens = bool(self.plan.get("cu_seqlens"))
+        self._provenance = bool(self.plan.get("provenance"))
         dist = _distributed()
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
@@ -283,6 +288,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
             cu, longest = batch.cu_seqlens()
             item["cu_seqlens"] = torch.from_numpy(cu)
             item["max_seqlen"] = torch.tensor(longest, dtype=torch.int32)
+        if self._provenance:
+            item["provenance"] = torch.from_numpy(batch.provenance)
         return item
 
     # -- state ---------------------------------------------------------------------------

@@ -79,3 +79,30 @@ fn bad_trailers_are_refused_by_name() {
         "agent sent batch 0 with a 8-byte trailer; the plan's is at most 0 bytes"
     );
 }
+
+#[test]
+fn bad_provenance_sections_are_refused_by_name() {
+    let mut p = plan(false);
+    p.provenance = true;
+    // Two samples of one piece each: 8 + 2 × 16 + 2 × 12 = 64 bytes.
+    let section = |lengths: [u32; 2]| {
+        let mut o = dquant_plan::Origins::new();
+        o.push_sample(0, 3, [(1, lengths[0])]);
+        o.push_sample(0, 0, [(2, lengths[1])]);
+        let mut b = vec![0u8; 64];
+        assert_eq!(dquant_engine::origin_section::encode(&o, &mut b), Some(64));
+        b
+    };
+    assert_eq!(
+        refused(&p, &section([5, 4])),
+        "agent sent batch 0: provenance: sample 1's 1 pieces hold 4 tokens; a sample holds 5, \
+         in pieces of at least one"
+    );
+    let mut huge = section([5, 5]);
+    huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let need = (8 + 2 * 16 + 12 * u32::MAX as u64).div_ceil(8) * 8;
+    assert_eq!(
+        refused(&p, &huge),
+        format!("agent sent batch 0: provenance: 2 samples of 4294967295 pieces need {need} bytes, the trailer has 64")
+    );
+}

@@ -13,6 +13,7 @@ mod megatron_agent;
 mod observability;
 mod offload;
 mod panics;
+mod provenance;
 mod readahead;
 mod replica_faults;
 mod s3_root;

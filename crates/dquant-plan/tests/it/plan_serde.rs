@@ -52,6 +52,7 @@ fn full_plan() -> Plan {
         position_ids: true,
         loss_mask: true,
         cu_seqlens: true,
+        provenance: true,
         stages: vec![Stage {
             start_sample: None,
             start_fraction: Some(0.75),
@@ -333,8 +334,8 @@ fn text_errors_have_line_and_column() {
         json_err(r#", "bogus": 1"#),
         "plan: unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, \
          `seed`, `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, \
-         `drop_last`, `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`, `stages`, \
-         `interpolate`, `when_exhausted` at line 1 column 66"
+         `drop_last`, `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`, \
+         `provenance`, `stages`, `interpolate`, `when_exhausted` at line 1 column 66"
     );
     assert_eq!(
         Plan::from_json(r#"{"sources": [{"uri": "a", "wieght": 2}], "seq_len": 1, "batch_size": 1}"#)
@@ -378,8 +379,8 @@ fn text_errors_have_line_and_column() {
         "plan: TOML parse error at line 3, column 1\n  |\n3 | bogus = 2\n  | ^^^^^\n\
          unknown field `bogus`, expected one of `sources`, `seq_len`, `batch_size`, `seed`, \
          `shuffle`, `epochs`, `samples`, `output`, `wire_codec`, `rank`, `world`, `drop_last`, \
-         `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`, `stages`, `interpolate`, \
-         `when_exhausted`\n"
+         `boundaries`, `eod`, `position_ids`, `loss_mask`, `cu_seqlens`, `provenance`, `stages`, \
+         `interpolate`, `when_exhausted`\n"
     );
     assert_eq!(
         Plan::from_toml("seq_len = 1\nbatch_size = 1\n[[sources]]\nuri = \"a\"\nwieght = 1\n")

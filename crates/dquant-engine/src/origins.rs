@@ -1,0 +1,69 @@
+//! Each sample's origins ([`dquant_plan::Origins`]) from the sources' document indexes, for a
+//! plan's `provenance = true`: where the pipeline reads a batch, so every transport carries
+//! the same pieces `dquant locate` computes from the plan.
+
+use dquant_plan::{Origins, SampleRef};
+
+use crate::batch_reads::source_error;
+use crate::EngineError;
+use dquant_storage::source::{SourceError, TokenSource};
+
+/// Checks at open that every source carries a document index that reads (`why`: the plan
+/// field that needs it, for the message).
+pub(crate) fn check_indexes(
+    sources: &[Box<dyn TokenSource>],
+    uris: &[String],
+    why: &str,
+) -> Result<(), EngineError> {
+    for d in 0..sources.len() {
+        index_of(sources, uris, d, why)?;
+    }
+    Ok(())
+}
+
+fn index_of<'s>(
+    sources: &'s [Box<dyn TokenSource>],
+    uris: &[String],
+    d: usize,
+    why: &str,
+) -> Result<&'s dquant_format::DocIndex, EngineError> {
+    match sources[d].document_index() {
+        Some(Ok(ix)) => Ok(ix),
+        Some(Err(e)) => Err(source_error(uris, d, e)),
+        None => {
+            let m = format!(
+                "{why} needs each source's document index, and this source does not carry one \
+                 (a dataset on another agent)"
+            );
+            Err(source_error(uris, d, SourceError::Usage(m)))
+        }
+    }
+}
+
+/// Fills `out` with the pieces of `samples`, in place of the last batch's.
+pub(crate) fn fill(
+    out: &mut Origins,
+    samples: &[SampleRef],
+    sources: &[Box<dyn TokenSource>],
+    uris: &[String],
+) -> Result<(), EngineError> {
+    out.clear();
+    for s in samples {
+        let ix = index_of(sources, uris, s.source, "provenance = true")?;
+        let mut first = None;
+        let mut pieces = Vec::with_capacity(4);
+        let mut t = s.tokens.start;
+        while t < s.tokens.end {
+            let Some((doc, offset)) = ix.locate(t) else {
+                let e = SourceError::Usage(format!("token {t} is past the document index's end"));
+                return Err(source_error(uris, s.source, e));
+            };
+            first.get_or_insert(offset);
+            let end = ix.document(doc).end.min(s.tokens.end);
+            pieces.push((doc as u64, (end - t) as u32));
+            t = end;
+        }
+        out.push_sample(s.source as u32, first.unwrap_or(0), pieces);
+    }
+    Ok(())
+}
