@@ -14,14 +14,16 @@
 //! strict `>` so the lowest index wins a tie. IEEE arithmetic without fused operations gives the
 //! same picks on every machine.
 //!
-//! The price of not storing the arrays is that jumping to sample `i` ([`Blender::seek`]) replays
-//! the rule from the start: O(i * #sources) time, O(#sources) memory. That is nanoseconds per
-//! sample (see the crate docs), but minutes at 10^10 samples, so cursors carry the counts
-//! ([`crate::Cursor::blend`]) and [`Blender::restore`] resumes from them in O(#sources). A
-//! single source needs neither.
+//! Not storing the arrays would make jumping to sample `i` ([`Blender::seek`]) a replay of the
+//! rule from the start: nanoseconds a sample, minutes at 10^10. Instead a far seek climbs to
+//! the exact counts from a proven upper bound a short window before `i` ([`crate::climb`]:
+//! microseconds for tens of sources), and [`Blender::restore`] checks a cursor's counts
+//! exactly the same way. Blends with renormalizing limits still replay. Cursors also carry
+//! the counts ([`crate::Cursor::blend`]), which restore in O(#sources) plus that check.
 
 use std::sync::Arc;
 
+use crate::climb::{counts_at, Rule};
 use crate::error::PlanError;
 use crate::kinetic::Tournament;
 use crate::mixture::Mixture;
@@ -37,6 +39,10 @@ pub const TOURNAMENT_FROM: usize = 256;
 /// millisecond of replay with a few sources, so a deadline is met closely and the ask costs
 /// nothing.
 pub const SEEK_CHECK_EVERY: u64 = 1 << 16;
+
+/// From how many draws ahead a seek climbs ([`crate::climb`], microseconds) rather than
+/// replays (about 12 ns a draw), plus 64 a source: the climb's steps cost O(#sources) each.
+pub const JUMP_FROM: u64 = 1 << 14;
 
 /// The state of Megatron's blending loop after some number of samples: which source the next
 /// global sample comes from, and which of that source's samples it is.
@@ -201,9 +207,10 @@ impl Blender {
     ///
     /// The counts are checked against the weights: the rule keeps every source within
     /// `#sources` samples of its share (`w_d * position`; its error `w_d * i - count_d` stays
-    /// in `[-1, #sources - 1]`), so counts that are not a state of this blend (another plan's,
-    /// or altered) are refused by name. Counts that pass but are not the rule's state at their
-    /// position give another, still proportionate, stream: a cursor is the caller's own data.
+    /// in `[-1, #sources - 1]`), so counts far from it (another plan's, or altered) are refused
+    /// by name. Then, for a blend without limits, exactly: the counts must be the blend's at
+    /// their position ([`crate::climb`], microseconds). With renormalizing limits only the
+    /// band and the limits are checked.
     pub fn restore(&mut self, counts: &[u64]) -> Result<(), PlanError> {
         let n = self.weights.len();
         if counts.len() != n {
@@ -244,6 +251,7 @@ impl Blender {
                 )));
             }
         }
+        self.check_exact(counts, position)?;
         self.counts.copy_from_slice(counts);
         self.position = position;
         self.segment = segment;
@@ -307,9 +315,11 @@ impl Blender {
 
     /// Moves to global sample `i`, so that the next [`Blender::next_pick`] draws sample `i`.
     ///
-    /// The counts at `i` have no closed form (they depend on every earlier tie-break), so this
-    /// replays the rule: from the current position when `i` is ahead of it, from 0 otherwise.
-    /// O(i * #sources) time, O(1) extra memory; O(1) with a single source.
+    /// The counts at `i` have no closed form (they depend on every earlier tie-break). Near
+    /// ahead this replays the rule from the current position; further ([`JUMP_FROM`] draws
+    /// plus 64 a source) it climbs to them ([`crate::climb`]), exactly. With renormalizing
+    /// limits it replays: from the current position when `i` is ahead, from 0 otherwise.
+    /// O(1) with a single source.
     pub fn seek(&mut self, i: u64) {
         // A stop condition that never fires lets the replay run to its end.
         let reached = self.seek_until(i, &mut || false);
@@ -325,6 +335,9 @@ impl Blender {
             self.counts[0] = i;
             self.position = i;
             self.segment = self.mixture.as_ref().map_or(0, |m| m.segment_at(i));
+            return true;
+        }
+        if self.jumps_to(i) {
             return true;
         }
         if i < self.position {
@@ -344,6 +357,67 @@ impl Blender {
             self.draw(d);
         }
         true
+    }
+}
+
+impl Blender {
+    /// The rule without limits, for the climb; `None` with limits (they change the rule
+    /// when a source runs out).
+    fn climbable(&self) -> Option<Rule<'_>> {
+        self.limits.is_none().then(|| Rule {
+            weights: &self.weights,
+            mixture: self.mixture.as_deref(),
+        })
+    }
+
+    /// Refuses `counts` that are not the blend's own state after `position` samples, naming
+    /// the first source that differs.
+    fn check_exact(&self, counts: &[u64], position: u64) -> Result<(), PlanError> {
+        let Some(rule) = self.climbable() else {
+            return Ok(());
+        };
+        let Some(want) = counts_at(&rule, position) else {
+            return Ok(());
+        };
+        match counts.iter().zip(&want).position(|(a, b)| a != b) {
+            None => Ok(()),
+            Some(d) => Err(PlanError::Cursor(format!(
+                "blend[{d}] = {} is not this plan's blend after {position} samples (it gives {})",
+                counts[d], want[d]
+            ))),
+        }
+    }
+
+    /// Moves to global sample `i` by the certified climb ([`crate::climb`]) when that beats
+    /// replaying to it: a blend without limits, `i` further than [`JUMP_FROM`] draws (more
+    /// with many sources) past where a replay would start. Returns whether it moved.
+    fn jumps_to(&mut self, i: u64) -> bool {
+        let k = self.weights.len() as u64;
+        let from = if i >= self.position { self.position } else { 0 };
+        if k == 1 || i - from <= JUMP_FROM + 64 * k {
+            return false;
+        }
+        let Some(rule) = self.climbable() else {
+            return false;
+        };
+        let Some(counts) = counts_at(&rule, i) else {
+            return false;
+        };
+        self.set_state(&counts);
+        true
+    }
+
+    /// Moves to the state `counts`, known to be this blend's own (a climb's result, or a
+    /// checkpoint taken from it): [`Blender::restore`] without its checks.
+    pub(crate) fn set_state(&mut self, counts: &[u64]) {
+        let position = counts.iter().sum();
+        self.counts.copy_from_slice(counts);
+        self.position = position;
+        self.segment = self.mixture.as_ref().map_or(0, |m| m.segment_at(position));
+        self.exhausted = self.count_exhausted();
+        if let Some(t) = &mut self.tournament {
+            t.forget();
+        }
     }
 }
 
@@ -412,7 +486,10 @@ mod tests {
 
     #[test]
     fn a_far_seek_stops_when_asked_and_a_near_one_is_unaffected() {
-        let mut b = Blender::new(&[0.5, 0.5]).unwrap();
+        // Renormalizing limits keep the climb out: the seek replays, asking as it goes.
+        let mut b = Blender::new(&[0.5, 0.5])
+            .unwrap()
+            .renormalizing(vec![u64::MAX, u64::MAX]);
         let mut asks = 0;
         let mut stop = || {
             asks += 1;
@@ -427,6 +504,11 @@ mod tests {
         let mut d = Blender::new(&[0.5, 0.5]).unwrap();
         d.seek(1000);
         assert_eq!(c, d);
+        // Without limits the same far seek climbs there at once, never asking.
+        let mut e = Blender::new(&[0.5, 0.5]).unwrap();
+        assert!(e.seek_until(1 << 62, &mut || unreachable!("a climb does not ask")));
+        // (Not 2^61 each: at 2^62, `0.5 * i` in f64 is a multiple of 512, and the rule with it.)
+        assert_eq!(e.counts().iter().sum::<u64>(), 1 << 62);
     }
 
     /// Picks through the tournament are the full scan's, over long runs of weights of every

@@ -10,6 +10,7 @@
 //! from its token range through the inverse of each step, in time proportional to the answer:
 //! no index array to scan, as Megatron's would need.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::blend::Blender;
@@ -28,65 +29,47 @@ pub struct Location {
     pub sample: SampleRef,
 }
 
-/// The blend's positions, answered from checkpoints of its per-source counts taken every
-/// `every` samples as a replay passes them.
+/// The blend's positions: its counts at any sample, and where a source's `j`-th draw falls.
 ///
-/// Megatron's rule has no closed form for the counts at a sample (they depend on every earlier
-/// tie-break), so a question about sample `n` replays from the checkpoint below it: at most
-/// `every` draws. The checkpoints are made once, by replaying up to the furthest sample asked
-/// about, and kept: `8 × #sources` bytes per `every` samples.
+/// Counts at a sample come from the certified climb ([`crate::Blender::seek`] far ahead:
+/// microseconds, no replay from 0). The index keeps the counts at the checkpoints it was asked
+/// about (every `every` samples), so a draw's position is a binary search over checkpoints
+/// and a replay of at most `every` draws. Blends with renormalizing limits, which the climb
+/// does not take, replay from the nearest checkpoint below instead.
 #[derive(Clone, Debug)]
 pub struct BlendIndex {
     every: u64,
-    /// Counts at samples `0, every, 2 × every, ...`, `#sources` each, back to back.
-    checkpoints: Vec<u64>,
-    /// The replay that made them, at the last checkpoint.
-    front: Blender,
+    /// Counts at samples `c × every`, by `c`, as far as computed.
+    checkpoints: BTreeMap<u64, Vec<u64>>,
+    /// The blend at sample 0.
+    start: Blender,
 }
 
 /// Checkpoint spacing of [`Schedule::blend_index`]: a look-up replays at most this many draws
-/// (tens of microseconds), and the index holds `8 × #sources` bytes per this many samples.
+/// (tens of microseconds).
 pub const BLEND_CHECKPOINT_EVERY: u64 = 1 << 12;
 
 impl BlendIndex {
     /// The index of `blender`'s stream (from sample 0), checkpointed every `every` samples.
     pub fn new(blender: &Blender, every: u64) -> Self {
-        let mut front = blender.clone();
-        front.seek(0);
+        let mut start = blender.clone();
+        start.seek(0);
         BlendIndex {
             every: every.max(1),
-            checkpoints: front.counts().to_vec(),
-            front,
+            checkpoints: BTreeMap::new(),
+            start,
         }
     }
 
-    fn sources(&self) -> usize {
-        self.front.counts().len()
-    }
-
-    /// Checkpoints made so far.
-    fn made(&self) -> u64 {
-        (self.checkpoints.len() / self.sources()) as u64
-    }
-
-    /// Makes the checkpoints up to the one at or below sample `n`.
-    fn extend_to(&mut self, n: u64) {
-        let want = n / self.every + 1;
-        while self.made() < want {
-            let next = self.made() * self.every;
-            self.front.seek(next);
-            self.checkpoints.extend_from_slice(self.front.counts());
+    /// A blender at checkpoint `c`: from the nearest known checkpoint at or below it.
+    fn checkpoint(&mut self, c: u64) -> Blender {
+        let mut b = self.start.clone();
+        if let Some((_, counts)) = self.checkpoints.range(..=c).next_back() {
+            b.set_state(counts);
         }
-    }
-
-    /// A blender at checkpoint `c`.
-    fn at_checkpoint(&self, c: u64) -> Blender {
-        let k = self.sources();
-        let counts = &self.checkpoints[c as usize * k..(c as usize + 1) * k];
-        let mut b = self.front.clone();
-        if b.position() != c * self.every {
-            // A checkpoint is this stream's own state: restore cannot refuse it.
-            b.restore(counts).unwrap_or_else(|e| unreachable!("{e}"));
+        b.seek(c * self.every);
+        if b.counts().len() > 1 {
+            self.checkpoints.insert(c, b.counts().to_vec());
         }
         b
     }
@@ -94,13 +77,7 @@ impl BlendIndex {
     /// The blend's state before global sample `n`: how many of samples `0..n` each source
     /// gave, in a blender positioned there.
     pub fn blender_at(&mut self, n: u64) -> Blender {
-        if self.sources() == 1 {
-            let mut b = self.front.clone();
-            b.seek(n);
-            return b;
-        }
-        self.extend_to(n);
-        let mut b = self.at_checkpoint(n / self.every);
+        let mut b = self.checkpoint(n / self.every);
         b.seek(n);
         b
     }
@@ -112,26 +89,27 @@ impl BlendIndex {
 
     /// The global sample that is the `j`-th draw of source `d`, if it comes before `limit`.
     pub fn position_of(&mut self, d: usize, j: u64, limit: u64) -> Option<u64> {
-        if self.sources() == 1 {
+        if self.start.counts().len() == 1 {
             return (j < limit).then_some(j);
         }
-        let k = self.sources();
-        // Checkpoints up to the limit; the last one whose count of d is at most j is where the
-        // draw's replay starts (counts only grow).
-        self.extend_to(limit.saturating_sub(1));
-        let (mut lo, mut hi) = (0, self.made());
-        while lo < hi {
+        // The last checkpoint below the limit whose count of d is at most j: the draw lies
+        // after it, and before the next (counts only grow).
+        let (mut lo, mut hi) = (0, limit.saturating_sub(1) / self.every + 1);
+        while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            match self.checkpoints[mid as usize * k + d] <= j {
-                true => lo = mid + 1,
+            match self.checkpoint(mid).counts()[d] <= j {
+                true => lo = mid,
                 false => hi = mid,
             }
         }
-        let mut b = self.at_checkpoint(lo.checked_sub(1)?);
+        let mut b = self.checkpoint(lo);
         while b.position() < limit {
             let (src, drawn) = b.next_pick();
             if src == d && drawn == j {
                 return Some(b.position() - 1);
+            }
+            if src == d && drawn > j {
+                return None;
             }
         }
         None

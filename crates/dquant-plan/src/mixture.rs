@@ -137,6 +137,11 @@ impl Mixture {
         &self.segments[0].from
     }
 
+    /// How many segments it has (stages + 1).
+    pub(crate) fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
     /// The index of the segment holding sample `i`.
     pub(crate) fn segment_at(&self, i: u64) -> usize {
         self.segments.partition_point(|s| s.start <= i) - 1

@@ -277,8 +277,9 @@ impl Schedule {
         }
     }
 
-    /// Global sample `i`, or `None` past the end of the plan. Replays the blend from sample 0,
-    /// O(i * #sources): for a stream, use [`Schedule::iter_rank`].
+    /// Global sample `i`, or `None` past the end of the plan. One seek of the blend
+    /// ([`Blender::seek`]: a climb, or with renormalizing limits a replay from 0): for a
+    /// stream, use [`Schedule::iter_rank`].
     pub fn sample(&self, i: u64) -> Option<SampleRef> {
         if i >= self.total {
             return None;

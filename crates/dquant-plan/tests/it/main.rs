@@ -3,6 +3,7 @@
 //! build's link time and disk down (`testkit/tests/it/structure.rs` holds the rule).
 
 mod blend;
+mod blend_position;
 mod common;
 mod fuzz_regressions;
 mod limits;
