@@ -167,6 +167,9 @@ pub struct PlanOpts {
     /// Shuffle seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Ship each sample's origins in the batch records (the plan's `provenance = true`).
+    #[arg(long)]
+    pub provenance: bool,
 }
 
 impl PlanOpts {
@@ -182,6 +185,7 @@ impl PlanOpts {
         p.wire_codec = self.wire_codec.clone();
         p.samples = self.samples;
         p.seed = self.seed;
+        p.provenance = self.provenance;
         p
     }
 
@@ -192,11 +196,12 @@ impl PlanOpts {
 
     pub fn describe(&self) -> String {
         format!(
-            "seq_len {}, batch {}, output {}, wire {}",
+            "seq_len {}, batch {}, output {}, wire {}{}",
             self.seq_len,
             self.batch_size,
             OutputDType::from(self.output),
-            self.wire_codec
+            self.wire_codec,
+            if self.provenance { ", provenance" } else { "" }
         )
     }
 }
