@@ -7,14 +7,14 @@
 //! tensors, where torch's own ops make the masks exactly as Megatron's do.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use dquant_client::{AgentMegatron, SampleBatch};
 use dquant_megatron::fields::{FieldRules, Fields};
 use dquant_megatron::records::SplitRecords;
 use dquant_megatron::{
-    build_cached, Blend, BuildConfig, Built, DirStore, IndexStore, MegatronError, RecordLayout,
-    Sample, Sources, TopLevel,
+    build_cached, Blend, BuildConfig, Built, DirStore, IndexStore, Lookup, MegatronError,
+    RecordLayout, Sample, Sources, TopLevel,
 };
 use dquant_storage::{Dataset, OpenOptions, ReadBuffers};
 use numpy::ndarray::Array2;
@@ -48,6 +48,8 @@ pub struct MegatronOrder {
     sources: Sources,
     /// Read buffers (decoded tokens, I/O) reused by every read of this object.
     bufs: Mutex<(ReadBuffers, Vec<u32>, Sample)>,
+    /// Each split's inverse tables, built on the first `samples_of` asked of it.
+    lookups: [OnceLock<Lookup>; 3],
 }
 
 impl MegatronOrder {
@@ -195,6 +197,7 @@ pub fn megatron_order(
             built,
             sources,
             bufs: Mutex::new(Default::default()),
+            lookups: Default::default(),
         })
     })
     .map_err(to_py)
@@ -244,6 +247,30 @@ impl MegatronOrder {
             .map(|p| (names[p.source].clone(), p.sequence, p.offset, p.length))
             .collect();
         Ok((s.dataset_id, pieces, s.pad))
+    }
+
+    /// Every sample of `split` that holds a token of sequence (document) `sequence` of
+    /// source `source` (its index in `sources()`), ascending. The split's inverse tables are
+    /// built once, on the first call.
+    fn samples_of(
+        &self,
+        py: Python<'_>,
+        split: usize,
+        source: usize,
+        sequence: u64,
+    ) -> PyResult<Vec<u64>> {
+        let top = self.split(split)?;
+        let n = self.built.sources.len();
+        if source >= n {
+            return Err(PyValueError::new_err(format!(
+                "source {source}: the build has {n} sources"
+            )));
+        }
+        Ok(py.detach(|| {
+            self.lookups[split]
+                .get_or_init(|| Lookup::new(top))
+                .samples_of(top, source, sequence)
+        }))
     }
 
     /// The source prefixes, by source index.
@@ -305,6 +332,13 @@ impl AgentMegatronOrder {
     ) -> PyResult<Batch<'py>> {
         let (rows, ids) = self.rows(py, split, &indices, fields.0.pad)?;
         fields.of(py, rows, ids)
+    }
+
+    fn samples_of(&self, _split: usize, _source: usize, _sequence: u64) -> PyResult<()> {
+        Err(pyo3::exceptions::PyNotImplementedError::new_err(
+            "samples_of: an agent's build keeps its indices on the agent; open the config \
+             without agent= to find a document's samples",
+        ))
     }
 
     fn pieces(&self, _split: usize, _idx: u64) -> PyResult<()> {

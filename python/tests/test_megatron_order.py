@@ -390,6 +390,8 @@ def test_through_an_agent_bad_input_gets_clear_errors(corpora, mega_agent, tmp_p
         train[len(train)]
     with pytest.raises(NotImplementedError, match="keeps its indices on the agent"):
         train.pieces(0)
+    with pytest.raises(NotImplementedError, match="keeps its indices on the agent"):
+        train.samples_of(0, 0)
     with pytest.raises(FileNotFoundError, match='dataset "data/nope": no such dataset'):
         dm.build_train_valid_test_datasets(agent=mega_agent.uri, **{**kw, "blend": (["data/nope"], None)})
     with pytest.raises(ValueError, match="name the agent only"):
@@ -411,3 +413,34 @@ def test_path_to_cache_keeps_the_indices_and_a_second_open_reads_them(corpora, t
     victim = sorted(kept)[0]
     victim.write_bytes(victim.read_bytes()[:-9])
     dm.compare_splits(dm.build_train_valid_test_datasets(path_to_cache=str(tmp_path), **kw), first)
+
+
+def test_samples_of_is_pieces_the_other_way(corpora):
+    """A document's samples, found through Megatron's arrays inverted once, are exactly the
+    samples whose pieces name it: a weighted blend of three sources (tiny documents spanning
+    many per sample, several epochs) and a lone dataset with two sequences per document."""
+    configs = [
+        dict(blend=([corpora["int32"], corpora["tiny"], corpora["many"]], [0.3, 2.0, 0.45]),
+             split="90,8,2", sequence_length=16, random_seed=11, num=[3000, 200, 200]),
+        dict(blend=([corpora["multiseq"]], None), split="100,0,0", sequence_length=24,
+             random_seed=3, num=[900, None, None]),
+    ]
+    built = []
+    for c in configs:
+        num = c.pop("num")
+        datasets = dm.build_train_valid_test_datasets(config=dm._gpt_dataset_config(eod=EOD, **c), num_samples=num)
+        built.append(datasets[0])
+        for ds in (d for d in datasets if d is not None):
+            holding = {}
+            for i in range(len(ds)):
+                for prefix, seq, _, length in ds.pieces(i)[1]:
+                    if length > 0 and holding.setdefault((prefix, seq), [])[-1:] != [i]:
+                        holding[(prefix, seq)].append(i)
+            assert holding
+            for (prefix, seq), want in sorted(holding.items())[::7]:
+                assert ds.samples_of(prefix, seq) == want, (prefix, seq)
+            # A sequence no sample reads, and one past the source's end: none.
+            prefix = next(iter(holding))[0]
+            assert ds.samples_of(prefix, 10**9) == []
+    with pytest.raises(ValueError, match="^source 9: the build has 3 sources$"):
+        built[0].samples_of(9, 0)

@@ -25,6 +25,7 @@ pub mod datasets;
 mod error;
 pub mod fields;
 pub mod gpt_index;
+pub mod lookup;
 pub mod numpy_float;
 pub mod random_state;
 pub mod reader;
@@ -35,6 +36,7 @@ pub use builder::{build, build_cached, build_within, Blend, BuildConfig, BuildLi
 pub use cache::{DirStore, IndexStore};
 pub use datasets::{BlendedDataset, GptDataset, Piece, Sample, TopLevel};
 pub use error::MegatronError;
+pub use lookup::Lookup;
 pub use reader::{ReadScratch, Sources};
 pub use records::RecordLayout;
 pub use split::Split;

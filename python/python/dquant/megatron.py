@@ -409,6 +409,15 @@ class MegatronDataset(torch.utils.data.Dataset):
         length), ...], pad)``, the sequences (documents) of Megatron's indexed datasets."""
         return self._order.pieces(self._split, self._index(idx))
 
+    def samples_of(self, source, sequence: int) -> List[int]:
+        """Every sample index of this dataset holding a token of sequence (document)
+        ``sequence`` of ``source`` (a prefix as the config names it, or its index in the
+        build's sources), ascending: ``pieces`` the other way. Megatron's index arrays are
+        inverted once, on the first call."""
+        names = self._order.sources()
+        k = names.index(source) if isinstance(source, str) else int(source)
+        return self._order.samples_of(self._split, k, int(sequence))
+
 
 def check(
     samples: int = 200,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use dquant_agent::{AgentConfig, AgentHandle};
 use dquant_client::{open, Control, Offload, Reader};
-use dquant_plan::{Cursor, OutputDType, Plan};
+use dquant_plan::{Cursor, OutputDType, Plan, WhenExhausted};
 use dquant_proto::v1::{OpenRequest, OpenSourceRequest, StatRequest};
 use dquant_testkit::agent::{plan, Corpus};
 use dquant_testkit::stream::drain;
@@ -134,6 +134,14 @@ fn a_far_cursor_in_a_blend_is_stopped_at_the_time_limit_and_frees_its_worker() {
     let agent = start(cfg);
     let mut p = plan(&[("r50k", 0.5), ("wide", 0.5)], 127, 4);
     p.samples = Some(u64::MAX);
+    // The blend climbs to a far cursor at once: the stream goes on from there.
+    let mut r =
+        dquant_client::open_at(&agent.uri(), &p, Cursor::new(0, 1 << 62), Offload::Yes).unwrap();
+    assert!(r.next_batch().unwrap().is_some());
+    drop(r);
+    // With limits that renormalize it must replay: for centuries, so the time limit ends it.
+    p.sources[0].max_samples = Some(1 << 63);
+    p.when_exhausted = WhenExhausted::Renormalize;
     let t = Instant::now();
     assert_eq!(
         open_refused(&agent, &p, 1 << 62),
