@@ -40,6 +40,23 @@ fn stepped(b: &Blender, n: u64) -> Vec<u64> {
     b.counts().to_vec()
 }
 
+/// At each of `positions` (ascending): a jump from `start` has the counts of one replay that
+/// walks through them all, and the next `picks` draws from both are the same.
+fn compare_at(start: &Blender, positions: &[u64], picks: usize, what: &str) {
+    let mut walk = start.clone();
+    for &n in positions {
+        let want = stepped(&walk, n);
+        walk.restore(&want).unwrap();
+        let mut jumped = start.clone();
+        jumped.seek(n);
+        assert_eq!(jumped.counts(), &want[..], "{what} n {n}");
+        let (mut a, mut b) = (jumped, walk.clone());
+        for s in 0..picks {
+            assert_eq!(a.next_pick(), b.next_pick(), "{what} n {n} + {s}");
+        }
+    }
+}
+
 #[test]
 fn jumps_equal_the_replay_for_many_weights_and_positions() {
     let mut next = rng(0x5eed_b1e4d);
@@ -49,24 +66,12 @@ fn jumps_equal_the_replay_for_many_weights_and_positions() {
         let far = JUMP_FROM + 64 * w.len() as u64;
         let mut positions: Vec<u64> = (0..6).map(|_| far + 1 + next() % 200_000).collect();
         positions.sort_unstable();
-        // One replay walks through every position; each is also reached by a jump from 0.
-        let mut walk = start.clone();
-        for &n in &positions {
-            let want = stepped(&walk, n);
-            walk.restore(&want).unwrap();
-            let mut jumped = start.clone();
-            jumped.seek(n);
-            assert_eq!(
-                jumped.counts(),
-                &want[..],
-                "case {case} weights {w:?} n {n}"
-            );
-            // The stream from there is the replay's.
-            let (mut a, mut b) = (jumped.clone(), walk.clone());
-            for s in 0..200 {
-                assert_eq!(a.next_pick(), b.next_pick(), "case {case} n {n} + {s}");
-            }
-        }
+        compare_at(
+            &start,
+            &positions,
+            200,
+            &format!("case {case} weights {w:?}"),
+        );
     }
 }
 
@@ -115,28 +120,17 @@ fn jumps_equal_the_replay_across_stages() {
             .collect();
         let s = schedule(&p, &vec![1_000_001; k]);
         let start = s.blender();
-        let mut walk = start.clone();
         let starts: Vec<u64> = p.stages.iter().filter_map(|st| st.start_sample).collect();
         let mut positions: Vec<u64> = starts.iter().flat_map(|&x| [x - 1, x, x + 1]).collect();
         positions.extend((0..4).map(|_| 20_000 + next() % 380_000));
         positions.sort_unstable();
         positions.dedup();
-        for n in positions {
-            let want = stepped(&walk, n);
-            walk.restore(&want).unwrap();
-            let mut jumped = start.clone();
-            jumped.seek(n);
-            assert_eq!(
-                jumped.counts(),
-                &want[..],
-                "case {case} {interpolate:?} n {n}"
-            );
-            assert_eq!(
-                jumped.clone().next_pick(),
-                walk.clone().next_pick(),
-                "case {case} n {n}"
-            );
-        }
+        compare_at(
+            &start,
+            &positions,
+            1,
+            &format!("case {case} {interpolate:?}"),
+        );
     }
 }
 
