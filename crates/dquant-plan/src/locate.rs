@@ -49,6 +49,11 @@ pub struct BlendIndex {
 /// (tens of microseconds).
 pub const BLEND_CHECKPOINT_EVERY: u64 = 1 << 12;
 
+/// The most checkpoints an index keeps (a few MiB with a handful of sources): a whole-plan
+/// question with millions of answers asks for tens of millions, and any of them is a climb
+/// away, so past this the cache starts again rather than grow.
+pub const MAX_CHECKPOINTS: usize = 1 << 16;
+
 impl BlendIndex {
     /// The index of `blender`'s stream (from sample 0), checkpointed every `every` samples.
     pub fn new(blender: &Blender, every: u64) -> Self {
@@ -69,6 +74,9 @@ impl BlendIndex {
         }
         b.seek(c * self.every);
         if b.counts().len() > 1 {
+            if self.checkpoints.len() >= MAX_CHECKPOINTS {
+                self.checkpoints.clear();
+            }
             self.checkpoints.insert(c, b.counts().to_vec());
         }
         b
