@@ -1,10 +1,11 @@
 //! Cost of answering "which tokens next": per sample of a rank's stream, per sample replayed by
-//! a seek, per permutation lookup (throughput in samples); and at scale (issue 15): resuming at
-//! 10^9 and 10^10 samples from a cursor with the blend's counts against a replay, and the
-//! schedule's cost per batch of 8 at world 1, 512 and 4096 with 1, 100 and 1,000 sources.
+//! a seek, per permutation lookup (throughput in samples); the climb to the blend's counts at
+//! 10^10 samples by number of sources (`climb/`); and at scale (issue 15): resuming at 10^9 and
+//! 10^10 samples from a cursor with the blend's counts against a replay, and the schedule's
+//! cost per batch of 8 at world 1, 512 and 4096 with 1, 100 and 1,000 sources.
 //!
 //! `cargo bench -p dquant-plan` (all), `cargo bench -p dquant-plan -- scale/` (the scale
-//! figures only)
+//! figures only), `cargo bench -p dquant-plan -- climb` (the climb only)
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -76,9 +77,11 @@ fn seek(c: &mut Criterion) {
     g.throughput(Throughput::Elements(N));
     for weights in [&[0.5, 0.5][..], &[0.4, 0.3, 0.2, 0.1][..], &[1.0; 16][..]] {
         let b0 = Blender::new(weights).unwrap();
-        g.bench_function(format!("seek, {} sources", weights.len()), |b| {
+        // Renormalizing limits that never bind keep the climb out: this is the replay.
+        let replay = b0.clone().renormalizing(vec![u64::MAX; weights.len()]);
+        g.bench_function(format!("seek by replay, {} sources", weights.len()), |b| {
             b.iter(|| {
-                let mut bl = b0.clone();
+                let mut bl = replay.clone();
                 bl.seek(black_box(N));
                 black_box(bl.counts()[0])
             })
@@ -136,17 +139,32 @@ fn scale_schedule(n: usize, world: u32) -> Schedule {
     Schedule::new(&plan, &vec![SourceInfo { tokens: 1 << 40 }; n]).unwrap()
 }
 
-/// Counts at `at` samples that a cursor may carry: each source's share rounded down, the
-/// remainder to the first sources. (The rule's own counts there take a replay of `at` draws
-/// to know; `restore` costs the same O(#sources) for any counts it accepts.)
+/// The blend's counts at `at` samples, as a cursor carries them (a climb; `restore` checks
+/// them with another).
 fn counts_at(s: &Schedule, at: u64) -> Vec<u64> {
-    let b = s.blender();
-    let mut c: Vec<u64> = b.weights().iter().map(|w| (w * at as f64) as u64).collect();
-    let short = at - c.iter().sum::<u64>();
-    for x in c.iter_mut().take(short as usize) {
-        *x += 1;
+    let mut b = s.blender();
+    b.seek(at);
+    b.counts().to_vec()
+}
+
+/// The climb to the blend's counts at 10^10 samples, from sample 0, by number of sources
+/// (weights `1..=n`, and all equal): what a bare cursor, `locate` and `audit` pay instead of
+/// a replay (about 12 ns a sample: two minutes).
+fn climb(c: &mut Criterion) {
+    let mut g = c.benchmark_group("climb");
+    for n in [2usize, 3, 16, 50, 200, 1000] {
+        for (kind, w) in [("unequal", weights(n)), ("equal", vec![1.0; n])] {
+            let b0 = Blender::new(&w).unwrap();
+            g.bench_function(format!("seek to 10^10, {n} sources, {kind}"), |b| {
+                b.iter(|| {
+                    let mut bl = b0.clone();
+                    bl.seek(black_box(10_000_000_000));
+                    black_box(bl.counts()[0])
+                })
+            });
+        }
     }
-    c
+    g.finish();
 }
 
 /// Time to the first batch after a resume at 10^9 and 10^10 samples, from a cursor with the
@@ -169,9 +187,10 @@ fn resume(c: &mut Criterion) {
             });
         }
         g.throughput(Throughput::Elements(1_000_000));
+        let replay = s.blender().renormalizing(vec![u64::MAX; n]);
         g.bench_function(format!("replay per sample, {n} sources"), |b| {
             b.iter(|| {
-                let mut bl = s.blender();
+                let mut bl = replay.clone();
                 bl.seek(black_box(1_000_000));
                 black_box(bl.counts()[0])
             })
@@ -201,7 +220,7 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2))
         .sample_size(10);
-    targets = resume, per_batch
+    targets = resume, per_batch, climb
 }
 
 criterion_group! {
