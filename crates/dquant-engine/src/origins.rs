@@ -48,22 +48,31 @@ pub(crate) fn fill(
     uris: &[String],
 ) -> Result<(), EngineError> {
     out.clear();
+    let mut pieces = Vec::new();
     for s in samples {
         let ix = index_of(sources, uris, s.source, "provenance = true")?;
-        let mut first = None;
-        let mut pieces = Vec::with_capacity(4);
+        let past_end = |t: u64| {
+            let e = SourceError::Usage(format!("token {t} is past the document index's end"));
+            source_error(uris, s.source, e)
+        };
+        // One search for the first document; the next ones follow it (empty ones skipped).
+        let (mut doc, offset) = ix
+            .locate(s.tokens.start)
+            .ok_or_else(|| past_end(s.tokens.start))?;
+        pieces.clear();
         let mut t = s.tokens.start;
         while t < s.tokens.end {
-            let Some((doc, offset)) = ix.locate(t) else {
-                let e = SourceError::Usage(format!("token {t} is past the document index's end"));
-                return Err(source_error(uris, s.source, e));
-            };
-            first.get_or_insert(offset);
             let end = ix.document(doc).end.min(s.tokens.end);
-            pieces.push((doc as u64, (end - t) as u32));
-            t = end;
+            if end > t {
+                pieces.push((doc as u64, (end - t) as u32));
+                t = end;
+            }
+            doc += 1;
+            if t < s.tokens.end && doc >= ix.documents() {
+                return Err(past_end(t));
+            }
         }
-        out.push_sample(s.source as u32, first.unwrap_or(0), pieces);
+        out.push_sample(s.source as u32, offset, pieces.iter().copied());
     }
     Ok(())
 }
