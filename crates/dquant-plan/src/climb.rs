@@ -24,7 +24,9 @@
 //! Only the running time is empirical (no bound is proven on how fast the children merge): a
 //! few steps a level with balanced weights, up to about `0.2 / w_min` with very skewed ones.
 //! If a window runs out it grows fourfold; at worst the answer is the plain replay. Measured
-//! (`cargo bench -p dquant-plan -- climb`): microseconds at 10^10 for tens of sources.
+//! at 10^10 (`cargo bench -p dquant-plan -- climb`, 2 vCPU): 0.3 µs with 2 sources, 2 µs with
+//! 16, 13–55 µs with 50 (equal weights, and weights 1..=50), 3.5–72 ms with 1,000 (weights
+//! 1..=1000: the smallest is 2·10^-6), against two minutes of replay.
 //!
 //! Stages are the same rule with piecewise targets ([`crate::Mixture`]): the proof needs only
 //! that every state at a position sees the same f64 targets, and targets that never fall.
