@@ -168,23 +168,15 @@ impl Provenance {
     /// The runs of source `d`'s tokens `tokens` inside its documents.
     fn pieces(&self, d: usize, tokens: Range<u64>) -> Result<Vec<Piece>, ClientError> {
         let idx = self.index_of(d)?;
-        let mut out = Vec::new();
-        let mut t = tokens.start;
-        while t < tokens.end {
-            let Some((doc, offset)) = idx.locate(t) else {
-                break;
-            };
-            let end = idx.document(doc).end.min(tokens.end);
-            out.push(Piece {
-                source: d,
-                uri: self.plan.sources[d].uri.clone(),
-                document: doc as u64,
-                offset,
-                length: end - t,
-            });
-            t = end;
-        }
-        Ok(out)
+        let uri = &self.plan.sources[d].uri;
+        let piece = |(document, offset, length): (usize, u64, u64)| Piece {
+            source: d,
+            uri: uri.clone(),
+            document: document as u64,
+            offset,
+            length,
+        };
+        Ok(idx.pieces(tokens).map(piece).collect())
     }
 
     fn index_of(&self, d: usize) -> Result<&dquant_format::DocIndex, ClientError> {

@@ -51,28 +51,18 @@ pub(crate) fn fill(
     let mut pieces = Vec::new();
     for s in samples {
         let ix = index_of(sources, uris, s.source, "provenance = true")?;
-        let past_end = |t: u64| {
-            let e = SourceError::Usage(format!("token {t} is past the document index's end"));
-            source_error(uris, s.source, e)
-        };
-        // One search for the first document; the next ones follow it (empty ones skipped).
-        let (mut doc, offset) = ix
-            .locate(s.tokens.start)
-            .ok_or_else(|| past_end(s.tokens.start))?;
         pieces.clear();
-        let mut t = s.tokens.start;
-        while t < s.tokens.end {
-            let end = ix.document(doc).end.min(s.tokens.end);
-            if end > t {
-                pieces.push((doc as u64, (end - t) as u32));
-                t = end;
-            }
-            doc += 1;
-            if t < s.tokens.end && doc >= ix.documents() {
-                return Err(past_end(t));
-            }
+        let (mut first, mut t) = (None, s.tokens.start);
+        for (doc, offset, length) in ix.pieces(s.tokens.clone()) {
+            first.get_or_insert(offset);
+            pieces.push((doc as u64, length as u32));
+            t += length;
         }
-        out.push_sample(s.source as u32, offset, pieces.iter().copied());
+        if t < s.tokens.end {
+            let e = SourceError::Usage(format!("token {t} is past the document index's end"));
+            return Err(source_error(uris, s.source, e));
+        }
+        out.push_sample(s.source as u32, first.unwrap_or(0), pieces.iter().copied());
     }
     Ok(())
 }

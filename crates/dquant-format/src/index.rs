@@ -123,6 +123,25 @@ impl DocIndex {
             })
     }
 
+    /// The runs of the tokens `range` inside documents, in order: `(document, offset into it,
+    /// length)`, empty documents skipped. One search for the first document; the next ones
+    /// follow it. Stops at the index's end: the lengths add up to less than the range then.
+    pub fn pieces(&self, range: Range<u64>) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
+        let mut doc = self.locate(range.start).map(|(d, _)| d);
+        let mut t = range.start;
+        std::iter::from_fn(move || loop {
+            let d = doc.filter(|&d| t < range.end && d < self.documents())?;
+            let r = self.document(d);
+            doc = Some(d + 1);
+            let end = r.end.min(range.end);
+            if end > t {
+                let piece = (d, t - r.start, end - t);
+                t = end;
+                return Some(piece);
+            }
+        })
+    }
+
     /// The document holding token `t`, and `t`'s offset inside it. Empty documents are
     /// skipped; `None` past the end.
     pub fn locate(&self, t: u64) -> Option<(usize, u64)> {
@@ -229,6 +248,19 @@ mod tests {
         assert_eq!(starts(6..10), Vec::<u64>::new());
         assert_eq!(starts(4..5), Vec::<u64>::new());
         assert_eq!(starts(9..12), [10]);
+    }
+
+    #[test]
+    fn pieces_of_a_range_skip_empty_documents_and_stop_at_the_end() {
+        // Documents 0..3, 3..6, two empty ones at 6, then 6..10 and 10..12.
+        let ix = DocIndex::new(vec![0, 3, 5, 6, 6, 10, 12], vec![0, 1, 3, 3, 4, 5, 6]).unwrap();
+        let pieces = |r: std::ops::Range<u64>| ix.pieces(r).collect::<Vec<_>>();
+        assert_eq!(pieces(2..11), [(0, 2, 1), (1, 0, 3), (4, 0, 4), (5, 0, 1)]);
+        assert_eq!(pieces(4..6), [(1, 1, 2)]);
+        assert_eq!(pieces(0..12).iter().map(|p| p.2).sum::<u64>(), 12);
+        assert_eq!(pieces(11..14), [(5, 1, 1)]);
+        assert_eq!(pieces(5..5), []);
+        assert_eq!(pieces(12..13), []);
     }
 
     #[test]
