@@ -49,7 +49,8 @@ pub struct SourceAudit {
 pub(crate) fn documents(s: &Schedule, d: usize, index: &DocIndex, drawn: u64) -> (f64, f64, bool) {
     let per_epoch = s.samples_per_epoch(d);
     // Computed again on each pass, not kept: a corpus may hold 10^8 documents.
-    let spans = || (0..index.documents()).filter_map(|doc| sample_span(s, d, index.document(doc)));
+    let spans =
+        || (0..index.documents()).filter_map(|doc| s.samples_meeting(d, index.document(doc)));
     if drawn >= per_epoch {
         let reach = spans().count() as f64;
         return (reach, reach, true);
@@ -87,18 +88,6 @@ pub(crate) fn documents(s: &Schedule, d: usize, index: &DocIndex, drawn: u64) ->
         completed += u64::from(drawn_here == all);
     }
     (touched as f64, completed as f64, true)
-}
-
-/// The samples `k` of source `d` whose token windows meet `doc` (`None`: none do, an empty
-/// document or one past the last whole sample).
-fn sample_span(s: &Schedule, d: usize, doc: Range<u64>) -> Option<Range<u64>> {
-    let (per_epoch, seq_len) = (s.samples_per_epoch(d), s.seq_len());
-    if doc.is_empty() {
-        return None;
-    }
-    let first = doc.start.saturating_sub(1) / seq_len;
-    let last = ((doc.end - 1) / seq_len).min(per_epoch - 1);
-    (first <= last).then_some(first..last + 1)
 }
 
 /// Expected documents touched and completed when `drawn` of `per_epoch` samples were drawn

@@ -143,6 +143,19 @@ impl Schedule {
         }
     }
 
+    /// The samples `k` of an epoch of source `d` whose token windows meet `tokens`, or `None`
+    /// when none do (an empty range, or one past the last whole sample). Sample `k` holds
+    /// `[k L, k L + L + 1)`: it meets `[a, b)` when `k L < b` and `k L + L + 1 > a`.
+    pub fn samples_meeting(&self, d: usize, tokens: Range<u64>) -> Option<Range<u64>> {
+        let (per_epoch, seq_len) = (self.samples_per_epoch(d), self.seq_len());
+        if tokens.is_empty() {
+            return None;
+        }
+        let first = tokens.start.saturating_sub(1) / seq_len;
+        let last = ((tokens.end - 1) / seq_len).min(per_epoch - 1);
+        (first <= last).then_some(first..last + 1)
+    }
+
     /// Where global sample `i` goes (step and rank in an uninterrupted run) and which source
     /// tokens it holds. Errors name a sample past the plan, or one `drop_last` drops.
     pub fn locate(&self, index: &mut BlendIndex, i: u64) -> Result<Location, PlanError> {
@@ -181,16 +194,13 @@ impl Schedule {
         range: Range<u64>,
     ) -> Vec<u64> {
         let end = range.end.min(self.delivered_samples());
-        let (per_epoch, seq_len) = (self.samples_per_epoch(d), self.seq_len());
-        if tokens.is_empty() || range.start >= end {
+        let per_epoch = self.samples_per_epoch(d);
+        let Some(window) = self
+            .samples_meeting(d, tokens)
+            .filter(|_| range.start < end)
+        else {
             return Vec::new();
-        }
-        // Sample k holds [k L, k L + L + 1): it meets [a, b) when k L < b and k L + L + 1 > a.
-        let first = tokens.start.saturating_sub(1) / seq_len;
-        let last = ((tokens.end - 1) / seq_len).min(per_epoch - 1);
-        if first > last {
-            return Vec::new();
-        }
+        };
         // Draws of d in the range: j in [counts_at(start), counts_at(end)).
         let j_lo = index.counts_at(range.start)[d];
         let j_hi = index.counts_at(end)[d];
@@ -199,7 +209,7 @@ impl Schedule {
             let perm = self
                 .shuffles()
                 .then(|| Permutation::new(per_epoch, epoch_key(self.seed(), d as u64, epoch)));
-            for k in first..=last {
+            for k in window.clone() {
                 let pos = perm.as_ref().map_or(k, |p| p.invert(k));
                 let j = epoch * per_epoch + pos;
                 if (j_lo..j_hi).contains(&j) {
