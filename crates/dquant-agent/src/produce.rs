@@ -181,13 +181,9 @@ impl Producer {
             return Err(EngineError::Usage(m).into());
         };
         data.copy_from_slice(&e.payload);
-        put_trailer(
-            &mut e.header,
-            e.docs.as_ref(),
-            e.origins.as_ref(),
-            &e.cursor.blend,
-            body,
-        )?;
+        let mut header = e.header;
+        put_trailer(&mut header, e.trailer(), body)?;
+        e.header = header;
         head.copy_from_slice(&e.header.encode());
         let len = RECORD_HEADER_LEN + e.header.payload_len as usize;
         sink.commit(len)?;
@@ -213,13 +209,7 @@ impl Producer {
         let tokens = b.samples * sample_len;
         let payload_len = width.encoded_len(tokens);
         let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
-        put_trailer(
-            &mut h,
-            b.docs.as_ref(),
-            b.origins.as_ref(),
-            &b.cursor.blend,
-            body,
-        )?;
+        put_trailer(&mut h, b.trailer(), body)?;
         head.copy_from_slice(&h.encode());
         let len = RECORD_HEADER_LEN + h.payload_len as usize;
         sink.commit(len)?;
@@ -257,7 +247,7 @@ impl Producer {
                 })?
             }
         }
-        put_trailer(&mut header, b.docs, b.origins, &b.cursor.blend, body)?;
+        put_trailer(&mut header, b.trailer(), body)?;
         head.copy_from_slice(&header.encode());
         let len = RECORD_HEADER_LEN + header.payload_len as usize;
         sink.commit(len)?;

@@ -52,13 +52,7 @@ impl InProcess {
         };
         let payload_len = width.encoded_len(b.samples * sample_len);
         let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
-        put_trailer(
-            &mut h,
-            b.docs.as_ref(),
-            b.origins.as_ref(),
-            &b.cursor.blend,
-            body,
-        )?;
+        put_trailer(&mut h, b.trailer(), body)?;
         head.copy_from_slice(&h.encode());
         rec.truncate(RECORD_HEADER_LEN + h.payload_len as usize);
         self.held = Some(rec);

@@ -25,7 +25,28 @@ pub struct TokenBatch<'a> {
     pub origins: Option<&'a Origins>,
 }
 
+/// What a batch record's trailer carries after the tokens, borrowed from the batch
+/// ([`crate::put_trailer`]): one list of the sections, so each kind of batch names them once.
+#[derive(Clone, Copy, Debug)]
+pub struct Trailer<'a> {
+    /// The document starts, when the plan has boundaries.
+    pub docs: Option<&'a DocStarts>,
+    /// The origins, when the plan has provenance.
+    pub origins: Option<&'a Origins>,
+    /// The blend's counts at the cursor after the batch (empty for a single source).
+    pub blend: &'a [u64],
+}
+
 impl TokenBatch<'_> {
+    /// What its record's trailer carries.
+    pub fn trailer(&self) -> Trailer<'_> {
+        Trailer {
+            docs: self.docs,
+            origins: self.origins,
+            blend: &self.cursor.blend,
+        }
+    }
+
     /// Where this batch sits in the stream.
     pub fn info(&self) -> BatchInfo {
         BatchInfo {
@@ -34,6 +55,17 @@ impl TokenBatch<'_> {
             cursor: self.cursor.clone(),
             docs: self.docs.cloned(),
             origins: self.origins.cloned(),
+        }
+    }
+}
+
+impl BatchInfo {
+    /// What its record's trailer carries.
+    pub fn trailer(&self) -> Trailer<'_> {
+        Trailer {
+            docs: self.docs.as_ref(),
+            origins: self.origins.as_ref(),
+            blend: &self.cursor.blend,
         }
     }
 }

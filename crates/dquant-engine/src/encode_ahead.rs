@@ -22,6 +22,7 @@ use dquant_plan::{Cursor, DocStarts, Origins, WireCodec};
 use dquant_wire::BatchHeader;
 
 use crate::batch::BatchInfo;
+use crate::batch::Trailer;
 use crate::pipeline::Pipeline;
 use crate::record::{batch_header, checked_codec};
 use crate::worker_pool::WorkerPool;
@@ -42,6 +43,17 @@ pub struct Encoded {
     pub tokens: u64,
     /// The batch's tokens, kept to be reused for a later batch.
     buf: Vec<u32>,
+}
+
+impl Encoded {
+    /// What its record's trailer carries.
+    pub fn trailer(&self) -> Trailer<'_> {
+        Trailer {
+            docs: self.docs.as_ref(),
+            origins: self.origins.as_ref(),
+            blend: &self.cursor.blend,
+        }
+    }
 }
 
 /// A batch in flight: its encoding's result to come, or the error the pipeline gave.

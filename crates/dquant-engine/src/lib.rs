@@ -23,7 +23,7 @@ mod pipeline;
 pub mod record;
 mod worker_pool;
 
-pub use batch::{BatchInfo, TokenBatch};
+pub use batch::{BatchInfo, TokenBatch, Trailer};
 pub use encode_ahead::{EncodeAhead, Encoded};
 pub use error::EngineError;
 pub use fit::check_fits;

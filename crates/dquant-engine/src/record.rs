@@ -9,9 +9,10 @@ use std::collections::HashMap;
 
 use dquant_codec::kernels::max_token;
 use dquant_codec::{Codec, CodecError, Compression, Encoder, Width};
-use dquant_plan::{DocStarts, Origins, OutputDType, WireCodec};
+use dquant_plan::{OutputDType, WireCodec};
 use dquant_wire::BatchHeader;
 
+use crate::batch::Trailer;
 use crate::batch::{BatchInfo, TokenBatch};
 use crate::fit::check_fits;
 use crate::EngineError;
@@ -76,16 +77,19 @@ pub fn batch_header(
 /// Writes the trailer of the batch of `h` into `body` after the `h.payload_len` bytes of its
 /// tokens, and counts it in `h`: the batch's document starts when the plan has boundaries
 /// ([`crate::doc_section`]), its origins when the plan has provenance
-/// ([`crate::origin_section`]), then the cursor trailer (`blend`: the blend's counts at the
-/// cursor after the batch, empty for a single source). The record's room includes it
+/// ([`crate::origin_section`]), then the cursor trailer (the blend's counts at the cursor
+/// after the batch, empty for a single source). The record's room includes it
 /// ([`dquant_plan::Plan::trailer_bound`]).
 pub fn put_trailer(
     h: &mut BatchHeader,
-    docs: Option<&DocStarts>,
-    origins: Option<&Origins>,
-    blend: &[u64],
+    t: Trailer<'_>,
     body: &mut [u8],
 ) -> Result<(), EngineError> {
+    let Trailer {
+        docs,
+        origins,
+        blend,
+    } = t;
     let no_room =
         |what: &str| EngineError::Usage(format!("batch {}: no room for its {what}", h.index));
     let mut at = h.payload_len as usize;
