@@ -233,7 +233,16 @@ impl Encoder {
                 z.compress_to_buffer(&self.scratch, &mut out[start..])
                     .map_err(|e| backend(codec, e))
             }
-            (_, Compression::Lz4) => {
+            // liblz4 1.10's optimal parser (levels 10-12) faults on empty input; lz4_flex
+            // writes the same one-byte empty block.
+            (_, Compression::Lz4Hc(level)) if len > 0 => {
+                let bound = lz4::block::compress_bound(len).map_err(|e| backend(codec, e))?;
+                out.resize(start + bound, 0);
+                let mode = Some(lz4::block::CompressionMode::HIGHCOMPRESSION(level));
+                lz4::block::compress_to_buffer(&self.scratch, mode, false, &mut out[start..])
+                    .map_err(|e| backend(codec, e))
+            }
+            (_, Compression::Lz4 | Compression::Lz4Hc(_)) => {
                 out.resize(start + lz4_flex::block::get_maximum_output_size(len), 0);
                 lz4_flex::block::compress_into(&self.scratch, &mut out[start..]).map_err(|e| {
                     CodecError::Backend {
@@ -329,7 +338,7 @@ impl Decoder {
                 z.decompress_to_buffer(payload, &mut self.scratch[..])
                     .map_err(|e| corrupt(e.to_string()))?
             }
-            Compression::Lz4 => {
+            Compression::Lz4 | Compression::Lz4Hc(_) => {
                 self.scratch.resize(cap, 0);
                 lz4_flex::block::decompress_into(payload, &mut self.scratch)
                     .map_err(|e| corrupt(e.to_string()))?
@@ -355,6 +364,8 @@ mod tests {
             "bits:17",
             "u16+zstd:3",
             "u24+lz4",
+            "u16+lz4hc:9",
+            "bits:17+lz4hc:1",
             "i64+zstd:-3",
             "bits:1+zstd:19",
             "u24+rank+zstd:19",
@@ -366,7 +377,15 @@ mod tests {
         }
         assert_eq!(
             "u16+gzip".parse::<Codec>().unwrap_err().to_string(),
-            "invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+            "invalid codec 'gzip': expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+        );
+        assert_eq!(
+            "u16+lz4hc".parse::<Codec>().unwrap().to_string(),
+            "u16+lz4hc:9"
+        );
+        assert_eq!(
+            "u16+lz4hc:13".parse::<Codec>().unwrap_err().to_string(),
+            "invalid codec 'lz4hc:13': lz4hc level must be in 1..=12"
         );
         assert_eq!(
             "u16+zstd:99".parse::<Codec>().unwrap_err().to_string(),

@@ -3,7 +3,7 @@
 //! Token ids live in memory as `u32`: every tokenizer in use has fewer than 2^32 ids, and a
 //! single in-memory type keeps every kernel monomorphic and easy to vectorise. A [`Codec`] is a
 //! storage [`Width`] (`u16`, `bits:17`, `i32`, ...) optionally wrapped in a [`Compression`]
-//! (`zstd:L`, `lz4`), or renumbered by frequency first ([`RankTable`], `rank+zstd:L`, the
+//! (`zstd:L`, `lz4`, `lz4hc:L`), or renumbered by frequency first ([`RankTable`], `rank+zstd:L`, the
 //! archive codec). It is the unit of representation for a block of tokens: on disk in the
 //! dquant block file, and on the wire between agents (every codec but `rank+zstd`, whose table
 //! belongs to a stored dataset).
@@ -30,7 +30,7 @@ mod ranks;
 mod width;
 
 pub use codec::{decode_width, encode_width, Codec, Decoder, Encoder};
-pub use compress::Compression;
+pub use compress::{Compression, LZ4HC_DEFAULT, LZ4HC_LEVELS};
 pub use error::CodecError;
 pub use hash::TokenHasher;
 pub use ranks::{RankEncoder, RankTable, MAX_RANKED_IDS};

@@ -10,11 +10,15 @@ fn all_widths() -> Vec<Width> {
     w
 }
 
-const COMPRESSIONS: [Compression; 4] = [
+const COMPRESSIONS: [Compression; 6] = [
     Compression::None,
     Compression::Zstd(1),
     Compression::Zstd(3),
     Compression::Lz4,
+    // The default high-compression parser and the optimal one (levels 10-12) write different
+    // streams; one decoder reads both.
+    Compression::Lz4Hc(9),
+    Compression::Lz4Hc(12),
 ];
 
 /// Lengths around the bit-packing group (256) and the range-check chunk (4096).
@@ -187,9 +191,14 @@ proptest! {
 /// were `u16`, no compression, and a level byte of 0xf2 parsed as plain `u16`, so the header
 /// did not re-encode to its own bytes. Only zstd carries a level.
 #[test]
-fn codec_bytes_with_a_level_for_none_or_lz4_are_unknown() {
+fn codec_bytes_with_a_level_for_none_or_out_of_range_lz4_are_unknown() {
     assert_eq!(Codec::from_bytes([2, 16, 0, 0xf2]), None);
-    assert_eq!(Codec::from_bytes([2, 16, 2, 1]), None);
+    assert_eq!(Codec::from_bytes([2, 16, 2, 13]), None);
+    assert_eq!(Codec::from_bytes([2, 16, 2, 0xff]), None);
+    assert_eq!(
+        Codec::from_bytes([2, 16, 2, 1]),
+        Some(Codec::new(Width::U16, Compression::Lz4Hc(1)))
+    );
     assert_eq!(
         Codec::from_bytes([2, 16, 0, 0]),
         Some(Codec::plain(Width::U16))
@@ -198,7 +207,13 @@ fn codec_bytes_with_a_level_for_none_or_lz4_are_unknown() {
         Codec::from_bytes([2, 16, 1, 0xf2]),
         Some(Codec::new(Width::U16, Compression::Zstd(-14)))
     );
-    for c in ["u16", "u24+lz4", "bits:9+zstd:-3", "i64+zstd:19"] {
+    for c in [
+        "u16",
+        "u24+lz4",
+        "u24+lz4hc:12",
+        "bits:9+zstd:-3",
+        "i64+zstd:19",
+    ] {
         let c: Codec = c.parse().unwrap();
         assert_eq!(Codec::from_bytes(c.to_bytes()), Some(c));
     }

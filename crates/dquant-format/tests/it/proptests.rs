@@ -212,7 +212,7 @@ proptest! {
         seed in any::<u64>(),
         bits in 1u8..=32,
         n in 0usize..2500,
-        comp in 0usize..5,
+        comp in 0usize..6,
         aligned in any::<bool>(),
         bt in prop::sample::select(vec![256u32, 512, 768]),
         chunks in proptest::collection::vec(1usize..700, 0..6),

@@ -57,12 +57,13 @@ pub fn all_widths() -> Vec<Width> {
     w
 }
 
-pub fn all_compressions() -> [Compression; 5] {
+pub fn all_compressions() -> [Compression; 6] {
     [
         Compression::None,
         Compression::Zstd(1),
         Compression::Zstd(3),
         Compression::Lz4,
+        Compression::Lz4Hc(9),
         Compression::Ranked(3),
     ]
 }
