@@ -31,6 +31,9 @@ Examples:
   # archive: ids renumbered by frequency, zstd -19, 2 Mi-token blocks: at most the size of
   # whole-file `zstd -19 --long` on prose and code, with random access by block
   dquant convert data/web_int32 data/web.dqb --preset archive
+  # dpu: LZ4 blocks of at most 32 KiB, which a BlueField-3's decompression engine takes
+  # (LZ4 window up to 32 KB); software decodes them at LZ4 speed on a host or an ARM core
+  dquant convert data/web_int32 data/web.dqb --preset dpu
   # in place in an S3-compatible bucket (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... say where):
   # read by ranged GETs, written by a multipart upload completed only when all is written
   dquant convert s3://corpus/web_int32 s3://corpus/web.dqb --codec auto --zstd 3";
@@ -53,11 +56,22 @@ pub enum Preset {
     /// slow to write (zstd -19), and a random read decodes a whole block; serve shuffled
     /// training from a faster codec.
     Archive,
+    /// Storage a DPU decompresses in hardware: `auto+lz4hc:9` in independent blocks of at
+    /// most 32 KiB. NVIDIA's BlueField-3 engines decompress LZ4 blocks (and DEFLATE) with a
+    /// window of up to 32 KB, and compress nothing; so the file is written once by liblz4's
+    /// high-compression parser on any CPU, and a block never refers further back than the
+    /// engine can see. Without the engine, one LZ4 decoder reads it at LZ4 speed.
+    Dpu,
 }
 
 /// Tokens per block of the archive preset: 8 MiB of int32, where zstd finds the repeats of
 /// code as whole-file `zstd --long` does (1 Mi-token blocks store code about 6% larger).
 pub const ARCHIVE_BLOCK_TOKENS: u32 = 1 << 21;
+
+/// Largest payload of a `dpu` preset block: the largest LZ4 window of BlueField-3's
+/// decompression engine (DPDK's mlx5 compress driver lists 1 KB to 32 KB). A block's matches
+/// then never reach past the engine's window, whatever the encoder.
+pub const DPU_BLOCK_BYTES: usize = 32 << 10;
 
 /// Re-encode a token dataset losslessly (Megatron, raw or dquant block file) into another
 /// format or codec. Streams with bounded memory, verifies every block as it is written, and
@@ -79,7 +93,8 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub codec: String,
     /// Codec and block size for a purpose (dqb output): `archive` is
-    /// `--codec auto+rank+zstd:19` in blocks of 2 Mi tokens.
+    /// `--codec auto+rank+zstd:19` in blocks of 2 Mi tokens; `dpu` is `--codec auto+lz4hc:9`
+    /// in blocks of at most 32 KiB.
     #[arg(long, value_enum, conflicts_with_all = ["codec", "zstd", "lz4", "block_size"])]
     pub preset: Option<Preset>,
     /// Compress blocks with zstd at this level (dqb output only).
@@ -147,6 +162,12 @@ pub fn settings(a: &Args) -> Result<(OutKind, WidthSpec, Compression, BlockSize)
             WidthSpec::Auto,
             Compression::ranked(19)?,
             BlockSize::Tokens(ARCHIVE_BLOCK_TOKENS),
+        )),
+        Some(Preset::Dpu) => Ok((
+            a.format.unwrap_or(OutKind::Dqb),
+            WidthSpec::Auto,
+            Compression::lz4hc(dquant_codec::LZ4HC_DEFAULT)?,
+            BlockSize::Bytes(DPU_BLOCK_BYTES),
         )),
         None => {
             let (spec, comp) = parse_codec(&a.codec, a.zstd, a.lz4)?;
@@ -512,6 +533,39 @@ mod tests {
                 assert_eq!(block_tokens, 493312);
             }
             f => panic!("{f:?}"),
+        }
+    }
+
+    /// The dpu preset's blocks fit the engine's 32 KB window at every width it picks.
+    #[test]
+    fn dpu_preset_blocks_fit_the_engine_window() {
+        let (kind, spec, comp, block) = (
+            OutKind::Dqb,
+            WidthSpec::Auto,
+            Compression::Lz4Hc(9),
+            BlockSize::Bytes(DPU_BLOCK_BYTES),
+        );
+        for (max, want, tokens) in [
+            (255, "u8+lz4hc:9", 32768),
+            (50256, "u16+lz4hc:9", 16384),
+            (100257, "u24+lz4hc:9", 10752),
+            (1 << 24, "u32+lz4hc:9", 8192),
+        ] {
+            match resolve_output(kind, spec, comp, max, block, None).unwrap() {
+                OutputFormat::Block {
+                    codec,
+                    block_tokens,
+                    ..
+                } => {
+                    assert_eq!(codec.to_string(), want);
+                    assert_eq!(block_tokens, tokens);
+                    assert!(
+                        codec.raw_len(block_tokens as usize) <= DPU_BLOCK_BYTES,
+                        "{codec}"
+                    );
+                }
+                f => panic!("{f:?}"),
+            }
         }
     }
 }

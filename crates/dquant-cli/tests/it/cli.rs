@@ -506,6 +506,11 @@ fn r50k_multiseq_round_trips_through_every_codec() {
             "dquant block file (u16+rank+zstd:19, 2097152 tokens per block)",
         ),
         (
+            "dpu.dqb",
+            &["--preset", "dpu"],
+            "dquant block file (u16+lz4hc:9, 16384 tokens per block)",
+        ),
+        (
             "rank_small_blocks.dqb",
             &["--codec", "auto+rank+zstd:3", "--block-size", "64KiB"],
             "dquant block file (u16+rank+zstd:3, 32768 tokens per block)",
@@ -558,6 +563,11 @@ fn cl100k_like_round_trips_through_every_codec() {
             "archive.dqb",
             &["--preset", "archive"],
             "dquant block file (u24+rank+zstd:19, 2097152 tokens per block)",
+        ),
+        (
+            "dpu.dqb",
+            &["--preset", "dpu"],
+            "dquant block file (u24+lz4hc:9, 10752 tokens per block)",
         ),
         // `auto` to a Megatron prefix: int32, as Megatron-Core picks for ids above 65535.
         ("auto_megatron", &[], "Megatron IndexedDataset (int32)"),

@@ -103,10 +103,10 @@ fn bad_plans_name_the_field() {
 }
 
 /// A shuffled plan reads samples from random places: over an archive (`rank+zstd`, the rank
-/// table in the footer) and over small ranked blocks it gives the bytes it gives over the
-/// Megatron source.
+/// table in the footer), over small ranked blocks and over the dpu preset's 32 KiB LZ4 blocks
+/// it gives the bytes it gives over the Megatron source.
 #[test]
-fn a_shuffled_plan_reads_the_same_tokens_from_ranked_block_files() {
+fn a_shuffled_plan_reads_the_same_tokens_from_ranked_and_lz4_block_files() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixture_str("r50k_int32");
     let stream = |uri: &str| {
@@ -127,6 +127,7 @@ fn a_shuffled_plan_reads_the_same_tokens_from_ranked_block_files() {
     assert_eq!(want.len(), 2 * 631 * 256 * 2);
     for (name, opts) in [
         ("archive.dqb", &["--preset", "archive"][..]),
+        ("dpu.dqb", &["--preset", "dpu"][..]),
         (
             "small.dqb",
             &["--codec", "auto+rank+zstd:3", "--block-size", "16KiB"][..],
