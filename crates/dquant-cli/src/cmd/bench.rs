@@ -12,7 +12,7 @@ use dquant_format::block::{block_tokens_for, BlockFile, BlockFileWriter, FileHea
 use dquant_storage::Dataset;
 use serde_json::json;
 
-use crate::cmd::convert::ARCHIVE_BLOCK_TOKENS;
+use crate::cmd::convert::Preset;
 use crate::cmd::inspect::default_codecs;
 use crate::util::{self, InputOpts, OutputOpts};
 
@@ -48,7 +48,8 @@ pub struct CodecsArgs {
     /// Timed decode repetitions (best is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: u32,
-    /// Leave out the presets' rows (`dquant convert --preset`), which write at zstd -19.
+    /// Leave out the presets' rows (`dquant convert --preset`: archive writes at zstd -19,
+    /// dpu with LZ4's high-compression parser).
     #[arg(long)]
     pub no_presets: bool,
     #[command(flatten)]
@@ -206,13 +207,16 @@ fn cases(a: &CodecsArgs, max: u32) -> Vec<Case> {
             block_tokens: block_tokens_for(codec.width, a.block_size),
         })
         .collect();
-    if !a.no_presets && (max as usize) < dquant_codec::MAX_RANKED_IDS {
-        let codec = Codec::new(Width::narrowest(max, true), Compression::Ranked(19));
-        cases.push(Case {
-            name: format!("archive: {codec}"),
-            codec,
-            block_tokens: ARCHIVE_BLOCK_TOKENS,
-        });
+    if !a.no_presets {
+        for p in [Preset::Archive, Preset::Dpu] {
+            if let Some((codec, block_tokens)) = p.layout(max) {
+                cases.push(Case {
+                    name: format!("{}: {codec}", p.name()),
+                    codec,
+                    block_tokens,
+                });
+            }
+        }
     }
     cases
 }

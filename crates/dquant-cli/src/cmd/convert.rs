@@ -64,6 +64,45 @@ pub enum Preset {
     Dpu,
 }
 
+impl Preset {
+    /// Its compression (the width is `auto`: the narrowest byte-aligned one for the data).
+    pub fn compression(self) -> Compression {
+        match self {
+            Preset::Archive => Compression::Ranked(19),
+            Preset::Dpu => Compression::Lz4Hc(dquant_codec::LZ4HC_DEFAULT),
+        }
+    }
+
+    /// Its blocks.
+    pub fn block(self) -> BlockSize {
+        match self {
+            Preset::Archive => BlockSize::Tokens(ARCHIVE_BLOCK_TOKENS),
+            Preset::Dpu => BlockSize::Bytes(DPU_BLOCK_BYTES),
+        }
+    }
+
+    /// Its codec and tokens per block for data whose largest id is `max`, or `None` when
+    /// the preset cannot hold such ids (`rank+zstd` takes ids below 2^24).
+    pub fn layout(self, max: u32) -> Option<(Codec, u32)> {
+        if self.compression().needs_rank_table() && max as usize >= MAX_RANKED_IDS {
+            return None;
+        }
+        let codec = Codec::new(Width::narrowest(max, true), self.compression());
+        let tokens = match self.block() {
+            BlockSize::Bytes(b) => block_tokens_for(codec.width, b),
+            BlockSize::Tokens(t) => t,
+        };
+        Some((codec, tokens))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Archive => "archive",
+            Preset::Dpu => "dpu",
+        }
+    }
+}
+
 /// Tokens per block of the archive preset: 8 MiB of int32, where zstd finds the repeats of
 /// code as whole-file `zstd --long` does (1 Mi-token blocks store code about 6% larger).
 pub const ARCHIVE_BLOCK_TOKENS: u32 = 1 << 21;
@@ -157,17 +196,11 @@ pub fn parse_codec(codec: &str, zstd: Option<i32>, lz4: bool) -> Result<(WidthSp
 /// its flags).
 pub fn settings(a: &Args) -> Result<(OutKind, WidthSpec, Compression, BlockSize)> {
     match a.preset {
-        Some(Preset::Archive) => Ok((
+        Some(p) => Ok((
             a.format.unwrap_or(OutKind::Dqb),
             WidthSpec::Auto,
-            Compression::ranked(19)?,
-            BlockSize::Tokens(ARCHIVE_BLOCK_TOKENS),
-        )),
-        Some(Preset::Dpu) => Ok((
-            a.format.unwrap_or(OutKind::Dqb),
-            WidthSpec::Auto,
-            Compression::lz4hc(dquant_codec::LZ4HC_DEFAULT)?,
-            BlockSize::Bytes(DPU_BLOCK_BYTES),
+            p.compression(),
+            p.block(),
         )),
         None => {
             let (spec, comp) = parse_codec(&a.codec, a.zstd, a.lz4)?;
