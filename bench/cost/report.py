@@ -56,13 +56,17 @@ STAGES = [
     ("frame+crc", ["crc32c of each frame", "FrameSink copy into 1 MiB frames"]),
     ("hand-off (host: frame → batch buffer)", ["copy frame → batch buffer"]),
 ]
-# Where a DPU's engines would take a stage off its cores (NVIDIA BlueField: crc and
-# DEFLATE/LZ4 compression engines, RDMA; no zstd engine).
+# Where a DPU's engines would take a stage off its cores. NVIDIA's BlueField-2 compresses and
+# decompresses DEFLATE; BlueField-3 only decompresses, DEFLATE and LZ4 (DOCA Compress; DPDK's
+# mlx5 compress driver: LZ4 windows up to 32 KB). Neither has a zstd engine. Both compute
+# CRCs, DMA into host memory and do RDMA.
 DPU = {
-    "read": "NVMe/storage DMA into the DPU's memory",
+    "read": "NVMe/storage DMA into the DPU's memory; a compressed source's blocks: "
+            "BlueField-3's LZ4/DEFLATE decompression engine (`--preset dpu`, below)",
     "frame+crc": "crc32c: the NIC's CRC offload",
     "encode (compress with a compressing codec)":
-        "DEFLATE or LZ4 engine (not zstd: use an lz4 wire codec there)",
+        "BlueField-2's DEFLATE engine; BlueField-3 compresses nothing, so the ARM cores "
+        "(store compressed instead, and send plain or narrowed)",
     "send": "RDMA write into the host's registered buffer: no socket, no copy",
     "hand-off (host: frame → batch buffer)": "the host's CPU, not the DPU's",
 }
@@ -137,6 +141,35 @@ def fanout(path: Path, samples: int) -> dict:
         "rate_ratio": doc["shared"]["slowest_bytes_per_s"] / doc["lone"]["bytes_per_s"],
         "readers": readers,
     }
+
+
+def dpu_source(path: Path) -> dict | None:
+    """The dpu preset's LZ4 blocks decoded in software (`dquant bench codecs`), beside the
+    same blocks stored plain: what BlueField-3's decompression engine would take off a core."""
+    if not path.exists():
+        return None
+    r = json.loads(path.read_text())[0]
+    rows = {c["codec"]: c for c in r["codecs"]}
+    ns = lambda c: 1e3 / rows[c]["decode_mtok_s"]
+    return {"corpus": Path(r["path"]).name, "tokens": r["tokens"],
+            "hc_ns": ns("u16+lz4hc:9"), "lz4_ns": ns("u16+lz4"), "plain_ns": ns("u16"),
+            "hc_bits": rows["u16+lz4hc:9"]["bits_per_token"],
+            "lz4_bits": rows["u16+lz4"]["bits_per_token"]}
+
+
+def dpu_lines(d: dict) -> list[str]:
+    return [
+        f"### A compressed source on a DPU (`dquant convert --preset dpu`: u16+lz4hc:9 in 32 KiB "
+        f"blocks; real text, {d['corpus']}, {d['tokens']:,} tokens)", "",
+        "| stage | CPU ns/token | on a DPU |", "|---|---:|---|",
+        f"| decode of the dpu preset's blocks, software, one core ({d['hc_bits']:.2f} "
+        f"bits/token) | {d['hc_ns']:.3f} | BlueField-3's LZ4 decompression engine |",
+        f"| the same blocks written by LZ4's fast parser ({d['lz4_bits']:.2f} bits/token) | "
+        f"{d['lz4_ns']:.3f} | the same engine |",
+        f"| the same blocks stored plain u16 (16 bits/token; a copy) | {d['plain_ns']:.3f} | "
+        "DMA |",
+        "",
+    ]
 
 
 def machine(out: Path) -> str:
@@ -245,8 +278,11 @@ def report(out: Path, dataset: str, command: str, fanout_samples: int) -> tuple[
         lines.append(f"| send (the TCP agent's CPU less the producer and crc: socket writes, "
                      f"the sender thread) | {send:.3f} | {DPU['send']} |")
     lines.append("")
+    dpu = dpu_source(out / "dpu.json")
+    if dpu:
+        lines += dpu_lines(dpu)
     text = "\n".join(lines)
-    return text, figures(rows, rows1, rows0, fo)
+    return text, figures(rows, rows1, rows0, fo) + dpu_figures(dpu)
 
 
 def figures(rows: list[dict], rows1: list[dict], rows0: list[dict], fo: dict) -> list[dict]:
@@ -269,6 +305,17 @@ def figures(rows: list[dict], rows1: list[dict], rows0: list[dict], fo: dict) ->
                 "value": round(fo["shared_ns"] / fo["lone_ns"], 3), "unit": "×",
                 "baseline": f"a lone stream: {fo['lone_ns']:.3f} ns/token", "goal": None})
     return out
+
+
+def dpu_figures(d: dict | None) -> list[dict]:
+    if not d:
+        return []
+    return [{"name": f"dpu preset source ({d['corpus']}): software LZ4 decode, agent CPU "
+                     "ns/token (the stage BlueField-3's decompression engine takes)",
+             "value": round(d["hc_ns"], 3), "unit": "ns/token",
+             "baseline": f"the same blocks stored plain u16, same run: {d['plain_ns']:.3f} ns/token; "
+                         f"{d['hc_bits']:.2f} bits/token stored against 16",
+             "goal": None}]
 
 
 def main() -> int:

@@ -22,6 +22,9 @@
 #     --worker-threads 0, no pool;
 #   breakdown: the producer's stages on one thread (read, narrow, pack, encode, frame+crc);
 #   share: 4 subscribers of one shared stream over TCP (fan-out);
+#   the dpu preset's 32 KiB LZ4 blocks (dquant convert --preset dpu) decoded in software, on
+#     real text (code_r50k_16m: Rust crate sources, generated once by dquant corpus real):
+#     the stage BlueField-3's decompression engine takes off the ARM cores;
 #   a page-cache copy of the dataset's file (cat FILE > /dev/null), the local paths' limit.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -67,6 +70,11 @@ echo "== fan-out (4 subscribers of one shared stream, TCP)"
 FANOUT_SAMPLES=16384
 "$BENCH" share "$DS" --readers 4 --runs "$RUNS" --transport tcp --samples "$FANOUT_SAMPLES" \
   --json-out "$OUT/fanout.json"
+echo "== a compressed source on a DPU: the dpu preset's LZ4 blocks decoded in software"
+CODE="$DATA/code_r50k_16m"
+[[ -e "$CODE.idx" ]] || "$DQ" corpus real --max-mb 16 --encoding r50k -q "$CODE" >/dev/null
+"$DQ" bench codecs "$CODE" --codecs u16,u16+lz4,u16+lz4hc:9 --block-size 32KiB --no-presets \
+  --json -q > "$OUT/dpu.json"
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
 
 REPORT=(python3 bench/cost/report.py "$OUT" --dataset "$DS" --command "bench/cost/run.sh --runs $RUNS"

@@ -125,7 +125,7 @@ pub struct Args {
     /// or s3://BUCKET/KEY.
     pub dst: PathBuf,
     /// Width and compression: auto, u8, u16, u24, u32, i32, i64 or bits:N, optionally with
-    /// +zstd:L, +lz4 or +rank+zstd:L (e.g. u16+zstd:3). `auto` picks the narrowest lossless
+    /// +zstd:L, +lz4, +lz4hc:L or +rank+zstd:L (e.g. u16+zstd:3). `auto` picks the narrowest lossless
     /// width from --vocab or the data (byte-aligned when compressing, where zstd does best).
     /// `rank+zstd` renumbers ids by frequency first (a .dqb keeps the table): smallest, for
     /// ids below 2^24.
