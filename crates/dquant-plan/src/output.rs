@@ -108,13 +108,17 @@ impl FromStr for WireCodec {
             _ => WireCodec::Fixed(s.parse()?),
         };
         // A rank table belongs to one stored dataset; a consumer has none to decode with.
-        if wire.codec_for_max(0).compression.needs_rank_table() {
-            return Err(dquant_codec::CodecError::Parse {
-                input: s.into(),
-                reason: "rank+zstd is a storage codec (it needs the dataset's rank table); use zstd:LEVEL on the wire".into(),
-            });
-        }
-        Ok(wire)
+        let reason = match wire.codec_for_max(0).compression {
+            Compression::Ranked(_) => "rank+zstd is a storage codec (it needs the dataset's rank table); use zstd:LEVEL on the wire",
+            // LZ4's high-compression parser writes 10-50 MB/s a core: a plan must not hold an
+            // agent's core per stream (as limits.max_zstd_level keeps zstd's high levels off).
+            Compression::Lz4Hc(_) => "lz4hc is a storage codec (its parser writes 10-50 MB/s a core); use lz4 on the wire, which the same decoder reads",
+            _ => return Ok(wire),
+        };
+        Err(dquant_codec::CodecError::Parse {
+            input: s.into(),
+            reason: reason.into(),
+        })
     }
 }
 

@@ -228,12 +228,18 @@ fn validation_names_the_field() {
     );
     assert_eq!(
         invalid(|p| p.wire_codec = "auto+gzip".into()),
-        "wire_codec: invalid codec 'gzip': expected none, lz4, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+        "wire_codec: invalid codec 'gzip': expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
     );
     for codec in ["u24+rank+zstd:19", "auto+rank+zstd:3"] {
         assert_eq!(
             invalid(|p| p.wire_codec = codec.into()),
             format!("wire_codec: invalid codec '{codec}': rank+zstd is a storage codec (it needs the dataset's rank table); use zstd:LEVEL on the wire")
+        );
+    }
+    for codec in ["u16+lz4hc:9", "auto+lz4hc"] {
+        assert_eq!(
+            invalid(|p| p.wire_codec = codec.into()),
+            format!("wire_codec: invalid codec '{codec}': lz4hc is a storage codec (its parser writes 10-50 MB/s a core); use lz4 on the wire, which the same decoder reads")
         );
     }
     assert_eq!(
