@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Where the agent's CPU goes on the paths that miss their goals (issue 36, item 2): the agent
+# profiled with perf (cpu-clock samples, every CPU) while it delivers over a shared-memory
+# ring, unshuffled and shuffled, and over TCP; and the limit those paths are held to, a
+# page-cache copy of the same file (cat FILE > /dev/null), profiled the same way. Each
+# agent's samples are put in stages by symbol (bench/profile/report.py) and turned into
+# CPU ns per token with the agent CPU the same run measured. One command:
+#
+#   bench/profile/run.sh [--record] [--runs N] [DATA_DIR [OUT_DIR]]
+#
+#   DATA_DIR  where the dataset is generated once and reused (default /work/bench-data):
+#             zipf256m_int32, the cost report's dataset (1 GiB, Megatron int32)
+#   OUT_DIR   default bench/profile/out/<UTC timestamp>: perf data, perf report text, the
+#             throughput JSON of each case, report.md
+#   --runs N  rounds of each case while perf samples (default 3)
+#   --record  record the figures (bench/results/profile.json; bench/RESULTS.md is rendered)
+#
+# Needs perf (Debian's linux-perf; installed when missing) and root (system-wide sampling).
+# About 2 minutes on 2 vCPU after the build.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+RECORD=0
+RUNS=3
+ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --record) RECORD=1; shift ;;
+    --runs) RUNS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+DATA="${ARGS[0]:-/work/bench-data}"
+OUT="${ARGS[1]:-$REPO/bench/profile/out/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$DATA" "$OUT"
+cd "$REPO"
+command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf; }
+
+echo "== building (release)"
+cargo build --release -q -p dquant-bench -p dquant-cli
+BENCH="$REPO/target/release/dquant-offload-bench"
+source bench/common.sh
+machine_info "$OUT/machine.txt"
+DS="$(zipf256m "$DATA" "$REPO/target/release/dquant")"
+cat "$DS.bin" > /dev/null
+
+# Every CPU, so that the agent's process (its session, sender and worker threads) is in the
+# samples; report.py keeps the agent's threads by name.
+profile() {
+  local name="$1"; shift
+  perf record -q -e cpu-clock -F 999 -a -o "$OUT/$name.data" -- "$@" > /dev/null
+  perf report -i "$OUT/$name.data" --no-children --sort comm,dso,sym -g none --stdio -n \
+    -t $'\t' 2>/dev/null | grep -v '^#' | grep -v '^$' > "$OUT/$name.txt"
+}
+for case in agent-shm agent-shm-shuffled agent; do
+  echo "== $case (perf record, $RUNS rounds)"
+  profile "$case" "$BENCH" throughput "$DS" --runs "$RUNS" --cases "$case" --no-warm \
+    --json-out "$OUT/$case.json"
+done
+echo "== the limit: a page-cache copy of the file (cat FILE > /dev/null), $RUNS times"
+profile pagecache bash -c "for i in \$(seq $RUNS); do cat '$DS.bin' > /dev/null; done"
+echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
+
+REPORT=(python3 bench/profile/report.py "$OUT" --dataset "$DS" --runs "$RUNS"
+  --command "bench/profile/run.sh --runs $RUNS")
+[[ $RECORD == 0 ]] || REPORT+=(--record)
+"${REPORT[@]}"
