@@ -232,7 +232,10 @@ impl Pipeline {
                 origins: self.origins.clone(),
             }));
         }
-        let Some(b) = self.next_batch_checked(width)? else {
+        // Unchecked: narrowing checks every token itself, so a separate pass over the batch
+        // first (`next_batch_checked`) would check it twice (5% of the agent's CPU on the
+        // shared-memory path, bench/profile).
+        let Some(b) = self.next_batch()? else {
             return Ok(None);
         };
         let need = b.tokens.len() * bw;
@@ -242,10 +245,14 @@ impl Pipeline {
                 out.len()
             )));
         }
-        if dquant_codec::encode_width(width, b.tokens, &mut out[..need]).is_err() {
-            // Only if a source holds a token above the maximum its metadata claims: name it
-            // as the check would have.
+        if let Err(source) = dquant_codec::encode_width(width, b.tokens, &mut out[..need]) {
+            // A token over `width`: named as the check names it (the first in batch order,
+            // with its source and offset).
             check_fits(&b, l, width, "")?;
+            return Err(EngineError::Encode {
+                index: b.index,
+                source,
+            });
         }
         Ok(Some(b.info()))
     }

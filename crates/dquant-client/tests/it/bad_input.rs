@@ -343,6 +343,11 @@ fn tokens_too_wide_for_a_u16_wire_codec_are_an_exact_error() {
             "sources[0] (corpus/wide): token {v} at offset {o} does not fit in u16 (max 65535); it needs {n} bits: use bits:{n} or wider"
         )
     );
+    // With the output's plain codec on the wire the agent narrows straight into the record
+    // (`Pipeline::next_batch_into`, whose narrowing is the only check): the same error.
+    p.wire_codec = "u16".into();
+    let plain = drain_err(open(&agent.uri(), &p, Offload::Yes).unwrap());
+    assert_eq!(plain, remote);
     wait_idle(&agent);
     c.assert_serving(&agent);
 }
