@@ -10,3 +10,4 @@ mod confinement;
 mod faults;
 mod lazy_index;
 mod root_conformance;
+mod stored_values;
