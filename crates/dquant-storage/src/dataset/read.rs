@@ -6,8 +6,10 @@ use std::ops::Range;
 
 use dquant_codec::kernels::max_token;
 use dquant_codec::Decoder;
+use dquant_format::block::BlockLayout;
 use dquant_format::DType;
 
+use super::sums::CheckedChunks;
 use super::{read_at, read_error, Dataset, Source};
 use crate::backend::ReadAt;
 use crate::error::StorageError;
@@ -142,29 +144,12 @@ impl Dataset {
             "read_into: the buffer must hold the range"
         );
         match &self.source {
-            // int32 (Megatron's dtype for vocabularies over 65,536) is read straight into
-            // `out`, one copy instead of a read and then a load, and its sign bits are checked
-            // in place (5% of the agent's CPU on the shared-memory path, bench/profile).
             Source::Plain {
                 file,
                 dtype: DType::I32,
                 sums,
             } if cfg!(target_endian = "little") => {
-                let at = range.start * 4;
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-                read_at(&**file, &self.data_path, bytes, at)?;
-                if let Some(sums) = sums {
-                    sums.check(&**file, &self.data_path, at, &[&*bytes])?;
-                }
-                if max_token(out) <= i32::MAX as u32 {
-                    return Ok(());
-                }
-                // A negative value: named as the load names it.
-                bufs.bytes.clear();
-                bufs.bytes.extend_from_slice(bytemuck::cast_slice(out));
-                DType::I32
-                    .decode(&bufs.bytes, out, range.start)
-                    .map_err(|e| StorageError::format(&self.data_path, e))
+                self.read_i32_into(&**file, sums.as_deref(), range.start, out, bufs)
             }
             Source::Plain { file, dtype, sums } => {
                 let item = dtype.itemsize() as u64;
@@ -178,45 +163,81 @@ impl Dataset {
                     .decode(&bufs.bytes, out, range.start)
                     .map_err(|e| StorageError::format(&self.data_path, e))
             }
-            Source::Block { file, meta } => {
-                let blocks = meta.blocks_covering(range.clone());
-                let fe = |e| StorageError::format(&self.data_path, e);
-                if blocks.len() == 1 && bufs.cached == Some((self.id, blocks.start)) {
-                    let bt = meta.block_tokens(blocks.start);
-                    out.copy_from_slice(
-                        &bufs.block
-                            [(range.start - bt.start) as usize..(range.end - bt.start) as usize],
-                    );
-                    return Ok(());
-                }
-                let bytes = meta.byte_range(blocks.clone());
-                bufs.bytes.resize((bytes.end - bytes.start) as usize, 0);
-                read_at(&**file, &self.data_path, &mut bufs.bytes, bytes.start)?;
-                for i in blocks {
-                    let br = meta.byte_range(i..i + 1);
-                    let raw = &bufs.bytes
-                        [(br.start - bytes.start) as usize..(br.end - bytes.start) as usize];
-                    let bt = meta.block_tokens(i);
-                    if bt.start >= range.start && bt.end <= range.end {
-                        let dst = &mut out
-                            [(bt.start - range.start) as usize..(bt.end - range.start) as usize];
-                        meta.decode_block(i, raw, &mut bufs.dec, dst).map_err(fe)?;
-                    } else {
-                        bufs.cached = None;
-                        bufs.block.resize((bt.end - bt.start) as usize, 0);
-                        meta.decode_block(i, raw, &mut bufs.dec, &mut bufs.block)
-                            .map_err(fe)?;
-                        bufs.cached = Some((self.id, i));
-                        let s = range.start.max(bt.start);
-                        let e = range.end.min(bt.end);
-                        out[(s - range.start) as usize..(e - range.start) as usize]
-                            .copy_from_slice(
-                                &bufs.block[(s - bt.start) as usize..(e - bt.start) as usize],
-                            );
-                    }
-                }
-                Ok(())
+            Source::Block { file, meta } => self.read_blocks_into(&**file, meta, range, out, bufs),
+        }
+    }
+
+    /// The tokens of `range` from a block file: each whole block decoded straight into `out`,
+    /// a block the range only meets decoded into `bufs` and kept there for the next read.
+    fn read_blocks_into(
+        &self,
+        file: &dyn ReadAt,
+        meta: &BlockLayout,
+        range: Range<u64>,
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), StorageError> {
+        let blocks = meta.blocks_covering(range.clone());
+        let fe = |e| StorageError::format(&self.data_path, e);
+        if blocks.len() == 1 && bufs.cached == Some((self.id, blocks.start)) {
+            let bt = meta.block_tokens(blocks.start);
+            out.copy_from_slice(
+                &bufs.block[(range.start - bt.start) as usize..(range.end - bt.start) as usize],
+            );
+            return Ok(());
+        }
+        let bytes = meta.byte_range(blocks.clone());
+        bufs.bytes.resize((bytes.end - bytes.start) as usize, 0);
+        read_at(file, &self.data_path, &mut bufs.bytes, bytes.start)?;
+        for i in blocks {
+            let br = meta.byte_range(i..i + 1);
+            let raw =
+                &bufs.bytes[(br.start - bytes.start) as usize..(br.end - bytes.start) as usize];
+            let bt = meta.block_tokens(i);
+            if bt.start >= range.start && bt.end <= range.end {
+                let dst =
+                    &mut out[(bt.start - range.start) as usize..(bt.end - range.start) as usize];
+                meta.decode_block(i, raw, &mut bufs.dec, dst).map_err(fe)?;
+            } else {
+                bufs.cached = None;
+                bufs.block.resize((bt.end - bt.start) as usize, 0);
+                meta.decode_block(i, raw, &mut bufs.dec, &mut bufs.block)
+                    .map_err(fe)?;
+                bufs.cached = Some((self.id, i));
+                let s = range.start.max(bt.start);
+                let e = range.end.min(bt.end);
+                out[(s - range.start) as usize..(e - range.start) as usize]
+                    .copy_from_slice(&bufs.block[(s - bt.start) as usize..(e - bt.start) as usize]);
             }
         }
+        Ok(())
+    }
+
+    /// int32 (Megatron's dtype for vocabularies over 65,536) read straight into `out`: one
+    /// copy instead of a read and then a load, its sign bits checked in place (5% of the
+    /// agent's CPU on the shared-memory path, bench/profile). A negative value is named as the
+    /// load names it.
+    fn read_i32_into(
+        &self,
+        file: &dyn ReadAt,
+        sums: Option<&CheckedChunks>,
+        start: u64,
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), StorageError> {
+        let at = start * 4;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        read_at(file, &self.data_path, bytes, at)?;
+        if let Some(sums) = sums {
+            sums.check(file, &self.data_path, at, &[&*bytes])?;
+        }
+        if max_token(out) <= i32::MAX as u32 {
+            return Ok(());
+        }
+        bufs.bytes.clear();
+        bufs.bytes.extend_from_slice(bytemuck::cast_slice(out));
+        DType::I32
+            .decode(&bufs.bytes, out, start)
+            .map_err(|e| StorageError::format(&self.data_path, e))
     }
 }
