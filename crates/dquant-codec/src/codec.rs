@@ -387,6 +387,19 @@ mod tests {
             "u16+lz4hc:13".parse::<Codec>().unwrap_err().to_string(),
             "invalid codec 'lz4hc:13': lz4hc level must be in 1..=12"
         );
+        for (codec, what) in [
+            ("lz4hc:x", "lz4hc"),
+            ("rank+zstd:x", "zstd"),
+            ("zstd:x", "zstd"),
+        ] {
+            assert_eq!(
+                format!("u16+{codec}")
+                    .parse::<Codec>()
+                    .unwrap_err()
+                    .to_string(),
+                format!("invalid codec '{codec}': {what} level must be an integer")
+            );
+        }
         assert_eq!(
             "u16+zstd:99".parse::<Codec>().unwrap_err().to_string(),
             "invalid codec 'zstd:99': zstd level must be in -131072..=22 and not 0"

@@ -65,11 +65,6 @@ impl Compression {
         }
     }
 
-    /// Whether it is LZ4's block format (decoded by one decoder, whoever wrote it).
-    pub fn is_lz4(self) -> bool {
-        matches!(self, Compression::Lz4 | Compression::Lz4Hc(_))
-    }
-
     /// `rank+zstd:level`, the level checked as [`Compression::zstd`] checks it.
     pub fn ranked(level: i32) -> Result<Self, CodecError> {
         match Self::zstd(level) {
@@ -125,6 +120,32 @@ impl fmt::Display for Compression {
     }
 }
 
+/// The compressions written `PREFIX:LEVEL`: the prefix, what the level is called in an
+/// error, and the constructor that checks it.
+type Make = fn(i32) -> Result<Compression, CodecError>;
+const LEVELLED: [(&str, &str, Make); 3] = [
+    ("lz4hc:", "lz4hc", Compression::lz4hc),
+    ("rank+zstd:", "zstd", Compression::ranked),
+    ("zstd:", "zstd", Compression::zstd),
+];
+
+/// `s` as `PREFIX:LEVEL` made by `make`, or `None` when `s` has another prefix.
+fn levelled(
+    s: &str,
+    prefix: &str,
+    what: &str,
+    make: Make,
+) -> Option<Result<Compression, CodecError>> {
+    let level = s.strip_prefix(prefix)?;
+    Some(match level.parse::<i32>() {
+        Ok(l) => make(l),
+        Err(_) => Err(CodecError::Parse {
+            input: s.into(),
+            reason: format!("{what} level must be an integer"),
+        }),
+    })
+}
+
 impl FromStr for Compression {
     type Err = CodecError;
 
@@ -135,33 +156,16 @@ impl FromStr for Compression {
             "zstd" => Ok(Compression::Zstd(3)),
             "rank+zstd" => Ok(Compression::Ranked(19)),
             "lz4hc" => Ok(Compression::Lz4Hc(LZ4HC_DEFAULT)),
-            _ if s.starts_with("lz4hc:") => match s["lz4hc:".len()..].parse::<i32>() {
-                Ok(l) => Compression::lz4hc(l),
-                Err(_) => Err(CodecError::Parse {
-                    input: s.into(),
-                    reason: "lz4hc level must be an integer".into(),
-                }),
-            },
-            _ if s.starts_with("rank+zstd:") => match s["rank+zstd:".len()..].parse::<i32>() {
-                Ok(l) => Compression::ranked(l),
-                Err(_) => Err(CodecError::Parse {
-                    input: s.into(),
-                    reason: "zstd level must be an integer".into(),
-                }),
-            },
-            _ => match s.strip_prefix("zstd:").map(str::parse::<i32>) {
-                Some(Ok(l)) => Compression::zstd(l),
-                Some(Err(_)) => Err(CodecError::Parse {
-                    input: s.into(),
-                    reason: "zstd level must be an integer".into(),
-                }),
-                None => Err(CodecError::Parse {
-                    input: s.into(),
-                    reason:
-                        "expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+            _ => LEVELLED
+                .iter()
+                .find_map(|&(prefix, what, make)| levelled(s, prefix, what, make))
+                .unwrap_or_else(|| {
+                    Err(CodecError::Parse {
+                        input: s.into(),
+                        reason: "expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
                             .into(),
+                    })
                 }),
-            },
         }
     }
 }
