@@ -208,7 +208,7 @@ fn cases(a: &CodecsArgs, max: u32) -> Vec<Case> {
         })
         .collect();
     if !a.no_presets {
-        for p in [Preset::Archive, Preset::Dpu] {
+        for &p in <Preset as clap::ValueEnum>::value_variants() {
             if let Some((codec, block_tokens)) = p.layout(max) {
                 cases.push(Case {
                     name: format!("{}: {codec}", p.name()),

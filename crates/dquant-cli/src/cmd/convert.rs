@@ -87,19 +87,30 @@ impl Preset {
         if self.compression().needs_rank_table() && max as usize >= MAX_RANKED_IDS {
             return None;
         }
-        let codec = Codec::new(Width::narrowest(max, true), self.compression());
-        let tokens = match self.block() {
-            BlockSize::Bytes(b) => block_tokens_for(codec.width, b),
-            BlockSize::Tokens(t) => t,
-        };
-        Some((codec, tokens))
+        // As convert resolves it: one derivation of the width and the block.
+        let spec = WidthSpec::Auto;
+        match resolve_output(
+            OutKind::Dqb,
+            spec,
+            self.compression(),
+            max,
+            self.block(),
+            None,
+        ) {
+            Ok(OutputFormat::Block {
+                codec,
+                block_tokens,
+                ..
+            }) => Some((codec, block_tokens)),
+            _ => None,
+        }
     }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Preset::Archive => "archive",
-            Preset::Dpu => "dpu",
-        }
+    /// Its name on the command line (`--preset NAME`), as clap spells it.
+    pub fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map_or_else(|| format!("{self:?}"), |v| v.get_name().to_string())
     }
 }
 
@@ -572,33 +583,20 @@ mod tests {
     /// The dpu preset's blocks fit the engine's 32 KB window at every width it picks.
     #[test]
     fn dpu_preset_blocks_fit_the_engine_window() {
-        let (kind, spec, comp, block) = (
-            OutKind::Dqb,
-            WidthSpec::Auto,
-            Compression::Lz4Hc(9),
-            BlockSize::Bytes(DPU_BLOCK_BYTES),
-        );
+        assert_eq!(Preset::Dpu.name(), "dpu");
         for (max, want, tokens) in [
             (255, "u8+lz4hc:9", 32768),
             (50256, "u16+lz4hc:9", 16384),
             (100257, "u24+lz4hc:9", 10752),
             (1 << 24, "u32+lz4hc:9", 8192),
         ] {
-            match resolve_output(kind, spec, comp, max, block, None).unwrap() {
-                OutputFormat::Block {
-                    codec,
-                    block_tokens,
-                    ..
-                } => {
-                    assert_eq!(codec.to_string(), want);
-                    assert_eq!(block_tokens, tokens);
-                    assert!(
-                        codec.raw_len(block_tokens as usize) <= DPU_BLOCK_BYTES,
-                        "{codec}"
-                    );
-                }
-                f => panic!("{f:?}"),
-            }
+            let (codec, block_tokens) = Preset::Dpu.layout(max).unwrap();
+            assert_eq!(codec.to_string(), want);
+            assert_eq!(block_tokens, tokens);
+            assert!(
+                codec.raw_len(block_tokens as usize) <= DPU_BLOCK_BYTES,
+                "{codec}"
+            );
         }
     }
 }
