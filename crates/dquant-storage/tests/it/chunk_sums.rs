@@ -10,6 +10,8 @@ use dquant_format::chunk_sums::{ChunkSums, MIN_CHUNK};
 use dquant_storage::{Dataset, LocalRoot, OpenOptions, SUMS_EXT};
 use dquant_testkit::copy_fixture;
 
+use crate::common::tokens;
+
 /// A copy of the r50k int32 fixture as `DIR/x`, with a sidecar of 4 KiB chunks.
 fn summed() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -25,12 +27,6 @@ fn flip(path: &Path, off: usize) {
     let mut b = std::fs::read(path).unwrap();
     b[off] ^= 0x10;
     std::fs::write(path, b).unwrap();
-}
-
-fn tokens(ds: &Dataset, r: std::ops::Range<u64>) -> Result<Vec<u32>, String> {
-    let mut out = Vec::new();
-    ds.reader().read(r, &mut out).map_err(|e| e.to_string())?;
-    Ok(out)
 }
 
 #[test]

@@ -6,11 +6,7 @@
 use dquant_storage::{Dataset, OpenOptions};
 use dquant_testkit::copy_fixture;
 
-fn tokens(ds: &Dataset, r: std::ops::Range<u64>) -> Result<Vec<u32>, String> {
-    let mut out = Vec::new();
-    ds.reader().read(r, &mut out).map_err(|e| e.to_string())?;
-    Ok(out)
-}
+use crate::common::tokens;
 
 #[test]
 fn a_negative_int32_fails_the_reads_that_meet_it_and_only_those() {

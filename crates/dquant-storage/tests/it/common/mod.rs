@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use dquant_storage::{ObjectMeta, ReadAt, Root, RootError};
+use dquant_storage::{Dataset, ObjectMeta, ReadAt, Root, RootError};
 
 /// A root together with what must outlive it (its temporary directories).
 #[derive(Debug)]
@@ -37,4 +37,11 @@ pub fn mkfifo(p: &Path) {
         0,
     )
     .unwrap();
+}
+
+/// The tokens of `r` read through a dataset's reader, or its error as text.
+pub fn tokens(ds: &Dataset, r: std::ops::Range<u64>) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    ds.reader().read(r, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
 }
