@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
+from cost.report import PATHS as COST_PATHS  # noqa: E402
 
 # Stages by symbol, first match wins: (stage, regex over the symbol without its [k]/[.] mark).
 STAGES = [
@@ -131,8 +132,9 @@ def pagecache(out: Path, dataset: str, runs: int) -> dict:
     return {"stages": st, "ns": sum(st.values()) * 1e6 / tokens}
 
 
-PATHS = [("shm (agent, ring)", "agent-shm", 0.8), ("shm, shuffled", "agent-shm-shuffled", 0.7),
-         ("TCP (agent)", "agent", 0.8)]
+# The paths short of their goals: their names and goals as the cost report has them.
+PROFILED = ("agent-shm", "agent-shm-shuffled", "agent")
+PATHS = [(name, case, goal) for name, case, _, goal in COST_PATHS if case in PROFILED]
 
 
 def path_profile(out: Path, case: str) -> dict:
