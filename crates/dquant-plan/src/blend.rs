@@ -437,7 +437,7 @@ impl Iterator for Blender {
 /// Megatron's argmax over every source: the largest error `w_d * i - count_d`, the lowest
 /// index on ties.
 #[inline]
-fn scan(i: f64, weights: &[f64], counts: &[u64]) -> usize {
+pub(crate) fn scan(i: f64, weights: &[f64], counts: &[u64]) -> usize {
     let mut best = 0;
     let mut best_err = weights[0] * i - counts[0] as f64;
     for (d, (&w, &c)) in weights.iter().zip(counts).enumerate().skip(1) {
