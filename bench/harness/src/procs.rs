@@ -299,6 +299,18 @@ fn tv(t: libc::timeval) -> Duration {
 }
 
 /// User + system CPU time of this whole process (all threads).
+/// Seconds on CLOCK_MONOTONIC, the clock `perf record -k CLOCK_MONOTONIC` stamps its samples
+/// with: a run that prints its phases' times lets a profile be cut by phase.
+pub fn monotonic_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 pub fn self_cpu() -> Duration {
     // SAFETY: getrusage writes into the struct we pass; RUSAGE_SELF is always valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

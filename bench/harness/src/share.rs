@@ -54,6 +54,10 @@ pub struct Args {
 /// What one scenario cost the agent, and what each reader got.
 struct Measured {
     agent_cpu: f64,
+    /// When the scenario ran, in seconds on CLOCK_MONOTONIC ([`procs::monotonic_s`]).
+    window: (f64, f64),
+    /// Bytes every reader together received.
+    delivered: u64,
     read_bytes: u64,
     /// Each reader's bytes per second.
     rates: Vec<f64>,
@@ -130,6 +134,7 @@ fn measure(
 ) -> Result<Measured> {
     let pid = agent.pid();
     let (cpu0, rc0) = (procs::proc_cpu(pid)?, rchar(pid)?);
+    let t0 = procs::monotonic_s();
     let start = Barrier::new(n);
     let results: Vec<Result<(u64, f64, u64)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
@@ -153,6 +158,8 @@ fn measure(
     let (cpu1, rc1) = (procs::proc_cpu(pid)?, rchar(pid)?);
     let mut m = Measured {
         agent_cpu: (cpu1 - cpu0).as_secs_f64(),
+        window: (t0, procs::monotonic_s()),
+        delivered: 0,
         read_bytes: rc1 - rc0,
         rates: Vec::new(),
         sums: Vec::new(),
@@ -160,6 +167,7 @@ fn measure(
     for r in results {
         let (bytes, secs, sum) = r?;
         m.rates.push(bytes as f64 / secs.max(1e-9));
+        m.delivered += bytes;
         m.sums.push(sum);
     }
     Ok(m)
@@ -200,6 +208,23 @@ pub fn run(a: &Args) -> Result<()> {
         );
     }
     report(a, &rows)
+}
+
+/// Each scenario's round: when it ran (CLOCK_MONOTONIC seconds, the agent's 200 ms to finish
+/// included), the agent's CPU and the bytes delivered, so a profile taken across the run can
+/// be cut by scenario (bench/profile).
+fn windows(rows: &[(How, Measured)]) -> serde_json::Value {
+    let name = |h: &How| match h {
+        How::Lone => "lone",
+        How::Sessions => "sessions",
+        How::Shared => "shared",
+    };
+    rows.iter()
+        .map(|(h, m)| {
+            json!({"scenario": name(h), "t0": m.window.0, "t1": m.window.1,
+                "agent_cpu_s": m.agent_cpu, "delivered_bytes": m.delivered})
+        })
+        .collect()
 }
 
 fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
@@ -254,6 +279,7 @@ fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
             "bytes_per_s": rate(How::Sessions), "slowest_bytes_per_s": slowest(How::Sessions)},
         "shared": {"agent_cpu_s": cpu(How::Shared), "read_bytes": read(How::Shared),
             "bytes_per_s": rate(How::Shared), "slowest_bytes_per_s": slowest(How::Shared)},
+        "windows": windows(rows),
         "targets": {
             "shared_cpu_vs_lone": cpu(How::Shared) / c1,
             "shared_read_vs_lone": read(How::Shared) / r1,
