@@ -61,7 +61,7 @@
 //! # Cost
 //! [`Schedule::new`] is O(#sources). Iterating a rank costs `world` draws of the blend per
 //! sample (it advances through the other ranks' samples) plus an O(1) permutation lookup, and
-//! O(#sources) memory. A draw scans the sources (O(#sources)); from 256 sources on it asks a
+//! O(#sources) memory. A draw scans the sources (O(#sources)); from 24 sources on it asks a
 //! kinetic tournament (O(log #sources) nodes and those whose order changed); with one source
 //! the walk is a jump. Starting at a cursor costs one climb to the blend's counts at it
 //! ([`Blender::seek`]: microseconds for tens of sources, also the exact check of a cursor's
