@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Where the agent's CPU goes on the paths that miss their goals (issue 36, item 2): the agent
 # profiled with perf (cpu-clock samples, every CPU) while it delivers over a shared-memory
-# ring, unshuffled and shuffled, and over TCP; and the limit those paths are held to, a
-# page-cache copy of the same file (cat FILE > /dev/null), profiled the same way. Each
-# agent's samples are put in stages by symbol (bench/profile/report.py) and turned into
-# CPU ns per token with the agent CPU the same run measured. One command:
+# ring, unshuffled and shuffled, over TCP, and over TCP with the wire codec auto+zstd:1 (the
+# lab's compressed path); and the limit those paths are held to, a page-cache copy of the same
+# file (cat FILE > /dev/null), profiled the same way. Each agent's samples are put in stages by
+# symbol (bench/profile/report.py) and turned into CPU ns per token with the agent CPU the same
+# run measured. Then fan-out (dquant-offload-bench share, 8 readers, over shm and TCP), its
+# samples cut by scenario (a lone stream, 8 sessions, 8 subscribers of one stream); and the
+# schedule at world 4096 x 1,000 sources (criterion, then perf on the same bench). One command:
 #
 #   bench/profile/run.sh [--record] [--runs N] [DATA_DIR [OUT_DIR]]
 #
@@ -16,7 +19,7 @@
 #   --record  record the figures (bench/results/profile.json; bench/RESULTS.md is rendered)
 #
 # Needs perf (Debian's linux-perf; installed when missing) and root (system-wide sampling).
-# About 2 minutes on 2 vCPU after the build.
+# About 4 minutes on 2 vCPU after the build.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RECORD=0
@@ -57,6 +60,36 @@ for case in agent-shm agent-shm-shuffled agent; do
   profile "$case" "$BENCH" throughput "$DS" --runs "$RUNS" --cases "$case" --no-warm \
     --json-out "$OUT/$case.json"
 done
+echo "== agent over TCP with the wire codec auto+zstd:1 (the lab's compressed path; perf record)"
+profile agent-zstd "$BENCH" throughput "$DS" --runs "$RUNS" --cases agent --no-warm \
+  --wire-codec auto+zstd:1 --samples 16384 --json-out "$OUT/agent-zstd.json"
+# Fan-out: the share bench runs a lone reader, 8 sessions and 8 subscribers of one stream in
+# turn and prints when each ran on CLOCK_MONOTONIC, the clock these samples carry, so
+# report.py cuts the samples by scenario.
+for t in shm tcp; do
+  echo "== fan-out over $t, 8 readers (perf record, $RUNS rounds)"
+  perf record -q -k CLOCK_MONOTONIC -e cpu-clock -F 999 -a -o "$OUT/fanout-$t.data" -- \
+    "$BENCH" share "$DS" --readers 8 --transport "$t" --runs "$RUNS" \
+    --json-out "$OUT/fanout-$t.json" > /dev/null
+  perf script -i "$OUT/fanout-$t.data" -F comm,tid,time,ip,sym 2>/dev/null > "$OUT/fanout-$t.txt"
+done
+# The schedule at world 4096 x 1,000 sources (and at world 64 x 10, the issue's other target):
+# criterion measures a batch's cost, then the same bench runs under perf for a fixed time
+# (--profile-time: no analysis, just iterations).
+SCHED="scale/batch/world 4096, 1000 sources"
+echo "== the schedule: $SCHED (criterion, then perf record)"
+cargo bench -q -p dquant-plan --bench schedule -- '^scale/batch/world (4096, 1000|64, 10) sources$' \
+  > "$OUT/schedule-criterion.txt"
+for c in "4096, 1000" "64, 10"; do
+  cp "target/criterion/scale_batch/world $c sources/new/estimates.json" \
+    "$OUT/schedule-estimates-${c/, /x}.json"
+done
+SCHED_BIN="$(cargo bench -q -p dquant-plan --bench schedule --no-run --message-format json \
+  | python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')"
+perf record -q -e cpu-clock -F 999 -o "$OUT/schedule.data" -- "$SCHED_BIN" --bench \
+  --profile-time 5 --exact "$SCHED" > /dev/null
+perf report -i "$OUT/schedule.data" --no-children --sort comm,dso,sym -g none --stdio -n \
+  -t $'\t' 2>/dev/null | grep -v '^#' | grep -v '^$' > "$OUT/schedule.txt"
 echo "== the limit: a page-cache copy of the file (cat FILE > /dev/null), $RUNS times"
 profile pagecache bash -c "for i in \$(seq $RUNS); do cat '$DS.bin' > /dev/null; done"
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"

@@ -2,7 +2,8 @@
 //! a seek, per permutation lookup (throughput in samples); the climb to the blend's counts at
 //! 10^10 samples by number of sources (`climb/`); and at scale (issue 15): resuming at 10^9 and
 //! 10^10 samples from a cursor with the blend's counts against a replay, and the schedule's
-//! cost per batch of 8 at world 1, 512 and 4096 with 1, 100 and 1,000 sources.
+//! cost per batch of 8 at world 1, 512 and 4096 with 1, 100 and 1,000 sources, and at world 64
+//! with 10 sources.
 //!
 //! `cargo bench -p dquant-plan` (all), `cargo bench -p dquant-plan -- scale/` (the scale
 //! figures only), `cargo bench -p dquant-plan -- climb` (the climb only)
@@ -202,8 +203,13 @@ fn resume(c: &mut Criterion) {
 /// The schedule's cost per batch of 8 of one rank, by world size and number of sources.
 fn per_batch(c: &mut Criterion) {
     let mut g = c.benchmark_group("scale/batch");
-    for n in [1usize, 100, 1000] {
-        for world in [1u32, 512, 4096] {
+    // The issue's two targets: world 64 x 10 sources and world 4096 x 1,000 sources.
+    let cases = [1usize, 100, 1000]
+        .into_iter()
+        .flat_map(|n| [1u32, 512, 4096].map(|world| (n, world)))
+        .chain([(10, 64)]);
+    for (n, world) in cases {
+        {
             let s = scale_schedule(n, world);
             let mut it = s.iter_rank(Cursor::START).unwrap();
             g.bench_function(format!("world {world}, {n} sources"), |b| {
