@@ -38,6 +38,8 @@ PATHS = [
     ("TCP, shuffled", "agent-shuffled", "plain", None),
     ("TLS (agent)", "agent-tls", "plain", None),
     ("TLS, shuffled", "agent-tls-shuffled", "plain", None),
+    ("chain (host agent ← storage agent over TCP; both agents' CPU)", "agent-chain", "plain", None),
+    ("chain, shuffled", "agent-chain-shuffled", "plain", None),
 ]
 LIMITS = {
     "pagecache": "page-cache copy of the dataset's file (cat FILE > /dev/null)",

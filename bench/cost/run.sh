@@ -16,8 +16,9 @@
 #
 # What runs (dquant-offload-bench, release build; about 3 minutes on 2 vCPU):
 #   throughput, the agent's default worker pool: plain TCP copy and memcpy (the limits), the
-#     plan in this process, on an agent over TCP, TLS and a shared-memory ring, each unshuffled
-#     and shuffled, and over TCP with the wire codec auto+zstd:1 (the compress stage);
+#     plan in this process, on an agent over TCP, TLS and a shared-memory ring, on a host agent
+#     chained to a storage agent (both agents' CPU counted), each unshuffled and shuffled, and
+#     over TCP with the wire codec auto+zstd:1 (the compress stage);
 #   throughput again with --worker-threads 1: the DPU view, one worker thread; and with
 #     --worker-threads 0, no pool;
 #   breakdown: the producer's stages on one thread (read, narrow, pack, encode, frame+crc);
@@ -52,7 +53,7 @@ source bench/common.sh
 machine_info "$OUT/machine.txt"
 DS="$(zipf256m "$DATA" "$DQ")"
 
-CASES=plain,memcpy,inproc,inproc-shuffled,agent,agent-shuffled,agent-tls,agent-tls-shuffled,agent-shm,agent-shm-shuffled
+CASES=plain,memcpy,inproc,inproc-shuffled,agent,agent-shuffled,agent-tls,agent-tls-shuffled,agent-shm,agent-shm-shuffled,agent-chain,agent-chain-shuffled
 echo "== throughput (the agent's default worker pool)"
 "$BENCH" throughput "$DS" --runs "$RUNS" --cases "$CASES" --json-out "$OUT/throughput.json"
 echo "== throughput, one worker thread (the DPU view)"

@@ -97,6 +97,9 @@ enum Cmd {
         /// Batches a shared stream keeps (`share_window_batches`) [default: the agent's].
         #[arg(long)]
         share_window_batches: Option<usize>,
+        /// An agent plans may chain to (`upstreams`), HOST:PORT; repeatable.
+        #[arg(long)]
+        upstream: Vec<String>,
     },
     /// (internal) The plain-copy baseline's sender.
     #[command(hide = true)]
@@ -317,18 +320,22 @@ fn main() -> Result<()> {
             tls_key,
             worker_threads,
             share_window_batches,
+            upstream,
         } => {
             let tls = tls_cert
                 .zip(tls_key)
                 .map(|(cert, key)| dquant_agent::TlsFiles { cert, key });
-            procs::run_agent(
-                &root,
-                prefetch_frames,
+            let defaults = dquant_agent::AgentConfig::default();
+            let cfg = dquant_agent::AgentConfig {
+                worker_threads: worker_threads.unwrap_or(defaults.worker_threads),
+                share_window_batches: share_window_batches.unwrap_or(defaults.share_window_batches),
                 socket,
+                prefetch_frames,
                 tls,
-                worker_threads,
-                share_window_batches,
-            )
+                upstreams: upstream,
+                ..defaults
+            };
+            procs::run_agent(&root, cfg)
         }
         Cmd::Send {
             addr,

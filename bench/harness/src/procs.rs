@@ -56,6 +56,17 @@ impl AgentProc {
         )
     }
 
+    /// A host agent whose plans may chain to the agent at `upstream` (HOST:PORT).
+    pub fn spawn_chained(
+        root: &Path,
+        prefetch_frames: usize,
+        worker_threads: Option<usize>,
+        upstream: &str,
+    ) -> Result<Self> {
+        let flags = ["--upstream".to_string(), upstream.to_string()];
+        Self::spawn_with(root, prefetch_frames, false, None, worker_threads, &flags)
+    }
+
     /// An agent serving TLS on both planes with this certificate and key.
     pub fn spawn_tls(root: &Path, prefetch_frames: usize, cert: &Path, key: &Path) -> Result<Self> {
         Self::spawn_with(root, prefetch_frames, false, Some((cert, key)), None, &[])
@@ -140,26 +151,14 @@ impl Drop for AgentProc {
     }
 }
 
-/// The hidden `agent` subcommand: starts an agent on loopback, prints its URI, serves until
+/// The hidden `agent` subcommand: starts an agent with `cfg` and `roots` on loopback (ports
+/// chosen by the kernel), prints its URI, serves until
 /// stdin closes.
-pub fn run_agent(
-    roots: &[String],
-    prefetch_frames: usize,
-    socket: Option<std::path::PathBuf>,
-    tls: Option<dquant_agent::TlsFiles>,
-    worker_threads: Option<usize>,
-    share_window_batches: Option<usize>,
-) -> Result<()> {
-    let defaults = dquant_agent::AgentConfig::default();
+pub fn run_agent(roots: &[String], cfg: dquant_agent::AgentConfig) -> Result<()> {
     let mut cfg = dquant_agent::AgentConfig {
-        worker_threads: worker_threads.unwrap_or(defaults.worker_threads),
-        share_window_batches: share_window_batches.unwrap_or(defaults.share_window_batches),
         listen: "127.0.0.1:0".parse()?,
         data_listen: Some("127.0.0.1:0".parse()?),
-        socket,
-        prefetch_frames,
-        tls,
-        ..defaults
+        ..cfg
     };
     for r in roots {
         let (name, dir) = r

@@ -95,6 +95,12 @@ pub enum Case {
     AgentTls,
     /// The plan on the TLS agent, shuffled.
     AgentTlsShuffled,
+    /// The plan on a host agent that reads its source from a storage agent (`dquant://`
+    /// chaining: token ranges in the wire codec over TCP), unshuffled; the agent CPU is both
+    /// agents'.
+    AgentChain,
+    /// The chained plan, shuffled (one round trip per batch and source).
+    AgentChainShuffled,
     /// The plan in this process, unshuffled.
     Inproc,
     /// The plan in this process, shuffled.
@@ -113,6 +119,8 @@ impl Case {
             Case::Agent => "agent, shuffle=false",
             Case::AgentShuffled => "agent, shuffle=true",
             Case::AgentTls => "agent TLS, shuffle=false",
+            Case::AgentChain => "chained agents, shuffle=false",
+            Case::AgentChainShuffled => "chained agents, shuffle=true",
             Case::AgentTlsShuffled => "agent TLS, shuffle=true",
             Case::Inproc => "in-process, shuffle=false",
             Case::InprocShuffled => "in-process, shuffle=true",
@@ -130,6 +138,8 @@ impl Case {
             Case::Agent => "agent",
             Case::AgentShuffled => "agent-shuffled",
             Case::AgentTls => "agent-tls",
+            Case::AgentChain => "agent-chain",
+            Case::AgentChainShuffled => "agent-chain-shuffled",
             Case::AgentTlsShuffled => "agent-tls-shuffled",
             Case::Inproc => "inproc",
             Case::InprocShuffled => "inproc-shuffled",
@@ -234,31 +244,77 @@ impl TlsAgent {
     }
 }
 
-fn stream(
-    run: usize,
-    case: Case,
-    a: &Args,
-    ds: &DataSpec,
-    agent: Option<&AgentProc>,
-    tls: Option<&TlsAgent>,
-    expect: u64,
-) -> Result<M> {
+/// A storage agent serving the dataset and a host agent that may chain to it.
+struct Chain {
+    far: AgentProc,
+    near: AgentProc,
+}
+
+impl Chain {
+    fn spawn(
+        root: &std::path::Path,
+        prefetch_frames: usize,
+        workers: Option<usize>,
+    ) -> Result<Self> {
+        let far = AgentProc::spawn_working(root, prefetch_frames, false, workers)?;
+        let upstream = far.uri.trim_start_matches("dquant://").to_string();
+        let near = AgentProc::spawn_chained(root, prefetch_frames, workers, &upstream)?;
+        Ok(Chain { far, near })
+    }
+
+    /// The dataset as the host agent's plans name it: on the storage agent.
+    fn source(&self, ds: &DataSpec) -> String {
+        format!("{}/{}", self.far.uri, ds.remote())
+    }
+}
+
+/// Where a case's plan runs.
+#[derive(Clone, Copy)]
+enum Via<'a> {
+    Here,
+    Agent(&'a AgentProc),
+    Tls(&'a TlsAgent),
+    Chain(&'a Chain),
+}
+
+impl Via<'_> {
+    /// The agents' processes (whose CPU is the peer's).
+    fn pids(self) -> Vec<u32> {
+        match self {
+            Via::Here => vec![],
+            Via::Agent(a) => vec![a.pid()],
+            Via::Tls(t) => vec![t.agent.pid()],
+            Via::Chain(c) => vec![c.near.pid(), c.far.pid()],
+        }
+    }
+
+    fn cpu(self) -> Result<Duration> {
+        self.pids().into_iter().map(procs::proc_cpu).sum()
+    }
+}
+
+fn stream(run: usize, case: Case, a: &Args, ds: &DataSpec, via: Via, expect: u64) -> Result<M> {
     let shuffle = matches!(
         case,
         Case::AgentShuffled
             | Case::AgentShmShuffled
             | Case::AgentTlsShuffled
+            | Case::AgentChainShuffled
             | Case::InprocShuffled
     );
     let load = procs::loadavg();
-    let agent = tls.map(|t| &t.agent).or(agent);
-    let mut r = match (agent, tls) {
-        (Some(ag), Some(t)) => {
-            let uri = AgentUri::parse(&ag.uri).map_err(anyhow::Error::msg)?;
+    let mut r = match via {
+        Via::Tls(t) => {
+            let uri = AgentUri::parse(&t.agent.uri).map_err(anyhow::Error::msg)?;
             let plan = a.plan.plan(&ds.remote(), shuffle);
             Reader::remote_with(&uri, &plan, Cursor::START, &t.creds)?
         }
-        (Some(ag), None) => {
+        Via::Chain(c) => open(
+            &c.near.uri,
+            &a.plan.plan(&c.source(ds), shuffle),
+            Offload::Yes,
+        )?,
+        Via::Agent(ag) => {
             let uri = match case {
                 Case::AgentShm | Case::AgentShmShuffled => ag
                     .socket
@@ -269,9 +325,9 @@ fn stream(
             };
             open(&uri, &a.plan.plan(&ds.remote(), shuffle), Offload::Yes)?
         }
-        (None, _) => open("", &a.plan.plan(&ds.local(), shuffle), Offload::No)?,
+        Via::Here => open("", &a.plan.plan(&ds.local(), shuffle), Offload::No)?,
     };
-    let peer0 = agent.map(|ag| procs::proc_cpu(ag.pid())).transpose()?;
+    let peer0 = via.cpu()?;
     let cpu0 = procs::self_cpu();
     let t0 = Instant::now();
     let (mut bytes, mut tokens) = (0u64, 0u64);
@@ -281,9 +337,9 @@ fn stream(
     }
     let wall = t0.elapsed();
     let consumer_cpu = procs::self_cpu() - cpu0;
-    let peer_cpu = match (agent, peer0) {
-        (Some(ag), Some(p0)) => Some(procs::proc_cpu(ag.pid())? - p0),
-        _ => None,
+    let peer_cpu = match via {
+        Via::Here => None,
+        _ => Some(via.cpu()? - peer0),
     };
     drop(r);
     if bytes != expect {
@@ -391,6 +447,15 @@ pub fn run(a: &Args) -> Result<()> {
     } else {
         None
     };
+    let chain = if a
+        .cases
+        .iter()
+        .any(|c| matches!(c, Case::AgentChain | Case::AgentChainShuffled))
+    {
+        Some(Chain::spawn(&ds.dir, a.prefetch_frames, a.worker_threads)?)
+    } else {
+        None
+    };
     let mut ms: Vec<M> = Vec::new();
     for run in 1..=a.runs {
         for &case in &a.cases {
@@ -400,13 +465,19 @@ pub fn run(a: &Args) -> Result<()> {
                 }
                 Case::Memcpy => memcpy(run, expect, a, &ds)?,
                 Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled => {
-                    stream(run, case, a, &ds, agent.as_ref(), None, expect)?
+                    let ag = agent.as_ref().context("no agent")?;
+                    stream(run, case, a, &ds, Via::Agent(ag), expect)?
                 }
                 Case::AgentTls | Case::AgentTlsShuffled => {
-                    stream(run, case, a, &ds, None, tls.as_ref(), expect)?
+                    let t = tls.as_ref().context("no TLS agent")?;
+                    stream(run, case, a, &ds, Via::Tls(t), expect)?
+                }
+                Case::AgentChain | Case::AgentChainShuffled => {
+                    let c = chain.as_ref().context("no chained agents")?;
+                    stream(run, case, a, &ds, Via::Chain(c), expect)?
                 }
                 Case::Inproc | Case::InprocShuffled => {
-                    stream(run, case, a, &ds, None, None, expect)?
+                    stream(run, case, a, &ds, Via::Here, expect)?
                 }
             };
             eprintln!(
@@ -421,6 +492,7 @@ pub fn run(a: &Args) -> Result<()> {
     }
     drop(agent);
     drop(tls);
+    drop(chain);
 
     let base = |run: usize| {
         ms.iter()
@@ -436,8 +508,10 @@ pub fn run(a: &Args) -> Result<()> {
     // shuffle.
     let tcp_of = |m: &M| {
         let tcp = match m.case {
-            Case::AgentShm | Case::AgentTls => Case::Agent,
-            Case::AgentShmShuffled | Case::AgentTlsShuffled => Case::AgentShuffled,
+            Case::AgentShm | Case::AgentTls | Case::AgentChain => Case::Agent,
+            Case::AgentShmShuffled | Case::AgentTlsShuffled | Case::AgentChainShuffled => {
+                Case::AgentShuffled
+            }
             _ => return None,
         };
         ms.iter().find(|t| t.run == m.run && t.case == tcp)
