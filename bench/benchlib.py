@@ -11,6 +11,7 @@ it: its test copies that file alone.)
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -202,3 +203,51 @@ class Agent:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def is_mounted(path: Path) -> bool:
+    """Whether a `dquant mount` is mounted at `path`."""
+    path = str(path.resolve())
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split(" ")[4] == path and " - fuse dquant:" in line for line in f)
+
+
+class Mount:
+    """A fresh `dquant mount` process (an empty page cache for its files)."""
+
+    def __init__(self, dquant: Path, uri: str, at: Path, *args: str):
+        at.mkdir(parents=True, exist_ok=True)
+        self.at = at
+        self.proc = subprocess.Popen(
+            [str(dquant), "mount", uri, str(at), *args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        t0 = time.monotonic()
+        while not is_mounted(at):
+            if self.proc.poll() is not None or time.monotonic() - t0 > 30:
+                raise RuntimeError("dquant mount did not mount")
+            time.sleep(0.02)
+
+    def stop(self):
+        gc.collect()  # a caller's memmaps of the mount (GPTDataset's)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["umount", "-l", str(self.at)], stderr=subprocess.DEVNULL)
+            self.proc.kill()
+            self.proc.wait()
+
+
+def read_seq(path: Path) -> tuple[float, int]:
+    """Seconds to read `path` whole in 1 MiB reads, and its bytes."""
+    buf = bytearray(1 << 20)
+    n = 0
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            k = f.readinto(buf)
+            if not k:
+                break
+            n += k
+    return time.perf_counter() - t0, n

@@ -40,6 +40,8 @@ PATHS = [
     ("TLS, shuffled", "agent-tls-shuffled", "plain", None),
     ("chain (host agent ← storage agent over TCP; both agents' CPU)", "agent-chain", "plain", None),
     ("chain, shuffled", "agent-chain-shuffled", "plain", None),
+    ("mount (FUSE on the host; host CPU: the mount process and the reader)", "mount",
+     "pagecache", None),
 ]
 LIMITS = {
     "pagecache": "page-cache copy of the dataset's file (cat FILE > /dev/null)",
@@ -115,6 +117,15 @@ def page_cache_copy(dataset: str, runs: int = 3) -> dict:
             best = (wall, cpu)
     return {"rate": tokens / best[0], "host_ns": best[1] * 1e9 / tokens, "agent_ns": None,
             "tokens": tokens}
+
+
+def mount_case(path: Path) -> dict:
+    """The mount's whole-file read (bench/cost/mount.py), as a throughput case; nothing when
+    it did not run."""
+    if not path.exists():
+        return {}
+    m = json.loads(path.read_text())["median"]
+    return {"mount": {"rate": m["rate"], "agent_ns": m["agent_ns"], "host_ns": m["host_ns"]}}
 
 
 def stages(path: Path) -> list[tuple[str, float]]:
@@ -236,6 +247,7 @@ def report(out: Path, dataset: str, command: str, fanout_samples: int) -> tuple[
     saved.write_text(json.dumps(pc, indent=1))
     limits = {"pagecache": pc}
     tp, tp1 = cases(out / "throughput.json"), cases(out / "throughput-w1.json")
+    tp.update(mount_case(out / "mount.json"))
     tp0, zs = cases(out / "throughput-w0.json"), cases(out / "throughput-zstd.json")
     rows, rows1 = path_rows(tp, limits), path_rows(tp1, limits)
     rows0 = path_rows(tp0, limits)

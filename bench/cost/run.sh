@@ -9,7 +9,7 @@
 #             zipf256m_int32, 256 Mi Zipf token ids (1 GiB), Megatron int32:
 #               dquant corpus zipf DATA/zipf256m_int32 --tokens 268435456 --vocab 50257 --eod 50256
 #   OUT_DIR   default bench/cost/out/<UTC timestamp>: machine.txt, the measurements' JSON
-#             (throughput*.json, breakdown.json, fanout.json, pagecache.json) and report.md
+#             (throughput*.json, breakdown.json, fanout.json, mount.json, pagecache.json), report.md
 #   The default worker pool is the agent's: one worker a core but one (1 on 2 vCPU).
 #   --runs N  rounds of each throughput case (default 3)
 #   --record  record the figures (bench/results/cost.json; bench/RESULTS.md is rendered)
@@ -26,6 +26,8 @@
 #   the dpu preset's 32 KiB LZ4 blocks (dquant convert --preset dpu) decoded in software, on
 #     real text (code_r50k_16m: Rust crate sources, generated once by dquant corpus real):
 #     the stage BlueField-3's decompression engine takes off the ARM cores;
+#   mount: the dataset's file read whole (1 MiB reads) through dquant mount (FUSE) from
+#     dquant serve on loopback, a fresh mount each run (bench/cost/mount.py; needs /dev/fuse);
 #   a page-cache copy of the dataset's file (cat FILE > /dev/null), the local paths' limit.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -76,6 +78,8 @@ CODE="$DATA/code_r50k_16m"
 [[ -e "$CODE.idx" ]] || "$DQ" corpus real --max-mb 16 --encoding r50k -q "$CODE" >/dev/null
 "$DQ" bench codecs "$CODE" --codecs u16,u16+lz4,u16+lz4hc:9 --block-size 32KiB --no-presets \
   --json -q > "$OUT/dpu.json"
+echo "== mount: the dataset read whole through dquant mount (FUSE), a fresh mount each run"
+python3 bench/cost/mount.py "$DQ" "$DS" --runs "$RUNS" --out "$OUT/mount.json"
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
 
 REPORT=(python3 bench/cost/report.py "$OUT" --dataset "$DS" --command "bench/cost/run.sh --runs $RUNS"

@@ -20,10 +20,8 @@ and appends the whole table to bench/history/mount.md. `bench/mount/run.sh` runs
 
 import argparse
 import datetime
-import gc
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchlib import Agent, cpu_s, git_commit, median, spread, status_kib  # noqa: E402
+from benchlib import Agent, Mount, cpu_s, git_commit, median, read_seq, spread, status_kib  # noqa: E402
 import benchlib  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,53 +40,6 @@ MIB = 1 << 20
 def peak_rss_mib(pid: int) -> float:
     """Peak resident memory (VmHWM) of process `pid`, MiB."""
     return status_kib("VmHWM", pid) / 1024
-
-
-def is_mounted(path: Path) -> bool:
-    path = str(path.resolve())
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split(" ")[4] == path and " - fuse dquant:" in line for line in f)
-
-
-class Mount:
-    """A fresh `dquant mount` process (an empty page cache for its files)."""
-
-    def __init__(self, dquant: Path, uri: str, at: Path, *args: str):
-        at.mkdir(parents=True, exist_ok=True)
-        self.at = at
-        self.proc = subprocess.Popen(
-            [str(dquant), "mount", uri, str(at), *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        t0 = time.monotonic()
-        while not is_mounted(at):
-            if self.proc.poll() is not None or time.monotonic() - t0 > 30:
-                raise RuntimeError("dquant mount did not mount")
-            time.sleep(0.02)
-
-    def stop(self):
-        gc.collect()  # GPTDataset's memmaps of the mount
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            subprocess.run(["umount", "-l", str(self.at)], stderr=subprocess.DEVNULL)
-            self.proc.kill()
-            self.proc.wait()
-
-
-def read_seq(path: Path) -> tuple[float, int]:
-    """Seconds to read `path` whole in 1 MiB reads, and its bytes."""
-    buf = bytearray(MIB)
-    n = 0
-    t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            k = f.readinto(buf)
-            if not k:
-                break
-            n += k
-    return time.perf_counter() - t0, n
 
 
 def drop_cache(path: Path):
