@@ -42,6 +42,8 @@ PATHS = [
     ("chain, shuffled", "agent-chain-shuffled", "plain", None),
     ("mount (FUSE on the host; host CPU: the mount process and the reader)", "mount",
      "pagecache", None),
+    ("Python loop, in-process (numpy batches)", "python", "pagecache", None),
+    ("Python loop, agent over shm", "python-shm", "pagecache", None),
 ]
 LIMITS = {
     "pagecache": "page-cache copy of the dataset's file (cat FILE > /dev/null)",
@@ -119,13 +121,18 @@ def page_cache_copy(dataset: str, runs: int = 3) -> dict:
             "tokens": tokens}
 
 
-def mount_case(path: Path) -> dict:
-    """The mount's whole-file read (bench/cost/mount.py), as a throughput case; nothing when
-    it did not run."""
-    if not path.exists():
-        return {}
-    m = json.loads(path.read_text())["median"]
-    return {"mount": {"rate": m["rate"], "agent_ns": m["agent_ns"], "host_ns": m["host_ns"]}}
+def script_cases(out: Path) -> dict:
+    """The cases the Python scripts measured, as throughput cases: the mount's whole-file read
+    (bench/cost/mount.py, one case) and the Python loops (bench/cost/python.py, one a key);
+    none for a script that did not run."""
+    got = {}
+    mount, python = out / "mount.json", out / "python.json"
+    if mount.exists():
+        got["mount"] = json.loads(mount.read_text())["median"]
+    if python.exists():
+        got.update({k: v["median"] for k, v in json.loads(python.read_text()).items()})
+    return {k: {"rate": m["rate"], "agent_ns": m["agent_ns"], "host_ns": m["host_ns"]}
+            for k, m in got.items()}
 
 
 def stages(path: Path) -> list[tuple[str, float]]:
@@ -247,7 +254,7 @@ def report(out: Path, dataset: str, command: str, fanout_samples: int) -> tuple[
     saved.write_text(json.dumps(pc, indent=1))
     limits = {"pagecache": pc}
     tp, tp1 = cases(out / "throughput.json"), cases(out / "throughput-w1.json")
-    tp.update(mount_case(out / "mount.json"))
+    tp.update(script_cases(out))
     tp0, zs = cases(out / "throughput-w0.json"), cases(out / "throughput-zstd.json")
     rows, rows1 = path_rows(tp, limits), path_rows(tp1, limits)
     rows0 = path_rows(tp0, limits)

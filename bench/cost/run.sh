@@ -9,7 +9,8 @@
 #             zipf256m_int32, 256 Mi Zipf token ids (1 GiB), Megatron int32:
 #               dquant corpus zipf DATA/zipf256m_int32 --tokens 268435456 --vocab 50257 --eod 50256
 #   OUT_DIR   default bench/cost/out/<UTC timestamp>: machine.txt, the measurements' JSON
-#             (throughput*.json, breakdown.json, fanout.json, mount.json, pagecache.json), report.md
+#             (throughput*.json, breakdown.json, fanout.json, mount.json, python.json,
+#             pagecache.json), report.md
 #   The default worker pool is the agent's: one worker a core but one (1 on 2 vCPU).
 #   --runs N  rounds of each throughput case (default 3)
 #   --record  record the figures (bench/results/cost.json; bench/RESULTS.md is rendered)
@@ -28,6 +29,9 @@
 #     the stage BlueField-3's decompression engine takes off the ARM cores;
 #   mount: the dataset's file read whole (1 MiB reads) through dquant mount (FUSE) from
 #     dquant serve on loopback, a fresh mount each run (bench/cost/mount.py; needs /dev/fuse);
+#   Python: the plan read into a Python loop as numpy batches with dquant's package, in the
+#     process and from the agent over shared memory (bench/cost/python.py, in the venv
+#     python/test.sh --no-tests builds: made once, several GB with torch);
 #   a page-cache copy of the dataset's file (cat FILE > /dev/null), the local paths' limit.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -80,6 +84,9 @@ CODE="$DATA/code_r50k_16m"
   --json -q > "$OUT/dpu.json"
 echo "== mount: the dataset read whole through dquant mount (FUSE), a fresh mount each run"
 python3 bench/cost/mount.py "$DQ" "$DS" --runs "$RUNS" --out "$OUT/mount.json"
+echo "== Python: the plan into a Python loop, in-process and from the agent over shm"
+PY="$(python/test.sh --no-tests | tail -1)"
+"$PY" bench/cost/python.py "$DQ" "$DS" --runs "$RUNS" --out "$OUT/python.json"
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
 
 REPORT=(python3 bench/cost/report.py "$OUT" --dataset "$DS" --command "bench/cost/run.sh --runs $RUNS"
