@@ -8,3 +8,4 @@ mod common;
 mod megatron;
 mod proptests;
 mod ranked;
+mod threads;

@@ -152,18 +152,7 @@ pub fn write_chunked(
     chunks: &[usize],
     verify: bool,
 ) -> (Vec<u8>, WriteSummary) {
-    let header = FileHeader {
-        codec,
-        block_tokens,
-        vocab_size: 50257,
-    };
-    let (mut w, head) = if codec.compression.needs_rank_table() {
-        BlockFileWriter::new_ranked(header, Arc::new(ranks_of(tokens)), verify)
-    } else {
-        BlockFileWriter::new(header, verify)
-    }
-    .expect("writer settings are valid");
-    let mut file = head.to_vec();
+    let (mut w, mut file) = writer(codec, block_tokens, tokens, verify);
     let mut rest = tokens;
     let mut sizes = chunks.iter().cycle();
     while !rest.is_empty() {
@@ -175,6 +164,28 @@ pub fn write_chunked(
     assert_eq!(w.tokens(), tokens.len() as u64);
     let summary = w.finish(index, &mut file).expect("finish");
     (file, summary)
+}
+
+/// A writer for `tokens` in `codec` (its rank table made from them when the codec needs
+/// one) and the file's bytes so far (its header).
+pub fn writer(
+    codec: Codec,
+    block_tokens: u32,
+    tokens: &[u32],
+    verify: bool,
+) -> (BlockFileWriter, Vec<u8>) {
+    let header = FileHeader {
+        codec,
+        block_tokens,
+        vocab_size: 50257,
+    };
+    let (w, head) = if codec.compression.needs_rank_table() {
+        BlockFileWriter::new_ranked(header, Arc::new(ranks_of(tokens)), verify)
+    } else {
+        BlockFileWriter::new(header, verify)
+    }
+    .expect("writer settings are valid");
+    (w, head.to_vec())
 }
 
 /// Writes a block file with one push of every token.
