@@ -182,6 +182,27 @@ impl DatasetWriter {
         self.tokens
     }
 
+    /// Encodes a block file's blocks on `threads` threads
+    /// ([`BlockFileWriter::set_threads`]): the same bytes, sooner. Plain outputs cost a copy
+    /// and stay on the caller's thread.
+    pub fn set_threads(&mut self, threads: usize) -> Result<(), StorageError> {
+        if let Sink::Block { file, writer } = &mut self.sink {
+            writer
+                .set_threads(threads)
+                .map_err(|e| StorageError::format(&file.dst, e))?;
+        }
+        Ok(())
+    }
+
+    /// Tokens a push should carry at least to keep every thread busy: one block a thread for
+    /// a block file (1 when the output is plain).
+    pub fn push_tokens(&self) -> u64 {
+        match &self.sink {
+            Sink::Block { writer, .. } => writer.threads() as u64 * writer.block_tokens(),
+            _ => 1,
+        }
+    }
+
     /// Appends tokens. A token the output cannot hold fails with its absolute offset in the
     /// stream; the destination is then left untouched.
     pub fn push(&mut self, tokens: &[u32]) -> Result<(), StorageError> {

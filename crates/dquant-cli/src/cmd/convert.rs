@@ -165,6 +165,11 @@ pub struct Args {
     /// Replace DST if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Threads that compress a .dqb's blocks (the file is the same whatever the count; each
+    /// holds one block and one compressor, about 90 MB for the archive preset) [default: one
+    /// a core, at most 8, and at most what 192 MiB holds: 2 for the archive preset].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: Option<u16>,
     #[command(flatten)]
     pub input: InputOpts,
     #[command(flatten)]
@@ -385,8 +390,9 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
     let fmt = resolve_output(kind, spec, comp, max, block, a.vocab)?;
     let pb = util::bar(ds.tokens(), "converting", quiet);
     let mut w = DatasetWriter::create_ranked_in(out.to.clone(), &out.name, fmt, ranks)?;
+    w.set_threads(a.threads.map_or_else(|| default_threads(&fmt), usize::from))?;
     let src = ds.data_path().to_path_buf();
-    ds.scan(1 << 22, |start, t| {
+    ds.scan(w.push_tokens().max(1 << 22), |start, t| {
         if let Some(v) = a.vocab {
             if kernels::max_token(t) >= v {
                 let i = t.iter().position(|&x| x >= v).unwrap_or(0);
@@ -408,6 +414,42 @@ pub fn convert(a: &Args) -> Result<(Dataset, OutputFormat, WriteReport, f64)> {
         *f = PathBuf::from(out.show(f));
     }
     Ok((ds, fmt, rep, t0.elapsed().as_secs_f64()))
+}
+
+/// Block compression threads by default: one a core, at most [`MAX_DEFAULT_THREADS`], and no
+/// more than [`THREADS_MEMORY`] holds at [`thread_memory`] each (so the archive preset keeps
+/// its 256 MiB goal on any machine).
+fn default_threads(fmt: &OutputFormat) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fit = match fmt {
+        OutputFormat::Block {
+            codec,
+            block_tokens,
+            ..
+        } => (THREADS_MEMORY / thread_memory(codec.compression, *block_tokens)) as usize,
+        _ => 1,
+    };
+    cores.min(MAX_DEFAULT_THREADS).min(fit).max(1)
+}
+
+/// The most threads `convert` compresses blocks on unless asked for more.
+const MAX_DEFAULT_THREADS: usize = 8;
+
+/// Memory the default thread count may take, beside one thread's (bench/codecs measures the
+/// archive preset's peak against 256 MiB).
+const THREADS_MEMORY: u64 = 192 << 20;
+
+/// About what one compressing thread holds: its compressor (measured: a zstd level 19 context
+/// and its tables grow the peak by about 64 MiB, lower levels by far less, LZ4 by nothing
+/// worth counting) and a block three times (the tokens, their check after decoding, the
+/// payload).
+fn thread_memory(c: Compression, block_tokens: u32) -> u64 {
+    let compressor: u64 = match c {
+        Compression::Zstd(l) | Compression::Ranked(l) if l >= 16 => 64 << 20,
+        Compression::Zstd(_) | Compression::Ranked(_) => 16 << 20,
+        _ => 4 << 20,
+    };
+    compressor + 12 * block_tokens as u64
 }
 
 /// Where a convert writes: local files (renamed into place) or an S3 bucket (multipart
@@ -581,6 +623,16 @@ mod tests {
     }
 
     /// The dpu preset's blocks fit the engine's 32 KB window at every width it picks.
+    /// The default thread count keeps the archive preset within its memory goal (two
+    /// threads, about 180 MB measured), and gives a cheap codec every core up to the cap.
+    #[test]
+    fn default_threads_fit_the_memory_goal() {
+        let archive = thread_memory(Compression::Ranked(19), 2 << 20);
+        assert_eq!(THREADS_MEMORY / archive, 2);
+        let dpu = thread_memory(Compression::Lz4Hc(9), 16 << 10);
+        assert!(THREADS_MEMORY / dpu >= MAX_DEFAULT_THREADS as u64);
+    }
+
     #[test]
     fn dpu_preset_blocks_fit_the_engine_window() {
         assert_eq!(Preset::Dpu.name(), "dpu");

@@ -445,6 +445,7 @@ fn to_block_file(src: &Path, dst: &Path) -> Result<(u64, u64)> {
         vocab: None,
         block_size: TEXT_BLOCK_BYTES,
         force: true,
+        threads: None,
         input: InputOpts::default(),
         output: OutputOpts {
             json: false,

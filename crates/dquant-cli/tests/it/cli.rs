@@ -526,6 +526,27 @@ fn r50k_multiseq_round_trips_through_every_codec() {
     let again = dir.path().join("again.dqb");
     convert(&dir.path().join("b17.dqb"), &again, &["--codec", "u16+lz4"]);
     assert_identical(&src, &again, &[]);
+    // Blocks compressed on several threads: the same file, byte for byte.
+    let small = [
+        "--codec",
+        "bits:17+zstd:3",
+        "--block-size",
+        "64KiB",
+        "--threads",
+    ];
+    for threads in ["1", "3"] {
+        let out = dir.path().join(format!("threads{threads}.dqb"));
+        convert(&src, &out, &[&small[..], &[threads]].concat());
+    }
+    let (one, three) = (
+        dir.path().join("threads1.dqb"),
+        dir.path().join("threads3.dqb"),
+    );
+    assert!(read(&one) == read(&three), "3 threads wrote another file");
+    let r = dquant(&["convert", &s(&src), &s(&three), "--force", "--threads", "0"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let e = "error: invalid value '0' for '--threads <N>': 0 is not in 1..=256";
+    assert!(r.stderr.starts_with(e), "{}", r.stderr);
 }
 
 #[test]
