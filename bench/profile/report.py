@@ -107,7 +107,16 @@ NOTES = (
     "them expired certificates). Climbing that path bottom up, carrying the winner's error so "
     "each level waits on one comparison, and min without NaN handling took the batch from 8.48 "
     "to 4.2 ms on this machine the same day (criterion, alternated builds); it is about 127 ns "
-    "a draw, 32,768 draws a batch, and the goal needs 61."
+    "a draw, 32,768 draws a batch, and the goal needs 61. "
+    "Python (bench/profile/python.py): boundary outputs add about half the in-process CPU a "
+    "token, nearly all in dquant's Rust making two more tensors a batch (position_ids as i64 "
+    "and loss_mask: 12 more bytes written a token beside the 16 of input_ids and labels, and "
+    "the EOD scan that finds the documents); the goal of 15% cannot hold while they are "
+    "materialized per token, only if a trainer takes the document starts (cu_seqlens) instead. "
+    "With one DataLoader worker, torch's machinery costs each process about 10 ns a token "
+    "(160 us a batch of 8 x 2048): the interpreter, torch's queues and the wake-ups between "
+    "the processes, against about 2 ns for the whole in-process path; a ring the workers fill "
+    "and the loop reads in place would bypass them, and is not built."
 )
 COMPILED = [(name, re.compile(rx)) for name, rx in STAGES]
 OTHER = "other (kernel, libc)"
@@ -291,6 +300,92 @@ def schedule_table(out: Path) -> tuple[list[str], list[dict]]:
     return lines, figs
 
 
+# The Python cases' samples (bench/profile/python.py): by library first, then the kernel's and
+# libc's by the stages above.
+PY_SCRIPT_LINE = re.compile(
+    r"^\s*(\S.*?)\s+(\d+)/(\d+)\s+([\d.]+):\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)$")
+PY_LIBS = [
+    ("dquant's Rust (read, narrow, pack, boundary outputs)", r"_dquant"),
+    ("torch (tensors, collation, its DataLoader)", r"libtorch|libc10|/torch/"),
+    ("numpy", r"numpy|_multiarray"),
+    ("the Python interpreter", r"python3|libpython"),
+]
+PY_CASES = [("dl", "dquant DataLoader"), ("dl-masks", "+ position_ids, loss_mask"),
+            ("torch-w0", "torch DataLoader, no workers"),
+            ("torch-w1", "torch DataLoader, 1 worker: the loop"),
+            ("torch-w1:worker", "1 worker: the worker")]
+SOCKETS = "sockets between processes (torch's worker queues)"
+
+
+def py_stage(dso: str, sym: str) -> str:
+    for name, rx in PY_LIBS:
+        if re.search(rx, dso):
+            return name
+    st = stage_of(re.sub(r"\+0x[0-9a-f]+$", "", sym.strip()))
+    return SOCKETS if st == "TCP/IP stack and loopback device" else st
+
+
+def python_profile(out: Path) -> dict:
+    """Each Python case's CPU ns per token by stage, the loop's process and its workers'
+    apart, from the samples in the case's window."""
+    meta = json.loads((out / "python.json").read_text())
+    cases = meta["cases"]
+    per: dict[str, dict[str, int]] = {key: {} for key, _ in PY_CASES}
+    for line in (out / "python.txt").read_text().splitlines():
+        m = PY_SCRIPT_LINE.match(line)
+        if not m:
+            continue
+        pid, t = int(m.group(2)), float(m.group(4))
+        c = next((c for c in cases if c["t0"] <= t < c["t1"]), None)
+        if c is None:
+            continue
+        key = c["case"] if pid == meta["pid"] else (
+            f"{c['case']}:worker" if pid in c["workers"] else None)
+        if key is None:
+            continue
+        st = py_stage(m.group(6), m.group(5))
+        per[key][st] = per[key].get(st, 0) + 1
+    res = {}
+    for key, _ in PY_CASES:
+        c = next(c for c in cases if c["case"] == key.split(":")[0])
+        res[key] = {"stages": {st: n * SAMPLE_NS / c["tokens"] for st, n in per[key].items()},
+                    "rate": c["tokens"] / (c["t1"] - c["t0"])}
+        res[key]["ns"] = sum(res[key]["stages"].values())
+    return res
+
+
+def python_table(out: Path) -> tuple[list[str], list[dict]]:
+    if not (out / "python.json").exists():
+        return [], []
+    p = python_profile(out)
+    lines = ["", "Python (bench/profile/python.py on bench/python's corpus: dquant.torch."
+             "TokenDataset, plan seq_len 2048, batch 8, output i64): CPU ns per token by stage "
+             "and process", "",
+             "| stage (CPU ns/token) | " + " | ".join(label for _, label in PY_CASES) + " |",
+             "|---|" + "---:|" * len(PY_CASES)]
+    names = [n for n, _ in PY_LIBS] + [SOCKETS] + [n for n, _ in STAGES] + [OTHER]
+    for n in dict.fromkeys(names):
+        row = [p[k]["stages"].get(n, 0.0) for k, _ in PY_CASES]
+        if max(row) >= 0.005:
+            lines.append(f"| {n} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
+    lines.append("| **= CPU per token** | "
+                 + " | ".join(f"**{p[k]['ns']:.3f}**" for k, _ in PY_CASES) + " |")
+    lines.append("| M tokens/s | " + " | ".join(
+        f"{p[k]['rate'] / 1e6:,.0f}" if ":" not in k else "" for k, _ in PY_CASES) + " |")
+    dl, masks, w0, w1 = p["dl"], p["dl-masks"], p["torch-w0"], p["torch-w1"]
+    worker = p["torch-w1:worker"]
+    figs = [{"name": "boundary outputs (position_ids, loss_mask): CPU they add per token ÷ the "
+                     "plain rows' CPU", "value": round(masks["ns"] / dl["ns"] - 1, 3),
+             "unit": "×", "baseline": f"dquant DataLoader without them, same run: "
+                                      f"{dl['ns']:.3f} ns/token", "goal": None},
+            {"name": "torch DataLoader with 1 worker: rate ÷ no workers",
+             "value": round(w1["rate"] / w0["rate"], 3), "unit": "×",
+             "baseline": f"no workers, same run: {w0['rate'] / 1e6:,.0f} M tokens/s; "
+                         f"the loop {w1['ns']:.3f} and its worker {worker['ns']:.3f} ns/token "
+                         f"against {w0['ns']:.3f}", "goal": ">= 1.0"}]
+    return lines, figs
+
+
 def report(out: Path, dataset: str, runs: int, command: str) -> tuple[str, list[dict]]:
     pc = pagecache(out, dataset, runs)
     copy = STAGES[0][0]
@@ -336,7 +431,7 @@ def report(out: Path, dataset: str, runs: int, command: str) -> tuple[str, list[
                      "baseline": f"the agent's CPU per token, same run: {p['agent_ns']:.3f} "
                                  f"({p['samples']} samples); rate ÷ the copy's goal >= {goal}",
                      "goal": None})
-    for extra in (fanout_table, schedule_table):
+    for extra in (fanout_table, schedule_table, python_table):
         more, more_figs = extra(out)
         lines += more
         figs += more_figs
@@ -357,8 +452,10 @@ def main() -> int:
     if a.record:
         title = ("Profiles of the paths short of their goals: the agent's CPU by stage (perf) on "
                  "shm, shm shuffled, TCP and TCP with zstd:1, beside the page-cache copy they are "
-                 "held to; fan-out by scenario; the schedule at world 4096 × 1,000 sources")
-        depends = ["bench/profile", "bench/harness/src", "crates/dquant-agent/src",
+                 "held to; fan-out by scenario; the schedule at world 4096 × 1,000 sources; "
+                 "Python's boundary outputs and DataLoader workers")
+        depends = ["bench/profile", "bench/harness/src", "crates/dquant-agent/src", "python/src",
+                   "python/python",
                    "crates/dquant-engine/src", "crates/dquant-transport/src",
                    "crates/dquant-storage/src", "crates/dquant-codec/src",
                    "crates/dquant-plan/src", "crates/dquant-plan/benches"]

@@ -7,7 +7,10 @@
 # symbol (bench/profile/report.py) and turned into CPU ns per token with the agent CPU the same
 # run measured. Then fan-out (dquant-offload-bench share, 8 readers, over shm and TCP), its
 # samples cut by scenario (a lone stream, 8 sessions, 8 subscribers of one stream); and the
-# schedule at world 4096 x 1,000 sources (criterion, then perf on the same bench). One command:
+# schedule at world 4096 x 1,000 sources (criterion, then perf on the same bench); and Python:
+# dquant.torch.TokenDataset with and without boundary outputs, and through torch's DataLoader
+# with no workers and with one (bench/profile/python.py, in bench/python's venv: made once,
+# several GB with torch). One command:
 #
 #   bench/profile/run.sh [--record] [--runs N] [DATA_DIR [OUT_DIR]]
 #
@@ -19,7 +22,7 @@
 #   --record  record the figures (bench/results/profile.json; bench/RESULTS.md is rendered)
 #
 # Needs perf (Debian's linux-perf; installed when missing) and root (system-wide sampling).
-# About 4 minutes on 2 vCPU after the build.
+# About 5 minutes on 2 vCPU after the build and bench/python's venv and corpus.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RECORD=0
@@ -90,6 +93,17 @@ perf record -q -e cpu-clock -F 999 -o "$OUT/schedule.data" -- "$SCHED_BIN" --ben
   --profile-time 5 --exact "$SCHED" > /dev/null
 perf report -i "$OUT/schedule.data" --no-children --sort comm,dso,sym -g none --stdio -n \
   -t $'\t' 2>/dev/null | grep -v '^#' | grep -v '^$' > "$OUT/schedule.txt"
+# Python: boundary outputs and DataLoader workers, in bench/python's venv (torch) on its
+# corpus; a one-loader run of bench/python makes both and installs the dquant wheel built
+# from this tree. bench/profile/python.py prints each case's window (CLOCK_MONOTONIC) and
+# its processes.
+echo "== Python: boundary outputs and DataLoader workers (bench/python's venv and corpus)"
+bench/python/run.sh --no-append --runs 1 --loaders ceiling --no-workers > "$OUT/python-setup.txt"
+PYB="${DQUANT_BENCH_VENV:-$HOME/.cache/dquant/bench-venv-$(sha256sum bench/python/requirements.txt | cut -c1-12)}/bin/python"
+CORPUS="${DQUANT_PYBENCH_DIR:-/var/tmp/dquant-pybench}/corpus/r50k-256mb"
+perf record -q -k CLOCK_MONOTONIC -e cpu-clock -F 999 -a -o "$OUT/python.data" -- \
+  "$PYB" bench/profile/python.py "$CORPUS" --eod 50256 --out "$OUT/python.json"
+perf script -i "$OUT/python.data" -F comm,pid,tid,time,ip,sym,dso 2>/dev/null > "$OUT/python.txt"
 echo "== the limit: a page-cache copy of the file (cat FILE > /dev/null), $RUNS times"
 profile pagecache bash -c "for i in \$(seq $RUNS); do cat '$DS.bin' > /dev/null; done"
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"

@@ -84,8 +84,8 @@ impl Tournament {
 
     /// The source with the largest error at sample `x` (the lowest index on ties).
     ///
-    /// A draw's path is recomputed bottom up first: a loop with no branch on the tree's
-    /// shape, whose certificates (divisions) are off the chain from one level to the next.
+    /// A draw's path is recomputed bottom up first: a loop, not a recursion, whose
+    /// certificates (divisions) are off the chain from one level to the next.
     /// A node whose other child is not current yet (another touched path, an expired
     /// certificate) comes out with `until <= x`, as every ancestor of a node due does, so the
     /// top-down pass after it recomputes exactly the nodes still due.
