@@ -15,19 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchlib import Agent, Mount, cpu_s, read_seq  # noqa: E402
-
-
-def own_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+from benchlib import Agent, Mount, cpu_s, read_seq, self_cpu_s  # noqa: E402
 
 
 def one_run(dquant: Path, agent: Agent, at: Path, name: str) -> dict:
@@ -45,9 +39,9 @@ def one_run(dquant: Path, agent: Agent, at: Path, name: str) -> dict:
 def measure(m: Mount, mounted: Path, agent_pid: int) -> dict:
     """One whole read of `mounted`: its rate and the CPU it cost the agent, the mount process
     and this reader."""
-    a0, m0, h0 = cpu_s(agent_pid), cpu_s(m.proc.pid), own_cpu()
+    a0, m0, h0 = cpu_s(agent_pid), cpu_s(m.proc.pid), self_cpu_s()
     seconds, size = read_seq(mounted)
-    agent, mount, host = cpu_s(agent_pid) - a0, cpu_s(m.proc.pid) - m0, own_cpu() - h0
+    agent, mount, host = cpu_s(agent_pid) - a0, cpu_s(m.proc.pid) - m0, self_cpu_s() - h0
     tokens = size // 2  # the mount shows the int32 ids as uint16 (--dtype auto)
     return {"tokens": tokens, "rate": tokens / seconds, "agent_ns": agent * 1e9 / tokens,
             "host_ns": (mount + host) * 1e9 / tokens, "mount_ns": mount * 1e9 / tokens}

@@ -18,14 +18,13 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchlib import Agent, cpu_s  # noqa: E402
+from benchlib import Agent, cpu_s, self_cpu_s  # noqa: E402
 
 import dquant  # noqa: E402
 
@@ -33,21 +32,16 @@ import dquant  # noqa: E402
 PLAN = {"seq_len": 4095, "batch_size": 16, "shuffle": False, "output": "u16"}
 
 
-def own_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
 def drain(reader, agent_pid: int | None) -> dict:
     """Reads `reader` to its end: tokens/s, and the agent's and this process's CPU a token."""
     a0 = cpu_s(agent_pid) if agent_pid else 0.0
-    h0, t0 = own_cpu(), time.perf_counter()
+    h0, t0 = self_cpu_s(), time.perf_counter()
     tokens, touched = 0, 0
     with contextlib.closing(reader) as r:
         for batch in r:
             tokens += batch.size
             touched += int(batch.flat[0])
-    seconds, host = time.perf_counter() - t0, own_cpu() - h0
+    seconds, host = time.perf_counter() - t0, self_cpu_s() - h0
     agent = cpu_s(agent_pid) - a0 if agent_pid else None
     if tokens == 0:
         raise RuntimeError("the plan delivered no tokens")

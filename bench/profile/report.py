@@ -182,8 +182,29 @@ def path_profile(out: Path, case: str) -> dict:
 # One perf cpu-clock sample at -F 999 is this many ns of CPU.
 SAMPLE_NS = 1e9 / 999
 SCRIPT_LINE = re.compile(r"^\s*(\S.*?)\s+(\d+)\s+([\d.]+):\s+[0-9a-f]+\s+(.*)$")
-SCENARIOS = [("lone", "1 reader (a lone stream)", 1), ("sessions", "8 sessions", 8),
-             ("shared", "8 subscribers of one stream", 8)]
+SCENARIOS = [("lone", "1 reader (a lone stream)"), ("sessions", "8 sessions"),
+             ("shared", "8 subscribers of one stream")]
+
+
+def cut_by_window(path: Path, line_rx: re.Pattern, time_group: int, windows: list[dict],
+                  classify) -> dict[str, dict[str, int]]:
+    """Samples of a `perf script` text (`path`, each line matching `line_rx`, its time in
+    group `time_group`), counted by key and stage: `classify(match, window)` gives both for
+    a sample inside one of `windows` (`t0 <= time < t1`, CLOCK_MONOTONIC), or None to drop
+    it."""
+    per: dict[str, dict[str, int]] = {}
+    for line in path.read_text().splitlines():
+        m = line_rx.match(line)
+        if not m:
+            continue
+        t = float(m.group(time_group))
+        w = next((w for w in windows if w["t0"] <= t < w["t1"]), None)
+        got = classify(m, w) if w is not None else None
+        if got is not None:
+            key, st = got
+            per.setdefault(key, {})
+            per[key][st] = per[key].get(st, 0) + 1
+    return per
 
 
 def fanout(out: Path, transport: str) -> dict:
@@ -194,19 +215,16 @@ def fanout(out: Path, transport: str) -> dict:
     meta = json.loads((out / f"fanout-{transport}.json").read_text())
     readers = meta["readers"]
     wins = meta["windows"]
-    per: dict[str, dict[str, int]] = {name: {} for name, _, _ in SCENARIOS}
-    for line in (out / f"fanout-{transport}.txt").read_text().splitlines():
-        m = SCRIPT_LINE.match(line)
-        if not m or not agent_thread(m.group(1)):
-            continue
-        t = float(m.group(3))
-        w = next((w for w in wins if w["t0"] <= t < w["t1"]), None)
-        if w is None:
-            continue
-        st = stage_of(re.sub(r"\+0x[0-9a-f]+$", "", m.group(4).strip()))
-        per[w["scenario"]][st] = per[w["scenario"]].get(st, 0) + 1
+
+    def classify(m: re.Match, w: dict):
+        if not agent_thread(m.group(1)):
+            return None
+        return w["scenario"], stage_of(re.sub(r"\+0x[0-9a-f]+$", "", m.group(4).strip()))
+
+    per = cut_by_window(out / f"fanout-{transport}.txt", SCRIPT_LINE, 3, wins, classify)
     res = {}
-    for name, _, k in SCENARIOS:
+    for name, _ in SCENARIOS:
+        per.setdefault(name, {})
         ws = [w for w in wins if w["scenario"] == name]
         k = 1 if name == "lone" else readers
         # Output u16: two bytes a token; each reader got the whole stream.
@@ -226,16 +244,16 @@ def fanout_table(out: Path) -> tuple[list[str], list[dict]]:
                   "to 8 readers counts once), by stage, in each scenario of `dquant-offload-bench "
                   f"share --readers 8 --transport {t}`", "",
                   "| stage (agent CPU ns per stream token) | "
-                  + " | ".join(label for _, label, _ in SCENARIOS) + " |",
+                  + " | ".join(label for _, label in SCENARIOS) + " |",
                   "|---|" + "---:|" * len(SCENARIOS)]
         for n in [n for n, _ in STAGES] + [OTHER]:
-            row = [f[s]["stages"].get(n, 0.0) for s, _, _ in SCENARIOS]
+            row = [f[s]["stages"].get(n, 0.0) for s, _ in SCENARIOS]
             if max(row) >= 0.005:
                 lines.append(f"| {n} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
         lines.append("| **= the agent's CPU (samples)** | "
-                     + " | ".join(f"**{f[s]['ns']:.3f}**" for s, _, _ in SCENARIOS) + " |")
+                     + " | ".join(f"**{f[s]['ns']:.3f}**" for s, _ in SCENARIOS) + " |")
         lines.append("| the same by getrusage | "
-                     + " | ".join(f"{f[s]['rusage_ns']:.3f}" for s, _, _ in SCENARIOS) + " |")
+                     + " | ".join(f"{f[s]['rusage_ns']:.3f}" for s, _ in SCENARIOS) + " |")
         lone, shared = f["lone"], f["shared"]
         figs.append({"name": f"fan-out over {t}, 8 subscribers: agent CPU per stream token ÷ a "
                              "lone stream's (perf samples)",
@@ -330,23 +348,17 @@ def python_profile(out: Path) -> dict:
     apart, from the samples in the case's window."""
     meta = json.loads((out / "python.json").read_text())
     cases = meta["cases"]
-    per: dict[str, dict[str, int]] = {key: {} for key, _ in PY_CASES}
-    for line in (out / "python.txt").read_text().splitlines():
-        m = PY_SCRIPT_LINE.match(line)
-        if not m:
-            continue
-        pid, t = int(m.group(2)), float(m.group(4))
-        c = next((c for c in cases if c["t0"] <= t < c["t1"]), None)
-        if c is None:
-            continue
+
+    def classify(m: re.Match, c: dict):
+        pid = int(m.group(2))
         key = c["case"] if pid == meta["pid"] else (
             f"{c['case']}:worker" if pid in c["workers"] else None)
-        if key is None:
-            continue
-        st = py_stage(m.group(6), m.group(5))
-        per[key][st] = per[key].get(st, 0) + 1
+        return None if key is None else (key, py_stage(m.group(6), m.group(5)))
+
+    per = cut_by_window(out / "python.txt", PY_SCRIPT_LINE, 4, cases, classify)
     res = {}
     for key, _ in PY_CASES:
+        per.setdefault(key, {})
         c = next(c for c in cases if c["case"] == key.split(":")[0])
         res[key] = {"stages": {st: n * SAMPLE_NS / c["tokens"] for st, n in per[key].items()},
                     "rate": c["tokens"] / (c["t1"] - c["t0"])}

@@ -297,7 +297,6 @@ fn tv(t: libc::timeval) -> Duration {
     Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
 }
 
-/// User + system CPU time of this whole process (all threads).
 /// Seconds on CLOCK_MONOTONIC, the clock `perf record -k CLOCK_MONOTONIC` stamps its samples
 /// with: a run that prints its phases' times lets a profile be cut by phase.
 pub fn monotonic_s() -> f64 {
@@ -310,6 +309,7 @@ pub fn monotonic_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
+/// User + system CPU time of this whole process (all threads).
 pub fn self_cpu() -> Duration {
     // SAFETY: getrusage writes into the struct we pass; RUSAGE_SELF is always valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

@@ -72,6 +72,17 @@ enum How {
     Shared,
 }
 
+impl How {
+    /// Its name in the JSON report (a summary's key, a window's `scenario`).
+    fn key(self) -> &'static str {
+        match self {
+            How::Lone => "lone",
+            How::Sessions => "sessions",
+            How::Shared => "shared",
+        }
+    }
+}
+
 /// The agent's bytes read from storage so far (`rchar`).
 fn rchar(pid: u32) -> Result<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
@@ -214,14 +225,9 @@ pub fn run(a: &Args) -> Result<()> {
 /// included), the agent's CPU and the bytes delivered, so a profile taken across the run can
 /// be cut by scenario (bench/profile).
 fn windows(rows: &[(How, Measured)]) -> serde_json::Value {
-    let name = |h: &How| match h {
-        How::Lone => "lone",
-        How::Sessions => "sessions",
-        How::Shared => "shared",
-    };
     rows.iter()
         .map(|(h, m)| {
-            json!({"scenario": name(h), "t0": m.window.0, "t1": m.window.1,
+            json!({"scenario": h.key(), "t0": m.window.0, "t1": m.window.1,
                 "agent_cpu_s": m.agent_cpu, "delivered_bytes": m.delivered})
         })
         .collect()
