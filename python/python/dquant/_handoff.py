@@ -70,18 +70,17 @@ class _Region:
 
     def __init__(self, start: int):
         self.start = self.end = start
-        # (bytes of a storage past what the region holds already, their offset in it)
-        self.pieces: List[Tuple[torch.Tensor, int]] = []
+        # (address of bytes of a storage past what the region holds already, how many, their
+        # offset in the region)
+        self.pieces: List[Tuple[int, int, int]] = []
         self.offset = 0  # in the slot
 
-    def add(self, storage) -> int:
-        """Takes in ``storage`` (it starts at or after the region's start); returns where it
-        starts in the region."""
-        ptr, n = storage.data_ptr(), storage.nbytes()
+    def add(self, ptr: int, n: int) -> int:
+        """Takes in the ``n`` bytes of a storage at ``ptr`` (at or after the region's start);
+        returns where they start in the region."""
         if ptr + n > self.end:
             skip = max(self.end - ptr, 0)
-            whole = torch.empty(0, dtype=torch.uint8).set_(storage)
-            self.pieces.append((whole[skip:], ptr + skip - self.start))
+            self.pieces.append((ptr + skip, n - skip, ptr + skip - self.start))
             self.end = ptr + n
         return ptr - self.start
 
@@ -103,7 +102,7 @@ def _layout(item: Dict[str, Any]) -> Tuple[List[_Region], list, dict, int]:
         if not regions or ptr >= regions[-1].end:
             regions.append(_Region(ptr))
         storage = value.untyped_storage()
-        at = regions[-1].add(storage)
+        at = regions[-1].add(ptr, storage.nbytes())
         tensors.append((key, len(regions) - 1, at, storage.nbytes(), str(value.dtype),
                         tuple(value.shape), value.stride(), value.storage_offset()))
     size = 0
@@ -122,7 +121,9 @@ class Arena:
         self.fd = os.memfd_create("dquant-worker-batches", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, slot_size * slots)
         self.map = mmap.mmap(self.fd, slot_size * slots)
-        self.whole = torch.frombuffer(self.map, dtype=torch.uint8)
+        # The map's address, for memmove (the export lives as long as the arena).
+        self.view = ctypes.c_char.from_buffer(self.map)
+        self.address = ctypes.addressof(self.view)
         self.freed, self.free_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.free = list(range(slots))
         self.key = (os.getpid(), os.fstat(self.fd).st_ino)
@@ -147,11 +148,11 @@ class Arena:
         slot = self.take()
         if slot is None:
             return None
-        base = slot * self.slot_size
+        base = self.address + slot * self.slot_size
         for r in regions:
-            for piece, at in r.pieces:
-                start = base + r.offset + at
-                self.whole[start:start + piece.numel()].copy_(piece)
+            for src, n, at in r.pieces:
+                # The item's tensors hold these bytes alive for the length of the call.
+                ctypes.memmove(base + r.offset + at, src, n)
         where = (self.key, self.fd, self.free_w, self.slot_size * self.slots)
         return SlotItem(item, where, slot, self.slot_size, [r.offset for r in regions],
                         [r.end - r.start for r in regions], tensors, plain)
@@ -255,11 +256,25 @@ def _mapped(where) -> _Mapped:
 def _rebuild(where, slot, slot_size, offsets, lengths, tensors, plain) -> Dict[str, Any]:
     global rebuilt
     owner = _mapped(where).slot(slot, slot_size)
-    bases = [torch.frombuffer(owner, dtype=torch.uint8, count=n, offset=o) if n else
-             torch.empty(0, dtype=torch.uint8) for o, n in zip(offsets, lengths)]
+    # One tensor over each region per dtype, that the region's tensors of that dtype view:
+    # views of one storage before the hand-over stay views of one after it.
+    bases: Dict[Tuple[int, str], torch.Tensor] = {}
     item = {}
     for key, index, at, nbytes, dtype, shape, stride, offset in tensors:
-        storage = bases[index][at:at + nbytes].view(_DTYPES[dtype])
+        dt = _DTYPES[dtype]
+        size = dt.itemsize
+        if at % size == 0 and lengths[index] >= size:
+            base = bases.get((index, dtype))
+            if base is None:
+                base = bases[(index, dtype)] = torch.frombuffer(
+                    owner, dtype=dt, count=lengths[index] // size, offset=offsets[index]
+                )
+            item[key] = base.as_strided(shape, stride, at // size + offset)
+            continue
+        # A storage that starts between the dtype's elements, or holds less than one.
+        raw = torch.frombuffer(owner, dtype=torch.uint8, count=lengths[index], offset=offsets[index]) \
+            if lengths[index] else torch.empty(0, dtype=torch.uint8)
+        storage = raw[at:at + nbytes].view(dt)
         # as_strided's offset counts from the start of the memory, not of the slice.
         item[key] = storage.as_strided(shape, stride, storage.storage_offset() + offset)
     item.update(plain)
