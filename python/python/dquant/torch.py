@@ -44,9 +44,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 import torch
 import torch.utils.data
 from torch.utils.data._utils.collate import default_convert as _default_convert
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 import dquant
-from dquant import _handoff
+from dquant import _handoff, _workers
 
 __all__ = ["TokenDataset", "DataLoader"]
 
@@ -223,6 +224,15 @@ class TokenDataset(torch.utils.data.IterableDataset):
             )
         state = self._state_for(workers)
         slot = (worker + state["next_slot"]) % workers
+        return self._batches(slot, workers, state["cursors"][slot], in_process=info is None)
+
+    def _batches(
+        self, slot: int, workers: int, cursor: Dict[str, Any], in_process: bool
+    ) -> Iterator[Dict[str, torch.Tensor]]:
+        """Sub-rank ``slot`` of ``workers``'s batches from ``cursor`` on: in this process (the
+        loop's own reader), or in a DataLoader worker (torch's or dquant's), where each batch
+        carries its position when the loader tracks it and crosses to the loop through a slot
+        of the worker's shared memory."""
         share = None
         if self.share is not None:
             share = self.share if workers == 1 else f"{self.share}/w{slot}"
@@ -231,11 +241,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
             offload=self.offload,
             transport=self.transport,
             agent=self.agent,
-            cursor=state["cursors"][slot],
+            cursor=cursor,
             share=share,
             share_group=self.share_group,
         )
-        in_process = info is None
         tag = not in_process and self._tracked
         if in_process:
             # The loop receives each batch as soon as it is yielded, so the reader's own
@@ -487,9 +496,18 @@ class DataLoader(torch.utils.data.DataLoader):
     """A ``torch.utils.data.DataLoader`` for a :class:`TokenDataset` that keeps the dataset's
     ``state_dict`` exact under worker prefetch: it records each batch's position as the batch
     reaches the loop, and removes the tag. ``batch_size`` is the plan's (leave it ``None``);
-    every other argument is torch's."""
+    every other argument is torch's.
 
-    def __init__(self, dataset: TokenDataset, **kwargs: Any) -> None:
+    Workers. With ``num_workers > 0`` the workers are dquant's own processes (see
+    :mod:`dquant._workers`): each runs its sub-rank and hands every batch over as a slot of
+    its shared memory, with no per-batch work of torch's queues in either process; the stream
+    is the one torch's workers give, batch for batch. They are started for each pass (as
+    with ``persistent_workers=False``) and take ``timeout`` and ``pin_memory`` as torch's do.
+    torch's own workers run instead with ``torch_workers=True``, or when the loader needs
+    what only they do: a ``worker_init_fn``, a ``collate_fn``, or a ``multiprocessing_context``
+    other than fork."""
+
+    def __init__(self, dataset: TokenDataset, *, torch_workers: bool = False, **kwargs: Any) -> None:
         if not isinstance(dataset, TokenDataset):
             raise TypeError(f"dquant.torch.DataLoader needs a TokenDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
@@ -500,6 +518,9 @@ class DataLoader(torch.utils.data.DataLoader):
         kwargs["batch_size"] = None
         dataset._tracked = True
         super().__init__(dataset, **kwargs)
+        self.torch_workers = torch_workers
+        # The running pass's dquant workers (None: none running).
+        self.workers: Optional[_workers.Workers] = None
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         ds: TokenDataset = self.dataset
@@ -511,7 +532,13 @@ class DataLoader(torch.utils.data.DataLoader):
             yield from ds
             return
         workers = max(self.num_workers, 1)
-        it = super().__iter__()
+        own = self.num_workers > 0 and not self.torch_workers
+        if own:
+            why = _workers.fits(self, _default_convert)
+            if why is not None:
+                _log.debug("dquant.torch.DataLoader: torch's workers run, for %s", why)
+                own = False
+        it = self._own_workers(workers) if own else super().__iter__()
         for batch in it:
             pos = batch.pop(_POSITION, None)
             if pos is not None:
@@ -519,3 +546,20 @@ class DataLoader(torch.utils.data.DataLoader):
             yield batch
         if self.num_workers > 0:
             ds._finished()
+
+    def _own_workers(self, workers: int) -> Iterator[Dict[str, torch.Tensor]]:
+        pin = self.pin_memory and torch.accelerator.is_available()
+        if self.pin_memory and not pin:
+            warnings.warn(
+                "'pin_memory' argument is set as true but no accelerator is found, then device "
+                "pinned memory won't be used.",
+                stacklevel=3,
+            )
+        pool = self.workers = _workers.Workers(self.dataset, workers, self.timeout)
+        try:
+            for batch in pool:
+                yield _pin_memory(batch) if pin else batch
+        finally:
+            pool.close()
+            if self.workers is pool:
+                self.workers = None

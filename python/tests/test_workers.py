@@ -1,0 +1,126 @@
+"""dquant.torch.DataLoader's own worker processes (dquant._workers): the stream equals the
+one torch's workers give, batch for batch, when the workers' sub-ranks end unevenly and after
+a resume; a worker that dies or fails is an error naming it, never a short epoch; a stalled
+worker times out as torch's do; a pass that ends early reaps its workers; and what only
+torch's workers can do (a worker_init_fn) runs on torch's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import on_agent, plan
+from dquant.torch import DataLoader, TokenDataset
+
+
+def stream(batches) -> list[dict]:
+    return [{k: v.clone() for k, v in b.items()} for b in batches]
+
+
+def assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) > 0
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert sorted(x) == sorted(y), i
+        for k in x:
+            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), (i, k)
+
+
+def uneven(data) -> dict:
+    """20 samples in batches of 3, shuffled, with boundary outputs: with 3 workers the
+    sub-ranks get 7, 7 and 6 samples, so 3, 3 and 2 batches (short ones last), and the
+    workers end at different turns."""
+    return plan(data, ("r50k_int32", 0.7), ("shifted.i32", 0.3), samples=20, batch_size=3,
+                shuffle=True, boundaries="eod", eod=50256, position_ids=True, loss_mask=True)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_the_stream_is_torch_s_batch_for_batch(data, workers):
+    p = uneven(data)
+    torch_s = stream(torch.utils.data.DataLoader(TokenDataset(p), batch_size=None,
+                                                 num_workers=workers))
+    dl = DataLoader(TokenDataset(p), num_workers=workers, torch_workers=True)
+    assert_same(stream(dl), torch_s)
+    ours = DataLoader(TokenDataset(p), num_workers=workers)
+    seen = []
+    for b in ours:
+        seen.append(ours.workers is not None)
+        b = {k: v.clone() for k, v in b.items()}
+        torch_s_i = torch_s[len(seen) - 1]
+        assert_same([b], [torch_s_i])
+    assert len(seen) == len(torch_s) and all(seen), "dquant's workers ran every batch"
+    assert ours.workers is None
+
+
+def test_a_resume_mid_interleaving_goes_on_as_torch_s_would(data):
+    p = uneven(data)
+    full = stream(DataLoader(TokenDataset(p), num_workers=3, torch_workers=True))
+    ds = TokenDataset(p)
+    head = []
+    for b in DataLoader(ds, num_workers=3):
+        head.append({k: v.clone() for k, v in b.items()})
+        if len(head) == 4:  # the next batch is the second sub-rank's
+            break
+    ds2 = TokenDataset(p)
+    ds2.load_state_dict(ds.state_dict())
+    assert_same(head + stream(DataLoader(ds2, num_workers=3)), full)
+
+
+def test_a_worker_killed_is_an_error_naming_it(data):
+    p = plan(data, "r50k_int32", epochs=50, batch_size=2)
+    dl = DataLoader(TokenDataset(p), num_workers=2)
+    it = iter(dl)
+    next(it)
+    pid = dl.workers.procs[1].pid
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=rf"^dquant DataLoader worker 1 \(pid {pid}\) was "
+                       r"killed by signal 9 \(SIGKILL\) before the end of its batches$"):
+        for _ in it:
+            pass
+    assert dl.workers is None
+
+
+def test_a_pass_that_ends_early_reaps_its_workers(data):
+    dl = DataLoader(TokenDataset(plan(data, "r50k_int32", epochs=50, batch_size=2)),
+                    num_workers=3)
+    it = iter(dl)
+    next(it)
+    procs = list(dl.workers.procs.values())
+    assert all(p.is_alive() for p in procs)
+    it.close()  # what a `break` and the iterator's end do
+    assert dl.workers is None
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+
+
+def test_a_stalled_worker_times_out_as_torch_s_do(data, fresh_agent):
+    p = on_agent(plan(data, "r50k_int32", epochs=50, batch_size=2), data)
+    dl = DataLoader(TokenDataset(p, agent=fresh_agent.uri), num_workers=1, timeout=1)
+    it = iter(dl)
+    next(it)
+    fresh_agent.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 1 seconds$"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 30
+    finally:
+        fresh_agent.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_worker_init_fn_runs_on_torch_s_workers(data):
+    p = uneven(data)
+    dl = DataLoader(TokenDataset(p), num_workers=2, worker_init_fn=_seed)
+    got = []
+    for b in dl:
+        assert dl.workers is None
+        got.append({k: v.clone() for k, v in b.items()})
+    assert_same(got, stream(DataLoader(TokenDataset(p), num_workers=2)))
+
+
+def _seed(worker_id: int) -> None:
+    np.random.seed(worker_id)
