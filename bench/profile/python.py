@@ -12,6 +12,7 @@ The cases (plan: seq_len 2048, batch 8, output i64, unshuffled, as bench/python'
   dl-masks    the same plan with boundaries at the EOD token, position_ids and loss_mask
   torch-w0    torch's DataLoader(batch_size=None), no workers
   torch-w1    torch's DataLoader(batch_size=None, num_workers=1): batches cross a process
+  dl-w1       dquant.torch.DataLoader(num_workers=1): its own worker process, started each pass
 
 Why: issue 36 asks for a profile of each target still missed, and the boundary outputs' cost
 and the DataLoader workers' rate are Python's.
@@ -41,7 +42,7 @@ def plan(prefix: str, eod: int, masks: bool) -> dict:
 def loader(case: str, prefix: str, eod: int):
     ds = dqt.TokenDataset(plan(prefix, eod, case == "dl-masks"))
     if case.startswith("dl"):
-        return dqt.DataLoader(ds, num_workers=0)
+        return dqt.DataLoader(ds, num_workers=1 if case == "dl-w1" else 0)
     workers = int(case[-1])
     extra = dict(persistent_workers=True) if workers else {}
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, **extra)
@@ -66,12 +67,15 @@ def run(case: str, prefix: str, eod: int, seconds: float) -> dict:
     next(iter(dl))  # workers started, files open: not what is sampled
     t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
     tokens = 0
+    own: set[int] = set()  # dquant.torch.DataLoader's workers, new each pass
     while time.clock_gettime(time.CLOCK_MONOTONIC) - t0 < seconds:
-        for b in dl:
+        for i, b in enumerate(dl):
             tokens += take(b)
+            if i == 0 and getattr(dl, "workers", None) is not None:
+                own.update(dl.workers.pids())
     t1 = time.clock_gettime(time.CLOCK_MONOTONIC)
     it = getattr(dl, "_iterator", None)
-    workers = [w.pid for w in getattr(it, "_workers", []) or [] if w.pid]
+    workers = [w.pid for w in getattr(it, "_workers", []) or [] if w.pid] + sorted(own)
     del dl
     return {"case": case, "t0": t0, "t1": t1, "tokens": tokens, "workers": workers}
 
@@ -85,7 +89,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(1)
     cases = [run(c, a.prefix, a.eod, a.seconds) for c in ("dl", "dl-masks", "torch-w0",
-                                                          "torch-w1")]
+                                                          "torch-w1", "dl-w1")]
     a.out.write_text(json.dumps({"pid": os.getpid(), "cases": cases}, indent=1))
     for c in cases:
         rate = c["tokens"] / (c["t1"] - c["t0"])
