@@ -14,8 +14,9 @@ once, through ``/proc/PID/fd``, and rebuilds the item as tensors viewing the slo
 goes back to the worker when the last of those tensors is freed: its owner's finalizer writes
 the slot's number into a pipe the worker reads (a syscall on each side, which orders the main
 process's reads of the slot before the worker's next writes). A worker with no free slot (the
-training loop holds many batches) hands that batch over torch's way instead, so nothing
-waits and nothing is lost.
+training loop holds many batches) hands that batch over pickled whole instead (torch's way,
+or over dquant's worker socket, see :mod:`dquant._workers`), so nothing waits and nothing is
+lost.
 
 ``DQUANT_WORKER_SHM=0`` turns the hand-over off (every batch goes torch's way).
 """
