@@ -622,7 +622,6 @@ mod tests {
         }
     }
 
-    /// The dpu preset's blocks fit the engine's 32 KB window at every width it picks.
     /// The default thread count keeps the archive preset within its memory goal (two
     /// threads, about 180 MB measured), and gives a cheap codec every core up to the cap.
     #[test]
@@ -633,6 +632,7 @@ mod tests {
         assert!(THREADS_MEMORY / dpu >= MAX_DEFAULT_THREADS as u64);
     }
 
+    /// The dpu preset's blocks fit the engine's 32 KB window at every width it picks.
     #[test]
     fn dpu_preset_blocks_fit_the_engine_window() {
         assert_eq!(Preset::Dpu.name(), "dpu");
