@@ -548,7 +548,9 @@ class DataLoader(torch.utils.data.DataLoader):
             ds._finished()
 
     def _own_workers(self, workers: int) -> Iterator[Dict[str, torch.Tensor]]:
-        pin = self.pin_memory and torch.accelerator.is_available()
+        # torch.accelerator is torch 2.6's; before it, pinning was for CUDA.
+        accelerator = getattr(torch, "accelerator", torch.cuda)
+        pin = self.pin_memory and accelerator.is_available()
         if self.pin_memory and not pin:
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, then device "
