@@ -124,3 +124,14 @@ def test_a_worker_init_fn_runs_on_torch_s_workers(data):
 
 def _seed(worker_id: int) -> None:
     np.random.seed(worker_id)
+
+
+@pytest.mark.skipif(getattr(torch, "accelerator", torch.cuda).is_available(),
+                    reason="pins for real where an accelerator is present")
+def test_pin_memory_without_an_accelerator_warns_as_torch_does(data):
+    p = uneven(data)
+    dl = DataLoader(TokenDataset(p), num_workers=2, pin_memory=True)
+    with pytest.warns(UserWarning, match=r"^'pin_memory' argument is set as true but no "
+                      r"accelerator is found, then device pinned memory won't be used\.$"):
+        got = stream(dl)
+    assert_same(got, stream(DataLoader(TokenDataset(p), num_workers=2, torch_workers=True)))
