@@ -74,7 +74,18 @@ def status_kib(field: str, pid="self") -> int:
 def self_cpu_s() -> float:
     """User + system CPU seconds of this process (all its threads), to the microsecond
     (getrusage; /proc's ticks in `cpu_s` are 10 ms)."""
-    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return _rusage_cpu_s(resource.RUSAGE_SELF)
+
+
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's children that have been reaped: what a
+    pass that starts and reaps its own processes (dquant.torch.DataLoader's workers) spent
+    in them."""
+    return _rusage_cpu_s(resource.RUSAGE_CHILDREN)
+
+
+def _rusage_cpu_s(who: int) -> float:
+    ru = resource.getrusage(who)
     return ru.ru_utime + ru.ru_stime
 
 

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import shutil
 import signal
 import subprocess
@@ -352,10 +351,14 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
     h = hashlib.blake2b(digest_size=16) if hashing else None
     multiset = 0
     pids = ld.cpu_pids()
-    # Processes the pass starts and reaps itself (dquant.torch.DataLoader's workers) count
-    # through the children's rusage; long-lived ones (torch's persistent workers, an agent)
-    # through /proc.
-    c_other0 = sum(benchlib.cpu_s(p, gone=0.0) for p in pids) + children_cpu_s()
+
+    def other_cpu_s() -> float:
+        # Processes the pass starts and reaps itself (dquant.torch.DataLoader's workers)
+        # count through the children's rusage; long-lived ones (torch's persistent workers,
+        # an agent) through /proc.
+        return sum(benchlib.cpu_s(p, gone=0.0) for p in pids) + benchlib.children_cpu_s()
+
+    c_other0 = other_cpu_s()
     tokens = total = batches = 0
     first = last = first_at = None
     c0 = time.process_time()
@@ -384,7 +387,7 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
                 multiset += sample_multiset(rows)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    other = sum(benchlib.cpu_s(p, gone=0.0) for p in pids) + children_cpu_s() - c_other0
+    other = other_cpu_s() - c_other0
     r = {
         "wall_s": wall,
         "cpu_s": cpu,
@@ -400,12 +403,6 @@ def run_pass(ld: Loader, hashing: bool) -> dict:
         r["hash"] = h.hexdigest()
         r["multiset"] = str(multiset % (1 << 128))
     return r
-
-
-def children_cpu_s() -> float:
-    """User + system CPU seconds of this process's children that have been reaped."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def warm_page_cache(paths: Iterable[Path]) -> None:
