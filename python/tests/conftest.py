@@ -164,3 +164,19 @@ def stream(reader) -> bytes:
 
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def cloned(batches) -> list[dict]:
+    """Each batch (a dict of tensors) of `batches`, copied: a loader may reuse its memory."""
+    return [{k: v.clone() for k, v in b.items()} for b in batches]
+
+
+def assert_same_batches(a: list[dict], b: list[dict]) -> None:
+    """Two streams of batches are equal batch for batch and key for key, dtypes included."""
+    import torch
+
+    assert len(a) == len(b) > 0
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert sorted(x) == sorted(y), i
+        for k in x:
+            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), (i, k)

@@ -12,7 +12,7 @@ import pickle
 import pytest
 import torch
 
-from conftest import plan
+from conftest import assert_same_batches, plan
 from dquant import _handoff
 from dquant.torch import DataLoader, TokenDataset
 
@@ -42,14 +42,6 @@ def items(dl, keep: bool = False) -> tuple[list[dict], int]:
     return got, _handoff.rebuilt - before
 
 
-def assert_same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b) > 0
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
-
-
 @pytest.mark.parametrize("own", [False, True], ids=["torch DataLoader", "dquant DataLoader"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_batches_through_slots_equal_torch_s_way(data, monkeypatch, own, workers):
@@ -59,7 +51,7 @@ def test_batches_through_slots_equal_torch_s_way(data, monkeypatch, own, workers
     assert slotted == 0
     monkeypatch.setenv("DQUANT_WORKER_SHM", "1")
     got, slotted = items(loader(p, own, workers))
-    assert_same(got, want)
+    assert_same_batches(got, want)
     # Each batch is dropped before the next is taken: every one came through a slot.
     assert slotted == len(got)
     assert {"input_ids", "labels", "position_ids", "loss_mask", "cu_seqlens"} <= set(got[0])
@@ -80,7 +72,7 @@ def test_a_loop_that_keeps_every_batch_gets_them_all(data, monkeypatch):
     want, _ = items(loader(p, own=True, workers=1))
     monkeypatch.setenv("DQUANT_WORKER_SHM", "1")
     got, slotted = items(loader(p, own=True, workers=1), keep=True)
-    assert_same(got, want)
+    assert_same_batches(got, want)
     assert len(got) > _handoff.SLOTS
     # The worker's slots ran out while the loop held them: the rest went torch's way.
     assert 0 < slotted < len(got)

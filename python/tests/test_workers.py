@@ -14,20 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import on_agent, plan
+from conftest import assert_same_batches, cloned, on_agent, plan
 from dquant.torch import DataLoader, TokenDataset
-
-
-def stream(batches) -> list[dict]:
-    return [{k: v.clone() for k, v in b.items()} for b in batches]
-
-
-def assert_same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b) > 0
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert sorted(x) == sorted(y), i
-        for k in x:
-            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), (i, k)
 
 
 def uneven(data) -> dict:
@@ -41,24 +29,23 @@ def uneven(data) -> dict:
 @pytest.mark.parametrize("workers", [1, 2, 3, 4])
 def test_the_stream_is_torch_s_batch_for_batch(data, workers):
     p = uneven(data)
-    torch_s = stream(torch.utils.data.DataLoader(TokenDataset(p), batch_size=None,
+    torch_s = cloned(torch.utils.data.DataLoader(TokenDataset(p), batch_size=None,
                                                  num_workers=workers))
     dl = DataLoader(TokenDataset(p), num_workers=workers, torch_workers=True)
-    assert_same(stream(dl), torch_s)
+    assert_same_batches(cloned(dl), torch_s)
     ours = DataLoader(TokenDataset(p), num_workers=workers)
-    seen = []
+    got, ran = [], []
     for b in ours:
-        seen.append(ours.workers is not None)
-        b = {k: v.clone() for k, v in b.items()}
-        torch_s_i = torch_s[len(seen) - 1]
-        assert_same([b], [torch_s_i])
-    assert len(seen) == len(torch_s) and all(seen), "dquant's workers ran every batch"
+        ran.append(ours.workers is not None)
+        got.append({k: v.clone() for k, v in b.items()})
+    assert all(ran), "dquant's workers ran every batch"
+    assert_same_batches(got, torch_s)
     assert ours.workers is None
 
 
 def test_a_resume_mid_interleaving_goes_on_as_torch_s_would(data):
     p = uneven(data)
-    full = stream(DataLoader(TokenDataset(p), num_workers=3, torch_workers=True))
+    full = cloned(DataLoader(TokenDataset(p), num_workers=3, torch_workers=True))
     ds = TokenDataset(p)
     head = []
     for b in DataLoader(ds, num_workers=3):
@@ -67,7 +54,7 @@ def test_a_resume_mid_interleaving_goes_on_as_torch_s_would(data):
             break
     ds2 = TokenDataset(p)
     ds2.load_state_dict(ds.state_dict())
-    assert_same(head + stream(DataLoader(ds2, num_workers=3)), full)
+    assert_same_batches(head + cloned(DataLoader(ds2, num_workers=3)), full)
 
 
 def test_a_worker_killed_is_an_error_naming_it(data):
@@ -119,7 +106,7 @@ def test_a_worker_init_fn_runs_on_torch_s_workers(data):
     for b in dl:
         assert dl.workers is None
         got.append({k: v.clone() for k, v in b.items()})
-    assert_same(got, stream(DataLoader(TokenDataset(p), num_workers=2)))
+    assert_same_batches(got, cloned(DataLoader(TokenDataset(p), num_workers=2)))
 
 
 def _seed(worker_id: int) -> None:
@@ -133,5 +120,5 @@ def test_pin_memory_without_an_accelerator_warns_as_torch_does(data):
     dl = DataLoader(TokenDataset(p), num_workers=2, pin_memory=True)
     with pytest.warns(UserWarning, match=r"^'pin_memory' argument is set as true but no "
                       r"accelerator is found, then device pinned memory won't be used\.$"):
-        got = stream(dl)
-    assert_same(got, stream(DataLoader(TokenDataset(p), num_workers=2, torch_workers=True)))
+        got = cloned(dl)
+    assert_same_batches(got, cloned(DataLoader(TokenDataset(p), num_workers=2, torch_workers=True)))
