@@ -13,7 +13,7 @@ use std::time::Instant;
 use dquant_codec::encode_width;
 use dquant_engine::record::{Payload, Record};
 use dquant_engine::{
-    batch_header, plain_codec, put_trailer, EncodeAhead, EngineError, Pipeline, RecordEncoder,
+    plain_codec, plain_record, put_trailer, EncodeAhead, EngineError, Pipeline, RecordEncoder,
 };
 use dquant_plan::{Cursor, OutputDType, WireCodec};
 use dquant_remote::shutdown_message;
@@ -199,23 +199,15 @@ impl Producer {
     /// A batch in the output dtype, made where the record goes: from a dataset that stores
     /// that dtype, one read from the page cache into the transport's memory.
     fn step_plain(&mut self, sink: &mut dyn BatchSink) -> Result<Step, ProduceError> {
-        let sample_len = self.pipeline.sample_len();
-        let width = self.output.width();
         let room = sink.reserve(self.room)?;
-        let (head, body) = room.split_at_mut(RECORD_HEADER_LEN);
-        let Some(b) = self.pipeline.next_batch_into(width, body)? else {
+        let Some((h, b)) = plain_record(&mut self.pipeline, self.output, room)? else {
             return Ok(Step::End);
         };
-        let tokens = b.samples * sample_len;
-        let payload_len = width.encoded_len(tokens);
-        let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
-        put_trailer(&mut h, b.trailer(), body)?;
-        head.copy_from_slice(&h.encode());
         let len = RECORD_HEADER_LEN + h.payload_len as usize;
         sink.commit(len)?;
         self.delivered = b.cursor;
         Ok(Step::Batch {
-            tokens: tokens as u64,
+            tokens: u64::from(h.samples) * u64::from(h.sample_len),
             bytes: len as u64,
         })
     }

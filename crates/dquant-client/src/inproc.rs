@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dquant_engine::{batch_header, plain_codec, put_trailer, EngineError, Pipeline};
+use dquant_engine::{plain_record, EngineError, Pipeline};
 use dquant_plan::OutputDType;
 use dquant_transport::receive::copy_payload;
 use dquant_transport::record::RECORD_HEADER_LEN;
@@ -43,17 +43,10 @@ impl InProcess {
     }
 
     fn make(&mut self) -> Result<Option<BatchHeader>, EngineError> {
-        let sample_len = self.pipeline.sample_len();
-        let width = self.output.width();
         let mut rec = self.pool.get(self.full);
-        let (head, body) = rec.bytes_mut().split_at_mut(RECORD_HEADER_LEN);
-        let Some(b) = self.pipeline.next_batch_into(width, body)? else {
+        let Some((h, _)) = plain_record(&mut self.pipeline, self.output, rec.bytes_mut())? else {
             return Ok(None);
         };
-        let payload_len = width.encoded_len(b.samples * sample_len);
-        let mut h = batch_header(plain_codec(self.output), &b, sample_len, payload_len)?;
-        put_trailer(&mut h, b.trailer(), body)?;
-        head.copy_from_slice(&h.encode());
         rec.truncate(RECORD_HEADER_LEN + h.payload_len as usize);
         self.held = Some(rec);
         Ok(Some(h))

@@ -28,7 +28,9 @@ pub use encode_ahead::{EncodeAhead, Encoded};
 pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::Pipeline;
-pub use record::{batch_header, checked_codec, codec_for, plain_codec, put_trailer, RecordEncoder};
+pub use record::{
+    batch_header, checked_codec, codec_for, plain_codec, plain_record, put_trailer, RecordEncoder,
+};
 // The sources a pipeline reads, defined with the datasets below it.
 pub use dquant_storage::source::{
     check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource,

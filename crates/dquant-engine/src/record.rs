@@ -10,12 +10,14 @@ use std::collections::HashMap;
 use dquant_codec::kernels::max_token;
 use dquant_codec::{Codec, CodecError, Compression, Encoder, Width};
 use dquant_plan::{OutputDType, WireCodec};
+use dquant_wire::record::RECORD_HEADER_LEN;
 use dquant_wire::BatchHeader;
 
 use crate::batch::Trailer;
 use crate::batch::{BatchInfo, TokenBatch};
 use crate::fit::check_fits;
 use crate::EngineError;
+use crate::Pipeline;
 use crate::{doc_section, origin_section};
 
 /// The codec `wire` gives `tokens`: a fixed codec as it is, `auto` from their largest token.
@@ -116,6 +118,37 @@ pub fn put_trailer(
         EngineError::Usage(format!("batch {} encodes to more than 4 GiB", h.index))
     })?;
     Ok(())
+}
+
+/// Makes `pipeline`'s next batch as a whole record in `room`, in the plain codec of
+/// `output`: the header's [`RECORD_HEADER_LEN`] bytes, the tokens written in place (from a
+/// dataset that stores the output dtype, one read from the page cache into `room`), then
+/// the trailer. Returns the header (the record is `RECORD_HEADER_LEN + payload_len` bytes)
+/// and where the batch sits in the stream; `None` at the end. Every path that delivers
+/// batches as they are (the agent into a ring or a frame, a reader in-process, a DataLoader
+/// worker into its ring) makes them here.
+pub fn plain_record(
+    pipeline: &mut Pipeline,
+    output: OutputDType,
+    room: &mut [u8],
+) -> Result<Option<(BatchHeader, BatchInfo)>, EngineError> {
+    let sample_len = pipeline.sample_len();
+    let width = output.width();
+    let Some((head, body)) = room.split_at_mut_checked(RECORD_HEADER_LEN) else {
+        let m = format!(
+            "a record's room of {} bytes is shorter than its header",
+            room.len()
+        );
+        return Err(EngineError::Usage(m));
+    };
+    let Some(b) = pipeline.next_batch_into(width, body)? else {
+        return Ok(None);
+    };
+    let payload_len = width.encoded_len(b.samples * sample_len);
+    let mut h = batch_header(plain_codec(output), &b, sample_len, payload_len)?;
+    put_trailer(&mut h, b.trailer(), body)?;
+    head.copy_from_slice(&h.encode());
+    Ok(Some((h, b)))
 }
 
 /// Encoders by codec (an `auto` wire codec may switch width between batches).
