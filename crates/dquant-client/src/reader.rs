@@ -34,7 +34,7 @@ pub struct Share {
 }
 
 /// An agent session a reader streams, closed on the agent if the reader stops early.
-struct AgentSession {
+pub(crate) struct AgentSession {
     control: Control,
     id: u64,
     /// The session's ticket: `Close` must show it.
@@ -96,15 +96,15 @@ pub struct Reader {
 type Trailer<'t> = (Option<DocStarts>, Option<Origins>, &'t [u8]);
 
 /// Where the reader's stream comes from, for [`Reader::new`].
-struct Origin {
-    source: Box<dyn BatchSource>,
-    session: Option<AgentSession>,
-    schedule: Option<Schedule>,
-    transport: Option<Transport>,
-    start: Cursor,
-    rank_batches: u64,
-    rank_samples: u64,
-    per_epoch: Vec<u64>,
+pub(crate) struct Origin {
+    pub(crate) source: Box<dyn BatchSource>,
+    pub(crate) session: Option<AgentSession>,
+    pub(crate) schedule: Option<Schedule>,
+    pub(crate) transport: Option<Transport>,
+    pub(crate) start: Cursor,
+    pub(crate) rank_batches: u64,
+    pub(crate) rank_samples: u64,
+    pub(crate) per_epoch: Vec<u64>,
 }
 
 impl Reader {
@@ -262,7 +262,12 @@ impl Reader {
             rank_samples: reply.rank_samples,
             per_epoch: reply.samples_per_epoch.clone(),
         };
-        Ok(Self::new(origin, plan, RecordPool::default()))
+        Ok(Self::from_origin(origin, plan))
+    }
+
+    /// A reader of the stream `o` describes (records arriving in place, as from a ring).
+    pub(crate) fn from_origin(o: Origin, plan: &Plan) -> Self {
+        Self::new(o, plan, RecordPool::default())
     }
 
     fn new(o: Origin, plan: &Plan, pool: RecordPool) -> Self {

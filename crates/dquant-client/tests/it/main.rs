@@ -7,6 +7,7 @@ mod bandwidth;
 mod boundaries;
 mod hostile;
 mod index_rpc;
+mod loader_ring;
 mod local;
 mod loopback;
 mod megatron_agent;
