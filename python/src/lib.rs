@@ -15,6 +15,7 @@
 //! lives in `dquant/__init__.py`; this module takes a plan as JSON.
 
 mod batch;
+mod loader_ring;
 mod locate;
 mod megatron;
 
@@ -45,7 +46,7 @@ pyo3::create_exception!(
 );
 
 /// Maps a host API error to the Python exception a user expects, with the Rust message.
-fn to_py(e: ClientError) -> PyErr {
+pub(crate) fn to_py(e: ClientError) -> PyErr {
     let msg = e.to_string();
     if e.is_not_found() {
         return PyFileNotFoundError::new_err(msg);
@@ -78,7 +79,7 @@ const SIGNAL_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis
 
 /// A reader's batches as numpy arrays (see the module docs).
 #[pyclass(module = "dquant._dquant")]
-struct Reader {
+pub(crate) struct Reader {
     // A mutex because Python may call in from any thread; `None` once closed.
     inner: Mutex<Option<dquant_client::Reader>>,
     output: OutputDType,
@@ -86,7 +87,7 @@ struct Reader {
 }
 
 impl Reader {
-    fn wrap(reader: dquant_client::Reader) -> Self {
+    pub(crate) fn wrap(reader: dquant_client::Reader) -> Self {
         Reader {
             output: reader.output(),
             sample_len: reader.sample_len(),
@@ -185,7 +186,7 @@ fn subscribe_reader(
 }
 
 /// The cursor in `text` (JSON), or `None` when empty.
-fn cursor_from(text: &str) -> PyResult<Option<Cursor>> {
+pub(crate) fn cursor_from(text: &str) -> PyResult<Option<Cursor>> {
     if text.is_empty() {
         return Ok(None);
     }
@@ -220,7 +221,7 @@ fn merge_cursors_json(cursors_json: Vec<String>) -> PyResult<String> {
 }
 
 /// A plan from JSON; a bad one is a ValueError with the plan's message.
-fn plan_from_json(text: &str) -> PyResult<dquant_plan::Plan> {
+pub(crate) fn plan_from_json(text: &str) -> PyResult<dquant_plan::Plan> {
     dquant_plan::Plan::from_json(text).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
@@ -271,6 +272,26 @@ impl Reader {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.next_batch(py)
+    }
+
+    /// Waits at most `timeout` seconds for the next batch to be at hand (a batch, the end or
+    /// an error): `True` once it is, `False` when the time ran out. Nothing is consumed.
+    /// Ctrl-C interrupts the wait.
+    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let until = std::time::Instant::now()
+            + std::time::Duration::try_from_secs_f64(timeout.max(0.0))
+                .map_err(|e| PyValueError::new_err(format!("timeout {timeout}: {e}")))?;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let slice = left.min(SIGNAL_CHECK_EVERY);
+            let ready = py
+                .detach(|| self.with(|r| r.wait_ready(slice)))?
+                .map_err(to_py)?;
+            if ready || left <= slice {
+                return Ok(ready);
+            }
+            py.check_signals()?;
+        }
     }
 
     /// Fills the writable buffer `buf` (bytearray, memoryview, numpy array, ...) with the next
@@ -437,6 +458,8 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge_cursors_json, m)?)?;
     m.add_function(wrap_pyfunction!(check_plan_change, m)?)?;
     m.add_function(wrap_pyfunction!(transports, m)?)?;
+    m.add_function(wrap_pyfunction!(loader_ring::serve_loader_ring, m)?)?;
+    m.add_function(wrap_pyfunction!(loader_ring::open_loader_ring, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<batch::Batch>()?;
     m.add_class::<locate::Provenance>()?;

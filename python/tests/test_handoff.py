@@ -46,6 +46,9 @@ def items(dl, keep: bool = False) -> tuple[list[dict], int]:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_batches_through_slots_equal_torch_s_way(data, monkeypatch, own, workers):
     p = the_plan(data)
+    # dquant.torch.DataLoader's slots are its socket workers' (ring workers, which it runs for
+    # in-process plans, make batches straight into a ring: test_workers.py).
+    monkeypatch.setenv("DQUANT_WORKER_RING", "0")
     monkeypatch.setenv("DQUANT_WORKER_SHM", "0")
     want, slotted = items(loader(p, own, workers))
     assert slotted == 0
@@ -68,6 +71,7 @@ def test_inputs_and_labels_stay_views_of_one_slot(data):
 
 def test_a_loop_that_keeps_every_batch_gets_them_all(data, monkeypatch):
     p = the_plan(data)
+    monkeypatch.setenv("DQUANT_WORKER_RING", "0")  # the socket workers' slots
     monkeypatch.setenv("DQUANT_WORKER_SHM", "0")
     want, _ = items(loader(p, own=True, workers=1))
     monkeypatch.setenv("DQUANT_WORKER_SHM", "1")

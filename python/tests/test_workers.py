@@ -6,7 +6,9 @@ torch's workers can do (a worker_init_fn) runs on torch's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import time
 
@@ -122,3 +124,87 @@ def test_pin_memory_without_an_accelerator_warns_as_torch_does(data):
                       r"accelerator is found, then device pinned memory won't be used\.$"):
         got = cloned(dl)
     assert_same_batches(got, cloned(DataLoader(TokenDataset(p), num_workers=2, torch_workers=True)))
+
+
+# -- ring workers (a plan that runs in-process) ---------------------------------------------
+
+
+def test_in_process_plans_run_on_ring_workers_and_agent_plans_on_socket_workers(data, agent):
+    from dquant._workers import RingWorkers, Workers
+
+    p = plan(data, "r50k_int32", batch_size=2)
+    kinds = []
+    for ds in (TokenDataset(p), TokenDataset(on_agent(p, data), agent=agent.socket)):
+        dl = DataLoader(ds, num_workers=2)
+        it = iter(dl)
+        next(it)
+        kinds.append(type(dl.workers))
+        it.close()
+    assert kinds == [RingWorkers, Workers]
+
+
+def test_ring_workers_and_socket_workers_give_the_same_stream(data, monkeypatch):
+    p = uneven(data)
+    rings = cloned(DataLoader(TokenDataset(p), num_workers=3))
+    monkeypatch.setenv("DQUANT_WORKER_RING", "0")
+    sockets = DataLoader(TokenDataset(p), num_workers=3)
+    got = []
+    for b in sockets:
+        assert type(sockets.workers).__name__ == "Workers"
+        got.append({k: v.clone() for k, v in b.items()})
+    assert_same_batches(rings, got)
+
+
+def test_a_ring_worker_s_failure_is_raised_in_the_loop_as_torch_raises_it(data, tmp_path):
+    # The source shrinks under the worker after its first batches: the worker's read fails,
+    # and the loop raises the worker's exception (its type, its message, and where it was
+    # caught), after the batches that were complete.
+    for ext in ("bin", "idx"):
+        (tmp_path / f"c.{ext}").write_bytes((data / f"r50k_int32.{ext}").read_bytes())
+    dl = DataLoader(TokenDataset(plan(tmp_path, "c", epochs=50, batch_size=2)), num_workers=1)
+    it = iter(dl)
+    next(it)
+    os.truncate(tmp_path / "c.bin", 1024)
+    with pytest.raises(OSError) as got:
+        for _ in it:
+            pass
+    text = str(got.value)
+    assert re.match(r"^Caught OSError in dquant DataLoader worker 0 \(pid \d+\)\.\n", text), text
+    assert re.search(rf"{re.escape(str(tmp_path / 'c.bin'))}: the file is shorter than when it "
+                     r"was opened "
+                     r"\(644128 bytes; a read needed \d+\): it was truncated or rewritten while "
+                     r"being read\n$", text), text
+    assert dl.workers is None
+
+
+def test_a_stalled_ring_worker_times_out_as_torch_s_do(data):
+    dl = DataLoader(TokenDataset(plan(data, "r50k_int32", epochs=50, batch_size=2)),
+                    num_workers=1, timeout=1)
+    it = iter(dl)
+    next(it)
+    pid = dl.workers.procs[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 1 seconds$"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 30
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the pass's end killed it
+            os.kill(pid, signal.SIGCONT)
+    assert dl.workers is None
+
+
+def test_a_loop_that_keeps_every_ring_batch_gets_them_all(data):
+    # 200 batches of 64 KiB against a ring of 120 slots: the loop's kept batches are copied
+    # out of the ring as it needs their slots, and none changes.
+    p = plan(data, "r50k_int32", batch_size=64, epochs=10)
+    want = cloned(DataLoader(TokenDataset(p), num_workers=2, torch_workers=True))
+    dl = DataLoader(TokenDataset(p), num_workers=2)
+    kept = []
+    for b in dl:
+        assert type(dl.workers).__name__ == "RingWorkers"
+        kept.append(b)
+    assert len(kept) == len(want) > 120
+    assert_same_batches(kept, want)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 import torch
 import torch.utils.data
@@ -188,12 +188,16 @@ class TokenDataset(torch.utils.data.IterableDataset):
         self.resume_note: Optional[str] = None
         # The in-process iteration's (slot, reader, workers), whose cursor is the loop's.
         self._live = None
+        # The running pass of dquant.torch.DataLoader's ring workers, whose readers' cursors
+        # are the loop's (dquant._workers.RingWorkers).
+        self._ring_pass = None
 
     def __getstate__(self) -> Dict[str, Any]:
         # DataLoader workers get a copy: without the in-process reader (not picklable, and
         # not theirs).
         d = dict(self.__dict__)
         d["_live"] = None
+        d["_ring_pass"] = None
         return d
 
     # -- sharding ------------------------------------------------------------------------
@@ -273,7 +277,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
             self._finished()
 
     def _sync_live(self, reader=None) -> None:
-        """Records where the in-process reader stands (the loop received all it yielded)."""
+        """Records where the in-process reader, or a running pass's ring workers, stand (the
+        loop received all they yielded)."""
+        if reader is None and self._ring_pass is not None:
+            self._ring_pass.sync()
         live = self._live
         if live is None or (reader is not None and live[1] is not reader):
             return
@@ -375,7 +382,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
         if isinstance(state, (list, tuple)):
             state = TokenDataset.merge_states(state)
         s = _checked_state(state)
-        self._live = None
+        self._live = self._ring_pass = None
         plan = json.dumps(self.plan, sort_keys=True)
         if s["plan"] == plan:
             self.resume_note = "the plan is unchanged"
@@ -499,8 +506,9 @@ class DataLoader(torch.utils.data.DataLoader):
     every other argument is torch's.
 
     Workers. With ``num_workers > 0`` the workers are dquant's own processes (see
-    :mod:`dquant._workers`): each runs its sub-rank and hands every batch over as a slot of
-    its shared memory, with no per-batch work of torch's queues in either process; the stream
+    :mod:`dquant._workers`): each runs its sub-rank and hands every batch over in shared memory
+    (for a plan that runs in-process, made by Rust straight into a ring the loop reads in
+    place), with no per-batch work of torch's queues in either process; the stream
     is the one torch's workers give, batch for batch. They are started for each pass (as
     with ``persistent_workers=False``) and take ``timeout`` and ``pin_memory`` as torch's do.
     torch's own workers run instead with ``torch_workers=True``, or when the loader needs
@@ -520,7 +528,7 @@ class DataLoader(torch.utils.data.DataLoader):
         super().__init__(dataset, **kwargs)
         self.torch_workers = torch_workers
         # The running pass's dquant workers (None: none running).
-        self.workers: Optional[_workers.Workers] = None
+        self.workers: Optional[Union[_workers.Workers, _workers.RingWorkers]] = None
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         ds: TokenDataset = self.dataset
@@ -557,7 +565,9 @@ class DataLoader(torch.utils.data.DataLoader):
                 "pinned memory won't be used.",
                 stacklevel=3,
             )
-        pool = self.workers = _workers.Workers(self.dataset, workers, self.timeout)
+        ds: TokenDataset = self.dataset
+        kind = _workers.RingWorkers if not ds.offload and _workers.rings_enabled() else _workers.Workers
+        pool = self.workers = kind(ds, workers, self.timeout)
         try:
             for batch in pool:
                 yield _pin_memory(batch) if pin else batch
