@@ -555,6 +555,12 @@ def numpy_batches() -> dict:
 
 
 def worker_pids(dl) -> list[int]:
+    """The worker processes a pass of `dl` will keep alive through it: torch's persistent
+    workers, or dquant.torch.DataLoader's kept ring workers (its workers started for the pass
+    itself count as reaped children)."""
+    own = getattr(dl, "worker_pids", None)
+    if own is not None:
+        return own()
     it = getattr(dl, "_iterator", None)
     return [w.pid for w in getattr(it, "_workers", []) or [] if w.pid]
 

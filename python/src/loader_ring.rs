@@ -45,22 +45,19 @@ pub(crate) fn serve_loader_ring(
 }
 
 /// In the loop's process: a reader of the batches the DataLoader worker at the other end of
-/// the Unix socket `fd` (taken over) makes from `plan_json`, through a ring of `slots` slots
-/// (0: as many as an agent's ring of the plan has by default, 8 MiB of batches). Waits until
-/// the worker has opened its plan; its error if it could not.
+/// the Unix socket `fd` (taken over) makes from `plan_json`, through a ring of at most
+/// `max_slots` slots (and at most an agent's ring of the plan by default: 8 MiB of batches; at
+/// least 2). Waits until the worker has opened its plan; its error if it could not.
 #[pyfunction]
 pub(crate) fn open_loader_ring(
     py: Python<'_>,
     plan_json: &str,
     fd: i32,
-    slots: u32,
+    max_slots: u32,
 ) -> PyResult<Reader> {
     let sock = socket(fd)?;
     let plan = plan_from_json(plan_json)?;
-    let slots = match slots {
-        0 => shm::default_slots(shm::slot_size(&plan)),
-        n => n,
-    };
+    let slots = shm::default_slots(shm::slot_size(&plan)).min(max_slots.max(2));
     let reader = py
         .detach(|| dquant_client::Reader::from_loader_ring(&plan, sock, slots))
         .map_err(to_py)?;

@@ -7,6 +7,7 @@ torch's workers can do (a worker_init_fn) runs on torch's."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from conftest import assert_same_batches, cloned, on_agent, plan
+from dquant import _ring_workers
 from dquant.torch import DataLoader, TokenDataset
 
 
@@ -130,7 +132,8 @@ def test_pin_memory_without_an_accelerator_warns_as_torch_does(data):
 
 
 def test_in_process_plans_run_on_ring_workers_and_agent_plans_on_socket_workers(data, agent):
-    from dquant._workers import RingWorkers, Workers
+    from dquant._ring_workers import RingWorkers
+    from dquant._workers import Workers
 
     p = plan(data, "r50k_int32", batch_size=2)
     kinds = []
@@ -197,8 +200,8 @@ def test_a_stalled_ring_worker_times_out_as_torch_s_do(data):
 
 
 def test_a_loop_that_keeps_every_ring_batch_gets_them_all(data):
-    # 200 batches of 64 KiB against a ring of 120 slots: the loop's kept batches are copied
-    # out of the ring as it needs their slots, and none changes.
+    # 200 batches of 64 KiB against rings of 16 slots: the loop's kept batches are copied out
+    # of the ring as it needs their slots, and none changes.
     p = plan(data, "r50k_int32", batch_size=64, epochs=10)
     want = cloned(DataLoader(TokenDataset(p), num_workers=2, torch_workers=True))
     dl = DataLoader(TokenDataset(p), num_workers=2)
@@ -206,5 +209,45 @@ def test_a_loop_that_keeps_every_ring_batch_gets_them_all(data):
     for b in dl:
         assert type(dl.workers).__name__ == "RingWorkers"
         kept.append(b)
-    assert len(kept) == len(want) > 120
+    assert len(kept) == len(want) > 2 * _ring_workers.SLOTS
     assert_same_batches(kept, want)
+
+
+def test_persistent_ring_workers_serve_every_pass_and_go_with_their_loader(data):
+    p = uneven(data)
+    want = cloned(DataLoader(TokenDataset(p), num_workers=3, torch_workers=True))
+    dl = DataLoader(TokenDataset(p), num_workers=3, persistent_workers=True)
+    assert_same_batches(cloned(dl), want)  # the first pass starts them
+    pids = dl.worker_pids()
+    procs = list(dl._rings.procs.values())
+    assert len(pids) == 3 and all(p.is_alive() for p in procs)
+    for _ in range(2):  # later passes: the same processes, the whole stream again
+        got = []
+        for b in dl:
+            assert dl.worker_pids() == pids
+            got.append({k: v.clone() for k, v in b.items()})
+        assert_same_batches(got, want)
+    # A pass ended early leaves them waiting too, and the next pass resumes after it.
+    it = iter(dl)
+    head = [{k: v.clone() for k, v in next(it).items()}]
+    it.close()
+    assert dl.worker_pids() == pids
+    assert_same_batches(head + cloned(dl), want)
+    assert dl.worker_pids() == pids
+    del dl, it
+    gc.collect()
+    for proc in procs:
+        proc.join(10)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0]
+
+
+def test_a_persistent_worker_that_died_between_passes_is_replaced(data):
+    p = uneven(data)
+    want = cloned(DataLoader(TokenDataset(p), num_workers=2, torch_workers=True))
+    dl = DataLoader(TokenDataset(p), num_workers=2, persistent_workers=True)
+    assert_same_batches(cloned(dl), want)
+    old = dl.worker_pids()
+    os.kill(old[1], signal.SIGKILL)
+    dl._rings.procs[1].join(10)
+    assert_same_batches(cloned(dl), want)
+    assert set(dl.worker_pids()).isdisjoint(old)

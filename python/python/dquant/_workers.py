@@ -7,13 +7,9 @@ out, a result back), each with a feeder thread, a pickling and a wake-up on both
 of it: the plan already says which sub-rank every batch comes from, so there are no indices to
 send. Two kinds of workers here:
 
-* :class:`RingWorkers`, for a plan that runs in-process (the usual case): each worker is a
-  small agent. The loop's process creates a shared-memory ring for it and hands it over on a
-  socket pair; the worker runs its sub-rank's plan in Rust and makes every batch record
-  straight into a slot (``dquant._dquant.serve_loader_ring``), and the loop reads the slots in
-  place through an ordinary :class:`dquant.Reader` (``open_loader_ring``), as it reads an
-  agent's ring. No Python runs per batch in the worker, and the loop's part is the in-process
-  loop's minus making the batch.
+* :class:`dquant._ring_workers.RingWorkers`, for a plan that runs in-process (the usual
+  case): each worker makes its batches in Rust straight into a shared-memory ring the loop
+  reads in place, so no Python runs per batch in the worker (see that module).
 * :class:`Workers`, for a plan an agent runs (the worker's reader is then a session of the
   agent's): each worker writes every batch into a slot of its shared memory
   (:mod:`dquant._handoff`) and the slot's pickled layout, a few hundred bytes, to a socket of
@@ -23,13 +19,14 @@ Either way the loop reads the workers in the order torch's DataLoader interleave
 robin from the state's next sub-rank, a worker that has ended dropping out), so the stream is
 torch's batch for batch. A worker that fails has its exception raised in the loop as torch
 would; one that dies is an error naming it, never a short epoch. Closing the pass (its end, a
-``break``, an exception, the iterator dropped) closes every worker's stream and reaps it.
-``DQUANT_WORKER_RING=0`` runs :class:`Workers` for in-process plans too.
+``break``, an exception, the iterator dropped) closes every worker's stream and reaps it
+(ring workers with ``persistent_workers=True`` wait for the next pass instead).
+``DQUANT_WORKER_RING=0`` runs :class:`Workers` for in-process plans too. This module holds
+:class:`Workers` and what both kinds share.
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import pickle
@@ -41,7 +38,6 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 from torch._utils import ExceptionWrapper
 
-import dquant
 
 # The first byte of each message.
 _ITEM, _END, _ERROR = b"I", b"E", b"X"
@@ -177,164 +173,6 @@ class Workers:
                 proc.kill()
                 proc.join()
         self.conns, self.procs = {}, {}
-
-    def pids(self) -> List[int]:
-        return [p.pid for p in self.procs.values() if p.pid]
-
-
-def rings_enabled() -> bool:
-    """Whether in-process plans run on :class:`RingWorkers` (``DQUANT_WORKER_RING``)."""
-    return os.environ.get("DQUANT_WORKER_RING", "1") not in ("0", "false", "no", "off")
-
-
-def _serve(slot: int, plan: str, cursor: str, sock: socket.socket, errors: int, inherited) -> None:
-    """A ring worker process: sub-rank ``slot``'s batches into the ring the loop hands over on
-    ``sock``; an exception goes to the loop pickled on the pipe ``errors`` (its message went
-    with the ring already)."""
-    for other in inherited:  # the loop's ends of the sockets made before this one
-        other.close()
-    # As torch's workers: the loop's Ctrl-C is the main process's to handle.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        dquant._dquant.serve_loader_ring(plan, cursor, sock.detach())
-    except BaseException:
-        wrapped = ExceptionWrapper(where=f"in dquant DataLoader worker {slot} (pid {os.getpid()})")
-        try:
-            os.write(errors, pickle.dumps(wrapped))
-        except OSError:
-            pass
-        raise SystemExit(1) from None
-
-
-class RingWorkers:
-    """The ring worker processes of one pass over a :class:`dquant.torch.TokenDataset`'s
-    sub-ranks whose plan runs in-process, and their batches in torch's interleaving (see the
-    module docs). Iterate it once; it closes when the iteration ends, however it ends."""
-
-    def __init__(self, ds, workers: int, timeout: float = 0, slots: int = 0) -> None:
-        state = ds._state_for(workers)
-        self.ds, self.n, self.timeout = ds, workers, timeout
-        self.order = [(state["next_slot"] + i) % workers for i in range(workers)]
-        self.procs: Dict[int, Any] = {}
-        self.readers: Dict[int, Any] = {}
-        self.errors: Dict[int, int] = {}
-        # Sub-ranks that delivered a batch since the dataset's state last took their cursors,
-        # the last one last (see sync).
-        self.delivered: Dict[int, None] = {}
-        plans = [json.dumps(ds._plan_for(slot, workers)) for slot in range(workers)]
-        socks: Dict[int, socket.socket] = {}
-        ctx = multiprocessing.get_context("fork")
-        try:
-            for slot in range(workers):
-                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-                socks[slot] = ours
-                err_r, err_w = os.pipe2(os.O_CLOEXEC)
-                self.errors[slot] = err_r
-                cursor = dquant._cursor_json(state["cursors"][slot])
-                proc = ctx.Process(
-                    target=_serve,
-                    args=(slot, plans[slot], cursor, theirs, err_w, list(socks.values())),
-                    name=f"dquant-worker-{slot}",
-                    daemon=True,
-                )
-                try:
-                    proc.start()
-                finally:
-                    theirs.close()
-                    os.close(err_w)
-                self.procs[slot] = proc
-            # Every worker opens its plan at once; each reader waits for its own.
-            for slot in range(workers):
-                sock = socks.pop(slot)
-                try:
-                    self.readers[slot] = dquant._dquant.open_loader_ring(
-                        plans[slot], sock.detach(), slots
-                    )
-                except dquant.AgentError as e:  # what the worker said, or that it went away
-                    raise self._failed(slot, e) from None
-        except BaseException:
-            for sock in socks.values():
-                sock.close()
-            self.close()
-            raise
-        ds._ring_pass = self
-
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
-        item = self.ds._item
-        try:
-            order, i = list(self.order), 0
-            while order:
-                slot = order[i]
-                arr = self._next(slot)
-                if arr is None:
-                    order.pop(i)
-                    i = i % len(order) if order else 0
-                    continue
-                i = (i + 1) % len(order)
-                self.delivered.pop(slot, None)
-                self.delivered[slot] = None
-                yield item(arr)
-        finally:
-            self.close()
-
-    def _next(self, slot: int):
-        """Worker ``slot``'s next batch (``None`` at its end), waiting at most the timeout."""
-        reader = self.readers[slot]
-        try:
-            if self.timeout > 0 and not reader.wait(self.timeout):
-                raise TimeoutError
-            return reader.next_batch()
-        except TimeoutError:
-            raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
-        except Exception as e:
-            raise self._failed(slot, e) from None
-
-    def _failed(self, slot: int, e: BaseException) -> BaseException:
-        """What to raise for worker ``slot``'s stream ending in ``e``: the worker's own
-        exception if it sent one, the way it died if it died, else ``e``."""
-        proc = self.procs[slot]
-        proc.join(JOIN_S)
-        try:
-            os.set_blocking(self.errors[slot], False)
-            sent = os.read(self.errors[slot], 1 << 20)
-        except OSError:
-            sent = b""
-        if sent:
-            try:
-                pickle.loads(sent).reraise()
-            except BaseException as raised:  # noqa: B036: the worker's, to raise in the loop
-                return raised
-        if proc.exitcode is not None and proc.exitcode < 0:
-            return RuntimeError(
-                f"dquant DataLoader worker {slot} (pid {proc.pid}) {_exit_text(proc)} before "
-                "the end of its batches"
-            )
-        return e
-
-    def sync(self) -> None:
-        """Gives the dataset the cursor of every sub-rank that delivered since the last call,
-        the last one to deliver last (it says which sub-rank comes next)."""
-        for slot in list(self.delivered):
-            reader = self.readers.get(slot)
-            if reader is not None and not reader.closed:
-                self.ds._delivered(slot, reader.cursor(), self.n)
-        self.delivered.clear()
-
-    def close(self) -> None:
-        """Closes every worker's ring and reaps it (killing one that does not exit in time)."""
-        if getattr(self.ds, "_ring_pass", None) is self:
-            self.sync()
-            self.ds._ring_pass = None
-        for reader in self.readers.values():
-            reader.close()
-        for proc in self.procs.values():
-            proc.join(JOIN_S)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join()
-        for fd in self.errors.values():
-            os.close(fd)
-        self.readers, self.procs, self.errors = {}, {}, {}
 
     def pids(self) -> List[int]:
         return [p.pid for p in self.procs.values() if p.pid]

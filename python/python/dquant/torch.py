@@ -47,7 +47,7 @@ from torch.utils.data._utils.collate import default_convert as _default_convert
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 import dquant
-from dquant import _handoff, _workers
+from dquant import _handoff, _ring_workers, _workers
 
 __all__ = ["TokenDataset", "DataLoader"]
 
@@ -189,7 +189,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
         # The in-process iteration's (slot, reader, workers), whose cursor is the loop's.
         self._live = None
         # The running pass of dquant.torch.DataLoader's ring workers, whose readers' cursors
-        # are the loop's (dquant._workers.RingWorkers).
+        # are the loop's (dquant._ring_workers.RingWorkers).
         self._ring_pass = None
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -509,8 +509,9 @@ class DataLoader(torch.utils.data.DataLoader):
     :mod:`dquant._workers`): each runs its sub-rank and hands every batch over in shared memory
     (for a plan that runs in-process, made by Rust straight into a ring the loop reads in
     place), with no per-batch work of torch's queues in either process; the stream
-    is the one torch's workers give, batch for batch. They are started for each pass (as
-    with ``persistent_workers=False``) and take ``timeout`` and ``pin_memory`` as torch's do.
+    is the one torch's workers give, batch for batch. They take ``timeout``, ``pin_memory``
+    and ``persistent_workers`` as torch's do (an agent's plan starts its workers each pass
+    whatever ``persistent_workers`` says).
     torch's own workers run instead with ``torch_workers=True``, or when the loader needs
     what only they do: a ``worker_init_fn``, a ``collate_fn``, or a ``multiprocessing_context``
     other than fork."""
@@ -528,7 +529,9 @@ class DataLoader(torch.utils.data.DataLoader):
         super().__init__(dataset, **kwargs)
         self.torch_workers = torch_workers
         # The running pass's dquant workers (None: none running).
-        self.workers: Optional[Union[_workers.Workers, _workers.RingWorkers]] = None
+        self.workers: Optional[Union[_workers.Workers, _ring_workers.RingWorkers]] = None
+        # Ring workers kept between passes (persistent_workers=True).
+        self._rings: Optional[_ring_workers.RingWorkers] = None
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         ds: TokenDataset = self.dataset
@@ -566,12 +569,49 @@ class DataLoader(torch.utils.data.DataLoader):
                 stacklevel=3,
             )
         ds: TokenDataset = self.dataset
-        kind = _workers.RingWorkers if not ds.offload and _workers.rings_enabled() else _workers.Workers
-        pool = self.workers = kind(ds, workers, self.timeout)
+        if ds.offload or not _ring_workers.enabled():
+            pool = self.workers = _workers.Workers(ds, workers, self.timeout)
+            try:
+                for batch in pool:
+                    yield _pin_memory(batch) if pin else batch
+            finally:
+                pool.close()
+                if self.workers is pool:
+                    self.workers = None
+            return
+        rings = self._rings
+        if rings is None or not rings.alive() or rings.n != workers:
+            self._shutdown_rings()
+            rings = _ring_workers.RingWorkers(ds, workers, self.timeout)
+        self.workers = rings
+        ok = False
         try:
-            for batch in pool:
+            for batch in rings.run():
                 yield _pin_memory(batch) if pin else batch
+            ok = True
+        except GeneratorExit:  # the loop stopped early (a break, the iterator dropped)
+            ok = True
+            raise
         finally:
-            pool.close()
-            if self.workers is pool:
-                self.workers = None
+            self.workers = None
+            if ok and self.persistent_workers and rings.alive():
+                self._rings = rings  # they wait for the next pass
+            else:
+                rings.close()
+                self._rings = None
+
+    def _shutdown_rings(self) -> None:
+        rings, self._rings = self._rings, None
+        if rings is not None:
+            rings.close()
+
+    def worker_pids(self) -> List[int]:
+        """The process ids of the workers running a pass, or kept for the next
+        (``persistent_workers``)."""
+        pool = self.workers or self._rings
+        return pool.pids() if pool is not None else []
+
+    def __del__(self) -> None:
+        # Persistent workers go with their loader, as torch's go with its iterator.
+        if getattr(self, "_rings", None) is not None:
+            self._shutdown_rings()
