@@ -12,7 +12,8 @@ The cases (plan: seq_len 2048, batch 8, output i64, unshuffled, as bench/python'
   dl-masks    the same plan with boundaries at the EOD token, position_ids and loss_mask
   torch-w0    torch's DataLoader(batch_size=None), no workers
   torch-w1    torch's DataLoader(batch_size=None, num_workers=1): batches cross a process
-  dl-w1       dquant.torch.DataLoader(num_workers=1): its own worker process, started each pass
+  dl-w1       dquant.torch.DataLoader(num_workers=1, persistent_workers=True): its own ring
+              worker, which makes each batch in Rust straight into a ring the loop reads
 
 Why: issue 36 asks for a profile of each target still missed, and the boundary outputs' cost
 and the DataLoader workers' rate are Python's.
@@ -42,7 +43,9 @@ def plan(prefix: str, eod: int, masks: bool) -> dict:
 def loader(case: str, prefix: str, eod: int):
     ds = dqt.TokenDataset(plan(prefix, eod, case == "dl-masks"))
     if case.startswith("dl"):
-        return dqt.DataLoader(ds, num_workers=1 if case == "dl-w1" else 0)
+        if case == "dl-w1":
+            return dqt.DataLoader(ds, num_workers=1, persistent_workers=True)
+        return dqt.DataLoader(ds)
     workers = int(case[-1])
     extra = dict(persistent_workers=True) if workers else {}
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, **extra)
@@ -67,7 +70,7 @@ def run(case: str, prefix: str, eod: int, seconds: float) -> dict:
     next(iter(dl))  # workers started, files open: not what is sampled
     t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
     tokens = 0
-    own: set[int] = set()  # dquant.torch.DataLoader's workers, new each pass
+    own: set[int] = set()  # dquant.torch.DataLoader's workers
     while time.clock_gettime(time.CLOCK_MONOTONIC) - t0 < seconds:
         for i, b in enumerate(dl):
             tokens += take(b)
