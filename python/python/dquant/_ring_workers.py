@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, List
 from torch._utils import ExceptionWrapper
 
 import dquant
-from dquant._workers import JOIN_S, _exit_text
+from dquant._workers import JOIN_S, _exit_text, reap
 
 # Most slots in a worker's ring (fewer when 16 batches pass 8 MiB). Eight times torch's
 # prefetch_factor of 2, so a worker runs ahead through the loop's hiccups; not more, because
@@ -246,11 +246,7 @@ class RingWorkers:
         self.end_pass()
         for ctl in self.ctls.values():
             ctl.close()
-        for proc in self.procs.values():
-            proc.join(JOIN_S)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join()
+        reap(self.procs.values())
         for fd in self.errors.values():
             os.close(fd)
         self.procs, self.ctls, self.errors = {}, {}, {}

@@ -84,6 +84,15 @@ def _work(ds, slot: int, workers: int, cursor: Dict[str, Any], conn: Connection,
         pass
 
 
+def reap(procs) -> None:
+    """Waits for each of ``procs`` to exit, killing one that does not within ``JOIN_S``."""
+    for proc in procs:
+        proc.join(JOIN_S)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+
+
 def _exit_text(proc) -> str:
     code = proc.exitcode
     if code is None:
@@ -167,11 +176,7 @@ class Workers:
         """Hangs up on every worker and reaps it (killing one that does not exit in time)."""
         for conn in self.conns.values():
             conn.close()
-        for proc in self.procs.values():
-            proc.join(JOIN_S)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join()
+        reap(self.procs.values())
         self.conns, self.procs = {}, {}
 
     def pids(self) -> List[int]:
