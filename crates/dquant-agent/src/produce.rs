@@ -13,7 +13,8 @@ use std::time::Instant;
 use dquant_codec::encode_width;
 use dquant_engine::record::{Payload, Record};
 use dquant_engine::{
-    plain_codec, plain_record, put_trailer, EncodeAhead, EngineError, Pipeline, RecordEncoder,
+    plain_codec, plain_record, plain_record_len, put_trailer, EncodeAhead, EngineError, Pipeline,
+    RecordEncoder,
 };
 use dquant_plan::{Cursor, OutputDType, WireCodec};
 use dquant_remote::shutdown_message;
@@ -254,13 +255,11 @@ impl Producer {
 /// Bytes of room one of `pipeline`'s batch records may need in `wire` for a consumer of
 /// `output`: the header, the largest payload a full batch can have, and the trailer.
 pub(crate) fn record_room(pipeline: &Pipeline, output: OutputDType, wire: WireCodec) -> usize {
+    if wire == WireCodec::Fixed(plain_codec(output)) {
+        return plain_record_len(pipeline, output);
+    }
     let tokens = pipeline.schedule().batch_tokens() as usize;
-    let payload = if wire == WireCodec::Fixed(plain_codec(output)) {
-        tokens * output.itemsize()
-    } else {
-        wire.max_encoded_len(tokens)
-    };
-    (RECORD_HEADER_LEN + payload).saturating_add(pipeline.trailer_bound())
+    (RECORD_HEADER_LEN + wire.max_encoded_len(tokens)).saturating_add(pipeline.trailer_bound())
 }
 
 /// A plan whose records do not fit the transport's (a ring's slots have a size).

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dquant_engine::{plain_record, EngineError, Pipeline};
+use dquant_engine::{plain_record, plain_record_len, EngineError, Pipeline};
 use dquant_plan::OutputDType;
 use dquant_transport::receive::copy_payload;
 use dquant_transport::record::RECORD_HEADER_LEN;
@@ -25,14 +25,8 @@ pub(crate) struct InProcess {
 
 impl InProcess {
     pub fn new(pipeline: Box<Pipeline>, output: OutputDType, pool: RecordPool) -> Self {
-        // Saturating: a plan can ask for more than memory holds; the record pool's
-        // allocation then fails, where wrapped arithmetic would hand out a small buffer.
-        let tokens = usize::try_from(pipeline.schedule().batch_tokens()).unwrap_or(usize::MAX);
-        let trailer = pipeline.trailer_bound();
-        let full = tokens
-            .saturating_mul(output.itemsize())
-            .saturating_add(RECORD_HEADER_LEN)
-            .saturating_add(trailer);
+        // Saturated for an absurd plan: the record pool's allocation then fails.
+        let full = plain_record_len(&pipeline, output);
         InProcess {
             pipeline,
             output,

@@ -22,7 +22,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use dquant_engine::{plain_record, Pipeline};
+use dquant_engine::{plain_record, plain_record_len, Pipeline};
 use dquant_plan::{Cursor, Plan};
 use dquant_remote::open_source;
 use dquant_transport::frame::MAX_PAYLOAD;
@@ -83,7 +83,7 @@ pub fn serve_loader_ring(plan: &Plan, cursor: Cursor, sock: UnixStream) -> Resul
     let mut sink = offer
         .accept(sock, Arc::new(AtomicBool::new(false)))
         .map_err(|e| ring_usage(e.to_string()))?;
-    let room = record_room(plan);
+    let room = plain_record_len(&pipeline, plan.output);
     loop {
         let made = match sink.reserve(room) {
             Ok(r) => plain_record(&mut pipeline, plan.output, r),
@@ -111,17 +111,6 @@ fn fail(sink: &mut RingSink, e: ClientError) -> Result<(), ClientError> {
 
 fn ring_usage(m: String) -> ClientError {
     ClientError::Usage(format!("DataLoader worker ring: {m}"))
-}
-
-/// Bytes of the largest record `plan` makes: its header, a full batch, the largest trailer.
-fn record_room(plan: &Plan) -> usize {
-    // Saturating: an absurd plan asks for an absurd room, which the ring's slot check refuses.
-    usize::try_from(
-        (RECORD_HEADER_LEN as u64)
-            .saturating_add(plan.batch_bytes())
-            .saturating_add(plan.trailer_bound()),
-    )
-    .unwrap_or(usize::MAX)
 }
 
 impl Reader {

@@ -29,7 +29,8 @@ pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::Pipeline;
 pub use record::{
-    batch_header, checked_codec, codec_for, plain_codec, plain_record, put_trailer, RecordEncoder,
+    batch_header, checked_codec, codec_for, plain_codec, plain_record, plain_record_len,
+    put_trailer, RecordEncoder,
 };
 // The sources a pipeline reads, defined with the datasets below it.
 pub use dquant_storage::source::{

@@ -151,6 +151,18 @@ pub fn plain_record(
     Ok(Some((h, b)))
 }
 
+/// Bytes of room [`plain_record`] may need for one of `pipeline`'s batches in `output`: the
+/// header, a full batch's tokens and the largest trailer. Saturating: a plan can ask for more
+/// than memory holds, and the allocation or the transport's size check then refuses it,
+/// where wrapped arithmetic would hand out a small room.
+pub fn plain_record_len(pipeline: &Pipeline, output: OutputDType) -> usize {
+    let tokens = usize::try_from(pipeline.schedule().batch_tokens()).unwrap_or(usize::MAX);
+    tokens
+        .saturating_mul(output.itemsize())
+        .saturating_add(RECORD_HEADER_LEN)
+        .saturating_add(pipeline.trailer_bound())
+}
+
 /// Encoders by codec (an `auto` wire codec may switch width between batches).
 #[derive(Default)]
 pub struct Encoders(HashMap<Codec, Encoder>);
