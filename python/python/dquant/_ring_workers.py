@@ -28,10 +28,8 @@ import socket
 import struct
 from typing import Any, Dict, Iterator, List
 
-from torch._utils import ExceptionWrapper
-
 import dquant
-from dquant._workers import JOIN_S, _exit_text, reap
+from dquant._workers import JOIN_S, died, reap, timed_out, wrapped
 
 # Most slots in a worker's ring (fewer when 16 batches pass 8 MiB). Eight times torch's
 # prefetch_factor of 2, so a worker runs ahead through the loop's hiccups; not more, because
@@ -84,9 +82,8 @@ def _serve(slot: int, ctl: socket.socket, errors: int, inherited) -> None:
             plan, cursor, fd = got
             dquant._dquant.serve_loader_ring(plan, cursor, fd)
     except BaseException:
-        wrapped = ExceptionWrapper(where=f"in dquant DataLoader worker {slot} (pid {os.getpid()})")
         try:
-            os.write(errors, pickle.dumps(wrapped))
+            os.write(errors, pickle.dumps(wrapped(slot)))
         except OSError:
             pass
         raise SystemExit(1) from None
@@ -194,7 +191,7 @@ class RingWorkers:
                 raise TimeoutError
             return reader.next_batch()
         except TimeoutError:
-            raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
+            raise timed_out(self.timeout) from None
         except Exception as e:
             raise self._failed(slot, e) from None
 
@@ -214,10 +211,7 @@ class RingWorkers:
             except BaseException as raised:  # noqa: B036: the worker's, to raise in the loop
                 return raised
         if proc.exitcode is not None and proc.exitcode < 0:
-            return RuntimeError(
-                f"dquant DataLoader worker {slot} (pid {proc.pid}) {_exit_text(proc)} before "
-                "the end of its batches"
-            )
+            return died(slot, proc)
         return e
 
     def sync(self) -> None:

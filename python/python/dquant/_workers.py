@@ -71,9 +71,8 @@ def _work(ds, slot: int, workers: int, cursor: Dict[str, Any], conn: Connection,
     except (BrokenPipeError, ConnectionResetError):
         return  # the main process hung up: the pass is over
     except BaseException:
-        wrapped = ExceptionWrapper(where=f"in dquant DataLoader worker {slot} (pid {os.getpid()})")
         try:
-            conn.send_bytes(_ERROR + pickle.dumps(wrapped))
+            conn.send_bytes(_ERROR + pickle.dumps(wrapped(slot)))
         except OSError:
             return
     # The main process maps this process's shared memory through /proc/PID/fd when it first
@@ -91,6 +90,25 @@ def reap(procs) -> None:
         if proc.exitcode is None:
             proc.kill()
             proc.join()
+
+
+def wrapped(slot: int) -> ExceptionWrapper:
+    """The exception being handled in worker ``slot``, wrapped as torch wraps a worker's, for
+    the loop to raise (``reraise``)."""
+    return ExceptionWrapper(where=f"in dquant DataLoader worker {slot} (pid {os.getpid()})")
+
+
+def died(slot: int, proc) -> RuntimeError:
+    """The error for worker ``slot``'s process ``proc`` gone before the end of its batches."""
+    return RuntimeError(
+        f"dquant DataLoader worker {slot} (pid {proc.pid}) {_exit_text(proc)} before the end "
+        "of its batches"
+    )
+
+
+def timed_out(timeout: float) -> RuntimeError:
+    """torch's error for a worker that sent nothing within the loader's ``timeout``."""
+    return RuntimeError(f"DataLoader timed out after {timeout} seconds")
 
 
 def _exit_text(proc) -> str:
@@ -157,16 +175,13 @@ class Workers:
     def _receive(self, slot: int) -> tuple[bytes, bytes]:
         conn = self.conns[slot]
         if self.timeout > 0 and not conn.poll(self.timeout):
-            raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds")
+            raise timed_out(self.timeout)
         try:
             msg = conn.recv_bytes()
         except (EOFError, ConnectionResetError):
             proc = self.procs[slot]
             proc.join(JOIN_S)
-            raise RuntimeError(
-                f"dquant DataLoader worker {slot} (pid {proc.pid}) {_exit_text(proc)} before "
-                "the end of its batches"
-            ) from None
+            raise died(slot, proc) from None
         kind, body = msg[:1], msg[1:]
         if kind not in (_ITEM, _END, _ERROR):
             raise RuntimeError(f"dquant DataLoader worker {slot}: a message of unknown kind {kind!r}")
