@@ -9,7 +9,8 @@ use crate::bitpack;
 use crate::compress::Compression;
 use crate::error::CodecError;
 use crate::kernels::{self, first_over};
-use crate::ranks::{max_codes_len, RankEncoder, RankTable};
+use crate::ranks::{decode_codes, encode_codes, max_codes_len, RankEncoder, RankTable, CODE_LIMIT};
+use crate::stream::{StreamDecoders, StreamEncoder};
 use crate::width::Width;
 
 /// How a run of token ids is represented: a storage width, optionally compressed.
@@ -60,7 +61,7 @@ impl Codec {
     /// whatever the width).
     pub fn max_raw_len(self, n: usize) -> usize {
         match self.compression {
-            Compression::Ranked(_) => max_codes_len(n),
+            Compression::Ranked(_) | Compression::Stream(_) => max_codes_len(n),
             _ => self.raw_len(n),
         }
     }
@@ -145,6 +146,8 @@ pub struct Encoder {
     scratch: Vec<u8>,
     /// For [`Compression::Ranked`].
     ranks: RankEncoder,
+    /// For [`Compression::Stream`]: the lane's stream.
+    stream: Option<StreamEncoder>,
 }
 
 impl Encoder {
@@ -166,7 +169,35 @@ impl Encoder {
         Self::build(codec, table.encoder())
     }
 
+    /// An encoder of lane `lane` of a [`Compression::Stream`] session (other codecs have one
+    /// lane, 0, and [`Encoder::new`]).
+    pub fn for_lane(codec: Codec, lane: usize) -> Result<Self, CodecError> {
+        let mut e = Self::new(codec)?;
+        if codec.compression.is_stream() {
+            e.stream = Some(StreamEncoder::new(codec, lane)?);
+        }
+        Ok(e)
+    }
+
+    /// Encodes the next batches with `codec`, which differs from this encoder's only in
+    /// width: a stream's byte code does not depend on the width (which only bounds the ids),
+    /// so an `auto` wire codec that narrows batch by batch keeps one stream.
+    pub fn set_width(&mut self, codec: Codec) -> Result<(), CodecError> {
+        if codec.compression != self.codec.compression || !codec.compression.is_stream() {
+            return Err(reason(
+                codec,
+                format!("an encoder of {} cannot switch to it", self.codec),
+            ));
+        }
+        self.codec = codec;
+        Ok(())
+    }
+
     fn build(codec: Codec, ranks: RankEncoder) -> Result<Self, CodecError> {
+        let stream = match codec.compression {
+            Compression::Stream(_) => Some(StreamEncoder::new(codec, 0)?),
+            _ => None,
+        };
         let zstd = match codec.compression {
             Compression::Zstd(level) | Compression::Ranked(level) => {
                 let mut c = zstd::bulk::Compressor::new(level).map_err(|e| backend(codec, e))?;
@@ -185,6 +216,7 @@ impl Encoder {
             zstd,
             scratch: Vec::new(),
             ranks,
+            stream,
         })
     }
 
@@ -204,6 +236,9 @@ impl Encoder {
                 return Err(e);
             }
             return Ok(raw_len);
+        }
+        if let Some(stream) = &mut self.stream {
+            return encode_stream(self.codec, stream, tokens, &mut self.scratch, out);
         }
         if self.codec.compression.needs_rank_table() {
             self.scratch.clear();
@@ -256,10 +291,44 @@ impl Encoder {
     }
 }
 
-/// Decodes payloads of any codec, reusing buffers and the zstd context.
+fn reason(codec: Codec, reason: impl Into<String>) -> CodecError {
+    CodecError::Backend {
+        codec: codec.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// `tokens` (each checked against the codec's width) in the byte code, then into `stream`,
+/// appended to `out`.
+fn encode_stream(
+    codec: Codec,
+    stream: &mut StreamEncoder,
+    tokens: &[u32],
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<usize, CodecError> {
+    if let Some(i) = first_over(tokens, codec.width.max_token()) {
+        return Err(kernels::out_of_range(codec.width, &tokens[i..i + 1], i));
+    }
+    scratch.clear();
+    encode_codes(tokens, scratch, |t| (t < CODE_LIMIT).then_some(t)).map_err(|(i, t)| {
+        reason(
+            codec,
+            format!(
+                "token {t} at offset {i} is over the byte code's largest id {}",
+                CODE_LIMIT - 1
+            ),
+        )
+    })?;
+    stream.compress(scratch, out)
+}
+
+/// Decodes payloads of any codec, reusing buffers and the zstd context. Payloads of a
+/// [`Compression::Stream`] codec must come in the order they were encoded, each once.
 pub struct Decoder {
     zstd: Option<zstd::bulk::Decompressor<'static>>,
     scratch: Vec<u8>,
+    streams: StreamDecoders,
 }
 
 impl Default for Decoder {
@@ -273,6 +342,7 @@ impl Decoder {
         Decoder {
             zstd: None,
             scratch: Vec::new(),
+            streams: StreamDecoders::default(),
         }
     }
 
@@ -300,6 +370,9 @@ impl Decoder {
             codec: codec.to_string(),
             reason,
         };
+        if codec.compression.is_stream() {
+            return self.decode_stream(codec, payload, out);
+        }
         let Compression::Ranked(_) = codec.compression else {
             let raw = self.decompress(codec, payload, codec.raw_len(out.len()), true)?;
             return decode_width(codec.width, raw, out);
@@ -307,6 +380,40 @@ impl Decoder {
         let table = ranks.ok_or_else(|| corrupt("no rank table to decode it with".into()))?;
         let raw = self.decompress(codec, payload, max_codes_len(out.len()), false)?;
         table.decode(raw, out).map_err(|e| match e {
+            CodecError::Corrupt { reason, .. } => corrupt(reason),
+            e => e,
+        })
+    }
+
+    /// A [`Compression::Stream`] payload: its lane's chunk, then the byte code, every id
+    /// checked against the codec's width.
+    fn decode_stream(
+        &mut self,
+        codec: Codec,
+        payload: &[u8],
+        out: &mut [u32],
+    ) -> Result<(), CodecError> {
+        let corrupt = |reason: String| CodecError::Corrupt {
+            codec: codec.to_string(),
+            reason,
+        };
+        self.scratch.resize(max_codes_len(out.len()), 0);
+        let n = self.streams.decompress(codec, payload, &mut self.scratch)?;
+        let max = codec.width.max_token();
+        let over = |r: u32, i: usize| {
+            corrupt(format!(
+                "token {i} is {r}, over {}'s largest id {max}",
+                codec.width
+            ))
+        };
+        decode_codes(&self.scratch[..n], out, |r, i| {
+            if r <= max {
+                Ok(r)
+            } else {
+                Err(over(r, i))
+            }
+        })
+        .map_err(|e| match e {
             CodecError::Corrupt { reason, .. } => corrupt(reason),
             e => e,
         })
@@ -343,6 +450,9 @@ impl Decoder {
                 lz4_flex::block::decompress_into(payload, &mut self.scratch)
                     .map_err(|e| corrupt(e.to_string()))?
             }
+            Compression::Stream(_) => {
+                return Err(corrupt("a stream payload needs its lane".into()))
+            }
         };
         if exact && n != cap {
             return Err(corrupt(format!(
@@ -370,6 +480,8 @@ mod tests {
             "bits:1+zstd:19",
             "u24+rank+zstd:19",
             "u16+rank+zstd:-5",
+            "u24+stream:5",
+            "bits:17+stream:-1",
         ] {
             let c: Codec = s.parse().unwrap();
             assert_eq!(c.to_string(), s);
@@ -377,11 +489,15 @@ mod tests {
         }
         assert_eq!(
             "u16+gzip".parse::<Codec>().unwrap_err().to_string(),
-            "invalid codec 'gzip': expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+            "invalid codec 'gzip': expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage, stream:LEVEL on the wire)"
         );
         assert_eq!(
             "u16+lz4hc".parse::<Codec>().unwrap().to_string(),
             "u16+lz4hc:9"
+        );
+        assert_eq!(
+            "u24+stream".parse::<Codec>().unwrap().to_string(),
+            "u24+stream:5"
         );
         assert_eq!(
             "u16+lz4hc:13".parse::<Codec>().unwrap_err().to_string(),

@@ -11,6 +11,11 @@ pub const LZ4HC_LEVELS: std::ops::RangeInclusive<i32> = 1..=12;
 /// optimal parser) are 3-4x slower to write for under 1% fewer bytes on token ids.
 pub const LZ4HC_DEFAULT: i32 = 9;
 
+/// `stream` without a level: the transport preset's level. zstd 5 over the byte code stores
+/// a 200k vocabulary's prose at 0.83× whole-file `zstd -3` of the int32 file, where level 3
+/// stays near 0.89× (`bench/RESULTS.md`, codecs).
+pub const STREAM_DEFAULT: i32 = 5;
+
 /// A general-purpose compressor applied to the output of a [`crate::Width`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Compression {
@@ -29,6 +34,11 @@ pub enum Compression {
     /// given level: the archive codec. Needs the dataset's rank table to encode and decode,
     /// so it is a storage codec only, never a wire codec.
     Ranked(i32),
+    /// Ids in the byte code of the rank codec (each id its own rank), in a zstd stream at the
+    /// given level that a session's batches share ([`crate::stream`]): the transport codec.
+    /// Its payloads decode only in order, so it is a wire codec of plan streams only, never
+    /// a storage codec.
+    Stream(i32),
 }
 
 impl Compression {
@@ -77,6 +87,32 @@ impl Compression {
         }
     }
 
+    /// `stream:level`, the level checked as [`Compression::zstd`] checks it.
+    pub fn stream(level: i32) -> Result<Self, CodecError> {
+        match Self::zstd(level) {
+            Ok(_) => Ok(Compression::Stream(level)),
+            Err(CodecError::Parse { reason, .. }) => Err(CodecError::Parse {
+                input: format!("stream:{level}"),
+                reason,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether payloads depend on the ones before them ([`Compression::Stream`]): they
+    /// decode only in order, by one reader that saw every one.
+    pub fn is_stream(self) -> bool {
+        matches!(self, Compression::Stream(_))
+    }
+
+    /// The zstd level, for the compressions that are zstd underneath.
+    pub fn zstd_level(self) -> Option<i32> {
+        match self {
+            Compression::Zstd(l) | Compression::Ranked(l) | Compression::Stream(l) => Some(l),
+            _ => None,
+        }
+    }
+
     /// Whether this compression needs a dataset's rank table ([`Compression::Ranked`]).
     pub fn needs_rank_table(self) -> bool {
         matches!(self, Compression::Ranked(_))
@@ -90,6 +126,7 @@ impl Compression {
             Compression::Lz4 => (2, 0),
             Compression::Lz4Hc(l) => (2, level(l)),
             Compression::Ranked(l) => (3, level(l)),
+            Compression::Stream(l) => (4, level(l)),
         }
     }
 
@@ -103,6 +140,7 @@ impl Compression {
             (2, 0) => Some(Compression::Lz4),
             (2, l) if LZ4HC_LEVELS.contains(&(l as i32)) => Some(Compression::Lz4Hc(l as i32)),
             (3, _) => Some(Compression::Ranked(level as i32)),
+            (4, _) => Some(Compression::Stream(level as i32)),
             _ => None,
         }
     }
@@ -116,6 +154,7 @@ impl fmt::Display for Compression {
             Compression::Lz4 => f.write_str("lz4"),
             Compression::Lz4Hc(l) => write!(f, "lz4hc:{l}"),
             Compression::Ranked(l) => write!(f, "rank+zstd:{l}"),
+            Compression::Stream(l) => write!(f, "stream:{l}"),
         }
     }
 }
@@ -123,9 +162,10 @@ impl fmt::Display for Compression {
 /// The compressions written `PREFIX:LEVEL`: the prefix, what the level is called in an
 /// error, and the constructor that checks it.
 type Make = fn(i32) -> Result<Compression, CodecError>;
-const LEVELLED: [(&str, &str, Make); 3] = [
+const LEVELLED: [(&str, &str, Make); 4] = [
     ("lz4hc:", "lz4hc", Compression::lz4hc),
     ("rank+zstd:", "zstd", Compression::ranked),
+    ("stream:", "zstd", Compression::stream),
     ("zstd:", "zstd", Compression::zstd),
 ];
 
@@ -155,6 +195,7 @@ impl FromStr for Compression {
             "lz4" => Ok(Compression::Lz4),
             "zstd" => Ok(Compression::Zstd(3)),
             "rank+zstd" => Ok(Compression::Ranked(19)),
+            "stream" => Ok(Compression::Stream(STREAM_DEFAULT)),
             "lz4hc" => Ok(Compression::Lz4Hc(LZ4HC_DEFAULT)),
             _ => LEVELLED
                 .iter()
@@ -162,7 +203,7 @@ impl FromStr for Compression {
                 .unwrap_or_else(|| {
                     Err(CodecError::Parse {
                         input: s.into(),
-                        reason: "expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+                        reason: "expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage, stream:LEVEL on the wire)"
                             .into(),
                     })
                 }),

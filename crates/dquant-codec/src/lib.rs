@@ -27,11 +27,13 @@ mod error;
 mod hash;
 pub mod kernels;
 mod ranks;
+mod stream;
 mod width;
 
 pub use codec::{decode_width, encode_width, Codec, Decoder, Encoder};
-pub use compress::{Compression, LZ4HC_DEFAULT, LZ4HC_LEVELS};
+pub use compress::{Compression, LZ4HC_DEFAULT, LZ4HC_LEVELS, STREAM_DEFAULT};
 pub use error::CodecError;
 pub use hash::TokenHasher;
 pub use ranks::{RankEncoder, RankTable, MAX_RANKED_IDS};
+pub use stream::MAX_LANES;
 pub use width::{bits_needed, Width};

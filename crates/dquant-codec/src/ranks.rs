@@ -61,6 +61,8 @@ fn lane(n: usize, k: usize) -> std::ops::Range<usize> {
 const TWO: u32 = 128;
 const THREE: u32 = TWO + (1 << 14);
 const FOUR: u32 = THREE + (1 << 21);
+/// One past the largest value the byte code holds.
+pub(crate) const CODE_LIMIT: u32 = FOUR + (1 << 29);
 
 /// A dataset's ids in rank order (most used first), and the inverse for encoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,6 +243,21 @@ fn leb128(b: &[u8], pos: &mut usize) -> Result<u64, &'static str> {
 }
 
 fn encode_ranks(ranks: &[u32], tokens: &[u32], out: &mut Vec<u8>) -> Result<(), CodecError> {
+    encode_codes(tokens, out, |t| {
+        ranks.get(t as usize).copied().filter(|&r| r != u32::MAX)
+    })
+    .map_err(|(offset, value)| CodecError::Unranked { offset, value })
+}
+
+/// Appends the lane offsets and the byte code of `rank(token)` for every token to `out`. A
+/// token `rank` has no code for fails with its offset and value, and `out` is left as it
+/// was. Ranks must be below [`CODE_LIMIT`].
+#[inline(always)]
+pub(crate) fn encode_codes(
+    tokens: &[u32],
+    out: &mut Vec<u8>,
+    rank: impl Fn(u32) -> Option<u32>,
+) -> Result<(), (u64, u32)> {
     let start = out.len();
     out.reserve(LANE_HEADER + tokens.len() * 2);
     out.resize(start + LANE_HEADER, 0);
@@ -252,12 +269,11 @@ fn encode_ranks(ranks: &[u32], tokens: &[u32], out: &mut Vec<u8>) -> Result<(), 
         }
         let r = lane(tokens.len(), k);
         for (i, &t) in tokens[r.clone()].iter().enumerate() {
-            match ranks.get(t as usize) {
-                Some(&r) if r != u32::MAX => push_code(r, out),
-                _ => {
+            match rank(t) {
+                Some(r) => push_code(r, out),
+                None => {
                     out.truncate(start);
-                    let offset = (r.start + i) as u64;
-                    return Err(CodecError::Unranked { offset, value: t });
+                    return Err(((r.start + i) as u64, t));
                 }
             }
         }
@@ -290,6 +306,21 @@ fn push_code(r: u32, out: &mut Vec<u8>) {
 /// and four bytes to read, then each lane's rest one code at a time. Every lane must end
 /// exactly where the next begins.
 fn decode_ranks(ids: &[u32], src: &[u8], out: &mut [u32]) -> Result<(), CodecError> {
+    decode_codes(src, out, |r, i| {
+        ids.get(r as usize)
+            .copied()
+            .ok_or_else(|| no_id(r, i, ids.len()))
+    })
+}
+
+/// Decodes exactly `out.len()` byte codes from all of `src`, token `i` with code value `r`
+/// becoming `id(r, i)` (a table's id, or the value itself).
+#[inline(always)]
+pub(crate) fn decode_codes(
+    src: &[u8],
+    out: &mut [u32],
+    id: impl Fn(u32, usize) -> Result<u32, CodecError>,
+) -> Result<(), CodecError> {
     let header = src.get(..LANE_HEADER).ok_or_else(|| {
         corrupt(format!(
             "{} bytes, shorter than its lane offsets",
@@ -322,7 +353,7 @@ fn decode_ranks(ids: &[u32], src: &[u8], out: &mut [u32]) -> Result<(), CodecErr
             let b = codes.get(*p..*p + 4).ok_or_else(|| cut_off(i))?;
             let (r, len) = code_at(b);
             *p += len;
-            out[i] = *ids.get(r as usize).ok_or_else(|| no_id(r, i, ids.len()))?;
+            out[i] = id(r, i)?;
         }
         t += 1;
     }
@@ -334,7 +365,7 @@ fn decode_ranks(ids: &[u32], src: &[u8], out: &mut [u32]) -> Result<(), CodecErr
             let (r, len) =
                 code_near_end(codes.get(*p..end).unwrap_or_default()).ok_or_else(|| cut_off(i))?;
             *p += len;
-            *o = *ids.get(r as usize).ok_or_else(|| no_id(r, i, ids.len()))?;
+            *o = id(r, i)?;
         }
         if *p != end {
             return Err(corrupt(format!(

@@ -76,6 +76,13 @@ pub const MAX_BLOCK_BYTES: usize = 1 << 30;
 /// Checks a block size in tokens: a positive multiple of 256 whose payload at `codec`'s width
 /// is at most [`MAX_BLOCK_BYTES`].
 fn check_block_tokens(codec: Codec, block_tokens: u32, what: &str) -> Result<(), FormatError> {
+    // A stream's payloads decode only in order; a block file's are read one by one.
+    if codec.compression.is_stream() {
+        return Err(FormatError::corrupt(
+            what,
+            format!("{codec} is a wire codec (its batches share one zstd stream); store zstd:LEVEL or rank+zstd:LEVEL"),
+        ));
+    }
     if block_tokens == 0 || !block_tokens.is_multiple_of(256) {
         return Err(FormatError::corrupt(
             what,

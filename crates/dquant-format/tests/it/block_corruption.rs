@@ -135,8 +135,13 @@ fn header_fields_with_a_valid_crc() {
         "corrupt block file header: unknown codec bytes [07, 21, 00, 00]"
     );
     assert_eq!(
-        with(12, &[2, 16, 4, 0]),
-        "corrupt block file header: unknown codec bytes [02, 10, 04, 00]"
+        with(12, &[2, 16, 5, 0]),
+        "corrupt block file header: unknown codec bytes [02, 10, 05, 00]"
+    );
+    // A stream codec's payloads decode only in order: no file stores one.
+    assert_eq!(
+        with(12, &[2, 16, 4, 3]),
+        "corrupt block file header: u16+stream:3 is a wire codec (its batches share one zstd stream); store zstd:LEVEL or rank+zstd:LEVEL"
     );
     assert_eq!(
         with(16, &100u32.to_le_bytes()),
