@@ -191,7 +191,9 @@ impl Agent for Service {
                         name: share,
                         group,
                         plan: &plan,
-                        wire,
+                        // A subscriber may join after a stream's lanes started: each
+                        // record of a shared stream is compressed alone.
+                        wire: wire.without_stream(),
                     };
                     return open_stream(&shared, place, &caller, pipeline, shared_plan)
                         .map(Response::new);

@@ -214,16 +214,16 @@ impl Limits {
 
     /// Checks a wire codec (`field` names where it came from).
     pub fn check_wire(&self, field: &'static str, wire: WireCodec) -> Result<(), LimitError> {
-        let compression = match wire {
-            WireCodec::Auto(c) => c,
-            WireCodec::Fixed(c) => c.compression,
-        };
-        match compression {
-            Compression::Zstd(level) if level > self.max_zstd_level => Err(LimitError::ZstdLevel {
-                field,
-                got: level,
-                max: self.max_zstd_level,
-            }),
+        match wire.compression() {
+            Compression::Zstd(level) | Compression::Stream(level)
+                if level > self.max_zstd_level =>
+            {
+                Err(LimitError::ZstdLevel {
+                    field,
+                    got: level,
+                    max: self.max_zstd_level,
+                })
+            }
             _ => Ok(()),
         }
     }

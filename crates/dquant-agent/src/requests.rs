@@ -29,5 +29,7 @@ pub(crate) fn range_wire_codec(shared: &Shared, requested: &str) -> Result<WireC
         .limits
         .check_wire("wire_codec", wire)
         .map_err(over_limit)?;
-    Ok(wire)
+    // Ranges are read in any order and by several readers: each is compressed alone (a
+    // plan's `transport` codec becomes zstd at its level for the ranges it chains).
+    Ok(wire.without_stream())
 }

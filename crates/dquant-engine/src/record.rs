@@ -175,10 +175,18 @@ impl Encoders {
         tokens: &[u32],
         out: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
-        let e = match self.0.entry(codec) {
+        // A stream is one per session whatever width each batch narrows to.
+        let key = match codec.compression.is_stream() {
+            true => Codec::new(Width::U32, codec.compression),
+            false => codec,
+        };
+        let e = match self.0.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(Encoder::new(codec)?),
         };
+        if key != codec {
+            e.set_width(codec)?;
+        }
         out.clear();
         e.encode(tokens, out).map(|_| ())
     }

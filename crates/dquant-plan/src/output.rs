@@ -88,13 +88,31 @@ impl WireCodec {
         self.codec_for_max(u32::MAX).max_encoded_len(tokens)
     }
 
+    /// The same codec with each record compressed alone: `stream:L` becomes `zstd:L`, for
+    /// deliveries whose readers may not see every record from the first (shared streams).
+    pub fn without_stream(self) -> Self {
+        let alone = |c: Compression| match c {
+            Compression::Stream(l) => Compression::Zstd(l),
+            c => c,
+        };
+        match self {
+            WireCodec::Fixed(c) => WireCodec::Fixed(Codec::new(c.width, alone(c.compression))),
+            WireCodec::Auto(c) => WireCodec::Auto(alone(c)),
+        }
+    }
+
+    /// Its compression, whatever the width.
+    pub fn compression(self) -> Compression {
+        match self {
+            WireCodec::Fixed(c) => c.compression,
+            WireCodec::Auto(c) => c,
+        }
+    }
+
     /// Whether it compresses (zstd or lz4): plain and bit-packed codecs cost about a copy, so
     /// only compression is worth spreading over worker threads.
     pub fn compresses(self) -> bool {
-        match self {
-            WireCodec::Fixed(c) => c.compression != Compression::None,
-            WireCodec::Auto(c) => c != Compression::None,
-        }
+        self.compression() != Compression::None
     }
 }
 
@@ -102,6 +120,12 @@ impl FromStr for WireCodec {
     type Err = dquant_codec::CodecError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // The transport preset: narrowed ids in a zstd stream a session's batches share.
+        if s == "transport" {
+            return Ok(WireCodec::Auto(Compression::Stream(
+                dquant_codec::STREAM_DEFAULT,
+            )));
+        }
         let wire = match s.strip_prefix("auto") {
             Some("") => WireCodec::Auto(Compression::None),
             Some(rest) if rest.starts_with('+') => WireCodec::Auto(rest[1..].parse()?),

@@ -95,6 +95,11 @@ fn plans_sized_to_abort_the_agent_are_refused_before_anything_is_allocated() {
         e.to_string(),
         "wire_codec: zstd level 19 is above this agent's limit of 9 (limits.max_zstd_level)"
     );
+    p.wire_codec = "auto+stream:12".into();
+    assert_eq!(
+        open_refused(&agent, &p, 0),
+        "wire_codec: zstd level 12 is above this agent's limit of 9 (limits.max_zstd_level)"
+    );
     // Nothing was opened for any of them.
     assert_eq!(agent.sessions(), (0, 0));
     c.assert_serving(&agent);

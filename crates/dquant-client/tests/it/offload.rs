@@ -3,7 +3,7 @@
 //! resumed from a cursor in the middle, through a chain of two agents, and with the client
 //! pulling token ranges itself.
 
-use dquant_client::{open, open_at, Offload, Reader};
+use dquant_client::{open, open_at, open_shared, Offload, Reader, Share};
 use dquant_plan::{Cursor, OutputDType, Plan};
 use dquant_testkit::agent::{plan, Corpus};
 use dquant_testkit::stream::{drain, read_all};
@@ -320,11 +320,58 @@ fn chained_ranges_travel_in_the_plans_wire_codec() {
         assert_eq!(e, upstream, "{offload:?}");
     }
 
-    // With a codec that fits, the chain carries the plan's compressed codec and equals local.
-    p.wire_codec = "bits:18+zstd:1".into();
-    let mut local = p.clone();
-    local.sources[0].uri = c.path("wide");
-    let expect = xxh3(&drain(&mut Reader::local(&local, Cursor::START).unwrap()).0);
-    let mut r = open(&near.uri(), &p, Offload::Yes).unwrap();
-    assert_eq!(xxh3(&drain(&mut r).0), expect);
+    // With a codec that fits, the chain carries the plan's compressed codec and equals local;
+    // the transport preset's ranges are each compressed alone (zstd at its level).
+    for codec in ["bits:18+zstd:1", "transport"] {
+        p.wire_codec = codec.into();
+        let mut local = p.clone();
+        local.sources[0].uri = c.path("wide");
+        let expect = xxh3(&drain(&mut Reader::local(&local, Cursor::START).unwrap()).0);
+        let mut r = open(&near.uri(), &p, Offload::Yes).unwrap();
+        assert_eq!(xxh3(&drain(&mut r).0), expect, "{codec}");
+    }
+}
+
+/// The transport preset (`transport`: narrowed ids in a zstd stream a session's batches share)
+/// gives the local stream, on an agent with one worker thread and on one with a pool (which
+/// compresses other codecs ahead); blended sources switch the width from batch to batch
+/// within the stream; a resumed session starts its stream afresh; and a shared stream's
+/// records are compressed alone, since a subscriber may join late.
+#[test]
+fn the_transport_preset_streams_equal_local_ones() {
+    let c = Corpus::new();
+    for workers in [1, 3] {
+        let mut cfg = c.config();
+        cfg.worker_threads = workers;
+        let agent = dquant_agent::start(cfg).unwrap();
+        let uri = agent.uri();
+        for codec in ["transport", "u24+stream:1", "auto+stream:3"] {
+            let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 255, 8);
+            p.wire_codec = codec.into();
+            p.samples = Some(900);
+            let whole = assert_parity(&c, &uri, &p, Cursor::START);
+            let mut r = open(&uri, &p, Offload::Yes).unwrap();
+            for _ in 0..5 {
+                r.next_batch().unwrap().unwrap();
+            }
+            let at = r.cursor();
+            let (tail, _) = drain(&mut r);
+            assert_eq!(assert_parity(&c, &uri, &p, at), xxh3(&tail));
+            assert_ne!(whole, xxh3(&tail));
+        }
+        let mut p = plan(&[("r50k.dqb", 1.0)], 255, 8);
+        p.wire_codec = "transport".into();
+        p.samples = Some(400);
+        let want = assert_parity(&c, &uri, &p, Cursor::START);
+        let share = Share {
+            name: "t".into(),
+            group: 1,
+        };
+        let mut shared = open_shared(&uri, &p, Cursor::START, &share).unwrap();
+        assert_eq!(
+            xxh3(&drain(&mut shared).0),
+            want,
+            "{workers} workers, shared"
+        );
+    }
 }

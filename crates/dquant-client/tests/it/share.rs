@@ -100,6 +100,14 @@ fn a_subscriber_closed_mid_stream_leaves_the_others_streams_whole() {
 
 #[test]
 fn a_late_joiner_starts_at_the_current_cursor_and_an_earlier_one_is_refused() {
+    // The transport preset too: a shared stream compresses each record alone (a stream
+    // codec's late joiner would have missed its stream's start).
+    for codec in ["auto+lz4", "transport"] {
+        late_joiner(codec);
+    }
+}
+
+fn late_joiner(codec: &str) {
     let c = Corpus::new();
     let mut cfg = c.config();
     cfg.share_window_batches = 2;
@@ -109,6 +117,7 @@ fn a_late_joiner_starts_at_the_current_cursor_and_an_earlier_one_is_refused() {
     let tcp = agent.uri();
     let mut p = shared_plan();
     p.epochs = Some(50);
+    p.wire_codec = codec.into();
     let mut first = open_shared(&tcp, &p, Cursor::START, &share(1)).unwrap();
     let mut head = Vec::new();
     for _ in 0..10 {

@@ -105,7 +105,7 @@ fn defaults() {
     assert_eq!(p.seed, 0);
     assert_eq!((p.epochs, p.samples), (None, None));
     assert_eq!(p.output, OutputDType::I32);
-    assert_eq!(p.wire_codec, "auto");
+    assert_eq!(p.wire_codec, "transport");
     assert_eq!((p.rank, p.world, p.drop_last), (0, 1, false));
     let t = Plan::from_toml("seq_len = 8\nbatch_size = 2\n[[sources]]\nuri = \"a\"\n").unwrap();
     assert_eq!(t, p);
@@ -228,7 +228,7 @@ fn validation_names_the_field() {
     );
     assert_eq!(
         invalid(|p| p.wire_codec = "auto+gzip".into()),
-        "wire_codec: invalid codec 'gzip': expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage)"
+        "wire_codec: invalid codec 'gzip': expected none, lz4, lz4hc:LEVEL, zstd or zstd:LEVEL (or rank+zstd:LEVEL in storage, stream:LEVEL on the wire)"
     );
     for codec in ["u24+rank+zstd:19", "auto+rank+zstd:3"] {
         assert_eq!(
@@ -312,6 +312,9 @@ fn wire_codecs_accepted() {
         ("bits:17", "bits:17"),
         ("u24+zstd:19", "u24+zstd:19"),
         ("i32+lz4", "i32+lz4"),
+        ("transport", "auto+stream:5"),
+        ("auto+stream:1", "auto+stream:1"),
+        ("u24+stream", "u24+stream:5"),
     ] {
         let mut p = full_plan();
         p.wire_codec = c.into();
@@ -332,6 +335,11 @@ fn wire_codecs_accepted() {
         "u16+zstd:3".parse::<WireCodec>().unwrap(),
         WireCodec::Fixed(Codec::new(Width::U16, Compression::Zstd(3)))
     );
+    // Where a reader may not see every record from the first: each compressed alone.
+    let alone = |s: &str| s.parse::<WireCodec>().unwrap().without_stream().to_string();
+    assert_eq!(alone("transport"), "auto+zstd:5");
+    assert_eq!(alone("bits:17+stream:2"), "bits:17+zstd:2");
+    assert_eq!(alone("auto+lz4"), "auto+lz4");
 }
 
 #[test]
