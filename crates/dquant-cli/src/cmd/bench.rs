@@ -8,8 +8,11 @@ use std::time::Instant;
 
 use anyhow::Result;
 use dquant_codec::{kernels, Codec, Compression, Decoder, RankTable, Width};
+use dquant_codec::{Encoder, MAX_LANES};
 use dquant_format::block::{block_tokens_for, BlockFile, BlockFileWriter, FileHeader};
+use dquant_plan::WireCodec;
 use dquant_storage::Dataset;
+use dquant_wire::record::RECORD_HEADER_LEN;
 use serde_json::json;
 
 use crate::cmd::convert::Preset;
@@ -27,7 +30,8 @@ Examples:
   dquant corpus real --encoding cl100k data/cl100k_int32
   dquant bench codecs data/cl100k_int32
   dquant bench codecs data/r50k_int32 data/o200k_int32 --codecs u16+zstd:3,bits:18 --json
-  dquant bench codecs data/prose_o200k --codecs u24+zstd:3 --no-presets";
+  dquant bench codecs data/prose_o200k --codecs u24+zstd:3 --no-presets
+  dquant bench codecs data/code_cl100k --codecs u24+stream:3 --wire-batch 65536 --lanes 4";
 
 /// For each dataset, codec and preset: exact block-file bits per token, the ratios to
 /// `zstd -3` and `zstd -19 --long` over the whole raw int32 file (one frame each, what users
@@ -52,6 +56,15 @@ pub struct CodecsArgs {
     /// dpu with LZ4's high-compression parser).
     #[arg(long)]
     pub no_presets: bool,
+    /// Tokens per wire batch for stream codecs (`stream:L`, the transport preset), which are
+    /// measured as a session's batches, not as a block file: 8 samples of 4,096 by default.
+    #[arg(long, default_value_t = 32_768, value_parser = clap::value_parser!(u32).range(1..))]
+    pub wire_batch: u32,
+    /// Streams a session's batches are spread over, batch `i` in lane `i % lanes`, for
+    /// `--codecs` stream codecs (the agent and the transport preset's row use one: lanes
+    /// lose each other's history, which costs code about a fifth of its bytes).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_LANES as i64))]
+    pub lanes: u32,
     #[command(flatten)]
     pub input: InputOpts,
     #[command(flatten)]
@@ -112,11 +125,13 @@ struct Row {
     dec: f64,
 }
 
-/// What a row writes: a codec in blocks of `block_tokens`.
+/// What a row writes: a codec in blocks of `block_tokens`, or a wire codec's session.
 struct Case {
     name: String,
     codec: Codec,
     block_tokens: u32,
+    /// A stream codec: `block_tokens` is the wire batch, sent over these lanes.
+    session: Option<(WireCodec, usize)>,
 }
 
 /// Order-0 entropy of `tokens` in bits per token.
@@ -199,12 +214,22 @@ fn cases(a: &CodecsArgs, max: u32) -> Vec<Case> {
         v
     });
     codecs.retain(|c| c.width.max_token() >= max);
+    let lanes = a.lanes as usize;
     let mut cases: Vec<Case> = codecs
         .into_iter()
-        .map(|codec| Case {
-            name: codec.to_string(),
-            codec,
-            block_tokens: block_tokens_for(codec.width, a.block_size),
+        .map(|codec| match codec.compression.is_stream() {
+            true => Case {
+                name: format!("{codec}, {lanes} lane(s)"),
+                codec,
+                block_tokens: a.wire_batch,
+                session: Some((WireCodec::Fixed(codec), lanes)),
+            },
+            false => Case {
+                name: codec.to_string(),
+                codec,
+                block_tokens: block_tokens_for(codec.width, a.block_size),
+                session: None,
+            },
         })
         .collect();
     if !a.no_presets {
@@ -214,17 +239,77 @@ fn cases(a: &CodecsArgs, max: u32) -> Vec<Case> {
                     name: format!("{}: {codec}", p.name()),
                     codec,
                     block_tokens,
+                    session: None,
                 });
             }
         }
+        let wire: WireCodec = "transport".parse().expect("the transport preset parses");
+        cases.push(Case {
+            name: format!("transport: {wire}"),
+            codec: wire.codec_for_max(max),
+            block_tokens: a.wire_batch,
+            session: Some((wire, 1)),
+        });
     }
     cases
+}
+
+/// `tokens` sent as one session's wire batches of `case.block_tokens` (each batch's codec
+/// picked as the agent picks it, batch `i` in lane `i % lanes`) and decoded back in order by
+/// one reader (checked): the payloads' bytes plus a record header a batch, and the best encode
+/// and decode seconds.
+fn measure_session(
+    tokens: &[u32],
+    case: Case,
+    wire: WireCodec,
+    lanes: usize,
+    repeat: u32,
+) -> Result<Row> {
+    let batch = case.block_tokens as usize;
+    let (payloads, enc) = best_of(1, || {
+        let first = wire.codec_for_max(u32::MAX);
+        let mut encoders = (0..lanes)
+            .map(|k| Encoder::for_lane(first, k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut payloads = Vec::new();
+        for (i, chunk) in tokens.chunks(batch).enumerate() {
+            let codec = wire.codec_for_max(kernels::max_token(chunk));
+            let e = &mut encoders[i % lanes];
+            e.set_width(codec)?;
+            let mut p = Vec::new();
+            e.encode(chunk, &mut p)?;
+            payloads.push((codec, p));
+        }
+        Ok(payloads)
+    })?;
+    let mut out = vec![0u32; tokens.len()];
+    let (_, dec) = best_of(repeat, || {
+        let mut d = Decoder::new();
+        for ((codec, p), o) in payloads.iter().zip(out.chunks_mut(batch)) {
+            d.decode(*codec, p, o)?;
+        }
+        Ok(())
+    })?;
+    anyhow::ensure!(out == tokens, "{} did not round-trip", case.name);
+    let bytes = payloads
+        .iter()
+        .map(|(_, p)| (p.len() + RECORD_HEADER_LEN) as u64)
+        .sum();
+    Ok(Row {
+        name: case.name,
+        bytes,
+        enc,
+        dec,
+    })
 }
 
 /// `tokens` written as a block file in the case's codec and decoded back (checked): its bytes,
 /// and the best encode and decode seconds. A `rank+zstd` file's encode time includes counting
 /// the ids for its table.
 fn measure_codec(ds: &Dataset, tokens: &[u32], case: Case, repeat: u32) -> Result<Row> {
+    if let Some((wire, lanes)) = case.session {
+        return measure_session(tokens, case, wire, lanes, repeat);
+    }
     let codec = case.codec;
     let header = FileHeader {
         codec,
