@@ -48,9 +48,11 @@ pub struct Plan {
     /// The dtype of the token ids in delivered batches. Default `i32`.
     #[serde(default)]
     pub output: OutputDType,
-    /// Codec of token blocks on the wire between agents: `auto` (default: the agent picks the
-    /// narrowest lossless width for the data), `auto+zstd:L`, `auto+lz4`, or any codec
-    /// (`u16`, `bits:17+zstd:3`, ...).
+    /// Codec of batches on a network link (TCP, TLS; a shared-memory ring carries the output
+    /// dtype): `transport` (default: the narrowest width, ids in a byte code, in a zstd
+    /// stream the session's batches share, level 5), `auto` (the narrowest lossless width,
+    /// uncompressed), `auto+zstd:L`, `auto+lz4`, `auto+stream:L`, or any codec (`u16`,
+    /// `bits:17+zstd:3`, ...).
     #[serde(default = "default_wire_codec")]
     pub wire_codec: String,
     /// This consumer's data-parallel rank, below `world`. Default 0.
@@ -269,7 +271,7 @@ fn default_world() -> u32 {
 }
 
 fn default_wire_codec() -> String {
-    "auto".into()
+    "transport".into()
 }
 
 impl Plan {

@@ -274,12 +274,13 @@ fn a_client_killed_mid_stream_leaves_the_agent_serving() {
     let dir = tempfile::tempdir().unwrap();
     let root = root_with_fixtures(dir.path());
     let agent = AgentProcess::start(BIN, &["--root", &format!("fx={}", root.display())]);
-    // 50 epochs: 32 MB of u16, far more than the pipe, the sockets and the prefetch hold.
+    // 50 epochs: 32 MB of u16 (uncompressed), far more than the pipe, the sockets and the
+    // prefetch hold.
     let big = dir.path().join("big.toml");
     plan(
         &big,
         &[("fx/r50k_int32", 3.0), ("fx/r50k_uint16", 1.0)],
-        "epochs = 50",
+        "epochs = 50\nwire_codec = \"auto\"",
     );
     kill_stalled_reader(
         &agent,

@@ -172,9 +172,12 @@ fn health_reads_serving_then_not_serving_while_the_agent_drains() {
     assert!(out.contains(r#""serving": true"#), "{out}");
 
     let ctl = dquant_client::Control::connect(agent.uri.trim_start_matches("dquant://")).unwrap();
+    // Uncompressed, so that the stream outgrows the socket's buffers and the session stays.
+    let mut p = plan("fx/r50k");
+    p.wire_codec = "auto".into();
     let reply = ctl
         .open(dquant_proto::v1::OpenRequest {
-            plan_json: plan("fx/r50k").to_json(),
+            plan_json: p.to_json(),
             ..Default::default()
         })
         .unwrap();

@@ -15,11 +15,13 @@ use dquant_testkit::{agent, fixture};
 const TOKEN_A: &str = "tenant-a-0123456789";
 const TOKEN_B: &str = "tenant-b-0123456789";
 
-/// r50k_int32 as uint16, `epochs` times: 322 KB an epoch.
+/// r50k_int32 as uint16, `epochs` times: 322 KB an epoch, on the wire as it is (the link's
+/// bytes are what the tests measure).
 fn plan(epochs: u32) -> Plan {
     let mut p = agent::plan_in("c", &[("r50k_int32", 1.0)], 1023, 8, 7);
     p.output = OutputDType::U16;
     p.epochs = Some(epochs);
+    p.wire_codec = "auto".into();
     p
 }
 

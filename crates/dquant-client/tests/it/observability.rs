@@ -151,6 +151,8 @@ fn health_is_served_without_metrics_and_reports_not_serving_when_draining() {
     assert_eq!(health(&agent).unwrap(), ServingStatus::Serving as i32);
     let mut p = plan(&[("r50k", 1.0)], 127, 4);
     p.epochs = Some(200);
+    // Uncompressed, so that the batches outgrow the socket's buffers (below).
+    p.wire_codec = "auto".into();
     let mut r = open(&agent.uri(), &p, Offload::Yes).unwrap();
     r.next_batch().unwrap().unwrap();
     // A consumer that never reads keeps the drain open for its whole grace: its session's
