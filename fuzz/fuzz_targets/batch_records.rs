@@ -39,9 +39,13 @@ fn decode(codec: Codec, payload: &[u8], n: usize) {
         return;
     }
     // A record's zstd level byte may be one no encoder takes (0, or over 22): only decoding
-    // must work for those.
+    // must work for those. A stream codec's payload decoded here started its lane (a fresh
+    // decoder refuses any other), and re-encodes as a lane's start.
     let Ok(mut enc) = Encoder::new(codec) else {
-        assert!(matches!(codec.compression, Compression::Zstd(_)));
+        assert!(matches!(
+            codec.compression,
+            Compression::Zstd(_) | Compression::Stream(_)
+        ));
         return;
     };
     let mut again = Vec::new();

@@ -298,8 +298,15 @@ fn reason(codec: Codec, reason: impl Into<String>) -> CodecError {
     }
 }
 
-/// `tokens` (each checked against the codec's width) in the byte code, then into `stream`,
-/// appended to `out`.
+/// Whether a stream codec of `width` carries its ids at that width rather than in the byte
+/// code: a 16-bit vocabulary's ids take 2 bytes either way, and the plain form decodes
+/// without the byte code's pass (wider vocabularies save a byte a common token in the code).
+fn stream_plain(width: Width) -> bool {
+    matches!(width, Width::U8 | Width::U16)
+}
+
+/// `tokens` (each checked against the codec's width) in the byte code (or at a 8- or 16-bit
+/// width, as it is), then into `stream`, appended to `out`.
 fn encode_stream(
     codec: Codec,
     stream: &mut StreamEncoder,
@@ -309,6 +316,11 @@ fn encode_stream(
 ) -> Result<usize, CodecError> {
     if let Some(i) = first_over(tokens, codec.width.max_token()) {
         return Err(kernels::out_of_range(codec.width, &tokens[i..i + 1], i));
+    }
+    if stream_plain(codec.width) {
+        scratch.resize(codec.raw_len(tokens.len()), 0);
+        encode_width(codec.width, tokens, scratch)?;
+        return stream.compress(scratch, out);
     }
     scratch.clear();
     encode_codes(tokens, scratch, |t| (t < CODE_LIMIT).then_some(t)).map_err(|(i, t)| {
@@ -397,8 +409,11 @@ impl Decoder {
             codec: codec.to_string(),
             reason,
         };
-        self.scratch.resize(max_codes_len(out.len()), 0);
+        self.scratch.resize(codec.max_raw_len(out.len()), 0);
         let n = self.streams.decompress(codec, payload, &mut self.scratch)?;
+        if stream_plain(codec.width) {
+            return decode_width(codec.width, &self.scratch[..n], out);
+        }
         let max = codec.width.max_token();
         let over = |r: u32, i: usize| {
             corrupt(format!(
