@@ -252,7 +252,6 @@ fn encode_ranks(ranks: &[u32], tokens: &[u32], out: &mut Vec<u8>) -> Result<(), 
 /// Appends the lane offsets and the byte code of `rank(token)` for every token to `out`. A
 /// token `rank` has no code for fails with its offset and value, and `out` is left as it
 /// was. Ranks must be below [`CODE_LIMIT`].
-#[inline(always)]
 pub(crate) fn encode_codes(
     tokens: &[u32],
     out: &mut Vec<u8>,
@@ -281,6 +280,7 @@ pub(crate) fn encode_codes(
     Ok(())
 }
 
+#[inline(always)]
 fn push_code(r: u32, out: &mut Vec<u8>) {
     if r < TWO {
         out.push(r as u8);
