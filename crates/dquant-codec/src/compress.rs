@@ -77,22 +77,20 @@ impl Compression {
 
     /// `rank+zstd:level`, the level checked as [`Compression::zstd`] checks it.
     pub fn ranked(level: i32) -> Result<Self, CodecError> {
-        match Self::zstd(level) {
-            Ok(_) => Ok(Compression::Ranked(level)),
-            Err(CodecError::Parse { reason, .. }) => Err(CodecError::Parse {
-                input: format!("rank+zstd:{level}"),
-                reason,
-            }),
-            Err(e) => Err(e),
-        }
+        Self::zstd_underneath("rank+zstd", level, Compression::Ranked(level))
     }
 
     /// `stream:level`, the level checked as [`Compression::zstd`] checks it.
     pub fn stream(level: i32) -> Result<Self, CodecError> {
+        Self::zstd_underneath("stream", level, Compression::Stream(level))
+    }
+
+    /// `c`, written `name:level`, if `level` is one zstd takes.
+    fn zstd_underneath(name: &str, level: i32, c: Self) -> Result<Self, CodecError> {
         match Self::zstd(level) {
-            Ok(_) => Ok(Compression::Stream(level)),
+            Ok(_) => Ok(c),
             Err(CodecError::Parse { reason, .. }) => Err(CodecError::Parse {
-                input: format!("stream:{level}"),
+                input: format!("{name}:{level}"),
                 reason,
             }),
             Err(e) => Err(e),
