@@ -82,6 +82,9 @@ CODE="$DATA/code_r50k_16m"
 [[ -e "$CODE.idx" ]] || "$DQ" corpus real --max-mb 16 --encoding r50k -q "$CODE" >/dev/null
 "$DQ" bench codecs "$CODE" --codecs u16,u16+lz4,u16+lz4hc:9 --block-size 32KiB --no-presets \
   --json -q > "$OUT/dpu.json"
+echo "== throughput, wire codec transport (the plan's default on a link) over that real code"
+"$BENCH" throughput "$CODE" --runs "$RUNS" --cases plain,agent --wire-codec transport \
+  --json-out "$OUT/throughput-transport.json"
 echo "== mount: the dataset read whole through dquant mount (FUSE), a fresh mount each run"
 python3 bench/cost/mount.py "$DQ" "$DS" --runs "$RUNS" --out "$OUT/mount.json"
 echo "== Python: the plan into a Python loop, in-process and from the agent over shm"
