@@ -9,7 +9,6 @@
 //! in int32 is 8 MiB, a quarter of a percent of the batch limit) and small against a node's
 //! memory.
 
-use dquant_codec::Compression;
 use dquant_plan::{Plan, WireCodec};
 use serde::Deserialize;
 
@@ -214,16 +213,14 @@ impl Limits {
 
     /// Checks a wire codec (`field` names where it came from).
     pub fn check_wire(&self, field: &'static str, wire: WireCodec) -> Result<(), LimitError> {
-        match wire.compression() {
-            Compression::Zstd(level) | Compression::Stream(level)
-                if level > self.max_zstd_level =>
-            {
-                Err(LimitError::ZstdLevel {
-                    field,
-                    got: level,
-                    max: self.max_zstd_level,
-                })
-            }
+        // Every compression that is zstd underneath (a rank+zstd wire codec is refused
+        // earlier, when the plan is parsed).
+        match wire.compression().zstd_level() {
+            Some(level) if level > self.max_zstd_level => Err(LimitError::ZstdLevel {
+                field,
+                got: level,
+                max: self.max_zstd_level,
+            }),
             _ => Ok(()),
         }
     }

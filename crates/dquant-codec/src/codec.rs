@@ -133,10 +133,7 @@ pub fn decode_width(width: Width, src: &[u8], dst: &mut [u32]) -> Result<(), Cod
 }
 
 fn backend(codec: Codec, e: std::io::Error) -> CodecError {
-    CodecError::Backend {
-        codec: codec.to_string(),
-        reason: e.to_string(),
-    }
+    CodecError::backend(codec, e.to_string())
 }
 
 /// Encodes token slices with one codec, reusing buffers and compressor state.
@@ -154,29 +151,22 @@ impl Encoder {
     /// An encoder for any codec but [`Compression::Ranked`], which needs
     /// [`Encoder::with_ranks`].
     pub fn new(codec: Codec) -> Result<Self, CodecError> {
-        if codec.compression.needs_rank_table() {
-            return Err(CodecError::Backend {
-                codec: codec.to_string(),
-                reason: "needs the dataset's rank table".into(),
-            });
-        }
-        Self::build(codec, RankEncoder::default())
+        Self::for_lane(codec, 0)
     }
 
     /// An encoder for `codec` that ranks ids by `table` (used when the codec is
     /// [`Compression::Ranked`]).
     pub fn with_ranks(codec: Codec, table: &RankTable) -> Result<Self, CodecError> {
-        Self::build(codec, table.encoder())
+        Self::build(codec, table.encoder(), 0)
     }
 
-    /// An encoder of lane `lane` of a [`Compression::Stream`] session (other codecs have one
-    /// lane, 0, and [`Encoder::new`]).
+    /// [`Encoder::new`] for lane `lane` of a [`Compression::Stream`] session (other codecs
+    /// have one lane, 0).
     pub fn for_lane(codec: Codec, lane: usize) -> Result<Self, CodecError> {
-        let mut e = Self::new(codec)?;
-        if codec.compression.is_stream() {
-            e.stream = Some(StreamEncoder::new(codec, lane)?);
+        if codec.compression.needs_rank_table() {
+            return Err(CodecError::backend(codec, "needs the dataset's rank table"));
         }
-        Ok(e)
+        Self::build(codec, RankEncoder::default(), lane)
     }
 
     /// Encodes the next batches with `codec`, which differs from this encoder's only in
@@ -184,7 +174,7 @@ impl Encoder {
     /// so an `auto` wire codec that narrows batch by batch keeps one stream.
     pub fn set_width(&mut self, codec: Codec) -> Result<(), CodecError> {
         if codec.compression != self.codec.compression || !codec.compression.is_stream() {
-            return Err(reason(
+            return Err(CodecError::backend(
                 codec,
                 format!("an encoder of {} cannot switch to it", self.codec),
             ));
@@ -193,9 +183,9 @@ impl Encoder {
         Ok(())
     }
 
-    fn build(codec: Codec, ranks: RankEncoder) -> Result<Self, CodecError> {
+    fn build(codec: Codec, ranks: RankEncoder, lane: usize) -> Result<Self, CodecError> {
         let stream = match codec.compression {
-            Compression::Stream(_) => Some(StreamEncoder::new(codec, 0)?),
+            Compression::Stream(_) => Some(StreamEncoder::new(codec, lane)?),
             _ => None,
         };
         let zstd = match codec.compression {
@@ -291,13 +281,6 @@ impl Encoder {
     }
 }
 
-fn reason(codec: Codec, reason: impl Into<String>) -> CodecError {
-    CodecError::Backend {
-        codec: codec.to_string(),
-        reason: reason.into(),
-    }
-}
-
 /// Whether a stream codec of `width` carries its ids at that width rather than in the byte
 /// code: a 16-bit vocabulary's ids take 2 bytes either way, and the plain form decodes
 /// without the byte code's pass (wider vocabularies save a byte a common token in the code).
@@ -324,7 +307,7 @@ fn encode_stream(
     }
     scratch.clear();
     encode_codes(tokens, scratch, |t| (t < CODE_LIMIT).then_some(t)).map_err(|(i, t)| {
-        reason(
+        CodecError::backend(
             codec,
             format!(
                 "token {t} at offset {i} is over the byte code's largest id {}",
@@ -391,10 +374,7 @@ impl Decoder {
         };
         let table = ranks.ok_or_else(|| corrupt("no rank table to decode it with".into()))?;
         let raw = self.decompress(codec, payload, max_codes_len(out.len()), false)?;
-        table.decode(raw, out).map_err(|e| match e {
-            CodecError::Corrupt { reason, .. } => corrupt(reason),
-            e => e,
-        })
+        table.decode(raw, out).map_err(|e| e.named(codec))
     }
 
     /// A [`Compression::Stream`] payload: its lane's chunk, then the byte code, every id
@@ -405,33 +385,18 @@ impl Decoder {
         payload: &[u8],
         out: &mut [u32],
     ) -> Result<(), CodecError> {
-        let corrupt = |reason: String| CodecError::Corrupt {
-            codec: codec.to_string(),
-            reason,
-        };
         self.scratch.resize(codec.max_raw_len(out.len()), 0);
         let n = self.streams.decompress(codec, payload, &mut self.scratch)?;
         if stream_plain(codec.width) {
             return decode_width(codec.width, &self.scratch[..n], out);
         }
-        let max = codec.width.max_token();
-        let over = |r: u32, i: usize| {
-            corrupt(format!(
-                "token {i} is {r}, over {}'s largest id {max}",
-                codec.width
-            ))
-        };
-        decode_codes(&self.scratch[..n], out, |r, i| {
-            if r <= max {
-                Ok(r)
-            } else {
-                Err(over(r, i))
-            }
+        let (width, max) = (codec.width, codec.width.max_token());
+        let over = |r, i| format!("token {i} is {r}, over {width}'s largest id {max}");
+        decode_codes(&self.scratch[..n], out, |r, i| match r <= max {
+            true => Ok(r),
+            false => Err(CodecError::corrupt(codec, over(r, i))),
         })
-        .map_err(|e| match e {
-            CodecError::Corrupt { reason, .. } => corrupt(reason),
-            e => e,
-        })
+        .map_err(|e| e.named(codec))
     }
 
     /// `payload` decompressed (as it is, for no compression) into at most `cap` bytes, and

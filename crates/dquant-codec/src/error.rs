@@ -59,6 +59,31 @@ pub enum CodecError {
 }
 
 impl CodecError {
+    /// `codec` failed for a reason other than its input ([`CodecError::Backend`]).
+    pub(crate) fn backend(codec: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        CodecError::Backend {
+            codec: codec.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A payload of `codec` that cannot be decoded, and why ([`CodecError::Corrupt`]).
+    pub(crate) fn corrupt(codec: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        CodecError::Corrupt {
+            codec: codec.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A corrupt-payload error from a step inside `codec` (the byte code names itself
+    /// `rank`), named for `codec`; other errors as they are.
+    pub(crate) fn named(self, codec: impl std::fmt::Display) -> Self {
+        match self {
+            CodecError::Corrupt { reason, .. } => CodecError::corrupt(codec, reason),
+            e => e,
+        }
+    }
+
     /// Shifts the token offset of a data error by `base`: codecs see one block or chunk, and
     /// the caller knows where it starts in the whole stream.
     pub fn at_base(self, base: u64) -> Self {

@@ -44,22 +44,6 @@ const FRESH: u8 = 0x80;
 /// zstd's window, both ends: 2 MiB (what levels 3 to 8 pick for a stream of unknown size).
 const WINDOW_LOG: u32 = 21;
 
-/// What zstd's error `code` says, as `codec`'s failure to encode.
-fn backend(codec: Codec, reason: impl Into<String>) -> CodecError {
-    CodecError::Backend {
-        codec: codec.to_string(),
-        reason: reason.into(),
-    }
-}
-
-/// A payload of `codec` that cannot be decoded, and why.
-fn corrupt(codec: Codec, reason: impl Into<String>) -> CodecError {
-    CodecError::Corrupt {
-        codec: codec.to_string(),
-        reason: reason.into(),
-    }
-}
-
 fn zstd_error(code: usize) -> &'static str {
     zstd_safe::get_error_name(code)
 }
@@ -81,13 +65,13 @@ impl StreamEncoder {
             .ok()
             .filter(|&l| (l as usize) < MAX_LANES)
             .ok_or_else(|| {
-                backend(
+                CodecError::backend(
                     codec,
                     format!("lane {lane} is over the limit of {}", MAX_LANES - 1),
                 )
             })?;
-        let mut cctx =
-            CCtx::try_create().ok_or_else(|| backend(codec, "cannot allocate a zstd context"))?;
+        let mut cctx = CCtx::try_create()
+            .ok_or_else(|| CodecError::backend(codec, "cannot allocate a zstd context"))?;
         for p in [
             CParameter::CompressionLevel(level),
             CParameter::WindowLog(WINDOW_LOG),
@@ -96,7 +80,7 @@ impl StreamEncoder {
             CParameter::DictIdFlag(false),
         ] {
             cctx.set_parameter(p)
-                .map_err(|e| backend(codec, zstd_error(e)))?;
+                .map_err(|e| CodecError::backend(codec, zstd_error(e)))?;
         }
         Ok(StreamEncoder {
             codec,
@@ -130,7 +114,7 @@ impl StreamEncoder {
         start: usize,
     ) -> Result<usize, CodecError> {
         let codec = self.codec;
-        let failed = |e| backend(codec, zstd_error(e));
+        let failed = |e| CodecError::backend(codec, zstd_error(e));
         if self.fresh {
             self.cctx
                 .reset(ResetDirective::SessionOnly)
@@ -174,27 +158,27 @@ impl StreamDecoders {
     ) -> Result<usize, CodecError> {
         let (&tag, chunk) = payload
             .split_first()
-            .ok_or_else(|| corrupt(codec, "an empty payload has no lane tag"))?;
+            .ok_or_else(|| CodecError::corrupt(codec, "an empty payload has no lane tag"))?;
         let lane = (tag & !FRESH) as usize;
         if lane >= MAX_LANES {
             let why = format!(
                 "lane tag {tag:#04x}: lane {lane} is over the limit of {}",
                 MAX_LANES - 1
             );
-            return Err(corrupt(codec, why));
+            return Err(CodecError::corrupt(codec, why));
         }
         if self.lanes.len() <= lane {
             self.lanes.resize_with(lane + 1, || None);
         }
         let slot = &mut self.lanes[lane];
         if tag & FRESH != 0 {
-            *slot = Some(fresh_dctx().map_err(|e| corrupt(codec, e))?);
+            *slot = Some(fresh_dctx().map_err(|e| CodecError::corrupt(codec, e))?);
         }
         let dctx = slot.as_mut().ok_or_else(|| {
             let why = format!("lane {lane} continues a stream whose start this reader never saw");
-            corrupt(codec, why)
+            CodecError::corrupt(codec, why)
         })?;
-        let r = decompress_chunk(dctx, chunk, dst).map_err(|e| corrupt(codec, e));
+        let r = decompress_chunk(dctx, chunk, dst).map_err(|e| CodecError::corrupt(codec, e));
         if r.is_err() {
             // A context that failed is in no known state: the lane must start again.
             *slot = None;
