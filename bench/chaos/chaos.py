@@ -8,7 +8,8 @@ over TCP), --share-groups pairs reading one shared stream (`dquant read --share 
 over TCP and `dquant subscribe` over shared memory, failing and resuming together, as a
 tensor-parallel group does), and with --python, --python-readers `dquant.torch.TokenDataset`s
 under a DataLoader with two workers (`pyreader.py`, over shared memory, checkpointing after
-every batch). For --minutes, one fault every 0.3-1.5 s, drawn from:
+every batch; for an agent's plan the workers are two sessions of the agent's, read in the
+reader's process). For --minutes, one fault every 0.3-1.5 s, drawn from:
 
 - replica_kill: SIGKILL of a replica while a clean one (not the corrupt copy below) serves on,
   back 0.2-2 s later at its address;
@@ -191,9 +192,10 @@ class Reader:
 
 class PyReader(Reader):
     """A `dquant.torch.TokenDataset` under a DataLoader with workers (`pyreader.py`), through
-    the host agent's shared-memory ring: it checkpoints after every batch and resumes from
-    its checkpoint, as a training job does. Its stream is the loader's (workers' batches
-    interleaved), so it is checked against `pyreader.py` run locally, its own reference."""
+    the host agent's shared-memory rings (a session per worker): it checkpoints after every
+    batch and resumes from its checkpoint, as a training job does. Its stream is the loader's
+    (workers' batches interleaved), so it is checked against `pyreader.py` run locally (ring
+    workers), its own reference."""
 
     def __init__(self, idx: int, python: str, plan: Path, host: Agent, work: Path,
                  reference: "Reference"):

@@ -755,6 +755,38 @@ def dquant_torch(
                           **shifted_pair("input_ids"))
 
 
+def dquant_agent_dl(prefix: Prefix, a, workers: int) -> Loader:
+    """dquant.torch.TokenDataset on an agent (`dquant serve` on a Unix socket, the plan over
+    its shared-memory ring) through dquant.torch.DataLoader: with workers, each is a session of
+    the agent's read in this process, so the agent's CPU counts as the row's."""
+    state: dict = {}
+
+    def setup():
+        import dquant.torch as dqt
+
+        root = os.path.dirname(os.path.abspath(prefix.path))
+        state["agent"] = benchlib.Agent(
+            a.dquant_bin, ["--root", f"bench={root}"], socket=True, new_session=True
+        )
+        state["agent"].start()
+        plan = dquant_plan(a, "bench/" + os.path.basename(prefix.path), "i64")
+        ds = dqt.TokenDataset(plan, agent=state["agent"].socket, transport="shm")
+        state["dl"] = dqt.DataLoader(ds, num_workers=workers)
+
+    def close():
+        if "agent" in state:
+            state["agent"].close()
+
+    name = "dquant TokenDataset on the agent, shm (i64, dquant DataLoader"
+    name += f", {plural(workers, 'worker')})" if workers else ")"
+    config = ("dquant serve + dquant.torch.TokenDataset(plan with output i64, agent=SOCKET, "
+              f"transport='shm') + dquant.torch.DataLoader(num_workers={workers})")
+    ld = dataloader_row(state, workers, name, "dquant", config=config, setup=setup, close=close,
+                        **shifted_pair("input_ids"))
+    ld.cpu_pids = lambda: [state["agent"].proc.pid] if "agent" in state else []
+    return ld
+
+
 # --------------------------------------------------------------------------------------------
 # Running and reporting
 # --------------------------------------------------------------------------------------------
@@ -803,7 +835,8 @@ def verify(ld: Loader, r: dict, ref: dict, exact: bool) -> None:
 
 
 # Rows whose setup may fail without failing the benchmark (reported as skipped).
-OPTIONAL = {"dquant-torch", "dquant-torch-w1", "dquant-torch-dl", "dquant-torch-masks"}
+OPTIONAL = {"dquant-torch", "dquant-torch-w1", "dquant-torch-dl", "dquant-torch-masks",
+            "dquant-agent-dl"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -826,9 +859,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     arg("--eod", type=int, default=50256, help="end-of-document id (Megatron config)")
     arg("--loaders",
         default="megatron,mds,litdata,dquant-local,dquant-local-i64,dquant-local-u16copy,"
-        "dquant-shm,dquant-torch,dquant-torch-dl,megatron-masks,dquant-torch-masks,ceiling",
+        "dquant-shm,dquant-torch,dquant-torch-dl,dquant-agent-dl,megatron-masks,"
+        "dquant-torch-masks,ceiling",
         help="comma list of: megatron, mds, litdata, dquant-local, dquant-local-i64, "
-        "dquant-local-u16copy, dquant-shm, dquant-torch, dquant-torch-dl, megatron-masks, "
+        "dquant-local-u16copy, dquant-shm, dquant-torch, dquant-torch-dl, dquant-agent-dl, "
+        "megatron-masks, "
         "dquant-torch-masks, ceiling (default: all)")
     arg("--workers", default="",
         help="comma list of DataLoader worker counts (e.g. 1,2,4): also run LitData and "
@@ -907,12 +942,14 @@ def make_loaders(a, d: Data, names: list[str]) -> list[Loader]:
         "dquant-torch-dl": lambda: dquant_torch(prefix, a, 0, own_loader=True),
         "megatron-masks": lambda: megatron_loader(prefix, a, ref, wd, 0, masks=True),
         "dquant-torch-masks": lambda: dquant_torch(prefix, a, 0, own_loader=True, masks=True),
+        "dquant-agent-dl": lambda: dquant_agent_dl(prefix, a, 0),
     }
     for w in worker_counts(a):
         with_workers = {
             "litdata": lambda w=w: litdata_loader(a, wd, w),
             "dquant-torch": lambda w=w: dquant_torch(prefix, a, w),
             "dquant-torch-dl": lambda w=w: dquant_torch(prefix, a, w, own_loader=True),
+            "dquant-agent-dl": lambda w=w: dquant_agent_dl(prefix, a, w),
         }
         if w == 1:
             with_workers["megatron"] = lambda: megatron_loader(prefix, a, ref, wd, 1)
@@ -1235,13 +1272,18 @@ def worker_pairs(rows: dict) -> list[tuple[dict, dict, float]]:
     dquant's; and never below TokenDataset in this process (torch's DataLoader, no worker)."""
     pairs = []
     for key in rows:
-        if not key.startswith("dquant-torch") or "-w" not in key or "masks" in key:
+        if not key.startswith(("dquant-torch", "dquant-agent")) or "-w" not in key:
+            continue
+        if "masks" in key:
             continue
         w = key.rsplit("-w", 1)[1]
         if f"litdata-w{w}" in rows:
             pairs.append((rows[key], rows[f"litdata-w{w}"], 1.5))
-        if "dquant-torch" in rows:
-            pairs.append((rows[key], rows["dquant-torch"], 1.0))
+        # An agent's plan with workers is held to the same plan without them (the agent is
+        # the worker); TokenDataset's in-process plans to TokenDataset in this process.
+        own = "dquant-agent-dl" if key.startswith("dquant-agent") else "dquant-torch"
+        if own in rows:
+            pairs.append((rows[key], rows[own], 1.0))
     return pairs
 
 

@@ -137,9 +137,9 @@ def test_pin_memory_without_an_accelerator_warns_as_torch_does(data):
 # -- ring workers (a plan that runs in-process) ---------------------------------------------
 
 
-def test_in_process_plans_run_on_ring_workers_and_agent_plans_on_socket_workers(data, agent):
+def test_in_process_plans_run_on_ring_workers_and_agent_plans_on_the_agent_s_sessions(data, agent):
     from dquant._ring_workers import RingWorkers
-    from dquant._workers import Workers
+    from dquant._sessions import Sessions
 
     p = plan(data, "r50k_int32", batch_size=2)
     kinds = []
@@ -147,9 +147,33 @@ def test_in_process_plans_run_on_ring_workers_and_agent_plans_on_socket_workers(
         dl = DataLoader(ds, num_workers=2)
         it = iter(dl)
         next(it)
-        kinds.append(type(dl.workers))
+        kinds.append((type(dl.workers), len(dl.worker_pids())))
         it.close()
-    assert kinds == [RingWorkers, Workers]
+    # An agent's plan starts no process: its two sub-ranks are two sessions of the agent.
+    assert kinds == [(RingWorkers, 2), (Sessions, 0)]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_an_agent_s_sessions_give_torch_s_stream_and_resume_mid_interleaving(
+        data, agent, transport, workers):
+    p = uneven(data)
+    full = cloned(DataLoader(TokenDataset(p), num_workers=workers, torch_workers=True))
+    target = agent.socket if transport == "shm" else agent.uri
+
+    def on_agent_ds():
+        return TokenDataset(on_agent(p, data), agent=target, transport=transport)
+
+    assert_same_batches(cloned(DataLoader(on_agent_ds(), num_workers=workers)), full)
+    ds = on_agent_ds()
+    head = []
+    for b in DataLoader(ds, num_workers=workers):
+        head.append({k: v.clone() for k, v in b.items()})
+        if len(head) == 4:  # with 3 workers, the next batch is the second sub-rank's
+            break
+    ds2 = on_agent_ds()
+    ds2.load_state_dict(ds.state_dict())
+    assert_same_batches(head + cloned(DataLoader(ds2, num_workers=workers)), full)
 
 
 def test_ring_workers_and_socket_workers_give_the_same_stream(data, monkeypatch):

@@ -26,10 +26,11 @@ import pickle
 import signal
 import socket
 import struct
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import dquant
-from dquant._workers import JOIN_S, died, reap, timed_out, wrapped
+from dquant._sessions import Sessions
+from dquant._workers import JOIN_S, died, reap, wrapped
 
 # Most slots in a worker's ring (fewer when 16 batches pass 8 MiB). Eight times torch's
 # prefetch_factor of 2, so a worker runs ahead through the loop's hiccups; not more, because
@@ -89,21 +90,16 @@ def _serve(slot: int, ctl: socket.socket, errors: int, inherited) -> None:
         raise SystemExit(1) from None
 
 
-class RingWorkers:
+class RingWorkers(Sessions):
     """The ring worker processes of a :class:`dquant.torch.TokenDataset`'s sub-ranks. Each
-    :meth:`run` is one pass: the batches, in torch's interleaving (round robin from the
-    state's next sub-rank, a worker that has ended dropping out). :meth:`close` reaps the
-    processes; until then they wait for the next pass."""
+    :meth:`run` is one pass (:class:`dquant._sessions.Sessions`'s, over the workers' rings).
+    :meth:`close` reaps the processes; until then they wait for the next pass."""
 
     def __init__(self, ds, workers: int, timeout: float = 0) -> None:
-        self.ds, self.n, self.timeout = ds, workers, timeout
+        super().__init__(ds, workers, timeout)
         self.procs: Dict[int, Any] = {}
         self.ctls: Dict[int, socket.socket] = {}
         self.errors: Dict[int, int] = {}
-        self.readers: Dict[int, Any] = {}
-        # Sub-ranks that delivered a batch since the dataset's state last took their cursors,
-        # the last one last (see sync).
-        self.delivered: Dict[int, None] = {}
         ctx = multiprocessing.get_context("fork")
         try:
             for slot in range(workers):
@@ -130,29 +126,6 @@ class RingWorkers:
     def alive(self) -> bool:
         """Whether every worker is there for another pass."""
         return bool(self.procs) and all(p.is_alive() for p in self.procs.values())
-
-    def run(self) -> Iterator[Dict[str, Any]]:
-        """One pass over the dataset's sub-ranks from its state's cursors."""
-        state = self.ds._state_for(self.n)
-        order = [(state["next_slot"] + i) % self.n for i in range(self.n)]
-        item = self.ds._item
-        try:
-            self._hand_out(state)
-            self.ds._ring_pass = self
-            i = 0
-            while order:
-                slot = order[i]
-                arr = self._next(slot)
-                if arr is None:
-                    order.pop(i)
-                    i = i % len(order) if order else 0
-                    continue
-                i = (i + 1) % len(order)
-                self.delivered.pop(slot, None)
-                self.delivered[slot] = None
-                yield item(arr)
-        finally:
-            self.end_pass()
 
     def _hand_out(self, state) -> None:
         """Sends every worker its pass (its sub-rank's plan and cursor, and a socket to hand
@@ -183,18 +156,6 @@ class RingWorkers:
             for sock in socks.values():
                 sock.close()
 
-    def _next(self, slot: int):
-        """Worker ``slot``'s next batch (``None`` at its end), waiting at most the timeout."""
-        reader = self.readers[slot]
-        try:
-            if self.timeout > 0 and not reader.wait(self.timeout):
-                raise TimeoutError
-            return reader.next_batch()
-        except TimeoutError:
-            raise timed_out(self.timeout) from None
-        except Exception as e:
-            raise self._failed(slot, e) from None
-
     def _failed(self, slot: int, e: BaseException) -> BaseException:
         """What to raise for worker ``slot``'s stream ending in ``e``: the worker's own
         exception if it sent one, the way it died if it died, else ``e``."""
@@ -213,26 +174,6 @@ class RingWorkers:
         if proc.exitcode is not None and proc.exitcode < 0:
             return died(slot, proc)
         return e
-
-    def sync(self) -> None:
-        """Gives the dataset the cursor of every sub-rank that delivered since the last call,
-        the last one to deliver last (it says which sub-rank comes next)."""
-        for slot in list(self.delivered):
-            reader = self.readers.get(slot)
-            if reader is not None and not reader.closed:
-                self.ds._delivered(slot, reader.cursor(), self.n)
-        self.delivered.clear()
-
-    def end_pass(self) -> None:
-        """Ends the running pass: the dataset takes its cursors, and every ring is closed (a
-        worker still making batches stops, and waits for the next pass)."""
-        if getattr(self.ds, "_ring_pass", None) is self:
-            self.sync()
-            self.ds._ring_pass = None
-        for reader in self.readers.values():
-            reader.close()
-        self.readers = {}
-        self.delivered.clear()
 
     def close(self) -> None:
         """Ends the pass, then hangs up on every worker and reaps it (killing one that does

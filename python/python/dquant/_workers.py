@@ -10,10 +10,13 @@ send. Two kinds of workers here:
 * :class:`dquant._ring_workers.RingWorkers`, for a plan that runs in-process (the usual
   case): each worker makes its batches in Rust straight into a shared-memory ring the loop
   reads in place, so no Python runs per batch in the worker (see that module).
-* :class:`Workers`, for a plan an agent runs (the worker's reader is then a session of the
-  agent's): each worker writes every batch into a slot of its shared memory
-  (:mod:`dquant._handoff`) and the slot's pickled layout, a few hundred bytes, to a socket of
-  its own; the socket's small send buffer is the prefetch bound.
+* :class:`Workers`, with ``DQUANT_WORKER_RING=0``: each worker runs its sub-rank through
+  Python and writes every batch into a slot of its shared memory (:mod:`dquant._handoff`)
+  and the slot's pickled layout, a few hundred bytes, to a socket of its own; the socket's
+  small send buffer is the prefetch bound.
+
+A plan an agent runs has no worker processes at all: its sub-ranks are sessions of the agent,
+read in the loop's process (:mod:`dquant._sessions`).
 
 Either way the loop reads the workers in the order torch's DataLoader interleaves them (round
 robin from the state's next sub-rank, a worker that has ended dropping out), so the stream is
@@ -21,8 +24,7 @@ torch's batch for batch. A worker that fails has its exception raised in the loo
 would; one that dies is an error naming it, never a short epoch. Closing the pass (its end, a
 ``break``, an exception, the iterator dropped) closes every worker's stream and reaps it
 (ring workers with ``persistent_workers=True`` wait for the next pass instead).
-``DQUANT_WORKER_RING=0`` runs :class:`Workers` for in-process plans too. This module holds
-:class:`Workers` and what both kinds share.
+This module holds :class:`Workers` and what both kinds share.
 """
 
 from __future__ import annotations

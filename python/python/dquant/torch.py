@@ -47,7 +47,7 @@ from torch.utils.data._utils.collate import default_convert as _default_convert
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 import dquant
-from dquant import _handoff, _ring_workers, _workers
+from dquant import _handoff, _ring_workers, _sessions, _workers
 
 __all__ = ["TokenDataset", "DataLoader"]
 
@@ -237,18 +237,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
         loop's own reader), or in a DataLoader worker (torch's or dquant's), where each batch
         carries its position when the loader tracks it and crosses to the loop through a slot
         of the worker's shared memory."""
-        share = None
-        if self.share is not None:
-            share = self.share if workers == 1 else f"{self.share}/w{slot}"
-        reader = dquant.open(
-            self._plan_for(slot, workers),
-            offload=self.offload,
-            transport=self.transport,
-            agent=self.agent,
-            cursor=cursor,
-            share=share,
-            share_group=self.share_group,
-        )
+        reader = self._open(slot, workers, cursor)
         tag = not in_process and self._tracked
         if in_process:
             # The loop receives each batch as soon as it is yielded, so the reader's own
@@ -275,6 +264,21 @@ class TokenDataset(torch.utils.data.IterableDataset):
             reader.close()
         if in_process:
             self._finished()
+
+    def _open(self, slot: int, workers: int, cursor: Dict[str, Any]) -> "dquant.Reader":
+        """A reader of sub-rank ``slot`` of ``workers``'s batches from ``cursor`` on."""
+        share = None
+        if self.share is not None:
+            share = self.share if workers == 1 else f"{self.share}/w{slot}"
+        return dquant.open(
+            self._plan_for(slot, workers),
+            offload=self.offload,
+            transport=self.transport,
+            agent=self.agent,
+            cursor=cursor,
+            share=share,
+            share_group=self.share_group,
+        )
 
     def _sync_live(self, reader=None) -> None:
         """Records where the in-process reader, or a running pass's ring workers, stand (the
@@ -505,13 +509,18 @@ class DataLoader(torch.utils.data.DataLoader):
     reaches the loop, and removes the tag. ``batch_size`` is the plan's (leave it ``None``);
     every other argument is torch's.
 
-    Workers. With ``num_workers > 0`` the workers are dquant's own processes (see
-    :mod:`dquant._workers`): each runs its sub-rank and hands every batch over in shared memory
-    (for a plan that runs in-process, made by Rust straight into a ring the loop reads in
-    place), with no per-batch work of torch's queues in either process; the stream
-    is the one torch's workers give, batch for batch. They take ``timeout``, ``pin_memory``
-    and ``persistent_workers`` as torch's do (an agent's plan starts its workers each pass
-    whatever ``persistent_workers`` says).
+    Workers. With ``num_workers > 0`` each of the ``num_workers`` sub-ranks of this rank is
+    read the way torch's workers would split it, and the stream is the one torch's workers
+    give, batch for batch, with no per-batch work of torch's queues:
+
+    * for a plan that runs in-process, the workers are dquant's own processes (see
+      :mod:`dquant._ring_workers`), each making its batches in Rust straight into a
+      shared-memory ring the loop reads in place;
+    * for a plan an agent runs, the agent is the worker: each sub-rank is a session of the
+      agent's, read in this process (see :mod:`dquant._sessions`), and no process is started.
+
+    They take ``timeout``, ``pin_memory`` and ``persistent_workers`` as torch's do (an agent's
+    sessions are opened each pass whatever ``persistent_workers`` says).
     torch's own workers run instead with ``torch_workers=True``, or when the loader needs
     what only they do: a ``worker_init_fn``, a ``collate_fn``, or a ``multiprocessing_context``
     other than fork."""
@@ -529,7 +538,7 @@ class DataLoader(torch.utils.data.DataLoader):
         super().__init__(dataset, **kwargs)
         self.torch_workers = torch_workers
         # The running pass's dquant workers (None: none running).
-        self.workers: Optional[Union[_workers.Workers, _ring_workers.RingWorkers]] = None
+        self.workers: Optional[Union[_workers.Workers, _sessions.Sessions]] = None
         # Ring workers kept between passes (persistent_workers=True).
         self._rings: Optional[_ring_workers.RingWorkers] = None
 
@@ -569,7 +578,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 stacklevel=3,
             )
         ds: TokenDataset = self.dataset
-        if ds.offload or not _ring_workers.enabled():
+        if not ds.offload and not _ring_workers.enabled():
             pool = self.workers = _workers.Workers(ds, workers, self.timeout)
             try:
                 for batch in pool:
@@ -580,7 +589,10 @@ class DataLoader(torch.utils.data.DataLoader):
                     self.workers = None
             return
         rings = self._rings
-        if rings is None or not rings.alive() or rings.n != workers:
+        if ds.offload:
+            # The agent's sessions are the workers: nothing to keep between passes.
+            rings = _sessions.Sessions(ds, workers, self.timeout)
+        elif rings is None or not rings.alive() or rings.n != workers:
             self._shutdown_rings()
             rings = _ring_workers.RingWorkers(ds, workers, self.timeout)
         self.workers = rings
@@ -594,7 +606,7 @@ class DataLoader(torch.utils.data.DataLoader):
             raise
         finally:
             self.workers = None
-            if ok and self.persistent_workers and rings.alive():
+            if ok and self.persistent_workers and not ds.offload and rings.alive():
                 self._rings = rings  # they wait for the next pass
             else:
                 rings.close()
