@@ -16,9 +16,8 @@
 //! temporary name and renamed, so readers see a whole entry or none, and an entry that does
 //! not check out is ignored (and written again).
 //!
-//! The cache directory is `$DQUANT_CACHE_DIR`, else `$XDG_CACHE_HOME/dquant`, else
-//! `$HOME/.cache/dquant`; `DQUANT_CACHE_DIR=` (empty) turns the cache off. A directory that
-//! cannot be written is no error: the index is then kept in memory only.
+//! The cache directory and its size bound are [`crate::cache_dir`]'s. A directory that cannot
+//! be written is no error: the index is then kept in memory only.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
@@ -28,6 +27,7 @@ use std::sync::{Mutex, OnceLock};
 use dquant_format::{DType, DocIndex, DocIndexBuilder};
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::cache_dir::{cache_dir, max_bytes, prune, touch};
 use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"DQEODIX\x01";
@@ -36,19 +36,6 @@ const MAX_KEY: usize = 4096;
 
 /// Calls its argument with each chunk of a file's tokens, in order, from the first.
 pub(crate) type Scan<'a> = &'a dyn Fn(&mut dyn FnMut(u64, &[u32])) -> Result<(), StorageError>;
-
-/// Where cache entries go, from the environment; `None` when the cache is off.
-pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os("DQUANT_CACHE_DIR") {
-        Some(d) if d.is_empty() => None,
-        Some(d) => Some(PathBuf::from(d)),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-            .map(|d| d.join("dquant")),
-    }
-}
 
 /// A raw file's documents: counted or loaded on first use, from the cache or by a scan.
 pub(crate) struct EodIndex {
@@ -189,7 +176,11 @@ impl EodIndex {
             return Ok(None);
         };
         let n = self.ends(scan, &mut |e| w.put(&e.to_le_bytes()))?;
-        Ok(w.finish(path, n).is_ok().then_some(n))
+        if w.finish(path, n).is_err() {
+            return Ok(None);
+        }
+        prune(path, max_bytes());
+        Ok(Some(n))
     }
 
     /// The count of the cache entry at `path`, when it is this file's (its key and token
@@ -202,7 +193,9 @@ impl EodIndex {
         let mut tail = [0u8; 16];
         f.seek(SeekFrom::End(-16)).ok()?;
         f.read_exact(&mut tail).ok()?;
-        self.check(&head, &tail, len)
+        let n = self.check(&head, &tail, len)?;
+        touch(&f);
+        Some(n)
     }
 
     /// Bytes before the first end: magic, key length and key, tokens.

@@ -14,6 +14,7 @@
 mod backend;
 mod block_cache;
 mod cache;
+mod cache_dir;
 #[doc(hidden)]
 pub mod conformance;
 mod dataset;
@@ -31,9 +32,9 @@ mod writer;
 pub use backend::{LocalFile, ReadAt};
 pub use block_cache::{BlockCache, BlockCacheStats, CachedRoot};
 pub use cache::{CacheStats, DatasetCache};
+pub use cache_dir::{cache_dir as index_cache_dir, DEFAULT_MAX_BYTES as INDEX_CACHE_MAX_BYTES};
 pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader, SUMS_EXT};
 pub use destination::{Destination, LocalFiles, StagedObject};
-pub use eod_index::cache_dir as index_cache_dir;
 pub use error::StorageError;
 pub use local_root::{LocalRoot, Resolutions};
 pub use memory_root::InMemoryRoot;
