@@ -73,18 +73,24 @@ pub const DEFAULT_BLOCK_BYTES: usize = 1 << 20;
 /// decompressing it, so a header may not ask for more than this.
 pub const MAX_BLOCK_BYTES: usize = 1 << 30;
 
-/// Checks a block size in tokens: a positive multiple of 256 whose payload at `codec`'s width
-/// is at most [`MAX_BLOCK_BYTES`].
-fn check_block_tokens(codec: Codec, block_tokens: u32, what: &str) -> Result<(), FormatError> {
+/// Checks a block size in tokens (a positive multiple of 256 whose payload at `codec`'s width
+/// is at most [`MAX_BLOCK_BYTES`]) and that `codec` can be stored; `error` makes the error: a
+/// corrupt header when a file is read, invalid settings when one is written.
+fn check_block_tokens(
+    codec: Codec,
+    block_tokens: u32,
+    what: &str,
+    error: fn(&str, String) -> FormatError,
+) -> Result<(), FormatError> {
     // A stream's payloads decode only in order; a block file's are read one by one.
     if codec.compression.is_stream() {
-        return Err(FormatError::corrupt(
+        return Err(error(
             what,
             format!("{codec} is a wire codec (its batches share one zstd stream); store zstd:LEVEL or rank+zstd:LEVEL"),
         ));
     }
     if block_tokens == 0 || !block_tokens.is_multiple_of(256) {
-        return Err(FormatError::corrupt(
+        return Err(error(
             what,
             format!("block size {block_tokens} tokens is not a positive multiple of 256"),
         ));
@@ -92,7 +98,7 @@ fn check_block_tokens(codec: Codec, block_tokens: u32, what: &str) -> Result<(),
     // What a reader allocates to decode one block.
     let bytes = codec.max_raw_len(block_tokens as usize);
     if bytes > MAX_BLOCK_BYTES {
-        return Err(FormatError::corrupt(
+        return Err(error(
             what,
             format!("blocks of {block_tokens} tokens at {codec} hold {bytes} bytes, over the {MAX_BLOCK_BYTES}-byte limit"),
         ));
@@ -204,7 +210,9 @@ impl FileHeader {
             ));
         }
         let block_tokens = u32_at(b, 16);
-        check_block_tokens(codec, block_tokens, "block file header")?;
+        check_block_tokens(codec, block_tokens, "block file header", |w, d| {
+            FormatError::corrupt(w, d)
+        })?;
         Ok(FileHeader {
             codec,
             block_tokens,

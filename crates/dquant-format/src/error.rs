@@ -44,6 +44,10 @@ pub enum FormatError {
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: String, detail: String },
 
+    /// Settings a writer was given that no file can have (the caller's, not a file's).
+    #[error("invalid {what}: {detail}")]
+    Invalid { what: String, detail: String },
+
     #[error("invalid document index: {0}")]
     Index(String),
 
@@ -57,6 +61,13 @@ pub enum FormatError {
 impl FormatError {
     pub fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> Self {
         FormatError::Corrupt {
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        FormatError::Invalid {
             what: what.into(),
             detail: detail.into(),
         }

@@ -122,10 +122,13 @@ impl BlockFileWriter {
         ranks: Option<Arc<RankTable>>,
         verify: bool,
     ) -> Result<(Self, [u8; HEADER_LEN]), FormatError> {
-        check_block_tokens(header.codec, header.block_tokens, "block file settings")?;
+        let what = "block file settings";
+        check_block_tokens(header.codec, header.block_tokens, what, |w, d| {
+            FormatError::invalid(w, d)
+        })?;
         if ranks.is_some() && !header.codec.compression.needs_rank_table() {
-            return Err(FormatError::corrupt(
-                "block file settings",
+            return Err(FormatError::invalid(
+                what,
                 format!("a rank table for a {} file", header.codec),
             ));
         }

@@ -192,7 +192,7 @@ fn writer_rejects_bad_block_sizes() {
         assert_eq!(
             e.to_string(),
             format!(
-                "corrupt block file settings: block size {bt} tokens is not a positive multiple of 256"
+                "invalid block file settings: block size {bt} tokens is not a positive multiple of 256"
             )
         );
     }

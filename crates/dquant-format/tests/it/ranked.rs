@@ -156,7 +156,7 @@ fn the_writer_needs_a_table_for_rank_zstd_and_refuses_unranked_tokens() {
             .err()
             .unwrap()
             .to_string(),
-        "corrupt block file settings: a rank table for a u16+zstd:3 file"
+        "invalid block file settings: a rank table for a u16+zstd:3 file"
     );
     let (mut w, head) = BlockFileWriter::new_ranked(header(CODEC), table, false).unwrap();
     let mut file = head.to_vec();
@@ -184,7 +184,7 @@ fn block_sizes_are_checked_against_the_rank_codes() {
             .err()
             .unwrap()
             .to_string(),
-        "corrupt block file settings: blocks of 268435456 tokens at u8+rank+zstd:3 hold 1073741836 bytes, over the 1073741824-byte limit"
+        "invalid block file settings: blocks of 268435456 tokens at u8+rank+zstd:3 hold 1073741836 bytes, over the 1073741824-byte limit"
     );
 }
 
