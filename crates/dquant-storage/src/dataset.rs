@@ -10,7 +10,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use dquant_codec::Codec;
+use dquant_codec::{Codec, RankTable};
 use dquant_format::block::{BlockLayout, FooterHead};
 use dquant_format::chunk_sums::ChunkSums;
 use dquant_format::{ContentChecksum, DType, DocIndex, FormatError};
@@ -315,6 +315,18 @@ impl Dataset {
     /// Bytes on storage, all files of the dataset together.
     pub fn size_on_disk(&self) -> u64 {
         self.size
+    }
+
+    /// A `rank+zstd` block file's rank table (ids by falling frequency), with the bytes its
+    /// footer section takes; `None` for any other dataset.
+    pub fn rank_table(&self) -> Option<(&RankTable, u32)> {
+        match &self.source {
+            Source::Block { meta, .. } => {
+                let f = &meta.footer;
+                f.ranks.as_deref().map(|r| (r, f.rank_bytes))
+            }
+            Source::Plain { .. } => None,
+        }
     }
 
     /// The largest token id, when the format stores it (block files).

@@ -195,6 +195,9 @@ fn size_rows(a: &Args, ds: &Dataset, max_token: u32, quiet: bool) -> Result<Vec<
     Ok(rows)
 }
 
+/// The most frequent ids of a rank table that `inspect` shows.
+const TOP_RANKS: usize = 8;
+
 /// What `inspect` found, for its table or its JSON.
 struct Report {
     documents: u64,
@@ -229,6 +232,11 @@ impl Report {
             "bytes": self.bytes,
             "bytes_per_token": self.per_token(self.bytes),
             "checksum": self.checksum.to_string(),
+            "rank_table": ds.rank_table().map(|(r, bytes)| json!({
+                "ids": r.len(),
+                "bytes": bytes,
+                "most_frequent": &r.ids()[..r.len().min(TOP_RANKS)],
+            })),
             "chunk_sums": ds.chunk_sums().map(|(s, path)| json!({
                 "sidecar": path,
                 "chunk_bytes": s.chunk(),
@@ -259,6 +267,16 @@ impl Report {
             self.per_token(now)
         );
         println!("checksum    {}", self.checksum);
+        if let Some((r, bytes)) = ds.rank_table() {
+            let top: Vec<String> = r.ids().iter().take(TOP_RANKS).map(u32::to_string).collect();
+            println!(
+                "rank table  {} ids by frequency, {} B in the footer ({:.2}% of the file); most frequent: {}",
+                util::thousands(r.len() as u64),
+                util::thousands(u64::from(bytes)),
+                100.0 * f64::from(bytes) / now.max(1) as f64,
+                top.join(" ")
+            );
+        }
         if let Some((s, path)) = ds.chunk_sums() {
             println!(
                 "chunk sums  {} ({} KiB chunks, {}): every chunk checked",

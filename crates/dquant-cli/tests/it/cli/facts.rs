@@ -223,3 +223,45 @@ fn verify_reports_boundary_differences() {
         "A has 161032 tokens, B has 161031"
     );
 }
+
+#[test]
+fn inspect_shows_an_archive_s_rank_table() {
+    let dir = tmp();
+    let src = fixture("r50k_int32");
+    let dst = dir.path().join("archive.dqb");
+    convert(&src, &dst, &["--preset", "archive"]);
+    // The ids the table must rank: every distinct token, the most frequent first.
+    let mut counts = std::collections::HashMap::<u32, u64>::new();
+    for t in read(&fixture("r50k_int32.bin")).chunks_exact(4) {
+        *counts
+            .entry(u32::from_le_bytes(t.try_into().unwrap()))
+            .or_default() += 1;
+    }
+    let top = counts
+        .iter()
+        .max_by_key(|(&id, &n)| (n, std::cmp::Reverse(id)))
+        .unwrap();
+    let v = inspect(&dst, &["--no-sizes"]);
+    let r = &v["rank_table"];
+    assert_eq!(r["ids"], counts.len() as u64, "{r}");
+    assert_eq!(r["most_frequent"][0], *top.0, "{r}");
+    assert_eq!(r["most_frequent"].as_array().unwrap().len(), 8, "{r}");
+    let bytes = r["bytes"].as_u64().unwrap();
+    assert!(bytes > 0 && bytes < size(&dst), "{r}");
+    let text = ok(&["inspect", &s(&dst), "--no-sizes"]);
+    let line = format!(
+        "rank table  {} ids by frequency, ",
+        counts
+            .len()
+            .to_string()
+            .as_bytes()
+            .rchunks(3)
+            .rev()
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    assert!(text.contains(&line), "{text}");
+    // No table in a file without ranks.
+    assert!(inspect(&src, &["--no-sizes"])["rank_table"].is_null());
+}
