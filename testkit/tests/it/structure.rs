@@ -545,6 +545,11 @@ const SEPARATE_TEST_BINARIES: &[(&str, &str)] = &[
         "sets DQUANT_CACHE_DIR, which is the whole process's",
     ),
     (
+        "crates/dquant-storage/tests/eod_cache_bound.rs",
+        "sets DQUANT_CACHE_DIR and DQUANT_CACHE_MAX_BYTES, the whole process's, and prunes the \
+         cache directory, which eod_index.rs's tests share",
+    ),
+    (
         "crates/dquant-plan/tests/startup.rs",
         "counts the whole process's allocations with a global allocator",
     ),
