@@ -153,6 +153,16 @@ def test_in_process_plans_run_on_ring_workers_and_agent_plans_on_the_agent_s_ses
     assert kinds == [(RingWorkers, 2), (Sessions, 0)]
 
 
+def test_an_agent_s_sessions_serve_every_pass_with_persistent_workers(data, agent):
+    p = uneven(data)
+    want = cloned(DataLoader(TokenDataset(p), num_workers=2))
+    dl = DataLoader(TokenDataset(on_agent(p, data), agent=agent.socket), num_workers=2,
+                    persistent_workers=True)
+    for _ in range(2):  # each pass opens its sessions; nothing is kept between passes
+        assert_same_batches(cloned(dl), want)
+        assert dl.workers is None and dl.worker_pids() == []
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize("workers", [1, 3])
 def test_an_agent_s_sessions_give_torch_s_stream_and_resume_mid_interleaving(
