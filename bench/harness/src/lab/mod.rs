@@ -77,8 +77,10 @@ pub struct Args {
     /// Corpora: tiktoken encodings of real text (16-, 17- and 18-bit ids).
     #[arg(long, value_delimiter = ',', default_value = "r50k,cl100k,o200k")]
     pub corpora: Vec<Encoding>,
-    /// Compressed wire codecs tried in (b) and (c).
-    #[arg(long, value_delimiter = ',', default_value = "auto+zstd:1,auto+lz4")]
+    /// Compressed wire codecs tried in (b) and (c); `transport` is the plan's default wire
+    /// codec (one zstd stream a session, on the session's thread; a chain's ranges each
+    /// compressed alone at its level).
+    #[arg(long, value_delimiter = ',', default_value = "auto+zstd:1,auto+lz4,transport")]
     pub compressed: Vec<String>,
     /// Rounds over all scenarios (each round has its own baseline).
     #[arg(long)]
