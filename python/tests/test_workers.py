@@ -153,6 +153,18 @@ def test_in_process_plans_run_on_ring_workers_and_agent_plans_on_the_agent_s_ses
     assert kinds == [(RingWorkers, 2), (Sessions, 0)]
 
 
+def test_torch_s_warning_of_more_workers_than_cores_is_for_processes_only(data, agent):
+    import warnings
+
+    p = plan(data, "r50k_int32", batch_size=2)
+    many = (os.cpu_count() or 1) + 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an agent's sessions start no process: no warning
+        DataLoader(TokenDataset(on_agent(p, data), agent=agent.socket), num_workers=many)
+    with pytest.warns(UserWarning, match=f"^This DataLoader will create {many} worker processes"):
+        DataLoader(TokenDataset(p), num_workers=many)
+
+
 def test_an_agent_s_sessions_serve_every_pass_with_persistent_workers(data, agent):
     p = uneven(data)
     want = cloned(DataLoader(TokenDataset(p), num_workers=2))

@@ -535,8 +535,9 @@ class DataLoader(torch.utils.data.DataLoader):
             )
         kwargs["batch_size"] = None
         dataset._tracked = True
-        super().__init__(dataset, **kwargs)
+        # Before torch's __init__, which asks check_worker_number_rationality.
         self.torch_workers = torch_workers
+        super().__init__(dataset, **kwargs)
         # The running pass's dquant workers (None: none running).
         self.workers: Optional[Union[_workers.Workers, _sessions.Sessions]] = None
         # Ring workers kept between passes (persistent_workers=True).
@@ -566,6 +567,13 @@ class DataLoader(torch.utils.data.DataLoader):
             yield batch
         if self.num_workers > 0:
             ds._finished()
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning about more workers than cores, unless the workers are an agent's
+        sessions: then no process starts."""
+        if self.dataset.offload and not self.torch_workers and _workers.fits(self, _default_convert) is None:
+            return
+        super().check_worker_number_rationality()
 
     def _own_workers(self, workers: int) -> Iterator[Dict[str, torch.Tensor]]:
         # torch.accelerator is torch 2.6's; before it, pinning was for CUDA.
