@@ -80,7 +80,11 @@ pub struct Args {
     /// Compressed wire codecs tried in (b) and (c); `transport` is the plan's default wire
     /// codec (one zstd stream a session, on the session's thread; a chain's ranges each
     /// compressed alone at its level).
-    #[arg(long, value_delimiter = ',', default_value = "auto+zstd:1,auto+lz4,transport")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "auto+zstd:1,auto+lz4,transport"
+    )]
     pub compressed: Vec<String>,
     /// Rounds over all scenarios (each round has its own baseline).
     #[arg(long)]
