@@ -23,7 +23,7 @@ use std::time::SystemTime;
 pub const DEFAULT_MAX_BYTES: u64 = 8 << 30;
 
 /// Names of the entries the bound covers: `PREFIX*SUFFIX` (nothing else in the directory is
-/// touched).
+/// touched), as [`entry_path`] makes them.
 const PREFIX: &str = "eod-";
 const SUFFIX: &str = ".idx";
 
@@ -38,6 +38,11 @@ pub fn cache_dir() -> Option<PathBuf> {
             .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
             .map(|d| d.join("dquant")),
     }
+}
+
+/// The path of the entry whose key hashes to `hash`; `None` when the cache is off.
+pub(crate) fn entry_path(hash: u64) -> Option<PathBuf> {
+    Some(cache_dir()?.join(format!("{PREFIX}{hash:016x}{SUFFIX}")))
 }
 
 /// The bound on the entries' total size, from `$DQUANT_CACHE_MAX_BYTES` (a whole number of

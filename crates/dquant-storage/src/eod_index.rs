@@ -27,7 +27,7 @@ use std::sync::{Mutex, OnceLock};
 use dquant_format::{DType, DocIndex, DocIndexBuilder};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::cache_dir::{cache_dir, max_bytes, prune, touch};
+use crate::cache_dir::{entry_path, max_bytes, prune, touch};
 use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"DQEODIX\x01";
@@ -67,11 +67,7 @@ impl EodIndex {
     /// (of a sane length).
     pub fn cache_path(&self) -> Option<PathBuf> {
         let key = self.key.as_ref().filter(|k| k.len() <= MAX_KEY)?;
-        let name = format!(
-            "eod-{:016x}.idx",
-            xxhash_rust::xxh3::xxh3_64(key.as_bytes())
-        );
-        Some(cache_dir()?.join(name))
+        entry_path(xxhash_rust::xxh3::xxh3_64(key.as_bytes()))
     }
 
     /// Documents: from memory, the cache entry (its last bytes), or a scan.
