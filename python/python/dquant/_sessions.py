@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List
 
-from dquant._workers import timed_out
+from dquant._workers import interleave, timed_out
 
 
 class Sessions:
@@ -44,15 +44,7 @@ class Sessions:
         try:
             self._hand_out(state)
             self.ds._ring_pass = self
-            i = 0
-            while order:
-                slot = order[i]
-                arr = self._next(slot)
-                if arr is None:
-                    order.pop(i)
-                    i = i % len(order) if order else 0
-                    continue
-                i = (i + 1) % len(order)
+            for slot, arr in interleave(order, self._next):
                 self.delivered.pop(slot, None)
                 self.delivered[slot] = None
                 yield item(arr)

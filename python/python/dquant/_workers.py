@@ -35,7 +35,7 @@ import pickle
 import signal
 import socket
 from multiprocessing.connection import Connection
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch._utils import ExceptionWrapper
@@ -83,6 +83,22 @@ def _work(ds, slot: int, workers: int, cursor: Dict[str, Any], conn: Connection,
         conn.recv_bytes()
     except (EOFError, OSError):
         pass
+
+
+def interleave(order: List[int], take: Callable[[int], Any]) -> Iterator[Tuple[int, Any]]:
+    """torch's interleaving of its workers: round robin over the sub-ranks in ``order`` (from
+    the state's next one), each item ``take(slot)``, a sub-rank whose ``take`` gives ``None``
+    dropping out. Yields ``(slot, item)``."""
+    order, i = list(order), 0
+    while order:
+        slot = order[i]
+        item = take(slot)
+        if item is None:
+            order.pop(i)
+            i = i % len(order) if order else 0
+            continue
+        i = (i + 1) % len(order)
+        yield slot, item
 
 
 def reap(procs) -> None:
@@ -159,20 +175,19 @@ class Workers:
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         try:
-            order, i = list(self.order), 0
-            while order:
-                slot = order[i]
-                kind, body = self._receive(slot)
-                if kind == _END:
-                    order.pop(i)
-                    i = i % len(order) if order else 0
-                    continue
-                if kind == _ERROR:
-                    pickle.loads(body).reraise()
-                i = (i + 1) % len(order)
-                yield pickle.loads(body)
+            for _, item in interleave(self.order, self._take):
+                yield item
         finally:
             self.close()
+
+    def _take(self, slot: int) -> Optional[Dict[str, Any]]:
+        """Worker ``slot``'s next batch, ``None`` at its end; its exception, raised."""
+        kind, body = self._receive(slot)
+        if kind == _END:
+            return None
+        if kind == _ERROR:
+            pickle.loads(body).reraise()
+        return pickle.loads(body)
 
     def _receive(self, slot: int) -> tuple[bytes, bytes]:
         conn = self.conns[slot]

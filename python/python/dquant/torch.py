@@ -188,8 +188,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
         self.resume_note: Optional[str] = None
         # The in-process iteration's (slot, reader, workers), whose cursor is the loop's.
         self._live = None
-        # The running pass of dquant.torch.DataLoader's ring workers, whose readers' cursors
-        # are the loop's (dquant._ring_workers.RingWorkers).
+        # The running pass of dquant.torch.DataLoader's ring workers or an agent's sessions,
+        # whose readers' cursors are the loop's (dquant._sessions.Sessions).
         self._ring_pass = None
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -281,7 +281,7 @@ class TokenDataset(torch.utils.data.IterableDataset):
         )
 
     def _sync_live(self, reader=None) -> None:
-        """Records where the in-process reader, or a running pass's ring workers, stand (the
+        """Records where the in-process reader, or a running pass's sub-ranks, stand (the
         loop received all they yielded)."""
         if reader is None and self._ring_pass is not None:
             self._ring_pass.sync()
