@@ -8,12 +8,14 @@
 //! A local plain file (Megatron's `.bin`, a raw file) is mapped, as Megatron-Core's own
 //! `IndexedDataset` maps it: a sample of short documents is a hundred pieces or more, and a
 //! `pread` each would cost more than the sample. The mapped pages are page cache, dropped by
-//! the kernel under pressure. Block files are read through `dquant-storage` (each block
-//! decoded once per run of reads inside it).
+//! the kernel under pressure. The map is a [`GuardedMap`]: a file truncated under it fails
+//! the read that meets it (where Megatron-Core's own map ends the process with SIGBUS, and
+//! with it an agent's every session). Block files are read through `dquant-storage` (each
+//! block decoded once per run of reads inside it).
 
 use std::sync::Arc;
 
-use dquant_storage::{Dataset, Format, ReadBuffers};
+use dquant_storage::{Dataset, Format, GuardedMap, ReadBuffers};
 
 use crate::datasets::{Sample, TopLevel};
 use crate::records::{self, RECORD_HEADER};
@@ -33,24 +35,20 @@ pub struct Sources {
     names: Vec<String>,
     datasets: Vec<Arc<Dataset>>,
     /// Each source's token file, mapped, where it is a local plain file.
-    maps: Vec<Option<memmap2::Mmap>>,
+    maps: Vec<Option<GuardedMap>>,
 }
 
 /// Maps a local plain token file (the one the dataset opened, under its root when it has
-/// one); `None` for block files and objects in other stores.
-fn map_plain(ds: &Dataset) -> Result<Option<memmap2::Mmap>, MegatronError> {
+/// one); `None` for block files, objects in other stores, and where no more maps can be
+/// guarded (those are read through the dataset).
+fn map_plain(ds: &Dataset) -> Result<Option<GuardedMap>, MegatronError> {
     if !matches!(ds.format(), Format::Megatron { .. } | Format::Raw { .. }) {
         return Ok(None);
     }
     let Some(file) = ds.plain_local_file() else {
         return Ok(None);
     };
-    // SAFETY: the map is read-only and the file was checked against its index when opened;
-    // a file truncated underneath a reader faults it, as it would Megatron-Core's own map.
-    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| {
-        MegatronError::Config(format!("{}: cannot map: {e}", ds.data_path().display()))
-    })?;
-    Ok(Some(map))
+    Ok(GuardedMap::map(file, ds.data_path())?)
 }
 
 impl Sources {
@@ -178,21 +176,13 @@ impl Sources {
             match (&self.maps[p.source], ds.format()) {
                 (Some(map), Format::Megatron { dtype } | Format::Raw { dtype }) => {
                     let item = dtype.itemsize();
-                    let bytes = map
-                        .get(from as usize * item..(from + p.length) as usize * item)
-                        .ok_or_else(|| {
-                            MegatronError::Config(format!(
-                                "{}: shorter than its index",
-                                self.names[p.source]
-                            ))
-                        })?;
+                    let range = from as usize * item..(from + p.length) as usize * item;
                     tokens.resize(p.length as usize, 0);
-                    dtype.decode(bytes, tokens, from).map_err(|source| {
-                        dquant_storage::StorageError::Format {
+                    map.read(range, |bytes| dtype.decode(bytes, tokens, from))?
+                        .map_err(|source| dquant_storage::StorageError::Format {
                             path: ds.data_path().to_path_buf(),
                             source,
-                        }
-                    })?;
+                        })?;
                 }
                 _ => ds.read(from..from + p.length, tokens, bufs)?,
             }

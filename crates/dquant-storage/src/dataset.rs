@@ -129,6 +129,15 @@ pub(super) fn read_at(
         .map_err(|e| read_error(file, name, off + buf.len() as u64, e))
 }
 
+/// A file of `len` bytes when opened that a read ending at `needed` found shorter.
+pub(crate) fn shrunk_while_read(name: &Path, len: u64, needed: u64) -> StorageError {
+    let reason = format!(
+        "the file is shorter than when it was opened ({len} bytes; a read needed {needed}): \
+         it was truncated or rewritten while being read"
+    );
+    StorageError::io(name, std::io::Error::new(ErrorKind::UnexpectedEof, reason))
+}
+
 /// A failed read as the storage error that says why: a file shorter than its format needs,
 /// or one that became shorter than it was when opened (truncated or rewritten while served:
 /// the reader gets this error, never a signal).
@@ -139,12 +148,7 @@ pub(super) fn read_error(
     e: std::io::Error,
 ) -> StorageError {
     if e.kind() == ErrorKind::UnexpectedEof && needed <= file.len() {
-        let reason = format!(
-            "the file is shorter than when it was opened ({} bytes; a read needed {needed}): \
-             it was truncated or rewritten while being read",
-            file.len()
-        );
-        StorageError::io(name, std::io::Error::new(ErrorKind::UnexpectedEof, reason))
+        shrunk_while_read(name, file.len(), needed)
     } else if e.kind() == ErrorKind::UnexpectedEof {
         StorageError::format(
             name,

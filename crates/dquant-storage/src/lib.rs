@@ -9,7 +9,9 @@
 //! under the destination name.
 //!
 //! Reads use `pread` into reusable buffers, not `mmap`: a streaming pass over a 10 GB file must
-//! keep its resident set bounded, and mapped pages would count against it.
+//! keep its resident set bounded, and mapped pages would count against it. Where a reader
+//! maps a file all the same (many small reads), it takes a [`GuardedMap`], which turns the
+//! file's truncation under it into an error instead of SIGBUS.
 
 mod backend;
 mod block_cache;
@@ -23,6 +25,7 @@ mod eod_index;
 mod error;
 #[cfg(debug_assertions)]
 pub mod faulty;
+mod guarded_map;
 mod local_root;
 mod memory_root;
 mod root;
@@ -36,6 +39,7 @@ pub use cache_dir::{cache_dir as index_cache_dir, DEFAULT_MAX_BYTES as INDEX_CAC
 pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader, SUMS_EXT};
 pub use destination::{Destination, LocalFiles, StagedObject};
 pub use error::StorageError;
+pub use guarded_map::{GuardedMap, MAX_MAPS};
 pub use local_root::{LocalRoot, Resolutions};
 pub use memory_root::InMemoryRoot;
 pub use root::{

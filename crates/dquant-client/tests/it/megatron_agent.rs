@@ -336,3 +336,53 @@ fn a_document_index_over_the_agents_limit_is_refused_and_the_agent_serves_on() {
     let mut m = AgentMegatron::open(control(&a), &small, "").unwrap();
     assert_batch_equals_local(&mut m, &local_build(&local), 0, &[0, 1]);
 }
+
+/// A source truncated under a session (the agent maps Megatron `.bin` files) fails the reads
+/// that meet its missing bytes with an error naming the file, where an unguarded map would
+/// end the agent with SIGBUS; the agent serves on, and another source's build reads whole.
+#[test]
+fn a_source_truncated_under_a_session_fails_its_reads_and_the_agent_serves_on() {
+    let (dir, a) = served();
+    let (remote, local) = configs(dir.path()).swap_remove(1);
+    let l = local_build(&local);
+    for over in [Over::Tcp, Over::Shm { slots: None }] {
+        let mut m = open_over(&a, &remote, "", over);
+        assert_batch_equals_local(&mut m, &l, 0, &[0, 1]);
+    }
+    let mut m = open_over(&a, &remote, "", Over::Tcp);
+    let bin = dir.path().join("r50k_int32.bin");
+    let len = std::fs::metadata(&bin).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&bin)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let all: Vec<u64> = (0..500).collect();
+    let e = all
+        .chunks(50)
+        .find_map(|c| m.batch(0, c).err())
+        .expect("a read past the file's new end failed")
+        .to_string();
+    // The file as the agent names it: under its root, never the host's path.
+    let want = format!(
+        "megatron:c/r50k_int32: r50k_int32.bin: the file is shorter than when it was opened \
+         ({len} bytes; a read needed "
+    );
+    assert!(
+        e.starts_with(&want) && e.ends_with("it was truncated or rewritten while being read"),
+        "{e}"
+    );
+    let (mut other, mut other_local) = configs(dir.path()).swap_remove(1);
+    for (c, at) in [
+        (&mut other, "c/r50k_uint16".to_string()),
+        (
+            &mut other_local,
+            dir.path().join("r50k_uint16").display().to_string(),
+        ),
+    ] {
+        c.blend.as_mut().unwrap().prefixes = vec![at];
+    }
+    let mut m = open_over(&a, &other, "", Over::Shm { slots: None });
+    assert_batch_equals_local(&mut m, &local_build(&other_local), 0, &[0, 1, 499]);
+}
