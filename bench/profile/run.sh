@@ -7,7 +7,8 @@
 # symbol (bench/profile/report.py) and turned into CPU ns per token with the agent CPU the same
 # run measured. Then fan-out (dquant-offload-bench share, 8 readers, over shm and TCP), its
 # samples cut by scenario (a lone stream, 8 sessions, 8 subscribers of one stream); and the
-# schedule at world 4096 x 1,000 sources (criterion, then perf on the same bench); and Python:
+# schedule at world 4096 x 1,000 sources (criterion, then perf on the same bench); the read
+# paths, pread against a map (criterion: why the agent pays the page-cache copy); and Python:
 # dquant.torch.TokenDataset with and without boundary outputs, and through torch's DataLoader
 # with no workers and with one (bench/profile/python.py, in bench/python's venv: made once,
 # several GB with torch). One command:
@@ -93,6 +94,14 @@ perf record -q -e cpu-clock -F 999 -o "$OUT/schedule.data" -- "$SCHED_BIN" --ben
   --profile-time 5 --exact "$SCHED" > /dev/null
 perf report -i "$OUT/schedule.data" --no-children --sort comm,dso,sym -g none --stdio -n \
   -t $'\t' 2>/dev/null | grep -v '^#' | grep -v '^$' > "$OUT/schedule.txt"
+# Why not map the sources: narrowing a 256 MiB int32 file to u16 out of a warm page cache by
+# pread, by a map made for the pass, and by a map kept over passes, against the page-cache
+# copy (criterion, crates/dquant-storage/benches/read_paths.rs).
+echo "== read paths: pread against a map (criterion)"
+cargo bench -q -p dquant-storage --bench read_paths > "$OUT/read-paths-criterion.txt"
+for c in pagecache_copy pread_narrow fresh_map_narrow kept_map_narrow; do
+  cp "target/criterion/read_paths/$c/new/estimates.json" "$OUT/read-paths-$c.json"
+done
 # Python: boundary outputs and DataLoader workers, in bench/python's venv (torch) on its
 # corpus; a one-loader run of bench/python makes both and installs the dquant wheel built
 # from this tree. bench/profile/python.py prints each case's window (CLOCK_MONOTONIC) and

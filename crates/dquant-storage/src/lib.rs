@@ -9,7 +9,9 @@
 //! under the destination name.
 //!
 //! Reads use `pread` into reusable buffers, not `mmap`: a streaming pass over a 10 GB file must
-//! keep its resident set bounded, and mapped pages would count against it. Where a reader
+//! keep its resident set bounded, and mapped pages would count against it; and on one pass a
+//! map is slower, not faster (each page's table entry costs about what copying the page does:
+//! `benches/read_paths.rs`). Where a reader
 //! maps a file all the same (many small reads), it takes a [`GuardedMap`], which turns the
 //! file's truncation under it into an error instead of SIGBUS.
 

@@ -1,0 +1,122 @@
+//! Why the agent reads its sources with `pread` and not through a map: the cost a token of
+//! narrowing a file's int32 ids to u16, fetched each way from a warm page cache.
+//!
+//! - `pagecache_copy`: the limit the cost report holds paths to (`cat FILE > /dev/null`:
+//!   `pread` of 128 KiB into one buffer, nothing else);
+//! - `pread_narrow`: what the agent does, a batch of 8 × 4,096 tokens read into a buffer,
+//!   then narrowed into a u16 output;
+//! - `fresh_map_narrow`: the file mapped for the pass, each batch narrowed straight out of
+//!   the page cache, the map dropped after (a single pass over a corpus: every page's table
+//!   entry is set up as it is first touched, and torn down at the end);
+//! - `kept_map_narrow`: the same out of a map kept over passes (its page tables already
+//!   filled: a corpus that fits in memory, read epoch after epoch, resident in the agent).
+//!
+//! A map saves the copy, but a fresh one pays the page tables instead, page by page
+//! (`bench/profile` records both ratios beside its stage table).
+//!
+//! `cargo bench -p dquant-storage --bench read_paths` (a 256 MiB file in the target
+//! directory, made once).
+
+use std::fs::File;
+use std::hint::black_box;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dquant_codec::{kernels, Width};
+
+/// Tokens in the file: 64 Mi int32 ids, 256 MiB, larger than any cache but the page cache.
+const TOKENS: usize = 64 << 20;
+/// A batch of the cost report's plan: 8 samples of 4,096 tokens.
+const BATCH: usize = 8 * 4096;
+
+/// The file, written once (ids below 50,257, as a GPT-2 vocabulary's) and read once so its
+/// pages are cached.
+fn corpus() -> File {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR", "target/tmp"));
+    std::fs::create_dir_all(&dir).expect("bench directory");
+    let path = dir.join("read_paths_int32.bin");
+    let ok = std::fs::metadata(&path).is_ok_and(|m| m.len() == (TOKENS * 4) as u64);
+    if !ok {
+        let mut f = File::create(&path).expect("bench file");
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut chunk = Vec::with_capacity(BATCH * 4);
+        for _ in 0..TOKENS / BATCH {
+            chunk.clear();
+            for _ in 0..BATCH {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                chunk.extend_from_slice(&((x % 50_257) as u32).to_le_bytes());
+            }
+            f.write_all(&chunk).expect("bench file");
+        }
+    }
+    let f = File::open(&path).expect("bench file");
+    let mut buf = vec![0u8; 1 << 20];
+    for at in (0..TOKENS * 4).step_by(buf.len()) {
+        f.read_exact_at(&mut buf, at as u64)
+            .expect("warm the page cache");
+    }
+    f
+}
+
+/// Narrows every batch of `bytes` (whole int32 batches) into `out`.
+fn narrow_all(bytes: &[u8], out: &mut [u8]) {
+    for batch in bytes.chunks_exact(BATCH * 4) {
+        let ids: &[u32] = bytemuck::cast_slice(batch);
+        kernels::store_plain(Width::U16, ids, out).expect("ids fit u16");
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let f = corpus();
+    let mut g = c.benchmark_group("read_paths");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4))
+        .throughput(Throughput::Elements(TOKENS as u64));
+    let mut out = vec![0u8; BATCH * 2];
+    g.bench_function("pagecache_copy", |b| {
+        let mut buf = vec![0u8; 128 << 10];
+        b.iter(|| {
+            for at in (0..TOKENS * 4).step_by(buf.len()) {
+                f.read_exact_at(&mut buf, at as u64).expect("read");
+            }
+            black_box(&buf);
+        });
+    });
+    g.bench_function("pread_narrow", |b| {
+        let mut buf = vec![0u32; BATCH];
+        b.iter(|| {
+            for at in (0..TOKENS * 4).step_by(BATCH * 4) {
+                f.read_exact_at(bytemuck::cast_slice_mut(&mut buf), at as u64)
+                    .expect("read");
+                kernels::store_plain(Width::U16, &buf, &mut out).expect("ids fit u16");
+            }
+            black_box(&out);
+        });
+    });
+    // SAFETY (both maps): read-only, of a file nothing else writes while the bench runs.
+    g.bench_function("fresh_map_narrow", |b| {
+        b.iter(|| {
+            let map = unsafe { memmap2::Mmap::map(&f) }.expect("map");
+            narrow_all(&map, &mut out);
+            black_box(&out);
+        });
+    });
+    let kept = unsafe { memmap2::Mmap::map(&f) }.expect("map");
+    narrow_all(&kept, &mut out);
+    g.bench_function("kept_map_narrow", |b| {
+        b.iter(|| {
+            narrow_all(&kept, &mut out);
+            black_box(&out);
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
