@@ -239,6 +239,29 @@ def test_bad_input_gets_clear_errors(corpora, tmp_path):
             random_seed=1, eod=EOD, num_samples=[10, 10, 10])
 
 
+def test_a_source_truncated_under_the_datasets_fails_the_reads_not_the_process(data, tmp_path):
+    """The `.bin` is mapped (as Megatron-Core maps it); truncated under the datasets, a read of
+    its missing bytes raises naming the file, where Megatron-Core's map ends the process with
+    SIGBUS (pytest's faulthandler is installed: the guard runs first and hands it nothing)."""
+    for ext in ("bin", "idx"):
+        shutil.copy(data / f"r50k_int32.{ext}", tmp_path / f"victim.{ext}")
+    train = dm.build_train_valid_test_datasets(
+        blend=([str(tmp_path / "victim")], None), split="1", sequence_length=64,
+        random_seed=1, eod=EOD, num_samples=[200, None, None])[0]
+    first = train[0]["tokens"].clone()
+    size = (tmp_path / "victim.bin").stat().st_size
+    with open(tmp_path / "victim.bin", "r+b") as f:
+        f.truncate(4096)
+    want = (f"{tmp_path / 'victim.bin'}: the file is shorter than when it was opened ({size} "
+            "bytes; a read needed ")
+    with pytest.raises(OSError) as e:
+        for i in range(len(train)):
+            train[i]
+    assert str(e.value).startswith(want), str(e.value)
+    assert str(e.value).endswith("it was truncated or rewritten while being read")
+    assert first.shape == (64,)
+
+
 def test_from_megatron_args_maps_megatron_lm_arguments(corpora):
     from types import SimpleNamespace
 
