@@ -431,6 +431,18 @@ impl Reader {
     }
 }
 
+/// Slots for each of `readers` shared-memory rings of `plan_json`'s batches that one loop
+/// reads in turn (`dquant_client::shm::shared_slots`): what a DataLoader's sessions of an
+/// agent ask for, one ring each.
+#[pyfunction]
+fn ring_slots(plan_json: &str, readers: u32) -> PyResult<u32> {
+    let plan = plan_from_json(plan_json)?;
+    Ok(dquant_client::shm::shared_slots(
+        dquant_client::shm::slot_size(&plan),
+        readers,
+    ))
+}
+
 /// The transports an offloaded reader may use, by name (`tcp`, `shm`, ...): the transport
 /// registry's own list, so Python checks what the library accepts.
 #[pyfunction]
@@ -458,6 +470,7 @@ fn _dquant(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge_cursors_json, m)?)?;
     m.add_function(wrap_pyfunction!(check_plan_change, m)?)?;
     m.add_function(wrap_pyfunction!(transports, m)?)?;
+    m.add_function(wrap_pyfunction!(ring_slots, m)?)?;
     m.add_function(wrap_pyfunction!(loader_ring::serve_loader_ring, m)?)?;
     m.add_function(wrap_pyfunction!(loader_ring::open_loader_ring, m)?)?;
     m.add_class::<Reader>()?;

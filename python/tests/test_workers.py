@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import re
 import signal
@@ -173,6 +174,41 @@ def test_an_agent_s_sessions_serve_every_pass_with_persistent_workers(data, agen
     for _ in range(2):  # each pass opens its sessions; nothing is kept between passes
         assert_same_batches(cloned(dl), want)
         assert dl.workers is None and dl.worker_pids() == []
+
+
+def test_an_agent_s_sessions_share_one_default_ring_s_slots(data, agent, monkeypatch):
+    """Each of N sessions read in turn gets 1/N of a default ring's slots (at least 4), unless
+    the address sets its own; one session keeps the default."""
+    import dquant
+
+    opened = []
+    real_open = dquant.open
+
+    def spy(*args, **kw):
+        opened.append(kw.get("agent"))
+        return real_open(*args, **kw)
+
+    monkeypatch.setattr(dquant, "open", spy)
+    local = plan(data, "r50k_int32", seq_len=1023, batch_size=8)
+    p = on_agent(local, data)
+    # A slot: the 64-byte record header, 8 × 1,024 int64 ids (64 KiB) and the trailer,
+    # page-aligned: 17 pages. The default ring (8 MiB) holds 121 such slots.
+    slot = 17 * 4096
+    assert dquant._dquant.ring_slots(json.dumps({**p, "output": "i64"}), 1) == -(-(8 << 20) // slot)
+    for workers, address, want in [(4, agent.socket, -(-(2 << 20) // slot)),
+                                   (1, agent.socket, None),
+                                   (2, f"{agent.socket}?slots=6", 6)]:
+        opened.clear()
+        ds = TokenDataset(p, agent=address, transport="shm", dtype="int64")
+        got = cloned(DataLoader(ds, num_workers=workers))
+        # The pass's sessions are the last opened (the loader may open one first to learn
+        # the dataset's length).
+        assert len(opened) >= workers
+        sessions = opened[-workers:]
+        assert_same_batches(got, cloned(DataLoader(TokenDataset(local, dtype="int64"),
+                                                   num_workers=workers)))
+        for a in sessions:
+            assert (None if "slots=" not in a else int(a.rsplit("slots=", 1)[1])) == want, a
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

@@ -270,15 +270,28 @@ class TokenDataset(torch.utils.data.IterableDataset):
         share = None
         if self.share is not None:
             share = self.share if workers == 1 else f"{self.share}/w{slot}"
+        plan = self._plan_for(slot, workers)
         return dquant.open(
-            self._plan_for(slot, workers),
+            plan,
             offload=self.offload,
             transport=self.transport,
-            agent=self.agent,
+            agent=self._agent_for(plan, workers),
             cursor=cursor,
             share=share,
             share_group=self.share_group,
         )
+
+    def _agent_for(self, plan: dict, workers: int) -> Optional[str]:
+        """The agent's address for one of ``workers`` sessions read in turn by this loop:
+        with more than one, each shared-memory ring gets its share of one default ring's
+        slots (``slots=``, unless the address sets it), as the loop drains them in turn and
+        each is made anew every pass."""
+        agent = self.agent
+        if workers <= 1 or not self.offload or agent is None or "slots=" in str(agent):
+            return agent
+        agent = str(agent)
+        slots = dquant._dquant.ring_slots(json.dumps(plan), workers)
+        return f"{agent}{'&' if '?' in agent else '?'}slots={slots}"
 
     def _sync_live(self, reader=None) -> None:
         """Records where the in-process reader, or a running pass's sub-ranks, stand (the
