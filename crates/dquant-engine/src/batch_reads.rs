@@ -183,16 +183,18 @@ pub(crate) fn read_stored(
     Ok(())
 }
 
-/// One read of the token path: a sample's tokens into its row.
+/// One read of the token path: a run's samples' tokens into their rows.
 struct TokenRead<'a> {
     src: usize,
-    range: Range<u64>,
-    row: &'a mut [u32],
+    ranges: Vec<Range<u64>>,
+    rows: &'a mut [u32],
 }
 
-/// Reads `samples` (each `sample_len` tokens) into `tokens`, row by row, with a pool when
-/// there is one and every source allows it; `false` when it read nothing (the caller then
-/// reads one source at a time).
+/// Reads `samples` (each `sample_len` tokens) into `tokens` with a pool when there is one
+/// and every source allows it; `false` when it read nothing (the caller then reads one
+/// source at a time). Consecutive samples of one source that continue each other are one
+/// read (one vectored read from a plain int32 file), runs capped at about two per reading
+/// thread, as on the stored path.
 pub(crate) fn read_tokens_concurrently(
     sources: &[Box<dyn TokenSource>],
     uris: &[String],
@@ -205,21 +207,26 @@ pub(crate) fn read_tokens_concurrently(
     else {
         return Ok(false);
     };
-    let mut reads: Vec<TokenRead<'_>> = samples
-        .iter()
-        .zip(tokens.chunks_exact_mut(sample_len))
-        .map(|(s, row)| TokenRead {
-            src: s.source,
-            range: s.tokens.clone(),
-            row,
-        })
-        .collect();
+    let cap = samples.len().div_ceil(2 * pool.readers());
+    let mut rest: &mut [u32] = tokens;
+    let mut reads: Vec<TokenRead<'_>> = Vec::new();
+    for r in runs(samples, cap) {
+        let (rows, tail) = std::mem::take(&mut rest).split_at_mut(r.rows.len() * sample_len);
+        let ranges = samples[r.rows].iter().map(|s| s.tokens.clone()).collect();
+        reads.push(TokenRead {
+            src: r.src,
+            ranges,
+            rows,
+        });
+        rest = tail;
+    }
     // Source by source, each in batch order: the order the sequential path reads them in,
     // so the first failing read (the error reported) is the same either way.
     reads.sort_by_key(|r| r.src);
+    let shares = shares.min(reads.len()).max(1);
     pool.run(&mut reads, shares, &|r, bufs| {
         shared[r.src]
-            .read_range(r.range.clone(), r.row, bufs)
+            .read_ranges_at(&r.ranges, r.rows, bufs)
             .map_err(|e| source_error(uris, r.src, e))
     })?;
     Ok(true)

@@ -68,6 +68,15 @@ impl SharedReads for Spy {
         self.saw();
         self.inner.dataset().read_range(range, out, bufs)
     }
+    fn read_ranges_at(
+        &self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), SourceError> {
+        self.saw();
+        self.inner.dataset().read_ranges_at(ranges, out, bufs)
+    }
 }
 
 fn fixture(name: &str) -> PathBuf {

@@ -145,6 +145,26 @@ pub trait SharedReads: Sync {
         out: &mut [u32],
         bufs: &mut ReadBuffers,
     ) -> Result<(), SourceError>;
+
+    /// The tokens of `ranges`, one after another, into `out` (exactly their total length):
+    /// by default one [`read_range`](SharedReads::read_range) each.
+    fn read_ranges_at(
+        &self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), SourceError> {
+        let mut at = 0usize;
+        for r in ranges {
+            let n = r.end.saturating_sub(r.start) as usize;
+            let dst = out.get_mut(at..at + n).ok_or_else(|| {
+                SourceError::Usage("read_ranges_at: the buffer is shorter than the ranges".into())
+            })?;
+            self.read_range(r.clone(), dst, bufs)?;
+            at += n;
+        }
+        Ok(())
+    }
 }
 
 impl SharedReads for Dataset {
@@ -164,6 +184,22 @@ impl SharedReads for Dataset {
             ));
         }
         Ok(self.read_into(range, out, bufs)?)
+    }
+
+    /// Runs of continuing ranges in one vectored read each ([`Dataset::read_ranges_into`]).
+    fn read_ranges_at(
+        &self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+    ) -> Result<(), SourceError> {
+        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+        if out.len() as u64 != total {
+            return Err(SourceError::Usage(
+                "read_ranges_at: the buffer is not the ranges' length".into(),
+            ));
+        }
+        Ok(self.read_ranges_into(ranges, out, bufs)?)
     }
 }
 
@@ -266,15 +302,10 @@ impl TokenSource for LocalSource {
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
-        let mut at = 0;
-        for r in ranges {
-            let n = r.end.saturating_sub(r.start) as usize;
-            let dst = out.get_mut(at..at + n).ok_or_else(|| {
-                SourceError::Usage("read_ranges: the buffer is shorter than the ranges".into())
-            })?;
-            self.ds.read_into(r.clone(), dst, &mut self.bufs)?;
-            at += n;
-        }
-        Ok(())
+        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+        let dst = out.get_mut(..total as usize).ok_or_else(|| {
+            SourceError::Usage("read_ranges: the buffer is shorter than the ranges".into())
+        })?;
+        Ok(self.ds.read_ranges_into(ranges, dst, &mut self.bufs)?)
     }
 }

@@ -9,5 +9,6 @@ mod common;
 mod confinement;
 mod faults;
 mod lazy_index;
+mod ranges;
 mod root_conformance;
 mod stored_values;
