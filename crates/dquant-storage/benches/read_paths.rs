@@ -9,7 +9,10 @@
 //!   the page cache, the map dropped after (a single pass over a corpus: every page's table
 //!   entry is set up as it is first touched, and torn down at the end);
 //! - `kept_map_narrow`: the same out of a map kept over passes (its page tables already
-//!   filled: a corpus that fits in memory, read epoch after epoch, resident in the agent).
+//!   filled: a corpus that fits in memory, read epoch after epoch, resident in the agent);
+//! - `shuffled_reads`: the file's 4,096-token samples read in a shuffled order, one `pread`
+//!   each, nothing else: what a shuffled plan cannot avoid, against the sequential copy its
+//!   goal is stated against.
 //!
 //! A map saves the copy, but a fresh one pays the page tables instead, page by page
 //! (`bench/profile` records both ratios beside its stage table).
@@ -63,6 +66,19 @@ fn corpus() -> File {
     f
 }
 
+/// `0..n` in a fixed shuffled order (Fisher-Yates driven by xorshift64).
+fn shuffled(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
 /// Narrows every batch of `bytes` (whole int32 batches) into `out`.
 fn narrow_all(bytes: &[u8], out: &mut [u8]) {
     for batch in bytes.chunks_exact(BATCH * 4) {
@@ -105,6 +121,18 @@ fn bench(c: &mut Criterion) {
             let map = unsafe { memmap2::Mmap::map(&f) }.expect("map");
             narrow_all(&map, &mut out);
             black_box(&out);
+        });
+    });
+    g.bench_function("shuffled_reads", |b| {
+        let sample = 4096 * 4;
+        let order = shuffled(TOKENS * 4 / sample);
+        let mut buf = vec![0u8; sample];
+        b.iter(|| {
+            for &i in &order {
+                f.read_exact_at(&mut buf, (i * sample) as u64)
+                    .expect("read");
+            }
+            black_box(&buf);
         });
     });
     let kept = unsafe { memmap2::Mmap::map(&f) }.expect("map");

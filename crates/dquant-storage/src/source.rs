@@ -63,10 +63,15 @@ impl SourceError {
     }
 }
 
+/// Tokens in `ranges` all told (a range that runs backwards counts none).
+pub fn ranges_tokens(ranges: &[Range<u64>]) -> u64 {
+    ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum()
+}
+
 /// Refuses ranges that run backwards or do not add up to `out`'s length: what every
 /// [`TokenSource::read_ranges`] that is not handed its ranges by a plan checks first.
 pub fn check_ranges(ranges: &[Range<u64>], out: &[u32]) -> Result<(), SourceError> {
-    let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+    let total = ranges_tokens(ranges);
     if total != out.len() as u64 || ranges.iter().any(|r| r.end < r.start) {
         return Err(SourceError::Usage(
             "read_ranges: the buffer does not match the ranges".into(),
@@ -193,7 +198,7 @@ impl SharedReads for Dataset {
         out: &mut [u32],
         bufs: &mut ReadBuffers,
     ) -> Result<(), SourceError> {
-        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+        let total = ranges_tokens(ranges);
         if out.len() as u64 != total {
             return Err(SourceError::Usage(
                 "read_ranges_at: the buffer is not the ranges' length".into(),
@@ -302,7 +307,7 @@ impl TokenSource for LocalSource {
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
-        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+        let total = ranges_tokens(ranges);
         let dst = out.get_mut(..total as usize).ok_or_else(|| {
             SourceError::Usage("read_ranges: the buffer is shorter than the ranges".into())
         })?;

@@ -132,7 +132,7 @@ impl Dataset {
         out: &mut [u32],
         bufs: &mut ReadBuffers,
     ) -> Result<(), StorageError> {
-        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+        let total = crate::source::ranges_tokens(ranges);
         assert_eq!(
             out.len() as u64,
             total,

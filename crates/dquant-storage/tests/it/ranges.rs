@@ -26,7 +26,7 @@ fn one_by_one(ds: &Dataset, ranges: &[Range<u64>]) -> Result<Vec<u32>, String> {
 }
 
 fn together(ds: &Dataset, ranges: &[Range<u64>]) -> Result<Vec<u32>, String> {
-    let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
+    let total = dquant_storage::source::ranges_tokens(ranges);
     let mut out = vec![0u32; total as usize];
     ds.read_ranges_into(ranges, &mut out, &mut ReadBuffers::new())
         .map_err(|e| e.to_string())?;
