@@ -138,6 +138,12 @@ pub(crate) fn shrunk_while_read(name: &Path, len: u64, needed: u64) -> StorageEr
     StorageError::io(name, std::io::Error::new(ErrorKind::UnexpectedEof, reason))
 }
 
+/// A file of `len` bytes that a read ending at `needed` runs past: shorter than its format
+/// (or index) says it is.
+pub(crate) fn shorter_than_needed(name: &Path, len: u64, needed: u64) -> StorageError {
+    StorageError::format(name, FormatError::truncated("file", needed, len))
+}
+
 /// A failed read as the storage error that says why: a file shorter than its format needs,
 /// or one that became shorter than it was when opened (truncated or rewritten while served:
 /// the reader gets this error, never a signal).
@@ -150,14 +156,7 @@ pub(super) fn read_error(
     if e.kind() == ErrorKind::UnexpectedEof && needed <= file.len() {
         shrunk_while_read(name, file.len(), needed)
     } else if e.kind() == ErrorKind::UnexpectedEof {
-        StorageError::format(
-            name,
-            FormatError::Truncated {
-                what: "file".into(),
-                needed,
-                have: file.len(),
-            },
-        )
+        shorter_than_needed(name, file.len(), needed)
     } else {
         StorageError::io(name, e)
     }

@@ -106,14 +106,8 @@ impl GuardedMap {
     ) -> Result<R, StorageError> {
         let needed = range.end as u64;
         let Some(bytes) = self.map.get(range) else {
-            return Err(StorageError::format(
-                &self.path,
-                dquant_format::FormatError::Truncated {
-                    what: "file".into(),
-                    needed,
-                    have: self.map.len() as u64,
-                },
-            ));
+            let len = self.map.len() as u64;
+            return Err(crate::dataset::shorter_than_needed(&self.path, len, needed));
         };
         if self.is_damaged() {
             return Err(self.truncated(needed));

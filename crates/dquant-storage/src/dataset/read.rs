@@ -142,14 +142,14 @@ impl Dataset {
             &self.source,
             Source::Plain { dtype: DType::I32, .. } if cfg!(target_endian = "little")
         );
+        if !vectored {
+            return self.read_ranges_one_by_one(ranges, out, bufs);
+        }
         let mut at = 0usize;
         let mut k = 0;
         while k < ranges.len() {
-            let end = if vectored { run_end(ranges, k) } else { k + 1 };
-            let n: usize = ranges[k..end]
-                .iter()
-                .map(|r| r.end.saturating_sub(r.start) as usize)
-                .sum();
+            let end = run_end(ranges, k);
+            let n = crate::source::ranges_tokens(&ranges[k..end]) as usize;
             let dst = &mut out[at..at + n];
             if end - k == 1 {
                 self.read_into(ranges[k].clone(), dst, bufs)?;
@@ -175,18 +175,17 @@ impl Dataset {
         let Source::Plain { file, sums, .. } = &self.source else {
             unreachable!("runs are made of plain int32 files only");
         };
+        // A run's ranges are none of them empty or backwards (`run_end`); past the file's
+        // end, each range's own read names the error.
         let (start, end) = (ranges[0].start, ranges[ranges.len() - 1].end);
-        if end > self.tokens() || ranges.iter().any(|r| r.start > r.end) {
+        if end > self.tokens() {
             return self.read_ranges_one_by_one(ranges, out, bufs);
         }
         let mut rows = Vec::with_capacity(ranges.len());
         let mut rest: &mut [u32] = out;
         for (i, r) in ranges.iter().enumerate() {
             let (row, tail) = rest.split_at_mut((r.end - r.start) as usize);
-            let shared = ranges
-                .get(i + 1)
-                .map_or(0, |next| (r.end - next.start) as usize);
-            let keep = row.len() - shared;
+            let keep = row.len() - shared_with_next(ranges, i);
             rows.push(IoSliceMut::new(bytemuck::cast_slice_mut(&mut row[..keep])));
             rest = tail;
         }
@@ -363,16 +362,21 @@ fn run_end(ranges: &[Range<u64>], k: usize) -> usize {
 /// Most ranges one vectored read fills (`IOV_MAX`).
 const MAX_RUN: usize = 1024;
 
+/// Tokens range `i` of a run shares with the next one: 1 when the next starts on its last
+/// token (packed samples), else 0.
+fn shared_with_next(ranges: &[Range<u64>], i: usize) -> usize {
+    ranges
+        .get(i + 1)
+        .map_or(0, |next| (ranges[i].end - next.start) as usize)
+}
+
 /// After a run's read: each range that shares its last token with the next range's first
 /// gets it from there (the read filled it once, in the next range's row).
 fn fill_shared_tokens(ranges: &[Range<u64>], out: &mut [u32]) {
     let mut at = 0usize;
     for (i, r) in ranges.iter().enumerate() {
         let n = (r.end - r.start) as usize;
-        if ranges
-            .get(i + 1)
-            .is_some_and(|next| next.start + 1 == r.end)
-        {
+        if shared_with_next(ranges, i) == 1 {
             out[at + n - 1] = out[at + n];
         }
         at += n;
