@@ -123,11 +123,16 @@ def _split_agent(uri: str) -> tuple[str, str]:
     return _SCHEME + authority, dataset
 
 
+def _with_option(agent: str, key: str, value: Any) -> str:
+    """The agent address ``agent`` with the option ``key=value`` added."""
+    sep = "&" if "?" in agent else "?"
+    return f"{agent}{sep}{key}={value}"
+
+
 def _with_transport(agent: str, transport: Optional[str]) -> str:
     if transport is None:
         return agent
-    sep = "&" if "?" in agent else "?"
-    return f"{agent}{sep}transport={transport}"
+    return _with_option(agent, "transport", transport)
 
 
 def open(

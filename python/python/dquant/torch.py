@@ -289,9 +289,8 @@ class TokenDataset(torch.utils.data.IterableDataset):
         agent = self.agent
         if workers <= 1 or not self.offload or agent is None or "slots=" in str(agent):
             return agent
-        agent = str(agent)
         slots = dquant._dquant.ring_slots(json.dumps(plan), workers)
-        return f"{agent}{'&' if '?' in agent else '?'}slots={slots}"
+        return dquant._with_option(str(agent), "slots", slots)
 
     def _sync_live(self, reader=None) -> None:
         """Records where the in-process reader, or a running pass's sub-ranks, stand (the
