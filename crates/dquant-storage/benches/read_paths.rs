@@ -49,10 +49,7 @@ fn corpus() -> File {
         for _ in 0..TOKENS / BATCH {
             chunk.clear();
             for _ in 0..BATCH {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                chunk.extend_from_slice(&((x % 50_257) as u32).to_le_bytes());
+                chunk.extend_from_slice(&((xorshift(&mut x) % 50_257) as u32).to_le_bytes());
             }
             f.write_all(&chunk).expect("bench file");
         }
@@ -66,15 +63,20 @@ fn corpus() -> File {
     f
 }
 
+/// The next value of a xorshift64 generator in state `x`.
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 /// `0..n` in a fixed shuffled order (Fisher-Yates driven by xorshift64).
 fn shuffled(n: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
     for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
+        order.swap(i, (xorshift(&mut x) % (i as u64 + 1)) as usize);
     }
     order
 }
