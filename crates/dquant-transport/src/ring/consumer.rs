@@ -54,6 +54,9 @@ pub struct RingConsumer {
     pub(super) hold_limit: u64,
     /// Batches detached so far.
     pub(super) detached: u64,
+    /// A reader of a ring the agent shares: the producer reuses its slots once it is gone, so
+    /// the views it leaves behind are copied out first ([`RingConsumer::detach_all`]).
+    pub(super) shared: bool,
 }
 
 /// The bits of the shared flags by which a producer ends the stream.
@@ -148,6 +151,7 @@ impl RingConsumer {
     fn wait_published(&self, timeout: Duration) -> Result<bool, RingError> {
         let until = Instant::now().checked_add(timeout);
         let hdr = self.mem.file.header();
+        let lines = self.mem.lines();
         let read = self.read;
         let n = u64::from(self.mem.layout.slot_count);
         loop {
@@ -164,7 +168,7 @@ impl RingConsumer {
                 }
                 return Ok(true);
             }
-            let closed = hdr.closed.0.load(Ordering::Acquire);
+            let closed = lines.closed.0.load(Ordering::Acquire);
             if closed & PRODUCER_ENDED != 0 {
                 // The flag was set after the last publish: re-read the index before ending.
                 if hdr.producer.0.load(Ordering::Acquire) != read {
@@ -184,11 +188,11 @@ impl RingConsumer {
                 self.batch_wakeups
             };
             let wake_at = (read + u64::from(k)).min(self.tail + n);
-            hdr.consumer_wake_at.0.store(wake_at, Ordering::Relaxed);
+            lines.consumer_wake_at.0.store(wake_at, Ordering::Relaxed);
             // Only the producer's own bits end a wait: any other bit a hostile producer sets
             // in the shared flags would make every wait return at once, and the loop spin
             // past its timeout (found by the `ring_consumer` fuzz target).
-            let producer_ended = || hdr.closed.0.load(Ordering::Acquire) & PRODUCER_ENDED != 0;
+            let producer_ended = || lines.closed.0.load(Ordering::Acquire) & PRODUCER_ENDED != 0;
             let ready = || hdr.producer.0.load(Ordering::Acquire) >= wake_at || producer_ended();
             let batch_until = (wake_at > read + 1)
                 .then(|| Instant::now().checked_add(WAKE_BATCH_TIMEOUT))
@@ -198,7 +202,7 @@ impl RingConsumer {
                 (u, b) => u.or(b),
             };
             match wait(
-                &hdr.consumer_wakeup.0,
+                &lines.consumer_wakeup.0,
                 &self.consumer_wake,
                 self.peer.as_ref(),
                 sleep_until,
@@ -275,12 +279,37 @@ impl RingConsumer {
             return;
         }
         self.tail = tail;
-        let hdr = self.mem.file.header();
-        hdr.consumer.0.store(tail, Ordering::Release);
+        self.mem.lines().consumer.0.store(tail, Ordering::Release);
         fence(Ordering::SeqCst);
-        if hdr.producer_wakeup.0.load(Ordering::Relaxed) != 0 {
+        if self
+            .mem
+            .file
+            .header()
+            .producer_wakeup
+            .0
+            .load(Ordering::Relaxed)
+            != 0
+        {
             kick(&self.producer_wake);
         }
+    }
+
+    /// Copies every batch whose view is still alive out of the ring (see the type's docs),
+    /// so that no view reads a slot the producer may write once this reader is gone. The
+    /// views read the same bytes at the same addresses. Slots that are not page aligned
+    /// cannot be detached: their views are left as they are.
+    pub fn detach_all(&mut self) -> Result<(), RingError> {
+        self.reclaim();
+        if !self.can_detach() {
+            return Ok(());
+        }
+        for seq in self.tail..self.read {
+            if self.mem.state(seq).load(Ordering::Acquire) == view_state(seq, VIEW_HELD) {
+                self.detach(seq)?;
+            }
+        }
+        self.reclaim();
+        Ok(())
     }
 
     /// Reclaims released slots, then detaches the oldest pinned batches until live views pin
@@ -303,9 +332,13 @@ impl RingConsumer {
 
 impl Drop for RingConsumer {
     fn drop(&mut self) {
+        if self.shared {
+            // A failure leaves views over slots the producer may reuse: they read what it
+            // writes there, never outside their memory.
+            let _ = self.detach_all();
+        }
         self.mem
-            .file
-            .header()
+            .lines()
             .closed
             .0
             .fetch_or(CONSUMER_CLOSED, Ordering::Release);

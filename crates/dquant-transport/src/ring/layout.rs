@@ -1,17 +1,27 @@
 //! Byte layout of the shared-memory ring, and the rules both sides follow to use it.
 //!
 //! ```text
-//! offset 0      Meta           magic, version, slot count, slot size, offsets, total length
+//! offset 0      Meta           magic, version, slot count, slot size, offsets, total length,
+//!                              flags, readers
 //! offset 64     producer index (batches published; written only by the producer)
-//! offset 128    consumer index (batches released; written only by the consumer)
-//! offset 192    consumer need-wakeup flag (set/cleared by the consumer, read by the producer)
-//! offset 256    producer need-wakeup flag (set/cleared by the producer, read by the consumer)
-//! offset 320    closed flags (PRODUCER_CLOSED / PRODUCER_ABORTED / CONSUMER_CLOSED)
-//! offset 384    consumer wake threshold (the producer index at which a sleeping consumer
-//!               wants its eventfd written; written by the consumer, read by the producer)
-//! offset 448    completion records, one per slot: seq u64, len u32, crc32c u32
+//! offset 128    producer need-wakeup flag (set/cleared by the producer, read by the readers)
+//! offset 192    reader blocks, 256 bytes each, one per reader (`readers` of them):
+//!   +0            consumer index (batches released; written only by this reader)
+//!   +64           consumer need-wakeup flag (set/cleared by this reader, read by the producer)
+//!   +128          closed flags (PRODUCER_CLOSED / PRODUCER_ABORTED by the producer,
+//!                 CONSUMER_CLOSED by this reader)
+//!   +192          consumer wake threshold (the producer index at which this reader, asleep,
+//!                 wants its eventfd written; written by the reader, read by the producer)
+//! after them    completion records, one per slot: seq u64, len u32, crc32c u32
 //! page-aligned  slots: slot_count x slot_size bytes of payload
 //! ```
+//!
+//! A ring the host creates for one session has one reader. A ring the agent creates for a
+//! shared stream has one block per subscriber it may serve ([`MAX_READERS`]): the agent writes
+//! each batch once, every subscriber on the host reads it in place, and a slot is reused only
+//! once every reader has released it. Each reader has its own eventfd for wake-ups; the
+//! producer's is shared. What follows is written for one reader and holds for each: the
+//! producer's room is the room the slowest active reader leaves.
 //!
 //! Every index and flag lives on its own 64-byte cache line, so the producer's stores to its
 //! index never invalidate the line the consumer polls for its own, and vice versa.
@@ -68,20 +78,23 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// `b"DQRING\0\x01"` read as little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"DQRING\0\x01");
-/// Layout version; bumped on any incompatible change.
-pub const VERSION: u32 = 2;
+/// Layout version; bumped on any incompatible change (3: reader blocks).
+pub const VERSION: u32 = 3;
 /// Default slot size: 1 MiB, the frame payload size of the stream transport.
 pub const DEFAULT_SLOT_SIZE: u64 = 1 << 20;
 /// Slots are page aligned.
 pub const PAGE: u64 = 4096;
 /// Most slots a ring may have.
 pub const MAX_SLOTS: u32 = 1 << 16;
+/// Most readers a ring may have.
+pub const MAX_READERS: u32 = 64;
 
 /// Bits of [`Header::closed`].
 pub const PRODUCER_CLOSED: u32 = 1;
 /// The producer went away without closing (dropped in-process); the consumer reports an error.
 pub const PRODUCER_ABORTED: u32 = 2;
-/// The consumer went away; the producer's next wait fails.
+/// The consumer went away; the producer no longer waits for it (for the last reader: its
+/// next wait fails).
 pub const CONSUMER_CLOSED: u32 = 4;
 
 /// Written once by the creator; plain data.
@@ -97,7 +110,8 @@ pub struct Meta {
     pub total_len: u64,
     /// [`FLAG_CRC`] or 0; no other bits are defined.
     pub flags: u32,
-    pub reserved: u32,
+    /// Reader blocks (`1..=MAX_READERS`).
+    pub readers: u32,
 }
 
 /// Meta flag: the producer computes each batch's crc32c into its completion record and the
@@ -110,22 +124,28 @@ pub const FLAG_CRC: u32 = 1;
 #[derive(Debug, Default)]
 pub struct CacheLine<T>(pub T);
 
-/// The start of the shared mapping.
+/// The start of the shared mapping: what the producer writes for every reader.
 #[repr(C)]
 #[derive(Debug)]
 pub struct Header {
     pub meta: Meta,
     /// Batches published (producer writes, Release).
     pub producer: CacheLine<AtomicU64>,
-    /// Batches released (consumer writes, Release).
-    pub consumer: CacheLine<AtomicU64>,
-    /// Non-zero: the consumer sleeps (or is about to) and wants an eventfd write on publish.
-    pub consumer_wakeup: CacheLine<AtomicU32>,
     /// Non-zero: the producer waits for a free slot and wants an eventfd write on release.
     pub producer_wakeup: CacheLine<AtomicU32>,
+}
+
+/// One reader's block (see the table above).
+#[repr(C)]
+#[derive(Debug)]
+pub struct ReaderLines {
+    /// Batches released (this reader writes, Release).
+    pub consumer: CacheLine<AtomicU64>,
+    /// Non-zero: the reader sleeps (or is about to) and wants an eventfd write on publish.
+    pub consumer_wakeup: CacheLine<AtomicU32>,
     /// `PRODUCER_CLOSED | PRODUCER_ABORTED | CONSUMER_CLOSED`.
     pub closed: CacheLine<AtomicU32>,
-    /// While the consumer sleeps: the producer index at which to wake it.
+    /// While the reader sleeps: the producer index at which to wake it.
     pub consumer_wake_at: CacheLine<AtomicU64>,
 }
 
@@ -143,6 +163,7 @@ pub struct Record {
 pub struct Layout {
     pub slot_count: u32,
     pub slot_size: u64,
+    pub readers: u32,
     pub records_offset: u64,
     pub slots_offset: u64,
     pub total_len: u64,
@@ -155,6 +176,8 @@ pub enum LayoutError {
     SlotCount(u32),
     #[error("ring: slot size {0} out of range 1..={max}", max = u32::MAX)]
     SlotSize(u64),
+    #[error("ring: {0} readers, out of range 1..={MAX_READERS}")]
+    Readers(u32),
     #[error("ring: {slots} slots of {slot_size} bytes overflow the address space")]
     Overflow { slots: u32, slot_size: u64 },
     #[error("ring header: memfd is {0} bytes, smaller than the {min}-byte header", min = size_of::<Header>())]
@@ -173,13 +196,16 @@ pub enum LayoutError {
         slots: u32,
         slot_size: u64,
     },
+    #[error("ring header: {0} reader blocks; a session's own ring has 1")]
+    NotOneReader(u32),
     #[error("ring header: memfd is {actual} bytes but the header describes {expected} bytes")]
     FileSize { actual: u64, expected: u64 },
 }
 
 const _: () = {
     assert!(size_of::<Meta>() == 64);
-    assert!(size_of::<Header>() == 7 * 64);
+    assert!(size_of::<Header>() == 3 * 64);
+    assert!(size_of::<ReaderLines>() == 4 * 64);
     assert!(align_of::<Header>() == 64);
     assert!(size_of::<Record>() == 16);
 };
@@ -189,15 +215,28 @@ fn round_up(x: u64, to: u64) -> Option<u64> {
 }
 
 impl Layout {
-    /// The layout for `slot_count` slots of `slot_size` bytes.
+    /// The layout for `slot_count` slots of `slot_size` bytes and one reader.
     pub fn new(slot_count: u32, slot_size: u64) -> Result<Layout, LayoutError> {
+        Self::with_readers(slot_count, slot_size, 1)
+    }
+
+    /// The layout for `slot_count` slots of `slot_size` bytes and `readers` reader blocks.
+    pub fn with_readers(
+        slot_count: u32,
+        slot_size: u64,
+        readers: u32,
+    ) -> Result<Layout, LayoutError> {
+        if readers == 0 || readers > MAX_READERS {
+            return Err(LayoutError::Readers(readers));
+        }
         if slot_count == 0 || slot_count > MAX_SLOTS {
             return Err(LayoutError::SlotCount(slot_count));
         }
         if slot_size == 0 || slot_size > u64::from(u32::MAX) {
             return Err(LayoutError::SlotSize(slot_size));
         }
-        let records_offset = size_of::<Header>() as u64;
+        let records_offset =
+            (size_of::<Header>() + readers as usize * size_of::<ReaderLines>()) as u64;
         let overflow = LayoutError::Overflow {
             slots: slot_count,
             slot_size,
@@ -212,6 +251,7 @@ impl Layout {
         Ok(Layout {
             slot_count,
             slot_size,
+            readers,
             records_offset,
             slots_offset,
             total_len,
@@ -222,7 +262,7 @@ impl Layout {
     pub fn meta(&self, flags: u32) -> Meta {
         Meta {
             flags,
-            reserved: 0,
+            readers: self.readers,
             magic: MAGIC,
             version: VERSION,
             slot_count: self.slot_count,
@@ -251,7 +291,7 @@ impl Layout {
         if meta.flags & !FLAG_CRC != 0 {
             return Err(LayoutError::Flags { found: meta.flags });
         }
-        let layout = Layout::new(meta.slot_count, meta.slot_size)?;
+        let layout = Layout::with_readers(meta.slot_count, meta.slot_size, meta.readers)?;
         for (field, found, expected) in [
             ("records_offset", meta.records_offset, layout.records_offset),
             ("slots_offset", meta.slots_offset, layout.slots_offset),
@@ -281,6 +321,11 @@ impl Layout {
         self.slots_offset + u64::from(index) * self.slot_size
     }
 
+    /// Byte offset of reader `reader`'s block (`reader < readers`).
+    pub fn reader_offset(&self, reader: u32) -> u64 {
+        (size_of::<Header>() + reader as usize * size_of::<ReaderLines>()) as u64
+    }
+
     /// Byte offset of the completion record of slot `index`.
     pub fn record_offset(&self, index: u32) -> u64 {
         self.records_offset + u64::from(index) * size_of::<Record>() as u64
@@ -295,6 +340,14 @@ mod tests {
     fn default_layout() {
         let l = Layout::new(4, DEFAULT_SLOT_SIZE).unwrap();
         assert_eq!(l.records_offset, 448);
+        assert_eq!(l.reader_offset(0), 192);
+        let three = Layout::with_readers(4, DEFAULT_SLOT_SIZE, 3).unwrap();
+        assert_eq!(three.records_offset, 192 + 3 * 256);
+        assert_eq!(Layout::validate(&three.meta(0), three.total_len), Ok(three));
+        assert_eq!(
+            Layout::with_readers(4, 4096, 65).unwrap_err().to_string(),
+            "ring: 65 readers, out of range 1..=64"
+        );
         assert_eq!(l.slots_offset, 4096);
         assert_eq!(l.total_len, 4096 + 4 * (1 << 20));
         assert_eq!(Layout::validate(&l.meta(FLAG_CRC), l.total_len), Ok(l));

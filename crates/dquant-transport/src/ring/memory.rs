@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use rustix::mm::{MapFlags, ProtFlags};
 
-use super::layout::{Header, Layout, LayoutError, Record};
+use super::layout::{Header, Layout, LayoutError, ReaderLines, Record};
 use super::{io_err, lock, RingConsumer, RingError};
 
 /// A read-write shared mapping of the whole memfd.
@@ -61,10 +61,27 @@ impl Map {
         unsafe { &*self.ptr.as_ptr().cast::<Header>() }
     }
 
+    pub(super) fn reader(&self, layout: &Layout, reader: u32) -> &ReaderLines {
+        assert!(
+            reader < layout.readers,
+            "reader {reader} of {}",
+            layout.readers
+        );
+        // SAFETY: the block lies inside the validated layout (checked above), is 64-byte
+        // aligned (192 + 256 r) and `ReaderLines` is atomics, valid for any bit pattern.
+        unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(layout.reader_offset(reader) as usize)
+                .cast::<ReaderLines>()
+        }
+    }
+
     pub(super) fn record(&self, layout: &Layout, index: u32) -> &Record {
         debug_assert!(index < layout.slot_count);
         // SAFETY: `record_offset(index)` plus 16 bytes lies inside the validated layout, is
-        // 16-byte aligned (448 + 16 i), and `Record` is valid for any bit pattern.
+        // 16-byte aligned (192 + 256 r + 16 i), and `Record` is valid for any bit pattern.
         unsafe {
             &*self
                 .ptr
@@ -139,6 +156,8 @@ pub(super) struct ConsumerMem {
     /// The whole file, mapped once: header, records and, at first, every slot.
     pub(super) file: Map,
     pub(super) layout: Layout,
+    /// Which reader block is this consumer's.
+    pub(super) reader: u32,
     /// A duplicate of the memfd, to map a slot afresh after a detach.
     pub(super) memfd: OwnedFd,
     /// Where the ring reads each slot now: `None` in `file`, else a mapping of its own.
@@ -150,6 +169,11 @@ pub(super) struct ConsumerMem {
 }
 
 impl ConsumerMem {
+    /// This consumer's reader block.
+    pub(super) fn lines(&self) -> &ReaderLines {
+        self.file.reader(&self.layout, self.reader)
+    }
+
     pub(super) fn slot_ptr(&self, index: u32) -> *mut u8 {
         self.slot_in(&lock(&self.slots), index)
     }

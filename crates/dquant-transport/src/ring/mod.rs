@@ -6,6 +6,10 @@
 //! trainer on its host): the host process owns the memory, the agent only writes into the
 //! slots it is handed, and each side checks what the other wrote before it trusts it.
 //!
+//! A shared stream's subscribers on one host read one ring the agent creates, each from a
+//! reader block of its own ([`RingProducer::create`], [`RingProducer::add_reader`],
+//! [`RingConsumer::attach`]): the agent writes each batch once, however many read it.
+//!
 //! The host ([`RingConsumer`]) creates a sealed memfd holding a ring of slots plus two eventfds
 //! and hands all three to the agent ([`RingProducer`]) over a Unix socket ([`RingFds::send`],
 //! [`RingFds::recv`]). The producer [reserves](RingProducer::reserve) a free slot, writes a batch
@@ -52,7 +56,7 @@ use rustix::fs::SealFlags;
 
 pub use consumer::{RingConsumer, RingView, SlotRef, WAKE_BATCH_TIMEOUT};
 pub use fdpass::{recv_fds, send_fds};
-pub use handover::{RingFds, HANDSHAKE, MAX_HANDSHAKE_EXTRA};
+pub use handover::{Answer, RingFds, ANSWER, HANDSHAKE, HANDSHAKE_SHARED, MAX_HANDSHAKE_EXTRA};
 use layout::LayoutError;
 pub use producer::{RingProducer, SlotMut};
 
@@ -77,6 +81,8 @@ pub enum RingError {
     TooLarge { len: usize, slot_size: u64 },
     #[error("ring: fd handshake: {0}")]
     Handshake(String),
+    #[error("ring: no reader block: {0}")]
+    ReaderRefused(String),
     #[error("ring: live views hold all {held} slots and this ring's slots are not page aligned, so none can be detached; drop a batch view first")]
     AllHeld { held: u64 },
 }

@@ -1,8 +1,13 @@
 //! The agent's side of the ring. [`RingProducer`] reserves the next free slot, lets the caller
 //! write a batch into it in place ([`SlotMut`]) and publishes it with a Release store of the
-//! producer index, waking the consumer only if it sleeps. Closing marks the end of the
-//! stream; dropping the producer without closing marks it aborted, so the consumer can tell a
+//! producer index, waking each reader only if it sleeps. Closing marks the end of the
+//! stream; dropping the producer without closing marks it aborted, so a reader can tell a
 //! finished stream from a broken one.
+//!
+//! A slot is free once every active reader has released it (and, for a ring the agent shares,
+//! once no subscriber that may still attach needs it: [`RingProducer::set_floor`]). Which
+//! readers are active is the producer's own record, never read back from shared memory: a
+//! reader only ever tells the producer how far it got and that it left.
 
 use std::ops::{Deref, DerefMut};
 use std::os::fd::OwnedFd;
@@ -14,18 +19,45 @@ use super::memory::Map;
 use super::wake::{kick, wait, Woke};
 use super::RingError;
 
+/// What the producer knows of one reader block.
+pub(super) enum Reader {
+    /// Never handed out.
+    Vacant,
+    /// Reading, woken through `wake` (until it sets `CONSUMER_CLOSED`).
+    Active { wake: OwnedFd },
+    /// Gone, by the producer's word ([`RingProducer::end_reader`]).
+    Ended,
+}
+
+/// How much room the readers leave.
+#[derive(Debug, PartialEq, Eq)]
+enum Room {
+    Free,
+    Full,
+    /// No reader is left to write for.
+    Gone,
+}
+
 /// The agent side: writes batches into free slots.
 pub struct RingProducer {
     pub(super) map: Map,
     pub(super) layout: Layout,
-    pub(super) consumer_wake: OwnedFd,
+    /// One per reader block.
+    pub(super) readers: Vec<Reader>,
     pub(super) producer_wake: OwnedFd,
     pub(super) peer: Option<OwnedFd>,
     /// Next batch to publish (== the shared producer index; only this side writes it).
     pub(super) head: u64,
+    /// The slot of `head` was handed out and may be being written.
+    pub(super) reserved: bool,
     pub(super) closed: bool,
     /// Compute each batch's crc32c ([`layout::FLAG_CRC`](super::layout::FLAG_CRC)).
     pub(super) checksums: bool,
+    /// The oldest batch someone who is not (yet) a reader still needs: its slot is not reused.
+    pub(super) floor: Option<u64>,
+    /// The ring's file, for the readers [`RingProducer::add_reader`] adds (a ring this side
+    /// created; `None` for a session's own ring).
+    pub(super) memfd: Option<OwnedFd>,
 }
 
 impl RingProducer {
@@ -55,23 +87,16 @@ impl RingProducer {
     }
 
     fn reserve_until(&mut self, until: Option<Instant>) -> Result<SlotMut<'_>, RingError> {
-        let hdr = self.map.header();
-        let n = u64::from(self.layout.slot_count);
         let head = self.head;
         loop {
-            if hdr.closed.0.load(Ordering::Acquire) & CONSUMER_CLOSED != 0 {
-                return Err(RingError::ConsumerGone);
+            match self.room() {
+                Room::Free => break,
+                Room::Gone => return Err(RingError::ConsumerGone),
+                Room::Full => {}
             }
-            let tail = hdr.consumer.0.load(Ordering::Acquire);
-            if head.wrapping_sub(tail) < n {
-                break;
-            }
-            let ready = || {
-                head.wrapping_sub(hdr.consumer.0.load(Ordering::Acquire)) < n
-                    || hdr.closed.0.load(Ordering::Acquire) & CONSUMER_CLOSED != 0
-            };
+            let ready = || self.room() != Room::Full;
             match wait(
-                &hdr.producer_wakeup.0,
+                &self.map.header().producer_wakeup.0,
                 &self.producer_wake,
                 self.peer.as_ref(),
                 until,
@@ -82,11 +107,13 @@ impl RingProducer {
                 Woke::PeerHup => return Err(RingError::ConsumerGone),
             }
         }
+        let n = u64::from(self.layout.slot_count);
+        self.reserved = true;
         let index = (head % n) as u32;
         let len = self.layout.slot_size as usize;
-        // SAFETY: the slot is inside the mapping; the Acquire load above saw
-        // `head - tail < n`, so the consumer released this slot and will not read it until we
-        // publish it; `&mut self` is borrowed by the guard, so there is one writer.
+        // SAFETY: the slot is inside the mapping; `room` saw (Acquire) `head - tail < n` for
+        // every active reader, so each released this slot and will not read it until we
+        // publish it (a reader added later starts past it: `add_reader`); `&mut self` is borrowed by the guard, so there is one writer.
         let data =
             unsafe { std::slice::from_raw_parts_mut(self.map.slot_ptr(&self.layout, index), len) };
         Ok(SlotMut { ring: self, data })
@@ -111,12 +138,82 @@ impl RingProducer {
         // started from: `u64::MAX` must wrap, not panic (found by the `ring_header` fuzz
         // target).
         self.head = self.head.wrapping_add(1);
+        self.reserved = false;
         hdr.producer.0.store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
-        if hdr.consumer_wakeup.0.load(Ordering::Relaxed) != 0
-            && self.head >= hdr.consumer_wake_at.0.load(Ordering::Relaxed)
-        {
-            kick(&self.consumer_wake);
+        for (r, reader) in self.readers.iter().enumerate() {
+            let Reader::Active { wake } = reader else {
+                continue;
+            };
+            let lines = self.map.reader(&self.layout, r as u32);
+            if lines.consumer_wakeup.0.load(Ordering::Relaxed) != 0
+                && self.head >= lines.consumer_wake_at.0.load(Ordering::Relaxed)
+            {
+                kick(wake);
+            }
+        }
+    }
+
+    /// The room the active readers (and the floor) leave for batch `head`. A reader that
+    /// set `CONSUMER_CLOSED` no longer counts; its index is only ever compared, so whatever
+    /// it wrote there holds up no one but the readers of this ring.
+    fn room(&self) -> Room {
+        let n = u64::from(self.layout.slot_count);
+        let head = self.head;
+        let mut any = false;
+        for (r, reader) in self.readers.iter().enumerate() {
+            if !matches!(reader, Reader::Active { .. }) {
+                continue;
+            }
+            let lines = self.map.reader(&self.layout, r as u32);
+            if lines.closed.0.load(Ordering::Acquire) & CONSUMER_CLOSED != 0 {
+                continue;
+            }
+            any = true;
+            if head.wrapping_sub(lines.consumer.0.load(Ordering::Acquire)) >= n {
+                return Room::Full;
+            }
+        }
+        if !any {
+            return Room::Gone;
+        }
+        match self.floor {
+            Some(f) if f <= head && head - f >= n => Room::Full,
+            _ => Room::Free,
+        }
+    }
+
+    /// Keeps the slot of batch `floor` and every later one from being reused (`None`: no
+    /// floor): for a subscriber that will attach as a reader at `floor` but has not yet.
+    pub fn set_floor(&mut self, floor: Option<u64>) {
+        self.floor = floor;
+    }
+
+    /// Whether reader `reader` is active and has not left.
+    pub fn reader_active(&self, reader: u32) -> bool {
+        match self.readers.get(reader as usize) {
+            Some(Reader::Active { .. }) => {
+                let lines = self.map.reader(&self.layout, reader);
+                lines.closed.0.load(Ordering::Acquire) & CONSUMER_CLOSED == 0
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether any reader is active and has not left.
+    pub fn has_readers(&self) -> bool {
+        (0..self.readers.len() as u32).any(|r| self.reader_active(r))
+    }
+
+    /// Stops waiting for reader `reader`: it went away (its process, or its socket, is gone).
+    /// Nothing is written to its block. A reader still alive loses what it had not taken;
+    /// what it had taken it copied out before it let its socket go
+    /// ([`RingConsumer::detach_all`](super::RingConsumer::detach_all)).
+    pub fn end_reader(&mut self, reader: u32) {
+        if let Some(slot) = self.readers.get_mut(reader as usize) {
+            if matches!(slot, Reader::Active { .. }) {
+                *slot = Reader::Ended;
+            }
         }
     }
 
@@ -131,16 +228,22 @@ impl RingProducer {
     }
 
     fn mark_closed(&mut self, bit: u32) {
-        if !self.closed {
-            self.closed = true;
-            self.map.header().closed.0.fetch_or(bit, Ordering::Release);
-            kick(&self.consumer_wake);
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        for (r, reader) in self.readers.iter().enumerate() {
+            let lines = self.map.reader(&self.layout, r as u32);
+            lines.closed.0.fetch_or(bit, Ordering::Release);
+            if let Reader::Active { wake } = reader {
+                kick(wake);
+            }
         }
     }
 }
 
 impl Drop for RingProducer {
-    /// Dropped without [`close`](RingProducer::close): the consumer reports
+    /// Dropped without [`close`](RingProducer::close): each reader reports
     /// [`RingError::ProducerGone`] after the last complete batch. (A producer process that
     /// dies cannot do this; the consumer then sees the peer socket hang up.)
     fn drop(&mut self) {

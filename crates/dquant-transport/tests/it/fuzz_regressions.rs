@@ -22,9 +22,9 @@ fn pread_u64(fd: &std::os::fd::OwnedFd, at: u64) -> u64 {
 fn a_producer_index_of_u64_max_wraps_on_publish() {
     let (_consumer, fds) = RingConsumer::create(2, 4096).unwrap();
     let memfd = fds.memfd.try_clone().unwrap();
-    // Producer index (offset 64) and consumer index (offset 128): one slot in use.
+    // Producer index (offset 64) and consumer index (offset 192): one slot in use.
     pwrite_u64(&memfd, 64, u64::MAX);
-    pwrite_u64(&memfd, 128, u64::MAX - 1);
+    pwrite_u64(&memfd, 192, u64::MAX - 1);
     let mut p = RingProducer::attach(fds).unwrap();
     let mut slot = p.reserve_timeout(Duration::ZERO).unwrap();
     slot[..3].copy_from_slice(b"abc");

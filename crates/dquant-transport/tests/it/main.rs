@@ -5,5 +5,6 @@
 mod common;
 mod fuzz_regressions;
 mod ring;
+mod shared_ring;
 mod tcp;
 mod tls;

@@ -231,7 +231,7 @@ fn meta_bytes(
     v.extend(m.slots_offset.to_ne_bytes());
     v.extend(m.total_len.to_ne_bytes());
     v.extend(m.flags.to_ne_bytes());
-    v.extend(m.reserved.to_ne_bytes());
+    v.extend(m.readers.to_ne_bytes());
     v
 }
 
@@ -258,7 +258,7 @@ fn attach_rejects_bad_headers_and_sizes() {
             l.total_len,
             true
         )),
-        "ring header: version 9 not supported (expected 2)"
+        "ring header: version 9 not supported (expected 3)"
     );
     assert_eq!(
         attach_err(memfd_with(
@@ -292,9 +292,22 @@ fn attach_rejects_bad_headers_and_sizes() {
         )),
         "ring: slot count 0 out of range 1..=65536"
     );
+    let two = Layout::with_readers(2, 4096, 2).unwrap();
+    assert_eq!(
+        attach_err(memfd_with(&meta_bytes(&two, |_| {}), two.total_len, true)),
+        "ring header: 2 reader blocks; a session's own ring has 1"
+    );
+    assert_eq!(
+        attach_err(memfd_with(
+            &meta_bytes(&l, |m| m.readers = 0),
+            l.total_len,
+            true
+        )),
+        "ring: 0 readers, out of range 1..=64"
+    );
     assert_eq!(
         attach_err(memfd_with(&[], 100, true)),
-        "ring header: memfd is 100 bytes, smaller than the 448-byte header"
+        "ring header: memfd is 100 bytes, smaller than the 192-byte header"
     );
     let e = attach_err(memfd_with(&meta_bytes(&l, |_| {}), l.total_len, false));
     assert!(
