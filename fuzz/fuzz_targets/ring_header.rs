@@ -6,8 +6,8 @@
 //!
 //! Checked against an independent reading of the layout table in `ring::layout`:
 //!
-//! * an offer is taken exactly when it is the tag, then a valid hello, with three
-//!   descriptors;
+//! * an offer is taken exactly when it is a tag (a session's, or a shared-stream
+//!   subscriber's), then a valid hello, with three descriptors;
 //! * a ring is attached exactly when its memfd is sealed against shrinking and its header
 //!   describes exactly the file it is in; the attached layout is that description, and the
 //!   header re-encodes (`Layout::meta`) to the bytes it came from;
@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dquant_transport::ring::layout::{self, Layout, CONSUMER_CLOSED, FLAG_CRC, MAGIC, VERSION};
-use dquant_transport::ring::{send_fds, RingError, RingFds, RingProducer, HANDSHAKE};
+use dquant_transport::ring::{
+    send_fds, RingError, RingFds, RingProducer, HANDSHAKE, HANDSHAKE_SHARED,
+};
 use dquant_transport::shm::{OfferError, RingOffer};
 use dquant_transport::sink::BatchSink;
 use dquant_transport::Hello;
@@ -48,14 +50,16 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
 }
 
-/// What the header bytes `h` (the first 448 bytes of the file, zero-padded) say, if they
-/// describe a file of `file_len` bytes: slot count and size, where the slots start.
+/// What the header bytes `h` (the first 448 bytes of the file, zero-padded: the header, one
+/// reader block) say, if they describe a session's ring (one reader) in a file of `file_len`
+/// bytes: slot count and size, where the slots start.
 fn expected_layout(h: &[u8], file_len: u64) -> Option<(u32, u64, u64)> {
     let (n, size) = (u32_at(h, 12), u64_at(h, 16));
     if file_len < 448
         || u64_at(h, 0) != MAGIC
         || u32_at(h, 8) != VERSION
         || u32_at(h, 48) & !FLAG_CRC != 0
+        || u32_at(h, 52) != 1
         || !(1..=65536).contains(&n)
         || !(1..=u64::from(u32::MAX)).contains(&size)
     {
@@ -69,7 +73,7 @@ fn expected_layout(h: &[u8], file_len: u64) -> Option<(u32, u64, u64)> {
         .map(|()| (n, size, slots_offset))
 }
 
-/// The first 52 bytes of a header (the reserved word after them is not checked).
+/// The first 56 bytes of a header (its `Meta`, to the reader count).
 fn meta_bytes(l: &Layout, flags: u32) -> Vec<u8> {
     let m = l.meta(flags);
     let mut b = Vec::new();
@@ -80,6 +84,7 @@ fn meta_bytes(l: &Layout, flags: u32) -> Vec<u8> {
         b.extend_from_slice(&v.to_le_bytes());
     }
     b.extend_from_slice(&m.flags.to_le_bytes());
+    b.extend_from_slice(&m.readers.to_le_bytes());
     b
 }
 
@@ -142,7 +147,8 @@ impl File {
 
     /// Whether the producer may have a slot now, from the header's indices and flags.
     fn room(&self, n: u32) -> bool {
-        let (p, c) = (u64_at(&self.head, 64), u64_at(&self.head, 128));
+        // The producer index, and reader 0's consumer index and closed flags.
+        let (p, c) = (u64_at(&self.head, 64), u64_at(&self.head, 192));
         u32_at(&self.head, 320) & CONSUMER_CLOSED == 0 && p.wrapping_sub(c) < u64::from(n)
     }
 
@@ -153,7 +159,7 @@ impl File {
             (n, size, slots_offset)
         );
         assert_eq!(l.total_len, self.len);
-        assert_eq!(meta_bytes(l, u32_at(&self.head, 48)), self.head[..52]);
+        assert_eq!(meta_bytes(l, u32_at(&self.head, 48)), self.head[..56]);
         assert_eq!(l.record_offset(n - 1) + 16, 448 + 16 * u64::from(n));
         assert!(l.record_offset(n - 1) + 16 <= l.slots_offset);
         assert_eq!(l.slot_offset(n - 1) + l.slot_size, l.total_len);
@@ -248,7 +254,9 @@ fn offered(f: &File, msg: &[u8], nfds: usize, commit_len: usize) {
         send_fds(&client, &all[..nfds], msg).expect("send the offer");
     }
     drop(fds);
-    let tagged = msg.strip_prefix(HANDSHAKE);
+    let tagged = msg
+        .strip_prefix(HANDSHAKE)
+        .or_else(|| msg.strip_prefix(HANDSHAKE_SHARED));
     let hello = tagged.and_then(|rest| Hello::parse(rest).ok());
     let offer = match RingOffer::receive(&agent) {
         Ok(o) => o,
@@ -268,6 +276,7 @@ fn offered(f: &File, msg: &[u8], nfds: usize, commit_len: usize) {
     };
     assert_eq!(nfds, 3);
     assert_eq!(Some(offer.hello.clone()), hello);
+    assert_eq!(offer.shared, msg.starts_with(HANDSHAKE_SHARED));
     let sock = agent.try_clone().expect("dup");
     let mut sink = match offer.accept(sock, Arc::new(AtomicBool::new(false))) {
         Ok(s) => s,

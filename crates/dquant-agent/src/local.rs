@@ -20,10 +20,12 @@ use rustix::net::RecvFlags;
 
 use crate::accept::{serve_each, Handshake, HELLO_TIMEOUT};
 use crate::carrier::{self, Carrier, Claimed, Refusal};
+use crate::metrics::Meter;
 use crate::produce::Stats;
 use crate::serve_plan::stream_in_memory;
 use crate::serve_ranges::serve_ranges_ring;
 use crate::sessions::Work;
+use crate::share::serve_subscriber;
 use crate::stream_error::StreamError;
 use crate::Shared;
 
@@ -149,6 +151,7 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
             let ring = RingConn {
                 conn,
                 hello: offer.hello.clone(),
+                shared: offer.shared,
                 offer: Some(offer),
             };
             carrier::serve(ring, shared, handshake)
@@ -163,6 +166,8 @@ fn ring_session(conn: UnixStream, shared: &Shared, handshake: Handshake) {
 struct RingConn {
     conn: UnixStream,
     hello: Hello,
+    /// The consumer may read a shared stream's shared ring instead of its own.
+    shared: bool,
     /// The offer, until the ring is attached ([`Carrier::ready`]).
     offer: Option<RingOffer>,
 }
@@ -228,6 +233,11 @@ impl Carrier for RingConn {
         match work {
             w @ Work::Source { .. } => {
                 serve_ranges_ring(w, sink, self.conn, (shared, owner), cancel)
+            }
+            Work::Subscriber { sub } if self.shared => {
+                let meter = Meter::off().with_tally(shared.events.tally(owner));
+                let flags = (&shared.draining, &*cancel);
+                serve_subscriber(sub, sink, &self.conn, flags, &meter)
             }
             w => {
                 let meter = w

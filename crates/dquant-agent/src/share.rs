@@ -13,8 +13,10 @@
 //!
 //! Records are made once in the plan's wire codec (what TCP subscribers get). A
 //! shared-memory subscriber needs them in the output dtype; that form is made from the wire
-//! record once, by whichever ring subscriber first needs it.
+//! record once, by whichever ring subscriber first needs it. Shared-memory subscribers on
+//! the agent's host read them from one ring the agent writes once ([`broadcast`]).
 
+mod broadcast;
 mod relay;
 mod window;
 
@@ -38,6 +40,7 @@ use crate::events::Events;
 use crate::metrics::Meter;
 use crate::produce::{run, Outcome, Producer};
 
+pub(crate) use broadcast::serve_subscriber;
 pub(crate) use relay::{relay, FrameOutlet, RingOutlet};
 pub(crate) use window::{End, JoinError, Next, Pos, Window};
 
@@ -208,6 +211,8 @@ pub(crate) struct SharedStream {
     /// advances, joins or leaves): one waiter, so readers do not wake each other.
     room: Condvar,
     events: Arc<Events>,
+    /// The stream's shared ring, while it has a writer.
+    broadcast: Mutex<Weak<broadcast::Broadcast>>,
 }
 
 /// How long a blocked producer or subscriber sleeps before it looks at its flags again.
@@ -232,7 +237,49 @@ impl SharedStream {
             stream: self.clone(),
             session,
             from,
+            silent: false,
         })
+    }
+
+    /// Adds `session` as a silent subscriber where subscriber `beside` is (see
+    /// [`Window::join_silent_beside`]), and its window index; `None` when `beside` is not
+    /// subscribed or `session` is.
+    fn join_silent_beside(
+        self: &Arc<Self>,
+        session: u64,
+        beside: u64,
+    ) -> Option<(Subscription, u64)> {
+        let mut w = self.lock();
+        let index = w.join_silent_beside(session, beside)?;
+        let from = w.head();
+        drop(w);
+        let sub = Subscription {
+            stream: self.clone(),
+            session,
+            from,
+            silent: true,
+        };
+        Some((sub, index))
+    }
+
+    /// Subscriber `session`'s next record index.
+    fn index_of(&self, session: u64) -> Option<u64> {
+        self.lock().index_of(session)
+    }
+
+    /// The lowest next record index of the subscribers `skip` does not pick.
+    fn slowest_except(&self, skip: impl Fn(u64) -> bool) -> Option<u64> {
+        self.lock().slowest_except(skip)
+    }
+
+    /// Each of `sessions` has its next `n` records.
+    fn advance_each(&self, sessions: impl Iterator<Item = u64>, n: usize) {
+        let mut w = self.lock();
+        for s in sessions {
+            w.advance_by(s, n);
+        }
+        drop(w);
+        self.room.notify_one();
     }
 
     fn publish(&self, session: u64, joined: bool, at: Pos, subscribers: usize) {
@@ -294,6 +341,8 @@ pub(crate) struct Subscription {
     stream: Arc<SharedStream>,
     session: u64,
     from: Pos,
+    /// A shared ring's writer: not a consumer, so its leaving is not an event.
+    silent: bool,
 }
 
 impl Subscription {
@@ -311,8 +360,9 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let s = &self.stream;
         let mut w = s.lock();
-        if let Some(at) = w.leave(self.session) {
-            s.publish(self.session, false, at, w.subscribers());
+        match w.leave(self.session) {
+            Some(at) if !self.silent => s.publish(self.session, false, at, w.subscribers()),
+            _ => {}
         }
         drop(w);
         s.room.notify_one();
@@ -404,6 +454,7 @@ impl Shares {
             spares: Arc::default(),
             room: Condvar::new(),
             events: events.clone(),
+            broadcast: Mutex::new(Weak::new()),
         });
         let sub = stream
             .join(session, None)

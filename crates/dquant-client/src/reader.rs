@@ -203,7 +203,7 @@ impl Reader {
             }
         };
         let start = at.cloned().unwrap_or(Cursor::START);
-        Self::attach(agent, control, reply, &plan, start)
+        Self::attach(agent, control, reply, &plan, start, true)
     }
 
     fn remote_opened(
@@ -227,20 +227,22 @@ impl Reader {
                 share_group: share.map_or(0, |s| s.group),
             })
             .map_err(ClientError::from_agent)?;
-        Self::attach(agent, control, reply, plan, cursor)
+        Self::attach(agent, control, reply, plan, cursor, share.is_some())
     }
 
     /// Connects the data plane of the session `reply` opened, starting from `cursor` (moved
-    /// to where the agent says the stream starts).
+    /// to where the agent says the stream starts); `shared`: a shared stream's subscriber.
     fn attach(
         agent: &AgentUri,
         control: Control,
         reply: OpenReply,
         plan: &Plan,
         cursor: Cursor,
+        shared: bool,
     ) -> Result<Self, ClientError> {
         let transport = agent.transport();
-        let endpoint = shm::endpoint(agent, &control, plan, &reply)?;
+        let mut endpoint = shm::endpoint(agent, &control, plan, &reply)?;
+        endpoint.shared = shared;
         let source = match dquant_transport::connect(transport, &endpoint) {
             Ok(s) => s,
             Err(e) => {
@@ -348,6 +350,12 @@ impl Reader {
     /// Whether the plan runs on an agent.
     pub fn is_offloaded(&self) -> bool {
         self.session.is_some()
+    }
+
+    /// Whether batches come from a shared stream's ring the agent writes once for every
+    /// subscriber on this host (a shared-memory subscriber that could join it).
+    pub fn reads_shared_ring(&self) -> bool {
+        self.source.shared_ring()
     }
 
     /// How batches arrive: `None` in-process, else the transport from the agent.

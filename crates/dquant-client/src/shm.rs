@@ -86,6 +86,7 @@ pub(crate) fn endpoint(
             verify: uri.verify,
         },
         tls: control.tls().cloned(),
+        shared: false,
     })
 }
 

@@ -85,6 +85,7 @@ impl RemoteSource {
             hello: control.hello(reply)?,
             ring: shape,
             tls: None,
+            shared: false,
         };
         let records = connect_range_ring(&endpoint).map_err(connect_error)?;
         let writer = records

@@ -17,7 +17,7 @@ use std::str::FromStr;
 pub use crate::error::ConnectError;
 use crate::loopback;
 use crate::receive::BatchSource;
-use crate::ring::RingConsumer;
+use crate::ring::{Answer, RingConsumer, HANDSHAKE, HANDSHAKE_SHARED};
 use crate::shm::{RingRecords, RingSource};
 use crate::tcp::{self, TcpBatchSource};
 use crate::tls::ClientTls;
@@ -158,6 +158,9 @@ pub struct Endpoint {
     pub ring: RingShape,
     /// TLS for the TCP data plane, when the agent serves it.
     pub tls: Option<ClientTls>,
+    /// The session subscribes to a shared stream: over shared memory it offers its ring with
+    /// [`HANDSHAKE_SHARED`] and reads the stream's shared ring if the agent answers so.
+    pub shared: bool,
 }
 
 /// Connects the data plane of the session `endpoint` describes over `transport`.
@@ -170,10 +173,27 @@ pub fn connect(
 
 /// Creates a ring of `endpoint.ring`'s shape and hands it to the agent with the session's
 /// hello: the agent writes batch records into it, and the returned source reads them in
-/// place.
+/// place. A shared stream's subscriber reads the reader block of the stream's shared ring
+/// instead when the agent answers with one.
 fn connect_ring(endpoint: &Endpoint) -> Result<RingSource, ConnectError> {
     let (ring, sock) = hand_over(endpoint)?;
-    Ok(RingSource::new(ring, sock))
+    if !endpoint.shared {
+        return Ok(RingSource::new(ring, sock));
+    }
+    match Answer::recv(&sock)? {
+        Some(Answer::Reader { fds, reader }) => {
+            drop(ring);
+            let mut shared = RingConsumer::attach(fds, reader, endpoint.ring.verify)?;
+            let peer = sock.try_clone().map_err(|source| ConnectError::Connect {
+                addr: endpoint.agent.clone(),
+                source,
+            })?;
+            shared.set_peer(OwnedFd::from(peer));
+            Ok(RingSource::new(shared, sock))
+        }
+        // Our own ring; or the agent refused the session and its message waits on the socket.
+        Some(Answer::Own) | None => Ok(RingSource::new(ring, sock)),
+    }
 }
 
 /// Creates a ring of `endpoint.ring`'s shape for a range session and hands it to the agent
@@ -204,7 +224,12 @@ fn hand_over(endpoint: &Endpoint) -> Result<(RingConsumer, UnixStream), ConnectE
     } = endpoint.ring;
     let (mut ring, fds) = RingConsumer::create_with(slots, slot_size, verify)?;
     let sock = UnixStream::connect(path).map_err(err)?;
-    fds.send_with(&sock, &endpoint.hello.encode())?;
+    let tag = if endpoint.shared {
+        HANDSHAKE_SHARED
+    } else {
+        HANDSHAKE
+    };
+    fds.send_tagged(&sock, tag, &endpoint.hello.encode())?;
     // Our copies of the descriptors go now: the agent holds its own.
     drop(fds);
     let peer = sock.try_clone().map_err(err)?;

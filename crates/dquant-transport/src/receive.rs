@@ -58,6 +58,12 @@ pub trait BatchSource: Send {
         false
     }
 
+    /// Whether records come from a shared stream's ring that the agent writes once for every
+    /// subscriber on this host (rather than from a ring of this session's own).
+    fn shared_ring(&self) -> bool {
+        false
+    }
+
     /// Copies the payload of the record whose header [`next_header`](BatchSource::next_header)
     /// returned into `out`, exactly `payload_len` bytes.
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError>;

@@ -33,6 +33,9 @@ const _: () = assert!(MAX_HELLO_LEN <= MAX_HANDSHAKE_EXTRA);
 pub struct RingOffer {
     fds: RingFds,
     pub hello: Hello,
+    /// The consumer subscribes to a shared stream and takes a reader block of the stream's
+    /// shared ring instead, if the agent answers with one ([`crate::ring::Answer`]).
+    pub shared: bool,
 }
 
 /// Why an offer could not be taken.
@@ -48,9 +51,9 @@ pub enum OfferError {
 impl RingOffer {
     /// Receives an offer on `sock`: the ring's descriptors with the session's hello.
     pub fn receive(sock: &UnixStream) -> Result<Self, OfferError> {
-        let (fds, extra) = RingFds::recv_with(sock)?;
+        let (fds, extra, shared) = RingFds::recv_tagged(sock)?;
         let hello = Hello::parse(&extra)?;
-        Ok(RingOffer { fds, hello })
+        Ok(RingOffer { fds, hello, shared })
     }
 
     /// Maps the offered ring as its producer: a sink for the session's batch records, whose
@@ -100,6 +103,11 @@ impl RingSink {
     /// The ring's shape (for logs), while the stream is open.
     pub fn layout(&self) -> Option<&crate::ring::layout::Layout> {
         self.ring.as_ref().map(|r| r.layout())
+    }
+
+    /// Whether the ring's batches carry their crc32c (the consumer asked for them).
+    pub fn checksums(&self) -> bool {
+        self.ring.as_ref().is_some_and(|r| r.checksums())
     }
 
     fn ring(&mut self) -> Result<&mut RingProducer, SinkError> {
@@ -309,6 +317,10 @@ impl BatchSource for RingSource {
         true
     }
 
+    fn shared_ring(&self) -> bool {
+        self.ring.is_shared()
+    }
+
     fn read_payload(&mut self, out: &mut [u8]) -> Result<(), ReceiveError> {
         copy_payload(self.held.as_deref(), out, "shared-memory ring")
     }
@@ -328,6 +340,11 @@ impl BatchSource for RingSource {
     }
 
     fn shutdown(&mut self) {
+        if self.ring.is_shared() {
+            // The agent reuses a shared ring's slots once this reader's socket is gone: the
+            // batches still viewed are copied out first.
+            let _ = self.ring.detach_all();
+        }
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 }

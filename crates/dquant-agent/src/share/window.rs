@@ -6,7 +6,7 @@
 //! joins at a batch boundary still in the window, or at the head (the next batch made);
 //! nothing a subscriber has not read is ever dropped.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// A stream position: the cursor's epoch and `consumed_samples`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -80,6 +80,9 @@ pub(crate) struct Window<R> {
     head: Pos,
     /// Each subscriber's next record index.
     subs: BTreeMap<u64, u64>,
+    /// Subscribers that are not consumers: a shared ring's writer, which holds records like
+    /// any subscriber but is not counted as one.
+    silent: BTreeSet<u64>,
     end: Option<End>,
 }
 
@@ -92,6 +95,7 @@ impl<R: Clone> Window<R> {
             base: 0,
             head: start,
             subs: BTreeMap::new(),
+            silent: BTreeSet::new(),
             end: None,
         }
     }
@@ -110,8 +114,36 @@ impl<R: Clone> Window<R> {
         self.head
     }
 
+    /// Subscribers, not counting silent ones.
     pub fn subscribers(&self) -> usize {
-        self.subs.len()
+        self.subs.len() - self.silent.len()
+    }
+
+    /// Subscriber `id`'s next record index.
+    pub fn index_of(&self, id: u64) -> Option<u64> {
+        self.subs.get(&id).copied()
+    }
+
+    /// Adds `id` as a silent subscriber where `beside` is: it holds records from there on,
+    /// but does not count in [`Window::subscribers`]. `None`: `beside` is not subscribed, or
+    /// `id` already is.
+    pub fn join_silent_beside(&mut self, id: u64, beside: u64) -> Option<u64> {
+        let index = *self.subs.get(&beside)?;
+        if self.subs.contains_key(&id) {
+            return None;
+        }
+        self.subs.insert(id, index);
+        self.silent.insert(id);
+        Some(index)
+    }
+
+    /// The lowest next record index among the subscribers `skip` does not pick.
+    pub fn slowest_except(&self, skip: impl Fn(u64) -> bool) -> Option<u64> {
+        self.subs
+            .iter()
+            .filter(|(&id, _)| !skip(id))
+            .map(|(_, &i)| i)
+            .min()
     }
 
     /// Adds subscriber `id` at `at` (`None`: the head). Returns where it starts.
@@ -153,6 +185,7 @@ impl<R: Clone> Window<R> {
     /// or `None` when it was not subscribed.
     pub fn leave(&mut self, id: u64) -> Option<Pos> {
         let index = self.subs.remove(&id)?;
+        self.silent.remove(&id);
         Some(self.position_of(index))
     }
 
@@ -281,6 +314,26 @@ mod tests {
         assert!(w.has_room());
         assert!(w.push(2, p(12)));
         assert_eq!(drain(&mut w, 2), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_silent_subscriber_holds_records_but_is_not_counted() {
+        let mut w = Window::new(2, p(0));
+        w.join(1, None).unwrap();
+        assert_eq!(w.join_silent_beside(9, 1), Some(0));
+        assert_eq!(w.join_silent_beside(9, 1), None);
+        assert_eq!(w.join_silent_beside(8, 7), None);
+        assert_eq!(w.subscribers(), 1);
+        assert!(w.push(0, p(4)) && w.push(1, p(8)));
+        w.advance_by(1, 2);
+        // The silent one has read nothing: it holds the window.
+        assert!(!w.has_room());
+        assert_eq!(w.slowest_except(|id| id == 9), Some(2));
+        assert_eq!(w.slowest_except(|_| false), Some(0));
+        assert_eq!(w.index_of(9), Some(0));
+        assert_eq!(w.leave(9), Some(p(0)));
+        assert!(w.has_room());
+        assert_eq!(w.subscribers(), 1);
     }
 
     #[test]

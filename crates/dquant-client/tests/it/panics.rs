@@ -102,12 +102,14 @@ fn a_shared_stream_whose_producer_panics_ends_every_subscriber_and_nobody_else()
     });
     let share = Share {
         name: "job7/dp0".into(),
-        group: 3,
+        group: 4,
     };
+    // Two read the stream's shared ring: each finds the message on its own socket.
     let readers = [
         open_shared(&tcp, &p, Cursor::START, &share),
         open_shared(&sock, &p, Cursor::START, &share),
         subscribe(&tcp, "job7/dp0", Some(&Cursor::START)),
+        subscribe(&sock, "job7/dp0", Some(&Cursor::START)),
     ];
     let ends: Vec<(Vec<u8>, String)> = std::thread::scope(|s| {
         let handles: Vec<_> = readers

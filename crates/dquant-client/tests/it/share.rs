@@ -73,9 +73,52 @@ fn four_subscribers_over_tcp_and_shm_get_the_stream_a_single_consumer_gets() {
     wait_idle(&agent);
 }
 
+#[test]
+fn shm_subscribers_on_the_agents_host_read_one_ring_the_agent_writes_once() {
+    let c = Corpus::new();
+    let (agent, sock) = c.agent_with_socket();
+    let p = shared_plan();
+    let want = local(&c, &p, Cursor::START);
+    let verify = format!("{sock}?verify=true");
+    let readers = [
+        open_shared(&sock, &p, Cursor::START, &share(5)),
+        open_shared(&sock, &p, Cursor::START, &share(5)),
+        subscribe(&sock, "job42/dp3", Some(&Cursor::START)),
+        subscribe(&sock, "job42/dp3", Some(&Cursor::START)),
+        // Asks for checksums the ring (made as the first subscriber's) does not carry: it
+        // gets its own ring.
+        subscribe(&verify, "job42/dp3", Some(&Cursor::START)),
+    ];
+    let got: Vec<(bool, Digest)> = std::thread::scope(|s| {
+        let handles: Vec<_> = readers
+            .into_iter()
+            .map(|r| {
+                s.spawn(move || {
+                    let r = r.unwrap();
+                    (r.reads_shared_ring(), digest(r))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let shared: Vec<bool> = got.iter().map(|g| g.0).collect();
+    assert_eq!(shared, [true, true, true, true, false]);
+    for (i, (_, g)) in got.iter().enumerate() {
+        assert_eq!(g, &want, "subscriber {i}");
+    }
+    wait_idle(&agent);
+}
+
 /// (A subscriber SIGKILLed mid-stream: `crates/dquant-cli/tests/it/agent.rs`.)
 #[test]
 fn a_subscriber_closed_mid_stream_leaves_the_others_streams_whole() {
+    // The quitter over TCP, then as a reader of the stream's shared ring.
+    for over_shm in [false, true] {
+        closed_mid_stream(over_shm);
+    }
+}
+
+fn closed_mid_stream(over_shm: bool) {
     let c = Corpus::new();
     let (agent, sock) = c.agent_with_socket();
     let p = shared_plan();
@@ -83,7 +126,9 @@ fn a_subscriber_closed_mid_stream_leaves_the_others_streams_whole() {
     let tcp = agent.uri();
     let a = open_shared(&tcp, &p, Cursor::START, &share(3)).unwrap();
     let b = subscribe(&sock, "job42/dp3", None).unwrap();
-    let mut quitter = subscribe(&tcp, "job42/dp3", None).unwrap();
+    let quitter_at = if over_shm { &sock } else { &tcp };
+    let mut quitter = subscribe(quitter_at, "job42/dp3", None).unwrap();
+    assert_eq!(quitter.reads_shared_ring(), over_shm);
     let got = std::thread::scope(|s| {
         let a = s.spawn(move || digest(a));
         let b = s.spawn(move || digest(b));

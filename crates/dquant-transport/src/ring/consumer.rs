@@ -83,6 +83,11 @@ impl RingConsumer {
         self.tail
     }
 
+    /// Whether this is a reader of a ring the agent shares ([`RingConsumer::attach`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
     /// Batches detached so far (copied out of the ring because their views lived long).
     pub fn detached(&self) -> u64 {
         self.detached

@@ -70,6 +70,11 @@ impl RingProducer {
         &self.layout
     }
 
+    /// Whether each batch carries its crc32c.
+    pub fn checksums(&self) -> bool {
+        self.checksums
+    }
+
     /// Waits (without limit) for a free slot.
     pub fn reserve(&mut self) -> Result<SlotMut<'_>, RingError> {
         self.reserve_until(None)
