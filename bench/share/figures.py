@@ -35,6 +35,11 @@ def figures(out: Path) -> list[dict]:
              "value": round(r["sessions"]["agent_cpu_s"] / lone["agent_cpu_s"], 3), "unit": "×",
              "baseline": "the same lone reader (what sharing saves)", "goal": None},
         ]
+        if key == "shm" and "shared_ring_readers" in r["shared"]:
+            figs.append(
+                {"name": f"{label}, {n} subscribers: readers of the stream's shared ring",
+                 "value": r["shared"]["shared_ring_readers"], "unit": "readers",
+                 "baseline": f"{n} subscribers (each one that could join it)", "goal": None})
     if not figs:
         sys.exit(f"bench/share/figures.py: no tcp.json, shm.json or tcp-zstd.json in {out}")
     return figs

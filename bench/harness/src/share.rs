@@ -63,6 +63,8 @@ struct Measured {
     rates: Vec<f64>,
     /// Each reader's stream checksum.
     sums: Vec<u64>,
+    /// Readers that read the stream's shared ring (shared-memory subscribers that joined it).
+    ring_readers: usize,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -94,8 +96,9 @@ fn rchar(pid: u32) -> Result<u64> {
         .context("rchar")
 }
 
-/// Reads `r` to the end: (bytes, seconds, checksum).
-fn drain(mut r: Reader, t0: Instant) -> Result<(u64, f64, u64)> {
+/// Reads `r` to the end: (bytes, seconds, checksum, whether it read a shared ring).
+fn drain(mut r: Reader, t0: Instant) -> Result<(u64, f64, u64, bool)> {
+    let shared_ring = r.reads_shared_ring();
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut n = 0u64;
     while let Some(b) = r.next_batch()? {
@@ -103,7 +106,7 @@ fn drain(mut r: Reader, t0: Instant) -> Result<(u64, f64, u64)> {
         h.update(bytes);
         n += bytes.len() as u64;
     }
-    Ok((n, t0.elapsed().as_secs_f64(), h.digest()))
+    Ok((n, t0.elapsed().as_secs_f64(), h.digest(), shared_ring))
 }
 
 /// Opens reader `i` of scenario `how`.
@@ -147,7 +150,7 @@ fn measure(
     let (cpu0, rc0) = (procs::proc_cpu(pid)?, rchar(pid)?);
     let t0 = procs::monotonic_s();
     let start = Barrier::new(n);
-    let results: Vec<Result<(u64, f64, u64)>> = std::thread::scope(|s| {
+    let results: Vec<Result<(u64, f64, u64, bool)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
                 let start = &start;
@@ -174,9 +177,11 @@ fn measure(
         read_bytes: rc1 - rc0,
         rates: Vec::new(),
         sums: Vec::new(),
+        ring_readers: 0,
     };
     for r in results {
-        let (bytes, secs, sum) = r?;
+        let (bytes, secs, sum, shared_ring) = r?;
+        m.ring_readers += usize::from(shared_ring);
         m.rates.push(bytes as f64 / secs.max(1e-9));
         m.delivered += bytes;
         m.sums.push(sum);
@@ -284,7 +289,8 @@ fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
         "sessions": {"agent_cpu_s": cpu(How::Sessions), "read_bytes": read(How::Sessions),
             "bytes_per_s": rate(How::Sessions), "slowest_bytes_per_s": slowest(How::Sessions)},
         "shared": {"agent_cpu_s": cpu(How::Shared), "read_bytes": read(How::Shared),
-            "bytes_per_s": rate(How::Shared), "slowest_bytes_per_s": slowest(How::Shared)},
+            "bytes_per_s": rate(How::Shared), "slowest_bytes_per_s": slowest(How::Shared),
+            "shared_ring_readers": pick(How::Shared, &|m| m.ring_readers as f64)},
         "windows": windows(rows),
         "targets": {
             "shared_cpu_vs_lone": cpu(How::Shared) / c1,
@@ -304,5 +310,9 @@ fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
         procs::loadavg()
     );
     t.print();
+    if a.transport == "shm" {
+        let k = pick(How::Shared, &|m| m.ring_readers as f64);
+        println!("{k:.0} of the {n} subscribers read the stream's shared ring");
+    }
     Ok(())
 }

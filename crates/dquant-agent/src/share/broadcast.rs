@@ -57,6 +57,8 @@ pub(crate) struct Broadcast {
     mail: Mutex<Mail>,
     /// Written once the writer is done: wakes every member's connection thread.
     ended: OwnedFd,
+    /// Set just before the ring ends (closed or aborted), before the end is known here.
+    ending: AtomicBool,
     /// Whether the ring's batches carry their crc32c.
     checksums: bool,
 }
@@ -226,7 +228,20 @@ fn watch(
         }
         let hup = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR;
         if fds[0].revents().intersects(hup) && b.end().is_none() {
-            return Err(StreamError::Stopped("client went away".into()));
+            if !b.ending.load(Ordering::Acquire) {
+                return Err(StreamError::Stopped("client went away".into()));
+            }
+            // A reader that had the whole stream goes as soon as the ring is closed, a
+            // moment before the writer says how it ended.
+            let mut ended = [PollFd::new(&b.ended, PollFlags::IN)];
+            let grace = Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            };
+            let _ = poll(&mut ended, Some(&grace));
+            if b.end().is_none() {
+                return Err(StreamError::Stopped("client went away".into()));
+            }
         }
     }
 }
@@ -295,6 +310,7 @@ fn start(
             ..Mail::default()
         }),
         ended,
+        ending: AtomicBool::new(false),
         checksums,
     });
     let writer = Writer {
@@ -318,10 +334,8 @@ fn write(mut w: Writer, sub: Subscription) {
     let b = w.b.clone();
     let never = AtomicBool::new(false);
     let (outcome, stats) = relay(&sub, &mut w, &never, &Meter::off());
-    // `relay` closed the ring or failed it (messages first); whatever is left aborts now,
-    // and the writer leaves the stream before its members hear of the end (a stream whose
-    // subscribers have all left is gone, and its name free).
-    drop(w);
+    // The writer leaves the stream before its readers can see the end: a stream whose
+    // subscribers have all left is gone, and its name free again.
     let share = sub.stream().name.clone();
     drop(sub);
     let end = match outcome {
@@ -330,6 +344,22 @@ fn write(mut w: Writer, sub: Subscription) {
         Outcome::Drained(m) => End::Drained(m),
         Outcome::Stopped(m) => End::Stopped(m),
     };
+    // Then the ring ends: closed, or each member's message on its socket before the ring is
+    // marked aborted.
+    b.ending.store(true, Ordering::Release);
+    match (&end, w.producer.take()) {
+        (End::Finished, Some(p)) => p.close(),
+        (End::Failed(m) | End::Drained(m), Some(p)) => {
+            for x in &b.mail().members {
+                if let Ok(s) = x.sock.try_clone() {
+                    let _ = FrameWriter::new(s).fail(m);
+                }
+            }
+            drop(p);
+        }
+        _ => {}
+    }
+    drop(w);
     tracing::info!(%share, records = stats.records, end = ?end, "shared ring ended");
     b.finish(end);
 }
@@ -522,20 +552,12 @@ impl Outlet for Writer {
         Ok(())
     }
 
+    /// The ring is closed once the writer has left the stream ([`write`]).
     fn finish(&mut self) -> Result<(), SinkError> {
-        if let Some(p) = self.producer.take() {
-            p.close();
-        }
         Ok(())
     }
 
-    /// Each member finds `message` on its socket, then the ring aborted after its batches.
-    fn fail(&mut self, message: &str) {
-        for m in &self.b.mail().members {
-            if let Ok(s) = m.sock.try_clone() {
-                let _ = FrameWriter::new(s).fail(message);
-            }
-        }
-        self.producer = None;
-    }
+    /// Each member finds the message on its socket, then the ring aborted after its
+    /// batches, once the writer has left the stream ([`write`]).
+    fn fail(&mut self, _message: &str) {}
 }
