@@ -4,12 +4,21 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
-/// A free loopback port (bound and released: the agent binds it right after).
+/// A free loopback port (bound and released: the agent binds it right after), drawn below
+/// the kernel's ephemeral range (32768 and up): a port the kernel picks for another test's
+/// connection or `:0` listener in the meantime can never be this one.
 pub fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    use std::hash::{BuildHasher, Hasher};
+    for _ in 0..1000 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let port = 20_000 + (h.finish() % 12_000) as u16;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        if std::net::TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free loopback port in 20000..32000")
 }
 
 /// The metrics page, over plain HTTP/1.0.
