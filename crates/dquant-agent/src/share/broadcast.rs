@@ -113,7 +113,7 @@ impl Broadcast {
         m.members
             .iter()
             .find(|x| x.reader == reader)
-            .map_or_else(Stats::default, |x| x.stats.clone())
+            .map_or_else(Stats::default, |x| x.stats)
     }
 
     /// Member `reader` leaves (or its stream ended): what it was delivered.
@@ -170,7 +170,7 @@ pub(crate) fn serve_subscriber(
         count(meter, &mut counted, b.stats(reader));
     });
     let stats = b.leave(reader);
-    count(meter, &mut counted, stats.clone());
+    count(meter, &mut counted, stats);
     outcome.map(|()| stats)
 }
 
