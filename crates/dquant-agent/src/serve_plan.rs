@@ -99,7 +99,8 @@ pub(crate) fn stream_in_memory(
     ended(outcome, stats)
 }
 
-fn ended(outcome: Outcome, stats: Stats) -> Result<Stats, StreamError> {
+/// A stream's outcome as its session's result.
+pub(crate) fn ended(outcome: Outcome, stats: Stats) -> Result<Stats, StreamError> {
     match outcome {
         Outcome::Finished => Ok(stats),
         Outcome::Stopped(m) => Err(StreamError::Stopped(m)),

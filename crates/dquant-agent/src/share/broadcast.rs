@@ -39,10 +39,11 @@ use dquant_transport::shm::RingSink;
 use dquant_transport::{FrameWriter, SinkError};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
-use super::relay::{relay, Outlet, RingOutlet};
+use super::relay::{each_plain, relay, Outlet, RingOutlet};
 use super::{End, SharedStream, Slot, StreamInfo, Subscription};
 use crate::metrics::Meter;
 use crate::produce::{Outcome, Stats, TooLarge};
+use crate::serve_plan::ended;
 use crate::stream_error::StreamError;
 
 /// How long the writer waits for readers before it looks at its mailbox again.
@@ -182,15 +183,6 @@ fn count(meter: &Meter, counted: &mut Stats, now: Stats) {
         now.wire_bytes.saturating_sub(counted.wire_bytes),
     );
     *counted = now;
-}
-
-fn ended(outcome: Outcome, stats: Stats) -> Result<Stats, StreamError> {
-    match outcome {
-        Outcome::Finished => Ok(stats),
-        Outcome::Stopped(m) => Err(StreamError::Stopped(m)),
-        Outcome::Failed(m) => Err(StreamError::Failed(m)),
-        Outcome::Drained(m) => Err(StreamError::Drained(m)),
-    }
 }
 
 /// Waits for the member on `conn` to go away, its session to be closed, or the ring's
@@ -535,16 +527,11 @@ impl Outlet for Writer {
         slots: &[Arc<Slot>],
         output: OutputDType,
     ) -> Result<(u64, usize), SinkError> {
-        let (mut tokens, mut bytes) = (0, 0);
-        for slot in slots {
-            let record = slot
-                .plain(output)
-                .map_err(|e| SinkError::Failed(e.to_string()))?;
+        each_plain(slots, output, |slot, record| {
             self.put(record)?;
             self.delivered(slot.tokens, record.len() as u64);
-            (tokens, bytes) = (tokens + slot.tokens, bytes + record.len());
-        }
-        Ok((tokens, bytes))
+            Ok(())
+        })
     }
 
     fn idle(&mut self, _: Instant) -> Result<(), SinkError> {

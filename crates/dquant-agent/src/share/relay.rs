@@ -131,16 +131,10 @@ impl Outlet for RingOutlet<'_> {
         slots: &[Arc<Slot>],
         output: OutputDType,
     ) -> Result<(u64, usize), SinkError> {
-        let (mut tokens, mut bytes) = (0, 0);
-        for slot in slots {
-            let record = slot
-                .plain(output)
-                .map_err(|e| SinkError::Failed(e.to_string()))?;
+        each_plain(slots, output, |_, record| {
             self.sink.reserve(record.len())?.copy_from_slice(record);
-            self.sink.commit(record.len())?;
-            (tokens, bytes) = (tokens + slot.tokens, bytes + record.len());
-        }
-        Ok((tokens, bytes))
+            self.sink.commit(record.len())
+        })
     }
 
     fn idle(&mut self, now: Instant) -> Result<(), SinkError> {
@@ -154,6 +148,24 @@ impl Outlet for RingOutlet<'_> {
     fn fail(&mut self, message: &str) {
         self.sink.fail(message)
     }
+}
+
+/// Hands `put` each of `slots` in `output`'s plain dtype (a ring's form), in order; returns
+/// their tokens and bytes.
+pub(super) fn each_plain(
+    slots: &[Arc<Slot>],
+    output: OutputDType,
+    mut put: impl FnMut(&Slot, &[u8]) -> Result<(), SinkError>,
+) -> Result<(u64, usize), SinkError> {
+    let (mut tokens, mut bytes) = (0, 0);
+    for slot in slots {
+        let record = slot
+            .plain(output)
+            .map_err(|e| SinkError::Failed(e.to_string()))?;
+        put(slot, record)?;
+        (tokens, bytes) = (tokens + slot.tokens, bytes + record.len());
+    }
+    Ok((tokens, bytes))
 }
 
 /// Relays `sub`'s records into `out` until the stream's end, a consumer that goes away, or
