@@ -21,14 +21,16 @@
 //! [`Answer::Own`] and relayed into its own ring as before.
 //!
 //! The writer owns the ring's producer; joins and leaves reach it through a mailbox it
-//! empties before each record and while it waits, so no lock is held while it waits. A reader
+//! empties before each record and while it waits, so no lock is held while it waits. A
+//! subscriber whose position the writer has not reached yet (it joined at the stream's head
+//! while the ring's readers lag) waits in the mailbox until the writer gets there. A reader
 //! that stops reading holds up its group, as the slowest subscriber always does: ending it to
 //! free the others would overwrite batches it may still be reading in place.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -117,14 +119,36 @@ impl Broadcast {
             .map_or_else(Stats::default, |x| x.stats)
     }
 
-    /// Member `reader` leaves (or its stream ended): what it was delivered.
+    /// Member `reader` leaves (or its stream ended): what it was delivered. The writer ends
+    /// its block.
     fn leave(&self, reader: u32) -> Stats {
         let mut m = self.mail();
-        let Some(i) = m.members.iter().position(|x| x.reader == reader) else {
-            return Stats::default();
-        };
         m.leaves.push(reader);
-        m.members.swap_remove(i).stats
+        match m.members.iter().position(|x| x.reader == reader) {
+            Some(i) => m.members.swap_remove(i).stats,
+            None => Stats::default(),
+        }
+    }
+
+    /// Waits for the writer's answer to the join of `session` on `rx`: a reader block, or
+    /// `None` when it was refused, the writer ended, or it did not come within
+    /// [`JOIN_WAIT`] (the join is then withdrawn, under the lock the writer answers under,
+    /// so it is answered or withdrawn, never both).
+    fn answer(&self, session: u64, rx: Receiver<(u32, RingFds)>) -> Option<(u32, RingFds)> {
+        match rx.recv_timeout(JOIN_WAIT) {
+            Ok(block) => Some(block),
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => {
+                let mut m = self.mail();
+                match m.joins.iter().position(|j| j.session == session) {
+                    Some(i) => {
+                        m.joins.swap_remove(i);
+                        None
+                    }
+                    None => rx.try_recv().ok(),
+                }
+            }
+        }
     }
 
     /// The writer is done: pending joins are refused (their senders dropped) and members
@@ -274,7 +298,7 @@ fn join(
             b
         }
     };
-    let (reader, fds) = rx.recv_timeout(JOIN_WAIT).ok()?;
+    let (reader, fds) = b.answer(sub.session, rx)?;
     Some((b, reader, fds))
 }
 
@@ -378,39 +402,41 @@ impl Writer {
             .ok_or_else(|| SinkError::Gone("the shared ring has ended".into()))
     }
 
-    /// Takes in the joins and leaves the mailbox holds.
+    /// Takes in the joins and leaves the mailbox holds. The joins are answered under the
+    /// mailbox's lock (see [`Broadcast::answer`]); one whose batch the ring has not reached
+    /// yet stays there.
     fn read_mail(&mut self) {
-        let mut m = self.b.mail();
-        let (joins, leaves) = (std::mem::take(&mut m.joins), std::mem::take(&mut m.leaves));
-        drop(m);
+        let b = self.b.clone();
+        let mut m = b.mail();
         let Some(p) = self.producer.as_mut() else {
             return;
         };
-        for r in leaves {
+        for r in std::mem::take(&mut m.leaves) {
             p.end_reader(r);
         }
-        for j in joins {
-            self.admit(j);
+        for j in std::mem::take(&mut m.joins) {
+            if let Some(j) = self.admit(j, &mut m.members) {
+                m.joins.push(j);
+            }
         }
     }
 
-    /// Gives `j` a reader block from its window position, if the ring still holds it.
-    fn admit(&mut self, j: Join) {
-        let Some(index) = self.stream.index_of(j.session) else {
-            return;
-        };
-        let Some(p) = self.producer.as_mut() else {
-            return;
-        };
-        let Some(start) = index.checked_sub(self.base) else {
-            return;
-        };
+    /// Gives `j` a reader block from its window position and makes it a member, if the ring
+    /// still holds that batch; returns it when the ring has not reached it yet. A refused
+    /// join is dropped: its subscriber reads its own ring.
+    fn admit(&mut self, j: Join, members: &mut Vec<Member>) -> Option<Join> {
+        let index = self.stream.index_of(j.session)?;
+        let start = index.checked_sub(self.base)?;
+        let p = self.producer.as_mut()?;
         let head = p.published();
+        if start > head {
+            return Some(j);
+        }
         let (reader, fds) = match p.add_reader(start) {
             Ok(r) => r,
             Err(e) => {
                 tracing::info!(session = j.session, error = %e, "not a shared ring reader");
-                return;
+                return None;
             }
         };
         // What the ring holds from `start` on counts as delivered to it.
@@ -421,22 +447,24 @@ impl Writer {
             .iter()
             .skip(skip)
             .fold((0, 0), |(t, b), &(tk, bt)| (t + tk, b + bt));
-        self.stream.advance_each(std::iter::once(j.session), behind);
-        let stats = Stats {
-            records: behind as u64,
-            tokens,
-            wire_bytes: bytes,
-        };
+        // The subscriber waits for this answer until it withdraws its join under the lock
+        // held here: it is there to receive it.
         if j.reply.send((reader, fds)).is_err() {
-            self.producer().map(|p| p.end_reader(reader)).ok();
-            return;
+            p.end_reader(reader);
+            return None;
         }
-        self.b.mail().members.push(Member {
+        self.stream.advance_each(std::iter::once(j.session), behind);
+        members.push(Member {
             session: j.session,
             reader,
             sock: j.sock,
-            stats,
+            stats: Stats {
+                records: behind as u64,
+                tokens,
+                wire_bytes: bytes,
+            },
         });
+        None
     }
 
     /// The oldest ring batch a subscriber that does not read the ring still needs.

@@ -148,18 +148,27 @@ fn a_late_joiner_starts_at_the_current_cursor_and_an_earlier_one_is_refused() {
     // The transport preset too: a shared stream compresses each record alone (a stream
     // codec's late joiner would have missed its stream's start).
     for codec in ["auto+lz4", "transport"] {
-        late_joiner(codec);
+        late_joiner(codec, false);
     }
+    // Over shared memory: the late joiner reads the stream's shared ring from the stream's
+    // head, which the ring's writer may not have reached yet.
+    late_joiner("auto+lz4", true);
 }
 
-fn late_joiner(codec: &str) {
+fn late_joiner(codec: &str, over_shm: bool) {
     let c = Corpus::new();
     let mut cfg = c.config();
     cfg.share_window_batches = 2;
     // Little ahead of the consumer, and a long stream: the late joiner comes mid-stream.
     cfg.prefetch_frames = 1;
+    let sock = c.root().with_file_name("agent.sock");
+    cfg.socket = over_shm.then(|| sock.clone());
     let agent = dquant_agent::start(cfg).unwrap();
-    let tcp = agent.uri();
+    let tcp = if over_shm {
+        sock.display().to_string()
+    } else {
+        agent.uri()
+    };
     let mut p = shared_plan();
     p.epochs = Some(50);
     p.wire_codec = codec.into();
@@ -182,6 +191,7 @@ fn late_joiner(codec: &str) {
         "{m}"
     );
     let late = subscribe(&tcp, "job42/dp3", None).unwrap();
+    assert_eq!(late.reads_shared_ring(), over_shm);
     let from = late.cursor();
     assert!(
         (from.epoch, from.consumed_samples) >= (0, 40),
