@@ -14,7 +14,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use super::layout::{Layout, CONSUMER_CLOSED, PRODUCER_ABORTED, PRODUCER_CLOSED};
+use super::layout::{Layout, ReaderLines, CONSUMER_CLOSED, PRODUCER_ABORTED, PRODUCER_CLOSED};
 use super::memory::Map;
 use super::wake::{kick, wait, Woke};
 use super::RingError;
@@ -166,14 +166,10 @@ impl RingProducer {
         let n = u64::from(self.layout.slot_count);
         let head = self.head;
         let mut any = false;
-        for (r, reader) in self.readers.iter().enumerate() {
-            if !matches!(reader, Reader::Active { .. }) {
+        for r in 0..self.readers.len() as u32 {
+            let Some(lines) = self.live(r) else {
                 continue;
-            }
-            let lines = self.map.reader(&self.layout, r as u32);
-            if lines.closed.0.load(Ordering::Acquire) & CONSUMER_CLOSED != 0 {
-                continue;
-            }
+            };
             any = true;
             if head.wrapping_sub(lines.consumer.0.load(Ordering::Acquire)) >= n {
                 return Room::Full;
@@ -194,20 +190,25 @@ impl RingProducer {
         self.floor = floor;
     }
 
-    /// Whether reader `reader` is active and has not left.
-    pub fn reader_active(&self, reader: u32) -> bool {
+    /// The block of reader `reader` while it is active and has not set `CONSUMER_CLOSED`.
+    fn live(&self, reader: u32) -> Option<&ReaderLines> {
         match self.readers.get(reader as usize) {
             Some(Reader::Active { .. }) => {
                 let lines = self.map.reader(&self.layout, reader);
-                lines.closed.0.load(Ordering::Acquire) & CONSUMER_CLOSED == 0
+                (lines.closed.0.load(Ordering::Acquire) & CONSUMER_CLOSED == 0).then_some(lines)
             }
-            _ => false,
+            _ => None,
         }
+    }
+
+    /// Whether reader `reader` is active and has not left.
+    pub fn reader_active(&self, reader: u32) -> bool {
+        self.live(reader).is_some()
     }
 
     /// Whether any reader is active and has not left.
     pub fn has_readers(&self) -> bool {
-        (0..self.readers.len() as u32).any(|r| self.reader_active(r))
+        (0..self.readers.len() as u32).any(|r| self.live(r).is_some())
     }
 
     /// Stops waiting for reader `reader`: it went away (its process, or its socket, is gone).
