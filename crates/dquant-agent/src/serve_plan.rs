@@ -99,10 +99,10 @@ pub(crate) fn stream_in_memory(
     ended(outcome, stats)
 }
 
-/// A stream's outcome as its session's result.
-pub(crate) fn ended(outcome: Outcome, stats: Stats) -> Result<Stats, StreamError> {
+/// A stream's outcome as its session's result (`value` when it finished).
+pub(crate) fn ended<T>(outcome: Outcome, value: T) -> Result<T, StreamError> {
     match outcome {
-        Outcome::Finished => Ok(stats),
+        Outcome::Finished => Ok(value),
         Outcome::Stopped(m) => Err(StreamError::Stopped(m)),
         Outcome::Failed(m) => Err(StreamError::Failed(m)),
         Outcome::Drained(m) => Err(StreamError::Drained(m)),

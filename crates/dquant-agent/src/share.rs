@@ -472,6 +472,30 @@ impl Shares {
     }
 }
 
+/// How a stream's producer (or a shared ring's writer) ended, as its subscribers see it.
+impl From<Outcome> for End {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Finished => End::Finished,
+            Outcome::Failed(m) => End::Failed(m),
+            Outcome::Drained(m) => End::Drained(m),
+            Outcome::Stopped(m) => End::Stopped(m),
+        }
+    }
+}
+
+/// A stream's end as a subscriber's own outcome.
+impl From<End> for Outcome {
+    fn from(end: End) -> Self {
+        match end {
+            End::Finished => Outcome::Finished,
+            End::Failed(m) => Outcome::Failed(m),
+            End::Drained(m) => Outcome::Drained(m),
+            End::Stopped(m) => Outcome::Stopped(m),
+        }
+    }
+}
+
 /// The producer thread: waits for the group, then runs the plan into the window until the
 /// end, a failure, a drain, or nobody left to deliver to.
 fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicBool) {
@@ -511,9 +535,7 @@ fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicBool) {
         _ if drain.load(Ordering::Relaxed) => {
             End::Drained(shutdown_message(stream.lock().head().consumed))
         }
-        Outcome::Failed(m) => End::Failed(m),
-        Outcome::Drained(m) => End::Drained(m),
-        Outcome::Stopped(m) => End::Stopped(m),
+        outcome => End::from(outcome),
     };
     tracing::info!(
         share = %stream.name,

@@ -44,7 +44,7 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use super::relay::{each_plain, relay, Outlet, RingOutlet};
 use super::{End, SharedStream, Slot, StreamInfo, Subscription};
 use crate::metrics::Meter;
-use crate::produce::{Outcome, Stats, TooLarge};
+use crate::produce::{Stats, TooLarge};
 use crate::serve_plan::ended;
 use crate::stream_error::StreamError;
 
@@ -223,12 +223,7 @@ fn watch(
     };
     loop {
         if let Some(end) = b.end() {
-            return match end {
-                End::Finished => Ok(()),
-                End::Failed(m) => Err(StreamError::Failed(m)),
-                End::Drained(m) => Err(StreamError::Drained(m)),
-                End::Stopped(m) => Err(StreamError::Stopped(m)),
-            };
+            return ended(end.into(), ());
         }
         if cancel.load(Ordering::Relaxed) {
             return Err(StreamError::Stopped("closed by the client".into()));
@@ -354,12 +349,7 @@ fn write(mut w: Writer, sub: Subscription) {
     // subscribers have all left is gone, and its name free again.
     let share = sub.stream().name.clone();
     drop(sub);
-    let end = match outcome {
-        Outcome::Finished => End::Finished,
-        Outcome::Failed(m) => End::Failed(m),
-        Outcome::Drained(m) => End::Drained(m),
-        Outcome::Stopped(m) => End::Stopped(m),
-    };
+    let end = End::from(outcome);
     // Then the ring ends: closed, or each member's message on its socket before the ring is
     // marked aborted.
     b.ending.store(true, Ordering::Release);
@@ -469,11 +459,12 @@ impl Writer {
 
     /// The oldest ring batch a subscriber that does not read the ring still needs.
     fn floor(&self) -> Option<u64> {
-        let members: Vec<u64> = self.b.mail().members.iter().map(|m| m.session).collect();
+        // Lock order: the mailbox, then the window (as in `admit`).
+        let m = self.b.mail();
         let writer = self.writer;
         let slowest = self
             .stream
-            .slowest_except(|id| id == writer || members.contains(&id))?;
+            .slowest_except(|id| id == writer || m.members.iter().any(|x| x.session == id))?;
         slowest.checked_sub(self.base)
     }
 
@@ -517,9 +508,9 @@ impl Writer {
             x.stats.tokens += tokens;
             x.stats.wire_bytes += bytes;
         }
-        let sessions: Vec<u64> = m.members.iter().map(|x| x.session).collect();
-        drop(m);
-        self.stream.advance_each(sessions.into_iter(), 1);
+        // Lock order: the mailbox, then the window (as in `admit`).
+        self.stream
+            .advance_each(m.members.iter().map(|x| x.session), 1);
     }
 }
 
