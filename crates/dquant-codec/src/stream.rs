@@ -391,6 +391,43 @@ mod tests {
     }
 
     #[test]
+    fn inflate_gives_the_second_stages_bytes_and_advances_the_lane() {
+        let c = codec("u16+stream:3");
+        let data = batches(2, 1000)
+            .into_iter()
+            .map(|b| b.into_iter().map(|t| t % 65_536).collect::<Vec<u32>>())
+            .collect::<Vec<_>>();
+        let mut e = Encoder::new(c).unwrap();
+        let payloads: Vec<Vec<u8>> = data
+            .iter()
+            .map(|b| {
+                let mut p = Vec::new();
+                e.encode(b, &mut p).unwrap();
+                p
+            })
+            .collect();
+        let mut d = Decoder::new();
+        let le: Vec<u8> = data[0]
+            .iter()
+            .flat_map(|&t| (t as u16).to_le_bytes())
+            .collect();
+        assert_eq!(d.inflate(c, &payloads[0], 1000).unwrap(), &le[..]);
+        // The lane moved on: the second batch decodes after the first was only inflated.
+        let mut out = vec![0; 1000];
+        d.decode(c, &payloads[1], &mut out).unwrap();
+        assert_eq!(out, data[1]);
+        // A block codec inflates to its width's bytes, exactly.
+        let z = codec("u16+zstd:3");
+        let mut p = Vec::new();
+        Encoder::new(z).unwrap().encode(&data[0], &mut p).unwrap();
+        assert_eq!(Decoder::new().inflate(z, &p, 1000).unwrap(), &le[..]);
+        assert_eq!(
+            Decoder::new().inflate(z, &p, 999).unwrap_err().to_string(),
+            "u16+zstd:3 payload is corrupt: Destination buffer is too small"
+        );
+    }
+
+    #[test]
     fn the_width_may_change_within_one_stream() {
         let (narrow, wide) = (codec("u16+stream:3"), codec("u24+stream:3"));
         let mut e = Encoder::new(wide).unwrap();
