@@ -123,6 +123,10 @@ struct Row {
     /// Encode and decode seconds.
     enc: f64,
     dec: f64,
+    /// A session's decode seconds in its first stage alone (zstd inflating each batch's
+    /// chunk, [`Decoder::inflate`]); the rest of `dec` is the second stage (the byte code, or
+    /// the width).
+    inflate: Option<f64>,
 }
 
 /// What a row writes: a codec in blocks of `block_tokens`, or a wire codec's session.
@@ -291,6 +295,13 @@ fn measure_session(
         Ok(())
     })?;
     anyhow::ensure!(out == tokens, "{} did not round-trip", case.name);
+    let (_, inflate) = best_of(repeat, || {
+        let mut d = Decoder::new();
+        for ((codec, p), o) in payloads.iter().zip(out.chunks(batch)) {
+            d.inflate(*codec, p, o.len())?;
+        }
+        Ok(())
+    })?;
     let bytes = payloads
         .iter()
         .map(|(_, p)| (p.len() + RECORD_HEADER_LEN) as u64)
@@ -300,6 +311,7 @@ fn measure_session(
         bytes,
         enc,
         dec,
+        inflate: Some(inflate),
     })
 }
 
@@ -348,6 +360,7 @@ fn measure_codec(ds: &Dataset, tokens: &[u32], case: Case, repeat: u32) -> Resul
         bytes: file.len() as u64,
         enc,
         dec: dec_s,
+        inflate: None,
     })
 }
 
@@ -382,6 +395,7 @@ impl CodecReport {
                 "vs_zstd3_whole": r.bytes as f64 / base as f64,
                 "vs_zstd19_long_whole": r.bytes as f64 / self.long as f64,
                 "encode_mtok_s": n / r.enc / 1e6, "decode_mtok_s": n / r.dec / 1e6,
+                "inflate_mtok_s": r.inflate.map(|s| n / s / 1e6),
             })).collect::<Vec<_>>(),
         })
     }
@@ -431,6 +445,15 @@ impl CodecReport {
                 n / r.enc / 1e6,
                 n / r.dec / 1e6
             );
+        }
+        for r in &self.rows {
+            if let Some(s) = r.inflate {
+                println!(
+                    "  {}: zstd alone decodes {:.1} M tokens/s; the rest of its decode is the byte code or the width",
+                    r.name,
+                    n / s / 1e6
+                );
+            }
         }
     }
 }
