@@ -294,14 +294,23 @@ impl SharedStream {
         });
     }
 
-    /// What subscriber `session` gets next, waiting up to `wait` for the producer: the
-    /// records ready for it, as many as `max_bytes` holds (at least one), and the position
-    /// after the first; or the end; or nothing yet.
-    fn next(&self, session: u64, wait: Duration, max_bytes: usize) -> Option<Next<Vec<Arc<Slot>>>> {
+    /// What subscriber `session` gets next, waiting up to `wait` for the producer (or until
+    /// `woken` is set): the records ready for it, as many as `max_bytes` holds (at least
+    /// one), and the position after the first; or the end; or nothing yet.
+    fn next(
+        &self,
+        session: u64,
+        wait: Duration,
+        max_bytes: usize,
+        woken: Option<&AtomicBool>,
+    ) -> Option<Next<Vec<Arc<Slot>>>> {
         let w = self.lock();
+        let woken = || woken.is_some_and(|f| f.load(Ordering::Acquire));
         let (w, _) = self
             .fresh
-            .wait_timeout_while(w, wait, |w| matches!(w.next(session), Some(Next::Wait)))
+            .wait_timeout_while(w, wait, |w| {
+                matches!(w.next(session), Some(Next::Wait)) && !woken()
+            })
             .unwrap_or_else(PoisonError::into_inner);
         Some(match w.next(session)? {
             Next::Record(first, to) => {

@@ -62,6 +62,9 @@ pub(crate) struct Broadcast {
     ended: OwnedFd,
     /// Set just before the ring ends (closed or aborted), before the end is known here.
     ending: AtomicBool,
+    /// Set when a join or a leave is posted, cleared when the writer reads its mail: ends the
+    /// writer's wait for records at once ([`Outlet::woken`]).
+    posted: AtomicBool,
     /// Whether the ring's batches carry their crc32c.
     checksums: bool,
 }
@@ -107,6 +110,7 @@ impl Broadcast {
             return false;
         }
         m.joins.push(join);
+        self.posted.store(true, Ordering::Release);
         true
     }
 
@@ -124,6 +128,7 @@ impl Broadcast {
     fn leave(&self, reader: u32) -> Stats {
         let mut m = self.mail();
         m.leaves.push(reader);
+        self.posted.store(true, Ordering::Release);
         match m.members.iter().position(|x| x.reader == reader) {
             Some(i) => m.members.swap_remove(i).stats,
             None => Stats::default(),
@@ -283,7 +288,10 @@ fn join(
             if !b.ask(join) {
                 return None;
             }
-            // The writer may wait for records: wake it to take the join in.
+            // The writer may wait for records: wake it to take the join in. Taking the
+            // window's lock first means it is either before its check of `posted` (and sees
+            // it) or already waiting (and is woken).
+            drop(stream.lock());
             stream.fresh.notify_all();
             b
         }
@@ -322,6 +330,7 @@ fn start(
         }),
         ended,
         ending: AtomicBool::new(false),
+        posted: AtomicBool::new(false),
         checksums,
     });
     let writer = Writer {
@@ -398,6 +407,7 @@ impl Writer {
     fn read_mail(&mut self) {
         let b = self.b.clone();
         let mut m = b.mail();
+        b.posted.store(false, Ordering::Release);
         let Some(p) = self.producer.as_mut() else {
             return;
         };
@@ -556,6 +566,11 @@ impl Outlet for Writer {
     fn idle(&mut self, _: Instant) -> Result<(), SinkError> {
         self.read_mail();
         Ok(())
+    }
+
+    /// A join (or a leave) is read as soon as it is posted, not at the next recheck.
+    fn woken(&self) -> Option<&AtomicBool> {
+        Some(&self.b.posted)
     }
 
     /// The ring is closed once the writer has left the stream ([`write`]).

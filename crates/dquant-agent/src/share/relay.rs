@@ -48,6 +48,11 @@ pub(crate) trait Outlet {
     ) -> Result<(u64, usize), SinkError>;
     /// Hands on what is held while no record is at hand.
     fn idle(&mut self, now: Instant) -> Result<(), SinkError>;
+    /// A flag that, once set, ends a wait for records early so that [`Outlet::idle`] runs
+    /// (work for it came in); `None`: only records, the end or the recheck end the wait.
+    fn woken(&self) -> Option<&AtomicBool> {
+        None
+    }
     fn finish(&mut self) -> Result<(), SinkError>;
     fn fail(&mut self, message: &str);
 }
@@ -190,7 +195,7 @@ pub(crate) fn relay(
         if cancel.load(Ordering::Relaxed) {
             return (Outcome::Stopped("closed by the client".into()), stats);
         }
-        let step = match stream.next(sub.session, wait, out.run_bytes()) {
+        let step = match stream.next(sub.session, wait, out.run_bytes(), out.woken()) {
             Some(Next::Record(run, _)) => out
                 .deliver(&run, stream.output)
                 .map(|(tokens, bytes)| (run.len(), tokens, bytes)),
