@@ -20,6 +20,7 @@ use crate::error::StorageError;
 use crate::root::{ObjectVersion, Root};
 
 mod index;
+mod kept_map;
 mod objects;
 mod open;
 mod read;
@@ -116,6 +117,9 @@ pub struct Dataset {
     versions: Vec<(PathBuf, Option<ObjectVersion>)>,
     /// The largest token, found by [`Dataset::max_token`]'s scan (formats that do not store it).
     scanned_max: OnceLock<u32>,
+    /// The plain int32 file mapped for as long as the dataset is open, made on first use
+    /// ([`Dataset::narrow_kept`]); `None` inside where it cannot be.
+    kept: OnceLock<Option<crate::GuardedMap>>,
 }
 
 /// Fills `buf` from `off` of `file` (named `name` in errors); a short file is a truncation.

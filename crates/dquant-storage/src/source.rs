@@ -133,6 +133,17 @@ pub trait TokenSource: Send {
     fn shared_reads(&self) -> Option<&dyn SharedReads> {
         None
     }
+
+    /// Narrows the tokens of `ranges`, back to back, into `out` (`width`'s little-endian bytes
+    /// a token) straight from memory the source keeps mapped, every token checked to fit:
+    /// `true` when done. `false` (the default) where the source keeps no such memory, or the
+    /// tokens did not narrow cleanly; nothing is promised about `out` then, and the caller
+    /// reads the ranges with [`read_ranges`](TokenSource::read_ranges), which names what was
+    /// wrong.
+    fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
+        let _ = (ranges, width, out);
+        false
+    }
 }
 
 /// Reads that several threads may make at once: what a local dataset offers (each is one
@@ -214,6 +225,8 @@ pub struct LocalSource {
     /// [`DatasetCache`](crate::DatasetCache)); the read buffers are this source's.
     ds: Arc<Dataset>,
     bufs: ReadBuffers,
+    /// Narrows from a map kept with the dataset ([`LocalSource::keeping_map`]).
+    keep_map: bool,
 }
 
 impl LocalSource {
@@ -226,7 +239,16 @@ impl LocalSource {
         LocalSource {
             ds,
             bufs: ReadBuffers::new(),
+            keep_map: false,
         }
+    }
+
+    /// With `keep`, a plain int32 dataset's tokens are narrowed straight from a map kept as
+    /// long as the dataset is open ([`Dataset::narrow_kept`]: no copy out of the page cache,
+    /// for page tables held as long as the dataset). Off by default.
+    pub fn keeping_map(mut self, keep: bool) -> Self {
+        self.keep_map = keep;
+        self
     }
 
     /// Opens `path` as a plan source says (its `dtype` and `eod` apply to raw files).
@@ -304,6 +326,10 @@ impl TokenSource for LocalSource {
 
     fn document_index(&self) -> Option<Result<&DocIndex, SourceError>> {
         Some(self.ds.index().map_err(SourceError::from))
+    }
+
+    fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
+        self.keep_map && self.ds.narrow_kept(ranges, width, out)
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {

@@ -107,6 +107,7 @@ impl Dataset {
             source: Source::Plain { file, dtype, sums },
             versions,
             scanned_max: OnceLock::new(),
+            kept: OnceLock::new(),
         })
     }
 
@@ -161,6 +162,7 @@ impl Dataset {
             size: len,
             versions,
             scanned_max: OnceLock::new(),
+            kept: OnceLock::new(),
         })
     }
 
@@ -211,6 +213,7 @@ impl Dataset {
             size,
             versions: vec![(path.to_path_buf(), version)],
             scanned_max: OnceLock::new(),
+            kept: OnceLock::new(),
         })
     }
 }

@@ -1,0 +1,180 @@
+//! Narrowing an int32 dataset's tokens straight out of a map kept as long as the dataset is
+//! open: no copy out of the page cache.
+//!
+//! Why: a `pread` copies every token out of the page cache before it is narrowed, so an agent
+//! that reads by `pread` pays the page-cache copy in full and then narrows (`bench/RESULTS.md`,
+//! profile: the copy is about half the agent's CPU on the shared-memory path). Narrowing from
+//! a map reads the page cache once. A map made for one pass costs more than the copy it saves
+//! (each page's table entry is set up when first touched and torn down at the end), so the map
+//! is kept with the dataset: an agent's dataset cache keeps it over sessions and passes, and
+//! from the second pass on its pages are already in the agent's page tables (the read paths
+//! table in the profile area: 0.46× the time of pread and narrow). The price is memory: the
+//! page tables of every page touched (8 bytes a 4 KiB page, 2 MiB a GiB) for as long as the
+//! dataset stays open, and the pages' place in the agent's address space. So it is opt-in
+//! (`dquant serve --keep-maps`), for corpora that fit in the page cache of the agent's host.
+//!
+//! A file truncated under the map is an error, not a crash ([`crate::GuardedMap`]); anything
+//! that does not narrow cleanly (a token over the width, a file that shrank, a map refused)
+//! leaves the caller to read the ranges the usual way, which says exactly what is wrong.
+
+use std::ops::Range;
+
+use dquant_codec::kernels::max_token;
+use dquant_codec::{encode_width, Width};
+use dquant_format::DType;
+
+use super::{Dataset, Source};
+use crate::GuardedMap;
+
+impl Dataset {
+    /// The map of a plain little-endian int32 file kept with the dataset, made on first use;
+    /// `None` for other formats, files with chunk sums (every read is checked against them),
+    /// objects in other stores, and where no more maps can be guarded.
+    fn kept_map(&self) -> Option<&GuardedMap> {
+        self.kept
+            .get_or_init(|| {
+                let int32 = matches!(self.source, Source::Plain { dtype: DType::I32, .. });
+                let file = self.plain_local_file().filter(|_| int32)?;
+                match GuardedMap::map(file, &self.data_path) {
+                    Ok(map) => map,
+                    Err(e) => {
+                        tracing::info!(path = %self.data_path.display(), error = %e, "not kept mapped");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// Narrows the tokens of `ranges`, back to back, into `out` (`width`'s little-endian bytes
+    /// a token, exactly the ranges' total) straight from the kept map, every token checked to
+    /// fit (and, as every int32 read is, to be no negative value): `true` when done. `false`
+    /// when there is no kept map (see above), `width` is not byte-aligned, or a range did not
+    /// narrow cleanly: nothing is promised about `out` then, and the caller reads the ranges
+    /// as usual, which names what was wrong.
+    pub fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
+        let Some(bw) = width.byte_width() else {
+            return false;
+        };
+        // A width that holds every u32 (`u32`, `i64`) would take a negative int32 as a large
+        // id: those tokens are checked on their own.
+        let unsigned = width.max_token() > i32::MAX as u32;
+        let fits = |t: &[u32]| !unsigned || max_token(t) <= i32::MAX as u32;
+        let Some(map) = self.kept_map() else {
+            return false;
+        };
+        let tokens = self.tokens();
+        let mut rest = out;
+        for r in ranges {
+            let n = r.end.saturating_sub(r.start) as usize;
+            if r.start > r.end || r.end > tokens || rest.len() < n * bw {
+                return false;
+            }
+            let (row, tail) = std::mem::take(&mut rest).split_at_mut(n * bw);
+            let bytes = r.start as usize * 4..r.end as usize * 4;
+            let narrowed = map.read(bytes, |b| {
+                bytemuck::try_cast_slice::<u8, u32>(b)
+                    .is_ok_and(|t| fits(t) && encode_width(width, t, row).is_ok())
+            });
+            if narrowed.ok() != Some(true) {
+                return false;
+            }
+            rest = tail;
+        }
+        rest.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use dquant_codec::Width;
+
+    use crate::{Dataset, OpenOptions};
+
+    fn raw_i32(dir: &std::path::Path, tokens: &[i32]) -> Dataset {
+        let path = dir.join("toks.bin");
+        let mut f = std::fs::File::create(&path).unwrap();
+        for t in tokens {
+            f.write_all(&t.to_le_bytes()).unwrap();
+        }
+        drop(f);
+        let opts = OpenOptions {
+            raw_dtype: Some(dquant_format::DType::I32),
+            eod: None,
+        };
+        Dataset::open(&path, &opts).unwrap()
+    }
+
+    #[test]
+    fn narrows_ranges_back_to_back_as_a_read_and_narrow_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<i32> = (0..10_000).map(|i| (i * 7919) % 50_000).collect();
+        let ds = raw_i32(dir.path(), &tokens);
+        let ranges = [100..4197, 4196..8293, 7..9];
+        let total: usize = ranges.iter().map(|r| (r.end - r.start) as usize).sum();
+        let mut out = vec![0u8; total * 2];
+        assert!(ds.narrow_kept(&ranges, Width::U16, &mut out));
+        let want: Vec<u8> = ranges
+            .iter()
+            .flat_map(|r| tokens[r.start as usize..r.end as usize].iter())
+            .flat_map(|&t| (t as u16).to_le_bytes())
+            .collect();
+        assert_eq!(out, want);
+        let mut wide = vec![0u8; total * 3];
+        assert!(ds.narrow_kept(&ranges, Width::U24, &mut wide));
+        assert_eq!(wide[3..6], (tokens[101] as u32).to_le_bytes()[..3]);
+        let mut long = vec![0u8; total * 8];
+        assert!(ds.narrow_kept(&ranges, Width::I64, &mut long));
+        let want: Vec<u8> = ranges
+            .iter()
+            .flat_map(|r| tokens[r.start as usize..r.end as usize].iter())
+            .flat_map(|&t| i64::from(t).to_le_bytes())
+            .collect();
+        assert_eq!(long, want);
+    }
+
+    #[test]
+    fn what_does_not_narrow_cleanly_is_left_to_the_usual_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tokens: Vec<i32> = (0..1_000).collect();
+        tokens[500] = 70_000;
+        tokens[900] = -1;
+        let ds = raw_i32(dir.path(), &tokens);
+        let mut out = vec![0u8; 2 * 100];
+        // A token over the width, a negative one (even into i32), past the end, the wrong
+        // room, widths it does not take.
+        assert!(!ds.narrow_kept(&[450..550], Width::U16, &mut out));
+        assert!(ds.narrow_kept(&[450..550], Width::U24, &mut vec![0u8; 300]));
+        assert!(!ds.narrow_kept(&[850..950], Width::I32, &mut vec![0u8; 400]));
+        assert!(!ds.narrow_kept(&[950..1_050], Width::U16, &mut out));
+        assert!(!ds.narrow_kept(&[0..99], Width::U16, &mut out));
+        assert!(!ds.narrow_kept(&[850..950], Width::I64, &mut vec![0u8; 800]));
+        assert!(ds.narrow_kept(&[0..100], Width::I64, &mut vec![0u8; 800]));
+        assert!(!ds.narrow_kept(&[0..100], Width::Bits(17), &mut out));
+        assert!(ds.narrow_kept(&[0..100], Width::U16, &mut out));
+    }
+
+    #[test]
+    fn a_file_truncated_under_the_map_is_refused_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<i32> = (0..100_000).map(|i| i % 1000).collect();
+        let ds = raw_i32(dir.path(), &tokens);
+        let mut out = vec![0u8; 2 * 4096];
+        assert!(ds.narrow_kept(&[0..4096], Width::U16, &mut out));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("toks.bin"))
+            .unwrap();
+        f.set_len(4 * 10_000).unwrap();
+        assert!(!ds.narrow_kept(&[90_000..94_096], Width::U16, &mut out));
+        // The usual read says what happened.
+        let mut got = Vec::new();
+        let e = ds
+            .read(90_000..94_096, &mut got, &mut crate::ReadBuffers::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shorter than when it was opened"), "{e}");
+    }
+}
