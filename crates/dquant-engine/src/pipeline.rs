@@ -9,7 +9,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use dquant_codec::Width;
-use dquant_plan::{Cursor, Origins, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo};
+use dquant_plan::{
+    Batch, Cursor, Origins, Plan, RankIter, SampleRef, Schedule, Source, SourceInfo,
+};
 
 use crate::batch::{BatchInfo, TokenBatch};
 use crate::batch_reads::{self, source_error};
@@ -46,6 +48,9 @@ pub struct Pipeline {
     drawn: Vec<u64>,
     /// The last batch's origins, when the plan has `provenance`.
     origins: Option<Origins>,
+    /// Whether batches are narrowed from maps their sources keep, until one declines
+    /// ([`Pipeline::narrow_kept`]).
+    try_kept: bool,
 }
 
 impl Pipeline {
@@ -115,6 +120,7 @@ impl Pipeline {
             trailer_bound: usize::try_from(plan.trailer_bound()).unwrap_or(usize::MAX),
             drawn: vec![0; n],
             origins: plan.provenance.then(Origins::new),
+            try_kept: true,
         })
     }
 
@@ -216,35 +222,26 @@ impl Pipeline {
                 l * bw,
                 bw,
             )?;
-            if let Some(f) = &mut self.docs {
-                let bytes = &out[..need];
-                let tokens = BatchTokens::Stored { width, bytes };
-                f.fill(&b.samples, tokens, &self.sources, &self.uris)?;
-            }
-            if let Some(o) = &mut self.origins {
-                origins::fill(o, &b.samples, &self.sources, &self.uris)?;
-            }
-            return Ok(Some(BatchInfo {
-                index: b.index,
-                samples: b.samples.len(),
-                cursor: self.iter.cursor(),
-                docs: self.docs.as_ref().map(|f| f.docs().clone()),
-                origins: self.origins.clone(),
-            }));
+            return self.written(&b, width, &out[..need]).map(Some);
         }
-        // Unchecked: narrowing checks every token itself, so a separate pass over the batch
-        // first (`next_batch_checked`) would check it twice (5% of the agent's CPU on the
-        // shared-memory path, bench/profile).
-        let Some(b) = self.next_batch()? else {
+        let Some(b) = self.iter.next_batch() else {
             return Ok(None);
         };
-        let need = b.tokens.len() * bw;
+        count_drawn(&mut self.drawn, &b.samples);
+        let need = b.samples.len() * l * bw;
         if out.len() < need {
             return Err(EngineError::Usage(format!(
                 "next_batch_into: {} bytes for a batch of {need}",
                 out.len()
             )));
         }
+        if self.narrow_kept(&b.samples, width, &mut out[..need]) {
+            return self.written(&b, width, &out[..need]).map(Some);
+        }
+        // Unchecked: narrowing checks every token itself, so a separate pass over the batch
+        // first (`next_batch_checked`) would check it twice (5% of the agent's CPU on the
+        // shared-memory path, bench/profile).
+        let b = self.read_batch(b)?;
         if let Err(source) = dquant_codec::encode_width(width, b.tokens, &mut out[..need]) {
             // A token over `width`: named as the check names it (the first in batch order,
             // with its source and offset).
@@ -281,6 +278,11 @@ impl Pipeline {
             return Ok(None);
         };
         count_drawn(&mut self.drawn, &b.samples);
+        self.read_batch(b).map(Some)
+    }
+
+    /// Batch `b` of the schedule read from its sources.
+    fn read_batch(&mut self, b: Batch) -> Result<TokenBatch<'_>, EngineError> {
         let l = self.sample_len;
         self.provenance.clear();
         for d in 0..self.sources.len() {
@@ -312,7 +314,7 @@ impl Pipeline {
         if let Some(o) = &mut self.origins {
             origins::fill(o, &b.samples, &self.sources, &self.uris)?;
         }
-        Ok(Some(TokenBatch {
+        Ok(TokenBatch {
             index: b.index,
             tokens: &self.tokens,
             samples: b.samples.len(),
@@ -321,7 +323,45 @@ impl Pipeline {
             uris: &self.uris,
             docs: self.docs.as_ref().map(DocFinder::docs),
             origins: self.origins.as_ref(),
-        }))
+        })
+    }
+
+    /// Narrows `samples` into `out` (rows of `width`) from the maps their sources keep
+    /// ([`TokenSource::narrow_kept`]): `true` when every sample was. Once a source declines,
+    /// the pipeline reads as usual from then on (it keeps no map, or its tokens did not
+    /// narrow cleanly, and the usual read names what was wrong).
+    fn narrow_kept(&mut self, samples: &[SampleRef], width: Width, out: &mut [u8]) -> bool {
+        if !self.try_kept {
+            return false;
+        }
+        let row = out.len() / samples.len().max(1);
+        let all = samples
+            .iter()
+            .zip(out.chunks_exact_mut(row.max(1)))
+            .all(|(s, o)| {
+                self.sources[s.source].narrow_kept(std::slice::from_ref(&s.tokens), width, o)
+            });
+        self.try_kept = all;
+        all
+    }
+
+    /// What a batch written as `bytes` (rows of `width`) tells: its document starts and
+    /// origins, when the plan has them, and where it sits in the stream.
+    fn written(&mut self, b: &Batch, width: Width, bytes: &[u8]) -> Result<BatchInfo, EngineError> {
+        if let Some(f) = &mut self.docs {
+            let tokens = BatchTokens::Stored { width, bytes };
+            f.fill(&b.samples, tokens, &self.sources, &self.uris)?;
+        }
+        if let Some(o) = &mut self.origins {
+            origins::fill(o, &b.samples, &self.sources, &self.uris)?;
+        }
+        Ok(BatchInfo {
+            index: b.index,
+            samples: b.samples.len(),
+            cursor: self.iter.cursor(),
+            docs: self.docs.as_ref().map(|f| f.docs().clone()),
+            origins: self.origins.clone(),
+        })
     }
 
     /// Reads the batch laid out in `ranges` and `slots` one source at a time, one request

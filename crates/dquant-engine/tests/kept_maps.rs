@@ -1,0 +1,160 @@
+//! Batches narrowed straight from maps kept with their datasets (`LocalSource::keeping_map`,
+//! an agent's `keep_maps`) are the batches read and narrowed the usual way: the same bytes and
+//! cursors for every output, shuffled or not, with the map really used for every batch; a
+//! token that does not fit fails at the same batch with the same error; a source without a
+//! map (a uint16 file) sends the whole pipeline back to the usual reads.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use dquant_codec::Width;
+use dquant_engine::{BatchInfo, LocalSource, Pipeline, SourceError, TokenSource};
+use dquant_format::{DType, DocIndexBuilder};
+use dquant_plan::{Cursor, OutputDType, Plan, Source};
+use dquant_storage::{DatasetWriter, OutputFormat};
+
+/// A local source that counts the batches' samples it narrowed from its kept map.
+struct Counted {
+    inner: LocalSource,
+    narrowed: Arc<AtomicUsize>,
+}
+
+impl TokenSource for Counted {
+    fn tokens(&self) -> u64 {
+        self.inner.tokens()
+    }
+    fn max_token_bound(&self) -> u32 {
+        self.inner.max_token_bound()
+    }
+    fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
+        self.inner.read_ranges(ranges, out)
+    }
+    fn stored_width(&self) -> Option<Width> {
+        self.inner.stored_width()
+    }
+    fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
+        let done = self.inner.narrow_kept(ranges, width, out);
+        self.narrowed.fetch_add(done as usize, Ordering::Relaxed);
+        done
+    }
+}
+
+/// A Megatron int32 dataset of 200 documents whose ids stay under `max` (one `big` id in the
+/// middle of the file, when given).
+fn int32(dir: &Path, name: &str, max: u32, big: Option<u32>) -> String {
+    let path = dir.join(name);
+    let mut w = DatasetWriter::create(&path, OutputFormat::Megatron { dtype: DType::I32 }).unwrap();
+    let mut ix = DocIndexBuilder::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for d in 0..200 {
+        let n = 100 + (d * 37) % 900;
+        let doc: Vec<u32> = (0..n)
+            .map(|i| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                match big {
+                    Some(b) if d == 100 && i == 7 => b,
+                    _ => (x >> 33) as u32 % max,
+                }
+            })
+            .collect();
+        w.push(&doc).unwrap();
+        ix.push_document(n as u64);
+    }
+    w.finish(&ix.finish()).unwrap();
+    path.display().to_string()
+}
+
+fn plan(paths: &[&str], shuffle: bool, output: OutputDType) -> Plan {
+    let sources = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Source::new(p.to_string()).weight(1.0 + i as f64))
+        .collect();
+    let mut p = Plan::new(sources, 255, 8);
+    p.seed = 11;
+    p.shuffle = shuffle;
+    p.output = output;
+    p
+}
+
+/// Every batch `next_batch_into` writes, until the end or the first error; and how many
+/// samples came from kept maps.
+fn batches(p: &Plan, keep: bool) -> (Vec<(Vec<u8>, BatchInfo)>, Option<String>, usize) {
+    let narrowed = Arc::new(AtomicUsize::new(0));
+    let n = narrowed.clone();
+    let mut pipe = Pipeline::open(p, Cursor::START, |_, s| {
+        let inner = LocalSource::open(Path::new(&s.uri), s)?.keeping_map(keep);
+        Ok(Box::new(Counted {
+            inner,
+            narrowed: n.clone(),
+        }) as Box<dyn TokenSource>)
+    })
+    .unwrap();
+    let width = p.output.width();
+    let bw = width.byte_width().unwrap();
+    let mut out = vec![0u8; 8 * pipe.sample_len() * bw];
+    let mut all = Vec::new();
+    loop {
+        match pipe.next_batch_into(width, &mut out) {
+            Ok(Some(info)) => {
+                let n = info.samples * pipe.sample_len() * bw;
+                all.push((out[..n].to_vec(), info));
+            }
+            Ok(None) => return (all, None, narrowed.load(Ordering::Relaxed)),
+            Err(e) => return (all, Some(e.to_string()), narrowed.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+#[test]
+fn batches_from_kept_maps_equal_read_and_narrowed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = int32(dir.path(), "a", 60_000, None);
+    let b = int32(dir.path(), "b", 50_000, None);
+    for shuffle in [true, false] {
+        for output in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
+            let p = plan(&[&a, &b], shuffle, output);
+            let (want, err, none) = batches(&p, false);
+            assert_eq!((err, none), (None, 0));
+            let (got, err, narrowed) = batches(&p, true);
+            assert_eq!(err, None);
+            assert!(want.len() > 10, "{} batches", want.len());
+            assert!(got == want, "shuffle={shuffle} {output:?}: batches differ");
+            let samples: usize = want.iter().map(|(_, i)| i.samples).sum();
+            assert_eq!(narrowed, samples, "every sample from the kept maps");
+        }
+    }
+}
+
+#[test]
+fn a_token_that_does_not_fit_fails_where_and_as_the_usual_read_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = int32(dir.path(), "a", 60_000, Some(70_000));
+    let p = plan(&[&a], false, OutputDType::U16);
+    let (want, err, _) = batches(&p, false);
+    let err = err.expect("the usual read fails");
+    assert!(err.contains("70000"), "{err}");
+    let (got, got_err, narrowed) = batches(&p, true);
+    assert!(got == want, "the batches before the error differ");
+    assert_eq!(got_err.as_deref(), Some(err.as_str()));
+    assert!(narrowed > 0, "the batches before it came from the map");
+}
+
+#[test]
+fn a_source_without_a_map_sends_the_pipeline_back_to_the_usual_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = int32(dir.path(), "a", 60_000, None);
+    let u16 = dquant_testkit::fixture("r50k_uint16").display().to_string();
+    let p = plan(&[&a, &u16], true, OutputDType::I32);
+    let (want, _, _) = batches(&p, false);
+    let (got, err, narrowed) = batches(&p, true);
+    assert_eq!(err, None);
+    assert!(got == want, "batches differ");
+    // At most the first batch's int32 samples before the uint16 source declined.
+    assert!(
+        narrowed < 8,
+        "{narrowed} samples narrowed after a source declined"
+    );
+}
