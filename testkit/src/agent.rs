@@ -150,7 +150,16 @@ impl Corpus {
     /// An agent of this corpus that also listens on a Unix socket in the corpus's directory
     /// (for shared-memory readers); returns it and the socket's path.
     pub fn agent_with_socket(&self) -> (AgentHandle, String) {
+        self.agent_with_socket_and(|_| {})
+    }
+
+    /// [`agent_with_socket`](Self::agent_with_socket), its config changed by `edit` first.
+    pub fn agent_with_socket_and(
+        &self,
+        edit: impl FnOnce(&mut AgentConfig),
+    ) -> (AgentHandle, String) {
         let mut cfg = self.config();
+        edit(&mut cfg);
         let sock = self.dir.path().join("agent.sock");
         cfg.socket = Some(sock.clone());
         let agent = dquant_agent::start(cfg).unwrap();

@@ -53,6 +53,13 @@ pub struct AgentConfig {
     /// read them.
     #[serde(default = "default_dataset_cache")]
     pub keep_datasets: usize,
+    /// Narrow plain int32 datasets' tokens straight from a map kept as long as the dataset
+    /// stays open (the dataset cache keeps it over sessions), not from a `pread`'s copy: the
+    /// page-cache copy is then paid only on a page's first touch. The price is the page
+    /// tables of every page touched (2 MiB a GiB) for as long as the dataset is open: for
+    /// corpora that fit in this host's page cache. Default: off.
+    #[serde(default)]
+    pub keep_maps: bool,
     /// Megatron-order builds (`OpenMegatron`) kept in memory after their sessions end,
     /// most recently opened first, so a trainer that restarts or a rank that opens late finds
     /// its config built.
@@ -340,6 +347,7 @@ impl Default for AgentConfig {
             worker_threads: default_worker_threads(),
             max_sessions: default_max_sessions(),
             keep_datasets: default_dataset_cache(),
+            keep_maps: false,
             keep_megatron_builds: default_megatron_builds(),
             megatron_cache: None,
             ticket_ttl_secs: default_ticket_ttl(),

@@ -234,6 +234,31 @@ fn bad_ring_handovers_get_exact_errors() {
 fn a_plan_that_fails_mid_stream_delivers_earlier_batches_then_the_error() {
     let c = Corpus::new();
     let (agent, sock) = c.agent_with_socket();
+    fails_mid_stream(&c, &agent, &sock);
+}
+
+/// An agent that narrows int32 datasets straight from maps kept with them (`keep_maps`)
+/// streams what one that reads by `pread` streams, on every path, and fails where and as it
+/// fails. The maps are really made (and kept after the sessions end).
+#[test]
+fn an_agent_that_keeps_maps_streams_and_fails_as_one_that_reads() {
+    let c = Corpus::new();
+    let (agent, sock) = c.agent_with_socket_and(|cfg| cfg.keep_maps = true);
+    for out in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
+        let mut p = plan(&[("r50k", 1.0)], 255, 8);
+        p.output = out;
+        assert_parity(&c, &agent, &sock, &p, Cursor::START);
+    }
+    let mut p = plan(&[("r50k", 0.7), ("wide", 0.3)], 511, 4);
+    p.samples = Some(601);
+    assert_parity(&c, &agent, &sock, &p, Cursor::new(0, 200));
+    let data = c.path("r50k.bin");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(maps.contains(&data), "{data} is not mapped");
+    fails_mid_stream(&c, &agent, &sock);
+}
+
+fn fails_mid_stream(c: &Corpus, agent: &AgentHandle, sock: &str) {
     let mut p = plan(&[("wide", 1.0)], 255, 4);
     p.shuffle = false;
     p.output = OutputDType::U16;
@@ -248,14 +273,14 @@ fn a_plan_that_fails_mid_stream_delivers_earlier_batches_then_the_error() {
         }
     };
     let (lgood, le) = run(Reader::local(&c.localized(&p), Cursor::START).unwrap());
-    let (good, e) = run(open(&sock, &p, Offload::Yes).unwrap());
+    let (good, e) = run(open(sock, &p, Offload::Yes).unwrap());
     assert!(matches!(e, ClientError::Agent(_)), "{e:?}");
     assert_eq!(good, lgood);
     assert_eq!(
         e.to_string(),
         le.to_string().replace(&c.path("wide"), "corpus/wide")
     );
-    wait_idle(&agent);
+    wait_idle(agent);
 }
 
 /// The address ranges of this process's mappings of ring memfds (`/proc/self/maps` names
