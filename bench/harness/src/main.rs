@@ -97,6 +97,9 @@ enum Cmd {
         /// Batches a shared stream keeps (`share_window_batches`) [default: the agent's].
         #[arg(long)]
         share_window_batches: Option<usize>,
+        /// Narrow int32 datasets from maps kept with them (`keep_maps`).
+        #[arg(long)]
+        keep_maps: bool,
         /// An agent plans may chain to (`upstreams`), HOST:PORT; repeatable.
         #[arg(long)]
         upstream: Vec<String>,
@@ -320,6 +323,7 @@ fn main() -> Result<()> {
             tls_key,
             worker_threads,
             share_window_batches,
+            keep_maps,
             upstream,
         } => {
             let tls = tls_cert
@@ -333,6 +337,7 @@ fn main() -> Result<()> {
                 prefetch_frames,
                 tls,
                 upstreams: upstream,
+                keep_maps,
                 ..defaults
             };
             procs::run_agent(&root, cfg)

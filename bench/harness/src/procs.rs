@@ -39,12 +39,13 @@ impl AgentProc {
     }
 
     /// [`AgentProc::spawn`] with a worker pool of `worker_threads` threads (the agent's
-    /// default when `None`).
+    /// default when `None`), and its other `flags`.
     pub fn spawn_working(
         root: &Path,
         prefetch_frames: usize,
         with_socket: bool,
         worker_threads: Option<usize>,
+        flags: &[String],
     ) -> Result<Self> {
         Self::spawn_with(
             root,
@@ -52,7 +53,7 @@ impl AgentProc {
             with_socket,
             None,
             worker_threads,
-            &[],
+            flags,
         )
     }
 

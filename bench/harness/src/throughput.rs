@@ -59,6 +59,10 @@ pub struct Args {
     /// sessions; 0: none) [default: the agent's default].
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
+    /// The agent narrows int32 datasets from maps kept with them (`dquant serve
+    /// --keep-maps`); the agent-shm and agent (TCP) cases show what that saves.
+    #[arg(long)]
+    pub keep_maps: bool,
     /// Buffer size of the plain copy's writes and reads.
     #[arg(long, default_value_t = 1 << 20)]
     pub copy_buf: usize,
@@ -256,7 +260,7 @@ impl Chain {
         prefetch_frames: usize,
         workers: Option<usize>,
     ) -> Result<Self> {
-        let far = AgentProc::spawn_working(root, prefetch_frames, false, workers)?;
+        let far = AgentProc::spawn_working(root, prefetch_frames, false, workers, &[])?;
         let upstream = far.uri.trim_start_matches("dquant://").to_string();
         let near = AgentProc::spawn_chained(root, prefetch_frames, workers, &upstream)?;
         Ok(Chain { far, near })
@@ -429,11 +433,17 @@ pub fn run(a: &Args) -> Result<()> {
         )
     });
     let agent = if needs_agent {
+        let flags: Vec<String> = a
+            .keep_maps
+            .then(|| "--keep-maps".to_string())
+            .into_iter()
+            .collect();
         Some(AgentProc::spawn_working(
             &ds.dir,
             a.prefetch_frames,
             true,
             a.worker_threads,
+            &flags,
         )?)
     } else {
         None
