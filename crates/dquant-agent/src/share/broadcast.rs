@@ -76,6 +76,9 @@ struct Mail {
     leaves: Vec<u32>,
     members: Vec<Member>,
     end: Option<End>,
+    /// The message of a stream that failed (or drained), for members told their block after
+    /// the writer wrote it to the others' sockets ([`Broadcast::answered`]).
+    message: Option<String>,
 }
 
 /// A subscriber asking for a reader block, with where to send it.
@@ -91,6 +94,9 @@ struct Member {
     reader: u32,
     /// Its Unix socket, where a stream's error goes before the ring is marked aborted.
     sock: UnixStream,
+    /// Its connection thread has sent it its block ([`Answer::Reader`]): only then may the
+    /// writer put a message on its socket, after the answer, never before it.
+    answered: bool,
     stats: Stats,
 }
 
@@ -156,6 +162,17 @@ impl Broadcast {
         }
     }
 
+    /// Member `reader` has been sent its block: the writer may write to its socket from now
+    /// on. A message the writer already wrote to the other members' sockets is returned, for
+    /// the caller to write to this one's (after the answer, as the others got it).
+    fn answered(&self, reader: u32) -> Option<String> {
+        let mut m = self.mail();
+        if let Some(x) = m.members.iter_mut().find(|x| x.reader == reader) {
+            x.answered = true;
+        }
+        m.message.clone()
+    }
+
     /// The writer is done: pending joins are refused (their senders dropped) and members
     /// are woken.
     fn finish(&self, end: End) {
@@ -189,6 +206,13 @@ pub(crate) fn serve_subscriber(
     if let Err(e) = (Answer::Reader { fds, reader }).send(conn) {
         b.leave(reader);
         return Err(StreamError::Stopped(e.to_string()));
+    }
+    if let Some(m) = b.answered(reader) {
+        // The stream failed before this subscriber was told its block: its message comes
+        // now, after the answer, as it came to the others before their ring was aborted.
+        if let Ok(s) = conn.try_clone() {
+            let _ = FrameWriter::new(s).fail(&m);
+        }
     }
     tracing::info!(
         session = sub.session,
@@ -365,11 +389,16 @@ fn write(mut w: Writer, sub: Subscription) {
     match (&end, w.producer.take()) {
         (End::Finished, Some(p)) => p.close(),
         (End::Failed(m) | End::Drained(m), Some(p)) => {
-            for x in &b.mail().members {
+            // Only to members already sent their block: a message first would be taken for
+            // a refusal. The others write it themselves after their answer.
+            let mut mail = b.mail();
+            mail.message = Some(m.clone());
+            for x in mail.members.iter().filter(|x| x.answered) {
                 if let Ok(s) = x.sock.try_clone() {
                     let _ = FrameWriter::new(s).fail(m);
                 }
             }
+            drop(mail);
             drop(p);
         }
         _ => {}
@@ -458,6 +487,7 @@ impl Writer {
             session: j.session,
             reader,
             sock: j.sock,
+            answered: false,
             stats: Stats {
                 records: behind as u64,
                 tokens,
