@@ -79,9 +79,11 @@ fn plan(paths: &[&str], shuffle: bool, output: OutputDType) -> Plan {
     p
 }
 
-/// Every batch `next_batch_into` writes, until the end or the first error; and how many
-/// samples came from kept maps.
-fn batches(p: &Plan, keep: bool) -> (Vec<(Vec<u8>, BatchInfo)>, Option<String>, usize) {
+/// Every batch `next_batch_into` writes (its bytes and where it sits), until the end or the
+/// first error (its message); and how many samples came from kept maps.
+type Run = (Vec<(Vec<u8>, BatchInfo)>, Option<String>, usize);
+
+fn batches(p: &Plan, keep: bool) -> Run {
     let narrowed = Arc::new(AtomicUsize::new(0));
     let n = narrowed.clone();
     let mut pipe = Pipeline::open(p, Cursor::START, |_, s| {

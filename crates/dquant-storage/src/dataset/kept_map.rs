@@ -93,6 +93,11 @@ mod tests {
 
     use crate::{Dataset, OpenOptions};
 
+    /// [`Dataset::narrow_kept`] of one range.
+    fn one(ds: &Dataset, r: std::ops::Range<u64>, width: Width, out: &mut [u8]) -> bool {
+        ds.narrow_kept(std::slice::from_ref(&r), width, out)
+    }
+
     fn raw_i32(dir: &std::path::Path, tokens: &[i32]) -> Dataset {
         let path = dir.join("toks.bin");
         let mut f = std::fs::File::create(&path).unwrap();
@@ -145,15 +150,15 @@ mod tests {
         let mut out = vec![0u8; 2 * 100];
         // A token over the width, a negative one (even into i32), past the end, the wrong
         // room, widths it does not take.
-        assert!(!ds.narrow_kept(&[450..550], Width::U16, &mut out));
-        assert!(ds.narrow_kept(&[450..550], Width::U24, &mut vec![0u8; 300]));
-        assert!(!ds.narrow_kept(&[850..950], Width::I32, &mut vec![0u8; 400]));
-        assert!(!ds.narrow_kept(&[950..1_050], Width::U16, &mut out));
-        assert!(!ds.narrow_kept(&[0..99], Width::U16, &mut out));
-        assert!(!ds.narrow_kept(&[850..950], Width::I64, &mut vec![0u8; 800]));
-        assert!(ds.narrow_kept(&[0..100], Width::I64, &mut vec![0u8; 800]));
-        assert!(!ds.narrow_kept(&[0..100], Width::Bits(17), &mut out));
-        assert!(ds.narrow_kept(&[0..100], Width::U16, &mut out));
+        assert!(!one(&ds, 450..550, Width::U16, &mut out));
+        assert!(one(&ds, 450..550, Width::U24, &mut vec![0u8; 300]));
+        assert!(!one(&ds, 850..950, Width::I32, &mut vec![0u8; 400]));
+        assert!(!one(&ds, 950..1_050, Width::U16, &mut out));
+        assert!(!one(&ds, 0..99, Width::U16, &mut out));
+        assert!(!one(&ds, 850..950, Width::I64, &mut vec![0u8; 800]));
+        assert!(one(&ds, 0..100, Width::I64, &mut vec![0u8; 800]));
+        assert!(!one(&ds, 0..100, Width::Bits(17), &mut out));
+        assert!(one(&ds, 0..100, Width::U16, &mut out));
     }
 
     #[test]
@@ -162,13 +167,13 @@ mod tests {
         let tokens: Vec<i32> = (0..100_000).map(|i| i % 1000).collect();
         let ds = raw_i32(dir.path(), &tokens);
         let mut out = vec![0u8; 2 * 4096];
-        assert!(ds.narrow_kept(&[0..4096], Width::U16, &mut out));
+        assert!(one(&ds, 0..4096, Width::U16, &mut out));
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(dir.path().join("toks.bin"))
             .unwrap();
         f.set_len(4 * 10_000).unwrap();
-        assert!(!ds.narrow_kept(&[90_000..94_096], Width::U16, &mut out));
+        assert!(!one(&ds, 90_000..94_096, Width::U16, &mut out));
         // The usual read says what happened.
         let mut got = Vec::new();
         let e = ds
