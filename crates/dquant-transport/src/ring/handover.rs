@@ -433,15 +433,23 @@ impl Answer {
 
     /// Receives an answer on `sock`; `None` when the agent wrote something else first (it
     /// refused the session: its message follows on the socket, for the ring offered).
+    /// Reads the answer's bytes and no more: a message the agent writes right after it (a
+    /// stream that failed at once) stays on the socket for the reader.
     pub fn recv(sock: &std::os::unix::net::UnixStream) -> Result<Option<Answer>, RingError> {
-        let mut first = [0u8; 1];
-        match rustix::net::recv(sock, &mut first, rustix::net::RecvFlags::PEEK) {
-            Ok((1, _)) if first[0] == ANSWER[0] => {}
-            Ok(_) => return Ok(None),
-            Err(e) => return Err(io_err("recv")(e)),
+        let mut head = [0u8; ANSWER.len() + 1];
+        let peeked = rustix::net::recv(sock, &mut head, rustix::net::RecvFlags::PEEK)
+            .map_err(io_err("recv"))?
+            .0;
+        if peeked == 0 || head[0] != ANSWER[0] {
+            return Ok(None);
         }
-        let mut buf = [0u8; 32];
-        let (n, fds) = recv_fds(sock, &mut buf, 4).map_err(|source| RingError::Io {
+        // The answer is one `sendmsg`: when its first byte is here, all of it is.
+        let len = match head[ANSWER.len()] {
+            1 if peeked == head.len() => head.len() + 4,
+            _ => head.len(),
+        };
+        let mut buf = [0u8; ANSWER.len() + 5];
+        let (n, fds) = recv_fds(sock, &mut buf[..len], 4).map_err(|source| RingError::Io {
             op: "recvmsg",
             source,
         })?;

@@ -2,7 +2,7 @@
 //! where it started, the slowest sets the pace, readers leave and are ended alone, and the
 //! answer that hands a reader its block crosses a Unix socket.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::thread;
 use std::time::Duration;
@@ -181,6 +181,24 @@ fn the_answer_hands_a_reader_its_block_over_a_socket() {
     assert!(matches!(Answer::recv(&host).unwrap(), Some(Answer::Own)));
     publish(&mut p, 0);
     assert!(*c.next(WAIT).unwrap().unwrap() == *payload(0));
+    // A message right behind an answer (a stream that failed at once) is not read with it:
+    // it stays on the socket for the reader.
+    Answer::Own.send(&agent).unwrap();
+    (&agent).write_all(b"DQFR and the rest of a frame").unwrap();
+    let (r, fds) = p.add_reader(1).unwrap();
+    Answer::Reader { fds, reader: r }.send(&agent).unwrap();
+    (&agent).write_all(b"DQFR again").unwrap();
+    assert!(matches!(Answer::recv(&host).unwrap(), Some(Answer::Own)));
+    let mut rest = [0u8; 28];
+    (&host).read_exact(&mut rest).unwrap();
+    assert_eq!(&rest, b"DQFR and the rest of a frame");
+    assert!(matches!(
+        Answer::recv(&host).unwrap(),
+        Some(Answer::Reader { reader, .. }) if reader == r
+    ));
+    let mut rest = [0u8; 10];
+    (&host).read_exact(&mut rest).unwrap();
+    assert_eq!(&rest, b"DQFR again");
     // Anything else first (the agent refused, with a frame): no answer, the bytes left.
     (&agent).write_all(b"DQFR").unwrap();
     assert!(Answer::recv(&host).unwrap().is_none());
