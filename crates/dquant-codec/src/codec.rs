@@ -361,27 +361,28 @@ impl Decoder {
         ranks: Option<&RankTable>,
         out: &mut [u32],
     ) -> Result<(), CodecError> {
-        let corrupt = |reason: String| CodecError::Corrupt {
-            codec: codec.to_string(),
-            reason,
+        // A ranked payload's table, checked before anything is decompressed.
+        let table = match codec.compression {
+            Compression::Ranked(_) => Some(ranks.ok_or_else(|| CodecError::Corrupt {
+                codec: codec.to_string(),
+                reason: "no rank table to decode it with".into(),
+            })?),
+            _ => None,
         };
-        if codec.compression.is_stream() {
-            return self.decode_stream(codec, payload, out);
+        let raw = self.inflate(codec, payload, out.len())?;
+        match (codec.compression, table) {
+            (Compression::Stream(_), _) => stream_tokens(codec, raw, out),
+            (_, Some(table)) => table.decode(raw, out).map_err(|e| e.named(codec)),
+            _ => decode_width(codec.width, raw, out),
         }
-        let Compression::Ranked(_) = codec.compression else {
-            let raw = self.decompress(codec, payload, codec.raw_len(out.len()), true)?;
-            return decode_width(codec.width, raw, out);
-        };
-        let table = ranks.ok_or_else(|| corrupt("no rank table to decode it with".into()))?;
-        let raw = self.decompress(codec, payload, max_codes_len(out.len()), false)?;
-        table.decode(raw, out).map_err(|e| e.named(codec))
     }
 
     /// The first of [`Decoder::decode`]'s two stages alone, for a payload of `tokens` tokens:
     /// the payload inflated (zstd, LZ4, or a stream's chunk, which advances its lane as
     /// `decode` would) into the bytes the second stage reads (a width's bytes, or the byte
-    /// code of [`crate::RankTable`]). For measuring where decode time goes (`dquant bench
-    /// codecs`); nothing in the result is checked beyond what inflating checks.
+    /// code of [`crate::RankTable`]). `decode` runs it, then the second stage; `dquant bench
+    /// codecs` runs it alone, to measure where decode time goes. Nothing in the result is
+    /// checked beyond what inflating checks.
     pub fn inflate<'a>(
         &'a mut self,
         codec: Codec,
@@ -396,32 +397,6 @@ impl Decoder {
             }
             Compression::Ranked(_) => self.decompress(codec, payload, max_codes_len(tokens), false),
             _ => self.decompress(codec, payload, codec.raw_len(tokens), true),
-        }
-    }
-
-    /// A [`Compression::Stream`] payload: its lane's chunk, then the byte code, every id
-    /// checked against the codec's width.
-    fn decode_stream(
-        &mut self,
-        codec: Codec,
-        payload: &[u8],
-        out: &mut [u32],
-    ) -> Result<(), CodecError> {
-        self.scratch.resize(codec.max_raw_len(out.len()), 0);
-        let n = self.streams.decompress(codec, payload, &mut self.scratch)?;
-        if stream_plain(codec.width) {
-            return decode_width(codec.width, &self.scratch[..n], out);
-        }
-        decode_codes(&self.scratch[..n], out, |r, _| Ok(r)).map_err(|e| e.named(codec))?;
-        // Checked over the whole batch once it is decoded (a vector pass), not token by token
-        // in the byte code's loop: the check there cost that loop about a seventh of its rate.
-        let (width, max) = (codec.width, codec.width.max_token());
-        match crate::kernels::first_over(out, max) {
-            None => Ok(()),
-            Some(i) => {
-                let why = format!("token {i} is {}, over {width}'s largest id {max}", out[i]);
-                Err(CodecError::corrupt(codec, why))
-            }
         }
     }
 
@@ -466,6 +441,25 @@ impl Decoder {
             )));
         }
         Ok(&self.scratch[..n])
+    }
+}
+
+/// The tokens of a [`Compression::Stream`] payload's inflated chunk `raw`: the width's bytes,
+/// or the byte code with every id checked against the codec's width.
+fn stream_tokens(codec: Codec, raw: &[u8], out: &mut [u32]) -> Result<(), CodecError> {
+    if stream_plain(codec.width) {
+        return decode_width(codec.width, raw, out);
+    }
+    decode_codes(raw, out, |r, _| Ok(r)).map_err(|e| e.named(codec))?;
+    // Checked over the whole batch once it is decoded (a vector pass), not token by token
+    // in the byte code's loop: the check there cost that loop about a seventh of its rate.
+    let (width, max) = (codec.width, codec.width.max_token());
+    match crate::kernels::first_over(out, max) {
+        None => Ok(()),
+        Some(i) => {
+            let why = format!("token {i} is {}, over {width}'s largest id {max}", out[i]);
+            Err(CodecError::corrupt(codec, why))
+        }
     }
 }
 
