@@ -210,9 +210,7 @@ pub(crate) fn serve_subscriber(
     if let Some(m) = b.answered(reader) {
         // The stream failed before this subscriber was told its block: its message comes
         // now, after the answer, as it came to the others before their ring was aborted.
-        if let Ok(s) = conn.try_clone() {
-            let _ = FrameWriter::new(s).fail(&m);
-        }
+        let _ = FrameWriter::new(conn).fail(&m);
     }
     tracing::info!(
         session = sub.session,
@@ -394,9 +392,7 @@ fn write(mut w: Writer, sub: Subscription) {
             let mut mail = b.mail();
             mail.message = Some(m.clone());
             for x in mail.members.iter().filter(|x| x.answered) {
-                if let Ok(s) = x.sock.try_clone() {
-                    let _ = FrameWriter::new(s).fail(m);
-                }
+                let _ = FrameWriter::new(&x.sock).fail(m);
             }
             drop(mail);
             drop(p);
