@@ -28,7 +28,7 @@ if [ "${DQUANT_FUZZ_WRAP:-}" = 1 ]; then
   done
   case "$crate" in
     dquant_* | idx_parser | block_file | frame_stream | batch_records | hello | range_request | \
-      ring_header | ring_consumer | plan_json | plan_toml | grpc_open | doc_section | chunk_sums)
+      ring_header | ring_answer | ring_consumer | plan_json | plan_toml | grpc_open | doc_section | chunk_sums)
       # shellcheck disable=SC2086
       exec "$rustc" "$@" $DQUANT_FUZZ_FLAGS
       ;;
@@ -37,7 +37,7 @@ if [ "${DQUANT_FUZZ_WRAP:-}" = 1 ]; then
 fi
 
 cd "$(dirname "$0")"
-ALL="idx_parser block_file frame_stream batch_records hello range_request ring_header ring_consumer plan_json plan_toml grpc_open doc_section chunk_sums"
+ALL="idx_parser block_file frame_stream batch_records hello range_request ring_header ring_answer ring_consumer plan_json plan_toml grpc_open doc_section chunk_sums"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 host=$(rustc -vV | sed -n 's/^host: //p')
 # The flags cargo-fuzz passes for `--sanitizer none`, all of them stable rustc options:

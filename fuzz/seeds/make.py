@@ -10,6 +10,8 @@ import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "..", "testkit", "fixtures", "megatron")
+# ring/layout.rs's VERSION.
+RING_VERSION = 3
 
 
 def _table():
@@ -72,8 +74,19 @@ def request(ranges):
 def ring_meta(slots, slot_size, flags=1):
     slots_off = (448 + 16 * slots + 4095) // 4096 * 4096
     total = slots_off + slots * slot_size
-    meta = struct.pack("<QIIQQQQII", int.from_bytes(b"DQRING\0\x01", "little"), 2, slots, slot_size,
-                       448, slots_off, total, flags, 0)
+    meta = struct.pack("<QIIQQQQII", int.from_bytes(b"DQRING\0\x01", "little"), RING_VERSION, slots,
+                       slot_size, 448, slots_off, total, flags, 1)
+    return meta + b"\0" * 8, total
+
+
+def shared_ring_meta(slots, slot_size, readers, flags=1):
+    """A shared ring's Meta (ring/layout.rs): 192 header bytes, 256 a reader block, 16 a
+    completion record, slots from the next page."""
+    records = 192 + 256 * readers
+    slots_off = (records + 16 * slots + 4095) // 4096 * 4096
+    total = slots_off + slots * slot_size
+    meta = struct.pack("<QIIQQQQII", int.from_bytes(b"DQRING\0\x01", "little"), RING_VERSION,
+                       slots, slot_size, records, slots_off, total, flags, readers)
     return meta + b"\0" * 8, total
 
 
@@ -138,6 +151,18 @@ def main():
     write("ring_header", "offer", struct.pack("<BIHB", 1 | 3 << 1, total, 64, len(offer)) + offer + meta)
     meta, total = ring_meta(3, 100, 0)
     write("ring_header", "odd-slots", struct.pack("<BIHB", 1, total, 100, 0) + meta)
+
+    # The agent's answer to a subscriber: flags (bit 0 sealed, bits 1-2 descriptors sent, bit
+    # 3 verify, bit 4 one more), file length, answer length, answer, file contents.
+    meta, total = shared_ring_meta(4, 4096, 3)
+    reader = b"dquant-ring/a\x01" + struct.pack("<I", 2)
+    write("ring_answer", "reader", struct.pack("<BIB", 1 | 3 << 1 | 8, total, len(reader)) + reader + meta)
+    behind = reader + stream([b"the stream failed"], end=False)
+    write("ring_answer", "reader-then-error", struct.pack("<BIB", 1 | 3 << 1, total, len(behind)) + behind + meta)
+    own = b"dquant-ring/a\x00"
+    write("ring_answer", "own", struct.pack("<BIB", 0, 0, len(own)) + own)
+    refused = stream([b"unknown tenant"], end=False)
+    write("ring_answer", "refused", struct.pack("<BIB", 0, 0, len(refused)) + refused)
 
     # Ring consumer scripts: shape (slots - 1 in bits 0-1, page slots, crc), then steps:
     # 0 publish (len u16, well-formed flag, bytes), 2 take (how), 4 drop (index),

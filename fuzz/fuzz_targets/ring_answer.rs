@@ -1,0 +1,215 @@
+//! The shared-memory ring as a subscriber reads it from an agent it cannot trust: the agent's
+//! answer to its offer (`Answer::recv`: read the ring you offered, or this reader block of the
+//! stream's shared ring, with its descriptors), then the shared ring's memfd
+//! (`RingConsumer::attach`: its seals, its header, the reader block named), then one batch
+//! taken from it with no wait.
+//!
+//! The answer is one `sendmsg` of any bytes with 0–4 descriptors, after which the agent's end
+//! closes. Checked against an independent reading of the answer's format (`ANSWER`, then 0, or
+//! 1 and a u32 reader) and of the layout table in `ring::layout`:
+//!
+//! * the answer is `None` exactly when the message is empty or does not start with the tag's
+//!   first byte, `Own` exactly when it starts with the tag and 0 and came with no
+//!   descriptors, `Reader` exactly when it starts with the tag, 1 and four bytes and came
+//!   with three descriptors (the reader's number those four bytes), and an error otherwise;
+//! * it reads the answer's bytes and no more: what follows stays on the socket, whole (a
+//!   failure message the agent writes right behind its answer is the reader's);
+//! * the ring is attached exactly when its memfd is sealed against shrinking, its header
+//!   describes exactly the file it is in (for any number of reader blocks) and the reader
+//!   block named is one of them; the attached layout is that description;
+//! * taking a batch from it never panics, faults or waits.
+//!
+//! Input: flags (seals, descriptors to send, verify), the file length, the message's length,
+//! the message, then the file's first bytes (the rest of the file is zeros).
+#![no_main]
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use dquant_transport::ring::layout::{MAGIC, VERSION};
+use dquant_transport::ring::{send_fds, Answer, RingConsumer, RingError, RingFds, ANSWER};
+use libfuzzer_sys::fuzz_target;
+use rustix::fs::{MemfdFlags, SealFlags};
+
+/// Files up to 64 MiB: larger ones are only more zero pages.
+const MAX_FILE: u64 = 64 << 20;
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+/// What the first 56 bytes of a file of `file_len` bytes say, if they describe a ring (any
+/// reader count) that is exactly that file: its slot count, slot size, slots' offset and
+/// reader count. The table: a 192-byte header, 256 bytes a reader block, 16 a completion
+/// record, slots from the next 4 KiB boundary.
+fn expected_layout(h: &[u8], file_len: u64) -> Option<(u32, u64, u64, u32)> {
+    let (n, size, readers) = (u32_at(h, 12), u64_at(h, 16), u32_at(h, 52));
+    if file_len < 192
+        || u64_at(h, 0) != MAGIC
+        || u32_at(h, 8) != VERSION
+        || u32_at(h, 48) & !1 != 0
+        || !(1..=64).contains(&readers)
+        || !(1..=65536).contains(&n)
+        || !(1..=u64::from(u32::MAX)).contains(&size)
+    {
+        return None;
+    }
+    let records = 192 + 256 * u64::from(readers);
+    let slots_offset = (records + 16 * u64::from(n)).div_ceil(4096) * 4096;
+    let total = slots_offset + u64::from(n) * size;
+    let fits = u64_at(h, 24) == records && u64_at(h, 32) == slots_offset;
+    (fits && u64_at(h, 40) == total && file_len == total).then_some((
+        n,
+        size,
+        slots_offset,
+        readers,
+    ))
+}
+
+fn eventfd() -> OwnedFd {
+    use rustix::event::EventfdFlags;
+    rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).expect("eventfd")
+}
+
+/// The ring file the test made, and what it knows of it.
+struct File {
+    fd: OwnedFd,
+    len: u64,
+    /// Its first 56 bytes (zeros past the end).
+    head: Vec<u8>,
+    sealed: bool,
+}
+
+/// A memfd of `len` bytes starting with `contents`, sealed against growing, and against
+/// shrinking when `sealed`.
+fn ring_file(len: u64, contents: &[u8], sealed: bool) -> File {
+    let fd = rustix::fs::memfd_create(
+        "fuzz-answer",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .expect("memfd_create");
+    rustix::fs::ftruncate(&fd, len).expect("ftruncate");
+    let contents = &contents[..contents.len().min(len as usize)];
+    rustix::io::pwrite(&fd, contents, 0).expect("pwrite");
+    let seals = if sealed {
+        SealFlags::GROW | SealFlags::SHRINK
+    } else {
+        SealFlags::GROW
+    };
+    rustix::fs::fcntl_add_seals(&fd, seals).expect("seals");
+    let mut head = contents[..contents.len().min(56)].to_vec();
+    head.resize(56, 0);
+    File {
+        fd,
+        len,
+        head,
+        sealed,
+    }
+}
+
+/// What `Answer::recv` must make of `msg` sent with `nfds` descriptors: `None`, `Own`
+/// (`Some(None)`), `Reader` with its number (`Some(Some(r))`), or an error (`Err`).
+fn expected_answer(msg: &[u8], nfds: usize) -> Result<Option<Option<u32>>, ()> {
+    if msg.first() != Some(&ANSWER[0]) {
+        return Ok(None);
+    }
+    match msg.strip_prefix(ANSWER) {
+        Some([0, ..]) if nfds == 0 => Ok(Some(None)),
+        Some([1, a, b, c, d, ..]) if nfds == 3 => {
+            Ok(Some(Some(u32::from_le_bytes([*a, *b, *c, *d]))))
+        }
+        _ => Err(()),
+    }
+}
+
+/// How many bytes of `msg` an answer takes.
+fn answer_len(reader: Option<u32>) -> usize {
+    ANSWER.len() + 1 + if reader.is_some() { 4 } else { 0 }
+}
+
+/// The subscriber's reading of the shared ring it was answered with.
+fn attach(fds: RingFds, reader: u32, verify: bool, file: &File) {
+    let ino = |fd: &OwnedFd| rustix::fs::fstat(fd).expect("fstat").st_ino;
+    let same = ino(&fds.memfd) == ino(&file.fd);
+    assert!(
+        same,
+        "the answer's first descriptor is the memfd that was sent"
+    );
+    let (head, len, sealed) = (&file.head, file.len, file.sealed);
+    let want = expected_layout(head, len).filter(|&(_, _, _, readers)| sealed && reader < readers);
+    let mut c = match RingConsumer::attach(fds, reader, verify) {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(want.is_none(), "a valid ring was refused: {e}");
+            if !sealed {
+                assert!(matches!(e, RingError::NotSealed(_)), "{e}");
+            }
+            return;
+        }
+    };
+    let (n, size, slots_offset, readers) = want.expect("attached a ring the table refuses");
+    let l = c.layout();
+    assert_eq!(
+        (l.slot_count, l.slot_size, l.slots_offset, l.readers),
+        (n, size, slots_offset, readers)
+    );
+    assert_eq!(l.total_len, len);
+    // Whatever the agent wrote in its indices, flags and records: an answer, not a fault or
+    // a wait.
+    let _ = c.take(Duration::ZERO).map(|view| view.map(|v| v.len()));
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((head, rest)) = data.split_first_chunk::<6>() else {
+        return;
+    };
+    let flags = head[0];
+    let file_len =
+        u64::from(u32::from_le_bytes([head[1], head[2], head[3], head[4]])) % (MAX_FILE + 1);
+    let msg_len = usize::from(head[5]).min(rest.len());
+    let (msg, contents) = rest.split_at(msg_len);
+    let (sealed, verify) = (flags & 1 != 0, flags & 8 != 0);
+    // Descriptors ride on bytes: an empty message carries none.
+    let nfds = if msg.is_empty() {
+        0
+    } else {
+        usize::from(flags >> 1) % 4 + usize::from(flags & 16 != 0)
+    };
+    let file = ring_file(file_len, contents, sealed);
+
+    let (subscriber, agent) = UnixStream::pair().expect("socketpair");
+    let (w1, w2, extra) = (eventfd(), eventfd(), eventfd());
+    let all = [file.fd.as_fd(), w1.as_fd(), w2.as_fd(), extra.as_fd()];
+    if nfds == 0 {
+        std::io::Write::write_all(&mut &agent, msg).expect("send the answer");
+    } else {
+        send_fds(&agent, &all[..nfds], msg).expect("send the answer");
+    }
+    drop(agent);
+
+    let want = expected_answer(msg, nfds);
+    let got = Answer::recv(&subscriber);
+    let mut left = Vec::new();
+    (&subscriber).read_to_end(&mut left).expect("read the rest");
+    match (got, want) {
+        (Ok(None), Ok(None)) => assert_eq!(left, msg, "a refusal's message is left whole"),
+        (Ok(Some(Answer::Own)), Ok(Some(None))) => assert_eq!(left, &msg[answer_len(None)..]),
+        (Ok(Some(Answer::Reader { fds, reader })), Ok(Some(Some(r)))) => {
+            assert_eq!(reader, r);
+            assert_eq!(left, &msg[answer_len(Some(r))..]);
+            attach(fds, reader, verify, &file);
+        }
+        (Err(RingError::Handshake(m)), Err(())) => {
+            assert!(m.starts_with("the agent's answer: "), "{m}")
+        }
+        (got, want) => {
+            panic!("answer {got:?} where {want:?} was due, for {msg:?} with {nfds} descriptors")
+        }
+    }
+});
