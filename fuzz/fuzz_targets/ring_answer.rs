@@ -15,8 +15,9 @@
 //! * it reads the answer's bytes and no more: what follows stays on the socket, whole (a
 //!   failure message the agent writes right behind its answer is the reader's);
 //! * the ring is attached exactly when its memfd is sealed against shrinking, its header
-//!   describes exactly the file it is in (for any number of reader blocks) and the reader
-//!   block named is one of them; the attached layout is that description;
+//!   describes exactly the file it is in (for any number of reader blocks), the reader block
+//!   named is one of them and its consumer index is one a ring can count to (`MAX_INDEX`);
+//!   the attached layout is that description;
 //! * taking a batch from it never panics, faults or waits.
 //!
 //! Input: flags (seals, descriptors to send, verify), the file length, the message's length,
@@ -28,7 +29,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use dquant_transport::ring::layout::{MAGIC, VERSION};
+use dquant_transport::ring::layout::{MAGIC, MAX_INDEX, VERSION};
 use dquant_transport::ring::{send_fds, Answer, RingConsumer, RingError, RingFds, ANSWER};
 use libfuzzer_sys::fuzz_target;
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -142,7 +143,16 @@ fn attach(fds: RingFds, reader: u32, verify: bool, file: &File) {
         "the answer's first descriptor is the memfd that was sent"
     );
     let (head, len, sealed) = (&file.head, file.len, file.sealed);
-    let want = expected_layout(head, len).filter(|&(_, _, _, readers)| sealed && reader < readers);
+    // The reader block's consumer index, where the subscriber starts: past `MAX_INDEX` no
+    // ring counts, and the attach refuses it.
+    let start = |r: u32| {
+        let mut b = [0u8; 8];
+        let n = rustix::io::pread(&file.fd, &mut b, 192 + 256 * u64::from(r)).unwrap_or(0);
+        (n == 8).then(|| u64::from_le_bytes(b))
+    };
+    let want = expected_layout(head, len).filter(|&(_, _, _, readers)| {
+        sealed && reader < readers && start(reader).is_some_and(|i| i <= MAX_INDEX)
+    });
     let mut c = match RingConsumer::attach(fds, reader, verify) {
         Ok(c) => c,
         Err(e) => {

@@ -159,6 +159,9 @@ def main():
     write("ring_answer", "reader", struct.pack("<BIB", 1 | 3 << 1 | 8, total, len(reader)) + reader + meta)
     behind = reader + stream([b"the stream failed"], end=False)
     write("ring_answer", "reader-then-error", struct.pack("<BIB", 1 | 3 << 1, total, len(behind)) + behind + meta)
+    # Reader 2's consumer index past what a ring counts to (once an overflow in `take`).
+    far = meta + bytes(192 + 256 * 2 - len(meta)) + struct.pack("<Q", 0xCACACACACACACACA)
+    write("ring_answer", "reader-index-far", struct.pack("<BIB", 1 | 3 << 1, total, len(reader)) + reader + far)
     own = b"dquant-ring/a\x00"
     write("ring_answer", "own", struct.pack("<BIB", 0, 0, len(own)) + own)
     refused = stream([b"unknown tenant"], end=False)

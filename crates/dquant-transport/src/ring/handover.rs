@@ -91,6 +91,12 @@ impl RingConsumer {
         let mut consumer = consumer_of(file, layout, reader, fds, verify);
         consumer.shared = true;
         let start = consumer.mem.lines().consumer.0.load(Ordering::Acquire);
+        if start > layout::MAX_INDEX {
+            return Err(RingError::Handshake(format!(
+                "reader {reader}'s consumer index is {start}, past the {} a ring can count to",
+                layout::MAX_INDEX
+            )));
+        }
         (consumer.read, consumer.tail) = (start, start);
         Ok(consumer)
     }

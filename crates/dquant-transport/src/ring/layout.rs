@@ -88,6 +88,11 @@ pub const PAGE: u64 = 4096;
 pub const MAX_SLOTS: u32 = 1 << 16;
 /// Most readers a ring may have.
 pub const MAX_READERS: u32 = 64;
+/// Largest index a reader joining a shared ring may start from. The indices are free-running
+/// counts of batches, so a real ring never comes near it (2^63 batches); the reader's own
+/// arithmetic (its index plus the slot count, plus a batch) then never overflows, whatever a
+/// hostile agent wrote in the block (found by the `ring_answer` fuzz target).
+pub const MAX_INDEX: u64 = i64::MAX as u64;
 
 /// Bits of [`Header::closed`].
 pub const PRODUCER_CLOSED: u32 = 1;

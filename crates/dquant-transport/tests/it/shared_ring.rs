@@ -7,7 +7,8 @@ use std::os::unix::net::UnixStream;
 use std::thread;
 use std::time::Duration;
 
-use dquant_transport::ring::{Answer, RingConsumer, RingError, RingProducer};
+use dquant_transport::ring::layout::MAX_INDEX;
+use dquant_transport::ring::{Answer, RingConsumer, RingError, RingFds, RingProducer};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -202,4 +203,36 @@ fn the_answer_hands_a_reader_its_block_over_a_socket() {
     // Anything else first (the agent refused, with a frame): no answer, the bytes left.
     (&agent).write_all(b"DQFR").unwrap();
     assert!(Answer::recv(&host).unwrap().is_none());
+}
+
+/// A reader block whose consumer index no ring can reach (a hostile agent's) is refused when
+/// the subscriber attaches, before its own arithmetic on the index could overflow (found by
+/// the `ring_answer` fuzz target: `tail + slot_count` overflowed in `take`).
+#[test]
+fn a_reader_block_whose_index_no_ring_reaches_is_refused() {
+    let mut p = RingProducer::create(2, 4, 4096, true).unwrap();
+    let (r, fds) = p.add_reader(0).unwrap();
+    let at = p.layout().reader_offset(r);
+    for (index, ok) in [(MAX_INDEX, true), (MAX_INDEX + 1, false), (u64::MAX - 3, false)] {
+        rustix::io::pwrite(&fds.memfd, &index.to_le_bytes(), at).unwrap();
+        let dup = |fd: &std::os::fd::OwnedFd| fd.try_clone().unwrap();
+        let fds = RingFds {
+            memfd: dup(&fds.memfd),
+            consumer_wake: dup(&fds.consumer_wake),
+            producer_wake: dup(&fds.producer_wake),
+        };
+        match RingConsumer::attach(fds, r, true) {
+            Ok(_) => assert!(ok, "index {index} attached"),
+            Err(e) => assert_eq!(
+                (ok, e.to_string()),
+                (
+                    false,
+                    format!(
+                        "ring: fd handshake: reader {r}'s consumer index is {index}, past \
+                         the 9223372036854775807 a ring can count to"
+                    )
+                )
+            ),
+        }
+    }
 }
