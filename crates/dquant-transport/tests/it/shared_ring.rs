@@ -213,7 +213,11 @@ fn a_reader_block_whose_index_no_ring_reaches_is_refused() {
     let mut p = RingProducer::create(2, 4, 4096, true).unwrap();
     let (r, fds) = p.add_reader(0).unwrap();
     let at = p.layout().reader_offset(r);
-    for (index, ok) in [(MAX_INDEX, true), (MAX_INDEX + 1, false), (u64::MAX - 3, false)] {
+    for (index, ok) in [
+        (MAX_INDEX, true),
+        (MAX_INDEX + 1, false),
+        (u64::MAX - 3, false),
+    ] {
         rustix::io::pwrite(&fds.memfd, &index.to_le_bytes(), at).unwrap();
         let dup = |fd: &std::os::fd::OwnedFd| fd.try_clone().unwrap();
         let fds = RingFds {
