@@ -29,21 +29,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use dquant_fuzz::ring::{eventfd, head, ring_memfd, u32_at, u64_at};
 use dquant_transport::ring::layout::{MAGIC, MAX_INDEX, VERSION};
 use dquant_transport::ring::{send_fds, Answer, RingConsumer, RingError, RingFds, ANSWER};
 use libfuzzer_sys::fuzz_target;
-use rustix::fs::{MemfdFlags, SealFlags};
 
 /// Files up to 64 MiB: larger ones are only more zero pages.
 const MAX_FILE: u64 = 64 << 20;
-
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
-}
 
 /// What the first 56 bytes of a file of `file_len` bytes say, if they describe a ring (any
 /// reader count) that is exactly that file: its slot count, slot size, slots' offset and
@@ -73,11 +65,6 @@ fn expected_layout(h: &[u8], file_len: u64) -> Option<(u32, u64, u64, u32)> {
     ))
 }
 
-fn eventfd() -> OwnedFd {
-    use rustix::event::EventfdFlags;
-    rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).expect("eventfd")
-}
-
 /// The ring file the test made, and what it knows of it.
 struct File {
     fd: OwnedFd,
@@ -90,26 +77,11 @@ struct File {
 /// A memfd of `len` bytes starting with `contents`, sealed against growing, and against
 /// shrinking when `sealed`.
 fn ring_file(len: u64, contents: &[u8], sealed: bool) -> File {
-    let fd = rustix::fs::memfd_create(
-        "fuzz-answer",
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )
-    .expect("memfd_create");
-    rustix::fs::ftruncate(&fd, len).expect("ftruncate");
-    let contents = &contents[..contents.len().min(len as usize)];
-    rustix::io::pwrite(&fd, contents, 0).expect("pwrite");
-    let seals = if sealed {
-        SealFlags::GROW | SealFlags::SHRINK
-    } else {
-        SealFlags::GROW
-    };
-    rustix::fs::fcntl_add_seals(&fd, seals).expect("seals");
-    let mut head = contents[..contents.len().min(56)].to_vec();
-    head.resize(56, 0);
+    let (fd, written) = ring_memfd(len, contents, sealed);
     File {
         fd,
         len,
-        head,
+        head: head(written, 56),
         sealed,
     }
 }

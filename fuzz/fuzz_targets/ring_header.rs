@@ -28,6 +28,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dquant_fuzz::ring::{eventfd, head, ring_memfd, u32_at, u64_at};
 use dquant_transport::ring::layout::{self, Layout, CONSUMER_CLOSED, FLAG_CRC, MAGIC, VERSION};
 use dquant_transport::ring::{
     send_fds, RingError, RingFds, RingProducer, HANDSHAKE, HANDSHAKE_SHARED,
@@ -36,19 +37,10 @@ use dquant_transport::shm::{OfferError, RingOffer};
 use dquant_transport::sink::BatchSink;
 use dquant_transport::Hello;
 use libfuzzer_sys::fuzz_target;
-use rustix::fs::{MemfdFlags, SealFlags};
 
 /// Files up to 64 MiB: larger ones are only more zero pages, and a slot's crc32c reads all of
 /// a committed batch.
 const MAX_FILE: u64 = 64 << 20;
-
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
-}
 
 /// What the header bytes `h` (the first 448 bytes of the file, zero-padded: the header, one
 /// reader block) say, if they describe a session's ring (one reader) in a file of `file_len`
@@ -95,11 +87,6 @@ fn pread(fd: &OwnedFd, at: u64, len: usize) -> Vec<u8> {
     b
 }
 
-fn eventfd() -> OwnedFd {
-    use rustix::event::EventfdFlags;
-    rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).expect("eventfd")
-}
-
 /// What the test knows of the file it made.
 struct File {
     fd: OwnedFd,
@@ -110,24 +97,12 @@ struct File {
 
 impl File {
     fn make(len: u64, contents: &[u8], seals: u8) -> File {
-        let fd =
-            rustix::fs::memfd_create("fuzz-ring", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-                .expect("memfd_create");
-        rustix::fs::ftruncate(&fd, len).expect("ftruncate");
-        let contents = &contents[..contents.len().min(len as usize)];
-        rustix::io::pwrite(&fd, contents, 0).expect("pwrite");
         let sealed = seals & 1 != 0;
-        let mut s = SealFlags::GROW;
-        if sealed {
-            s |= SealFlags::SHRINK;
-        }
-        rustix::fs::fcntl_add_seals(&fd, s).expect("seals");
-        let mut head = contents[..contents.len().min(448)].to_vec();
-        head.resize(448, 0);
+        let (fd, written) = ring_memfd(len, contents, sealed);
         File {
             fd,
             len,
-            head,
+            head: head(written, 448),
             sealed,
         }
     }

@@ -8,6 +8,7 @@
 //! ([`framed`]), so mutations reach the record, hello and request parsers behind the frames.
 
 pub mod plan;
+pub mod ring;
 
 use dquant_transport::frame::{FrameHeader, FrameKind, HEADER_LEN, MAGIC, MAX_PAYLOAD};
 use dquant_transport::{BufferPool, FrameWriter};
