@@ -29,41 +29,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use dquant_fuzz::ring::{eventfd, head, ring_memfd, u32_at, u64_at};
-use dquant_transport::ring::layout::{MAGIC, MAX_INDEX, VERSION};
+use dquant_fuzz::ring::{eventfd, expected_layout, head, ring_memfd};
+use dquant_transport::ring::layout::MAX_INDEX;
 use dquant_transport::ring::{send_fds, Answer, RingConsumer, RingError, RingFds, ANSWER};
 use libfuzzer_sys::fuzz_target;
 
 /// Files up to 64 MiB: larger ones are only more zero pages.
 const MAX_FILE: u64 = 64 << 20;
-
-/// What the first 56 bytes of a file of `file_len` bytes say, if they describe a ring (any
-/// reader count) that is exactly that file: its slot count, slot size, slots' offset and
-/// reader count. The table: a 192-byte header, 256 bytes a reader block, 16 a completion
-/// record, slots from the next 4 KiB boundary.
-fn expected_layout(h: &[u8], file_len: u64) -> Option<(u32, u64, u64, u32)> {
-    let (n, size, readers) = (u32_at(h, 12), u64_at(h, 16), u32_at(h, 52));
-    if file_len < 192
-        || u64_at(h, 0) != MAGIC
-        || u32_at(h, 8) != VERSION
-        || u32_at(h, 48) & !1 != 0
-        || !(1..=64).contains(&readers)
-        || !(1..=65536).contains(&n)
-        || !(1..=u64::from(u32::MAX)).contains(&size)
-    {
-        return None;
-    }
-    let records = 192 + 256 * u64::from(readers);
-    let slots_offset = (records + 16 * u64::from(n)).div_ceil(4096) * 4096;
-    let total = slots_offset + u64::from(n) * size;
-    let fits = u64_at(h, 24) == records && u64_at(h, 32) == slots_offset;
-    (fits && u64_at(h, 40) == total && file_len == total).then_some((
-        n,
-        size,
-        slots_offset,
-        readers,
-    ))
-}
 
 /// The ring file the test made, and what it knows of it.
 struct File {
@@ -122,8 +94,8 @@ fn attach(fds: RingFds, reader: u32, verify: bool, file: &File) {
         let n = rustix::io::pread(&file.fd, &mut b, 192 + 256 * u64::from(r)).unwrap_or(0);
         (n == 8).then(|| u64::from_le_bytes(b))
     };
-    let want = expected_layout(head, len).filter(|&(_, _, _, readers)| {
-        sealed && reader < readers && start(reader).is_some_and(|i| i <= MAX_INDEX)
+    let want = expected_layout(head, len).filter(|shape| {
+        sealed && reader < shape.readers && start(reader).is_some_and(|i| i <= MAX_INDEX)
     });
     let mut c = match RingConsumer::attach(fds, reader, verify) {
         Ok(c) => c,
@@ -135,11 +107,11 @@ fn attach(fds: RingFds, reader: u32, verify: bool, file: &File) {
             return;
         }
     };
-    let (n, size, slots_offset, readers) = want.expect("attached a ring the table refuses");
+    let want = want.expect("attached a ring the table refuses");
     let l = c.layout();
     assert_eq!(
         (l.slot_count, l.slot_size, l.slots_offset, l.readers),
-        (n, size, slots_offset, readers)
+        (want.slots, want.slot_size, want.slots_offset, want.readers)
     );
     assert_eq!(l.total_len, len);
     // Whatever the agent wrote in its indices, flags and records: an answer, not a fault or

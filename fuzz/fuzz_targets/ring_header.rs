@@ -28,8 +28,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dquant_fuzz::ring::{eventfd, head, ring_memfd, u32_at, u64_at};
-use dquant_transport::ring::layout::{self, Layout, CONSUMER_CLOSED, FLAG_CRC, MAGIC, VERSION};
+use dquant_fuzz::ring::{eventfd, expected_layout, head, ring_memfd, u32_at, u64_at};
+use dquant_transport::ring::layout::{self, Layout, CONSUMER_CLOSED, FLAG_CRC};
 use dquant_transport::ring::{
     send_fds, RingError, RingFds, RingProducer, HANDSHAKE, HANDSHAKE_SHARED,
 };
@@ -41,29 +41,6 @@ use libfuzzer_sys::fuzz_target;
 /// Files up to 64 MiB: larger ones are only more zero pages, and a slot's crc32c reads all of
 /// a committed batch.
 const MAX_FILE: u64 = 64 << 20;
-
-/// What the header bytes `h` (the first 448 bytes of the file, zero-padded: the header, one
-/// reader block) say, if they describe a session's ring (one reader) in a file of `file_len`
-/// bytes: slot count and size, where the slots start.
-fn expected_layout(h: &[u8], file_len: u64) -> Option<(u32, u64, u64)> {
-    let (n, size) = (u32_at(h, 12), u64_at(h, 16));
-    if file_len < 448
-        || u64_at(h, 0) != MAGIC
-        || u32_at(h, 8) != VERSION
-        || u32_at(h, 48) & !FLAG_CRC != 0
-        || u32_at(h, 52) != 1
-        || !(1..=65536).contains(&n)
-        || !(1..=u64::from(u32::MAX)).contains(&size)
-    {
-        return None;
-    }
-    let slots_offset = (448 + 16 * u64::from(n)).div_ceil(4096) * 4096;
-    let total = slots_offset + u64::from(n) * size;
-    (u64_at(h, 24) == 448 && u64_at(h, 32) == slots_offset && u64_at(h, 40) == total)
-        .then_some(())
-        .filter(|()| file_len == total)
-        .map(|()| (n, size, slots_offset))
-}
 
 /// The first 56 bytes of a header (its `Meta`, to the reader count).
 fn meta_bytes(l: &Layout, flags: u32) -> Vec<u8> {
@@ -117,7 +94,10 @@ impl File {
 
     /// The attach must succeed exactly when this is `Some`.
     fn expected(&self) -> Option<(u32, u64, u64)> {
-        expected_layout(&self.head, self.len).filter(|_| self.sealed)
+        // A session's ring: one reader block.
+        expected_layout(&self.head, self.len)
+            .filter(|shape| self.sealed && shape.readers == 1)
+            .map(|shape| (shape.slots, shape.slot_size, shape.slots_offset))
     }
 
     /// Whether the producer may have a slot now, from the header's indices and flags.

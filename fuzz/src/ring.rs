@@ -4,6 +4,7 @@
 
 use std::os::fd::OwnedFd;
 
+use dquant_transport::ring::layout::{FLAG_CRC, MAGIC, VERSION};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 /// The little-endian u32 at byte `o` of `b`.
@@ -46,4 +47,41 @@ pub fn head(contents: &[u8], n: usize) -> Vec<u8> {
     let mut h = contents[..contents.len().min(n)].to_vec();
     h.resize(n, 0);
     h
+}
+
+/// A ring's shape as the layout table gives it: slot count, slot size, where the slots start,
+/// reader blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub slots: u32,
+    pub slot_size: u64,
+    pub slots_offset: u64,
+    pub readers: u32,
+}
+
+/// What the first 56 bytes of a file of `file_len` bytes (its `Meta`, zero-padded) say, if
+/// they describe a ring, with any reader count, that is exactly that file. An independent
+/// reading of the table in `ring::layout`: a 192-byte header, 256 bytes a reader block, 16 a
+/// completion record, slots from the next 4 KiB boundary.
+pub fn expected_layout(h: &[u8], file_len: u64) -> Option<Shape> {
+    let (n, size, readers) = (u32_at(h, 12), u64_at(h, 16), u32_at(h, 52));
+    if u64_at(h, 0) != MAGIC
+        || u32_at(h, 8) != VERSION
+        || u32_at(h, 48) & !FLAG_CRC != 0
+        || !(1..=64).contains(&readers)
+        || !(1..=65536).contains(&n)
+        || !(1..=u64::from(u32::MAX)).contains(&size)
+    {
+        return None;
+    }
+    let records = 192 + 256 * u64::from(readers);
+    let slots_offset = (records + 16 * u64::from(n)).div_ceil(4096) * 4096;
+    let total = slots_offset + u64::from(n) * size;
+    let fits = u64_at(h, 24) == records && u64_at(h, 32) == slots_offset;
+    (fits && u64_at(h, 40) == total && file_len == total).then_some(Shape {
+        slots: n,
+        slot_size: size,
+        slots_offset,
+        readers,
+    })
 }
