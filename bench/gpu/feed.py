@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -44,9 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import benchlib  # noqa: E402
 
 import dquant.torch as dqt  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,25 +63,6 @@ def make_corpus(path: Path, tokens: int) -> None:
     rng = np.random.default_rng(7)
     ids = (rng.zipf(1.2, size=tokens) - 1) % 50257
     ids.astype("<i4").tofile(path)
-
-
-def cpu_ticks(pids: list[int]) -> int:
-    """utime + stime of `pids`, and of their reaped children (the loop's own getrusage covers
-    its threads)."""
-    total = 0
-    for pid in pids:
-        try:
-            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(x) for x in f[11:15])
-    return total
-
-
-def reaped() -> float:
-    """CPU seconds of this process's reaped children (workers not kept over passes)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def children() -> list[int]:
@@ -147,9 +124,16 @@ class Row:
 
 def timed(row: Row, a) -> dict:
     """One run: whole passes for at least --min-run-s, each ended by a device synchronize."""
-    t0, c0, r0 = time.perf_counter(), time.process_time(), reaped()
     others = row.pids()
-    o0 = cpu_ticks(others)
+
+    def cpu_now() -> float:
+        """CPU seconds of the loop's process, its processes still running and those it
+        reaped (read before the clock starts and after it stops)."""
+        running = sum(benchlib.cpu_s(pid, gone=0.0) for pid in others)
+        return benchlib.self_cpu_s() + benchlib.children_cpu_s() + running
+
+    c0 = cpu_now()
+    t0 = time.perf_counter()
     tokens = passes = 0
     while True:
         for batch in row.passes():
@@ -159,7 +143,7 @@ def timed(row: Row, a) -> dict:
         wall = time.perf_counter() - t0
         if wall >= a.min_run_s:
             break
-    cpu = time.process_time() - c0 + (cpu_ticks(others) - o0) / TICKS + reaped() - r0
+    cpu = cpu_now() - c0
     return {"tokens_s": tokens / wall, "cpu_ns_token": cpu / tokens * 1e9, "passes": passes}
 
 
