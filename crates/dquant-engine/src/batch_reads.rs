@@ -5,15 +5,18 @@
 //! contiguous range of the file, and one vectored read fills all their rows. The *token* path
 //! reads `u32` tokens, which the pipeline then converts or encodes. Either runs its reads one
 //! after another on the session's thread, or, with a [`WorkerPool`] and sources whose reads
-//! need no exclusive state ([`SharedReads`]), on several threads at once. Both write every
-//! byte to the same place, so a batch is identical either way (the pipeline tests check it).
+//! need no exclusive state ([`SharedReads`]), on several threads at once when the batch's
+//! reads are slow enough to be worth it ([`ReadPace`]). Both write every byte to the same
+//! place, so a batch is identical either way (the pipeline tests check it).
 
 use std::io::IoSliceMut;
 use std::ops::Range;
+use std::time::Instant;
 
 use dquant_plan::SampleRef;
 
-use crate::worker_pool::WorkerPool;
+use crate::read_pace::ReadPace;
+use crate::worker_pool::{OwnShare, WorkerPool};
 use crate::EngineError;
 use dquant_storage::source::{SharedReads, SourceError, TokenSource};
 
@@ -27,15 +30,16 @@ pub(crate) fn source_error(uris: &[String], d: usize, source: SourceError) -> En
 }
 
 /// The pool and its shares, when a batch of `jobs` reads of `bytes` bytes in all is worth
-/// splitting and every source can be read from several threads.
+/// splitting at the pipeline's `pace` and every source can be read from several threads.
 fn concurrent<'s>(
     pool: Option<&'s WorkerPool>,
+    pace: &ReadPace,
     sources: &'s [Box<dyn TokenSource>],
     jobs: usize,
     bytes: usize,
 ) -> Option<(&'s WorkerPool, usize, Vec<&'s dyn SharedReads>)> {
     let pool = pool?;
-    let shares = pool.shares(jobs, bytes);
+    let shares = pace.shares(pool, jobs, bytes);
     if shares < 2 {
         return None;
     }
@@ -118,18 +122,21 @@ struct StoredRead<'a> {
 /// Fills `out`, rows of `row` bytes holding tokens of `bw` bytes, with the stored bytes of
 /// `samples`. Consecutive samples of one source that continue each other are one run, one
 /// vectored read; when the batch is read concurrently, runs are capped at about two per
-/// reading thread so that every thread gets its share.
+/// reading thread so that every thread gets its share. With a pool, the reads on this thread
+/// are timed into `pace`.
+#[allow(clippy::too_many_arguments)] // the batch's place (out, row, bw) and its reading
 pub(crate) fn read_stored(
     sources: &mut [Box<dyn TokenSource>],
     uris: &[String],
     pool: Option<&WorkerPool>,
+    pace: &mut ReadPace,
     samples: &[SampleRef],
     out: &mut [u8],
     row: usize,
     bw: usize,
 ) -> Result<(), EngineError> {
     announce_samples(sources, samples);
-    let conc = concurrent(pool, sources, samples.len(), out.len());
+    let conc = concurrent(pool, pace, sources, samples.len(), out.len());
     let cap = conc.as_ref().map_or(usize::MAX, |(pool, ..)| {
         samples.len().div_ceil(2 * pool.readers())
     });
@@ -160,16 +167,23 @@ pub(crate) fn read_stored(
         .map(|(pool, shares, shared)| (pool, shares.min(reads.len()), shared))
         .filter(|(_, shares, _)| *shares >= 2);
     match conc {
-        Some((pool, shares, shared)) => pool.run(&mut reads, shares, &|r, _| {
-            shared[r.src]
-                .read_stored_at(r.start, &mut r.bufs)
-                .map_err(|e| source_error(uris, r.src, e))
-        })?,
+        Some((pool, shares, shared)) => {
+            let own = pool.run(&mut reads, shares, &|r, _| {
+                shared[r.src]
+                    .read_stored_at(r.start, &mut r.bufs)
+                    .map_err(|e| source_error(uris, r.src, e))
+            })?;
+            record_own(pace, own, &reads, |r| r.bufs.iter().map(|b| b.len()).sum());
+        }
         None => {
+            let started = pool.map(|_| Instant::now());
             for r in &mut reads {
                 sources[r.src]
                     .read_stored(r.start, &mut r.bufs)
                     .map_err(|e| source_error(uris, r.src, e))?;
+            }
+            if let Some(t) = started {
+                pace.record(out_len(&reads), t.elapsed());
             }
         }
     }
@@ -183,6 +197,22 @@ pub(crate) fn read_stored(
     Ok(())
 }
 
+/// The bytes the stored reads `reads` fill.
+fn out_len(reads: &[StoredRead<'_>]) -> usize {
+    reads
+        .iter()
+        .flat_map(|r| r.bufs.iter())
+        .map(|b| b.len())
+        .sum()
+}
+
+/// Records the calling thread's share of a pooled batch (its first `own.jobs` of `jobs`,
+/// of `bytes` bytes each) into `pace`.
+fn record_own<J>(pace: &mut ReadPace, own: OwnShare, jobs: &[J], bytes: impl Fn(&J) -> usize) {
+    let read: usize = jobs.iter().take(own.jobs).map(bytes).sum();
+    pace.record(read, own.took);
+}
+
 /// One read of the token path: a run's samples' tokens into their rows.
 struct TokenRead<'a> {
     src: usize,
@@ -190,20 +220,23 @@ struct TokenRead<'a> {
     rows: &'a mut [u32],
 }
 
-/// Reads `samples` (each `sample_len` tokens) into `tokens` with a pool when there is one
-/// and every source allows it; `false` when it read nothing (the caller then reads one
-/// source at a time). Consecutive samples of one source that continue each other are one
-/// read (one vectored read from a plain int32 file), runs capped at about two per reading
-/// thread, as on the stored path.
+/// Reads `samples` (each `sample_len` tokens) into `tokens` with a pool when there is one,
+/// every source allows it, and the batch is slow enough at `pace` to be worth it; `false`
+/// when it read nothing (the caller then reads one source at a time, and times that).
+/// Consecutive samples of one source that continue each other are one read (one vectored
+/// read from a plain int32 file), runs capped at about two per reading thread, as on the
+/// stored path.
 pub(crate) fn read_tokens_concurrently(
     sources: &[Box<dyn TokenSource>],
     uris: &[String],
     pool: Option<&WorkerPool>,
+    pace: &mut ReadPace,
     samples: &[SampleRef],
     tokens: &mut [u32],
     sample_len: usize,
 ) -> Result<bool, EngineError> {
-    let Some((pool, shares, shared)) = concurrent(pool, sources, samples.len(), tokens.len() * 4)
+    let Some((pool, shares, shared)) =
+        concurrent(pool, pace, sources, samples.len(), tokens.len() * 4)
     else {
         return Ok(false);
     };
@@ -224,11 +257,12 @@ pub(crate) fn read_tokens_concurrently(
     // so the first failing read (the error reported) is the same either way.
     reads.sort_by_key(|r| r.src);
     let shares = shares.min(reads.len()).max(1);
-    pool.run(&mut reads, shares, &|r, bufs| {
+    let own = pool.run(&mut reads, shares, &|r, bufs| {
         shared[r.src]
             .read_ranges_at(&r.ranges, r.rows, bufs)
             .map_err(|e| source_error(uris, r.src, e))
     })?;
+    record_own(pace, own, &reads, |r| r.rows.len() * 4);
     Ok(true)
 }
 

@@ -20,6 +20,7 @@ mod fit;
 pub mod origin_section;
 mod origins;
 mod pipeline;
+mod read_pace;
 pub mod record;
 mod worker_pool;
 
@@ -36,4 +37,4 @@ pub use record::{
 pub use dquant_storage::source::{
     check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource,
 };
-pub use worker_pool::WorkerPool;
+pub use worker_pool::{WorkerPool, DEFAULT_MIN_SHARE};

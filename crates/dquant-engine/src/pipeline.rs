@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use dquant_codec::Width;
 use dquant_plan::{
@@ -18,6 +19,7 @@ use crate::batch_reads::{self, source_error};
 use crate::doc_starts::{BatchTokens, DocFinder};
 use crate::fit::check_fits;
 use crate::origins;
+use crate::read_pace::ReadPace;
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 use dquant_storage::source::{SourceError, TokenSource};
@@ -40,6 +42,8 @@ pub struct Pipeline {
     stored: Option<Width>,
     /// Reads a batch on several threads, when set ([`Pipeline::set_worker_pool`]).
     pool: Option<Arc<WorkerPool>>,
+    /// How long this stream's reads take a byte: whether a batch is worth the pool.
+    pace: ReadPace,
     /// How the plan's document boundaries are found, and the last batch's, when it has them.
     docs: Option<DocFinder>,
     /// Bytes a batch record's trailer may take ([`Plan::trailer_bound`]).
@@ -116,6 +120,7 @@ impl Pipeline {
             read: Vec::new(),
             stored,
             pool: None,
+            pace: ReadPace::default(),
             docs,
             trailer_bound: usize::try_from(plan.trailer_bound()).unwrap_or(usize::MAX),
             drawn: vec![0; n],
@@ -124,9 +129,10 @@ impl Pipeline {
         })
     }
 
-    /// Reads each batch's samples on `pool`'s threads (when its sources allow it: local
-    /// datasets do), or one after another on the caller's thread (`None`, the default). The
-    /// batches are the same either way.
+    /// Reads each batch's samples on `pool`'s threads (when its sources allow it, as local
+    /// datasets do, and its reads are slow enough to pay for the hand-offs: see
+    /// [`WorkerPool::min_share_of`]), or one after another on the caller's thread (`None`,
+    /// the default). The batches are the same either way.
     pub fn set_worker_pool(&mut self, pool: Option<Arc<WorkerPool>>) {
         self.pool = pool;
     }
@@ -217,6 +223,7 @@ impl Pipeline {
                 &mut self.sources,
                 &self.uris,
                 self.pool.as_deref(),
+                &mut self.pace,
                 &b.samples,
                 &mut out[..need],
                 l * bw,
@@ -300,12 +307,18 @@ impl Pipeline {
             &self.sources,
             &self.uris,
             self.pool.as_deref(),
+            &mut self.pace,
             &b.samples,
             &mut self.tokens,
             l,
         )?;
         if !concurrently {
+            // Timed when a pool could take the next batches: the pace decides whether to.
+            let started = self.pool.is_some().then(Instant::now);
             self.read_by_source(l)?;
+            if let Some(t) = started {
+                self.pace.record(self.tokens.len() * 4, t.elapsed());
+            }
         }
         if let Some(f) = &mut self.docs {
             let tokens = BatchTokens::U32(&self.tokens);

@@ -12,11 +12,13 @@
 //! One pool serves every session of an agent (its size is the agent's `worker_threads`), so
 //! the work never takes more cores than the operator gave, however many sessions run; a
 //! session whose pool is busy still reads its own share. rayon provides the pool (work
-//! stealing, scoped borrows of the batch buffer); this module only decides how a batch is
-//! split.
+//! stealing, scoped borrows of the batch buffer); this module runs a batch's shares on it,
+//! and [`crate::read_pace`] decides how many a batch is worth: only reads slow enough to
+//! pay for their hand-off are split (page-cache reads are not).
 
 use std::cell::RefCell;
 use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
 
 use dquant_storage::ReadBuffers;
 
@@ -28,21 +30,33 @@ thread_local! {
     static ENCODERS: RefCell<Encoders> = RefCell::new(Encoders::default());
 }
 
-/// Below this many bytes a share of a batch is not worth handing to another thread (the
-/// hand-over costs a few microseconds; a page-cache read of 16 KiB costs about as much).
-const MIN_SHARE_BYTES: usize = 16 * 1024;
+/// The least time a share of a batch is expected to take before it is handed to another
+/// thread. A hand-off cost the agent about 10 µs of CPU on 2 vCPU (a wake-up, the worker's
+/// spin before it parks again, the latch), more where idle cores let workers spin longer: at
+/// 200 µs a share, what splitting adds stays within a few percent of the reads it spreads.
+pub const DEFAULT_MIN_SHARE: Duration = Duration::from_micros(200);
 
 /// Threads that read a batch's samples concurrently and compress batches ahead, shared by
 /// every session of an agent.
 pub struct WorkerPool {
     pool: rayon::ThreadPool,
     workers: usize,
+    min_share: Duration,
+}
+
+/// The calling thread's share of a batch run by [`WorkerPool::run`]: its first `jobs` jobs,
+/// read in `took`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnShare {
+    pub jobs: usize,
+    pub took: Duration,
 }
 
 impl std::fmt::Debug for WorkerPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPool")
             .field("workers", &self.workers)
+            .field("min_share", &self.min_share)
             .finish()
     }
 }
@@ -65,7 +79,24 @@ impl WorkerPool {
             .map_err(|e| {
                 EngineError::Usage(format!("cannot start {workers} worker threads: {e}"))
             })?;
-        Ok(WorkerPool { pool, workers })
+        Ok(WorkerPool {
+            pool,
+            workers,
+            min_share: DEFAULT_MIN_SHARE,
+        })
+    }
+
+    /// The pool, splitting a batch only into shares expected to take at least `min_share`
+    /// each ([`DEFAULT_MIN_SHARE`] unless set). Zero splits every batch over all the threads
+    /// its reads allow, however fast they are (tests use it to exercise the split).
+    pub fn min_share_of(mut self, min_share: Duration) -> Self {
+        self.min_share = min_share;
+        self
+    }
+
+    /// The least expected time of a share handed to another thread.
+    pub fn min_share(&self) -> Duration {
+        self.min_share
     }
 
     /// The pool's threads.
@@ -95,23 +126,17 @@ impl WorkerPool {
         rx
     }
 
-    /// How many shares to split `jobs` jobs of `bytes` bytes in all into.
-    pub(crate) fn shares(&self, jobs: usize, bytes: usize) -> usize {
-        self.readers()
-            .min(jobs)
-            .min((bytes / MIN_SHARE_BYTES).max(1))
-    }
-
     /// Runs `read` on every job, `jobs` split into `shares` runs of consecutive jobs: the
     /// first on the calling thread, the others on the pool. Each share stops at its first
     /// error; the error returned is that of the earliest job that failed, so a failing batch
-    /// reports the same error however the reads were timed.
+    /// reports the same error however the reads were timed. On success, the calling thread's
+    /// share: how many of the first jobs it read, and how long they took it.
     pub(crate) fn run<J: Send>(
         &self,
         jobs: &mut [J],
         shares: usize,
         read: &(dyn Fn(&mut J, &mut ReadBuffers) -> Result<(), EngineError> + Sync),
-    ) -> Result<(), EngineError> {
+    ) -> Result<OwnShare, EngineError> {
         let per = jobs.len().div_ceil(shares.max(1)).max(1);
         let first_error: Mutex<Option<(usize, EngineError)>> = Mutex::new(None);
         let run_share = |at: usize, share: &mut [J]| {
@@ -132,18 +157,25 @@ impl WorkerPool {
         };
         let mut chunks = jobs.chunks_mut(per).enumerate();
         let first = chunks.next();
+        let mut own = OwnShare {
+            jobs: 0,
+            took: Duration::ZERO,
+        };
         self.pool.in_place_scope(|s| {
             for (c, share) in chunks {
                 let run_share = &run_share;
                 s.spawn(move |_| run_share(c * per, share));
             }
             if let Some((_, share)) = first {
+                let started = Instant::now();
+                own.jobs = share.len();
                 run_share(0, share);
+                own.took = started.elapsed();
             }
         });
         match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some((_, e)) => Err(e),
-            None => Ok(()),
+            None => Ok(own),
         }
     }
 }
@@ -176,24 +208,18 @@ mod tests {
     }
 
     #[test]
-    fn shares_need_enough_bytes_and_jobs() {
-        let p = WorkerPool::new(3).unwrap();
-        assert_eq!(p.shares(16, 16 * 8192), 4);
-        assert_eq!(p.shares(2, 1 << 20), 2);
-        assert_eq!(p.shares(16, 20_000), 1);
-        assert_eq!(p.shares(16, 40_000), 2);
-    }
-
-    #[test]
     fn every_job_runs_once_and_the_earliest_error_wins() {
         let p = WorkerPool::new(2).unwrap();
         let mut jobs: Vec<(usize, u32)> = (0..10).map(|i| (i, 0)).collect();
-        p.run(&mut jobs, 3, &|j, _| {
-            j.1 += 1;
-            Ok(())
-        })
-        .unwrap();
+        let own = p
+            .run(&mut jobs, 3, &|j, _| {
+                j.1 += 1;
+                Ok(())
+            })
+            .unwrap();
         assert!(jobs.iter().all(|j| j.1 == 1));
+        // 10 jobs in 3 shares of 4, 4 and 2: the caller's is the first.
+        assert_eq!(own.jobs, 4);
         let e = p
             .run(&mut jobs, 3, &|j, _| match j.0 {
                 5 | 8 => Err(EngineError::Usage(format!("job {}", j.0))),

@@ -66,9 +66,11 @@ fn producer_on(p: &Plan, pool: Option<Arc<WorkerPool>>) -> Producer {
     Producer::new(pl, p.output, p.parsed_wire_codec().unwrap()).encoding_ahead(64 << 20)
 }
 
-/// No pool, and a pool of two workers.
+/// No pool, and a pool of two workers that takes a share of every batch, however fast its
+/// reads.
 fn pools() -> [Option<Arc<WorkerPool>>; 2] {
-    [None, Some(Arc::new(WorkerPool::new(2).unwrap()))]
+    let pool = WorkerPool::new(2).unwrap().min_share_of(Duration::ZERO);
+    [None, Some(Arc::new(pool))]
 }
 
 /// One received record: its header and its tokens decoded.

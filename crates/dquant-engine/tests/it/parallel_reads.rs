@@ -2,7 +2,9 @@
 //! batch by batch, the same cursors, for shuffled and unshuffled plans, on the stored path
 //! (uint16 bytes copied into a `u16` batch) and the token path (int32 and block files), with
 //! the reads really spread over several threads. A file truncated under pooled reads gives
-//! the session the error sequential reads give (naming the source), never a crash.
+//! the session the error sequential reads give (naming the source), never a crash. A pool
+//! takes only reads slow enough to pay for their hand-off: page-cache reads stay on the
+//! session's thread, slow ones are spread.
 
 use std::collections::HashSet;
 use std::io::IoSliceMut;
@@ -10,6 +12,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
+use std::time::Duration;
 
 use dquant_codec::Width;
 use dquant_engine::{
@@ -20,16 +23,26 @@ use dquant_format::block::{block_tokens_for, DEFAULT_BLOCK_BYTES};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_storage::{Dataset, DatasetWriter, OpenOptions, OutputFormat, ReadBuffers};
 
-/// A local source that records which threads made its shared reads.
+/// A local source that records which threads made its shared reads, each read taking at
+/// least `delay` (slow storage).
 struct Spy {
     inner: LocalSource,
     threads: Arc<Mutex<HashSet<ThreadId>>>,
+    delay: Duration,
 }
 
 impl Spy {
     fn saw(&self) {
         let mut t = self.threads.lock().unwrap();
         t.insert(std::thread::current().id());
+        drop(t);
+        self.wait();
+    }
+
+    fn wait(&self) {
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
     }
 }
 
@@ -41,12 +54,14 @@ impl TokenSource for Spy {
         self.inner.max_token_bound()
     }
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
+        self.wait();
         self.inner.read_ranges(ranges, out)
     }
     fn stored_width(&self) -> Option<Width> {
         self.inner.stored_width()
     }
     fn read_stored(&mut self, start: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<(), SourceError> {
+        self.wait();
         self.inner.read_stored(start, bufs)
     }
     fn shared_reads(&self) -> Option<&dyn SharedReads> {
@@ -117,6 +132,15 @@ fn plan(paths: &[&Path], shuffle: bool, output: OutputDType) -> Plan {
 
 /// A pipeline over `plan`, on `pool` when given; also the threads that made shared reads.
 fn open(plan: &Plan, pool: Option<Arc<WorkerPool>>) -> (Pipeline, Arc<Mutex<HashSet<ThreadId>>>) {
+    open_slow(plan, pool, Duration::ZERO)
+}
+
+/// [`open`] over sources whose every read takes at least `delay`.
+fn open_slow(
+    plan: &Plan,
+    pool: Option<Arc<WorkerPool>>,
+    delay: Duration,
+) -> (Pipeline, Arc<Mutex<HashSet<ThreadId>>>) {
     let threads = Arc::new(Mutex::new(HashSet::new()));
     let t = threads.clone();
     let mut p = Pipeline::open(plan, Cursor::START, |_, s| {
@@ -124,6 +148,7 @@ fn open(plan: &Plan, pool: Option<Arc<WorkerPool>>) -> (Pipeline, Arc<Mutex<Hash
         Ok(Box::new(Spy {
             inner,
             threads: t.clone(),
+            delay,
         }) as Box<dyn TokenSource>)
     })
     .unwrap();
@@ -151,8 +176,11 @@ fn token_batches(p: &mut Pipeline) -> Vec<(Vec<u32>, Cursor)> {
     all
 }
 
+/// Two workers that take a share of every batch, however fast its reads.
 fn pool() -> Option<Arc<WorkerPool>> {
-    Some(Arc::new(WorkerPool::new(2).unwrap()))
+    Some(Arc::new(
+        WorkerPool::new(2).unwrap().min_share_of(Duration::ZERO),
+    ))
 }
 
 #[test]
@@ -244,4 +272,57 @@ fn a_file_truncated_under_pooled_reads_is_an_error_naming_the_source() {
         msg.contains("it was truncated or rewritten while being read"),
         "{msg}"
     );
+}
+
+/// The pool's default: a batch is spread only when its reads, timed as they go, are slow
+/// enough for each share to take the minimum (200 µs). Reads of 2 ms each are; with a
+/// minimum no read reaches, every batch stays on the session's thread. The batches are the
+/// same every way.
+#[test]
+fn a_pool_takes_only_reads_slow_enough_to_pay_for_it() {
+    let u16 = fixture("r50k_uint16");
+    let i32 = fixture("r50k_int32");
+    let slow = Duration::from_millis(2);
+    for (paths, output) in [
+        (vec![&u16, &u16], OutputDType::U16),
+        (vec![&i32, &u16], OutputDType::I32),
+    ] {
+        let mut p = plan(
+            &paths.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
+            true,
+            output,
+        );
+        p.samples = Some(16 * 6);
+        let batches = |pl: &mut Pipeline| match output {
+            OutputDType::U16 => stored_batches(pl).into_iter().map(|(b, _)| b).collect(),
+            _ => token_batches(pl)
+                .into_iter()
+                .map(|(t, _)| t.iter().flat_map(|x| x.to_le_bytes()).collect())
+                .collect::<Vec<Vec<u8>>>(),
+        };
+        let want = batches(&mut open(&p, None).0);
+        assert_eq!(want.len(), 6);
+
+        let default = Some(Arc::new(WorkerPool::new(2).unwrap()));
+        let (mut pl, seen) = open_slow(&p, default, slow);
+        assert!(batches(&mut pl) == want, "{output:?}: slow, default pool");
+        let threads = seen.lock().unwrap().len();
+        assert!(
+            threads >= 2,
+            "{output:?}: slow reads ran on {threads} thread(s)"
+        );
+
+        let never = WorkerPool::new(2)
+            .unwrap()
+            .min_share_of(Duration::from_secs(3600));
+        let (mut pl, seen) = open_slow(&p, Some(Arc::new(never)), slow);
+        assert!(
+            batches(&mut pl) == want,
+            "{output:?}: slow, an hour's minimum"
+        );
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "{output:?}: reads left the session's thread"
+        );
+    }
 }
