@@ -41,9 +41,16 @@ pub struct AgentConfig {
     /// the session's own thread), and compresses a session's next batches while the
     /// session reads more. However many sessions run, the pool takes no more cores than
     /// this. 0: no pool, each session works on its own thread alone. Default: the cores the
-    /// agent may use but one, at most 8 (on a DPU, its ARM cores).
+    /// agent may use but two, at most 8 (on a DPU, its ARM cores).
     #[serde(default = "default_worker_threads")]
     pub worker_threads: usize,
+    /// Microseconds a share of a batch's reads must be expected to take before the pool
+    /// takes it: reads are timed as they go, and only those slow enough to pay for the
+    /// hand-off are spread (cold disk, network storage, object stores; not page-cache
+    /// reads, which a session's own thread reads for less CPU). 0: every batch is spread
+    /// over the pool, for the most a session can read at the most CPU. Default: 200.
+    #[serde(default = "default_worker_min_share_us")]
+    pub worker_min_share_us: u64,
     /// Sessions open at once, streaming or waiting for their data connection.
     #[serde(default = "default_max_sessions")]
     pub max_sessions: usize,
@@ -308,6 +315,9 @@ fn default_worker_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores.saturating_sub(2).min(MAX_DEFAULT_WORKER_THREADS)
 }
+fn default_worker_min_share_us() -> u64 {
+    dquant_engine::DEFAULT_MIN_SHARE.as_micros() as u64
+}
 fn default_max_sessions() -> usize {
     256
 }
@@ -345,6 +355,7 @@ impl Default for AgentConfig {
             socket: None,
             prefetch_frames: default_prefetch(),
             worker_threads: default_worker_threads(),
+            worker_min_share_us: default_worker_min_share_us(),
             max_sessions: default_max_sessions(),
             keep_datasets: default_dataset_cache(),
             keep_maps: false,

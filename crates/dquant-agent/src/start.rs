@@ -186,9 +186,11 @@ fn assemble(
     .map_err(|e| AgentError::Start(format!("cannot start the open workers: {e}")))?;
     let workers = match config.worker_threads {
         0 => None,
-        n => Some(Arc::new(dquant_engine::WorkerPool::new(n).map_err(
-            |e| AgentError::Start(format!("cannot start the worker threads: {e}")),
-        )?)),
+        n => Some(Arc::new(
+            dquant_engine::WorkerPool::new(n)
+                .map_err(|e| AgentError::Start(format!("cannot start the worker threads: {e}")))?
+                .min_share_of(Duration::from_micros(config.worker_min_share_us)),
+        )),
     };
     let shaping = pacing::Shaping::new(&config, &metrics)?;
     let events = Arc::new(events::Events::new());
@@ -252,6 +254,7 @@ fn log_listening(shared: &Shared, control: SocketAddr, data: SocketAddr) {
         roots = ?shared.catalog.roots().keys().collect::<Vec<_>>(),
         prefetch_frames = shared.config.prefetch_frames,
         worker_threads = shared.config.worker_threads,
+        worker_min_share_us = shared.config.worker_min_share_us,
         tls = shared.tls.is_some(),
         "agent listening"
     );

@@ -26,6 +26,7 @@ Examples:
   #   socket = \"/run/dquant.sock\"     # local clients: control plane + shared-memory rings
   #   prefetch_frames = 8             # 1 MiB frames each session may fill ahead
   #   worker_threads = 8              # reads + compression, shared by sessions (default: cores - 2, at most 8)
+  #   worker_min_share_us = 200       # spread a batch's reads only in shares this slow (0: always)
   #   max_sessions = 256
   #   keep_datasets = 16              # datasets kept open while no session reads them
   #   keep_maps = false               # narrow int32 datasets from maps kept with them (--keep-maps)
@@ -124,9 +125,15 @@ pub struct Args {
     pub prefetch_frames: Option<usize>,
     /// Threads of the pool all sessions share for reads and compression (besides each
     /// session's own); 0: none, each session on its own thread [default: the cores but
-    /// one, at most 8].
+    /// two, at most 8].
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
+    /// Spread a batch's reads over the pool only in shares expected to take this many
+    /// microseconds each (reads are timed as they go: slow storage is spread, page-cache
+    /// reads stay on the session's thread, for less CPU); 0: spread every batch [default:
+    /// 200].
+    #[arg(long, value_name = "US")]
+    pub worker_min_share_us: Option<u64>,
     /// Sessions open at once [default: 256].
     #[arg(long, value_name = "N")]
     pub max_sessions: Option<usize>,
@@ -213,6 +220,9 @@ pub fn config(a: &Args) -> Result<AgentConfig> {
     }
     if let Some(n) = a.worker_threads {
         c.worker_threads = n;
+    }
+    if let Some(us) = a.worker_min_share_us {
+        c.worker_min_share_us = us;
     }
     if let Some(n) = a.max_sessions {
         c.max_sessions = n;

@@ -343,6 +343,8 @@ fn the_transport_preset_streams_equal_local_ones() {
     for workers in [1, 3] {
         let mut cfg = c.config();
         cfg.worker_threads = workers;
+        // The pool takes a share of every batch, however fast: the split is what is tested.
+        cfg.worker_min_share_us = 0;
         let agent = dquant_agent::start(cfg).unwrap();
         let uri = agent.uri();
         for codec in ["transport", "u24+stream:1", "auto+stream:3"] {

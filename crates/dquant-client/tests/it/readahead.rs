@@ -104,6 +104,8 @@ impl Big {
         let mut storage_cfg = agent::config(&[("big", root)]);
         if let Some(n) = workers {
             storage_cfg.worker_threads = n;
+            // A share of every batch on the pool, however fast its reads.
+            storage_cfg.worker_min_share_us = 0;
         }
         let storage = dquant_agent::start(storage_cfg).unwrap();
         let mut cfg = agent::config(&[("none", none)]);
