@@ -94,6 +94,10 @@ enum Cmd {
         /// The agent's worker pool (`worker_threads`; 0: none) [default: the agent's].
         #[arg(long)]
         worker_threads: Option<usize>,
+        /// The least expected time of a share of reads the pool takes
+        /// (`worker_min_share_us`) [default: the agent's].
+        #[arg(long)]
+        worker_min_share_us: Option<u64>,
         /// Batches a shared stream keeps (`share_window_batches`) [default: the agent's].
         #[arg(long)]
         share_window_batches: Option<usize>,
@@ -322,6 +326,7 @@ fn main() -> Result<()> {
             tls_cert,
             tls_key,
             worker_threads,
+            worker_min_share_us,
             share_window_batches,
             keep_maps,
             upstream,
@@ -332,6 +337,7 @@ fn main() -> Result<()> {
             let defaults = dquant_agent::AgentConfig::default();
             let cfg = dquant_agent::AgentConfig {
                 worker_threads: worker_threads.unwrap_or(defaults.worker_threads),
+                worker_min_share_us: worker_min_share_us.unwrap_or(defaults.worker_min_share_us),
                 share_window_batches: share_window_batches.unwrap_or(defaults.share_window_batches),
                 socket,
                 prefetch_frames,

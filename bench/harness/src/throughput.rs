@@ -26,7 +26,11 @@ Examples:
   dquant-offload-bench throughput /data/zipf1g_u16 --runs 1 --cases agent
   # Shuffled reads with no worker pool (the session's thread alone), then with one worker:
   dquant-offload-bench throughput /data/zipf1g_u16 --cases memcpy,agent-shm-shuffled --worker-threads 0
-  dquant-offload-bench throughput /data/zipf1g_u16 --cases memcpy,agent-shm-shuffled --worker-threads 1";
+  dquant-offload-bench throughput /data/zipf1g_u16 --cases memcpy,agent-shm-shuffled --worker-threads 1
+  # Shuffled reads from the disk, not the page cache (each case starts cold):
+  dquant-offload-bench throughput /data/zipf1g_u16 --cases agent-shm-shuffled --cold --samples 40000
+  # Eight workers that take every batch (0), against the default (only reads slow enough):
+  dquant-offload-bench throughput /data/zipf1g_u16 --cases agent-shm --worker-threads 8 --worker-min-share-us 0";
 
 /// Throughput of batches from an agent against a plain TCP copy, in the same run.
 ///
@@ -59,6 +63,10 @@ pub struct Args {
     /// sessions; 0: none) [default: the agent's default].
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
+    /// The least expected time, in microseconds, of a share of a batch's reads the agent's
+    /// pool takes (its `worker_min_share_us`; 0: every batch spread) [default: the agent's].
+    #[arg(long, value_name = "US")]
+    pub worker_min_share_us: Option<u64>,
     /// The agent narrows int32 datasets from maps kept with them (`dquant serve
     /// --keep-maps`); the agent-shm and agent (TCP) cases show what that saves.
     #[arg(long)]
@@ -69,6 +77,11 @@ pub struct Args {
     /// Do not read the dataset once beforehand to bring it into the page cache.
     #[arg(long)]
     pub no_warm: bool,
+    /// Drop the dataset's tokens file from the page cache before each case of each run, so
+    /// every case reads from the disk (what storage that is not the page cache costs: cold
+    /// epochs, network file systems); implies --no-warm.
+    #[arg(long)]
+    pub cold: bool,
     #[command(flatten)]
     pub out: crate::report::JsonOpts,
 }
@@ -415,7 +428,7 @@ pub fn run(a: &Args) -> Result<()> {
     if a.copy_buf == 0 || a.copy_buf > dquant_transport::frame::MAX_PAYLOAD {
         bail!("--copy-buf must be 1..=1048576 bytes (the frame payload limit)");
     }
-    if !a.no_warm {
+    if !a.no_warm && !a.cold {
         eprintln!("warming the page cache: {}", ds.bin().display());
         procs::warm_file(&ds.bin())?;
         procs::warm_file(&ds.idx())?;
@@ -433,11 +446,14 @@ pub fn run(a: &Args) -> Result<()> {
         )
     });
     let agent = if needs_agent {
-        let flags: Vec<String> = a
+        let mut flags: Vec<String> = a
             .keep_maps
             .then(|| "--keep-maps".to_string())
             .into_iter()
             .collect();
+        if let Some(us) = a.worker_min_share_us {
+            flags.extend(["--worker-min-share-us".to_string(), us.to_string()]);
+        }
         Some(AgentProc::spawn_working(
             &ds.dir,
             a.prefetch_frames,
@@ -469,6 +485,9 @@ pub fn run(a: &Args) -> Result<()> {
     let mut ms: Vec<M> = Vec::new();
     for run in 1..=a.runs {
         for &case in &a.cases {
+            if a.cold {
+                procs::drop_file_cache(&ds.bin())?;
+            }
             let m = match case {
                 Case::Plain | Case::Framed | Case::Threaded => {
                     plain(run, case, expect, a.copy_buf, a.plan.output_itemsize())?

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The agent's worker pool (issue 36): its CPU cost where reads are fast (the page cache) and
+# its gain where they wait (the disk), for no pool, 8 workers as by default, and 8 workers
+# spreading every batch; and compression ahead over TCP (2 workers against none). One command:
+#
+#   bench/worker_pool/run.sh [--record] [--rounds N] [DATA_DIR]
+#
+#   DATA_DIR  where the dataset is generated once and reused (default /work/bench-data):
+#             zipf256m_int32, 256 Mi Zipf token ids (1 GiB), Megatron int32
+#   --rounds N  rounds, the settings alternated in each (default 3; about 1.5 minutes a round
+#             on 2 vCPU)
+#   --record  record the figures (bench/results/worker_pool.json; bench/RESULTS.md rendered)
+#             and append the table to bench/history/worker_pool.md
+#
+# The cold case drops the dataset's file from the page cache (posix_fadvise) before each run:
+# it needs the file on a disk, not on tmpfs.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+RECORD=()
+ROUNDS=3
+ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --record) RECORD=(--record); shift ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+DATA="${ARGS[0]:-/work/bench-data}"
+mkdir -p "$DATA"
+cd "$REPO"
+echo "== building (release)"
+cargo build --release --locked -q -p dquant-bench -p dquant-cli
+source bench/common.sh
+DS="$(zipf256m "$DATA" "$REPO/target/release/dquant")"
+CMD="bench/worker_pool/run.sh ${RECORD[*]} --rounds $ROUNDS"
+exec python3 bench/worker_pool/bench.py --bench "$REPO/target/release/dquant-offload-bench" \
+  --data "$DS" --rounds "$ROUNDS" --command "${CMD//  / }" "${RECORD[@]}"
