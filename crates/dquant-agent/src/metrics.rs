@@ -16,6 +16,7 @@
 //! | `dquant_corrupt_reads_total` | counter | `dataset`: range reads refused because this agent's copy failed its checksum |
 //! | `dquant_source_samples_total` | counter | `tenant`, `dataset` (the plan's source URI) |
 //! | `dquant_source_samples_per_epoch` | gauge | `dataset`: `samples_total / samples_per_epoch` is epochs |
+//! | `dquant_batch_reads_total` | counter | `tenant`, `how`: `alone` (on the session's thread), `spread` (over the worker pool, reads slow enough to pay for it); with a pool only |
 //! | `dquant_tenant_link_bytes_total` | counter | `tenant`: frame bytes paced through `[bandwidth]` |
 //! | `dquant_tenant_throttled_microseconds_total` | counter | `tenant`: time its senders waited for their share |
 //! | `dquant_tenant_rate_bytes_per_second` | gauge | `tenant`: achieved over the last second |
@@ -24,6 +25,7 @@
 
 use std::net::SocketAddr;
 
+use dquant_engine::BatchReads;
 use metrics::{Counter, Gauge, Key, Label, Level, Metadata, Recorder};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
@@ -136,6 +138,8 @@ impl Metrics {
             bytes: self.counter("dquant_bytes_total", t()),
             sources: Vec::new(),
             drawn: Vec::new(),
+            reads: [(); 2].map(|()| Counter::noop()),
+            reads_seen: BatchReads::default(),
             tally: None,
         }
     }
@@ -149,6 +153,13 @@ impl Metrics {
             .zip((0..s.sources()).map(|d| s.samples_per_epoch(d)))
             .collect();
         let mut m = self.meter(tenant);
+        m.reads = ["alone", "spread"].map(|how| {
+            let labels = vec![
+                Label::new("tenant", tenant.to_string()),
+                Label::new("how", how),
+            ];
+            self.counter("dquant_batch_reads_total", labels)
+        });
         for (uri, per_epoch) in &sources {
             let dataset = || Label::new("dataset", uri.clone());
             self.gauge("dquant_source_samples_per_epoch", vec![dataset()])
@@ -210,6 +221,10 @@ pub(crate) struct Meter {
     sources: Vec<Counter>,
     /// What `sources` counted so far.
     drawn: Vec<u64>,
+    /// A plan session's batches read alone and spread over the worker pool.
+    reads: [Counter; 2],
+    /// What `reads` counted so far.
+    reads_seen: BatchReads,
     /// The tenant's running total for the `Watch` feed's rates.
     tally: Option<std::sync::Arc<crate::events::Tally>>,
 }
@@ -223,6 +238,8 @@ impl Meter {
             bytes: Counter::noop(),
             sources: Vec::new(),
             drawn: Vec::new(),
+            reads: [(); 2].map(|()| Counter::noop()),
+            reads_seen: BatchReads::default(),
             tally: None,
         }
     }
@@ -250,5 +267,14 @@ impl Meter {
             c.increment(now.saturating_sub(*seen));
             *seen = now;
         }
+    }
+
+    /// The stream's pipeline has now read `now.alone` batches on its own thread and
+    /// `now.spread` over the pool: counts what is new.
+    pub fn batch_reads(&mut self, now: BatchReads) {
+        let [alone, spread] = &self.reads;
+        alone.increment(now.alone.saturating_sub(self.reads_seen.alone));
+        spread.increment(now.spread.saturating_sub(self.reads_seen.spread));
+        self.reads_seen = now;
     }
 }

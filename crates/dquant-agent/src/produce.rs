@@ -326,6 +326,7 @@ pub(crate) fn run(
             Ok((Step::Batch { tokens, bytes }, ())) => {
                 producer.meter.add(1, tokens, bytes);
                 producer.meter.drawn(producer.pipeline.drawn());
+                producer.meter.batch_reads(producer.pipeline.batch_reads());
                 stats.records += 1;
                 stats.tokens += tokens;
                 stats.wire_bytes += bytes;

@@ -183,7 +183,7 @@ pub(crate) fn read_stored(
                     .map_err(|e| source_error(uris, r.src, e))?;
             }
             if let Some(t) = started {
-                pace.record(out_len(&reads), t.elapsed());
+                pace.read_alone(out_len(&reads), t.elapsed());
             }
         }
     }
@@ -210,7 +210,7 @@ fn out_len(reads: &[StoredRead<'_>]) -> usize {
 /// of `bytes` bytes each) into `pace`.
 fn record_own<J>(pace: &mut ReadPace, own: OwnShare, jobs: &[J], bytes: impl Fn(&J) -> usize) {
     let read: usize = jobs.iter().take(own.jobs).map(bytes).sum();
-    pace.record(read, own.took);
+    pace.read_spread(read, own.took);
 }
 
 /// One read of the token path: a run's samples' tokens into their rows.

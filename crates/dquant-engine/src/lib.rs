@@ -29,6 +29,7 @@ pub use encode_ahead::{EncodeAhead, Encoded};
 pub use error::EngineError;
 pub use fit::check_fits;
 pub use pipeline::Pipeline;
+pub use read_pace::BatchReads;
 pub use record::{
     batch_header, checked_codec, codec_for, plain_codec, plain_record, plain_record_len,
     put_trailer, RecordEncoder,

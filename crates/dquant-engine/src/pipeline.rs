@@ -19,7 +19,7 @@ use crate::batch_reads::{self, source_error};
 use crate::doc_starts::{BatchTokens, DocFinder};
 use crate::fit::check_fits;
 use crate::origins;
-use crate::read_pace::ReadPace;
+use crate::read_pace::{BatchReads, ReadPace};
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 use dquant_storage::source::{SourceError, TokenSource};
@@ -135,6 +135,13 @@ impl Pipeline {
     /// the default). The batches are the same either way.
     pub fn set_worker_pool(&mut self, pool: Option<Arc<WorkerPool>>) {
         self.pool = pool;
+    }
+
+    /// How the batches so far were read with a pool: on this stream's thread alone (fast
+    /// reads), or spread over the pool (reads slow enough to pay for it). Both 0 without a
+    /// pool, and for batches narrowed from kept maps.
+    pub fn batch_reads(&self) -> BatchReads {
+        self.pace.counts()
     }
 
     /// The pool set by [`set_worker_pool`](Pipeline::set_worker_pool), if any.
@@ -317,7 +324,7 @@ impl Pipeline {
             let started = self.pool.is_some().then(Instant::now);
             self.read_by_source(l)?;
             if let Some(t) = started {
-                self.pace.record(self.tokens.len() * 4, t.elapsed());
+                self.pace.read_alone(self.tokens.len() * 4, t.elapsed());
             }
         }
         if let Some(f) = &mut self.docs {

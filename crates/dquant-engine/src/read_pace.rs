@@ -34,17 +34,45 @@ const WEIGHT: f64 = 0.25;
 /// raises it 1.75× a batch until it is reached.
 const MAX_STEP: f64 = 4.0;
 
-/// The time a pipeline's reads take a byte, from what it measured so far.
+/// The time a pipeline's reads take a byte, from what it measured so far, and how its
+/// batches were read.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ReadPace {
     /// Nanoseconds a byte; `None` until a read was measured.
     ns_per_byte: Option<f64>,
+    counts: BatchReads,
+}
+
+/// How a pipeline with a worker pool read its batches so far: on its own thread alone, or
+/// spread over the pool ([`crate::Pipeline::batch_reads`]; both 0 without a pool).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReads {
+    pub alone: u64,
+    pub spread: u64,
 }
 
 impl ReadPace {
+    /// A batch read alone on the session's thread: `bytes` bytes in `took`.
+    pub(crate) fn read_alone(&mut self, bytes: usize, took: Duration) {
+        self.counts.alone += 1;
+        self.record(bytes, took);
+    }
+
+    /// A batch spread over the pool, of which the session's own share was `bytes` bytes,
+    /// read in `took`.
+    pub(crate) fn read_spread(&mut self, bytes: usize, took: Duration) {
+        self.counts.spread += 1;
+        self.record(bytes, took);
+    }
+
+    /// The batches counted so far.
+    pub(crate) fn counts(&self) -> BatchReads {
+        self.counts
+    }
+
     /// Records that reading `bytes` bytes on the session's thread took `took`. Reads of no
     /// bytes say nothing and are ignored.
-    pub(crate) fn record(&mut self, bytes: usize, took: Duration) {
+    fn record(&mut self, bytes: usize, took: Duration) {
         if bytes == 0 {
             return;
         }
@@ -97,7 +125,7 @@ mod tests {
         let mut p = ReadPace::default();
         assert_eq!(p.shares(&pool, 16, 1 << 20), 1);
         // 1 MiB in 1,048.576 µs: 1 ns a byte, so a 1 MiB batch is 5 shares of 200 µs.
-        p.record(1 << 20, Duration::from_nanos(1 << 20));
+        p.read_alone(1 << 20, Duration::from_nanos(1 << 20));
         assert_eq!(p.ns_per_byte(), Some(1.0));
         assert_eq!(p.shares(&pool, 16, 1 << 20), 5);
     }
@@ -108,7 +136,7 @@ mod tests {
         let pool = WorkerPool::new(8).unwrap();
         let mut p = ReadPace::default();
         for _ in 0..10 {
-            p.record(256 << 10, us(26));
+            p.read_alone(256 << 10, us(26));
         }
         assert_eq!(p.shares(&pool, 16, 256 << 10), 1);
         // A batch 16 times larger is worth two threads.
@@ -120,7 +148,7 @@ mod tests {
         // 16 reads of 16 KiB, 1 ms each: a cold disk or an object store.
         let pool = WorkerPool::new(8).unwrap();
         let mut p = ReadPace::default();
-        p.record(256 << 10, us(16_000));
+        p.read_alone(256 << 10, us(16_000));
         assert_eq!(p.shares(&pool, 16, 256 << 10), 9);
         assert_eq!(p.shares(&pool, 3, 48 << 10), 3);
         assert_eq!(p.shares(&pool, 0, 0), 1);
@@ -131,20 +159,20 @@ mod tests {
         let pool = WorkerPool::new(8).unwrap();
         let mut p = ReadPace::default();
         let batch = 256 << 10;
-        p.record(batch, us(16_000));
+        p.read_alone(batch, us(16_000));
         assert_eq!(p.shares(&pool, 16, batch), 9);
         // The page cache now holds the data: one batch is not enough to stop splitting,
         // ten are (the estimate keeps a quarter of each difference).
-        p.record(batch, us(26));
+        p.read_alone(batch, us(26));
         assert!(p.shares(&pool, 16, batch) > 1);
         for _ in 0..20 {
-            p.record(batch, us(26));
+            p.read_alone(batch, us(26));
         }
         assert_eq!(p.shares(&pool, 16, batch), 1);
         // And back: cold again, split within 6 batches, over every thread within 10.
         let mut split = None;
         for k in 1..=10 {
-            p.record(batch, us(16_000));
+            p.read_alone(batch, us(16_000));
             if split.is_none() && p.shares(&pool, 16, batch) > 1 {
                 split = Some(k);
             }
@@ -156,7 +184,7 @@ mod tests {
         assert_eq!(p.shares(&pool, 16, batch), 9);
         // Reads of nothing do not move it.
         let before = p.ns_per_byte();
-        p.record(0, us(1_000_000));
+        p.read_alone(0, us(1_000_000));
         assert_eq!(p.ns_per_byte(), before);
     }
 
@@ -166,11 +194,11 @@ mod tests {
         let mut p = ReadPace::default();
         let batch = 256 << 10;
         for _ in 0..10 {
-            p.record(batch, us(26));
+            p.read_alone(batch, us(26));
         }
         // Preempted for 2 ms, twice in a row: still one thread.
-        p.record(batch, us(2_000));
-        p.record(batch, us(2_000));
+        p.read_alone(batch, us(2_000));
+        p.read_alone(batch, us(2_000));
         assert_eq!(p.shares(&pool, 16, batch), 1);
     }
 

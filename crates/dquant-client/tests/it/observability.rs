@@ -44,6 +44,9 @@ fn metrics_count_what_was_streamed_and_what_was_refused() {
     let metrics = free_addr();
     let mut cfg = c.config();
     cfg.metrics_listen = Some(metrics);
+    // A pool that takes a share of every batch of two samples or more.
+    cfg.worker_threads = 2;
+    cfg.worker_min_share_us = 0;
     cfg.tenants.push(TenantConfig {
         name: "team-a".into(),
         token: TOKEN.into(),
@@ -112,6 +115,16 @@ fn metrics_count_what_was_streamed_and_what_was_refused() {
         value(&page, &format!("dquant_source_samples_per_epoch{{{ds}}}")),
         samples
     );
+    // How the batches were read: all but a last one-sample batch spread over the pool.
+    let reads = |how: &str| {
+        value(
+            &page,
+            &format!("dquant_batch_reads_total{{tenant=\"team-a\",how=\"{how}\"}}"),
+        )
+    };
+    let alone = sizes.iter().filter(|&&n| n < 2).count() as f64;
+    assert_eq!(reads("alone"), alone, "{page}");
+    assert_eq!(reads("spread"), sizes.len() as f64 - alone, "{page}");
     // Wire bytes: each record's header and its payload in the narrowest width (`auto`).
     let wire = value(&page, "dquant_bytes_total{tenant=\"team-a\"}");
     let headers = 48.0 * sizes.len() as f64;

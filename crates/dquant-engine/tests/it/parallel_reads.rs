@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use dquant_codec::Width;
 use dquant_engine::{
-    BatchInfo, EngineError, LocalSource, Pipeline, SharedReads, SourceError, TokenSource,
-    WorkerPool,
+    BatchInfo, BatchReads, EngineError, LocalSource, Pipeline, SharedReads, SourceError,
+    TokenSource, WorkerPool,
 };
 use dquant_format::block::{block_tokens_for, DEFAULT_BLOCK_BYTES};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
@@ -300,8 +300,14 @@ fn a_pool_takes_only_reads_slow_enough_to_pay_for_it() {
                 .map(|(t, _)| t.iter().flat_map(|x| x.to_le_bytes()).collect())
                 .collect::<Vec<Vec<u8>>>(),
         };
-        let want = batches(&mut open(&p, None).0);
+        let (mut alone, _) = open(&p, None);
+        let want = batches(&mut alone);
         assert_eq!(want.len(), 6);
+        assert_eq!(
+            alone.batch_reads(),
+            BatchReads::default(),
+            "no pool, nothing counted"
+        );
 
         let default = Some(Arc::new(WorkerPool::new(2).unwrap()));
         let (mut pl, seen) = open_slow(&p, default, slow);
@@ -311,6 +317,12 @@ fn a_pool_takes_only_reads_slow_enough_to_pay_for_it() {
             threads >= 2,
             "{output:?}: slow reads ran on {threads} thread(s)"
         );
+        // The first batch alone (nothing measured yet), the other five spread.
+        let counted = BatchReads {
+            alone: 1,
+            spread: 5,
+        };
+        assert_eq!(pl.batch_reads(), counted, "{output:?}");
 
         let never = WorkerPool::new(2)
             .unwrap()
@@ -324,5 +336,10 @@ fn a_pool_takes_only_reads_slow_enough_to_pay_for_it() {
             seen.lock().unwrap().is_empty(),
             "{output:?}: reads left the session's thread"
         );
+        let counted = BatchReads {
+            alone: 6,
+            spread: 0,
+        };
+        assert_eq!(pl.batch_reads(), counted, "{output:?}");
     }
 }
