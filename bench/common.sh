@@ -27,3 +27,17 @@ zipf256m() {
   fi
   echo "$ds"
 }
+
+# DATA/zipf256m_u16: zipf256m_int32 converted to Megatron uint16 (512 MiB; batches in u16 are
+# then copied from the file, no narrowing), made once with the dquant binary DQ; prints its
+# prefix.
+zipf256m_u16() {
+  local data="$1" dq="$2" ds="$1/zipf256m_u16"
+  local src
+  src="$(zipf256m "$data" "$dq")"
+  if [[ ! -f "$ds.bin" || ! -f "$ds.idx" ]]; then
+    echo "== converting $src to $ds (uint16)" >&2
+    "$dq" convert "$src" "$ds" --codec u16 -q >&2
+  fi
+  echo "$ds"
+}

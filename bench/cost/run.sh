@@ -11,7 +11,7 @@
 #   OUT_DIR   default bench/cost/out/<UTC timestamp>: machine.txt, the measurements' JSON
 #             (throughput*.json, breakdown.json, fanout.json, mount.json, python.json,
 #             pagecache.json), report.md
-#   The default worker pool is the agent's: one worker a core but one (1 on 2 vCPU).
+#   The default worker pool is the agent's: one worker a core but two, at most 8 (none on 2 vCPU).
 #   --runs N  rounds of each throughput case (default 3)
 #   --record  record the figures (bench/results/cost.json; bench/RESULTS.md is rendered)
 #

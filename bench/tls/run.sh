@@ -6,7 +6,8 @@
 #   bench/tls/run.sh [--record] [--runs N] [DATA_DIR]
 #
 #   DATA_DIR  where the dataset is generated once and reused (default /work/bench-data):
-#             zipf256m_int32, 256 Mi Zipf token ids (1 GiB), Megatron int32
+#             zipf256m_u16: 256 Mi Zipf token ids, Megatron uint16 (512 MiB; made once
+#             from zipf256m_int32 with dquant convert --codec u16)
 #   --runs N  rounds of the five cases (default 3; about 20 s a round on 2 vCPU)
 #   --record  record the figures (bench/results/tls.json; bench/RESULTS.md rendered) and
 #             append the table to bench/history/tls.md
@@ -29,9 +30,10 @@ cd "$REPO"
 echo "== building (release)"
 cargo build --release --locked -q -p dquant-bench -p dquant-cli
 source bench/common.sh
-DS="$(zipf256m "$DATA" "$REPO/target/release/dquant")"
+DS="$(zipf256m_u16 "$DATA" "$REPO/target/release/dquant")"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 "$REPO/target/release/dquant-offload-bench" throughput "$DS" --runs "$RUNS" \
-  --cases plain,agent,agent-tls,agent-shuffled,agent-tls-shuffled --json-out "$OUT/tls.json"
+  --cases plain,agent,agent-tls,agent-shuffled,agent-tls-shuffled --samples 150000 \
+  --json-out "$OUT/tls.json"
 exec python3 bench/tls/figures.py "$OUT/tls.json" --command "bench/tls/run.sh ${RECORD[*]} --runs $RUNS" "${RECORD[@]}"

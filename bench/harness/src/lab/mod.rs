@@ -115,7 +115,7 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub batch_size: u32,
     /// The agents' worker pool (`dquant serve --worker-threads`: reads and compression
-    /// shared by sessions; 0: none) [default: the agent's, the cores but one].
+    /// shared by sessions; 0: none) [default: the agent's, the cores but two, at most 8].
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
     /// Scale-out runs (g) with 1, 2, ... up to N storage nodes, each behind its own link
