@@ -183,6 +183,22 @@ impl Encoder {
         Ok(())
     }
 
+    /// A stream codec's encoder compresses its next batches at zstd level `level` (a fresh
+    /// frame from the next batch when the level changes; see [`crate::stream`]); its codec
+    /// becomes `stream:LEVEL`, which the batches' records name. Other codecs cannot.
+    pub fn set_stream_level(&mut self, level: i32) -> Result<(), CodecError> {
+        let codec = self.codec;
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(CodecError::backend(
+                codec,
+                "only a stream codec changes its level",
+            ));
+        };
+        stream.set_level(level);
+        self.codec = Codec::new(codec.width, Compression::Stream(stream.level()));
+        Ok(())
+    }
+
     fn build(codec: Codec, ranks: RankEncoder, lane: usize) -> Result<Self, CodecError> {
         let stream = match codec.compression {
             Compression::Stream(_) => Some(StreamEncoder::new(codec, lane)?),

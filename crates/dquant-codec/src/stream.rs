@@ -28,6 +28,11 @@
 //! nothing from the one before. Windows are capped at [`WINDOW_LOG`] (2 MiB) on both ends, so
 //! a peer can make a reader hold at most [`MAX_LANES`] such windows.
 //!
+//! A lane's level may change between chunks ([`StreamEncoder::set_level`]): zstd fixes a
+//! frame's level when it starts (unless compressing on its own threads), so the next chunk
+//! then starts a fresh frame at the new level. The decoder needs no level; each payload's
+//! record names the level its chunk was compressed at.
+//!
 //! Written here because it is zstd's own streaming API (`zstd_safe`) plus a one-byte tag: no
 //! crate frames a stream per lane.
 
@@ -55,6 +60,8 @@ pub(crate) struct StreamEncoder {
     lane: u8,
     /// The next chunk starts the stream.
     fresh: bool,
+    /// The level of the frame under way.
+    level: i32,
 }
 
 impl StreamEncoder {
@@ -87,7 +94,24 @@ impl StreamEncoder {
             cctx,
             lane,
             fresh: true,
+            level,
         })
+    }
+
+    /// Compresses the next chunks at zstd level `level`: when it is not the level of the
+    /// frame under way, the next chunk starts a fresh frame (the lane's history starts
+    /// again). Levels zstd does not have are clamped to its range.
+    pub fn set_level(&mut self, level: i32) {
+        let level = level.clamp(zstd_safe::min_c_level(), zstd_safe::max_c_level());
+        if level != self.level {
+            self.level = level;
+            self.fresh = true;
+        }
+    }
+
+    /// The level of the next chunk.
+    pub fn level(&self) -> i32 {
+        self.level
     }
 
     /// Appends the tag and `src` compressed and flushed to `out`; returns the bytes appended.
@@ -118,6 +142,9 @@ impl StreamEncoder {
         if self.fresh {
             self.cctx
                 .reset(ResetDirective::SessionOnly)
+                .map_err(failed)?;
+            self.cctx
+                .set_parameter(CParameter::CompressionLevel(self.level))
                 .map_err(failed)?;
         }
         let tag = self.lane | if self.fresh { FRESH } else { 0 };
@@ -424,6 +451,40 @@ mod tests {
         assert_eq!(
             Decoder::new().inflate(z, &p, 999).unwrap_err().to_string(),
             "u16+zstd:3 payload is corrupt: Destination buffer is too small"
+        );
+    }
+
+    /// A level change starts a fresh frame at the new level, whose records name it; one
+    /// reader decodes the whole stream in order, and a chunk at an unchanged level goes on
+    /// with the lane's history.
+    #[test]
+    fn the_level_may_change_between_batches() {
+        let c5 = codec("u24+stream:5");
+        let mut e = Encoder::new(c5).unwrap();
+        let mut d = Decoder::new();
+        let text: Vec<u32> = (0..4000).map(|t| (t * 7919) % 70_000).collect();
+        for (i, level) in [5, 5, 1, 1, 3, 3].into_iter().enumerate() {
+            e.set_stream_level(level).unwrap();
+            assert_eq!(e.codec().to_string(), format!("u24+stream:{level}"));
+            let mut p = Vec::new();
+            e.encode(&text, &mut p).unwrap();
+            let fresh = p[0] & super::FRESH != 0;
+            assert_eq!(fresh, i % 2 == 0, "batch {i}: the fresh tag");
+            let mut out = vec![0; text.len()];
+            d.decode(e.codec(), &p, &mut out).unwrap();
+            assert_eq!(out, text, "batch {i}");
+            if !fresh {
+                // The repeat compresses against the batch before it: a few bytes.
+                assert!(p.len() < 64, "batch {i}: {} bytes", p.len());
+            }
+        }
+        assert_eq!(
+            Encoder::new(codec("u16+zstd:3"))
+                .unwrap()
+                .set_stream_level(1)
+                .unwrap_err()
+                .to_string(),
+            "u16+zstd:3 failed: only a stream codec changes its level"
         );
     }
 
