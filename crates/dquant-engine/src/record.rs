@@ -175,17 +175,26 @@ impl Encoders {
         tokens: &[u32],
         out: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
-        // A stream is one per session whatever width each batch narrows to.
-        let key = match codec.compression.is_stream() {
-            true => Codec::new(Width::U32, codec.compression),
+        // A stream is one per session whatever width each batch narrows to and whatever
+        // level it is compressed at (a change of level starts a fresh frame in it).
+        let stream = codec.compression.is_stream();
+        let key = match stream {
+            true => Codec::new(Width::U32, Compression::Stream(0)),
             false => codec,
         };
         let e = match self.0.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(Encoder::new(codec)?),
         };
-        if key != codec {
-            e.set_width(codec)?;
+        if stream {
+            if let Some(level) = codec.compression.zstd_level() {
+                if e.codec().compression != codec.compression {
+                    e.set_stream_level(level)?;
+                }
+            }
+            if e.codec() != codec {
+                e.set_width(codec)?;
+            }
         }
         out.clear();
         e.encode(tokens, out).map(|_| ())
@@ -227,6 +236,18 @@ impl RecordEncoder {
             encoders: Encoders::default(),
             payload: Vec::new(),
         }
+    }
+
+    /// The zstd level of the wire codec's stream, when it is a stream codec.
+    pub fn stream_level(&self) -> Option<i32> {
+        let c = self.wire.compression();
+        c.is_stream().then(|| c.zstd_level()).flatten()
+    }
+
+    /// Compresses the next batches' stream at zstd level `level` (a fresh frame from the
+    /// next batch; their records name the level). Nothing changes for other codecs.
+    pub fn set_stream_level(&mut self, level: i32) {
+        self.wire = self.wire.with_zstd_level(level);
     }
 
     /// The record of batch `b` (`sample_len` tokens per sample). A token that does not fit a

@@ -101,6 +101,21 @@ impl WireCodec {
         }
     }
 
+    /// The same codec compressed at zstd level `level` when it is zstd (`zstd:L`, or a
+    /// stream, whose level may change within a session: see `dquant_codec::stream`); other
+    /// codecs are returned as they are.
+    pub fn with_zstd_level(self, level: i32) -> Self {
+        let at = |c: Compression| match c {
+            Compression::Stream(_) => Compression::Stream(level),
+            Compression::Zstd(_) => Compression::Zstd(level),
+            c => c,
+        };
+        match self {
+            WireCodec::Fixed(c) => WireCodec::Fixed(Codec::new(c.width, at(c.compression))),
+            WireCodec::Auto(c) => WireCodec::Auto(at(c)),
+        }
+    }
+
     /// Its compression, whatever the width.
     pub fn compression(self) -> Compression {
         match self {
