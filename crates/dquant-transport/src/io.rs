@@ -1,6 +1,7 @@
 //! Blocking frame I/O over any byte stream.
 
 use std::io::{ErrorKind, Read, Write};
+use std::time::{Duration, Instant};
 
 use crate::frame::{FrameHeader, FrameKind, WireError, HEADER_LEN};
 use crate::pool::PooledBuf;
@@ -20,6 +21,8 @@ pub struct FrameWriter<W: Write> {
     w: W,
     seq: u64,
     pacer: Option<Box<dyn Pacer>>,
+    /// Time spent in the pacer and in writes: what the link held the writer back.
+    waited: Duration,
 }
 
 impl<W: Write> FrameWriter<W> {
@@ -28,7 +31,14 @@ impl<W: Write> FrameWriter<W> {
             w,
             seq: 0,
             pacer: None,
+            waited: Duration::ZERO,
         }
+    }
+
+    /// Time spent so far waiting for the pacer and in writes (a full socket buffer blocks
+    /// them): how much the link, not the writer, set the pace.
+    pub fn waited(&self) -> Duration {
+        self.waited
     }
 
     /// Every frame from now on waits for `pacer` first.
@@ -84,6 +94,7 @@ impl<W: Write> FrameWriter<W> {
             };
             heads.push(h.encode());
         }
+        let started = Instant::now();
         if let Some(p) = &mut self.pacer {
             let len: usize = frames.iter().map(|(p, _)| HEADER_LEN + p.len()).sum();
             p.pace(len);
@@ -102,6 +113,7 @@ impl<W: Write> FrameWriter<W> {
                 Err(e) => return Err(e.into()),
             }
         }
+        self.waited += started.elapsed();
         self.seq += frames.len() as u64;
         Ok(())
     }

@@ -65,6 +65,14 @@ pub trait BatchSink: Send {
         Ok(())
     }
 
+    /// How much of the transport's room is taken by records committed and not yet sent, 0 to
+    /// 1, where it can tell: near 1 the link or the consumer holds the producer back (it
+    /// waits in [`reserve`](BatchSink::reserve)); near 0 the sender waits for the producer.
+    /// `None` (the default): the transport cannot tell.
+    fn backlog(&self) -> Option<f64> {
+        None
+    }
+
     /// Ends the stream: everything committed is delivered, then the end.
     fn finish(&mut self) -> Result<(), SinkError>;
 

@@ -116,6 +116,15 @@ impl<'a> FrameSink<'a> {
         self.bytes
     }
 
+    /// Frames handed to the sender thread and not yet written (`None` when frames go
+    /// straight to the socket).
+    pub fn queued(&self) -> Option<usize> {
+        match &self.out {
+            FrameOut::Channel(_, queued) => Some(queued.load(Ordering::Acquire)),
+            FrameOut::Direct(_) => None,
+        }
+    }
+
     fn emit(&mut self, buf: PooledBuf) -> Result<(), Gone> {
         self.bytes += buf.len() as u64;
         self.idle.reset();
@@ -237,6 +246,8 @@ pub struct TcpBatchSink {
     /// Room for a record that does not fit the current frame; split into frames on commit.
     stage: Vec<u8>,
     staged: bool,
+    /// Frames the producer may run ahead by (the pool's buffers).
+    prefetch: usize,
 }
 
 fn gone<T>(_: T) -> SinkError {
@@ -265,6 +276,7 @@ impl TcpBatchSink {
             sender: Some(sender),
             stage: Vec::new(),
             staged: false,
+            prefetch: prefetch.max(1),
         })
     }
 
@@ -324,6 +336,13 @@ impl BatchSink for TcpBatchSink {
 
     fn flush_if_idle(&mut self, now: Instant) -> Result<(), SinkError> {
         self.frames()?.flush_if_idle(now).map_err(gone)
+    }
+
+    /// The frames queued for the sender thread, of the `prefetch` the producer may run
+    /// ahead by.
+    fn backlog(&self) -> Option<f64> {
+        let queued = self.frames.as_ref()?.queued()?;
+        Some((queued as f64 / self.prefetch as f64).min(1.0))
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
@@ -515,12 +534,15 @@ mod tests {
         let mut sink = TcpBatchSink {
             frames: Some(FrameSink::new(
                 BufferPool::new(4, 100),
-                FrameOut::Channel(tx, queued),
+                FrameOut::Channel(tx, queued.clone()),
             )),
             sender: None,
             stage: Vec::new(),
             staged: false,
+            prefetch: 8,
         };
+        // The backlog is the frames queued for the sender (none here writes them), of 8.
+        assert_eq!(sink.backlog(), Some(0.0));
         let mut want = Vec::new();
         for (i, len) in [30usize, 60, 50, 250, 10].into_iter().enumerate() {
             // Reserve more than is committed, as the produce loop does.
@@ -533,6 +555,9 @@ mod tests {
             sink.commit(len).unwrap();
             want.extend(std::iter::repeat_n(i as u8 + 1, len));
         }
+        let full = queued.load(Ordering::Acquire);
+        assert!(full >= 3, "{full} frames queued");
+        assert_eq!(sink.backlog(), Some(full as f64 / 8.0));
         sink.finish().unwrap();
         drop(sink);
         let mut got = Vec::new();
