@@ -46,6 +46,7 @@ mod sessions;
 mod share;
 mod start;
 mod stream_error;
+mod stream_level;
 
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;

@@ -23,6 +23,7 @@ use dquant_transport::{BatchSink, SinkError};
 
 use crate::faults::{self, Faults, Site};
 use crate::metrics::Meter;
+use crate::stream_level::StreamLevel;
 
 /// What one session moved, for the log line at its end.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +67,9 @@ pub(crate) struct Producer {
     /// Batches compressed on the agent's worker pool, a few ahead of the one delivered
     /// ([`Producer::encoding_ahead`]); `None`: each on the session's thread, when delivered.
     ahead: Option<EncodeAhead>,
+    /// A stream codec's zstd level, fitted to the transport's backlog (`None` for other
+    /// codecs, and until [`Producer::fitting_level`]).
+    level: Option<StreamLevel>,
     wire: WireCodec,
     /// Room for the largest record: header and the largest payload a full batch can have.
     room: usize,
@@ -93,6 +97,7 @@ impl Producer {
             output,
             encoder,
             ahead: None,
+            level: None,
             wire,
             room,
             meter: Meter::off(),
@@ -132,6 +137,25 @@ impl Producer {
         self
     }
 
+    /// Fits a stream codec's zstd level to the transport (see [`crate::stream_level`]): from
+    /// the plan's level down to 1 while the sender waits for records, back up while records
+    /// wait to be sent. Transports that cannot tell their backlog keep the plan's level, as
+    /// do other codecs.
+    pub fn fitting_level(mut self) -> Self {
+        self.level = self
+            .encoder
+            .as_ref()
+            .and_then(RecordEncoder::stream_level)
+            .map(StreamLevel::new);
+        self
+    }
+
+    /// The zstd level the stream's next batch is compressed at, when the codec is a stream.
+    #[cfg(test)]
+    pub fn stream_level(&self) -> Option<i32> {
+        self.encoder.as_ref().and_then(RecordEncoder::stream_level)
+    }
+
     /// Checks `faults` before each batch, as a producer at `site` (tests' fault injection).
     pub fn with_faults(mut self, faults: Faults, site: Site) -> Self {
         self.faults = (faults, site);
@@ -165,7 +189,19 @@ impl Producer {
             return self.step_ahead(sink);
         }
         sink.reserve(self.room)?;
+        // Once a batch (room reserved: a step the sink refused is taken again).
+        self.fit_level(sink.backlog());
         self.step_encoded(sink)
+    }
+
+    /// Tells the stream's level what the transport's backlog is before a batch is made.
+    fn fit_level(&mut self, backlog: Option<f64>) {
+        let (Some(level), Some(backlog)) = (self.level.as_mut(), backlog) else {
+            return;
+        };
+        if let (Some(l), Some(enc)) = (level.observe(backlog), self.encoder.as_mut()) {
+            enc.set_stream_level(l);
+        }
     }
 
     /// The next batch encoded ahead on the worker pool; the session's thread meanwhile takes

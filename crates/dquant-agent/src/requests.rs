@@ -30,6 +30,7 @@ pub(crate) fn range_wire_codec(shared: &Shared, requested: &str) -> Result<WireC
         .check_wire("wire_codec", wire)
         .map_err(over_limit)?;
     // Ranges are read in any order and by several readers: each is compressed alone (a
-    // plan's `transport` codec becomes zstd at its level for the ranges it chains).
-    Ok(wire.without_stream())
+    // plan's `transport` codec becomes zstd at a level fitted to the link, at most its own:
+    // serve_ranges does that, knowing it was a stream).
+    Ok(wire)
 }

@@ -55,7 +55,8 @@ pub(crate) fn stream_plan(
     let mut producer = Producer::new(pipeline, output, wire)
         .with_meter(meter)
         .with_faults(shared.faults.clone(), Site::Session)
-        .encoding_ahead(prefetch.saturating_mul(dquant_transport::frame::MAX_PAYLOAD));
+        .encoding_ahead(prefetch.saturating_mul(dquant_transport::frame::MAX_PAYLOAD))
+        .fitting_level();
     let drain = &shared.draining;
     let (outcome, stats) = run(&mut producer, &mut sink, &cancel, drain, Instant::now);
     let sent = sink.join();

@@ -41,6 +41,7 @@ use crate::metrics::Meter;
 use crate::produce::Stats;
 use crate::sessions::Work;
 use crate::stream_error::StreamError;
+use crate::stream_level::{StreamLevel, RANGE_WINDOW};
 use crate::Shared;
 
 mod ahead;
@@ -106,9 +107,23 @@ struct Ranges {
     payload: Vec<u8>,
     /// Buffers of answers written, for the next ranges encoded on the pool.
     spare: Vec<(Vec<u32>, Vec<u8>)>,
+    /// The zstd level of ranges asked for in a stream codec (`transport`), fitted to the
+    /// link ([`crate::stream_level`]); `None`: the codec's own level.
+    level: Option<StreamLevel>,
 }
 
 impl Ranges {
+    /// Tells the level what share of the last answer's time went to waiting for the link
+    /// (`None`: the transport cannot tell, a ring).
+    fn fit_level(&mut self, waited: Option<f64>) {
+        let (Some(level), Some(waited)) = (self.level.as_mut(), waited) else {
+            return;
+        };
+        if let Some(l) = level.observe(waited) {
+            self.wire = self.wire.with_zstd_level(l);
+        }
+    }
+
     /// The checked range `start + len`, or the message the client gets.
     fn check(&self, start: u64, len: u64) -> Result<Range<u64>, RangeError> {
         // The dataset's name is copied only into an error: this runs for every range.
@@ -409,6 +424,14 @@ enum Out {
 }
 
 impl Out {
+    /// What the link has held the writer back so far (`None` for a ring).
+    fn waited(&self) -> Option<Duration> {
+        match self {
+            Out::Tcp { w, .. } => Some(w.waited()),
+            Out::Ring(_) => None,
+        }
+    }
+
     /// Writes one request's answers (`answer` puts them) and hands them to the client:
     /// what `answer` said, whether the client still takes answers, and the bytes sent.
     fn request(
@@ -498,6 +521,15 @@ fn serve<R: Requests>(
         return Err(StreamError::Failed(m.into()));
     };
     let total = source.tokens();
+    // A stream codec's ranges are compressed alone (any order, several readers), at a zstd
+    // level fitted to the link from the stream's down.
+    let compression = wire.compression();
+    let level = compression
+        .is_stream()
+        .then(|| compression.zstd_level())
+        .flatten()
+        .map(|top| StreamLevel::deciding_every(top, RANGE_WINDOW));
+    let wire = wire.without_stream();
     let ds = Ranges {
         source,
         name,
@@ -508,6 +540,7 @@ fn serve<R: Requests>(
         tokens: Vec::new(),
         payload: Vec::new(),
         spare: Vec::new(),
+        level,
     };
     let meter = shared
         .metrics
@@ -524,6 +557,7 @@ fn serve<R: Requests>(
         corrupt,
         faults: shared.faults.clone(),
         requests: 0,
+        waited: None,
     };
     let pool = shared.workers.clone();
     match pool.filter(|p| wire.compresses() && p.workers() >= 2) {
@@ -559,6 +593,8 @@ struct Session<'f, R: Read> {
     /// Faults tests arm (debug builds), and the requests received so far.
     faults: Faults,
     requests: u64,
+    /// The share of the last answer's time spent waiting for the link (`None` on a ring).
+    waited: Option<f64>,
 }
 
 impl<R: Requests> Session<'_, R> {
@@ -590,6 +626,7 @@ impl<R: Requests> Session<'_, R> {
             if let Some(end) = self.respond(|sink, stats| ds.answer(&ranges, sink, stats)) {
                 return end;
             }
+            ds.fit_level(self.waited);
         }
     }
 
@@ -631,6 +668,7 @@ impl<R: Requests> Session<'_, R> {
             if let Some(end) = answered {
                 return end;
             }
+            ds.fit_level(self.waited);
         }
     }
 
@@ -641,8 +679,13 @@ impl<R: Requests> Session<'_, R> {
         answer: impl FnOnce(&mut dyn RecordOut, &mut Stats) -> Result<bool, RangeError>,
     ) -> Option<Result<Stats, StreamError>> {
         let before = self.stats;
+        let (started, waited) = (Instant::now(), self.out.waited());
         let stats = &mut self.stats;
         let (answered, flushed, bytes) = self.out.request(|sink| answer(sink, stats));
+        self.waited = waited.zip(self.out.waited()).map(|(w0, w1)| {
+            let took = started.elapsed().as_secs_f64();
+            (w1.saturating_sub(w0).as_secs_f64() / took.max(1e-9)).min(1.0)
+        });
         self.stats.wire_bytes += bytes;
         self.meter.add(
             self.stats.records - before.records,
@@ -670,5 +713,93 @@ impl<R: Requests> Session<'_, R> {
         let m = e.to_string();
         self.out.fail(&m);
         Err(StreamError::Failed(m))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream_level::FLOOR;
+    use dquant_engine::LocalSource;
+    use dquant_plan::Source;
+    use dquant_transport::RangeHeader;
+
+    /// Answers collected as (header, payload).
+    #[derive(Default)]
+    struct Collect(Vec<(RangeHeader, Vec<u8>)>);
+
+    impl RecordOut for Collect {
+        fn put(
+            &mut self,
+            head: &[u8; RECORD_HEADER_LEN],
+            payload: &[u8],
+        ) -> Result<bool, RangeError> {
+            self.0
+                .push((RangeHeader::parse(head).unwrap(), payload.to_vec()));
+            Ok(true)
+        }
+    }
+
+    /// Ranges asked for in the transport codec are compressed alone, at a zstd level that
+    /// steps down a window at a time while the writer waited for nothing, and back up to the
+    /// stream's own while it waited on the link; each answer names its level and decodes to
+    /// the range's tokens.
+    #[test]
+    fn a_stream_codecs_ranges_follow_the_links_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.u16");
+        let tokens: Vec<u16> = (0..40_000u32).map(|i| (i * 7919 % 30_000) as u16).collect();
+        std::fs::write(
+            &path,
+            tokens
+                .iter()
+                .flat_map(|t| t.to_le_bytes())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let mut source = Source::new(path.display().to_string());
+        source.dtype = Some("u16".into());
+        let wire: WireCodec = "transport".parse().unwrap();
+        let mut ds = Ranges {
+            source: Box::new(LocalSource::open(&path, &source).unwrap()),
+            name: "t".into(),
+            wire: wire.without_stream(),
+            total: tokens.len() as u64,
+            max_len: 1 << 20,
+            enc: Encoders::default(),
+            tokens: Vec::new(),
+            payload: Vec::new(),
+            spare: Vec::new(),
+            level: Some(StreamLevel::deciding_every(5, RANGE_WINDOW)),
+        };
+        let mut out = Collect::default();
+        let mut stats = Stats::default();
+        let w = RANGE_WINDOW as usize;
+        for i in 0..12 * w {
+            let start = (i as u64 * 1000) % 39_000;
+            assert!(ds.answer(&[(start, 1000)], &mut out, &mut stats).unwrap());
+            ds.fit_level(Some(if i < 6 * w { 0.0 } else { 0.9 }));
+        }
+        let levels: Vec<i32> = out
+            .0
+            .iter()
+            .map(|(h, _)| h.codec.compression.zstd_level().unwrap())
+            .collect();
+        // Alone: zstd, not a stream.
+        assert!(out.0.iter().all(|(h, _)| !h.codec.compression.is_stream()));
+        assert_eq!(&levels[..w], &vec![5; w][..]);
+        assert_eq!(levels[5 * w], FLOOR, "{levels:?}");
+        assert_eq!(*levels.last().unwrap(), 5, "{levels:?}");
+        let mut d = dquant_codec::Decoder::new();
+        for (h, p) in &out.0 {
+            let mut got = vec![0u32; h.len as usize];
+            d.decode(h.codec, p, &mut got).unwrap();
+            let want = &tokens[h.start as usize..(h.start + h.len) as usize];
+            assert!(got.iter().zip(want).all(|(&a, &b)| a == u32::from(b)));
+        }
+        // A ring's answers (no waits to go by) keep the level.
+        let before = ds.wire;
+        ds.fit_level(None);
+        assert_eq!(ds.wire, before);
     }
 }

@@ -351,3 +351,116 @@ fn drain_resumes_after_the_delivered_batches(pool: Option<Arc<WorkerPool>>) {
     got.extend(whole(Cursor::new(0, 28)));
     assert_eq!(got, whole(Cursor::START));
 }
+
+/// A sink that says its backlog is `backlog` (the memory pair cannot tell).
+struct Backlogged<'a> {
+    inner: &'a mut dyn BatchSink,
+    backlog: f64,
+}
+
+impl BatchSink for Backlogged<'_> {
+    fn reserve(&mut self, len: usize) -> Result<&mut [u8], SinkError> {
+        self.inner.reserve(len)
+    }
+    fn commit(&mut self, len: usize) -> Result<(), SinkError> {
+        self.inner.commit(len)
+    }
+    fn backlog(&self) -> Option<f64> {
+        Some(self.backlog)
+    }
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.inner.finish()
+    }
+    fn fail(&mut self, message: &str) {
+        self.inner.fail(message)
+    }
+}
+
+/// The transport preset's level follows the sink's backlog: a sender that waits for records
+/// (backlog 0) takes the stream down a level a window, to 1; records waiting to be sent take
+/// it back up to the plan's 5. Every record names its level, and one reader decodes the whole
+/// stream to the in-process batches. A sink that cannot tell keeps the plan's level.
+#[test]
+fn the_stream_level_follows_the_transports_backlog() {
+    use crate::stream_level::{FLOOR, WINDOW};
+    let dir = tempfile::tempdir().unwrap();
+    let uri = dataset(dir.path(), 200_000, None);
+    let p = plan(&uri, OutputDType::I32, "transport");
+    let want = local(&p);
+    let n = want.len();
+    let mut prod = producer(&p).fitting_level();
+    assert_eq!(prod.stream_level(), Some(5));
+    let (mut pair_sink, mut source) = pair(1 << 12);
+    let mut levels = Vec::new();
+    let mut got = Vec::new();
+    let mut d = Decoder::new();
+    // One reader, in order: a stream's records decode only so.
+    let mut take = |source: &mut MemorySource| {
+        while let Some(r) = source.next_record() {
+            let head: &[u8; RECORD_HEADER_LEN] = r[..RECORD_HEADER_LEN].try_into().unwrap();
+            let h = BatchHeader::parse(head).unwrap();
+            let mut tokens = vec![0u32; h.tokens()];
+            d.decode(h.codec, &r[RECORD_HEADER_LEN..], &mut tokens)
+                .unwrap();
+            levels.push(h.codec.compression.zstd_level().unwrap());
+            got.push(tokens);
+        }
+    };
+    let w = WINDOW as usize;
+    // Idle for 24 windows, then backed up.
+    let backed_up = 24 * w;
+    assert!(n > backed_up + 8 * w, "{n} batches");
+    for i in 0..n {
+        let backlog = if i < backed_up { 0.0 } else { 1.0 };
+        let mut sink = Backlogged {
+            inner: &mut pair_sink,
+            backlog,
+        };
+        assert!(matches!(prod.step(&mut sink).unwrap(), Step::Batch { .. }));
+        sink.inner
+            .flush_if_idle(Instant::now() + MAX_FRAME_AGE)
+            .unwrap();
+        take(&mut source);
+    }
+    assert!(matches!(prod.step(&mut pair_sink).unwrap(), Step::End));
+    pair_sink.finish().unwrap();
+    take(&mut source);
+    assert_eq!(got.len(), n);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, &w.3, "batch {i}");
+    }
+    // Down a level a window from 5 to the floor, then back up: each window's last batch,
+    // whose backlog closes it, is the first at the new level.
+    let mut changes: Vec<(usize, i32)> = vec![(0, levels[0])];
+    for (i, pair) in levels.windows(2).enumerate() {
+        if pair[0] != pair[1] {
+            changes.push((i + 1, pair[1]));
+        }
+    }
+    let end = |k: usize| k * w - 1;
+    let up = backed_up / w;
+    let expect = [
+        (0, 5),
+        (end(1), 4),
+        (end(2), 3),
+        (end(3), 2),
+        (end(4), FLOOR),
+        (end(up + 1), 2),
+        (end(up + 2), 3),
+        (end(up + 3), 4),
+        (end(up + 4), 5),
+    ];
+    assert_eq!(changes, expect);
+
+    // Without a backlog to go by, the plan's level throughout.
+    let mut prod = producer(&p).fitting_level();
+    let (mut sink, mut source) = pair(1 << 12);
+    while let Step::Batch { .. } = prod.step(&mut sink).unwrap() {
+        sink.flush_if_idle(Instant::now() + MAX_FRAME_AGE).unwrap();
+        while let Some(r) = source.next_record() {
+            let head: &[u8; RECORD_HEADER_LEN] = r[..RECORD_HEADER_LEN].try_into().unwrap();
+            let h = BatchHeader::parse(head).unwrap();
+            assert_eq!(h.codec.compression.zstd_level(), Some(5));
+        }
+    }
+}
