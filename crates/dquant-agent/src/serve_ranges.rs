@@ -29,11 +29,9 @@ use dquant_plan::WireCodec;
 use dquant_transport::frame::MAX_PAYLOAD;
 use dquant_transport::record::{parse_request, RECORD_HEADER_LEN};
 use dquant_transport::shm::RingSink;
-use dquant_transport::tcp::FrameSink;
 use dquant_transport::RecordError;
 use dquant_transport::{
-    BatchSink, BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader, SinkError,
-    WireError,
+    BufferPool, DataStream, FrameReader, FrameWriter, PooledBuf, RangeHeader, WireError,
 };
 
 use crate::faults::Faults;
@@ -45,39 +43,12 @@ use crate::stream_level::{StreamLevel, RANGE_WINDOW};
 use crate::Shared;
 
 mod ahead;
+mod out;
+#[cfg(test)]
+mod tests;
 
 use ahead::{Ahead, REQUESTS_AHEAD};
-
-/// Sends the error frame, then half-closes and reads what the client still sends until it
-/// hangs up (at most 2 s). A client that reads ahead has requests in flight when an error
-/// stops us; closing with them unread would make the kernel reset the connection, and a
-/// reset can overtake the error frame, so the client would see a truncated stream instead of
-/// the message.
-fn fail_and_linger(w: &mut FrameWriter<DataStream>, message: &str) {
-    use std::io::{ErrorKind, Read};
-    if w.fail(message).is_err() {
-        return;
-    }
-    let s = w.get_ref().socket();
-    if s.shutdown(std::net::Shutdown::Write).is_err() {
-        return;
-    }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut sink = [0u8; 16 << 10];
-    while Instant::now() < deadline {
-        match (&*s).read(&mut sink) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break,
-        }
-    }
-}
+use out::{Out, RecordOut};
 
 /// A range read and being encoded on the pool: its tokens and payload buffers come back with
 /// its record header (or the message for the client).
@@ -370,106 +341,6 @@ impl Requests for UnixStream {
     }
 }
 
-/// Where one request's answers go, record by record.
-pub(crate) trait RecordOut {
-    /// Writes one answer: Ok(false) when the client went away, Err with the message for it
-    /// when the transport cannot carry the answer.
-    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, RangeError>;
-}
-
-impl RecordOut for FrameSink<'_> {
-    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, RangeError> {
-        Ok(self.write(head).is_ok() && self.write(payload).is_ok())
-    }
-}
-
-/// Answers into a shared-memory ring: each in one slot, counted.
-struct RingOut<'a> {
-    sink: &'a mut RingSink,
-    bytes: u64,
-}
-
-impl RecordOut for RingOut<'_> {
-    fn put(&mut self, head: &[u8; RECORD_HEADER_LEN], payload: &[u8]) -> Result<bool, RangeError> {
-        let len = RECORD_HEADER_LEN + payload.len();
-        let put = self
-            .sink
-            .reserve(len)
-            .map(|room| {
-                let (h, p) = room.split_at_mut(RECORD_HEADER_LEN);
-                h.copy_from_slice(head);
-                p.copy_from_slice(payload);
-            })
-            .and_then(|()| self.sink.commit(len));
-        match put {
-            Ok(()) => {
-                self.bytes += len as u64;
-                Ok(true)
-            }
-            Err(SinkError::Failed(m)) => Err(RangeError::Ring(m)),
-            Err(_) => Ok(false),
-        }
-    }
-}
-
-/// Where a session's answers go.
-enum Out {
-    /// Frames on its TCP (or TLS) connection.
-    Tcp {
-        w: FrameWriter<DataStream>,
-        buffers: BufferPool,
-    },
-    /// Slots of the ring its client handed over (the emulated DMA path).
-    Ring(RingSink),
-}
-
-impl Out {
-    /// What the link has held the writer back so far (`None` for a ring).
-    fn waited(&self) -> Option<Duration> {
-        match self {
-            Out::Tcp { w, .. } => Some(w.waited()),
-            Out::Ring(_) => None,
-        }
-    }
-
-    /// Writes one request's answers (`answer` puts them) and hands them to the client:
-    /// what `answer` said, whether the client still takes answers, and the bytes sent.
-    fn request(
-        &mut self,
-        answer: impl FnOnce(&mut dyn RecordOut) -> Result<bool, RangeError>,
-    ) -> (Result<bool, RangeError>, bool, u64) {
-        match self {
-            Out::Tcp { w, buffers } => {
-                let mut sink = FrameSink::direct(buffers.clone(), w);
-                let answered = answer(&mut sink);
-                let flushed = sink.flush().is_ok();
-                let bytes = sink.bytes();
-                drop(sink);
-                let flushed = flushed && (!matches!(answered, Ok(true)) || w.flush().is_ok());
-                (answered, flushed, bytes)
-            }
-            Out::Ring(sink) => {
-                let mut out = RingOut { sink, bytes: 0 };
-                let answered = answer(&mut out);
-                (answered, true, out.bytes)
-            }
-        }
-    }
-
-    fn fail(&mut self, m: &str) {
-        match self {
-            Out::Tcp { w, .. } => fail_and_linger(w, m),
-            Out::Ring(sink) => sink.fail(m),
-        }
-    }
-
-    fn finish(&mut self) {
-        if let Out::Ring(sink) = self {
-            let _ = sink.finish();
-        }
-    }
-}
-
 /// Serves range requests for one dataset until the client hangs up: on the agent's worker
 /// pool when the wire codec compresses and the pool has two threads or more, else on this
 /// thread. Each answer is counted in `owner`'s meter as it is sent, so an operator (or a
@@ -713,93 +584,5 @@ impl<R: Requests> Session<'_, R> {
         let m = e.to_string();
         self.out.fail(&m);
         Err(StreamError::Failed(m))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::stream_level::FLOOR;
-    use dquant_engine::LocalSource;
-    use dquant_plan::Source;
-    use dquant_transport::RangeHeader;
-
-    /// Answers collected as (header, payload).
-    #[derive(Default)]
-    struct Collect(Vec<(RangeHeader, Vec<u8>)>);
-
-    impl RecordOut for Collect {
-        fn put(
-            &mut self,
-            head: &[u8; RECORD_HEADER_LEN],
-            payload: &[u8],
-        ) -> Result<bool, RangeError> {
-            self.0
-                .push((RangeHeader::parse(head).unwrap(), payload.to_vec()));
-            Ok(true)
-        }
-    }
-
-    /// Ranges asked for in the transport codec are compressed alone, at a zstd level that
-    /// steps down a window at a time while the writer waited for nothing, and back up to the
-    /// stream's own while it waited on the link; each answer names its level and decodes to
-    /// the range's tokens.
-    #[test]
-    fn a_stream_codecs_ranges_follow_the_links_waits() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.u16");
-        let tokens: Vec<u16> = (0..40_000u32).map(|i| (i * 7919 % 30_000) as u16).collect();
-        std::fs::write(
-            &path,
-            tokens
-                .iter()
-                .flat_map(|t| t.to_le_bytes())
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-        let mut source = Source::new(path.display().to_string());
-        source.dtype = Some("u16".into());
-        let wire: WireCodec = "transport".parse().unwrap();
-        let mut ds = Ranges {
-            source: Box::new(LocalSource::open(&path, &source).unwrap()),
-            name: "t".into(),
-            wire: wire.without_stream(),
-            total: tokens.len() as u64,
-            max_len: 1 << 20,
-            enc: Encoders::default(),
-            tokens: Vec::new(),
-            payload: Vec::new(),
-            spare: Vec::new(),
-            level: Some(StreamLevel::deciding_every(5, RANGE_WINDOW)),
-        };
-        let mut out = Collect::default();
-        let mut stats = Stats::default();
-        let w = RANGE_WINDOW as usize;
-        for i in 0..12 * w {
-            let start = (i as u64 * 1000) % 39_000;
-            assert!(ds.answer(&[(start, 1000)], &mut out, &mut stats).unwrap());
-            ds.fit_level(Some(if i < 6 * w { 0.0 } else { 0.9 }));
-        }
-        let levels: Vec<i32> = out
-            .0
-            .iter()
-            .map(|(h, _)| h.codec.compression.zstd_level().unwrap())
-            .collect();
-        // Alone: zstd, not a stream.
-        assert!(out.0.iter().all(|(h, _)| !h.codec.compression.is_stream()));
-        assert_eq!(&levels[..w], &vec![5; w][..]);
-        assert_eq!(levels[5 * w], FLOOR, "{levels:?}");
-        assert_eq!(*levels.last().unwrap(), 5, "{levels:?}");
-        let mut d = dquant_codec::Decoder::new();
-        for (h, p) in &out.0 {
-            let mut got = vec![0u32; h.len as usize];
-            d.decode(h.codec, p, &mut got).unwrap();
-            let want = &tokens[h.start as usize..(h.start + h.len) as usize];
-            assert!(got.iter().zip(want).all(|(&a, &b)| a == u32::from(b)));
-        }
-        // A ring's answers (no waits to go by) keep the level.
-        let before = ds.wire;
-        ds.fit_level(None);
-        assert_eq!(ds.wire, before);
     }
 }
