@@ -121,6 +121,21 @@ def git_commit() -> str:
         return "?"
 
 
+def figures_table(figures: list[dict]) -> str:
+    """A Markdown table of figures as bench/results.py takes them: name, value and unit,
+    baseline, goal."""
+    rows = [f"| {f['name']} | {f['value']} {f['unit']} | {f['baseline']} | {f['goal'] or ''} |" for f in figures]
+    return "\n".join(["| figure | value | baseline | goal |", "|---|---:|---|---|", *rows])
+
+
+def history_head(title: str, command: str, detail: str) -> str:
+    """The heading of a run's section in bench/history/AREA.md: when, what, the command, the
+    commit and `detail`."""
+    import datetime
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"## {when}: {title}\n\n`{command}` · commit {git_commit()} · {detail}\n\n"
+
+
 def record(area: str, figures: list[dict], command: str, history: str, *args: str) -> bool:
     """`figures` recorded as AREA's result by bench/results.py (which fills in the commit, date
     and machine, and renders RESULTS.md; `args`: more of its `record` options), then `history`

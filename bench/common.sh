@@ -41,3 +41,27 @@ zipf256m_u16() {
   fi
   echo "$ds"
 }
+
+# The options bench/<area>/run.sh scripts share, from "$@": sets RECORD (an array, (--record)
+# or empty), RUNS (when --runs N is given; keep the caller's default otherwise) and ARGS (the
+# rest); --help prints the comment block at the top of SCRIPT and exits.
+#   bench_args SCRIPT "$@"
+bench_args() {
+  local script="$1"; shift
+  RECORD=()
+  ARGS=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --record) RECORD=(--record); shift ;;
+      --runs|--rounds) RUNS="$2"; shift 2 ;;
+      -h|--help) sed -n '2,/^set -euo/p' "$script" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+      *) ARGS+=("$1"); shift ;;
+    esac
+  done
+}
+
+# Builds the release binaries the scripts run: the harness (dquant-offload-bench) and dquant.
+build_release() {
+  echo "== building (release)"
+  cargo build --release --locked -q -p dquant-bench -p dquant-cli
+}

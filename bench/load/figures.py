@@ -8,7 +8,6 @@ appends the table to bench/history/hostile_load.md. Standard library only."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
-from benchlib import git_commit  # noqa: E402
+from benchlib import figures_table, history_head  # noqa: E402
 
 MIB = 1024.0
 
@@ -78,17 +77,15 @@ def main() -> None:
     a = ap.parse_args()
     doc = json.loads(Path(a.json).read_text())
     fs = figures(doc)
-    table = "\n".join(["| figure | value | baseline | goal |", "|---|---:|---|---|"]
-                      + [f"| {f['name']} | {f['value']} {f['unit']} | {f['baseline']} | {f['goal'] or ''} |" for f in fs])
+    table = figures_table(fs)
     print(table)
     if not a.record:
         return
     _, hos = phases(doc)
     h = hos["hostile"]
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = (f"## {when}: the agent under load\n\n`{a.command}` · commit {git_commit()} · "
-            f"{Path(doc['dataset']).name} ({doc['plan']}), {doc['consumers']} consumers, "
-            f"{doc['duration_s']:.0f} s a phase.\n\n")
+    head = history_head("the agent under load", a.command,
+                        f"{Path(doc['dataset']).name} ({doc['plan']}), {doc['consumers']} consumers, "
+                        f"{doc['duration_s']:.0f} s a phase.")
     notes = (f"Each phase on a fresh dquant serve (loopback; the config is the harness's, prefetch "
              f"{doc['prefetch_frames']} frames), the {doc['consumers']} consumers each one rank of a world of "
              f"{doc['world']}, {doc['duration_s']:.0f} s measured after every consumer had its first batch. "

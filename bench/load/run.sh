@@ -32,9 +32,8 @@ fi
 DATA="${ARGS[0]:-/work/bench-data}"
 mkdir -p "$DATA"
 cd "$REPO"
-echo "== building (release)"
-cargo build --release --locked -q -p dquant-bench -p dquant-cli
 source bench/common.sh
+build_release
 DS="$(zipf256m "$DATA" "$REPO/target/release/dquant")"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT

@@ -8,19 +8,17 @@ bench/history/ring.md. Standard library only."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
-from benchlib import git_commit  # noqa: E402
+from benchlib import figures_table, history_head, spread  # noqa: E402
 
 
 def rng(xs: list[float]) -> str:
-    lo, hi = min(xs), max(xs)
-    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
+    return spread(xs, "{:.2f}".format)
 
 
 def figures(agent: list[dict], ring: list[dict]) -> list[dict]:
@@ -61,14 +59,13 @@ def main() -> None:
     agent = json.loads(Path(a.agent_json).read_text())
     ring = json.loads(Path(a.ring_json).read_text())
     fs = figures(agent["measurements"], ring["measurements"])
-    table = "\n".join(["| figure | value | baseline | goal |", "|---|---:|---|---|"]
-                      + [f"| {f['name']} | {f['value']} {f['unit']} | {f['baseline']} | {f['goal'] or ''} |" for f in fs])
+    table = figures_table(fs)
     print(table)
     if not a.record:
         return
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = (f"## {when}: the shared-memory ring\n\n`{a.command}` · commit {git_commit()} · "
-            f"{Path(agent['dataset']).name} ({agent['plan']}); the ring alone {ring['gb_per_stream']} GB a case.\n\n")
+    head = history_head("the shared-memory ring", a.command,
+                        f"{Path(agent['dataset']).name} ({agent['plan']}); the ring alone "
+                        f"{ring['gb_per_stream']} GB a case.")
     notes = (f"Dataset {Path(agent['dataset']).name} ({agent['plan']}), warm. The agent cases are the plan on an agent "
              "process read through a shared-memory ring (agent-shm) or TCP (agent); memcpy is one thread copying the "
              "same bytes batch by batch into a ring-sized buffer. The ring alone: a producer process writes prebuilt "

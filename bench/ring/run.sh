@@ -14,23 +14,13 @@
 #             append the table to bench/history/ring.md
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-RECORD=()
+source "$REPO/bench/common.sh"
 RUNS=3
-ARGS=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --record) RECORD=(--record); shift ;;
-    --runs) RUNS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) ARGS+=("$1"); shift ;;
-  esac
-done
+bench_args "$0" "$@"
 DATA="${ARGS[0]:-/work/bench-data}"
 mkdir -p "$DATA"
 cd "$REPO"
-echo "== building (release)"
-cargo build --release --locked -q -p dquant-bench -p dquant-cli
-source bench/common.sh
+build_release
 DS="$(zipf256m_u16 "$DATA" "$REPO/target/release/dquant")"
 BENCH="$REPO/target/release/dquant-offload-bench"
 OUT="$(mktemp -d)"

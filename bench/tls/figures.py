@@ -8,14 +8,13 @@ table to bench/history/tls.md. Standard library only."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
-from benchlib import git_commit  # noqa: E402
+from benchlib import figures_table, history_head, spread  # noqa: E402
 
 
 def by_run(ms: list[dict]) -> dict[int, dict[str, dict]]:
@@ -26,8 +25,7 @@ def by_run(ms: list[dict]) -> dict[int, dict[str, dict]]:
 
 
 def rng(xs: list[float], fmt: str = "{:.3f}") -> str:
-    lo, hi = min(xs), max(xs)
-    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}–{fmt.format(hi)}"
+    return spread(xs, fmt.format)
 
 
 def figures(ms: list[dict]) -> list[dict]:
@@ -73,14 +71,12 @@ def main() -> None:
     a = ap.parse_args()
     doc = json.loads(Path(a.json).read_text())
     fs = figures(doc["measurements"])
-    table = "\n".join(["| figure | value | baseline |", "|---|---:|---|"]
-                      + [f"| {f['name']} | {f['value']} {f['unit']} | {f['baseline']} |" for f in fs])
+    table = figures_table(fs)
     print(table)
     if not a.record:
         return
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = (f"## {when}: what TLS costs on the data plane\n\n`{a.command}` · commit {git_commit()} · "
-            f"{Path(doc['dataset']).name} ({doc['plan']}).\n\n")
+    head = history_head("what TLS costs on the data plane", a.command,
+                        f"{Path(doc['dataset']).name} ({doc['plan']}).")
     notes = ("agent-tls is the same plan on a second agent process serving TLS on both planes (rustls, TLS 1.3, "
              "certificates made per run), read with Reader::remote_with trusting its CA. Ratios are to the same "
              "run's plaintext agent or plain TCP copy, each the worst run's (the lowest throughput, the highest "

@@ -25,7 +25,6 @@ Prints a Markdown table; --record writes the figures to bench/results/worker_poo
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
-from benchlib import git_commit, median  # noqa: E402
+from benchlib import history_head, median  # noqa: E402
 
 SETTINGS = {
     "w0": ["--worker-threads", "0"],
@@ -173,10 +172,10 @@ def main() -> None:
     print(t)
     if not a.record:
         return
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = (f"## {when}: the worker pool\n\n`{a.command}` · commit {git_commit()} · "
-            f"{Path(a.data).name}, seq_len 4095, batch 16, u16 out; {a.rounds} rounds, settings alternated "
-            f"(medians); warm {a.warm_samples:,} samples, cold {a.cold_samples:,}, zstd {a.zstd_samples:,}.\n\n")
+    head = history_head("the worker pool", a.command,
+                        f"{Path(a.data).name}, seq_len 4095, batch 16, u16 out; {a.rounds} rounds, settings "
+                        f"alternated (medians); warm {a.warm_samples:,} samples, cold {a.cold_samples:,}, "
+                        f"zstd {a.zstd_samples:,}.")
     notes = ("Settings alternated within each round; ratios are taken round by round, then the median. "
              "'every batch spread' is --worker-min-share-us 0, the pool's behaviour before its minimum share "
              "was timed (it split any batch of 32 KiB or more). From the disk: the dataset's file dropped from "

@@ -16,24 +16,14 @@
 # it needs the file on a disk, not on tmpfs.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-RECORD=()
-ROUNDS=3
-ARGS=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --record) RECORD=(--record); shift ;;
-    --rounds) ROUNDS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) ARGS+=("$1"); shift ;;
-  esac
-done
+source "$REPO/bench/common.sh"
+RUNS=3
+bench_args "$0" "$@"
 DATA="${ARGS[0]:-/work/bench-data}"
 mkdir -p "$DATA"
 cd "$REPO"
-echo "== building (release)"
-cargo build --release --locked -q -p dquant-bench -p dquant-cli
-source bench/common.sh
+build_release
 DS="$(zipf256m "$DATA" "$REPO/target/release/dquant")"
-CMD="bench/worker_pool/run.sh ${RECORD[*]} --rounds $ROUNDS"
+CMD="bench/worker_pool/run.sh ${RECORD[*]} --rounds $RUNS"
 exec python3 bench/worker_pool/bench.py --bench "$REPO/target/release/dquant-offload-bench" \
-  --data "$DS" --rounds "$ROUNDS" --command "${CMD//  / }" "${RECORD[@]}"
+  --data "$DS" --rounds "$RUNS" --command "${CMD//  / }" "${RECORD[@]}"
