@@ -272,7 +272,26 @@ pub fn listening_line(h: &AgentHandle, roots: &BTreeMap<String, PathBuf>) -> Str
     )
 }
 
+/// Makes glibc's malloc give every large block (a session's 1 MiB frames, its batch
+/// buffers) its own mapping, returned to the system when freed. By default glibc raises its
+/// mapping threshold to the size of the first such block freed, and from then on serves them
+/// from per-thread heaps that fragment: an agent whose clients come and go (killed, stalled,
+/// reconnecting) grew past the memory its live sessions hold (`bench/load/run.sh`: 1.10× the
+/// bound after 60 s of clients killed mid-stream). Setting the threshold fixes it; a session
+/// allocates its frames once, so the mappings cost nothing per batch. No crate wraps mallopt.
+fn keep_large_blocks_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        /// Blocks this large or larger are mapped alone (glibc's initial threshold is 128 KiB).
+        const THRESHOLD: libc::c_int = 256 << 10;
+        // SAFETY: mallopt only changes the allocator's tuning (under its lock), before the
+        // agent's threads start.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, THRESHOLD) };
+    }
+}
+
 pub fn run(a: &Args) -> Result<()> {
+    keep_large_blocks_mapped();
     let c = config(a)?;
     let roots = c.roots.clone();
     let grace = Duration::from_secs(c.shutdown_grace_secs);
