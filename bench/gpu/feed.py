@@ -21,6 +21,7 @@ Each row also gives the CPU its processes spent per token (the loop's process, i
 processes and the agent), from /proc.
 
     python3 bench/gpu/feed.py --out DIR [--tokens N] [--workers 1,2,4,8] [--dquant-bin PATH]
+        [--agent-args '--worker-threads 0'] [--rows agent]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import argparse
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -55,6 +58,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-run-s", type=float, default=1.0)
     p.add_argument("--dquant-bin", help="the dquant CLI, for the agent rows (skipped without)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--agent-args", default="",
+                   help="more `dquant serve` flags for the agent rows, e.g. '--worker-threads 0'")
+    p.add_argument("--rows", default="",
+                   help="a regular expression: measure only the rows whose names it finds (the "
+                        "limit and in-process pin_memory rows, the figures' baselines, always)")
     return p.parse_args(argv)
 
 
@@ -226,6 +234,9 @@ def diagnostics(a) -> dict:
     }
 
 
+BASE_ROW = "in-process, dquant DataLoader (no workers, pin_memory)"
+
+
 def loader_rows(a, plan: dict, agent) -> list[Row]:
     rows = []
 
@@ -234,8 +245,7 @@ def loader_rows(a, plan: dict, agent) -> list[Row]:
 
     ds = dqt.TokenDataset(plan)
     rows.append(dl_row("in-process, dquant DataLoader (no workers, no pin)", dqt.DataLoader(ds)))
-    rows.append(dl_row("in-process, dquant DataLoader (no workers, pin_memory)",
-                       dqt.DataLoader(ds, pin_memory=True)))
+    rows.append(dl_row(BASE_ROW, dqt.DataLoader(ds, pin_memory=True)))
     plain = dqt.DataLoader(ds)
     rows.append(Row("in-process, dquant DataLoader (no workers), staged in 3 reused pinned buffers",
                     lambda: staged(plain, a)))
@@ -254,6 +264,12 @@ def loader_rows(a, plan: dict, agent) -> list[Row]:
             dl = dqt.DataLoader(ds, num_workers=w, pin_memory=True)
             rows.append(dl_row(f"agent over shm, dquant DataLoader, {w} session(s), pin_memory", dl))
     return rows
+
+
+def wanted(a, row: Row) -> bool:
+    """--rows: the figures' baselines always, the other rows where the expression finds them."""
+    return (not a.rows or row.name.startswith("limit") or row.name == BASE_ROW
+            or re.search(a.rows, row.name) is not None)
 
 
 def machine() -> dict:
@@ -278,10 +294,10 @@ def run(a) -> dict:
     batches = (a.tokens - 1) // a.seq_len // a.batch_size
     agent = None
     if a.dquant_bin:
-        agent = benchlib.Agent(a.dquant_bin, ["--root", f"gpu={data}"], socket=True,
-                               new_session=True).start()
+        agent = benchlib.Agent(a.dquant_bin, ["--root", f"gpu={data}", *shlex.split(a.agent_args)],
+                               socket=True, new_session=True).start()
     digest = Digest(a.seq_len, a.device)
-    rows = [limit_row(a, batches), *loader_rows(a, plan, agent)]
+    rows = [r for r in [limit_row(a, batches), *loader_rows(a, plan, agent)] if wanted(a, r)]
     want = reference(corpus, a.seq_len, digest.w.cpu().numpy())
     results = []
     try:
@@ -297,8 +313,8 @@ def run(a) -> dict:
         if agent is not None:
             agent.close()
         shutil.rmtree(data, ignore_errors=True)
-    doc = {"machine": machine(), "diagnostics": diagnostics(a), "args": {k: v for k, v in vars(a).items() if k != "worker_counts"},
-           "rows": results}
+    args = {k: v for k, v in vars(a).items() if k != "worker_counts"}
+    doc = {"machine": machine(), "diagnostics": diagnostics(a), "args": args, "rows": results}
     (out / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
 

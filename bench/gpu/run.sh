@@ -12,7 +12,8 @@
 #   bench/gpu/run.sh record DIR       here: records DIR/results.json as the gpu_feed area
 #                                     (bench/results.py), with the GPU host as its machine
 #
-# Options after `measure OUT` go to feed.py (--tokens, --workers, --runs, --min-run-s).
+# Options after `measure OUT` go to feed.py (--tokens, --workers, --runs, --min-run-s,
+# --agent-args, --rows).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
