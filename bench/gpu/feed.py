@@ -13,10 +13,12 @@ digest of the plan's samples computed from the corpus.
 Rows (tokens/s into GPU memory, best of --runs; each run repeats passes for --min-run-s):
   limit        pinned host tensors of the batches' shapes, copied as the loop copies a batch
   in-process   dquant.torch.DataLoader(num_workers=0), with and without pin_memory
-  dquant DL    dquant.torch.DataLoader(num_workers=N, pin_memory=True, persistent_workers)
+  dquant DL    dquant.torch.DataLoader(num_workers=N, persistent_workers), with pin_memory=True
+               and with device=DEVICE (the loader stages and copies; the loop's copy is a no-op)
   torch DL     torch.utils.data.DataLoader(TokenDataset, num_workers=N, pin_memory=True, ...)
   agent        `dquant serve` on a Unix socket, TokenDataset(agent=SOCKET, transport="shm")
-               through dquant.torch.DataLoader(num_workers=N, pin_memory=True): N sessions
+               through dquant.torch.DataLoader(num_workers=N, pin_memory=True or device=DEVICE):
+               N sessions
 Each row also gives the CPU its processes spent per token (the loop's process, its worker
 processes and the agent), from /proc.
 
@@ -237,32 +239,48 @@ def diagnostics(a) -> dict:
 BASE_ROW = "in-process, dquant DataLoader (no workers, pin_memory)"
 
 
+def dl_row(name: str, dl, close=lambda: None, pids=children) -> Row:
+    return Row(name, lambda: iter(dl), close, pids)
+
+
 def loader_rows(a, plan: dict, agent) -> list[Row]:
-    rows = []
-
-    def dl_row(name, dl, close=lambda: None, pids=children):
-        return Row(name, lambda: iter(dl), close, pids)
-
+    """The rows, those of the loader's own device copy early (a run cut short keeps them)."""
     ds = dqt.TokenDataset(plan)
-    rows.append(dl_row("in-process, dquant DataLoader (no workers, no pin)", dqt.DataLoader(ds)))
-    rows.append(dl_row(BASE_ROW, dqt.DataLoader(ds, pin_memory=True)))
     plain = dqt.DataLoader(ds)
-    rows.append(Row("in-process, dquant DataLoader (no workers), staged in 3 reused pinned buffers",
-                    lambda: staged(plain, a)))
-    for w in a.worker_counts:
-        dl = dqt.DataLoader(dqt.TokenDataset(plan), num_workers=w, pin_memory=True,
-                            persistent_workers=True)
-        rows.append(dl_row(f"dquant DataLoader, {w} worker(s), pin_memory", dl))
+    rows = [
+        dl_row("in-process, dquant DataLoader (no workers, no pin)", plain),
+        dl_row(BASE_ROW, dqt.DataLoader(ds, pin_memory=True)),
+        Row("in-process, dquant DataLoader (no workers), staged in 3 reused pinned buffers",
+            lambda: staged(plain, a)),
+        dl_row(f"in-process, dquant DataLoader (no workers, device={a.device!r})",
+               dqt.DataLoader(ds, device=a.device)),
+    ]
+    for how in (dict(device=a.device), dict(pin_memory=True)):
+        what = f"device={a.device!r}" if "device" in how else "pin_memory"
+        for w in a.worker_counts:
+            dl = dqt.DataLoader(dqt.TokenDataset(plan), num_workers=w, persistent_workers=True,
+                                **how)
+            rows.append(dl_row(f"dquant DataLoader, {w} worker(s), {what}", dl))
+    if agent is not None:
+        rows += agent_rows(a, plan, agent)
     for w in a.worker_counts:
         dl = torch.utils.data.DataLoader(dqt.TokenDataset(plan), batch_size=None, num_workers=w,
                                          pin_memory=True, persistent_workers=True)
         rows.append(dl_row(f"torch DataLoader + TokenDataset, {w} worker(s), pin_memory", dl))
-    if agent is not None:
-        aplan = dict(plan, sources=[{"uri": "gpu/corpus.bin", "dtype": "int32"}])
-        for w in [0, *a.worker_counts]:
-            ds = dqt.TokenDataset(aplan, agent=agent.socket, transport="shm")
-            dl = dqt.DataLoader(ds, num_workers=w, pin_memory=True)
-            rows.append(dl_row(f"agent over shm, dquant DataLoader, {w} session(s), pin_memory", dl))
+    return rows
+
+
+def agent_rows(a, plan: dict, agent) -> list[Row]:
+    aplan = dict(plan, sources=[{"uri": "gpu/corpus.bin", "dtype": "int32"}])
+    rows = []
+    for w in [0, max(a.worker_counts, default=0)]:
+        ds = dqt.TokenDataset(aplan, agent=agent.socket, transport="shm")
+        dl = dqt.DataLoader(ds, num_workers=w, device=a.device)
+        rows.append(dl_row(f"agent over shm, dquant DataLoader, {w} session(s), device={a.device!r}", dl))
+    for w in [0, *a.worker_counts]:
+        ds = dqt.TokenDataset(aplan, agent=agent.socket, transport="shm")
+        dl = dqt.DataLoader(ds, num_workers=w, pin_memory=True)
+        rows.append(dl_row(f"agent over shm, dquant DataLoader, {w} session(s), pin_memory", dl))
     return rows
 
 
@@ -299,13 +317,16 @@ def run(a) -> dict:
     digest = Digest(a.seq_len, a.device)
     rows = [r for r in [limit_row(a, batches), *loader_rows(a, plan, agent)] if wanted(a, r)]
     want = reference(corpus, a.seq_len, digest.w.cpu().numpy())
-    results = []
+    doc = {"machine": machine(), "diagnostics": diagnostics(a),
+           "args": {k: v for k, v in vars(a).items() if k != "worker_counts"}, "rows": []}
     try:
         for row in rows:
             checked(row, a, digest, None if row.name.startswith("limit") else want)
             runs = [timed(row, a) for _ in range(a.runs)]
             best = max(runs, key=lambda r: r["tokens_s"])
-            results.append({"row": row.name, **best, "runs": [r["tokens_s"] for r in runs]})
+            doc["rows"].append({"row": row.name, **best, "runs": [r["tokens_s"] for r in runs]})
+            # Written after every row: a run cut short keeps what it measured.
+            (out / "results.json").write_text(json.dumps(doc, indent=1))
             print(f"{row.name:70s} {best['tokens_s'] / 1e6:9.1f} M tokens/s "
                   f"{best['cpu_ns_token']:6.2f} CPU ns/token", flush=True)
             row.close()
@@ -313,9 +334,6 @@ def run(a) -> dict:
         if agent is not None:
             agent.close()
         shutil.rmtree(data, ignore_errors=True)
-    args = {k: v for k, v in vars(a).items() if k != "worker_counts"}
-    doc = {"machine": machine(), "diagnostics": diagnostics(a), "args": args, "rows": results}
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
 
 

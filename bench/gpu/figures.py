@@ -45,6 +45,15 @@ def figures(doc: dict) -> list[dict]:
             "goal": None,
         })
     for name, r in by.items():
+        if name.startswith("in-process, dquant DataLoader (no workers, device="):
+            out.append({
+                "name": f"in-process (no workers) with {name[name.index('device='):-1]}, the loader's "
+                        "own copy to the device: rate ÷ in-process with torch's pin_memory",
+                "value": round(r["tokens_s"] / base["tokens_s"], 3), "unit": "×",
+                "baseline": f"{BASE}, same run: {rate(base)}; this row {rate(r)}",
+                "goal": None,
+            })
+    for name, r in by.items():
         m = re.match(r"(dquant DataLoader|torch DataLoader \+ TokenDataset|agent over shm, dquant "
                      r"DataLoader), (\d+) (worker|session)", name)
         if not m:

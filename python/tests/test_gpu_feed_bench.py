@@ -33,10 +33,14 @@ def test_every_row_puts_the_corpus_samples_in_device_memory_and_its_figures_fit(
         "in-process, dquant DataLoader (no workers, no pin)",
         "in-process, dquant DataLoader (no workers, pin_memory)",
         "in-process, dquant DataLoader (no workers), staged in 3 reused pinned buffers",
+        "in-process, dquant DataLoader (no workers, device='cpu')",
+        "dquant DataLoader, 1 worker(s), device='cpu'",
         "dquant DataLoader, 1 worker(s), pin_memory",
-        "torch DataLoader + TokenDataset, 1 worker(s), pin_memory",
+        "agent over shm, dquant DataLoader, 0 session(s), device='cpu'",
+        "agent over shm, dquant DataLoader, 1 session(s), device='cpu'",
         "agent over shm, dquant DataLoader, 0 session(s), pin_memory",
         "agent over shm, dquant DataLoader, 1 session(s), pin_memory",
+        "torch DataLoader + TokenDataset, 1 worker(s), pin_memory",
     ]
     assert all(row["tokens_s"] > 0 and row["passes"] >= 1 for row in doc["rows"])
     figures = tmp_path / "figures.json"
@@ -46,7 +50,7 @@ def test_every_row_puts_the_corpus_samples_in_device_memory_and_its_figures_fit(
                         str(figures)], capture_output=True, text=True)
     assert v.returncode == 0, v.stderr
     names = [f["name"] for f in json.loads(figures.read_text())["figures"]]
-    assert len(names) == 6 and names[0].startswith("in-process (no workers, pin_memory)")
+    assert len(names) == 10 and names[0].startswith("in-process (no workers, pin_memory)")
 
 
 def test_a_pass_with_other_samples_fails_the_run(tmp_path):
