@@ -136,11 +136,7 @@ impl Metrics {
             batches: self.counter("dquant_batches_total", t()),
             tokens: self.counter("dquant_tokens_total", t()),
             bytes: self.counter("dquant_bytes_total", t()),
-            sources: Vec::new(),
-            drawn: Vec::new(),
-            reads: [(); 2].map(|()| Counter::noop()),
-            reads_seen: BatchReads::default(),
-            tally: None,
+            ..Meter::off()
         }
     }
 

@@ -394,11 +394,8 @@ fn serve<R: Requests>(
     let total = source.tokens();
     // A stream codec's ranges are compressed alone (any order, several readers), at a zstd
     // level fitted to the link from the stream's down.
-    let compression = wire.compression();
-    let level = compression
-        .is_stream()
-        .then(|| compression.zstd_level())
-        .flatten()
+    let level = wire
+        .stream_level()
         .map(|top| StreamLevel::deciding_every(top, RANGE_WINDOW));
     let wire = wire.without_stream();
     let ds = Ranges {

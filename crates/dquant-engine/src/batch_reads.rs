@@ -119,6 +119,13 @@ struct StoredRead<'a> {
     bufs: Vec<IoSliceMut<'a>>,
 }
 
+impl StoredRead<'_> {
+    /// The bytes it fills.
+    fn len(&self) -> usize {
+        self.bufs.iter().map(|b| b.len()).sum()
+    }
+}
+
 /// Fills `out`, rows of `row` bytes holding tokens of `bw` bytes, with the stored bytes of
 /// `samples`. Consecutive samples of one source that continue each other are one run, one
 /// vectored read; when the batch is read concurrently, runs are capped at about two per
@@ -173,7 +180,7 @@ pub(crate) fn read_stored(
                     .read_stored_at(r.start, &mut r.bufs)
                     .map_err(|e| source_error(uris, r.src, e))
             })?;
-            record_own(pace, own, &reads, |r| r.bufs.iter().map(|b| b.len()).sum());
+            record_own(pace, own, &reads, StoredRead::len);
         }
         None => {
             let started = pool.map(|_| Instant::now());
@@ -183,7 +190,7 @@ pub(crate) fn read_stored(
                     .map_err(|e| source_error(uris, r.src, e))?;
             }
             if let Some(t) = started {
-                pace.read_alone(out_len(&reads), t.elapsed());
+                pace.read_alone(reads.iter().map(StoredRead::len).sum(), t.elapsed());
             }
         }
     }
@@ -195,15 +202,6 @@ pub(crate) fn read_stored(
         }
     }
     Ok(())
-}
-
-/// The bytes the stored reads `reads` fill.
-fn out_len(reads: &[StoredRead<'_>]) -> usize {
-    reads
-        .iter()
-        .flat_map(|r| r.bufs.iter())
-        .map(|b| b.len())
-        .sum()
 }
 
 /// Records the calling thread's share of a pooled batch (its first `own.jobs` of `jobs`,

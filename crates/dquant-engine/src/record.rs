@@ -240,12 +240,12 @@ impl RecordEncoder {
 
     /// The zstd level of the wire codec's stream, when it is a stream codec.
     pub fn stream_level(&self) -> Option<i32> {
-        let c = self.wire.compression();
-        c.is_stream().then(|| c.zstd_level()).flatten()
+        self.wire.stream_level()
     }
 
-    /// Compresses the next batches' stream at zstd level `level` (a fresh frame from the
-    /// next batch; their records name the level). Nothing changes for other codecs.
+    /// Compresses the next batches at zstd level `level`: a stream codec's from the next
+    /// batch on, in a fresh frame (their records name the level); a `zstd:L` codec's too.
+    /// Nothing changes for other codecs.
     pub fn set_stream_level(&mut self, level: i32) {
         self.wire = self.wire.with_zstd_level(level);
     }

@@ -101,6 +101,12 @@ impl WireCodec {
         }
     }
 
+    /// The zstd level of its stream, when it is a stream codec (`transport`, `stream:L`).
+    pub fn stream_level(self) -> Option<i32> {
+        let c = self.compression();
+        c.is_stream().then(|| c.zstd_level()).flatten()
+    }
+
     /// The same codec compressed at zstd level `level` when it is zstd (`zstd:L`, or a
     /// stream, whose level may change within a session: see `dquant_codec::stream`); other
     /// codecs are returned as they are.
