@@ -285,3 +285,14 @@ def read_seq(path: Path) -> tuple[float, int]:
                 break
             n += k
     return time.perf_counter() - t0, n
+
+
+def timed_run(cmd: list[str]) -> tuple[float, str]:
+    """Wall-clock seconds `cmd` took (process start included) and its stdout; a failure ends
+    the script with the command and its stderr."""
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)}: {p.stderr}")
+    return dt, p.stdout

@@ -7,9 +7,10 @@
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
-import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from benchlib import timed_run  # noqa: E402
 
 AT = 10**10            # where the questions are asked
 TOTAL = 2 * 10**10     # the plan's samples
@@ -24,15 +25,6 @@ def plan(fixtures, samples, extra=""):
         if "renormalize" in extra:
             lines.append(f"max_samples = {samples}")
     return "\n".join(lines) + "\n"
-
-
-def timed(cmd):
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)}: {p.stderr}")
-    return dt, p.stdout
 
 
 def measure(a):
@@ -53,13 +45,13 @@ def measure(a):
     outs = {}
     for _ in range(a.runs):
         for k, cmd in q.items():
-            dt, stdout = timed(cmd)
+            dt, stdout = timed_run(cmd)
             times[k].append(dt)
             outs[k] = stdout
     found = json.loads(outs["inverse"])["samples"]
     # Each sample the inverse found holds a token of document 0:5 (checked forward).
     for s in found[:: max(1, len(found) // 20)]:
-        at = json.loads(timed([a.dquant, "locate", str(big), "--sample", str(s), "--json"])[1])
+        at = json.loads(timed_run([a.dquant, "locate", str(big), "--sample", str(s), "--json"])[1])
         assert any(p["source"] == 0 and p["document"] == 5 for p in at["pieces"]), at
     audit = json.loads(outs["audit"])
     json.dump({"times": times, "inverse_samples": len(found), "audit": audit}, open(out / "times.json", "w"), indent=1)

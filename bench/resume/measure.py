@@ -8,12 +8,11 @@
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
+from benchlib import timed_run  # noqa: E402
 
 AT = 10**10        # where the runs resume
 SOURCES = 100      # the fixture 100 times, weights 1..100
@@ -26,15 +25,6 @@ def plan(root: str, samples: int) -> dict:
             "seed": 3, "output": "u16"}
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)}: {p.stderr}")
-    return dt, p.stdout
-
-
 def measure(a) -> None:
     out = pathlib.Path(a.out)
     local, remote = out / "resume.json", out / "resume-agent.json"
@@ -42,7 +32,7 @@ def measure(a) -> None:
     remote.write_text(json.dumps(plan("fx", AT + AFTER)))
     # The cursor a checkpoint at 10^10 holds: the blend's per-source counts there, from
     # `dquant audit` (the climb), so the resume replays nothing.
-    audit = json.loads(timed([a.dquant, "audit", str(local), "--until", str(AT), "--json"])[1])
+    audit = json.loads(timed_run([a.dquant, "audit", str(local), "--until", str(AT), "--json"])[1])
     blend = [s["samples"] for s in audit["sources"]]
     if sum(blend) != AT:
         sys.exit(f"audit's per-source samples sum to {sum(blend)}, not {AT}")
@@ -51,11 +41,11 @@ def measure(a) -> None:
     times: dict[str, list[float]] = {"inproc": [], "start": [], "bare": [], "agent": []}
     with benchlib.Agent(a.dquant, ["--root", f"fx={a.fixtures}"]) as agent:
         for _ in range(a.runs):
-            times["inproc"].append(timed([*read, str(local), "--cursor-json", cursor])[0])
-            times["start"].append(timed([*read, str(local), "--cursor", str(AT - AFTER)])[0])
-            times["bare"].append(timed([*read, str(local), "--cursor", str(AT)])[0])
-            times["agent"].append(timed([*read, str(remote), "--agent", agent.uri,
-                                         "--cursor-json", cursor])[0])
+            times["inproc"].append(timed_run([*read, str(local), "--cursor-json", cursor])[0])
+            times["start"].append(timed_run([*read, str(local), "--cursor", str(AT - AFTER)])[0])
+            times["bare"].append(timed_run([*read, str(local), "--cursor", str(AT)])[0])
+            times["agent"].append(timed_run([*read, str(remote), "--agent", agent.uri,
+                                             "--cursor-json", cursor])[0])
     json.dump({"times": times}, open(out / "times.json", "w"), indent=1)
     print(json.dumps({k: [round(x * 1e3, 2) for x in v] for k, v in times.items()}), "ms")
 
