@@ -54,11 +54,12 @@ class NewEvents(td.ToDevice):
 
     def _to_device(self, lo, hi):
         turn = self.turn
-        dev = super()._to_device(lo, hi)
         if self.cuda:
+            if self.copying[turn]:
+                self.done[turn].synchronize()
+                self.copying[turn] = False
             self.done[turn] = torch.cuda.Event()
-            self.done[turn].record()
-        return dev
+        return super()._to_device(lo, hi)
 
 
 class TorchCopy(td.ToDevice):
