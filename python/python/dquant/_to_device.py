@@ -8,9 +8,9 @@ once into a pinned buffer the loader reuses; ``input_ids`` and ``labels`` are vi
 buffer, so one copy serves both. The buffer then goes to the device asynchronously on the
 stream that is current when the loop takes the batch, so the loop's own work on it is ordered
 after the copy with no stream switch or cross-stream wait. On an H100 host (``bench/gpu``, the
-``gpu_feed`` area) this ran 1.2-1.6x the rate of ``pin_memory`` and the loop's copy, in
-process, with a worker and from an agent; the first version, which copied on a stream of its
-own (a wait on it and ``record_stream`` each batch), ran at 0.65x.
+``gpu_feed`` area) this ran 1.9x the rate of ``pin_memory`` and the loop's copy in process,
+1.2-1.8x with workers and 1.5x from an agent; the first version, which copied on a stream of
+its own (a wait on it and ``record_stream`` each batch), ran at 0.65x.
 
 A staging buffer is written again only after the device finished copying out of it (an event
 recorded after the copy), so a batch the loop holds never changes. Tensors that share memory
@@ -80,7 +80,7 @@ def _copied(lo: int, hi: int, into: torch.Tensor) -> torch.Tensor:
 def _view(region: torch.Tensor, t: torch.Tensor, offset: int) -> torch.Tensor:
     """A tensor with `t`'s dtype, shape and strides over the bytes of `region` from `offset`:
     a typed view of the region (one view op, no tensor made empty first and its storage set:
-    on the GPU host that measured ~6 us a batch faster, `bench/gpu/staging.py`). The region
+    on the GPU host 67 against 74 us a batch, `bench/gpu/staging.py`). The region
     holds whole elements of `t` from `offset` on: a group's region starts and ends on
     `ALIGN`, and a tensor staged alone starts it."""
     size = t.element_size()
@@ -98,7 +98,8 @@ class ToDevice:
         if self.cuda and not torch.cuda.is_available():
             raise ValueError(f"device={device!r}: this process sees no CUDA device")
         self.staging: List[Optional[torch.Tensor]] = [None] * DEPTH
-        # An event a buffer, recorded again each time it is copied from (not made each batch).
+        # An event a buffer, recorded again each time it is copied from: one made each batch
+        # cost 98 against 67 us a batch on the GPU host (`bench/gpu/staging.py`).
         self.done = [torch.cuda.Event() for _ in range(DEPTH)] if self.cuda else []
         self.copying = [False] * DEPTH
         self.turn = 0
