@@ -6,10 +6,11 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::bitpack;
+use crate::bytecode::{decode_codes, encode_codes, max_codes_len, CODE_LIMIT};
 use crate::compress::Compression;
 use crate::error::CodecError;
 use crate::kernels::{self, first_over};
-use crate::ranks::{decode_codes, encode_codes, max_codes_len, RankEncoder, RankTable, CODE_LIMIT};
+use crate::ranks::{RankEncoder, RankTable};
 use crate::stream::{StreamDecoders, StreamEncoder};
 use crate::width::Width;
 

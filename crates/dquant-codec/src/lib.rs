@@ -21,6 +21,7 @@
 compile_error!("dquant's codecs assume a little-endian target (x86_64, aarch64)");
 
 mod bitpack;
+mod bytecode;
 mod codec;
 mod compress;
 mod error;

@@ -5,7 +5,7 @@
 //! every batch starts with an empty window. Kept as one zstd stream per session, flushed at
 //! the end of each batch, the window carries over and a batch of 64 KiB compresses about as
 //! well as the whole file (`bench/RESULTS.md`, codecs). Ids of a wider vocabulary than 16
-//! bits go in the byte code of [`crate::ranks`] with each id as its own rank: tokenizers
+//! bits go in the byte code of [`crate::bytecode`] with each id as its own rank: tokenizers
 //! number their merges roughly by frequency, so the common ids take one or two bytes, and
 //! zstd reads about 2 bytes a token instead of 3 for a 200k vocabulary. No table is needed,
 //! so nothing is sent ahead. A batch whose width is `u8` or `u16` goes at that width: the
