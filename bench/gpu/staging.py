@@ -53,12 +53,10 @@ class NewEvents(td.ToDevice):
     """A CUDA event made each batch (as first merged), not one a buffer recorded again."""
 
     def _to_device(self, lo, hi):
-        turn = self.turn
         if self.cuda:
-            if self.copying[turn]:
-                self.done[turn].synchronize()
-                self.copying[turn] = False
-            self.done[turn] = torch.cuda.Event()
+            # Waited on here, then replaced: the base class waits on a fresh event, at once.
+            self.done[self.turn].synchronize()
+            self.done[self.turn] = torch.cuda.Event()
         return super()._to_device(lo, hi)
 
 
@@ -131,11 +129,11 @@ def parts(device):
         memmove(b)
         return h2d(b)
 
-    def h2d_into(b, dst={}):
+    kept = torch.empty(1 << 24, dtype=torch.uint8, device=device)
+
+    def h2d_into(b):
         lo, hi = region(b)
-        if "t" not in dst:
-            dst["t"] = torch.empty(1 << 24, dtype=torch.uint8, device=device)
-        dst["t"][: hi - lo].copy_(buf[: hi - lo], non_blocking=True)
+        kept[: hi - lo].copy_(buf[: hi - lo], non_blocking=True)
 
     return {"part: memmove into pinned only": memmove, "part: pinned to device only (.to)": h2d,
             "part: pinned into a kept device tensor (copy_)": h2d_into,

@@ -99,9 +99,9 @@ class ToDevice:
             raise ValueError(f"device={device!r}: this process sees no CUDA device")
         self.staging: List[Optional[torch.Tensor]] = [None] * DEPTH
         # An event a buffer, recorded again each time it is copied from: one made each batch
-        # cost 98 against 67 us a batch on the GPU host (`bench/gpu/staging.py`).
+        # cost 98 against 67 us a batch on the GPU host (`bench/gpu/staging.py`). Waiting on
+        # one never recorded returns at once (torch makes the CUDA event at its first record).
         self.done = [torch.cuda.Event() for _ in range(DEPTH)] if self.cuda else []
-        self.copying = [False] * DEPTH
         self.turn = 0
 
     def __call__(self, batch: Dict[str, Any]) -> Dict[str, Any]:
@@ -133,8 +133,7 @@ class ToDevice:
             return here if self.device.type == "cpu" else here.to(self.device)
         turn = self.turn
         self.turn = (turn + 1) % DEPTH
-        if self.copying[turn]:
-            self.done[turn].synchronize()
+        self.done[turn].synchronize()
         buf = self.staging[turn]
         if buf is None or buf.numel() < n:
             buf = self.staging[turn] = torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -143,5 +142,4 @@ class ToDevice:
         # no record_stream.
         dev = stage.to(self.device, non_blocking=True)
         self.done[turn].record()
-        self.copying[turn] = True
         return dev
