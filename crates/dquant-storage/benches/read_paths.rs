@@ -1,21 +1,24 @@
-//! Why the agent reads its sources with `pread` and not through a map: the cost a token of
-//! narrowing a file's int32 ids to u16, fetched each way from a warm page cache.
+//! Why the agent narrows int32 sources out of maps it keeps with them, within a budget, and
+//! not out of a `pread`'s copy or a map made for one pass: the cost a token of narrowing a
+//! file's int32 ids to u16, fetched each way from a warm page cache.
 //!
 //! - `pagecache_copy`: the limit the cost report holds paths to (`cat FILE > /dev/null`:
 //!   `pread` of 128 KiB into one buffer, nothing else);
-//! - `pread_narrow`: what the agent does, a batch of 8 × 4,096 tokens read into a buffer,
-//!   then narrowed into a u16 output;
+//! - `pread_narrow`: what the agent does past its map budget, a batch of 8 × 4,096 tokens
+//!   read into a buffer, then narrowed into a u16 output;
 //! - `fresh_map_narrow`: the file mapped for the pass, each batch narrowed straight out of
 //!   the page cache, the map dropped after (a single pass over a corpus: every page's table
 //!   entry is set up as it is first touched, and torn down at the end);
 //! - `kept_map_narrow`: the same out of a map kept over passes (its page tables already
-//!   filled: a corpus that fits in memory, read epoch after epoch, resident in the agent);
+//!   filled: a corpus that fits in memory, read epoch after epoch, resident in the agent; the
+//!   agent's default within its map budget);
 //! - `shuffled_reads`: the file's 4,096-token samples read in a shuffled order, one `pread`
 //!   each, nothing else: what a shuffled plan cannot avoid, against the sequential copy its
 //!   goal is stated against.
 //!
-//! A map saves the copy, but a fresh one pays the page tables instead, page by page
-//! (`bench/profile` records both ratios beside its stage table).
+//! A map saves the copy, but a fresh one pays the page tables instead, page by page: on some
+//! machines more than the copy, on others less (`bench/profile` records both ratios beside
+//! its stage table).
 //!
 //! `cargo bench -p dquant-storage --bench read_paths` (a 256 MiB file in the target
 //! directory, made once).

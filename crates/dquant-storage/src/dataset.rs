@@ -118,8 +118,9 @@ pub struct Dataset {
     /// The largest token, found by [`Dataset::max_token`]'s scan (formats that do not store it).
     scanned_max: OnceLock<u32>,
     /// The plain int32 file mapped for as long as the dataset is open, made on first use
-    /// ([`Dataset::narrow_kept`]); `None` inside where it cannot be.
-    kept: OnceLock<Option<crate::GuardedMap>>,
+    /// within a [`crate::MapBudget`] ([`Dataset::narrow_kept`]); `None` inside where it
+    /// cannot be or the budget had no room then.
+    kept: OnceLock<Option<(crate::GuardedMap, crate::MapLease)>>,
 }
 
 /// Fills `buf` from `off` of `file` (named `name` in errors); a short file is a truncation.

@@ -29,6 +29,7 @@ mod error;
 pub mod faulty;
 mod guarded_map;
 mod local_root;
+mod map_budget;
 mod memory_root;
 mod root;
 pub mod source;
@@ -43,6 +44,7 @@ pub use destination::{Destination, LocalFiles, StagedObject};
 pub use error::StorageError;
 pub use guarded_map::{GuardedMap, MAX_MAPS};
 pub use local_root::{LocalRoot, Resolutions};
+pub use map_budget::{MapBudget, MapLease};
 pub use memory_root::InMemoryRoot;
 pub use root::{
     datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, ObjectVersion, Root,

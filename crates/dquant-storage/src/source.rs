@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::{Dataset, Format, OpenOptions, ReadBuffers, Root, StorageError};
+use crate::{Dataset, Format, MapBudget, OpenOptions, ReadBuffers, Root, StorageError};
 use dquant_codec::{CodecError, Width};
 use dquant_format::{DType, DocIndex, FormatError};
 use dquant_plan::Source;
@@ -225,8 +225,9 @@ pub struct LocalSource {
     /// [`DatasetCache`](crate::DatasetCache)); the read buffers are this source's.
     ds: Arc<Dataset>,
     bufs: ReadBuffers,
-    /// Narrows from a map kept with the dataset ([`LocalSource::keeping_map`]).
-    keep_map: bool,
+    /// Narrows from a map kept with the dataset, within this budget
+    /// ([`LocalSource::keeping_map`]).
+    maps: Option<Arc<MapBudget>>,
 }
 
 impl LocalSource {
@@ -239,15 +240,16 @@ impl LocalSource {
         LocalSource {
             ds,
             bufs: ReadBuffers::new(),
-            keep_map: false,
+            maps: None,
         }
     }
 
-    /// With `keep`, a plain int32 dataset's tokens are narrowed straight from a map kept as
-    /// long as the dataset is open ([`Dataset::narrow_kept`]: no copy out of the page cache,
-    /// for page tables held as long as the dataset). Off by default.
-    pub fn keeping_map(mut self, keep: bool) -> Self {
-        self.keep_map = keep;
+    /// With a budget, a plain int32 dataset's tokens are narrowed straight from a map kept as
+    /// long as the dataset is open, if the budget has room for its file at the first batch
+    /// ([`Dataset::narrow_kept`]: no copy out of the page cache, for page tables held as long
+    /// as the dataset). `None`, the default, reads by `pread`.
+    pub fn keeping_map(mut self, budget: Option<Arc<MapBudget>>) -> Self {
+        self.maps = budget;
         self
     }
 
@@ -329,7 +331,9 @@ impl TokenSource for LocalSource {
     }
 
     fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
-        self.keep_map && self.ds.narrow_kept(ranges, width, out)
+        self.maps
+            .as_ref()
+            .is_some_and(|b| self.ds.narrow_kept(ranges, width, out, b))
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {

@@ -1,5 +1,5 @@
 //! Batches narrowed straight from maps kept with their datasets (`LocalSource::keeping_map`,
-//! an agent's `keep_maps`) are the batches read and narrowed the usual way: the same bytes and
+//! an agent's `map_budget`) are the batches read and narrowed the usual way: the same bytes and
 //! cursors for every output, shuffled or not, with the map really used for every batch; a
 //! token that does not fit fails at the same batch with the same error; a source without a
 //! map (a uint16 file) sends the whole pipeline back to the usual reads.
@@ -13,7 +13,7 @@ use dquant_codec::Width;
 use dquant_engine::{BatchInfo, LocalSource, Pipeline, SourceError, TokenSource};
 use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
-use dquant_storage::{DatasetWriter, OutputFormat};
+use dquant_storage::{DatasetWriter, MapBudget, OutputFormat};
 
 /// A local source that counts the batches' samples it narrowed from its kept map.
 struct Counted {
@@ -87,7 +87,8 @@ fn batches(p: &Plan, keep: bool) -> Run {
     let narrowed = Arc::new(AtomicUsize::new(0));
     let n = narrowed.clone();
     let mut pipe = Pipeline::open(p, Cursor::START, |_, s| {
-        let inner = LocalSource::open(Path::new(&s.uri), s)?.keeping_map(keep);
+        let inner =
+            LocalSource::open(Path::new(&s.uri), s)?.keeping_map(keep.then(MapBudget::unlimited));
         Ok(Box::new(Counted {
             inner,
             narrowed: n.clone(),

@@ -4,39 +4,56 @@
 //! Why: a `pread` copies every token out of the page cache before it is narrowed, so an agent
 //! that reads by `pread` pays the page-cache copy in full and then narrows (`bench/RESULTS.md`,
 //! profile: the copy is about half the agent's CPU on the shared-memory path). Narrowing from
-//! a map reads the page cache once. A map made for one pass costs more than the copy it saves
-//! (each page's table entry is set up when first touched and torn down at the end), so the map
-//! is kept with the dataset: an agent's dataset cache keeps it over sessions and passes, and
-//! from the second pass on its pages are already in the agent's page tables (the read paths
-//! table in the profile area: 0.46× the time of pread and narrow). The price is memory: the
-//! page tables of every page touched (8 bytes a 4 KiB page, 2 MiB a GiB) for as long as the
-//! dataset stays open, and the pages' place in the agent's address space. So it is opt-in
-//! (`dquant serve --keep-maps`), for corpora that fit in the page cache of the agent's host.
+//! a map reads the page cache once. Each page's table entry is set up when first touched and
+//! torn down when the map goes, so the map is kept with the dataset: an agent's dataset cache
+//! keeps it over sessions and passes, and from the second pass on its pages are already in
+//! the agent's page tables. How much the first pass costs against `pread` depends on the
+//! machine (the read paths table in the profile area: 0.6–0.73× pread and narrow on one VM,
+//! 1.24–1.53× on another of the same kernel); every pass after it was 0.37–0.55×. The price
+//! is memory: the page tables of every page touched (8 bytes a 4 KiB page, 2 MiB a GiB) for
+//! as long as the dataset stays open, and the pages counted in the agent's `VmRSS`. So maps
+//! are kept within a [`MapBudget`] (an agent's: half its host's memory by default, see
+//! [`crate::map_budget`]), and a dataset whose file does not fit in what is left is read the
+//! usual way.
 //!
 //! A file truncated under the map is an error, not a crash ([`crate::GuardedMap`]); anything
 //! that does not narrow cleanly (a token over the width, a file that shrank, a map refused)
 //! leaves the caller to read the ranges the usual way, which says exactly what is wrong.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use dquant_codec::kernels::max_token;
 use dquant_codec::{encode_width, Width};
 use dquant_format::DType;
 
 use super::{Dataset, Source};
-use crate::GuardedMap;
+use crate::{GuardedMap, MapBudget};
 
 impl Dataset {
-    /// The map of a plain little-endian int32 file kept with the dataset, made on first use;
-    /// `None` for other formats, files with chunk sums (every read is checked against them),
-    /// objects in other stores, and where no more maps can be guarded.
-    fn kept_map(&self) -> Option<&GuardedMap> {
+    /// The map of a plain little-endian int32 file kept with the dataset, made on first use
+    /// with bytes leased from `budget`; `None` for other formats, files with chunk sums
+    /// (every read is checked against them), objects in other stores, where no more maps can
+    /// be guarded, and where the budget had no room for the file at first use.
+    fn kept_map(&self, budget: &Arc<MapBudget>) -> Option<&GuardedMap> {
         self.kept
             .get_or_init(|| {
                 let int32 = matches!(self.source, Source::Plain { dtype: DType::I32, .. });
                 let file = self.plain_local_file().filter(|_| int32)?;
+                // The file is its int32 tokens.
+                let bytes = self.tokens().saturating_mul(4);
+                let Some(lease) = budget.lease(bytes) else {
+                    tracing::info!(
+                        path = %self.data_path.display(),
+                        bytes,
+                        budget = budget.limit(),
+                        leased = budget.used(),
+                        "read by pread: the map budget has no room for this file"
+                    );
+                    return None;
+                };
                 match GuardedMap::map(file, &self.data_path) {
-                    Ok(map) => map,
+                    Ok(map) => map.map(|m| (m, lease)),
                     Err(e) => {
                         tracing::info!(path = %self.data_path.display(), error = %e, "not kept mapped");
                         None
@@ -44,6 +61,7 @@ impl Dataset {
                 }
             })
             .as_ref()
+            .map(|(map, _)| map)
     }
 
     /// Narrows the tokens of `ranges`, back to back, into `out` (`width`'s little-endian bytes
@@ -52,7 +70,14 @@ impl Dataset {
     /// when there is no kept map (see above), `width` is not byte-aligned, or a range did not
     /// narrow cleanly: nothing is promised about `out` then, and the caller reads the ranges
     /// as usual, which names what was wrong.
-    pub fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
+    /// The map is made at the first call, if `budget` has room for the whole file then.
+    pub fn narrow_kept(
+        &self,
+        ranges: &[Range<u64>],
+        width: Width,
+        out: &mut [u8],
+        budget: &Arc<MapBudget>,
+    ) -> bool {
         let Some(bw) = width.byte_width() else {
             return false;
         };
@@ -60,7 +85,7 @@ impl Dataset {
         // id: those tokens are checked on their own.
         let unsigned = width.max_token() > i32::MAX as u32;
         let fits = |t: &[u32]| !unsigned || max_token(t) <= i32::MAX as u32;
-        let Some(map) = self.kept_map() else {
+        let Some(map) = self.kept_map(budget) else {
             return false;
         };
         let tokens = self.tokens();
@@ -91,11 +116,16 @@ mod tests {
 
     use dquant_codec::Width;
 
-    use crate::{Dataset, OpenOptions};
+    use crate::{Dataset, MapBudget, OpenOptions};
 
     /// [`Dataset::narrow_kept`] of one range.
     fn one(ds: &Dataset, r: std::ops::Range<u64>, width: Width, out: &mut [u8]) -> bool {
-        ds.narrow_kept(std::slice::from_ref(&r), width, out)
+        ds.narrow_kept(
+            std::slice::from_ref(&r),
+            width,
+            out,
+            &MapBudget::unlimited(),
+        )
     }
 
     fn raw_i32(dir: &std::path::Path, tokens: &[i32]) -> Dataset {
@@ -120,7 +150,8 @@ mod tests {
         let ranges = [100..4197, 4196..8293, 7..9];
         let total: usize = ranges.iter().map(|r| (r.end - r.start) as usize).sum();
         let mut out = vec![0u8; total * 2];
-        assert!(ds.narrow_kept(&ranges, Width::U16, &mut out));
+        let all = MapBudget::unlimited();
+        assert!(ds.narrow_kept(&ranges, Width::U16, &mut out, &all));
         let want: Vec<u8> = ranges
             .iter()
             .flat_map(|r| tokens[r.start as usize..r.end as usize].iter())
@@ -128,16 +159,44 @@ mod tests {
             .collect();
         assert_eq!(out, want);
         let mut wide = vec![0u8; total * 3];
-        assert!(ds.narrow_kept(&ranges, Width::U24, &mut wide));
+        assert!(ds.narrow_kept(&ranges, Width::U24, &mut wide, &all));
         assert_eq!(wide[3..6], (tokens[101] as u32).to_le_bytes()[..3]);
         let mut long = vec![0u8; total * 8];
-        assert!(ds.narrow_kept(&ranges, Width::I64, &mut long));
+        assert!(ds.narrow_kept(&ranges, Width::I64, &mut long, &all));
         let want: Vec<u8> = ranges
             .iter()
             .flat_map(|r| tokens[r.start as usize..r.end as usize].iter())
             .flat_map(|&t| i64::from(t).to_le_bytes())
             .collect();
         assert_eq!(long, want);
+    }
+
+    #[test]
+    fn maps_are_kept_only_within_the_budget_and_give_it_back_when_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let tokens: Vec<i32> = (0..1_000).collect();
+        let (da, db) = (raw_i32(&a, &tokens), raw_i32(&b, &tokens));
+        // Room for one file of 4,000 bytes, not two.
+        let budget = MapBudget::new(6_000);
+        let mut out = vec![0u8; 200];
+        let first = 0..100;
+        let r = std::slice::from_ref(&first);
+        assert!(da.narrow_kept(r, Width::U16, &mut out, &budget));
+        assert_eq!(budget.used(), 4_000);
+        assert!(!db.narrow_kept(r, Width::U16, &mut out, &budget));
+        // Decided at first use: b stays unmapped while open, even once a's bytes are back.
+        drop(da);
+        assert_eq!(budget.used(), 0);
+        assert!(!db.narrow_kept(r, Width::U16, &mut out, &budget));
+        let db = raw_i32(&b, &tokens);
+        assert!(db.narrow_kept(r, Width::U16, &mut out, &budget));
+        assert_eq!(out[..4], [0, 0, 1, 0]);
+        assert_eq!(budget.used(), 4_000);
+        // A budget of 0 maps nothing.
+        assert!(!raw_i32(&a, &tokens).narrow_kept(r, Width::U16, &mut out, &MapBudget::new(0)));
     }
 
     #[test]
