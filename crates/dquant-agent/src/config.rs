@@ -60,11 +60,18 @@ pub struct AgentConfig {
     /// read them.
     #[serde(default = "default_dataset_cache")]
     pub keep_datasets: usize,
-    /// Narrow plain int32 datasets' tokens straight from a map kept as long as the dataset
-    /// stays open (the dataset cache keeps it over sessions), not from a `pread`'s copy: the
-    /// page-cache copy is then paid only on a page's first touch. The price is the page
-    /// tables of every page touched (2 MiB a GiB) for as long as the dataset is open: for
-    /// corpora that fit in this host's page cache. Default: off.
+    /// Bytes of plain int32 datasets whose tokens are narrowed straight from a map kept as
+    /// long as the dataset stays open (the dataset cache keeps it over sessions), not from a
+    /// `pread`'s copy: the page-cache copy is then paid only on a page's first touch. The
+    /// price is the page tables of every page touched (2 MiB a GiB) for as long as the
+    /// dataset is open, and its touched pages counted in the agent's `VmRSS` (the page
+    /// cache's pages, shared and evictable as under `pread`). Datasets take the budget as
+    /// they are first read; one whose file does not fit in what is left is read by `pread`
+    /// while it stays open. 0: no maps. Default (`None`): half of this host's memory
+    /// ([`AgentConfig::map_budget_bytes`]).
+    #[serde(default)]
+    pub map_budget: Option<u64>,
+    /// Keep maps of every plain int32 dataset, whatever `map_budget` says.
     #[serde(default)]
     pub keep_maps: bool,
     /// Megatron-order builds (`OpenMegatron`) kept in memory after their sessions end,
@@ -358,6 +365,7 @@ impl Default for AgentConfig {
             worker_min_share_us: default_worker_min_share_us(),
             max_sessions: default_max_sessions(),
             keep_datasets: default_dataset_cache(),
+            map_budget: None,
             keep_maps: false,
             keep_megatron_builds: default_megatron_builds(),
             megatron_cache: None,
@@ -393,6 +401,16 @@ impl AgentConfig {
     pub fn share_window(&self, record_bytes: usize) -> usize {
         let fit = self.share_window_bytes / record_bytes.max(1) as u64;
         (fit as usize).clamp(2, self.share_window_batches.max(2))
+    }
+
+    /// The bytes of datasets kept mapped ([`AgentConfig::map_budget`]): unbounded with
+    /// `keep_maps`, else the budget set, else half of this host's memory.
+    pub fn map_budget_bytes(&self) -> u64 {
+        match (self.keep_maps, self.map_budget) {
+            (true, _) => u64::MAX,
+            (false, Some(bytes)) => bytes,
+            (false, None) => dquant_storage::MapBudget::half_of_memory(),
+        }
     }
 
     /// Parses a TOML config; errors carry toml's line and column.
@@ -521,6 +539,20 @@ mod tests {
             AgentConfig::default().validate().unwrap_err().to_string(),
             "roots: no dataset roots configured (give --root NAME=DIR|s3://BUCKET/PREFIX or a [roots] table)"
         );
+    }
+
+    #[test]
+    fn the_map_budget_is_half_of_memory_unless_set_or_unbounded() {
+        let parse = |t: &str| AgentConfig::from_toml(&format!("{t}\n[roots]\nc = \"/d\"\n"));
+        let half = dquant_storage::MapBudget::half_of_memory();
+        assert!(half > 0);
+        assert_eq!(parse("").unwrap().map_budget_bytes(), half);
+        assert_eq!(parse("map_budget = 0").unwrap().map_budget_bytes(), 0);
+        assert_eq!(parse("map_budget = 4096").unwrap().map_budget_bytes(), 4096);
+        let c = parse("map_budget = 0\nkeep_maps = true").unwrap();
+        assert_eq!(c.map_budget_bytes(), u64::MAX);
+        let e = parse("map_budget = -1").unwrap_err().to_string();
+        assert!(e.contains("map_budget"), "{e}");
     }
 
     const TENANTS: &str = "[roots]\ncorpus = \"/data\"\n\

@@ -212,6 +212,9 @@ fn assemble(
         metrics,
         catalog: faults.wrap(access.catalog),
         datasets: dquant_storage::DatasetCache::new(config.keep_datasets),
+        maps: Some(config.map_budget_bytes())
+            .filter(|&b| b > 0)
+            .map(dquant_storage::MapBudget::new),
         megatron: megatron::MegatronIndexes::new(config.keep_megatron_builds),
         config,
         data_port: data_addr.port(),
@@ -255,6 +258,7 @@ fn log_listening(shared: &Shared, control: SocketAddr, data: SocketAddr) {
         prefetch_frames = shared.config.prefetch_frames,
         worker_threads = shared.config.worker_threads,
         worker_min_share_us = shared.config.worker_min_share_us,
+        map_budget_bytes = shared.maps.as_ref().map_or(0, |m| m.limit()),
         tls = shared.tls.is_some(),
         "agent listening"
     );

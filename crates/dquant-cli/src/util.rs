@@ -131,6 +131,21 @@ pub fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
 
 /// Parses sizes like `1MiB`, `512KiB`, `65536`.
 pub fn parse_size(s: &str) -> Result<usize, String> {
+    size_of(s).filter(|&n| n > 0).ok_or_else(|| {
+        format!(
+            "invalid size '{}' (examples: 1MiB, 256KiB, 1048576)",
+            s.trim()
+        )
+    })
+}
+
+/// Parses sizes as [`parse_size`] does, 0 included (a budget that turns something off).
+pub fn parse_size_or_zero(s: &str) -> Result<usize, String> {
+    size_of(s).ok_or_else(|| format!("invalid size '{}' (examples: 8GiB, 512MiB, 0)", s.trim()))
+}
+
+/// `s`'s bytes: a whole number with an optional `GiB`, `MiB`, `KiB` or `B`.
+fn size_of(s: &str) -> Option<usize> {
     let s = s.trim();
     let (num, mult) = [
         ("GiB", 1usize << 30),
@@ -141,11 +156,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     .iter()
     .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n.trim(), *m)))
     .unwrap_or((s, 1));
-    num.parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("invalid size '{s}' (examples: 1MiB, 256KiB, 1048576)"))
+    num.parse::<usize>().ok()?.checked_mul(mult)
 }
 
 #[cfg(test)]
@@ -165,5 +176,23 @@ mod tests {
                 Err(format!("{bad:?}: a number of seconds, 0 or more"))
             );
         }
+    }
+
+    #[test]
+    fn sizes_take_units_and_zero_only_where_it_means_off() {
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size(" 512 KiB "), Ok(512 << 10));
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(
+            parse_size("0"),
+            Err("invalid size '0' (examples: 1MiB, 256KiB, 1048576)".into())
+        );
+        assert_eq!(parse_size_or_zero("0"), Ok(0));
+        assert_eq!(parse_size_or_zero("8GiB"), Ok(8 << 30));
+        assert_eq!(
+            parse_size_or_zero("8 GB"),
+            Err("invalid size '8 GB' (examples: 8GiB, 512MiB, 0)".into())
+        );
+        assert!(parse_size_or_zero(&format!("{}GiB", usize::MAX)).is_err());
     }
 }

@@ -105,7 +105,7 @@ pub(super) fn open_shared(
     let ds = shared
         .datasets
         .open_in(&found.root_name, &*found.root, &found.name, &opts)?;
-    Ok(LocalSource::shared(ds).keeping_map(shared.config.keep_maps))
+    Ok(LocalSource::shared(ds).keeping_map(shared.maps.clone()))
 }
 
 /// What the agent says of a dataset. `count` asks for its documents and its stored checksum

@@ -237,25 +237,58 @@ fn a_plan_that_fails_mid_stream_delivers_earlier_batches_then_the_error() {
     fails_mid_stream(&c, &agent, &sock);
 }
 
-/// An agent that narrows int32 datasets straight from maps kept with them (`keep_maps`)
-/// streams what one that reads by `pread` streams, on every path, and fails where and as it
-/// fails. The maps are really made (and kept after the sessions end).
+/// An agent narrows int32 datasets straight from maps kept with them within its map budget
+/// (by default half the host's memory), and one with a budget of 0 reads by `pread`: both
+/// stream what the process reading the plan itself streams, on every path, and fail where
+/// and as it fails. The maps are really made (and kept after the sessions end), or really
+/// not.
 #[test]
-fn an_agent_that_keeps_maps_streams_and_fails_as_one_that_reads() {
-    let c = Corpus::new();
-    let (agent, sock) = c.agent_with_socket_and(|cfg| cfg.keep_maps = true);
-    for out in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
-        let mut p = plan(&[("r50k", 1.0)], 255, 8);
-        p.output = out;
-        assert_parity(&c, &agent, &sock, &p, Cursor::START);
+fn agents_that_map_and_that_read_stream_and_fail_as_the_process_itself() {
+    for budget in [None, Some(0)] {
+        let c = Corpus::new();
+        let (agent, sock) = c.agent_with_socket_and(|cfg| cfg.map_budget = budget);
+        for out in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
+            let mut p = plan(&[("r50k", 1.0)], 255, 8);
+            p.output = out;
+            assert_parity(&c, &agent, &sock, &p, Cursor::START);
+        }
+        let mut p = plan(&[("r50k", 0.7), ("wide", 0.3)], 511, 4);
+        p.samples = Some(601);
+        assert_parity(&c, &agent, &sock, &p, Cursor::new(0, 200));
+        let data = c.path("r50k.bin");
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert_eq!(
+            maps.contains(&data),
+            budget.is_none(),
+            "{data} mapped: {budget:?}"
+        );
+        fails_mid_stream(&c, &agent, &sock);
     }
+}
+
+/// Datasets take an agent's map budget in the order they are first read: one that does not
+/// fit in what is left is read by `pread`, and streams the same.
+#[test]
+fn a_dataset_past_the_map_budget_is_read_by_pread() {
+    let c = Corpus::new();
+    let r50k = std::fs::metadata(c.path("r50k.bin")).unwrap().len();
+    let (agent, sock) = c.agent_with_socket_and(|cfg| cfg.map_budget = Some(r50k));
+    assert_parity(
+        &c,
+        &agent,
+        &sock,
+        &plan(&[("r50k", 1.0)], 255, 8),
+        Cursor::START,
+    );
     let mut p = plan(&[("r50k", 0.7), ("wide", 0.3)], 511, 4);
     p.samples = Some(601);
-    assert_parity(&c, &agent, &sock, &p, Cursor::new(0, 200));
-    let data = c.path("r50k.bin");
+    assert_parity(&c, &agent, &sock, &p, Cursor::START);
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    assert!(maps.contains(&data), "{data} is not mapped");
-    fails_mid_stream(&c, &agent, &sock);
+    assert!(maps.contains(&c.path("r50k.bin")), "r50k is not mapped");
+    assert!(
+        !maps.contains(&c.path("wide.bin")),
+        "wide is mapped past the budget"
+    );
 }
 
 fn fails_mid_stream(c: &Corpus, agent: &AgentHandle, sock: &str) {
