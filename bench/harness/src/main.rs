@@ -101,9 +101,12 @@ enum Cmd {
         /// Batches a shared stream keeps (`share_window_batches`) [default: the agent's].
         #[arg(long)]
         share_window_batches: Option<usize>,
-        /// Narrow int32 datasets from maps kept with them (`keep_maps`).
+        /// Narrow every int32 dataset from a map kept with it (`keep_maps`).
         #[arg(long)]
         keep_maps: bool,
+        /// Bytes of int32 datasets kept mapped (`map_budget`; 0: none) [default: the agent's].
+        #[arg(long)]
+        map_budget: Option<u64>,
         /// An agent plans may chain to (`upstreams`), HOST:PORT; repeatable.
         #[arg(long)]
         upstream: Vec<String>,
@@ -329,6 +332,7 @@ fn main() -> Result<()> {
             worker_min_share_us,
             share_window_batches,
             keep_maps,
+            map_budget,
             upstream,
         } => {
             let tls = tls_cert
@@ -344,6 +348,7 @@ fn main() -> Result<()> {
                 tls,
                 upstreams: upstream,
                 keep_maps,
+                map_budget,
                 ..defaults
             };
             procs::run_agent(&root, cfg)

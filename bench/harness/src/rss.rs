@@ -52,7 +52,11 @@ pub fn run(a: &Args) -> Result<()> {
     if a.passes == 0 {
         bail!("--passes must be at least 1");
     }
-    let agent = AgentProc::spawn(&ds.dir, a.prefetch_frames, false)?;
+    // The limit is on the agent's own memory. Pages of maps it keeps for narrowing are the
+    // page cache's, yet VmRSS and VmHWM count them, so this agent reads by pread (a map
+    // budget of 0): what it allocates per session is the same either way, or more.
+    let no_maps = ["--map-budget".to_string(), "0".to_string()];
+    let agent = AgentProc::spawn_flags(&ds.dir, a.prefetch_frames, false, &no_maps)?;
     let pid = agent.pid();
     std::thread::sleep(Duration::from_millis(500));
     let start_kib = procs::status_kib(pid, "VmRSS")?;

@@ -67,10 +67,15 @@ pub struct Args {
     /// pool takes (its `worker_min_share_us`; 0: every batch spread) [default: the agent's].
     #[arg(long, value_name = "US")]
     pub worker_min_share_us: Option<u64>,
-    /// The agent narrows int32 datasets from maps kept with them (`dquant serve
-    /// --keep-maps`); the agent-shm and agent (TCP) cases show what that saves.
+    /// The agent narrows every int32 dataset from a map kept with it (`dquant serve
+    /// --keep-maps`), whatever its map budget.
     #[arg(long)]
     pub keep_maps: bool,
+    /// The agent's map budget in bytes (`dquant serve --map-budget`; 0: every token read by
+    /// pread, the agent's way before maps were its default) [default: the agent's, half
+    /// this host's memory].
+    #[arg(long, value_name = "BYTES")]
+    pub map_budget: Option<u64>,
     /// Buffer size of the plain copy's writes and reads.
     #[arg(long, default_value_t = 1 << 20)]
     pub copy_buf: usize,
@@ -453,6 +458,9 @@ pub fn run(a: &Args) -> Result<()> {
             .collect();
         if let Some(us) = a.worker_min_share_us {
             flags.extend(["--worker-min-share-us".to_string(), us.to_string()]);
+        }
+        if let Some(b) = a.map_budget {
+            flags.extend(["--map-budget".to_string(), b.to_string()]);
         }
         Some(AgentProc::spawn_working(
             &ds.dir,

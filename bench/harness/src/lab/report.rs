@@ -497,7 +497,7 @@ pub(super) fn render_table(meta: &Meta, rows: &[Row], goals: &[Goal]) -> String 
     let _ = writeln!(t, "- Plan: {}", meta.plan);
     let _ = writeln!(t, "- Ratios are against the baseline (a) of the same run and corpus; ranges are min–max over runs, single figures medians. Link use = bytes the storage veth sent ÷ (rate × wall time); stall = time the consumer spent inside open/next_batch ÷ wall time.");
     let _ = writeln!(t);
-    let _ = writeln!(t, "| corpus | scenario | M tokens/s | vs baseline | link B/token | link use | consumer CPU-s / 10⁹ tok | CPU vs baseline | stall | consumer peak RSS MiB | servers: peak RSS MiB, CPU-s / 10⁹ tok, busiest thread's share of wall time |");
+    let _ = writeln!(t, "| corpus | scenario | M tokens/s | vs baseline | link B/token | link use | consumer CPU-s / 10⁹ tok | CPU vs baseline | stall | consumer peak RSS MiB | servers: peak RSS MiB (VmHWM: pages of kept maps included), CPU-s / 10⁹ tok, busiest thread's share of wall time |");
     let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
         let servers = r

@@ -46,6 +46,9 @@ fn free_port() -> Result<SocketAddr> {
 }
 
 impl ServeProc {
+    /// The bounds are on the agent's own memory. Pages of maps it keeps for narrowing are the
+    /// page cache's, yet VmRSS and VmHWM count them, so this agent reads by pread
+    /// (`map_budget = 0`): what it allocates per session is the same either way, or more.
     pub fn spawn(dquant: &Path, c: &ServeConfig) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let metrics = free_port()?;
@@ -55,6 +58,7 @@ impl ServeProc {
              metrics_listen = \"{metrics}\"\n\
              prefetch_frames = {}\n\
              max_sessions = {}\n\
+             map_budget = 0\n\
              [roots]\n\
              bench = {:?}\n",
             c.prefetch_frames,
