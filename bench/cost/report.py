@@ -258,8 +258,8 @@ def report(out: Path, dataset: str, command: str, fanout_samples: int) -> tuple[
     tp0, zs = cases(out / "throughput-w0.json"), cases(out / "throughput-zstd.json")
     rows, rows1 = path_rows(tp, limits), path_rows(tp1, limits)
     rows0 = path_rows(tp0, limits)
-    maps = out / "throughput-maps.json"
-    rowsm = path_rows(cases(maps), limits) if maps.exists() else []
+    pread = out / "throughput-pread.json"
+    rowsm = path_rows(cases(pread), limits) if pread.exists() else []
     tr = out / "throughput-transport.json"
     for path, cs in [("TCP, wire auto+zstd:1", zs),
                      ("TCP, wire transport (the default; real code, r50k)",
@@ -292,9 +292,9 @@ def report(out: Path, dataset: str, command: str, fanout_samples: int) -> tuple[
     lines += table(rows1, "Paths, one worker thread (the DPU view)")
     lines += table(rows0, "Paths, no worker pool (each session reads on its own thread)")
     if rowsm:
-        lines += table(rowsm, "Paths, the agent with --keep-maps (int32 narrowed straight from "
-                              "maps kept with the dataset: no pread copy; opt-in, for page "
-                              "tables held while the dataset is open, 2 MiB a GiB touched)")
+        lines += table(rowsm, "Paths, the agent with --map-budget 0 (every token read by "
+                              "pread, then narrowed: the default before maps kept with the "
+                              "dataset, and what a dataset past the budget gets)")
     lines += [
         f"### Fan-out ({fo['readers']} subscribers of one shared stream, TCP)", "",
         f"- agent CPU per delivered token: {fo['shared_ns']:.3f} ns, against {fo['lone_ns']:.3f} "
@@ -323,7 +323,7 @@ def figures(rows: list[dict], rows1: list[dict], rows0: list[dict], rowsm: list[
     out = []
     labelled = ([(r, "") for r in rows] + [(r, ", one worker thread") for r in rows1]
                 + [(r, ", no worker pool") for r in rows0 if r["case"].startswith("agent-shm")]
-                + [(r, ", --keep-maps") for r in rowsm])
+                + [(r, ", by pread (--map-budget 0)") for r in rowsm])
     for r, label in labelled:
         lim = f"{r['limit']}: {r['limit_rate'] / 1e6:,.0f} M tokens/s, {r['limit_ns']:.2f} ns/token"
         out.append({"name": f"{r['path']}{label}: rate ÷ limit", "value": round(r["ratio"], 3),

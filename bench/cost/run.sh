@@ -21,8 +21,9 @@
 #     chained to a storage agent (both agents' CPU counted), each unshuffled and shuffled, and
 #     over TCP with the wire codec auto+zstd:1 (the compress stage);
 #   throughput again with --worker-threads 1: the DPU view, one worker thread; and with
-#     --worker-threads 0, no pool; and the agent's paths with --keep-maps (dquant serve
-#     --keep-maps: int32 narrowed straight from maps kept with the dataset, no pread copy);
+#     --worker-threads 0, no pool; and the agent's paths with --map-budget 0 (every token
+#     read by pread and then narrowed: the agent's default before int32 datasets were
+#     narrowed straight from maps kept with them, within a budget of half the host's memory);
 #   breakdown: the producer's stages on one thread (read, narrow, pack, encode, frame+crc);
 #   share: 4 subscribers of one shared stream over TCP (fan-out);
 #   the dpu preset's 32 KiB LZ4 blocks (dquant convert --preset dpu) decoded in software, on
@@ -69,9 +70,9 @@ echo "== throughput, one worker thread (the DPU view)"
 echo "== throughput, no worker pool (each session reads on its own thread)"
 "$BENCH" throughput "$DS" --runs "$RUNS" --cases "$CASES" --worker-threads 0 \
   --json-out "$OUT/throughput-w0.json"
-echo "== throughput, the agent with --keep-maps (int32 narrowed from maps kept with the dataset)"
+echo "== throughput, the agent with --map-budget 0 (every token read by pread, no maps)"
 "$BENCH" throughput "$DS" --runs "$RUNS" --cases plain,agent,agent-shuffled,agent-shm,agent-shm-shuffled \
-  --keep-maps --json-out "$OUT/throughput-maps.json"
+  --map-budget 0 --json-out "$OUT/throughput-pread.json"
 echo "== throughput, wire codec auto+zstd:1 (the compress stage)"
 "$BENCH" throughput "$DS" --runs "$RUNS" --cases plain,agent --wire-codec auto+zstd:1 \
   --samples 16384 --json-out "$OUT/throughput-zstd.json"

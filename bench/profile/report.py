@@ -75,28 +75,32 @@ STAGES = [
     ("other dquant code", r"^(dquant|<dquant|_\$LT\$dquant|tokio|<tokio|h2::|tonic|std::|core::|alloc::)"),
 ]
 NOTES = (
-    "Where the time goes (the whole stage table is in bench/history/profile.md). The agent reads "
-    "its sources with pread, so it pays the page-cache copy in full: on every path the copy "
-    "alone costs about what the whole limit (cat FILE > /dev/null) costs, plus the same "
-    "page-cache lookups. Rate ÷ limit therefore cannot pass limit ÷ (limit + the rest), and the "
-    "rest is real work: narrowing (4 bytes read and 2 written a token), the output's fit check, "
-    "the syscalls, and on TCP crc32c, the socket and the sender's wake-ups. Only not copying "
-    "would move it: narrowing straight out of a mapped page cache. The read-paths table "
-    "measures that in the same run. A map made for the pass costs more than the copy it saves: "
-    "each 4 KiB page's table entry is set up when first touched and torn down at the end, about "
-    "what copying the page costs, so a single pass over a corpus (the 500 GB case) narrows "
-    "slower from a map than by pread. Only a map kept over passes (its page tables filled, the "
-    "whole corpus resident in the agent's address space, which holds only while it fits in "
-    "memory) narrows faster than the copy alone. The agent reads by pread by default for that "
-    "reason, not for safety: a truncated file under a map is an error (dquant-storage's "
-    "GuardedMap). dquant serve --keep-maps is the kept map, opt-in: int32 datasets narrowed "
-    "straight from a GuardedMap kept with the open dataset, for page tables held while it "
-    "stays open; the cost area measures its paths beside the default. Shuffled plans pay more than the copy "
-    "before any work of dquant's: their reads are a pread a sample at random places, and the "
-    "read-paths table times those reads alone against the sequential copy; at about 1.4× its "
-    "time they use up what the shuffled goal (0.7× the copy's rate, so at most 1.43× its "
-    "time) allows, before narrowing, the plan and the ring. Unshuffled, a run of packed "
-    "samples is one vectored read (one syscall a batch, not a sample). The copy itself runs "
+    "Where the time goes (the whole stage table is in bench/history/profile.md). The agent "
+    "narrows plain int32 datasets straight out of a map kept with the open dataset, within its "
+    "map budget (dquant serve --map-budget, by default half the host's memory); a dataset past "
+    "the budget, or every one with --map-budget 0, is read by pread and then narrowed. By "
+    "pread the agent pays the page-cache copy in full: the copy alone costs about what the "
+    "whole limit (cat FILE > /dev/null) costs, plus the same page-cache lookups, so rate ÷ "
+    "limit cannot pass limit ÷ (limit + the rest), and the rest is real work: narrowing (4 "
+    "bytes read and 2 written a token), the output's fit check, the syscalls, and on TCP "
+    "crc32c, the socket and the sender's wake-ups (the cost area's rows by pread, beside the "
+    "default, and this area's stage tables before maps were the default, in its history). "
+    "From a kept map the copy is gone: narrowing reads the page cache once, and a page costs "
+    "its table entry at its first touch only. The read-paths table measures each way in the "
+    "same run. A map made for one pass pays each page's table entry when first touched and "
+    "again when torn down, and against pread it has measured 0.6-0.73× on one AMD EPYC VM "
+    "and 1.24-1.53× on another with the same kernel (6.18); a map kept over passes measured "
+    "0.37-0.55× on both. So the agent keeps its maps with the dataset (its dataset cache "
+    "holds a dataset over sessions) and bounds them by bytes: their price is page tables (2 "
+    "MiB a GiB touched) and the touched pages counted in the agent's VmRSS, and a corpus "
+    "larger than memory comes from storage, where the copy is not the limit. A file truncated "
+    "under a map is an error, not a crash (dquant-storage's GuardedMap). By pread, shuffled "
+    "plans pay more than the copy before any work of dquant's: their reads are a pread a "
+    "sample at random places, and the read-paths table times those reads alone against the "
+    "sequential copy; at about 1.4× its time they use up what the shuffled goal (0.7× the "
+    "copy's rate, so at most 1.43× its time) allows, before narrowing, the plan and the ring. "
+    "From a map a sample costs no syscall. Unshuffled, a run of packed samples by pread is one "
+    "vectored read (one syscall a batch, not a sample). The page-cache copy itself runs "
     "at 8 (Intel Xeon) to 14 (AMD EPYC) GB/s a core. Samples are cpu-clock "
     "(no hardware counters here), so a stage's share is time on CPU, not cycles. "
     "The lab's compressed path (TCP, auto+zstd:1): zstd's compressor is 77% of the agent's CPU, "
@@ -350,9 +354,9 @@ def schedule_table(out: Path) -> tuple[list[str], list[dict]]:
 # The read paths (crates/dquant-storage/benches/read_paths.rs): how a 256 MiB int32 file is
 # narrowed to u16 out of a warm page cache.
 READ_PATHS = [("pagecache_copy", "the page-cache copy alone (pread of 128 KiB, as cat)"),
-              ("pread_narrow", "pread a batch, then narrow (the agent's way)"),
+              ("pread_narrow", "pread a batch, then narrow (the agent's way past its map budget)"),
               ("fresh_map_narrow", "narrow out of a map made for the pass"),
-              ("kept_map_narrow", "narrow out of a map kept over passes"),
+              ("kept_map_narrow", "narrow out of a map kept over passes (the agent's default)"),
               ("shuffled_reads", "4,096-token samples in a shuffled order, a pread each, "
                "nothing else")]
 
