@@ -2,8 +2,10 @@
 //! against one lone reader, all in the same run.
 //!
 //! For each, the agent process's CPU time (`/proc/PID/stat`) and the bytes it read from
-//! storage (`rchar` in `/proc/PID/io`: the agent reads datasets with `pread`, never `mmap`),
-//! and each reader's throughput. The targets: the shared stream's agent CPU and bytes
+//! storage by syscalls (`rchar` in `/proc/PID/io`), and each reader's throughput. An agent
+//! that narrows an int32 dataset from the map it keeps with it (its default within its map
+//! budget) reads it by no syscall, so `rchar` counts nothing there and the bytes ratio is
+//! left out (`null`). The targets: the shared stream's agent CPU and bytes
 //! read at most 1.2× the lone reader's, each subscriber at least 0.8× the lone reader's
 //! throughput.
 
