@@ -32,9 +32,10 @@ def figures(out: Path) -> list[dict]:
              "value": round(r["sessions"]["agent_cpu_s"] / lone["agent_cpu_s"], 3), "unit": "×",
              "baseline": "the same lone reader (what sharing saves)", "goal": None},
         ]
-        # An agent narrowing from the map it keeps with the dataset reads by no syscall:
-        # rchar counts nothing, and there is no ratio to give.
-        if t["shared_read_vs_lone"] is not None:
+        # An agent narrowing from the map it keeps with the dataset reads its tokens by no
+        # syscall: rchar counts a few bytes of other reads (under 1 MB where the lone reader
+        # streamed hundreds), and their ratio says nothing of the dataset's bytes.
+        if t["shared_read_vs_lone"] is not None and lone["read_bytes"] >= 1e6:
             figs.append(
                 {"name": f"{label}, {n} subscribers: storage bytes read × lone reader",
                  "value": round(t["shared_read_vs_lone"], 3), "unit": "×",
