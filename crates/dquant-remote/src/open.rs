@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dquant_plan::Source;
 use dquant_proto::v1::StatRequest;
-use dquant_storage::{LocalSource, SourceError, TokenSource};
+use dquant_storage::{LocalSource, MapBudget, SourceError, TokenSource};
 
 use crate::control::{Credentials, DEFAULT_RPC_TIMEOUT};
 use crate::{AgentUri, Control, OnFailover, RemoteSource, ReplicatedSource};
@@ -73,6 +73,13 @@ pub fn open_source(
             stat_of(s.uri.clone(), s),
             wire_codec,
         )?)),
-        None => Ok(Box::new(LocalSource::open(Path::new(&s.uri), s)?)),
+        // In this process: int32 datasets are narrowed from maps kept with them within the
+        // process's budget (`DQUANT_MAP_BUDGET`), as an agent does within its own.
+        None => {
+            let maps = MapBudget::of_this_process()?;
+            Ok(Box::new(
+                LocalSource::open(Path::new(&s.uri), s)?.keeping_map(maps),
+            ))
+        }
     }
 }

@@ -44,7 +44,7 @@ pub use destination::{Destination, LocalFiles, StagedObject};
 pub use error::StorageError;
 pub use guarded_map::{GuardedMap, MAX_MAPS};
 pub use local_root::{LocalRoot, Resolutions};
-pub use map_budget::{MapBudget, MapLease};
+pub use map_budget::{MapBudget, MapLease, MAP_BUDGET_ENV};
 pub use memory_root::InMemoryRoot;
 pub use root::{
     datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, ObjectVersion, Root,

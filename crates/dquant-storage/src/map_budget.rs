@@ -9,10 +9,19 @@
 //! again; a corpus larger than memory is read from storage anyway, where the copy is not what
 //! limits. So an agent keeps maps of datasets up to a budget of bytes (by default half this
 //! host's memory) and reads the rest by `pread`: the first datasets opened take the budget,
-//! and one whose file would pass it is read the usual way for as long as it stays open.
+//! and one whose file would pass it is read the usual way for as long as it stays open. Plans
+//! read in a process of their own (a trainer, a DataLoader worker) share one budget of that
+//! process, set by `DQUANT_MAP_BUDGET`, by default the same half: Megatron-Core's own
+//! datasets map their files whole.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use crate::StorageError;
+
+/// The environment variable that sets the map budget of plans read in this process (not on
+/// an agent, whose config has its own `map_budget`): whole bytes, 0 for no maps.
+pub const MAP_BUDGET_ENV: &str = "DQUANT_MAP_BUDGET";
 
 /// The bytes of files that may be kept mapped at once, and how many are.
 #[derive(Debug)]
@@ -49,6 +58,32 @@ impl MapBudget {
         let pages = u64::try_from(pages).unwrap_or(0);
         let size = u64::try_from(size).unwrap_or(0);
         pages.saturating_mul(size) / 2
+    }
+
+    /// The budget of plans read in this process, shared by all of them: [`MAP_BUDGET_ENV`]'s
+    /// bytes, or half this host's memory; `None` for 0. Read once; a value that is not a
+    /// whole number of bytes is an error, the same at every call.
+    pub fn of_this_process() -> Result<Option<Arc<MapBudget>>, StorageError> {
+        static BUDGET: OnceLock<Result<Option<Arc<MapBudget>>, StorageError>> = OnceLock::new();
+        match BUDGET
+            .get_or_init(|| MapBudget::from_setting(std::env::var(MAP_BUDGET_ENV).ok().as_deref()))
+        {
+            Ok(b) => Ok(b.clone()),
+            Err(e) => Err(StorageError::Usage(e.to_string())),
+        }
+    }
+
+    /// The budget a [`MAP_BUDGET_ENV`] value sets (`None`: unset, half this host's memory).
+    fn from_setting(value: Option<&str>) -> Result<Option<Arc<MapBudget>>, StorageError> {
+        let bytes = match value.map(str::trim) {
+            None | Some("") => MapBudget::half_of_memory(),
+            Some(v) => v.parse::<u64>().map_err(|_| {
+                StorageError::Usage(format!(
+                    "{MAP_BUDGET_ENV}={v:?}: not a whole number of bytes (0: no maps)"
+                ))
+            })?,
+        };
+        Ok((bytes > 0).then(|| MapBudget::new(bytes)))
     }
 
     /// The budget's bytes.
@@ -115,6 +150,24 @@ mod tests {
             u.lease(2).is_none(),
             "a sum past u64 is refused, not wrapped"
         );
+    }
+
+    #[test]
+    fn the_process_budget_is_bytes_from_the_environment_or_half_of_memory() {
+        let limit = |v| {
+            MapBudget::from_setting(v)
+                .map(|b| b.map(|b| b.limit()))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(limit(None), Ok(Some(MapBudget::half_of_memory())));
+        assert_eq!(limit(Some(" ")), Ok(Some(MapBudget::half_of_memory())));
+        assert_eq!(limit(Some("0")), Ok(None));
+        assert_eq!(limit(Some("4096")), Ok(Some(4096)));
+        assert_eq!(
+            limit(Some("8GiB")),
+            Err("DQUANT_MAP_BUDGET=\"8GiB\": not a whole number of bytes (0: no maps)".into())
+        );
+        assert!(limit(Some("-1")).is_err());
     }
 
     #[test]

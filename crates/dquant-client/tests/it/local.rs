@@ -342,3 +342,42 @@ fn the_stored_fast_path_equals_decoding() {
         assert!(via_read == a, "{what}: read");
     }
 }
+
+/// A plan read in this process narrows an int32 dataset straight from a map of its `.bin`
+/// (within `DQUANT_MAP_BUDGET`, unset here: half the host's memory), held while the dataset
+/// is open and gone with the reader; its stream is the one a block copy (read without a
+/// map) gives, shuffled.
+#[test]
+fn in_process_reads_keep_a_map_of_int32_data_while_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("r50k");
+    dquant_testkit::copy_fixture("r50k_int32", &prefix);
+    let (prefix, bin) = (
+        prefix.display().to_string(),
+        format!("{}.bin", prefix.display()),
+    );
+    let mapped = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .contains(&bin)
+    };
+    let p = plan(vec![Source::new(prefix.clone())], OutputDType::I32);
+    let mut r = Reader::local(&p, Cursor::START).unwrap();
+    let mut got = Vec::new();
+    while let Some(b) = r.next_batch().unwrap() {
+        assert!(mapped(), "{bin} is not mapped while it is read");
+        got.extend_from_slice(b.tokens.as_bytes());
+    }
+    drop(r);
+    assert!(!mapped(), "{bin} is still mapped after its reader is gone");
+    let copy = dqb_copy(&prefix, "u24+lz4", dir.path());
+    let want = batches(
+        &plan(vec![Source::new(copy)], OutputDType::I32),
+        Cursor::START,
+    )
+    .0;
+    assert!(
+        got == want,
+        "the mapped stream differs from the block copy's"
+    );
+}
