@@ -144,31 +144,45 @@ fn eod_positions(inputs: &[u32], eod: u32, mut f: impl FnMut(u32)) {
 /// [`eod_positions`] over little-endian tokens of `bw` bytes each (a stored width).
 fn eod_positions_le(bytes: &[u8], bw: usize, eod: u32, mut f: impl FnMut(u32)) {
     match bw {
-        2 => {
-            let Ok(eod) = u16::try_from(eod) else {
-                return; // no u16 token can be it
-            };
-            let [lo, hi] = eod.to_le_bytes();
-            for (b, block) in bytes.chunks(2 * BLOCK).enumerate() {
-                let is = |w: &[u8]| w[0] == lo && w[1] == hi;
-                if !block.chunks_exact(2).fold(false, |hit, w| hit | is(w)) {
-                    continue;
-                }
-                for (i, _) in block.chunks_exact(2).enumerate().filter(|(_, w)| is(w)) {
-                    f((b * BLOCK + i) as u32);
-                }
-            }
-        }
+        2 => eod_positions_of::<2>(bytes, eod, f),
+        3 => eod_positions_of::<3>(bytes, eod, f),
+        4 => eod_positions_of::<4>(bytes, eod, f),
+        8 => eod_positions_of::<8>(bytes, eod, f),
         _ => {
             for (i, w) in bytes.chunks_exact(bw).enumerate() {
-                let mut x = [0u8; 8];
-                x[..bw].copy_from_slice(w);
-                if u64::from_le_bytes(x) == u64::from(eod) {
+                if value_le(w) == u64::from(eod) {
                     f(i as u32);
                 }
             }
         }
     }
+}
+
+/// [`eod_positions`] over little-endian tokens of `BW` bytes, a block at a time as there: a
+/// width known when compiled makes each token's load one fixed-size read, and a block with
+/// no EOD one vectorized compare-and-or (a token scanned byte by byte cost the boundary
+/// outputs half their rate on i64 rows, `bench/python`). A token too narrow to hold `eod`
+/// never equals it.
+fn eod_positions_of<const BW: usize>(bytes: &[u8], eod: u32, mut f: impl FnMut(u32)) {
+    let eod = u64::from(eod);
+    for (b, block) in bytes.chunks(BW * BLOCK).enumerate() {
+        let is = |w: &[u8]| value_le(w) == eod;
+        if !block.chunks_exact(BW).fold(false, |hit, w| hit | is(w)) {
+            continue;
+        }
+        for (i, _) in block.chunks_exact(BW).enumerate().filter(|(_, w)| is(w)) {
+            f((b * BLOCK + i) as u32);
+        }
+    }
+}
+
+/// The value of little-endian bytes (the first 8 of more).
+#[inline(always)]
+fn value_le(w: &[u8]) -> u64 {
+    let n = w.len().min(8);
+    let mut x = [0u8; 8];
+    x[..n].copy_from_slice(&w[..n]);
+    u64::from_le_bytes(x)
 }
 
 #[cfg(test)]
@@ -193,8 +207,24 @@ mod tests {
         let mut got32 = Vec::new();
         eod_positions_le(&le4, 4, 9, |i| got32.push(i));
         assert_eq!(got32, want);
+        for bw in [3, 8] {
+            let wide: Vec<u8> = t
+                .iter()
+                .flat_map(|&x| u64::from(x).to_le_bytes()[..bw].to_vec())
+                .collect();
+            let mut got = Vec::new();
+            eod_positions_le(&wide, bw, 9, |i| got.push(i));
+            assert_eq!(got, want, "{bw} bytes a token");
+        }
         let mut none = Vec::new();
         eod_positions_le(&le, 2, 70_000, |i| none.push(i));
         assert!(none.is_empty());
+        let big: Vec<u8> = [70_000u64, 5, 70_000]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let mut found = Vec::new();
+        eod_positions_le(&big, 8, 70_000, |i| found.push(i));
+        assert_eq!(found, [0, 2]);
     }
 }
