@@ -47,7 +47,7 @@ STAGES = [
      r"^dquant_codec::(kernels::(store|load)_\w+|codec::(encode|decode)_width)"),
     ("range checks (int32 sign bits, the output's fit)",
      r"^dquant_codec::kernels::(or_all|max_token)|check_fits"),
-    ("crc32c", r"crc32c"),
+    ("crc32c", r"crc32c|crc_fast|payload_crc"),
     ("plan: blend, shuffle, schedule", r"^dquant_plan::"),
     ("syscall entry and exit, file descriptors",
      r"^(do_syscall_64|entry_SYSCALL\w*|syscall_\w+|__x64_sys_pread64|ksys_pread64|ksys_read|"

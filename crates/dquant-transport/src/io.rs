@@ -288,4 +288,46 @@ mod tests {
         let e = FrameReader::new(&sent[..]).next_into(&mut buf).unwrap_err();
         assert!(e.to_string().contains("checksum mismatch"), "{e}");
     }
+
+    /// A reader that hands out at most `n` bytes a call, as a socket may.
+    struct Pieces<'a>(&'a [u8], usize);
+
+    impl Read for Pieces<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.1).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    /// Whatever pieces a payload arrives in, the whole frame passes and one changed byte
+    /// anywhere in it is refused, with both sums named.
+    #[test]
+    fn payloads_arriving_in_pieces_are_checked_whole() {
+        let payload: Vec<u8> = (0..70_000u32).map(|i| (i * 31 + i / 253) as u8).collect();
+        let mut w = FrameWriter::new(Vec::new());
+        w.send(FrameKind::Data, &payload).unwrap();
+        let sent = w.get_ref().clone();
+        let pool = BufferPool::new(1, 1 << 17);
+        let mut buf = pool.get();
+        for piece in [1, 7, 4096, 65_536, 1 << 20] {
+            let mut r = FrameReader::new(Pieces(&sent, piece));
+            assert!(r.next_into(&mut buf).unwrap(), "{piece}-byte reads");
+            assert_eq!(buf[..], payload[..], "{piece}-byte reads");
+            for at in [0, 4095, 4096, payload.len() - 1] {
+                let mut bad = sent.clone();
+                bad[HEADER_LEN + at] ^= 0x10;
+                let e = FrameReader::new(Pieces(&bad, piece))
+                    .next_into(&mut buf)
+                    .unwrap_err();
+                let computed = payload_crc(&bad[HEADER_LEN..]);
+                let want = format!(
+                    "payload checksum mismatch in frame 0: stored {:#010x}, computed {computed:#010x}",
+                    payload_crc(&payload)
+                );
+                assert!(e.to_string().contains(&want), "{e} (want {want})");
+            }
+        }
+    }
 }

@@ -3,6 +3,11 @@
 //! of the socket by the pool's size and no more ([`TcpBatchSink`]); and frames checked and
 //! unpacked on the consumer's side ([`TcpBatchSource`]).
 //!
+//! Each piece of a frame is checksummed as it lands, on the producing thread, while it is
+//! still in that core's cache; the sender thread only writes. (Summed by the sender, the
+//! crc read each megabyte back from memory: 0.15 ns of the agent's 0.86 a u16 token in the
+//! profile of 2026-11-28.)
+//!
 //! A frame goes out when it is full or when the sender is idle ([`FrameSink::flush_if_idle`]):
 //! a consumer that keeps up gets each record as soon as it is made, one that lags gets full
 //! frames. Buffers come back to the pool once written, so a consumer that stops reading
@@ -19,6 +24,7 @@ use dquant_codec::{encode_width, CodecError, Width};
 
 use crate::conn::DataStream;
 use crate::error::ConnectError;
+use crate::frame::payload_crc_append;
 use crate::frame::MAX_PAYLOAD;
 use crate::receive::{BatchSource, ReceiveError};
 use crate::sink::{BatchSink, SinkError};
@@ -62,7 +68,8 @@ impl IdleFlush {
 
 /// What the packer hands the sender thread.
 enum Msg {
-    Frame(PooledBuf),
+    /// A frame's payload and its crc32c.
+    Frame(PooledBuf, u32),
     End,
     Error(String),
 }
@@ -91,6 +98,9 @@ pub struct FrameSink<'a> {
     pool: BufferPool,
     out: FrameOut<'a>,
     cur: Option<PooledBuf>,
+    /// The crc32c of `cur`'s first `summed` bytes.
+    crc: u32,
+    summed: usize,
     idle: IdleFlush,
     bytes: u64,
 }
@@ -106,6 +116,8 @@ impl<'a> FrameSink<'a> {
             pool,
             out,
             cur: None,
+            crc: 0,
+            summed: 0,
             idle: IdleFlush::default(),
             bytes: 0,
         }
@@ -125,20 +137,37 @@ impl<'a> FrameSink<'a> {
         }
     }
 
+    /// Sums the bytes the current frame gained since the last call: call it as each piece
+    /// lands.
+    fn sum_new_bytes(&mut self) {
+        if let Some(cur) = &self.cur {
+            self.crc = payload_crc_append(self.crc, &cur[self.summed..]);
+            self.summed = cur.len();
+        }
+    }
+
     fn emit(&mut self, buf: PooledBuf) -> Result<(), Gone> {
+        debug_assert_eq!(
+            self.summed,
+            buf.len(),
+            "a frame went out with bytes not summed"
+        );
+        let crc = std::mem::take(&mut self.crc);
+        self.summed = 0;
         self.bytes += buf.len() as u64;
         self.idle.reset();
         match &mut self.out {
             FrameOut::Channel(tx, queued) => {
                 queued.fetch_add(1, Ordering::AcqRel);
-                tx.send(Msg::Frame(buf)).map_err(|_| Gone)
+                tx.send(Msg::Frame(buf, crc)).map_err(|_| Gone)
             }
-            FrameOut::Direct(w) => w.send(FrameKind::Data, &buf).map_err(|_| Gone),
+            FrameOut::Direct(w) => w.send_checked(FrameKind::Data, &buf, crc).map_err(|_| Gone),
         }
     }
 
-    /// Emits the current frame if it is full.
+    /// Sums what the current frame gained, and emits the frame if it is full.
     fn emit_if_full(&mut self) -> Result<(), Gone> {
+        self.sum_new_bytes();
         if self.cur.as_ref().is_some_and(|c| c.len() == c.capacity()) {
             if let Some(full) = self.cur.take() {
                 self.emit(full)?;
@@ -229,6 +258,7 @@ impl<'a> FrameSink<'a> {
 
     /// Sends the partly filled frame, if any.
     pub fn flush(&mut self) -> Result<(), Gone> {
+        self.sum_new_bytes();
         self.idle.reset();
         match self.cur.take() {
             Some(b) if !b.is_empty() => self.emit(b),
@@ -373,8 +403,8 @@ fn send_frames(
             return Err(SendError::Cancelled);
         }
         let r = match msg {
-            Msg::Frame(buf) => {
-                let r = w.send(FrameKind::Data, &buf);
+            Msg::Frame(buf, crc) => {
+                let r = w.send_checked(FrameKind::Data, &buf, crc);
                 queued.fetch_sub(1, Ordering::AcqRel);
                 r
             }
@@ -564,7 +594,9 @@ mod tests {
         let mut frames = Vec::new();
         for m in rx {
             match m {
-                Msg::Frame(b) => {
+                Msg::Frame(b, crc) => {
+                    // Each frame's crc, summed piece by piece, is its whole bytes' crc32c.
+                    assert_eq!(crc, crate::frame::payload_crc(&b), "frame {}", frames.len());
                     frames.push(b.len());
                     got.extend_from_slice(&b);
                 }
@@ -593,7 +625,8 @@ mod tests {
                 let collect = std::thread::spawn(move || {
                     let mut got = Vec::new();
                     for m in rx {
-                        if let Msg::Frame(b) = m {
+                        if let Msg::Frame(b, crc) = m {
+                            assert_eq!(crc, crate::frame::payload_crc(&b));
                             got.extend_from_slice(&b);
                         }
                     }

@@ -14,5 +14,5 @@ pub mod frame;
 pub mod record;
 pub mod sizes;
 
-pub use frame::{payload_crc, FrameHeader, FrameKind, WireError};
+pub use frame::{payload_crc, payload_crc_append, FrameHeader, FrameKind, WireError};
 pub use record::{BatchHeader, Hello, RangeHeader, RecordError};

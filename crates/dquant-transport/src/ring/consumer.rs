@@ -259,7 +259,7 @@ impl RingConsumer {
             // protocol (`wait_published`'s Acquire load saw `head > read`) the producer finished writing
             // it and will not touch it again until the consumer index passes it.
             let data = unsafe { std::slice::from_raw_parts(ptr, len as usize) };
-            let actual = crc32c::crc32c(data);
+            let actual = crate::frame::payload_crc(data);
             if actual != crc {
                 return Err(corrupt(format!(
                     "crc32c {actual:#010x}, record says {crc:#010x}"

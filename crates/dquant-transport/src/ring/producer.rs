@@ -134,7 +134,7 @@ impl RingProducer {
         rec.seq.store(self.head, Ordering::Relaxed);
         rec.len.store(len as u32, Ordering::Relaxed);
         let crc = if self.checksums {
-            crc32c::crc32c(data)
+            crate::frame::payload_crc(data)
         } else {
             0
         };
