@@ -212,9 +212,7 @@ fn assemble(
         metrics,
         catalog: faults.wrap(access.catalog),
         datasets: dquant_storage::DatasetCache::new(config.keep_datasets),
-        maps: Some(config.map_budget_bytes())
-            .filter(|&b| b > 0)
-            .map(dquant_storage::MapBudget::new),
+        maps: dquant_storage::MapBudget::of(config.map_budget_bytes()),
         megatron: megatron::MegatronIndexes::new(config.keep_megatron_builds),
         config,
         data_port: data_addr.port(),

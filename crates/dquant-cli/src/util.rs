@@ -144,19 +144,9 @@ pub fn parse_size_or_zero(s: &str) -> Result<usize, String> {
     size_of(s).ok_or_else(|| format!("invalid size '{}' (examples: 8GiB, 512MiB, 0)", s.trim()))
 }
 
-/// `s`'s bytes: a whole number with an optional `GiB`, `MiB`, `KiB` or `B`.
+/// `s`'s bytes, as every size dquant reads is parsed ([`dquant_storage::bytes_of`]).
 fn size_of(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = [
-        ("GiB", 1usize << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("B", 1),
-    ]
-    .iter()
-    .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n.trim(), *m)))
-    .unwrap_or((s, 1));
-    num.parse::<usize>().ok()?.checked_mul(mult)
+    dquant_storage::bytes_of(s).and_then(|n| usize::try_from(n).ok())
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ mod local_root;
 mod map_budget;
 mod memory_root;
 mod root;
+mod size;
 pub mod source;
 mod writer;
 
@@ -50,5 +51,6 @@ pub use root::{
     datasets, normalize_name, Entry, EntryKind, NameProblem, ObjectMeta, ObjectVersion, Root,
     RootError,
 };
+pub use size::bytes_of;
 pub use source::{check_ranges, open_options, LocalSource, SharedReads, SourceError, TokenSource};
 pub use writer::{megatron_prefix_of, DatasetWriter, OutputFormat, WriteReport};

@@ -20,7 +20,8 @@ use std::sync::{Arc, OnceLock};
 use crate::StorageError;
 
 /// The environment variable that sets the map budget of plans read in this process (not on
-/// an agent, whose config has its own `map_budget`): whole bytes, 0 for no maps.
+/// an agent, whose config has its own `map_budget`): a size such as `8GiB` or `4294967296`
+/// ([`crate::bytes_of`]), 0 for no maps.
 pub const MAP_BUDGET_ENV: &str = "DQUANT_MAP_BUDGET";
 
 /// The bytes of files that may be kept mapped at once, and how many are.
@@ -60,9 +61,15 @@ impl MapBudget {
         pages.saturating_mul(size) / 2
     }
 
+    /// A budget of `bytes`, or none (no maps) for 0: how a budget set to 0 reads, wherever it
+    /// is set.
+    pub fn of(bytes: u64) -> Option<Arc<MapBudget>> {
+        (bytes > 0).then(|| MapBudget::new(bytes))
+    }
+
     /// The budget of plans read in this process, shared by all of them: [`MAP_BUDGET_ENV`]'s
-    /// bytes, or half this host's memory; `None` for 0. Read once; a value that is not a
-    /// whole number of bytes is an error, the same at every call.
+    /// size, or half this host's memory; `None` for 0. Read once; a value that is not a size
+    /// is an error, the same at every call.
     pub fn of_this_process() -> Result<Option<Arc<MapBudget>>, StorageError> {
         static BUDGET: OnceLock<Result<Option<Arc<MapBudget>>, StorageError>> = OnceLock::new();
         match BUDGET
@@ -77,13 +84,13 @@ impl MapBudget {
     fn from_setting(value: Option<&str>) -> Result<Option<Arc<MapBudget>>, StorageError> {
         let bytes = match value.map(str::trim) {
             None | Some("") => MapBudget::half_of_memory(),
-            Some(v) => v.parse::<u64>().map_err(|_| {
+            Some(v) => crate::bytes_of(v).ok_or_else(|| {
                 StorageError::Usage(format!(
-                    "{MAP_BUDGET_ENV}={v:?}: not a whole number of bytes (0: no maps)"
+                    "{MAP_BUDGET_ENV}={v:?}: not a size (examples: 8GiB, 512MiB, 0 for no maps)"
                 ))
             })?,
         };
-        Ok((bytes > 0).then(|| MapBudget::new(bytes)))
+        Ok(MapBudget::of(bytes))
     }
 
     /// The budget's bytes.
@@ -163,9 +170,14 @@ mod tests {
         assert_eq!(limit(Some(" ")), Ok(Some(MapBudget::half_of_memory())));
         assert_eq!(limit(Some("0")), Ok(None));
         assert_eq!(limit(Some("4096")), Ok(Some(4096)));
+        assert_eq!(limit(Some("8GiB")), Ok(Some(8 << 30)));
+        assert_eq!(limit(Some("0 MiB")), Ok(None));
         assert_eq!(
-            limit(Some("8GiB")),
-            Err("DQUANT_MAP_BUDGET=\"8GiB\": not a whole number of bytes (0: no maps)".into())
+            limit(Some("8GB")),
+            Err(
+                "DQUANT_MAP_BUDGET=\"8GB\": not a size (examples: 8GiB, 512MiB, 0 for no maps)"
+                    .into()
+            )
         );
         assert!(limit(Some("-1")).is_err());
     }

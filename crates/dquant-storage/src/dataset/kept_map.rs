@@ -8,8 +8,8 @@
 //! torn down when the map goes, so the map is kept with the dataset: an agent's dataset cache
 //! keeps it over sessions and passes, and from the second pass on its pages are already in
 //! the agent's page tables. How much the first pass costs against `pread` depends on the
-//! machine (the read paths table in the profile area: 0.6–0.73× pread and narrow on one VM,
-//! 1.24–1.53× on another of the same kernel); every pass after it was 0.37–0.55×. The price
+//! machine (the read paths table in the profile area: 0.55–0.86× pread and narrow over seven
+//! recordings on one VM, 1.24–1.53× on another of the same kernel); every pass after it was 0.37–0.55×. The price
 //! is memory: the page tables of every page touched (8 bytes a 4 KiB page, 2 MiB a GiB) for
 //! as long as the dataset stays open, and the pages counted in the agent's `VmRSS`. So maps
 //! are kept within a [`MapBudget`] (an agent's: half its host's memory by default, see
