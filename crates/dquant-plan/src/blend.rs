@@ -102,7 +102,7 @@ impl Blender {
         Blender {
             counts: vec![0; weights.len()],
             tournament: (constant && weights.len() >= TOURNAMENT_FROM)
-                .then(|| Tournament::new(weights.len())),
+                .then(|| Tournament::new(&weights)),
             weights,
             position: 0,
             mixture: (!constant).then(|| Arc::new(mixture)),
@@ -285,7 +285,7 @@ impl Blender {
         }
         self.position += 1;
         if let Some(t) = &mut self.tournament {
-            t.touched(d);
+            t.touched(d, self.counts[d]);
         }
         if let Some(m) = &self.mixture {
             if self.position >= m.segment_end(self.segment) {
@@ -310,7 +310,7 @@ impl Blender {
         }
         let i = (self.position as f64).max(1.0);
         match &mut self.tournament {
-            Some(t) => t.winner(i, &self.weights, &self.counts),
+            Some(t) => t.winner(i, &self.counts),
             None => scan(i, &self.weights, &self.counts),
         }
     }
@@ -542,7 +542,7 @@ mod tests {
                 })
                 .collect();
             let mut fast = Blender::new(&weights).unwrap();
-            fast.tournament = Some(Tournament::new(n));
+            fast.tournament = Some(Tournament::new(&fast.weights));
             let mut plain = fast.clone();
             plain.tournament = None;
             for step in 0..30_000u64 {
