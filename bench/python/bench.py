@@ -635,11 +635,7 @@ def ceiling_loader(prefix: Prefix, a, store: str) -> Loader:
     state: dict = {}
 
     def setup():
-        v = samples_view(prefix.memmap(), a.seq_len)
-        state["batches"] = [
-            np.ascontiguousarray(v[i : i + a.batch_size], dtype=store)
-            for i in range(0, len(v), a.batch_size)
-        ]
+        state["batches"] = batch_list(prefix, a, store)
 
     return Loader(
         name=f"(loop alone: batches already in a list, {store})", kind="ceiling", group="w0",
@@ -647,6 +643,68 @@ def ceiling_loader(prefix: Prefix, a, store: str) -> Loader:
         "the loop body alone, the ceiling for any loader",
         setup=setup, batches=lambda: state["batches"], **numpy_batches(),
         close=lambda: state.clear(),
+    )
+
+
+# The plan's batches in a list, built once for every row that takes them from one.
+_BATCH_LISTS: dict = {}
+
+
+def batch_list(prefix: Prefix, a, store: str) -> list:
+    key = (prefix.path, a.seq_len, a.batch_size, store)
+    if key not in _BATCH_LISTS:
+        v = samples_view(prefix.memmap(), a.seq_len)
+        _BATCH_LISTS[key] = [
+            np.ascontiguousarray(v[i : i + a.batch_size], dtype=store)
+            for i in range(0, len(v), a.batch_size)
+        ]
+    return _BATCH_LISTS[key]
+
+
+def batch_numbers(n: int):
+    """A torch IterableDataset of batch numbers 0 to n - 1, as ints: worker k of N yields k,
+    k + N, ..., so torch's DataLoader, which takes its workers' items in turn, delivers them
+    in order."""
+    torch = _torch()
+
+    class BatchNumbers(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            k, workers = (0, 1) if info is None else (info.id, info.num_workers)
+            return iter(range(k, n, workers))
+
+    return BatchNumbers()
+
+
+def torch_alone_loader(prefix: Prefix, a, store: str, workers: int) -> Loader:
+    """Not a loader: torch's DataLoader over a dataset whose items are batch numbers (an int
+    crosses from a worker), each batch then taken from a list already in this process. What
+    torch's DataLoader itself costs an item with `workers` worker processes: the ceiling for
+    any dataset behind it, dquant's TokenDataset included, at this batch size."""
+    torch = _torch()
+    state: dict = {}
+
+    def setup():
+        state["batches"] = batch_list(prefix, a, store)
+        state["dl"] = torch.utils.data.DataLoader(
+            batch_numbers(len(state["batches"])), batch_size=None, num_workers=workers,
+            **persistent(workers),
+        )
+
+    def batches():
+        every = state["batches"]
+        return (every[i] for i in state["dl"])
+
+    return Loader(
+        name=f"(torch DataLoader alone{', ' + plural(workers, 'worker') if workers else ''}: "
+        f"an int a batch, the batch from a list, {store})",
+        kind="ceiling", group=f"w{workers}",
+        config=f"torch.utils.data.DataLoader(dataset of batch numbers, batch_size=None, "
+        f"num_workers={workers}), each number's batch taken from a Python list built before "
+        "timing: what torch's DataLoader itself costs a batch, the ceiling for any dataset "
+        "behind it",
+        setup=setup, batches=batches, cpu_pids=lambda: worker_pids(state.get("dl")),
+        close=lambda: state.clear(), **numpy_batches(),
     )
 
 
@@ -860,11 +918,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     arg("--loaders",
         default="megatron,mds,litdata,dquant-local,dquant-local-i64,dquant-local-u16copy,"
         "dquant-shm,dquant-torch,dquant-torch-dl,dquant-agent-dl,megatron-masks,"
-        "dquant-torch-masks,ceiling",
+        "dquant-torch-masks,ceiling,torch-alone",
         help="comma list of: megatron, mds, litdata, dquant-local, dquant-local-i64, "
         "dquant-local-u16copy, dquant-shm, dquant-torch, dquant-torch-dl, dquant-agent-dl, "
         "megatron-masks, "
-        "dquant-torch-masks, ceiling (default: all)")
+        "dquant-torch-masks, ceiling, torch-alone (default: all)")
     arg("--workers", default="",
         help="comma list of DataLoader worker counts (e.g. 1,2,4): also run LitData and "
         "dquant's TokenDataset (torch's DataLoader and dquant's) with that many workers; with "
@@ -932,6 +990,7 @@ def make_loaders(a, d: Data, names: list[str]) -> list[Loader]:
         "mds": lambda: mds_loader(a, wd, 0, store),
         "litdata": lambda: litdata_loader(a, wd, 0),
         "ceiling": lambda: ceiling_loader(prefix, a, store),
+        "torch-alone": lambda: torch_alone_loader(prefix, a, store, 0),
         "dquant-local": lambda: dquant_local(prefix.path, a, out_dtype),
         "dquant-local-i64": lambda: dquant_local(prefix.path, a, "i64"),
         "dquant-local-u16copy": lambda: dquant_local(
@@ -950,6 +1009,7 @@ def make_loaders(a, d: Data, names: list[str]) -> list[Loader]:
             "dquant-torch": lambda w=w: dquant_torch(prefix, a, w),
             "dquant-torch-dl": lambda w=w: dquant_torch(prefix, a, w, own_loader=True),
             "dquant-agent-dl": lambda w=w: dquant_agent_dl(prefix, a, w),
+            "torch-alone": lambda w=w: torch_alone_loader(prefix, a, store, w),
         }
         if w == 1:
             with_workers["megatron"] = lambda: megatron_loader(prefix, a, ref, wd, 1)
@@ -1063,7 +1123,7 @@ def table_rows(loaders: list[Loader], results: dict[str, list[dict]]) -> tuple[l
         rows.append(row)
     peers = [r for r in rows if r["kind"] == "peer" and not r["skipped"]]
     base = max(peers, key=lambda r: r["rate_median"]) if peers else None
-    ceiling = next((r for r in rows if r["kind"] == "ceiling" and not r["skipped"]), None)
+    ceiling = next((r for r in rows if r["key"] == "ceiling" and not r["skipped"]), None)
     for r in rows:
         if r["skipped"]:
             continue
@@ -1224,6 +1284,15 @@ def render(res: dict) -> str:
                 f"| {r['loader']} vs {q['loader']} | ≥ {target:.1f}× | {x:.2f}× | "
                 f"{'✅' if x >= target else '❌'} |"
             )
+    alone = torch_ceilings({r["key"]: r for r in rows if not r["skipped"]})
+    if alone:
+        lines += ["", "| torch's DataLoader alone (an int a batch) | its rate ÷ TokenDataset in "
+                  "this process | TokenDataset's rate ÷ it |", "|---|---|---|"]
+        for r, c, own in alone:
+            lines.append(
+                f"| {c['loader']} | {c['rate_median'] / own['rate_median']:.2f}× | "
+                f"{r['loader']}: {r['rate_median'] / c['rate_median']:.2f}× |"
+            )
     lines.append("")
     lines.append("Configurations:")
     for r in rows:
@@ -1253,6 +1322,21 @@ def figures(res: dict) -> list[dict]:
             "unit": "×",
             "baseline": f"{q['loader']}: {q['rate_median'] / 1e6:.1f} M tokens/s",
             "goal": f">= {target}",
+        })
+    for r, c, own in torch_ceilings(rows):
+        out.append({
+            "name": f"{c['loader']}: tokens/s ÷ {own['loader']}'s",
+            "value": round(c["rate_median"] / own["rate_median"], 3),
+            "unit": "×",
+            "baseline": f"{own['loader']}: {own['rate_median'] / 1e6:.1f} M tokens/s",
+            "goal": None,
+        })
+        out.append({
+            "name": f"{r['loader']}: tokens/s ÷ torch's DataLoader alone's (an int a batch)",
+            "value": round(r["rate_median"] / c["rate_median"], 3),
+            "unit": "×",
+            "baseline": f"{c['loader']}: {c['rate_median'] / 1e6:.1f} M tokens/s",
+            "goal": None,
         })
     if "dquant-torch-masks" in rows and "dquant-torch-dl" in rows:
         r, q = rows["dquant-torch-masks"], rows["dquant-torch-dl"]
@@ -1285,6 +1369,22 @@ def worker_pairs(rows: dict) -> list[tuple[dict, dict, float]]:
         if own in rows:
             pairs.append((rows[key], rows[own], 1.0))
     return pairs
+
+
+def torch_ceilings(rows: dict) -> list[tuple[dict, dict, dict]]:
+    """TokenDataset through torch's DataLoader beside that DataLoader alone with as many
+    workers, as (TokenDataset's row, the DataLoader alone, TokenDataset in this process): the
+    issue holds TokenDataset with workers to its rate in this process, and no dataset behind
+    torch's DataLoader can pass the DataLoader's own rate at this batch size."""
+    own = rows.get("dquant-torch")
+    out = []
+    for key, c in rows.items():
+        if not key.startswith("torch-alone") or own is None:
+            continue
+        r = rows.get("dquant-torch" + key.removeprefix("torch-alone"))
+        if r is not None:
+            out.append((r, c, own))
+    return out
 
 
 def record(res: dict, table: str) -> None:
