@@ -8,7 +8,7 @@
 # Usage:
 #   sudo bench/lab/run.sh [LAB OPTIONS]        # e.g. --rate 1gbit --size 200 --runs 3
 #   sudo bench/lab/run.sh --smoke              # tiny data, one run, ~30 s: what CI runs
-#   sudo bench/lab/run.sh --tenants --corpora r50k   # tenants with bandwidth guarantees (~30 s)
+#   sudo bench/lab/run.sh --tenants --corpora r50k   # tenants with bandwidth guarantees (~30 s; the lab_tenants area)
 #   sudo bench/lab/run.sh --cleanup            # remove namespaces a killed lab left behind
 #   bench/lab/run.sh --help                    # every option
 #
@@ -17,7 +17,8 @@
 # figures in bench/results/lab.json (bench/results.py; RESULTS.md rendered again), appends its
 # table to bench/history/lab.md and copies its chart to bench/lab/latest.png (--no-append skips
 # all three); results also go to bench/lab/out/<UTC time>/ (table.md, results.json,
-# figures.json, lab.png).
+# figures.json, lab.png). A tenants run records bench/results/lab_tenants.json instead (its
+# out/ directory holds table.md and figures.json).
 # Corpora are generated once into /var/tmp/dquant-lab (--data to move them).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -65,6 +66,8 @@ fi
 cargo build --release --locked -q -p dquant-cli -p dquant-bench
 
 OUT="$REPO/bench/lab/out/$(date -u +%Y%m%dT%H%M%SZ)"
+# What the lab_tenants area's figures stand on (bench/results.py shows it beside them).
+TENANTS_NOTES="Link: veth + tc tbf (the run's --rate and --mtu, 1gbit and 1500 by default), namespaces storage → host, the storage side's egress an HTB tree with one class per tenant by DSCP (its guarantee as rate, the link as ceiling), run once with the classes holding the guarantees and once with them only counting (the shares then the agent's scheduler's alone); greedy consumers of an unshuffled u16 plan (seq_len 4095, batch 16) over TCP. The run's section in bench/history/lab.md gives the corpus and the bytes each class sent."
 EXTRA=()
 if [[ $HELP == 0 ]]; then
   EXTRA+=(--out "$OUT")
@@ -72,10 +75,14 @@ if [[ $HELP == 0 ]]; then
 fi
 export DQUANT_LAB_COMMAND="bench/lab/run.sh${*:+ $*}"
 target/release/dquant-offload-bench lab "${ARGS[@]}" "${EXTRA[@]}"
-if [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && -f "$OUT/figures.json" ]]; then
+TENANTS=0
+for a in "${ARGS[@]}"; do [[ "$a" == --tenants ]] && TENANTS=1; done
+if [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && $TENANTS == 1 && -f "$OUT/figures.json" ]]; then
+  python3 bench/results.py record lab_tenants --figures "$OUT/figures.json" --command "$DQUANT_LAB_COMMAND" \
+    --notes "$TENANTS_NOTES"
+  echo "bench/lab/run.sh: figures in bench/results/lab_tenants.json, table in bench/history/lab.md" >&2
+elif [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && -f "$OUT/figures.json" ]]; then
   python3 bench/results.py record lab --figures "$OUT/figures.json" --command "$DQUANT_LAB_COMMAND"
   cp "$OUT/lab.png" "$REPO/bench/lab/latest.png"
   echo "bench/lab/run.sh: figures in bench/results/lab.json, table in bench/history/lab.md, chart at bench/lab/latest.png" >&2
-elif [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 ]]; then
-  echo "bench/lab/run.sh: table appended to bench/history/lab.md (a tenants run writes no figures.json: bench/results/lab_tenants.json keeps its last recorded figures)" >&2
 fi

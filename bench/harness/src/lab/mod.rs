@@ -95,7 +95,8 @@ pub struct Args {
     /// Where the corpora are generated once (DATA/sizeN/lab/) and reused.
     #[arg(long, default_value = "/var/tmp/dquant-lab")]
     pub data: PathBuf,
-    /// Where results go (results.json, table.md, lab.png); default DATA/out/<UTC time>.
+    /// Where results go (results.json, table.md, lab.png; with --tenants table.md and
+    /// figures.json alone); default DATA/out/<UTC time>, and none for --tenants.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Also append the table to this history file (bench/history/lab.md); the figures to
@@ -792,12 +793,21 @@ pub fn run(args: &Args) -> Result<()> {
     if args.tenants {
         let started = Instant::now();
         let scratch = tempfile::tempdir()?;
-        let body = tenants::run(&tools, &link, &corpora[0], &data, scratch.path())?;
+        let (body, figures) = tenants::run(&tools, &link, &corpora[0], &data, scratch.path())?;
         let meta = report::Meta::collect(args, &spec, size, 1, &corpora[..1], started.elapsed());
         let section = format!(
             "## Benchmark lab: tenants sharing one agent's link ({})\n\n- Command: `{}` (commit {}, {:.0} s)\n- Machine: {}; load {}\n- Link: {}; the storage side's egress an HTB tree classifying by DSCP (one class per tenant: its guarantee as rate, the link as ceiling)\n- Data: {}; greedy consumers of an unshuffled u16 plan (seq_len 4095, batch 16) over TCP\n\n{body}",
             meta.date, meta.command, meta.commit, meta.elapsed_s, meta.machine, meta.loadavg, meta.link, meta.data
         );
+        if let Some(out) = &args.out {
+            std::fs::create_dir_all(out)?;
+            std::fs::write(out.join("table.md"), &section)?;
+            let json = serde_json::json!({ "figures": figures });
+            std::fs::write(
+                out.join("figures.json"),
+                serde_json::to_string_pretty(&json)?,
+            )?;
+        }
         if let Some(f) = &args.append {
             report::append_to_history(f, &section)?;
         }

@@ -168,7 +168,7 @@ pub struct Figure {
 /// The same run's baseline, as the figures name it.
 const BASELINE: &str = "(a) S3 int32 + host-side narrowing, same run";
 
-fn figure(
+pub(super) fn figure(
     name: String,
     value: f64,
     unit: &'static str,

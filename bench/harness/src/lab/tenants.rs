@@ -12,6 +12,9 @@
 //!    classes), and with the classes only counting (no guarantee in the network: the shares
 //!    are the agent's scheduler's alone);
 //! 2. two equal tenants (50/50): Jain's fairness index of their rates (target ≥ 0.95).
+//!
+//! The run gives its section for bench/history/lab.md and, with the same numbers, the
+//! figures bench/results.py records as the `lab_tenants` area.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -22,6 +25,7 @@ use anyhow::{Context, Result};
 use dquant_plan::{OutputDType, Plan, Source};
 
 use super::netns::{self, Link, NsChild, HOST_NS, STORAGE_IP, STORAGE_NS};
+use super::report::{figure, Figure};
 use super::{Corpus, Tools, AGENT_PORT, BUCKET};
 
 /// (name, token, DSCP, guarantee share).
@@ -37,6 +41,12 @@ const TWO: [Tenant; 2] = [
     ("right", "right-tenant-token-0123456789", 34, 0.5),
 ];
 const SAMPLE: Duration = Duration::from_millis(100);
+/// Each tenant's least rate while all run greedy, as a share of its guarantee.
+const HELD: f64 = 0.95;
+/// The longest time until the others take up a stopped tenant's share, in seconds.
+const SETTLE_S: f64 = 1.0;
+/// The least Jain's index for equal tenants.
+const FAIR: f64 = 0.95;
 
 /// The agent's config for `tenants`: the link declared at 94% of the tc rate (TCP payload
 /// gets 96% of it at MTU 1500; the margin keeps the shaper's queue short, so that the
@@ -178,14 +188,15 @@ fn part(
     Ok(series)
 }
 
-/// Runs both parts; returns the Markdown section for bench/history/lab.md.
+/// Runs both parts; returns the Markdown section for bench/history/lab.md and the figures for
+/// bench/results.py.
 pub(super) fn run(
     tools: &Tools,
     link: &Link,
     corpus: &Corpus,
     root: &Path,
     scratch: &Path,
-) -> Result<String> {
+) -> Result<(String, Vec<Figure>)> {
     let mut plan = Plan::new(
         vec![Source::new(format!("{BUCKET}/{}", corpus.name()))],
         4095,
@@ -204,11 +215,16 @@ pub(super) fn run(
     };
     let r = link.spec.bytes_per_s();
     let mut md = String::new();
+    let mut figures = Vec::new();
 
     // Part 1: 50/30/20, gold stops at 4 s; with and without the network's help.
     let stop = 4.0;
     for network_holds in [true, false] {
         let s = part(&setup, &THREE, (7.0, Some(stop)), network_holds).context("tenants part 1")?;
+        let label = match network_holds {
+            true => "HTB classes hold the guarantees",
+            false => "HTB classes only count",
+        };
         let _ = writeln!(
             md,
             "{}\n\n| tenant | DSCP | guarantee | achieved (1–{stop:.0} s) | achieved ÷ guarantee | |\n|---|---:|---:|---:|---:|---|",
@@ -226,8 +242,20 @@ pub(super) fn run(
                 share * r / 1e6,
                 share * 100.0,
                 got / 1e6,
-                if ratio >= 0.95 { "✅" } else { "❌" }
+                if ratio >= HELD { "✅" } else { "❌" }
             );
+            figures.push(figure(
+                format!("{label}: {name} (DSCP {dscp}) achieved ÷ guarantee, 1–{stop:.0} s"),
+                ratio,
+                "×",
+                &format!(
+                    "its guarantee: {:.1} MB/s ({:.0}%); achieved {:.1} MB/s",
+                    share * r / 1e6,
+                    share * 100.0,
+                    got / 1e6
+                ),
+                Some(format!(">= {HELD}")),
+            ));
         }
         // Silver and bronze after gold stops: 0.3 + 0.25 and 0.2 + 0.25 of the link.
         let want = [0.55 * r, 0.45 * r];
@@ -238,13 +266,29 @@ pub(super) fn run(
                 .find(|&t| (0..2).all(|k| s.rate(k + 1, t - 0.2, t) >= 0.95 * want[k]));
         let after = |k: usize| s.rate(k, stop + 1.5, 7.0) / 1e6;
         let unmarked = s.0.last().map_or(0, |(_, v)| v[THREE.len()]);
+        let shares = format!(
+            "new shares 55% and 45%: {:.1} and {:.1} MB/s; from 5.5 s they run at {:.1} and {:.1} MB/s",
+            want[0] / 1e6,
+            want[1] / 1e6,
+            after(1),
+            after(2)
+        );
+        // Not settled within the run counts as the run's whole length after the stop.
+        let took = settled.map_or(7.0 - stop, |t| t - stop);
+        figures.push(figure(
+            format!("{label}: gold stops at {stop:.0} s, time until silver and bronze reach 0.95 × their new shares"),
+            took,
+            "s",
+            &shares,
+            Some(format!("<= {SETTLE_S}")),
+        ));
         let _ = writeln!(
             md,
             "\nGold stops at {stop:.0} s: silver and bronze reach 0.95 × their new shares (55% and 45%: {:.1} and {:.1} MB/s) {}; from 5.5 s they run at {:.1} and {:.1} MB/s. Bytes in the default (unmarked) class: {unmarked}.\n",
             want[0] / 1e6,
             want[1] / 1e6,
             match settled.map(|t| t - stop) {
-                Some(d) if d <= 1.0 => format!("{d:.2} s later (target ≤ 1 s ✅)"),
+                Some(d) if d <= SETTLE_S => format!("{d:.2} s later (target ≤ 1 s ✅)"),
                 Some(d) => format!("{d:.2} s later (target ≤ 1 s ❌)"),
                 None => "not within the run (target ≤ 1 s ❌)".into(),
             },
@@ -262,7 +306,18 @@ pub(super) fn run(
         "Two equal tenants (50/50, the HTB classes only counting): {:.1} and {:.1} MB/s, Jain's index {jain:.4} (target ≥ 0.95 {}). Every tenant's bytes were in its DSCP class: the agent marked each data socket with its tenant's class.",
         a / 1e6,
         b / 1e6,
-        if jain >= 0.95 { "✅" } else { "❌" }
+        if jain >= FAIR { "✅" } else { "❌" }
     );
-    Ok(md)
+    figures.push(figure(
+        "two equal tenants (50/50, HTB classes only counting): Jain's fairness index".into(),
+        jain,
+        "",
+        &format!(
+            "the two tenants' rates: {:.1} and {:.1} MB/s",
+            a / 1e6,
+            b / 1e6
+        ),
+        Some(format!(">= {FAIR}")),
+    ));
+    Ok((md, figures))
 }
