@@ -1316,38 +1316,27 @@ def figures(res: dict) -> list[dict]:
                 "goal": ">= 3.0" if r["goal"] else None,
             })
     for r, q, target in worker_pairs(rows):
-        out.append({
-            "name": f"{r['loader']}: tokens/s ÷ {q['loader']}'s",
-            "value": round(r["rate_median"] / q["rate_median"], 3),
-            "unit": "×",
-            "baseline": f"{q['loader']}: {q['rate_median'] / 1e6:.1f} M tokens/s",
-            "goal": f">= {target}",
-        })
+        out.append(rate_ratio(r, q, f"{r['loader']}: tokens/s ÷ {q['loader']}'s", f">= {target}"))
     for r, c, own in torch_ceilings(rows):
-        out.append({
-            "name": f"{c['loader']}: tokens/s ÷ {own['loader']}'s",
-            "value": round(c["rate_median"] / own["rate_median"], 3),
-            "unit": "×",
-            "baseline": f"{own['loader']}: {own['rate_median'] / 1e6:.1f} M tokens/s",
-            "goal": None,
-        })
-        out.append({
-            "name": f"{r['loader']}: tokens/s ÷ torch's DataLoader alone's (an int a batch)",
-            "value": round(r["rate_median"] / c["rate_median"], 3),
-            "unit": "×",
-            "baseline": f"{c['loader']}: {c['rate_median'] / 1e6:.1f} M tokens/s",
-            "goal": None,
-        })
+        out.append(rate_ratio(c, own, f"{c['loader']}: tokens/s ÷ {own['loader']}'s"))
+        what = f"{r['loader']}: tokens/s ÷ torch's DataLoader alone's (an int a batch)"
+        out.append(rate_ratio(r, c, what))
     if "dquant-torch-masks" in rows and "dquant-torch-dl" in rows:
         r, q = rows["dquant-torch-masks"], rows["dquant-torch-dl"]
-        out.append({
-            "name": f"{r['loader']}: rate with boundary outputs ÷ without",
-            "value": round(r["rate_median"] / q["rate_median"], 3),
-            "unit": "×",
-            "baseline": f"{q['loader']}: {q['rate_median'] / 1e6:.1f} M tokens/s",
-            "goal": ">= 0.8",
-        })
+        what = f"{r['loader']}: rate with boundary outputs ÷ without"
+        out.append(rate_ratio(r, q, what, ">= 0.8"))
     return out
+
+
+def rate_ratio(r: dict, q: dict, name: str, goal: str | None = None) -> dict:
+    """The figure `name`: row `r`'s median rate ÷ row `q`'s, with `q` as its baseline."""
+    return {
+        "name": name,
+        "value": round(r["rate_median"] / q["rate_median"], 3),
+        "unit": "×",
+        "baseline": f"{q['loader']}: {q['rate_median'] / 1e6:.1f} M tokens/s",
+        "goal": goal,
+    }
 
 
 def worker_pairs(rows: dict) -> list[tuple[dict, dict, float]]:
