@@ -290,10 +290,12 @@ impl EntryWriter {
             return Err(e);
         }
         self.out.write_all(&self.hash.digest().to_le_bytes())?;
-        self.out
-            .into_inner()
-            .map_err(|e| e.into_error())?
-            .sync_all()?;
+        let f = self.out.into_inner().map_err(|e| e.into_error())?;
+        // The write left a modification time from the kernel's coarse clock, which lags
+        // `SystemTime::now()` by up to a tick: an entry written just after another was used
+        // could look older than it. Its use time comes from the clock `touch` reads.
+        touch(&f);
+        f.sync_all()?;
         self.tmp.persist(path).map_err(|e| e.error)?;
         Ok(())
     }
