@@ -1366,14 +1366,11 @@ def torch_ceilings(rows: dict) -> list[tuple[dict, dict, dict]]:
     issue holds TokenDataset with workers to its rate in this process, and no dataset behind
     torch's DataLoader can pass the DataLoader's own rate at this batch size."""
     own = rows.get("dquant-torch")
-    out = []
-    for key, c in rows.items():
-        if not key.startswith("torch-alone") or own is None:
-            continue
-        r = rows.get("dquant-torch" + key.removeprefix("torch-alone"))
-        if r is not None:
-            out.append((r, c, own))
-    return out
+    if own is None:
+        return []
+    pairs = ((rows.get("dquant-torch" + key.removeprefix("torch-alone")), c)
+             for key, c in rows.items() if key.startswith("torch-alone"))
+    return [(r, c, own) for r, c in pairs if r is not None]
 
 
 def record(res: dict, table: str) -> None:
