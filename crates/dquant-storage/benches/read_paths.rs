@@ -14,7 +14,10 @@
 //!   agent's default within its map budget);
 //! - `shuffled_reads`: the file's 4,096-token samples read in a shuffled order, one `pread`
 //!   each, nothing else: what a shuffled plan cannot avoid, against the sequential copy its
-//!   goal is stated against.
+//!   goal is stated against;
+//! - `kept_map_shuffled_narrow` and `kept_map_in_order_narrow`: the agent's own narrowing
+//!   out of its kept map (`Dataset::narrow_kept`, which prefetches ahead of itself), a batch
+//!   of 8 of those samples at a time, shuffled and in order.
 //!
 //! A map saves the copy, but a fresh one pays the page tables instead, page by page: on some
 //! machines more than the copy, on others less (`bench/profile` records both ratios beside
@@ -26,12 +29,15 @@
 use std::fs::File;
 use std::hint::black_box;
 use std::io::Write;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Bencher, Criterion, Throughput};
 use dquant_codec::{kernels, Width};
+use dquant_format::DType;
+use dquant_storage::{Dataset, MapBudget, OpenOptions};
 
 /// Tokens in the file: 64 Mi int32 ids, 256 MiB, larger than any cache but the page cache.
 const TOKENS: usize = 64 << 20;
@@ -41,6 +47,11 @@ const BATCH: usize = 8 * 4096;
 /// The file, written once (ids below 50,257, as a GPT-2 vocabulary's) and read once so its
 /// pages are cached.
 fn corpus() -> File {
+    File::open(corpus_path()).expect("bench file")
+}
+
+/// Where [`corpus`] is, made (and its pages cached) when missing.
+fn corpus_path() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR", "target/tmp"));
     std::fs::create_dir_all(&dir).expect("bench directory");
     let path = dir.join("read_paths_int32.bin");
@@ -63,7 +74,7 @@ fn corpus() -> File {
         f.read_exact_at(&mut buf, at as u64)
             .expect("warm the page cache");
     }
-    f
+    path
 }
 
 /// The next value of a xorshift64 generator in state `x`.
@@ -90,6 +101,26 @@ fn narrow_all(bytes: &[u8], out: &mut [u8]) {
         let ids: &[u32] = bytemuck::cast_slice(batch);
         kernels::store_plain(Width::U16, ids, out).expect("ids fit u16");
     }
+}
+
+/// Times the agent's narrowing out of its kept map (`Dataset::narrow_kept`), batch by batch.
+fn narrow_kept(b: &mut Bencher<'_>, batches: &[Vec<Range<u64>>], out: &mut [u8]) {
+    let opts = OpenOptions {
+        raw_dtype: Some(DType::I32),
+        eod: None,
+    };
+    let ds = Dataset::open(&corpus_path(), &opts).expect("open the bench file");
+    let budget = MapBudget::unlimited();
+    // The map is made, and its pages' table entries filled, before the timing.
+    for r in batches {
+        assert!(ds.narrow_kept(r, Width::U16, out, &budget), "narrowed");
+    }
+    b.iter(|| {
+        for r in batches {
+            ds.narrow_kept(r, Width::U16, out, &budget);
+        }
+        black_box(&out);
+    });
 }
 
 fn bench(c: &mut Criterion) {
@@ -148,6 +179,22 @@ fn bench(c: &mut Criterion) {
             black_box(&out);
         });
     });
+    let sample = 4096_u64;
+    let samples = TOKENS as u64 / sample;
+    let shuffled: Vec<u64> = shuffled(samples as usize)
+        .into_iter()
+        .map(|i| i as u64)
+        .collect();
+    for (name, order) in [
+        ("kept_map_shuffled_narrow", shuffled),
+        ("kept_map_in_order_narrow", (0..samples).collect()),
+    ] {
+        let batches: Vec<Vec<Range<u64>>> = order
+            .chunks(BATCH / sample as usize)
+            .map(|c| c.iter().map(|&i| i * sample..(i + 1) * sample).collect())
+            .collect();
+        g.bench_function(name, |b| narrow_kept(b, &batches, &mut out));
+    }
     g.finish();
 }
 

@@ -121,6 +121,15 @@ impl GuardedMap {
         Ok(out)
     }
 
+    /// Hints that the bytes of `range` (what of it lies in the map) will be read soon: a
+    /// prefetch, which never faults, so no guard is needed ([`crate::prefetch`]).
+    pub fn prefetch(&self, range: Range<usize>) {
+        let end = range.end.min(self.map.len());
+        if range.start < end {
+            crate::prefetch::prefetch(self.map[range.start..].as_ptr(), end - range.start);
+        }
+    }
+
     fn truncated(&self, needed: u64) -> StorageError {
         crate::dataset::shrunk_while_read(&self.path, self.map.len() as u64, needed)
     }

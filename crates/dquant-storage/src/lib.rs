@@ -31,6 +31,7 @@ mod guarded_map;
 mod local_root;
 mod map_budget;
 mod memory_root;
+mod prefetch;
 mod root;
 mod size;
 pub mod source;
