@@ -99,7 +99,8 @@ perf report -i "$OUT/schedule.data" --no-children --sort comm,dso,sym -g none --
 # copy (criterion, crates/dquant-storage/benches/read_paths.rs).
 echo "== read paths: pread against a map (criterion)"
 cargo bench -q -p dquant-storage --bench read_paths > "$OUT/read-paths-criterion.txt"
-for c in pagecache_copy pread_narrow fresh_map_narrow kept_map_narrow shuffled_reads; do
+for c in pagecache_copy pread_narrow fresh_map_narrow kept_map_narrow shuffled_reads \
+  kept_map_in_order_narrow kept_map_shuffled_narrow; do
   cp "target/criterion/read_paths/$c/new/estimates.json" "$OUT/read-paths-$c.json"
 done
 # Python: boundary outputs and DataLoader workers, in bench/python's venv (torch) on its
