@@ -44,7 +44,10 @@ STAGES = [
      r"__netdev\w*|neigh_\w+|__neigh\w*|raw_local_deliver|__x64_sys_write\w*|sendmsg|send|__send)$"),
     ("compress (zstd)", r"^(ZSTD_\w+|HUF_\w+|HIST_\w+|FSE_\w+|ZSTDMT_\w+)"),
     ("narrow u32 → u16 (codec kernels)",
-     r"^dquant_codec::(kernels::(store|load)_\w+|codec::(encode|decode)_width)"),
+     # The kept map's narrowing hosts the kernel's caller and its prefetching cursor, inlined.
+     r"^dquant_codec::(kernels::(store|load)_\w+|codec::(encode|decode)_width)|"
+     r"^dquant_storage::(dataset::kept_map::.*narrow_kept|guarded_map::GuardedMap::read|"
+     r"prefetch::)"),
     ("range checks (int32 sign bits, the output's fit)",
      r"^dquant_codec::kernels::(or_all|max_token)|check_fits"),
     ("crc32c", r"crc32c|crc_fast|payload_crc"),
