@@ -17,7 +17,7 @@
 #            (bench/lab/run.sh --compressed auto+zstd:1)
 #
 # Usage:
-#   bench/scale/run.sh [--keep] [--quick] [--skip STEP]... [DATA_DIR [OUT_DIR]]
+#   bench/scale/run.sh [--record] [--keep] [--quick] [--skip STEP]... [DATA_DIR [OUT_DIR]]
 #
 #   DATA_DIR  where the corpus goes (default /var/tmp/dquant-scale; needs about 15 GB free,
 #             1.5 GB with --quick)
@@ -26,28 +26,38 @@
 #   --quick   10 M documents and short phases: a check of the harness (~5 min), not figures
 #   --keep    keep the corpus (a later run reuses it)
 #   --skip    leave out a step: open, memory, resume, shuffled, lab (repeatable)
+#   --record  record the figures as the scale area (bench/scale/figures.py: bench/results/
+#             scale.json, bench/RESULTS.md, bench/history/scale.md); needs every step and
+#             the full corpus, so not with --quick or --skip. Without it the figures are
+#             printed only.
 #
 # Needs release builds (built here) and, for `open`'s cold case and the lab, root. The machine
-# is shared: the load average is recorded before and after; prefer a quiet machine. Figures go
-# to bench/results/scale.json by hand, from summary.md and the step files
-# (bench/results.py record scale --figures FILE --command ...).
+# is shared: the load average is recorded before and after; prefer a quiet machine. The full
+# run takes about 40 minutes on 2 vCPU, most of it making the corpus and the lab's rounds.
 set -euo pipefail
 
+COMMAND="bench/scale/run.sh${*:+ $*}"
 KEEP=0
 QUICK=0
+RECORD=0
 SKIP=" "
 POS=()
 while (($#)); do
   case "$1" in
     --keep) KEEP=1 ;;
     --quick) QUICK=1 ;;
+    --record) RECORD=1 ;;
     --skip) shift; SKIP+="$1 " ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) POS+=("$1") ;;
   esac
   shift
 done
 skip() { [[ "$SKIP" == *" $1 "* ]]; }
+if ((RECORD)) && { ((QUICK)) || [[ "$SKIP" != " " ]]; }; then
+  echo "bench/scale/run.sh: --record needs every step on the full corpus (not --quick or --skip)" >&2
+  exit 2
+fi
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DATA="${POS[0]:-/var/tmp/dquant-scale}"
@@ -137,12 +147,15 @@ if ! skip lab; then
   if [[ $EUID -ne 0 ]]; then
     echo "== lab skipped (needs root for network namespaces)"
   else
-    for w in 0 2; do
-      echo "== lab auto+zstd:1, worker threads $w"
-      size=50
-      ((QUICK)) && size=5
-      bench/lab/run.sh --no-append --size "$size" --corpora r50k --compressed auto+zstd:1 \
-        --runs 1 --worker-threads "$w" 2>&1 | tee "$OUT/lab_w$w.txt"
+    size=50
+    ((QUICK)) && size=5
+    # Rounds alternating the pool's size: a neighbour's load then weighs on both alike.
+    for round in $(seq "$REPEATS"); do
+      for w in 0 2; do
+        echo "== lab auto+zstd:1, worker threads $w, round $round"
+        bench/lab/run.sh --no-append --size "$size" --corpora r50k --compressed auto+zstd:1 \
+          --runs 1 --worker-threads "$w" 2>&1 | tee "$OUT/lab_w${w}_r$round.txt"
+      done
     done
   fi
 fi
@@ -189,9 +202,12 @@ for w in (0, 1):
     t = load(f"shuffled_w{w}.json")
     if t:
         print(f"shuffled, worker threads {w}: see shuffled_w{w}.txt (ratio to memcpy per case)")
-for w in (0, 2):
-    p = os.path.join(out, f"lab_w{w}.txt")
-    if os.path.exists(p):
-        print(f"lab auto+zstd:1, worker threads {w}: see lab_w{w}.txt")
+for name in sorted(n for n in os.listdir(out) if n.startswith("lab_w")):
+    print(f"lab auto+zstd:1: see {name}")
 EOF
 echo "results in $OUT"
+
+echo "== figures"
+FIGURES=(python3 bench/scale/figures.py "$OUT" --command "$COMMAND")
+((RECORD)) && FIGURES+=(--record)
+"${FIGURES[@]}"
