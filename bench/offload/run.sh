@@ -2,17 +2,19 @@
 # The offload agent's end-to-end benchmark: throughput against a plain TCP copy and (shared
 # memory) against memcpy, the shared-memory ring alone, agent memory
 # against its limit, and time to first batch on a 10 GiB dataset, each against a baseline
-# measured in the same run. Its figures go to bench/results/offload.json by hand, from the
-# files this writes (bench/results.py record offload --figures FILE --command ...).
+# measured in the same run. bench/offload/figures.py prints the area's eight figures from the
+# files this writes, and with --record records them (bench/results/offload.json,
+# bench/RESULTS.md, bench/history/offload.md).
 #
 # Usage:
-#   bench/offload/run.sh [--clean] [DATA_DIR [OUT_DIR]]
+#   bench/offload/run.sh [--record] [--clean] [DATA_DIR [OUT_DIR]]
 #
 #   DATA_DIR  where the datasets are generated once and reused (default /work/bench-data;
 #             keep it outside the repository). Needs about 13 GiB free, 25 GB to be safe.
 #   OUT_DIR   where results go (default bench/offload/out/<UTC timestamp>): machine.txt,
 #             and for each measurement a .txt (tables) and a .json.
 #   --clean   delete the generated datasets at the end.
+#   --record  record the figures as the offload area.
 #   RUNS=N    throughput rounds (default 3); REPEATS=N time-to-first-batch repeats (default 9).
 #
 # Datasets (deterministic; generated only when missing):
@@ -29,8 +31,17 @@
 # is recorded before and after, and in every throughput row; prefer a quiet machine.
 set -euo pipefail
 
+COMMAND="RUNS=${RUNS:-3} REPEATS=${REPEATS:-9} bench/offload/run.sh${*:+ $*}"
 CLEAN=0
-if [[ "${1:-}" == "--clean" ]]; then CLEAN=1; shift; fi
+RECORD=0
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --clean) CLEAN=1 ;;
+    --record) RECORD=1 ;;
+    *) echo "bench/offload/run.sh: unknown option $1 (see the head of this script)" >&2; exit 2 ;;
+  esac
+  shift
+done
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DATA="${1:-/work/bench-data}"
 OUT="${2:-$REPO/bench/offload/out/$(date -u +%Y%m%dT%H%M%SZ)}"
@@ -95,6 +106,10 @@ echo "== where the time goes (one thread, stage by stage)"
 
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
 echo "results in $OUT"
+echo "== figures"
+FIGURES=(python3 bench/offload/figures.py "$OUT" --command "$COMMAND")
+((RECORD)) && FIGURES+=(--record)
+"${FIGURES[@]}"
 if (( CLEAN )); then
   rm -f "$DATA"/zipf1g_u16.bin "$DATA"/zipf1g_u16.idx "$DATA"/zipf10g.bin "$DATA"/zipf10g.idx
   echo "deleted the generated datasets in $DATA"

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The offload area's figures from one bench/offload/run.sh output directory, each against a
+baseline from the same run: printed as a table, and with --record recorded as the `offload`
+area (bench/results.py) with the table appended to bench/history/offload.md.
+
+Why a script of its own: run.sh's steps write dquant-offload-bench's own JSON (throughput,
+rss, ttfb), and until now their figures were copied into bench/results/offload.json by hand,
+so the area stayed stale from 2026-11-22 on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import benchlib  # noqa: E402
+
+TITLE = ("The offload agent end to end: throughput over TCP against a plain socket copy, agent "
+         "memory against its limit, and time to first batch on 10 GiB against in-process")
+DEPENDS = ["bench/offload/run.sh", "bench/offload/figures.py", "bench/harness/src/throughput.rs",
+           "bench/harness/src/rss.rs", "bench/harness/src/ttfb.rs", "crates/dquant-agent/src",
+           "crates/dquant-client/src", "crates/dquant-transport/src", "crates/dquant-engine/src",
+           "crates/dquant-storage/src"]
+NOTES = ("Throughput ratios are the worst of the runs against a plain TCP copy of the same bytes "
+         "in the same run (range in each baseline), on zipf1g_u16 (1 Gi Zipf tokens, Megatron "
+         "u16), seq_len 4095, batch 16, u16 output and wire; memory and time to first batch "
+         "also use zipf10g (10 GiB int32), shuffled. The limit on the agent's memory is 64 MiB "
+         "+ its prefetch budget. The VM is shared: compare ratios only within a run.")
+
+
+def fig(name: str, value: float, unit: str, baseline: str, goal: str | None) -> dict:
+    return {"name": name, "value": value, "unit": unit, "baseline": baseline, "goal": goal}
+
+
+def load(out: Path, name: str):
+    p = out / name
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def throughput_figures(out: Path) -> list[dict]:
+    """The agent over TCP against a plain TCP copy, unshuffled and shuffled: the worst run."""
+    t = load(out, "throughput.json")
+    if not t:
+        return []
+    figs = []
+    for case, shuffle in (("agent", False), ("agent-shuffled", True)):
+        ratios = [m["ratio_to_plain"] for m in t["measurements"]
+                  if m["case"] == case and m.get("ratio_to_plain") is not None]
+        if not ratios:
+            continue
+        figs.append(fig(
+            f"agent over TCP, shuffle={'true' if shuffle else 'false'}, ratio to plain TCP copy "
+            f"(worst of {len(ratios)} runs)", round(min(ratios), 2), "×",
+            f"plain TCP copy of the same bytes over loopback, same run; ratio "
+            f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} runs", ">= 0.8"))
+    return figs
+
+
+def rss_figures(out: Path) -> list[dict]:
+    """The agent's peak VmRSS streaming each dataset, against its limit."""
+    figs = []
+    for name, label in (("rss_u16.json", "3 passes of the 2 GiB u16 dataset, shuffled"),
+                        ("rss_10g.json", "10 GiB int32 dataset, shuffled")):
+        r = load(out, name)
+        if not r:
+            continue
+        peak = max(r["rss_max_kib"], r["vm_hwm_kib"]) / 1024
+        limit = r["limit_kib"] / 1024
+        figs.append(fig(f"agent VmRSS peak, {label}", round(peak, 1), "MiB",
+                        f"limit: 64 MiB + prefetch budget = {limit:.0f} MiB",
+                        f"<= {limit:.0f}"))
+    return figs
+
+
+def ttfb_figures(out: Path) -> list[dict]:
+    """Open → first batch through the agent against in-process, alternated in the same run."""
+    t = load(out, "ttfb.json")
+    if not t:
+        return []
+    by: dict[tuple[str, bool], list[float]] = {}
+    for m in t["measurements"]:
+        by.setdefault((m["case"], m["cold"]), []).append(m["total_s"])
+    figs = []
+    for cold in (False, True):
+        agent, inproc = by.get(("agent", cold)), by.get(("inproc", cold))
+        if not agent or not inproc:
+            continue
+        a, i = median(agent) * 1000, median(inproc) * 1000
+        cache = "cold" if cold else "warm"
+        base = "in-process (Offload::No), alternated in the same run"
+        figs.append(fig(f"time to first batch through the agent, 10 GiB, shuffled, {cache} "
+                        f"(median of {len(agent)})", round(a, 1), "ms",
+                        f"{base}: {i:.1f} ms", None))
+        figs.append(fig(f"time to first batch, agent / in-process, 10 GiB, shuffled, {cache}",
+                        round(a / i, 2), "×", base, None))
+    return figs
+
+
+def figures(out: Path) -> list[dict]:
+    return throughput_figures(out) + rss_figures(out) + ttfb_figures(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="a bench/offload/run.sh output directory")
+    ap.add_argument("--command", default="bench/offload/run.sh --record")
+    ap.add_argument("--record", action="store_true",
+                    help="record the figures as the offload area (every step's figures needed)")
+    a = ap.parse_args()
+    figs = figures(a.out)
+    table = benchlib.figures_table(figs)
+    print(table)
+    if not a.record:
+        return 0
+    if len(figs) != 8:
+        print(f"error: {len(figs)} of the 8 figures in {a.out}: record a whole run",
+              file=sys.stderr)
+        return 1
+    history = benchlib.history_head("offload", a.command, f"output {a.out}") + table + "\n\n"
+    ok = benchlib.record("offload", figs, a.command, history, "--title", TITLE,
+                         "--depends-on", *DEPENDS, "--notes", NOTES)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
