@@ -28,7 +28,9 @@ NOTES = ("Throughput ratios are the worst of the runs against a plain TCP copy o
          "in the same run (range in each baseline), on zipf1g_u16 (1 Gi Zipf tokens, Megatron "
          "u16), seq_len 4095, batch 16, u16 output and wire; memory and time to first batch "
          "also use zipf10g (10 GiB int32), shuffled. The limit on the agent's memory is 64 MiB "
-         "+ its prefetch budget. The VM is shared: compare ratios only within a run.")
+         "+ its prefetch budget; the memory runs' agent reads by pread (--map-budget 0), as the "
+         "pages of maps it keeps are the page cache's but VmRSS counts them "
+         "(bench/harness/src/rss.rs). The VM is shared: compare ratios only within a run.")
 
 
 def fig(name: str, value: float, unit: str, baseline: str, goal: str | None) -> dict:
