@@ -93,7 +93,8 @@ def ttfb_figures(out: Path) -> list[dict]:
         a, i = median(agent) * 1000, median(inproc) * 1000
         cache = "cold" if cold else "warm"
         base = "in-process (Offload::No), alternated in the same run"
-        figs.append(fig(f"time to first batch through the agent, 10 GiB, shuffled, {cache} "
+        who = "a fresh agent" if cold else "the agent"
+        figs.append(fig(f"time to first batch through {who}, 10 GiB, shuffled, {cache} "
                         f"(median of {len(agent)})", round(a, 1), "ms",
                         f"{base}: {i:.1f} ms", None))
         figs.append(fig(f"time to first batch, agent / in-process, 10 GiB, shuffled, {cache}",

@@ -65,7 +65,8 @@ def open_figures(out: Path) -> list[dict]:
             continue
         t = lambda xs, k: median(x[k] for x in xs) * 1000  # noqa: E731
         figs.append(fig(
-            f"open → first batch through the agent, {'cold' if cold else 'warm'} page cache "
+            f"open → first batch through {'a fresh' if cold else 'the'} agent, "
+            f"{'cold' if cold else 'warm'} page cache "
             f"(median of {len(agent)})", round(t(agent, "total_s"), 1), "ms",
             f"in-process, same run: {t(inproc, 'total_s'):.1f} ms (agent open() "
             f"{t(agent, 'open_s'):.1f} ms)", f"<= {goal}"))

@@ -22,7 +22,8 @@ Examples:
 /// Wall time from `open()` to the first batch returned, through an agent that is already
 /// running (another process) and in-process (Offload::No), alternating, --repeats times each.
 /// With --cold, also with the dataset's .bin and .idx dropped from the page cache before each
-/// open (posix_fadvise DONTNEED on those two files only).
+/// open (posix_fadvise DONTNEED on those two files only), through a freshly started agent
+/// (an agent keeps a dataset it served open, and its maps keep the pages cached).
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
@@ -157,7 +158,16 @@ pub fn run(a: &Args) -> Result<()> {
     for i in 1..=a.repeats {
         for &cold in temps {
             for case in [Case::Agent, Case::Inproc] {
-                let m = once(a, &ds, &agent, case, cold)?;
+                // A cold open through the agent is a fresh agent's: one that served the
+                // dataset before keeps it open, its maps holding the files' pages in the page
+                // cache, where dropping them cannot reach.
+                let fresh = match (cold, case) {
+                    (true, Case::Agent) => {
+                        Some(AgentProc::spawn(&ds.dir, a.prefetch_frames, false)?)
+                    }
+                    _ => None,
+                };
+                let m = once(a, &ds, fresh.as_ref().unwrap_or(&agent), case, cold)?;
                 eprintln!(
                     "repeat {i}/{}: {:<10} {:<4} open {:>8} ms, first batch {:>8} ms",
                     a.repeats,
@@ -183,10 +193,10 @@ pub fn run(a: &Args) -> Result<()> {
     let label = |case: Case, cold: bool| {
         format!(
             "{}, {} cache",
-            if case == Case::Agent {
-                "agent (running)"
-            } else {
-                "in-process"
+            match (case, cold) {
+                (Case::Agent, false) => "agent (running)",
+                (Case::Agent, true) => "agent (fresh)",
+                (Case::Inproc, _) => "in-process",
             },
             if cold { "cold" } else { "warm" }
         )
