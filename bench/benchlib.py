@@ -157,6 +157,44 @@ def record(area: str, figures: list[dict], command: str, history: str, *args: st
     return True
 
 
+def figure(name: str, value: float, unit: str, baseline: str, goal: Optional[str]) -> dict:
+    """One figure as bench/results.py takes it."""
+    return {"name": name, "value": value, "unit": unit, "baseline": baseline, "goal": goal}
+
+
+def load_json(out: Path, name: str):
+    """`out/name` parsed, or None when the run did not write it (a step left out)."""
+    p = out / name
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def figures_main(area: str, doc: str, figures: Callable[[Path], list[dict]], expected: int,
+                 record_args: list[str], extra: Callable[[Path], str] = lambda out: "") -> int:
+    """The command line of a run's figures script (bench/AREA/figures.py, `doc` its module
+    doc): prints the figures of an output directory as a table, and with --record records them
+    as AREA (all `expected` of them needed, `record_args` more of results.py's options), with
+    the table and `extra(out)` appended to bench/history/AREA.md."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help=f"a bench/{area}/run.sh output directory")
+    ap.add_argument("--command", default=f"bench/{area}/run.sh --record")
+    ap.add_argument("--record", action="store_true",
+                    help=f"record the figures as the {area} area (every step's figures needed)")
+    a = ap.parse_args()
+    figs = figures(a.out)
+    table = figures_table(figs)
+    print(table)
+    if not a.record:
+        return 0
+    if len(figs) != expected:
+        print(f"error: {len(figs)} of the {expected} figures in {a.out}: record a run of every "
+              "step", file=sys.stderr)
+        return 1
+    history = history_head(area, a.command, f"output {a.out}") + table + "\n\n" + extra(a.out)
+    return 0 if record(area, figs, a.command, history, *record_args) else 1
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,7 +9,6 @@ so the area stayed stale from 2026-11-22 on.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
+from benchlib import figure, load_json  # noqa: E402
 
 TITLE = ("The offload agent end to end: throughput over TCP against a plain socket copy, agent "
          "memory against its limit, and time to first batch on 10 GiB against in-process")
@@ -33,18 +33,9 @@ NOTES = ("Throughput ratios are the worst of the runs against a plain TCP copy o
          "(bench/harness/src/rss.rs). The VM is shared: compare ratios only within a run.")
 
 
-def fig(name: str, value: float, unit: str, baseline: str, goal: str | None) -> dict:
-    return {"name": name, "value": value, "unit": unit, "baseline": baseline, "goal": goal}
-
-
-def load(out: Path, name: str):
-    p = out / name
-    return json.loads(p.read_text()) if p.exists() else None
-
-
 def throughput_figures(out: Path) -> list[dict]:
     """The agent over TCP against a plain TCP copy, unshuffled and shuffled: the worst run."""
-    t = load(out, "throughput.json")
+    t = load_json(out, "throughput.json")
     if not t:
         return []
     figs = []
@@ -53,7 +44,7 @@ def throughput_figures(out: Path) -> list[dict]:
                   if m["case"] == case and m.get("ratio_to_plain") is not None]
         if not ratios:
             continue
-        figs.append(fig(
+        figs.append(figure(
             f"agent over TCP, shuffle={'true' if shuffle else 'false'}, ratio to plain TCP copy "
             f"(worst of {len(ratios)} runs)", round(min(ratios), 2), "×",
             f"plain TCP copy of the same bytes over loopback, same run; ratio "
@@ -66,12 +57,12 @@ def rss_figures(out: Path) -> list[dict]:
     figs = []
     for name, label in (("rss_u16.json", "3 passes of the 2 GiB u16 dataset, shuffled"),
                         ("rss_10g.json", "10 GiB int32 dataset, shuffled")):
-        r = load(out, name)
+        r = load_json(out, name)
         if not r:
             continue
         peak = max(r["rss_max_kib"], r["vm_hwm_kib"]) / 1024
         limit = r["limit_kib"] / 1024
-        figs.append(fig(f"agent VmRSS peak, {label}", round(peak, 1), "MiB",
+        figs.append(figure(f"agent VmRSS peak, {label}", round(peak, 1), "MiB",
                         f"limit: 64 MiB + prefetch budget = {limit:.0f} MiB",
                         f"<= {limit:.0f}"))
     return figs
@@ -79,7 +70,7 @@ def rss_figures(out: Path) -> list[dict]:
 
 def ttfb_figures(out: Path) -> list[dict]:
     """Open → first batch through the agent against in-process, alternated in the same run."""
-    t = load(out, "ttfb.json")
+    t = load_json(out, "ttfb.json")
     if not t:
         return []
     by: dict[tuple[str, bool], list[float]] = {}
@@ -94,10 +85,10 @@ def ttfb_figures(out: Path) -> list[dict]:
         cache = "cold" if cold else "warm"
         base = "in-process (Offload::No), alternated in the same run"
         who = "a fresh agent" if cold else "the agent"
-        figs.append(fig(f"time to first batch through {who}, 10 GiB, shuffled, {cache} "
+        figs.append(figure(f"time to first batch through {who}, 10 GiB, shuffled, {cache} "
                         f"(median of {len(agent)})", round(a, 1), "ms",
                         f"{base}: {i:.1f} ms", None))
-        figs.append(fig(f"time to first batch, agent / in-process, 10 GiB, shuffled, {cache}",
+        figs.append(figure(f"time to first batch, agent / in-process, 10 GiB, shuffled, {cache}",
                         round(a / i, 2), "×", base, None))
     return figs
 
@@ -107,25 +98,8 @@ def figures(out: Path) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path, help="a bench/offload/run.sh output directory")
-    ap.add_argument("--command", default="bench/offload/run.sh --record")
-    ap.add_argument("--record", action="store_true",
-                    help="record the figures as the offload area (every step's figures needed)")
-    a = ap.parse_args()
-    figs = figures(a.out)
-    table = benchlib.figures_table(figs)
-    print(table)
-    if not a.record:
-        return 0
-    if len(figs) != 8:
-        print(f"error: {len(figs)} of the 8 figures in {a.out}: record a whole run",
-              file=sys.stderr)
-        return 1
-    history = benchlib.history_head("offload", a.command, f"output {a.out}") + table + "\n\n"
-    ok = benchlib.record("offload", figs, a.command, history, "--title", TITLE,
-                         "--depends-on", *DEPENDS, "--notes", NOTES)
-    return 0 if ok else 1
+    return benchlib.figures_main("offload", __doc__, figures, 8,
+                                 ["--title", TITLE, "--depends-on", *DEPENDS, "--notes", NOTES])
 
 
 if __name__ == "__main__":

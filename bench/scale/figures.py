@@ -9,7 +9,6 @@ bench/results/scale.json by hand, so the area went stale for days at a time.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -18,6 +17,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
+from benchlib import figure, load_json  # noqa: E402
 
 TITLE = ("Issue 15 at the corpus's scale (97 M documents, 3.2 G int32 tokens): open and first "
          "batch, agent memory by session count, resume and schedule cost, shuffled "
@@ -41,18 +41,9 @@ REPLAYED = 1_000_000
 UNITS = {"ps": 1e-12, "ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def fig(name: str, value: float, unit: str, baseline: str, goal: str | None) -> dict:
-    return {"name": name, "value": value, "unit": unit, "baseline": baseline, "goal": goal}
-
-
-def load(out: Path, name: str):
-    p = out / name
-    return json.loads(p.read_text()) if p.exists() else None
-
-
 def open_figures(out: Path) -> list[dict]:
     """Open → first batch, through the agent against in-process, cold and warm."""
-    o = load(out, "open.json")
+    o = load_json(out, "open.json")
     if not o:
         return []
     ms = {}
@@ -64,7 +55,7 @@ def open_figures(out: Path) -> list[dict]:
         if not agent or not inproc:
             continue
         t = lambda xs, k: median(x[k] for x in xs) * 1000  # noqa: E731
-        figs.append(fig(
+        figs.append(figure(
             f"open → first batch through {'a fresh' if cold else 'the'} agent, "
             f"{'cold' if cold else 'warm'} page cache "
             f"(median of {len(agent)})", round(t(agent, "total_s"), 1), "ms",
@@ -75,7 +66,7 @@ def open_figures(out: Path) -> list[dict]:
 
 def memory_figures(out: Path) -> list[dict]:
     """The agent's peak RSS with the most sessions against one session, and its bound."""
-    runs = sorted((load(out, p.name) for p in out.glob("memory_*.json")),
+    runs = sorted((load_json(out, p.name) for p in out.glob("memory_*.json")),
                   key=lambda m: m["consumers"])
     if len(runs) < 2:
         return []
@@ -84,7 +75,7 @@ def memory_figures(out: Path) -> list[dict]:
     errors = sum(m["phases"][-1]["errors"] for m in runs)
     n, pf = last["consumers"], last["per_session_bytes"]["prefetch"]
     bound = n * (pf + (2 << 20)) / 2**20
-    return [fig(
+    return [figure(
         f"agent peak RSS with {n} sessions minus with {first['consumers']} session, streaming "
         "the corpus", round(peak(last) - peak(first)), "MiB",
         f"{first['consumers']} session: {peak(first):.0f} MiB peak; {n} sessions: "
@@ -112,7 +103,7 @@ def resume_figures(out: Path) -> list[dict]:
     replay = c.get("scale/resume/replay per sample, 100 sources")
     replay = replay / REPLAYED if replay else None
     if at10 and replay:
-        figs.append(fig(
+        figs.append(figure(
             "first batch after resume with counts at 10¹⁰ samples, 100 sources",
             round(at10 * 1e6, 1), "µs",
             f"a cursor without counts replays: {replay * 1e9:.0f} ns a sample (→ "
@@ -120,7 +111,7 @@ def resume_figures(out: Path) -> list[dict]:
     big = c.get("scale/batch/world 4096, 1000 sources")
     small = c.get("scale/batch/world 1, 1000 sources")
     if big and small:
-        figs.append(fig("schedule cost per batch of 8, world 4096 × 1,000 sources",
+        figs.append(figure("schedule cost per batch of 8, world 4096 × 1,000 sources",
                         round(big * 1e3, 2), "ms",
                         f"world 1 × 1,000 sources, same run: {small * 1e6:.1f} µs", "<= 2"))
     return figs
@@ -130,7 +121,7 @@ def shuffled_figures(out: Path) -> list[dict]:
     """Shuffled shared-memory delivery against memcpy, with no worker pool and with one."""
     figs = []
     for w in (0, 1):
-        t = load(out, f"shuffled_w{w}.json")
+        t = load_json(out, f"shuffled_w{w}.json")
         if not t:
             continue
         by = {}
@@ -140,7 +131,7 @@ def shuffled_figures(out: Path) -> list[dict]:
             continue
         gb = lambda case: median(m["gb_per_s"] for m in by[case])  # noqa: E731
         ratio = lambda case: gb(case) / gb("memcpy")  # noqa: E731
-        figs.append(fig(
+        figs.append(figure(
             f"shuffled delivery over shm, int32 narrowed to u16, --worker-threads {w}: ratio "
             "to memcpy", round(ratio("agent-shm-shuffled"), 2), "×",
             f"memcpy, same invocation: {gb('memcpy'):.1f} GB/s (shuffled "
@@ -174,7 +165,7 @@ def lab_figures(out: Path) -> list[dict]:
         if not two or not none:
             continue
         rounds = lambda xs: ", ".join(f"{x:.1f}%" for x in xs)  # noqa: E731
-        figs.append(fig(
+        figs.append(figure(
             f"{label}, --worker-threads 2: link use (median of {len(two)} rounds)",
             round(median(two)), "%",
             f"--worker-threads 0, alternated: {median(none):.0f}% (rounds {rounds(none)}); W=2 "
@@ -187,28 +178,16 @@ def figures(out: Path) -> list[dict]:
             + shuffled_figures(out) + lab_figures(out))
 
 
+def summary(out: Path) -> str:
+    """The run's own summary.md, for the history."""
+    p = out / "summary.md"
+    return p.read_text() + "\n" if p.exists() else ""
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path, help="a bench/scale/run.sh output directory")
-    ap.add_argument("--command", default="bench/scale/run.sh --record")
-    ap.add_argument("--record", action="store_true",
-                    help="record the figures as the scale area (every step's figures needed)")
-    a = ap.parse_args()
-    figs = figures(a.out)
-    table = benchlib.figures_table(figs)
-    print(table)
-    if not a.record:
-        return 0
-    if len(figs) != 9:
-        print(f"error: {len(figs)} of the 9 figures in {a.out}: record a run of every step",
-              file=sys.stderr)
-        return 1
-    summary = (a.out / "summary.md").read_text() if (a.out / "summary.md").exists() else ""
-    history = (benchlib.history_head("scale", a.command, f"output {a.out}")
-               + table + "\n\n" + summary + "\n")
-    ok = benchlib.record("scale", figs, a.command, history, "--title", TITLE,
-                         "--depends-on", *DEPENDS, "--notes", NOTES)
-    return 0 if ok else 1
+    return benchlib.figures_main("scale", __doc__, figures, 9,
+                                 ["--title", TITLE, "--depends-on", *DEPENDS, "--notes", NOTES],
+                                 summary)
 
 
 if __name__ == "__main__":
