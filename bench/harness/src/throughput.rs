@@ -84,7 +84,7 @@ pub struct Args {
     pub no_warm: bool,
     /// Drop the dataset's tokens file from the page cache before each case of each run, so
     /// every case reads from the disk (what storage that is not the page cache costs: cold
-    /// epochs, network file systems); implies --no-warm.
+    /// epochs, network file systems), through agents started for it; implies --no-warm.
     #[arg(long)]
     pub cold: bool,
     #[command(flatten)]
@@ -425,6 +425,67 @@ fn memcpy(run: usize, bytes: u64, a: &Args, ds: &DataSpec) -> Result<M> {
     })
 }
 
+/// The agents a run's cases read through, each started only when a case needs it.
+#[derive(Default)]
+struct Agents {
+    agent: Option<AgentProc>,
+    tls: Option<TlsAgent>,
+    chain: Option<Chain>,
+}
+
+impl Agents {
+    /// Whether `case` reads through an agent.
+    fn uses(case: Case) -> bool {
+        !matches!(
+            case,
+            Case::Plain
+                | Case::Framed
+                | Case::Threaded
+                | Case::Memcpy
+                | Case::Inproc
+                | Case::InprocShuffled
+        )
+    }
+
+    /// Starts the agents `cases` read through.
+    fn spawn(a: &Args, ds: &DataSpec, cases: &[Case]) -> Result<Self> {
+        let any = |f: fn(&Case) -> bool| cases.iter().any(f);
+        let agent = any(|c| {
+            matches!(
+                c,
+                Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled
+            )
+        });
+        let tls = any(|c| matches!(c, Case::AgentTls | Case::AgentTlsShuffled));
+        let chain = any(|c| matches!(c, Case::AgentChain | Case::AgentChainShuffled));
+        Ok(Agents {
+            agent: agent.then(|| spawn_agent(a, ds)).transpose()?,
+            tls: tls
+                .then(|| TlsAgent::spawn(&ds.dir, a.prefetch_frames))
+                .transpose()?,
+            chain: chain
+                .then(|| Chain::spawn(&ds.dir, a.prefetch_frames, a.worker_threads))
+                .transpose()?,
+        })
+    }
+}
+
+/// The plain agent, with the run's flags.
+fn spawn_agent(a: &Args, ds: &DataSpec) -> Result<AgentProc> {
+    let mut flags: Vec<String> = a
+        .keep_maps
+        .then(|| "--keep-maps".to_string())
+        .into_iter()
+        .collect();
+    if let Some(us) = a.worker_min_share_us {
+        flags.extend(["--worker-min-share-us".to_string(), us.to_string()]);
+    }
+    if let Some(b) = a.map_budget {
+        flags.extend(["--map-budget".to_string(), b.to_string()]);
+    }
+    AgentProc::spawn_working(&ds.dir, a.prefetch_frames, true, a.worker_threads, &flags)
+}
+
 pub fn run(a: &Args) -> Result<()> {
     let ds = a.plan.dataset()?;
     if a.runs == 0 || a.cases.is_empty() {
@@ -432,6 +493,20 @@ pub fn run(a: &Args) -> Result<()> {
     }
     if a.copy_buf == 0 || a.copy_buf > dquant_transport::frame::MAX_PAYLOAD {
         bail!("--copy-buf must be 1..=1048576 bytes (the frame payload limit)");
+    }
+    // A dataset read in this process stays mapped here after its first pass (the pages kept
+    // cached, beyond dropping): only one in-process case can read cold in one invocation.
+    let inproc = a
+        .cases
+        .iter()
+        .filter(|c| matches!(c, Case::Inproc | Case::InprocShuffled))
+        .count();
+    if a.cold && inproc * a.runs > 1 {
+        bail!(
+            "--cold: an in-process case reads cold once in one invocation (its dataset stays \
+             mapped in this process after that, its pages cached); run one such case and \
+             --runs 1 an invocation"
+        );
     }
     if !a.no_warm && !a.cold {
         eprintln!("warming the page cache: {}", ds.bin().display());
@@ -444,56 +519,18 @@ pub fn run(a: &Args) -> Result<()> {
         let r = open("", &plan, Offload::No)?;
         r.rank_samples() * plan.sample_len() as u64 * plan.output.itemsize() as u64
     };
-    let needs_agent = a.cases.iter().any(|c| {
-        matches!(
-            c,
-            Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled
-        )
-    });
-    let agent = if needs_agent {
-        let mut flags: Vec<String> = a
-            .keep_maps
-            .then(|| "--keep-maps".to_string())
-            .into_iter()
-            .collect();
-        if let Some(us) = a.worker_min_share_us {
-            flags.extend(["--worker-min-share-us".to_string(), us.to_string()]);
-        }
-        if let Some(b) = a.map_budget {
-            flags.extend(["--map-budget".to_string(), b.to_string()]);
-        }
-        Some(AgentProc::spawn_working(
-            &ds.dir,
-            a.prefetch_frames,
-            true,
-            a.worker_threads,
-            &flags,
-        )?)
-    } else {
-        None
-    };
-    let tls = if a
-        .cases
-        .iter()
-        .any(|c| matches!(c, Case::AgentTls | Case::AgentTlsShuffled))
-    {
-        Some(TlsAgent::spawn(&ds.dir, a.prefetch_frames)?)
-    } else {
-        None
-    };
-    let chain = if a
-        .cases
-        .iter()
-        .any(|c| matches!(c, Case::AgentChain | Case::AgentChainShuffled))
-    {
-        Some(Chain::spawn(&ds.dir, a.prefetch_frames, a.worker_threads)?)
-    } else {
-        None
-    };
+    let mut agents = Agents::spawn(a, &ds, &a.cases)?;
     let mut ms: Vec<M> = Vec::new();
     for run in 1..=a.runs {
         for &case in &a.cases {
             if a.cold {
+                // An agent that served the dataset keeps it open, and its maps keep the file's
+                // pages cached where dropping them cannot reach: a cold case reads through
+                // agents started for it (the old ones go first, with their maps).
+                if Agents::uses(case) {
+                    drop(std::mem::take(&mut agents));
+                    agents = Agents::spawn(a, &ds, &[case])?;
+                }
                 procs::drop_file_cache(&ds.bin())?;
             }
             let m = match case {
@@ -502,15 +539,15 @@ pub fn run(a: &Args) -> Result<()> {
                 }
                 Case::Memcpy => memcpy(run, expect, a, &ds)?,
                 Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled => {
-                    let ag = agent.as_ref().context("no agent")?;
+                    let ag = agents.agent.as_ref().context("no agent")?;
                     stream(run, case, a, &ds, Via::Agent(ag), expect)?
                 }
                 Case::AgentTls | Case::AgentTlsShuffled => {
-                    let t = tls.as_ref().context("no TLS agent")?;
+                    let t = agents.tls.as_ref().context("no TLS agent")?;
                     stream(run, case, a, &ds, Via::Tls(t), expect)?
                 }
                 Case::AgentChain | Case::AgentChainShuffled => {
-                    let c = chain.as_ref().context("no chained agents")?;
+                    let c = agents.chain.as_ref().context("no chained agents")?;
                     stream(run, case, a, &ds, Via::Chain(c), expect)?
                 }
                 Case::Inproc | Case::InprocShuffled => {
@@ -527,9 +564,7 @@ pub fn run(a: &Args) -> Result<()> {
             ms.push(m);
         }
     }
-    drop(agent);
-    drop(tls);
-    drop(chain);
+    drop(agents);
 
     let base = |run: usize| {
         ms.iter()
