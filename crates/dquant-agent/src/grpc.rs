@@ -40,12 +40,12 @@ pub(crate) struct Service {
 /// `interval`, until it goes away or the agent stops.
 async fn watch(
     shared: Arc<Shared>,
+    mut rx: tokio::sync::broadcast::Receiver<Event>,
     only: Option<String>,
     interval: Duration,
     tx: tokio::sync::mpsc::Sender<Result<Event, Status>>,
 ) {
     use tokio::sync::broadcast::error::RecvError;
-    let mut rx = shared.events.subscribe();
     let mut w = crate::events::Watcher::new(only);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -326,8 +326,12 @@ impl Agent for Service {
         };
         let only = caller.watches_only().map(str::to_string);
         let (tx, rx) = tokio::sync::mpsc::channel(256);
+        // Subscribed before the call returns: every event after it reaches the watcher (the
+        // task alone subscribing could miss those of the moments before it first ran).
+        let events = self.shared.events.subscribe();
         tokio::spawn(watch(
             self.shared.clone(),
+            events,
             only,
             Duration::from_millis(interval.into()),
             tx,
