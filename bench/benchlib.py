@@ -11,6 +11,7 @@ it: its test copies that file alone.)
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -90,13 +91,18 @@ def _rusage_cpu_s(who: int) -> float:
 
 
 def cpu_s(pid: int, gone: Optional[float] = None) -> float:
-    """User + system CPU seconds of process `pid` (all its threads). A process that is gone
-    raises, or gives `gone` when that is a number."""
+    """User + system CPU seconds of process `pid` (all its threads, those that ended too), to
+    the nanosecond: its CPU-time clock (clock_getcpuclockid), as dquant-offload-bench's
+    procs::proc_cpu reads it. /proc/PID/stat has the same time in 10 ms ticks, too coarse
+    for the two readings around a short measurement. A process that is gone raises, or gives
+    `gone` when that is a number."""
+    clock = ctypes.c_int()
+    rc = ctypes.CDLL(None, use_errno=True).clock_getcpuclockid(pid, ctypes.byref(clock))
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            parts = f.read().rsplit(")", 1)[1].split()
-        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        if rc != 0:
+            raise OSError(rc, f"no CPU clock for process {pid}: {os.strerror(rc)}")
+        return time.clock_gettime(clock.value)
+    except OSError:
         if gone is None:
             raise
         return gone
@@ -166,6 +172,15 @@ def load_json(out: Path, name: str):
     """`out/name` parsed, or None when the run did not write it (a step left out)."""
     p = out / name
     return json.loads(p.read_text()) if p.exists() else None
+
+
+def by_case_and_cache(measurements: list[dict]) -> dict[tuple[str, bool], list[dict]]:
+    """A `dquant-offload-bench ttfb` run's measurements grouped by (case, cold): the agent's
+    and in-process, cold and warm."""
+    by: dict[tuple[str, bool], list[dict]] = {}
+    for m in measurements:
+        by.setdefault((m["case"], m["cold"]), []).append(m)
+    return by
 
 
 def figures_main(area: str, doc: str, figures: Callable[[Path], list[dict]], expected: int,

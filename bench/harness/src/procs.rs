@@ -357,9 +357,33 @@ pub fn self_minflt() -> u64 {
     ru.ru_minflt as u64
 }
 
-/// User + system CPU time of process `pid` so far, all threads (clock-tick resolution).
+/// User + system CPU time of process `pid` so far, all its threads (those that ended too), to
+/// the nanosecond: its CPU-time clock (`clock_getcpuclockid`), the scheduler's own count.
+/// `/proc/PID/stat` has the same time in 10 ms ticks, which the two readings around a 0.2 s
+/// measurement turned into ±10% (the fan-out area's agent CPU ratios swung 1.14-1.47 between
+/// recordings).
 pub fn proc_cpu(pid: u32) -> Result<Duration> {
-    proc_cpu_path(&format!("/proc/{pid}/stat"))
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock_getcpuclockid writes one clockid_t into `clock`, which we own.
+    let rc = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) };
+    if rc != 0 {
+        bail!(
+            "no CPU clock for process {pid}: {}",
+            std::io::Error::from_raw_os_error(rc)
+        );
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which we own.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        bail!(
+            "the CPU clock of process {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// User + system CPU time from a `/proc/PID/stat` or `/proc/PID/task/TID/stat` file.
@@ -427,4 +451,57 @@ pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec into `ts`, which we own.
+        assert_eq!(
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+            0
+        );
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    /// A process's CPU clock counts a thread's time after the thread has ended, to well under
+    /// a clock tick of getrusage's figure for the same process.
+    #[test]
+    fn a_process_cpu_clock_counts_ended_threads_and_matches_getrusage() {
+        let pid = std::process::id();
+        let before = proc_cpu(pid).unwrap();
+        // The thread spins until it has had 150 ms of CPU (by its own clock), however busy
+        // the machine is.
+        std::thread::spawn(|| {
+            let mut x = 0u64;
+            while thread_cpu() < Duration::from_millis(150) {
+                for _ in 0..10_000 {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            }
+        })
+        .join()
+        .unwrap();
+        let (clock, rusage) = (proc_cpu(pid).unwrap(), self_cpu());
+        assert!(
+            clock - before >= Duration::from_millis(140),
+            "{:?}",
+            clock - before
+        );
+        let gap = clock.abs_diff(rusage);
+        assert!(
+            gap < Duration::from_millis(5),
+            "clock {clock:?}, getrusage {rusage:?}"
+        );
+        // A process that is gone (reaped) has no clock.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        assert!(proc_cpu(gone.id()).is_err());
+    }
 }
