@@ -129,7 +129,58 @@ pub enum Case {
     InprocShuffled,
 }
 
+/// What a case's stream is read through.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// Nothing: a baseline, or the plan in this process.
+    None,
+    /// The plain agent (TCP or its Unix socket's shared memory).
+    Agent,
+    /// The agent serving TLS.
+    Tls,
+    /// A host agent chained to a storage agent.
+    Chain,
+}
+
 impl Case {
+    /// What this case reads through (the one place that sorts cases by it).
+    fn server(self) -> Server {
+        match self {
+            Case::Plain | Case::Framed | Case::Threaded | Case::Memcpy => Server::None,
+            Case::Inproc | Case::InprocShuffled => Server::None,
+            Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled => {
+                Server::Agent
+            }
+            Case::AgentTls | Case::AgentTlsShuffled => Server::Tls,
+            Case::AgentChain | Case::AgentChainShuffled => Server::Chain,
+        }
+    }
+
+    fn shuffled(self) -> bool {
+        matches!(
+            self,
+            Case::AgentShuffled
+                | Case::AgentShmShuffled
+                | Case::AgentTlsShuffled
+                | Case::AgentChainShuffled
+                | Case::InprocShuffled
+        )
+    }
+
+    /// The plaintext TCP agent case a shared-memory, TLS or chained one compares with (the
+    /// same shuffle); `None` for the rest.
+    fn over_tcp(self) -> Option<Case> {
+        let served = matches!(self.server(), Server::Agent | Server::Tls | Server::Chain);
+        if !served || matches!(self, Case::Agent | Case::AgentShuffled) {
+            return None;
+        }
+        Some(if self.shuffled() {
+            Case::AgentShuffled
+        } else {
+            Case::Agent
+        })
+    }
+
     fn label(self) -> &'static str {
         match self {
             Case::Plain => "plain TCP copy (baseline)",
@@ -316,14 +367,7 @@ impl Via<'_> {
 }
 
 fn stream(run: usize, case: Case, a: &Args, ds: &DataSpec, via: Via, expect: u64) -> Result<M> {
-    let shuffle = matches!(
-        case,
-        Case::AgentShuffled
-            | Case::AgentShmShuffled
-            | Case::AgentTlsShuffled
-            | Case::AgentChainShuffled
-            | Case::InprocShuffled
-    );
+    let shuffle = case.shuffled();
     let load = procs::loadavg();
     let mut r = match via {
         Via::Tls(t) => {
@@ -434,30 +478,10 @@ struct Agents {
 }
 
 impl Agents {
-    /// Whether `case` reads through an agent.
-    fn uses(case: Case) -> bool {
-        !matches!(
-            case,
-            Case::Plain
-                | Case::Framed
-                | Case::Threaded
-                | Case::Memcpy
-                | Case::Inproc
-                | Case::InprocShuffled
-        )
-    }
-
     /// Starts the agents `cases` read through.
     fn spawn(a: &Args, ds: &DataSpec, cases: &[Case]) -> Result<Self> {
-        let any = |f: fn(&Case) -> bool| cases.iter().any(f);
-        let agent = any(|c| {
-            matches!(
-                c,
-                Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled
-            )
-        });
-        let tls = any(|c| matches!(c, Case::AgentTls | Case::AgentTlsShuffled));
-        let chain = any(|c| matches!(c, Case::AgentChain | Case::AgentChainShuffled));
+        let any = |server: Server| cases.iter().any(|c| c.server() == server);
+        let (agent, tls, chain) = (any(Server::Agent), any(Server::Tls), any(Server::Chain));
         Ok(Agents {
             agent: agent.then(|| spawn_agent(a, ds)).transpose()?,
             tls: tls
@@ -519,7 +543,11 @@ pub fn run(a: &Args) -> Result<()> {
         let r = open("", &plan, Offload::No)?;
         r.rank_samples() * plan.sample_len() as u64 * plan.output.itemsize() as u64
     };
-    let mut agents = Agents::spawn(a, &ds, &a.cases)?;
+    // With --cold each agent case starts its own agents (below); else they serve every run.
+    let mut agents = match a.cold {
+        true => Agents::default(),
+        false => Agents::spawn(a, &ds, &a.cases)?,
+    };
     let mut ms: Vec<M> = Vec::new();
     for run in 1..=a.runs {
         for &case in &a.cases {
@@ -527,32 +555,24 @@ pub fn run(a: &Args) -> Result<()> {
                 // An agent that served the dataset keeps it open, and its maps keep the file's
                 // pages cached where dropping them cannot reach: a cold case reads through
                 // agents started for it (the old ones go first, with their maps).
-                if Agents::uses(case) {
+                if case.server() != Server::None {
                     drop(std::mem::take(&mut agents));
                     agents = Agents::spawn(a, &ds, &[case])?;
                 }
                 procs::drop_file_cache(&ds.bin())?;
             }
+            let via = match case.server() {
+                Server::None => Via::Here,
+                Server::Agent => Via::Agent(agents.agent.as_ref().context("no agent")?),
+                Server::Tls => Via::Tls(agents.tls.as_ref().context("no TLS agent")?),
+                Server::Chain => Via::Chain(agents.chain.as_ref().context("no chained agents")?),
+            };
             let m = match case {
                 Case::Plain | Case::Framed | Case::Threaded => {
                     plain(run, case, expect, a.copy_buf, a.plan.output_itemsize())?
                 }
                 Case::Memcpy => memcpy(run, expect, a, &ds)?,
-                Case::Agent | Case::AgentShuffled | Case::AgentShm | Case::AgentShmShuffled => {
-                    let ag = agents.agent.as_ref().context("no agent")?;
-                    stream(run, case, a, &ds, Via::Agent(ag), expect)?
-                }
-                Case::AgentTls | Case::AgentTlsShuffled => {
-                    let t = agents.tls.as_ref().context("no TLS agent")?;
-                    stream(run, case, a, &ds, Via::Tls(t), expect)?
-                }
-                Case::AgentChain | Case::AgentChainShuffled => {
-                    let c = agents.chain.as_ref().context("no chained agents")?;
-                    stream(run, case, a, &ds, Via::Chain(c), expect)?
-                }
-                Case::Inproc | Case::InprocShuffled => {
-                    stream(run, case, a, &ds, Via::Here, expect)?
-                }
+                _ => stream(run, case, a, &ds, via, expect)?,
             };
             eprintln!(
                 "run {run}/{}: {:<27} {:>6.3} GB/s  (load {})",
@@ -579,13 +599,7 @@ pub fn run(a: &Args) -> Result<()> {
     // The plaintext TCP agent measurement a shm or TLS one compares with: same run, same
     // shuffle.
     let tcp_of = |m: &M| {
-        let tcp = match m.case {
-            Case::AgentShm | Case::AgentTls | Case::AgentChain => Case::Agent,
-            Case::AgentShmShuffled | Case::AgentTlsShuffled | Case::AgentChainShuffled => {
-                Case::AgentShuffled
-            }
-            _ => return None,
-        };
+        let tcp = m.case.over_tcp()?;
         ms.iter().find(|t| t.run == m.run && t.case == tcp)
     };
     // Consumer CPU per GB against over plaintext TCP.
