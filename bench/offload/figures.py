@@ -4,8 +4,8 @@ baseline from the same run: printed as a table, and with --record recorded as th
 area (bench/results.py) with the table appended to bench/history/offload.md.
 
 Why a script of its own: run.sh's steps write dquant-offload-bench's own JSON (throughput,
-rss, ttfb), and until now their figures were copied into bench/results/offload.json by hand,
-so the area stayed stale from 2026-11-22 on.
+rss, ttfb); their figures used to be copied into bench/results/offload.json by hand, and
+the area stayed stale from 2026-11-22 to 2026-11-28.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
-from benchlib import figure, load_json  # noqa: E402
+from benchlib import by_case_and_cache, figure, load_json  # noqa: E402
 
 TITLE = ("The offload agent end to end: throughput over TCP against a plain socket copy, agent "
          "memory against its limit, and time to first batch on 10 GiB against in-process")
@@ -73,15 +73,14 @@ def ttfb_figures(out: Path) -> list[dict]:
     t = load_json(out, "ttfb.json")
     if not t:
         return []
-    by: dict[tuple[str, bool], list[float]] = {}
-    for m in t["measurements"]:
-        by.setdefault((m["case"], m["cold"]), []).append(m["total_s"])
+    by = by_case_and_cache(t["measurements"])
     figs = []
     for cold in (False, True):
         agent, inproc = by.get(("agent", cold)), by.get(("inproc", cold))
         if not agent or not inproc:
             continue
-        a, i = median(agent) * 1000, median(inproc) * 1000
+        a = median(m["total_s"] for m in agent) * 1000
+        i = median(m["total_s"] for m in inproc) * 1000
         cache = "cold" if cold else "warm"
         base = "in-process (Offload::No), alternated in the same run"
         who = "a fresh agent" if cold else "the agent"

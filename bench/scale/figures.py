@@ -17,7 +17,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
-from benchlib import figure, load_json  # noqa: E402
+from benchlib import by_case_and_cache, figure, load_json  # noqa: E402
 
 TITLE = ("Issue 15 at the corpus's scale (97 M documents, 3.2 G int32 tokens): open and first "
          "batch, agent memory by session count, resume and schedule cost, shuffled "
@@ -46,9 +46,7 @@ def open_figures(out: Path) -> list[dict]:
     o = load_json(out, "open.json")
     if not o:
         return []
-    ms = {}
-    for m in o["measurements"]:
-        ms.setdefault((m["case"], m["cold"]), []).append(m)
+    ms = by_case_and_cache(o["measurements"])
     figs = []
     for cold, goal in ((True, 1000), (False, 50)):
         agent, inproc = ms.get(("agent", cold), []), ms.get(("inproc", cold), [])
@@ -111,9 +109,10 @@ def resume_figures(out: Path) -> list[dict]:
     big = c.get("scale/batch/world 4096, 1000 sources")
     small = c.get("scale/batch/world 1, 1000 sources")
     if big and small:
-        figs.append(figure("schedule cost per batch of 8, world 4096 × 1,000 sources",
-                        round(big * 1e3, 2), "ms",
-                        f"world 1 × 1,000 sources, same run: {small * 1e6:.1f} µs", "<= 2"))
+        figs.append(figure(
+            "schedule cost per batch of 8, world 4096 × 1,000 sources",
+            round(big * 1e3, 2), "ms",
+            f"world 1 × 1,000 sources, same run: {small * 1e6:.1f} µs", "<= 2"))
     return figs
 
 
