@@ -51,7 +51,8 @@ if [[ "${RECORD:-1}" == 1 ]]; then
   python3 bench/share/figures.py "$OUT" > "$OUT/figures.json"
   python3 bench/results.py record fanout --figures "$OUT/figures.json" \
     --command "RUNS=$RUNS READERS=$READERS SAMPLES=$SAMPLES bench/share/run.sh" \
-    --depends-on bench/share bench/harness/src/share.rs crates/dquant-agent/src/share.rs \
+    --depends-on bench/share bench/harness/src/share.rs bench/harness/src/procs.rs \
+      crates/dquant-agent/src/share.rs \
       crates/dquant-agent/src/share crates/dquant-agent/src/produce.rs \
       crates/dquant-agent/src/config.rs crates/dquant-storage/src crates/dquant-engine/src \
       crates/dquant-transport/src crates/dquant-client/src \

@@ -1,5 +1,6 @@
 //! Processes and what they cost: the agent and sender child processes, CPU time from
-//! `getrusage`/`wait4`/`/proc/PID/stat`, resident memory from `/proc/PID/status`.
+//! `getrusage`/`wait4` and a process's CPU-time clock (a thread's from
+//! `/proc/PID/task/TID/stat`), resident memory from `/proc/PID/status`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,7 +1,7 @@
 //! Fan-out: N readers of one plan as one shared stream, against N separate sessions of it and
 //! against one lone reader, all in the same run.
 //!
-//! For each, the agent process's CPU time (`/proc/PID/stat`) and the bytes it read from
+//! For each, the agent process's CPU time (its CPU-time clock) and the bytes it read from
 //! storage by syscalls (`rchar` in `/proc/PID/io`), and each reader's throughput. An agent
 //! that narrows an int32 dataset from the map it keeps with it (its default within its map
 //! budget) reads it by no syscall, so `rchar` counts nothing there and the bytes ratio is

@@ -37,7 +37,8 @@ Examples:
 /// Batches from an agent in another process over loopback TCP against a plain TCP copy
 /// (a sender process writing 1 MiB buffers from memory, this process reading into a buffer)
 /// of the same number of bytes, in each run. Reports payload GB/s, tokens/s, the ratio to the
-/// plain copy, and CPU seconds per GB of payload on each side (getrusage, /proc/PID/stat).
+/// plain copy, and CPU seconds per GB of payload on each side (getrusage; the peer's
+/// CPU-time clock).
 /// The `framed` and `threaded` cases send the same bytes through the agent's transport
 /// without any plan work, to tell the transport's cost from the pipeline's.
 #[derive(clap::Args, Debug)]
