@@ -23,6 +23,7 @@ use crate::read_pace::{BatchReads, ReadPace};
 use crate::worker_pool::WorkerPool;
 use crate::EngineError;
 use dquant_storage::source::{SourceError, TokenSource};
+use dquant_storage::SignCheck;
 
 /// A plan bound to opened sources, positioned at a cursor.
 pub struct Pipeline {
@@ -254,18 +255,28 @@ impl Pipeline {
         }
         // Unchecked: narrowing checks every token itself, so a separate pass over the batch
         // first (`next_batch_checked`) would check it twice (5% of the agent's CPU on the
-        // shared-memory path, bench/profile).
-        let b = self.read_batch(b)?;
-        if let Err(source) = dquant_codec::encode_width(width, b.tokens, &mut out[..need]) {
+        // shared-memory path, bench/profile). Into at most 31 bits it checks int32's sign
+        // too, so the reads leave that to it ([`SignCheck`]).
+        let sign = if width.max_token() <= i32::MAX as u32 {
+            SignCheck::ByNarrowing
+        } else {
+            SignCheck::Here
+        };
+        self.fill_batch(&b, sign)?;
+        if let Err(source) = dquant_codec::encode_width(width, &self.tokens, &mut out[..need]) {
+            if sign == SignCheck::ByNarrowing {
+                // A negative int32 is named as every read names it: read again, checked.
+                self.read_by_source(l, SignCheck::Here)?;
+            }
             // A token over `width`: named as the check names it (the first in batch order,
             // with its source and offset).
-            check_fits(&b, l, width, "")?;
+            check_fits(&self.filled(&b), l, width, "")?;
             return Err(EngineError::Encode {
                 index: b.index,
                 source,
             });
         }
-        Ok(Some(b.info()))
+        Ok(Some(self.filled(&b).info()))
     }
 
     /// [`next_batch`](Pipeline::next_batch), every token checked to fit `width` as
@@ -297,6 +308,13 @@ impl Pipeline {
 
     /// Batch `b` of the schedule read from its sources.
     fn read_batch(&mut self, b: Batch) -> Result<TokenBatch<'_>, EngineError> {
+        self.fill_batch(&b, SignCheck::Here)?;
+        Ok(self.filled(&b))
+    }
+
+    /// Reads batch `b` of the schedule from its sources into `self.tokens` (int32's sign
+    /// checked where `sign` says), with its documents and origins where the plan asks.
+    fn fill_batch(&mut self, b: &Batch, sign: SignCheck) -> Result<(), EngineError> {
         let l = self.sample_len;
         self.provenance.clear();
         for d in 0..self.sources.len() {
@@ -322,7 +340,7 @@ impl Pipeline {
         if !concurrently {
             // Timed when a pool could take the next batches: the pace decides whether to.
             let started = self.pool.is_some().then(Instant::now);
-            self.read_by_source(l)?;
+            self.read_by_source(l, sign)?;
             if let Some(t) = started {
                 self.pace.read_alone(self.tokens.len() * 4, t.elapsed());
             }
@@ -334,7 +352,12 @@ impl Pipeline {
         if let Some(o) = &mut self.origins {
             origins::fill(o, &b.samples, &self.sources, &self.uris)?;
         }
-        Ok(TokenBatch {
+        Ok(())
+    }
+
+    /// Batch `b` as [`Pipeline::fill_batch`] read it.
+    fn filled(&self, b: &Batch) -> TokenBatch<'_> {
+        TokenBatch {
             index: b.index,
             tokens: &self.tokens,
             samples: b.samples.len(),
@@ -343,7 +366,7 @@ impl Pipeline {
             uris: &self.uris,
             docs: self.docs.as_ref().map(DocFinder::docs),
             origins: self.origins.as_ref(),
-        })
+        }
     }
 
     /// Narrows `samples` into `out` (rows of `width`) from the maps their sources keep
@@ -386,7 +409,7 @@ impl Pipeline {
 
     /// Reads the batch laid out in `ranges` and `slots` one source at a time, one request
     /// per source: a remote source answers all its samples in one round trip.
-    fn read_by_source(&mut self, l: usize) -> Result<(), EngineError> {
+    fn read_by_source(&mut self, l: usize, sign: SignCheck) -> Result<(), EngineError> {
         for d in 0..self.sources.len() {
             if self.ranges[d].is_empty() {
                 continue;
@@ -398,20 +421,30 @@ impl Pipeline {
                 // The source's samples are adjacent in the batch (always so for one source):
                 // read them straight into place.
                 let dst = &mut self.tokens[first * l..(first + slots.len()) * l];
-                self.sources[d]
-                    .read_ranges(&self.ranges[d], dst)
-                    .map_err(err)?;
+                read_ranges(&mut *self.sources[d], &self.ranges[d], dst, sign).map_err(err)?;
             } else {
                 resize_checked(&mut self.read, slots.len() * l)?;
-                self.sources[d]
-                    .read_ranges(&self.ranges[d], &mut self.read)
-                    .map_err(err)?;
+                let dst = &mut self.read;
+                read_ranges(&mut *self.sources[d], &self.ranges[d], dst, sign).map_err(err)?;
                 for (i, &k) in slots.iter().enumerate() {
                     self.tokens[k * l..(k + 1) * l].copy_from_slice(&self.read[i * l..(i + 1) * l]);
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// `source`'s tokens of `ranges` into `out`, int32's sign checked where `sign` says.
+fn read_ranges(
+    source: &mut dyn TokenSource,
+    ranges: &[Range<u64>],
+    out: &mut [u32],
+    sign: SignCheck,
+) -> Result<(), SourceError> {
+    match sign {
+        SignCheck::ByNarrowing => source.read_ranges_to_narrow(ranges, out),
+        _ => source.read_ranges(ranges, out),
     }
 }
 

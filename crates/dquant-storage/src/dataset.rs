@@ -28,7 +28,7 @@ mod sums;
 
 use index::Index;
 pub use open::SUMS_EXT;
-pub use read::{ReadBuffers, TokenReader};
+pub use read::{ReadBuffers, SignCheck, TokenReader};
 
 /// How to interpret files that do not describe themselves.
 #[derive(Clone, Copy, Debug, Default)]

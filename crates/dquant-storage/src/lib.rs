@@ -41,7 +41,7 @@ pub use backend::{LocalFile, ReadAt};
 pub use block_cache::{BlockCache, BlockCacheStats, CachedRoot};
 pub use cache::{CacheStats, DatasetCache};
 pub use cache_dir::{cache_dir as index_cache_dir, DEFAULT_MAX_BYTES as INDEX_CACHE_MAX_BYTES};
-pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, TokenReader, SUMS_EXT};
+pub use dataset::{Dataset, Format, OpenOptions, ReadBuffers, SignCheck, TokenReader, SUMS_EXT};
 pub use destination::{Destination, LocalFiles, StagedObject};
 pub use error::StorageError;
 pub use guarded_map::{GuardedMap, MAX_MAPS};

@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::{Dataset, Format, MapBudget, OpenOptions, ReadBuffers, Root, StorageError};
+use crate::{Dataset, Format, MapBudget, OpenOptions, ReadBuffers, Root, SignCheck, StorageError};
 use dquant_codec::{CodecError, Width};
 use dquant_format::{DType, DocIndex, FormatError};
 use dquant_plan::Source;
@@ -94,6 +94,19 @@ pub trait TokenSource: Send {
     /// Fills `out` with the tokens of `ranges`, back to back; `out` holds exactly their
     /// total length.
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError>;
+
+    /// [`read_ranges`](TokenSource::read_ranges) for a caller that narrows the tokens into a
+    /// width of at most 31 bits next, checking every token's range as it does: a source may
+    /// leave out the checks that narrowing repeats (a plain int32 file's sign check,
+    /// [`SignCheck`]). When the narrowing fails, the caller reads the ranges again with
+    /// `read_ranges`, which names what was wrong. By default, `read_ranges`.
+    fn read_ranges_to_narrow(
+        &mut self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+    ) -> Result<(), SourceError> {
+        self.read_ranges(ranges, out)
+    }
 
     /// The width the source stores its tokens in, when its stored bytes are exactly that
     /// width's little-endian encoding and every stored value is a valid token of it (so
@@ -270,6 +283,21 @@ impl LocalSource {
     pub fn dataset(&self) -> &Dataset {
         &self.ds
     }
+
+    fn read_ranges_checking(
+        &mut self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+        sign: SignCheck,
+    ) -> Result<(), SourceError> {
+        let total = ranges_tokens(ranges);
+        let dst = out.get_mut(..total as usize).ok_or_else(|| {
+            SourceError::Usage("read_ranges: the buffer is shorter than the ranges".into())
+        })?;
+        Ok(self
+            .ds
+            .read_ranges_checking(ranges, dst, &mut self.bufs, sign)?)
+    }
 }
 
 /// The storage options a plan source asks for.
@@ -337,10 +365,14 @@ impl TokenSource for LocalSource {
     }
 
     fn read_ranges(&mut self, ranges: &[Range<u64>], out: &mut [u32]) -> Result<(), SourceError> {
-        let total = ranges_tokens(ranges);
-        let dst = out.get_mut(..total as usize).ok_or_else(|| {
-            SourceError::Usage("read_ranges: the buffer is shorter than the ranges".into())
-        })?;
-        Ok(self.ds.read_ranges_into(ranges, dst, &mut self.bufs)?)
+        self.read_ranges_checking(ranges, out, SignCheck::Here)
+    }
+
+    fn read_ranges_to_narrow(
+        &mut self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+    ) -> Result<(), SourceError> {
+        self.read_ranges_checking(ranges, out, SignCheck::ByNarrowing)
     }
 }

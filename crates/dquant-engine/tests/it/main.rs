@@ -1,4 +1,5 @@
 //! The engine's integration tests, one binary (see `testkit/tests/it/structure.rs`).
 
+mod int32_sign;
 mod kept_maps;
 mod parallel_reads;

@@ -32,6 +32,27 @@ impl ReadBuffers {
     }
 }
 
+/// Whether a read from a plain int32 file checks every token's sign bit.
+///
+/// Why a choice: the check is a pass over the batch after the read, memory-bound (10% of
+/// the samples of the profile's pread path). A caller that narrows the tokens into a width
+/// of at most 31 bits right after the read checks every token's range there anyway, and a
+/// negative value, read as `u32`, is over `i32::MAX` and fails that check. Leaving the sign
+/// to it took the agent's CPU on the shared-memory path by pread from 0.241 to 0.215 s a GB
+/// and its rate from 4.06 to 4.58 GB/s (medians of five alternated rounds of
+/// `dquant-offload-bench throughput zipf256m_int32 --cases memcpy,agent-shm,agent,inproc
+/// --map-budget 0 --runs 1`, 2 vCPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SignCheck {
+    /// Checked here: a negative value is an error naming its file, value and offset.
+    Here,
+    /// Left to the caller's narrowing. When narrowing fails, the caller reads the ranges
+    /// again with [`SignCheck::Here`], which names a negative value as every other read
+    /// does; the tokens are otherwise the same.
+    ByNarrowing,
+}
+
 /// Reads token ranges of a [`Dataset`], reusing its buffers across calls.
 pub struct TokenReader<'a> {
     pub(super) ds: &'a Dataset,
@@ -132,6 +153,20 @@ impl Dataset {
         out: &mut [u32],
         bufs: &mut ReadBuffers,
     ) -> Result<(), StorageError> {
+        self.read_ranges_checking(ranges, out, bufs, SignCheck::Here)
+    }
+
+    /// [`Dataset::read_ranges_into`], with int32's sign check where `sign` says.
+    ///
+    /// # Panics
+    /// If `out` is not the ranges' total length.
+    pub fn read_ranges_checking(
+        &self,
+        ranges: &[Range<u64>],
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+        sign: SignCheck,
+    ) -> Result<(), StorageError> {
         let total = crate::source::ranges_tokens(ranges);
         assert_eq!(
             out.len() as u64,
@@ -143,7 +178,7 @@ impl Dataset {
             Source::Plain { dtype: DType::I32, .. } if cfg!(target_endian = "little")
         );
         if !vectored {
-            return self.read_ranges_one_by_one(ranges, out, bufs);
+            return self.read_ranges_one_by_one(ranges, out, bufs, sign);
         }
         let mut at = 0usize;
         let mut k = 0;
@@ -152,9 +187,9 @@ impl Dataset {
             let n = crate::source::ranges_tokens(&ranges[k..end]) as usize;
             let dst = &mut out[at..at + n];
             if end - k == 1 {
-                self.read_into(ranges[k].clone(), dst, bufs)?;
+                self.read_into_checking(ranges[k].clone(), dst, bufs, sign)?;
             } else {
-                self.read_i32_run(&ranges[k..end], dst, bufs)?;
+                self.read_i32_run(&ranges[k..end], dst, bufs, sign)?;
             }
             at += n;
             k = end;
@@ -164,13 +199,15 @@ impl Dataset {
 
     /// The ranges of one run (see [`run_end`]) of a plain int32 file, into `out`: one
     /// vectored read of the run's bytes, each range's row short of the token the next one
-    /// starts on (copied after the read), then the sign bits checked. A negative value is
-    /// reported by reading the ranges one by one, as [`Dataset::read_into`] names it.
+    /// starts on (copied after the read), then the sign bits checked where `sign` says. A
+    /// negative value is reported by reading the ranges one by one, as [`Dataset::read_into`]
+    /// names it.
     fn read_i32_run(
         &self,
         ranges: &[Range<u64>],
         out: &mut [u32],
         bufs: &mut ReadBuffers,
+        sign: SignCheck,
     ) -> Result<(), StorageError> {
         let Source::Plain { file, sums, .. } = &self.source else {
             unreachable!("runs are made of plain int32 files only");
@@ -179,7 +216,7 @@ impl Dataset {
         // end, each range's own read names the error.
         let (start, end) = (ranges[0].start, ranges[ranges.len() - 1].end);
         if end > self.tokens() {
-            return self.read_ranges_one_by_one(ranges, out, bufs);
+            return self.read_ranges_one_by_one(ranges, out, bufs, SignCheck::Here);
         }
         let mut rows = Vec::with_capacity(ranges.len());
         let mut rest: &mut [u32] = out;
@@ -196,10 +233,10 @@ impl Dataset {
         }
         drop(rows);
         fill_shared_tokens(ranges, out);
-        if max_token(out) <= i32::MAX as u32 {
+        if sign == SignCheck::ByNarrowing || max_token(out) <= i32::MAX as u32 {
             return Ok(());
         }
-        self.read_ranges_one_by_one(ranges, out, bufs)
+        self.read_ranges_one_by_one(ranges, out, bufs, SignCheck::Here)
     }
 
     fn read_ranges_one_by_one(
@@ -207,11 +244,12 @@ impl Dataset {
         ranges: &[Range<u64>],
         out: &mut [u32],
         bufs: &mut ReadBuffers,
+        sign: SignCheck,
     ) -> Result<(), StorageError> {
         let mut at = 0usize;
         for r in ranges {
             let n = r.end.saturating_sub(r.start) as usize;
-            self.read_into(r.clone(), &mut out[at..at + n], bufs)?;
+            self.read_into_checking(r.clone(), &mut out[at..at + n], bufs, sign)?;
             at += n;
         }
         Ok(())
@@ -227,6 +265,16 @@ impl Dataset {
         range: Range<u64>,
         out: &mut [u32],
         bufs: &mut ReadBuffers,
+    ) -> Result<(), StorageError> {
+        self.read_into_checking(range, out, bufs, SignCheck::Here)
+    }
+
+    fn read_into_checking(
+        &self,
+        range: Range<u64>,
+        out: &mut [u32],
+        bufs: &mut ReadBuffers,
+        sign: SignCheck,
     ) -> Result<(), StorageError> {
         if range.start > range.end || range.end > self.tokens() {
             return Err(StorageError::Usage(format!(
@@ -248,7 +296,7 @@ impl Dataset {
                 dtype: DType::I32,
                 sums,
             } if cfg!(target_endian = "little") => {
-                self.read_i32_into(&**file, sums.as_deref(), range.start, out, bufs)
+                self.read_i32_into(&**file, sums.as_deref(), range.start, out, bufs, sign)
             }
             Source::Plain { file, dtype, sums } => {
                 let item = dtype.itemsize() as u64;
@@ -313,9 +361,9 @@ impl Dataset {
     }
 
     /// int32 (Megatron's dtype for vocabularies over 65,536) read straight into `out`: one
-    /// copy instead of a read and then a load, its sign bits checked in place (5% of the
-    /// agent's CPU on the shared-memory path, bench/profile). A negative value is named as the
-    /// load names it.
+    /// copy instead of a read and then a load, its sign bits checked in place where `sign`
+    /// says (5% of the agent's CPU on the shared-memory path, bench/profile). A negative value
+    /// is named as the load names it.
     fn read_i32_into(
         &self,
         file: &dyn ReadAt,
@@ -323,6 +371,7 @@ impl Dataset {
         start: u64,
         out: &mut [u32],
         bufs: &mut ReadBuffers,
+        sign: SignCheck,
     ) -> Result<(), StorageError> {
         let at = start * 4;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
@@ -330,7 +379,7 @@ impl Dataset {
         if let Some(sums) = sums {
             sums.check(file, &self.data_path, at, &[&*bytes])?;
         }
-        if max_token(out) <= i32::MAX as u32 {
+        if sign == SignCheck::ByNarrowing || max_token(out) <= i32::MAX as u32 {
             return Ok(());
         }
         bufs.bytes.clear();
