@@ -20,9 +20,13 @@ use crate::EngineError;
 use crate::Pipeline;
 use crate::{doc_section, origin_section};
 
-/// The codec `wire` gives `tokens`: a fixed codec as it is, `auto` from their largest token.
+/// The codec `wire` gives `tokens`: a fixed codec as it is (the tokens are not scanned),
+/// `auto` from their largest token.
 pub fn codec_for(wire: WireCodec, tokens: &[u32]) -> Codec {
-    wire.codec_for_max(max_token(tokens))
+    match wire {
+        WireCodec::Fixed(c) => c,
+        WireCodec::Auto(_) => wire.codec_for_max(max_token(tokens)),
+    }
 }
 
 /// The codec `wire` gives batch `b`, every token checked to fit it (a fixed codec may not
