@@ -12,6 +12,8 @@ use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_storage::{DatasetWriter, OutputFormat};
 
+use crate::common::narrow_all;
+
 /// A Megatron int32 dataset of 64 documents of 300 ids under 50,000, with `bad` stored at
 /// token `at` (as the file's bytes, so it may be negative).
 fn int32_with(dir: &Path, at: usize, bad: i32) -> String {
@@ -44,18 +46,8 @@ fn pipeline(path: &str, output: OutputDType) -> Pipeline {
 
 /// The batches `next_batch_into` narrows into `output`, until the end or the first error.
 fn narrowed(path: &str, output: OutputDType) -> (Vec<Vec<u8>>, Option<String>) {
-    let mut pipe = pipeline(path, output);
-    let width = output.width();
-    let bw = width.byte_width().unwrap();
-    let mut out = vec![0u8; 4 * pipe.sample_len() * bw];
-    let mut all = Vec::new();
-    loop {
-        match pipe.next_batch_into(width, &mut out) {
-            Ok(Some(info)) => all.push(out[..info.samples * pipe.sample_len() * bw].to_vec()),
-            Ok(None) => return (all, None),
-            Err(e) => return (all, Some(e.to_string())),
-        }
-    }
+    let (all, err) = narrow_all(&mut pipeline(path, output), output.width());
+    (all.into_iter().map(|(bytes, _)| bytes).collect(), err)
 }
 
 /// The same batches read by `next_batch_checked` and stored at `output`'s width.

@@ -15,6 +15,8 @@ use dquant_format::{DType, DocIndexBuilder};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_storage::{DatasetWriter, MapBudget, OutputFormat};
 
+use crate::common::narrow_all;
+
 /// A local source that counts the batches' samples it narrowed from its kept map.
 struct Counted {
     inner: LocalSource,
@@ -95,20 +97,8 @@ fn batches(p: &Plan, keep: bool) -> Run {
         }) as Box<dyn TokenSource>)
     })
     .unwrap();
-    let width = p.output.width();
-    let bw = width.byte_width().unwrap();
-    let mut out = vec![0u8; 8 * pipe.sample_len() * bw];
-    let mut all = Vec::new();
-    loop {
-        match pipe.next_batch_into(width, &mut out) {
-            Ok(Some(info)) => {
-                let n = info.samples * pipe.sample_len() * bw;
-                all.push((out[..n].to_vec(), info));
-            }
-            Ok(None) => return (all, None, narrowed.load(Ordering::Relaxed)),
-            Err(e) => return (all, Some(e.to_string()), narrowed.load(Ordering::Relaxed)),
-        }
-    }
+    let (all, err) = narrow_all(&mut pipe, p.output.width());
+    (all, err, narrowed.load(Ordering::Relaxed))
 }
 
 #[test]
