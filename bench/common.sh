@@ -17,14 +17,41 @@ machine_info() {
   } | tee "$file"
 }
 
+# Drops FILE's pages from the page cache (POSIX_FADV_DONTNEED) and reads it back in order,
+# so that every run measures a file cached the same way.
+#
+# Why: how a file came into the page cache sets how fast it is read from there. Read in
+# order, it is cached in 2 MiB folios and `cat` copies it 3x faster than after a shuffled
+# first read left it in 4 KiB ones; dquant's reads move with it (docs/benchmarks.md, "the
+# page cache's folios"). Without this a recording's rates, and its ratios to a page-cache
+# copy, depended on which way its dataset last came in. In order is the state a corpus read
+# once front to back, or warmed by `cat` or `vmtouch`, is in. Logs FileHugePages before and
+# after to stderr: it rises by about the file's size when the large folios are there.
+cache_in_order() {
+  local f before after
+  for f in "$@"; do
+    before="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"
+    python3 -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.fsync(fd)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+os.close(fd)' "$f"
+    cat "$f" > /dev/null
+    after="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"
+    echo "== page cache: $f dropped and read back in order; FileHugePages $before -> $after kB" >&2
+  done
+}
+
 # Generates DATA/zipf256m_int32 (256 Mi Zipf token ids, 1 GiB, Megatron int32) with the
-# dquant binary DQ unless it is there; prints its prefix.
+# dquant binary DQ unless it is there, and caches it in order (cache_in_order); prints its
+# prefix.
 zipf256m() {
   local data="$1" dq="$2" ds="$1/zipf256m_int32"
   if [[ ! -f "$ds.bin" || ! -f "$ds.idx" ]]; then
     echo "== generating $ds" >&2
     "$dq" corpus zipf "$ds" --tokens 268435456 --vocab 50257 --eod 50256 -q >&2
   fi
+  cache_in_order "$ds.bin"
   echo "$ds"
 }
 
@@ -39,6 +66,7 @@ zipf256m_u16() {
     echo "== converting $src to $ds (uint16)" >&2
     "$dq" convert "$src" "$ds" --codec u16 -q >&2
   fi
+  cache_in_order "$ds.bin"
   echo "$ds"
 }
 

@@ -10,7 +10,7 @@
 #               dquant corpus zipf DATA/zipf256m_int32 --tokens 268435456 --vocab 50257 --eod 50256
 #   OUT_DIR   default bench/cost/out/<UTC timestamp>: machine.txt, the measurements' JSON
 #             (throughput*.json, breakdown.json, fanout.json, mount.json, python.json,
-#             pagecache.json), report.md
+#             pagecache-start.json and pagecache.json), report.md
 #   The default worker pool is the agent's: one worker a core but two, at most 8 (none on 2 vCPU).
 #   --runs N  rounds of each throughput case (default 3)
 #   --record  record the figures (bench/results/cost.json; bench/RESULTS.md is rendered)
@@ -34,7 +34,10 @@
 #   Python: the plan read into a Python loop as numpy batches with dquant's package, in the
 #     process and from the agent over shared memory (bench/cost/python.py, in the venv
 #     python/test.sh --no-tests builds: made once, several GB with torch);
-#   a page-cache copy of the dataset's file (cat FILE > /dev/null), the local paths' limit.
+#   a page-cache copy of the dataset's file (cat FILE > /dev/null), the local paths' limit:
+#     best of 3 right after the file is dropped from the page cache and read back in order
+#     (bench/common.sh cache_in_order: the rates depend on how a file came into the cache),
+#     and best of 3 after the runs; the faster is the limit.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RECORD=0
@@ -60,6 +63,8 @@ DQ="$REPO/target/release/dquant"
 source bench/common.sh
 machine_info "$OUT/machine.txt"
 DS="$(zipf256m "$DATA" "$DQ")"
+echo "== the limit at the start: a page-cache copy of the file, cached in order"
+python3 bench/cost/report.py "$OUT" --dataset "$DS" --pagecache-start
 
 CASES=plain,memcpy,inproc,inproc-shuffled,agent,agent-shuffled,agent-tls,agent-tls-shuffled,agent-shm,agent-shm-shuffled,agent-chain,agent-chain-shuffled
 echo "== throughput (the agent's default worker pool)"
