@@ -28,7 +28,7 @@ machine_info() {
 # once front to back, or warmed by `cat` or `vmtouch`, is in. Logs FileHugePages before and
 # after to stderr: it rises by about the file's size when the large folios are there.
 cache_in_order() {
-  local f before after
+  local f before dropped after
   for f in "$@"; do
     before="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"
     python3 -c 'import os, sys
@@ -36,9 +36,11 @@ fd = os.open(sys.argv[1], os.O_RDONLY)
 os.fsync(fd)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 os.close(fd)' "$f"
+    dropped="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"
     cat "$f" > /dev/null
     after="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"
-    echo "== page cache: $f dropped and read back in order; FileHugePages $before -> $after kB" >&2
+    echo "== page cache: $f dropped and read back in order; FileHugePages $before kB," \
+      "$dropped dropped, $after read back" >&2
   done
 }
 
