@@ -17,6 +17,17 @@ machine_info() {
   } | tee "$file"
 }
 
+# Drops each FILE's clean pages from the page cache (POSIX_FADV_DONTNEED): the next read
+# comes from the disk.
+drop_from_cache() {
+  python3 -c 'import os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)' "$@"
+}
+
 # Drops FILE's pages from the page cache (POSIX_FADV_DONTNEED) and reads it back in order,
 # so that every run measures a file cached the same way.
 #
@@ -31,11 +42,7 @@ cache_in_order() {
   local f before dropped after
   for f in "$@"; do
     before="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"
-    python3 -c 'import os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY)
-os.fsync(fd)
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-os.close(fd)' "$f"
+    drop_from_cache "$f"
     dropped="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"
     cat "$f" > /dev/null
     after="$(awk '/^FileHugePages:/ {print $2}' /proc/meminfo)"

@@ -10,7 +10,8 @@
 #               dquant corpus zipf DATA/zipf256m_int32 --tokens 268435456 --vocab 50257 --eod 50256
 #   OUT_DIR   default bench/cost/out/<UTC timestamp>: machine.txt, the measurements' JSON
 #             (throughput*.json, breakdown.json, fanout.json, mount.json, python.json,
-#             pagecache-start.json and pagecache.json), report.md
+#             pagecache-start.json, pagecache-after-shuffled.json, cold-shuffled.json and
+#             pagecache.json), report.md
 #   The default worker pool is the agent's: one worker a core but two, at most 8 (none on 2 vCPU).
 #   --runs N  rounds of each throughput case (default 3)
 #   --record  record the figures (bench/results/cost.json; bench/RESULTS.md is rendered)
@@ -37,7 +38,10 @@
 #   a page-cache copy of the dataset's file (cat FILE > /dev/null), the local paths' limit:
 #     best of 3 right after the file is dropped from the page cache and read back in order
 #     (bench/common.sh cache_in_order: the rates depend on how a file came into the cache),
-#     and best of 3 after the runs; the faster is the limit.
+#     and best of 3 after the runs; the faster is the limit;
+#   the page cache a shuffled pass leaves: the file dropped, one shuffled pass of the agent
+#     over shm from the disk, then the page-cache copy again (against the one after a read
+#     in order: how fast every later pass can be).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RECORD=0
@@ -64,7 +68,7 @@ source bench/common.sh
 machine_info "$OUT/machine.txt"
 DS="$(zipf256m "$DATA" "$DQ")"
 echo "== the limit at the start: a page-cache copy of the file, cached in order"
-python3 bench/cost/report.py "$OUT" --dataset "$DS" --pagecache-start
+python3 bench/cost/report.py "$OUT" --dataset "$DS" --pagecache-into pagecache-start.json
 
 CASES=plain,memcpy,inproc,inproc-shuffled,agent,agent-shuffled,agent-tls,agent-tls-shuffled,agent-shm,agent-shm-shuffled,agent-chain,agent-chain-shuffled
 echo "== throughput (the agent's default worker pool)"
@@ -100,6 +104,12 @@ python3 bench/cost/mount.py "$DQ" "$DS" --runs "$RUNS" --out "$OUT/mount.json"
 echo "== Python: the plan into a Python loop, in-process and from the agent over shm"
 PY="$(python/test.sh --no-tests | tail -1)"
 "$PY" bench/cost/python.py "$DQ" "$DS" --runs "$RUNS" --out "$OUT/python.json"
+echo "== the page cache a shuffled pass leaves: the file dropped, one cold shuffled pass, a copy"
+drop_from_cache "$DS.bin"
+"$BENCH" throughput "$DS" --runs 1 --cases agent-shm-shuffled --cold \
+  --json-out "$OUT/cold-shuffled.json"
+python3 bench/cost/report.py "$OUT" --dataset "$DS" --pagecache-into pagecache-after-shuffled.json
+cache_in_order "$DS.bin"
 echo "load after: $(uptime)" | tee -a "$OUT/machine.txt"
 
 REPORT=(python3 bench/cost/report.py "$OUT" --dataset "$DS" --command "bench/cost/run.sh --runs $RUNS"
