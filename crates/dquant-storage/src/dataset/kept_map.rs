@@ -16,9 +16,10 @@
 //! [`crate::map_budget`]), and a dataset whose file does not fit in what is left is read the
 //! usual way.
 //!
-//! A kept map asks for 2 MiB folios ([`GuardedMap::advise_large_folios`]): a shuffled plan
-//! that faults the file in at random then leaves it cached as a read in order would, and
-//! every later pass, by anyone, reads it 2-3x faster than from 4 KiB folios.
+//! A kept map of a file within half of the host's memory asks for 2 MiB folios
+//! ([`GuardedMap::advise_large_folios`]): a shuffled plan that faults the file in at random
+//! then leaves it cached as a read in order would, and every later pass, by anyone, reads it
+//! 2-3x faster than from 4 KiB folios.
 //!
 //! A file truncated under the map is an error, not a crash ([`crate::GuardedMap`]); anything
 //! that does not narrow cleanly (a token over the width, a file that shrank, a map refused)
@@ -58,11 +59,15 @@ impl Dataset {
                 };
                 match GuardedMap::map(file, &self.data_path) {
                     Ok(map) => map.map(|m| {
-                        // The whole file will be resident: cache it in 2 MiB folios however
-                        // the plan reads it (see the method's doc).
-                        if let Err(e) = m.advise_large_folios() {
-                            tracing::debug!(path = %self.data_path.display(), error = %e,
-                                "no large folios for the kept map");
+                        // A file that fits in half of memory stays resident: cache it in 2 MiB
+                        // folios however the plan reads it (see the method's doc). Not past
+                        // that (a budget raised by hand, `keep_maps`): evicted folios would
+                        // make each 16 KiB sample read 2 MiB.
+                        if bytes <= MapBudget::half_of_memory() {
+                            if let Err(e) = m.advise_large_folios() {
+                                tracing::debug!(path = %self.data_path.display(), error = %e,
+                                    "no large folios for the kept map");
+                            }
                         }
                         (m, lease)
                     }),
