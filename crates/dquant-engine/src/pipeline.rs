@@ -56,6 +56,9 @@ pub struct Pipeline {
     /// Whether batches are narrowed from maps their sources keep, until one declines
     /// ([`Pipeline::narrow_kept`]).
     try_kept: bool,
+    /// The token ranges of a run of samples [`Pipeline::narrow_kept`] hands a source at once
+    /// (kept between batches: no allocation a batch).
+    kept_ranges: Vec<Range<u64>>,
 }
 
 impl Pipeline {
@@ -127,6 +130,7 @@ impl Pipeline {
             drawn: vec![0; n],
             origins: plan.provenance.then(Origins::new),
             try_kept: true,
+            kept_ranges: Vec::new(),
         })
     }
 
@@ -373,17 +377,28 @@ impl Pipeline {
     /// ([`TokenSource::narrow_kept`]): `true` when every sample was. Once a source declines,
     /// the pipeline reads as usual from then on (it keeps no map, or its tokens did not
     /// narrow cleanly, and the usual read names what was wrong).
+    ///
+    /// Each run of samples from one source goes in one call, its rows being next to each
+    /// other in `out`: the source then prefetches a sample's first lines while it narrows
+    /// the one before. Shuffled samples lie far apart, and one call a sample left each
+    /// sample's first lines to a cache miss (`cargo bench -p dquant-storage --bench
+    /// read_paths -- kept_map`: 3.2 G tokens/s without the prefetch, 5.4 with it).
     fn narrow_kept(&mut self, samples: &[SampleRef], width: Width, out: &mut [u8]) -> bool {
         if !self.try_kept {
             return false;
         }
         let row = out.len() / samples.len().max(1);
-        let all = samples
-            .iter()
-            .zip(out.chunks_exact_mut(row.max(1)))
-            .all(|(s, o)| {
-                self.sources[s.source].narrow_kept(std::slice::from_ref(&s.tokens), width, o)
-            });
+        let mut ranges = std::mem::take(&mut self.kept_ranges);
+        let mut rest = out;
+        let all = samples.chunk_by(|a, b| a.source == b.source).all(|run| {
+            let n = (run.len() * row).min(rest.len());
+            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            rest = tail;
+            ranges.clear();
+            ranges.extend(run.iter().map(|s| s.tokens.clone()));
+            self.sources[run[0].source].narrow_kept(&ranges, width, rows)
+        });
+        self.kept_ranges = ranges;
         self.try_kept = all;
         all
     }

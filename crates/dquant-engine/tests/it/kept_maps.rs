@@ -17,10 +17,11 @@ use dquant_storage::{DatasetWriter, MapBudget, OutputFormat};
 
 use crate::common::narrow_all;
 
-/// A local source that counts the batches' samples it narrowed from its kept map.
+/// A local source that counts the batches' samples it narrowed from its kept map, and the
+/// calls that narrowed them.
 struct Counted {
     inner: LocalSource,
-    narrowed: Arc<AtomicUsize>,
+    narrowed: Arc<[AtomicUsize; 2]>,
 }
 
 impl TokenSource for Counted {
@@ -38,7 +39,10 @@ impl TokenSource for Counted {
     }
     fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
         let done = self.inner.narrow_kept(ranges, width, out);
-        self.narrowed.fetch_add(done as usize, Ordering::Relaxed);
+        if done {
+            self.narrowed[0].fetch_add(ranges.len(), Ordering::Relaxed);
+            self.narrowed[1].fetch_add(1, Ordering::Relaxed);
+        }
         done
     }
 }
@@ -82,11 +86,11 @@ fn plan(paths: &[&str], shuffle: bool, output: OutputDType) -> Plan {
 }
 
 /// Every batch `next_batch_into` writes (its bytes and where it sits), until the end or the
-/// first error (its message); and how many samples came from kept maps.
-type Run = (Vec<(Vec<u8>, BatchInfo)>, Option<String>, usize);
+/// first error (its message); and how many samples came from kept maps, in how many calls.
+type Run = (Vec<(Vec<u8>, BatchInfo)>, Option<String>, [usize; 2]);
 
 fn batches(p: &Plan, keep: bool) -> Run {
-    let narrowed = Arc::new(AtomicUsize::new(0));
+    let narrowed = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
     let n = narrowed.clone();
     let mut pipe = Pipeline::open(p, Cursor::START, |_, s| {
         let inner =
@@ -98,7 +102,9 @@ fn batches(p: &Plan, keep: bool) -> Run {
     })
     .unwrap();
     let (all, err) = narrow_all(&mut pipe, p.output.width());
-    (all, err, narrowed.load(Ordering::Relaxed))
+    let [samples, calls] = &*narrowed;
+    let counts = [samples, calls].map(|c| c.load(Ordering::Relaxed));
+    (all, err, counts)
 }
 
 #[test]
@@ -110,14 +116,37 @@ fn batches_from_kept_maps_equal_read_and_narrowed_ones() {
         for output in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
             let p = plan(&[&a, &b], shuffle, output);
             let (want, err, none) = batches(&p, false);
-            assert_eq!((err, none), (None, 0));
-            let (got, err, narrowed) = batches(&p, true);
+            assert_eq!((err, none), (None, [0, 0]));
+            let (got, err, [narrowed, calls]) = batches(&p, true);
             assert_eq!(err, None);
             assert!(want.len() > 10, "{} batches", want.len());
             assert!(got == want, "shuffle={shuffle} {output:?}: batches differ");
             let samples: usize = want.iter().map(|(_, i)| i.samples).sum();
             assert_eq!(narrowed, samples, "every sample from the kept maps");
+            // Weights 1 and 2: runs of two samples of `b` come in one call.
+            assert!(calls < samples, "{calls} calls for {samples} samples");
         }
+    }
+}
+
+#[test]
+fn a_batch_of_one_source_is_narrowed_in_one_call() {
+    // One call a batch: the source prefetches each next sample's first lines while it
+    // narrows the one before (shuffled samples lie far apart).
+    let dir = tempfile::tempdir().unwrap();
+    let a = int32(dir.path(), "a", 60_000, None);
+    for shuffle in [true, false] {
+        let p = plan(&[&a], shuffle, OutputDType::U16);
+        let (want, _, _) = batches(&p, false);
+        let (got, err, [narrowed, calls]) = batches(&p, true);
+        assert_eq!(err, None);
+        assert!(got == want, "shuffle={shuffle}: batches differ");
+        let samples: usize = want.iter().map(|(_, i)| i.samples).sum();
+        assert_eq!(
+            (narrowed, calls),
+            (samples, want.len()),
+            "shuffle={shuffle}"
+        );
     }
 }
 
@@ -129,7 +158,7 @@ fn a_token_that_does_not_fit_fails_where_and_as_the_usual_read_fails() {
     let (want, err, _) = batches(&p, false);
     let err = err.expect("the usual read fails");
     assert!(err.contains("70000"), "{err}");
-    let (got, got_err, narrowed) = batches(&p, true);
+    let (got, got_err, [narrowed, _]) = batches(&p, true);
     assert!(got == want, "the batches before the error differ");
     assert_eq!(got_err.as_deref(), Some(err.as_str()));
     assert!(narrowed > 0, "the batches before it came from the map");
@@ -142,7 +171,7 @@ fn a_source_without_a_map_sends_the_pipeline_back_to_the_usual_reads() {
     let u16 = dquant_testkit::fixture("r50k_uint16").display().to_string();
     let p = plan(&[&a, &u16], true, OutputDType::I32);
     let (want, _, _) = batches(&p, false);
-    let (got, err, narrowed) = batches(&p, true);
+    let (got, err, [narrowed, _]) = batches(&p, true);
     assert_eq!(err, None);
     assert!(got == want, "batches differ");
     // At most the first batch's int32 samples before the uint16 source declined.
