@@ -105,7 +105,7 @@ echo "== Python: the plan into a Python loop, in-process and from the agent over
 PY="$(python/test.sh --no-tests | tail -1)"
 "$PY" bench/cost/python.py "$DQ" "$DS" --runs "$RUNS" --out "$OUT/python.json"
 echo "== the page cache a shuffled pass leaves: the file dropped, one cold shuffled pass, a copy"
-drop_from_cache "$DS.bin"
+# --cold drops the file from the page cache itself, after stopping agents that map it.
 "$BENCH" throughput "$DS" --runs 1 --cases agent-shm-shuffled --cold \
   --json-out "$OUT/cold-shuffled.json"
 python3 bench/cost/report.py "$OUT" --dataset "$DS" --pagecache-into pagecache-after-shuffled.json
