@@ -60,18 +60,17 @@ pub struct AgentConfig {
     /// read them.
     #[serde(default = "default_dataset_cache")]
     pub keep_datasets: usize,
-    /// Bytes of plain int32 datasets whose tokens are narrowed straight from a map kept as
-    /// long as the dataset stays open (the dataset cache keeps it over sessions), not from a
-    /// `pread`'s copy: the page-cache copy is then paid only on a page's first touch. The
-    /// price is the page tables of every page touched (2 MiB a GiB) for as long as the
-    /// dataset is open, and its touched pages counted in the agent's `VmRSS` (the page
-    /// cache's pages, shared and evictable as under `pread`). Datasets take the budget as
-    /// they are first read; one whose file does not fit in what is left is read by `pread`
-    /// while it stays open. 0: no maps. Default (`None`): half of this host's memory
-    /// ([`AgentConfig::map_budget_bytes`]).
+    /// Bytes of plain int32 and uint16 datasets whose tokens are narrowed straight from a map
+    /// kept as long as the dataset stays open (the dataset cache keeps it over sessions), not
+    /// from a `pread`'s copy: the page-cache copy is then paid only on a page's first touch. The
+    /// price is the page tables of every page touched (2 MiB a GiB) for as long as the dataset
+    /// is open, and its touched pages counted in the agent's `VmRSS` (the page cache's pages,
+    /// shared and evictable as under `pread`). Datasets take the budget as they are first read;
+    /// one whose file does not fit in what is left is read by `pread` while it stays open. 0: no
+    /// maps. Default (`None`): half of this host's memory ([`AgentConfig::map_budget_bytes`]).
     #[serde(default)]
     pub map_budget: Option<u64>,
-    /// Keep maps of every plain int32 dataset, whatever `map_budget` says.
+    /// Keep maps of every plain int32 and uint16 dataset, whatever `map_budget` says.
     #[serde(default)]
     pub keep_maps: bool,
     /// Megatron-order builds (`OpenMegatron`) kept in memory after their sessions end,

@@ -79,7 +79,8 @@ pub(crate) struct Shared {
     pub catalog: Catalog,
     /// Datasets opened once and shared by the sessions that read them.
     pub datasets: dquant_storage::DatasetCache,
-    /// The bytes of int32 datasets kept mapped for narrowing (`map_budget`); `None`: none.
+    /// The bytes of int32 and uint16 datasets kept mapped for narrowing (`map_budget`); `None`:
+    /// none.
     pub maps: Option<Arc<dquant_storage::MapBudget>>,
     /// Megatron-order builds, by config (`OpenMegatron`).
     pub megatron: megatron::MegatronIndexes,

@@ -205,8 +205,10 @@ impl Pipeline {
     /// fills its first `samples × sample_len × width` bytes.
     ///
     /// When every source stores `width` itself (a uint16 dataset into a `u16` batch), each
-    /// sample is one read straight into `out`: no conversion, and no check, since a stored
-    /// value cannot exceed its own width. Otherwise tokens are read as u32 and encoded.
+    /// sample is one copy into `out` from the map its source keeps, or else one read
+    /// straight into it: no conversion, and no check, since a stored value cannot exceed its
+    /// own width. Otherwise tokens are narrowed from the kept maps, or read as u32 and
+    /// encoded.
     pub fn next_batch_into(
         &mut self,
         width: Width,
@@ -227,6 +229,10 @@ impl Pipeline {
                     "next_batch_into: {} bytes for a batch of {need}",
                     out.len()
                 )));
+            }
+            // From the maps the sources keep, a copy a sample and no syscall.
+            if self.narrow_kept(&b.samples, width, &mut out[..need]) {
+                return self.written(&b, width, &out[..need]).map(Some);
             }
             // Consecutive samples of one source that continue each other (packing makes a
             // sample start on the last token of the one before) are one contiguous range of

@@ -117,7 +117,7 @@ pub struct Dataset {
     versions: Vec<(PathBuf, Option<ObjectVersion>)>,
     /// The largest token, found by [`Dataset::max_token`]'s scan (formats that do not store it).
     scanned_max: OnceLock<u32>,
-    /// The plain int32 file mapped for as long as the dataset is open, made on first use
+    /// The plain int32 or uint16 file mapped for as long as the dataset is open, made on first use
     /// within a [`crate::MapBudget`] ([`Dataset::narrow_kept`]); `None` inside where it
     /// cannot be or the budget had no room then.
     kept: OnceLock<Option<(crate::GuardedMap, crate::MapLease)>>,

@@ -1,18 +1,18 @@
 //! How many bytes of files a process may keep mapped for narrowing ([`crate::Dataset::narrow_kept`]).
 //!
-//! Why: narrowing int32 ids straight out of a map kept with the dataset skips the page-cache
-//! copy a `pread` makes, and on the agent's shared-memory path that copy is most of its CPU
-//! (`bench/RESULTS.md`, the cost and profile areas). A kept map's price is the page tables of
-//! every page it touched, 2 MiB a GiB, for as long as the dataset stays open, and the file's
-//! touched pages counted in the process's `VmRSS` (they are the page cache's, shared, and
-//! evictable as before). It pays while the corpus is read from the page cache again and
-//! again; a corpus larger than memory is read from storage anyway, where the copy is not what
-//! limits. So an agent keeps maps of datasets up to a budget of bytes (by default half this
-//! host's memory) and reads the rest by `pread`: the first datasets opened take the budget,
-//! and one whose file would pass it is read the usual way for as long as it stays open. Plans
-//! read in a process of their own (a trainer, a DataLoader worker) share one budget of that
-//! process, set by `DQUANT_MAP_BUDGET`, by default the same half: Megatron-Core's own
-//! datasets map their files whole.
+//! Why: narrowing int32 ids (or copying uint16 ones) straight out of a map kept with the
+//! dataset skips the page-cache copy a `pread` makes, and on the agent's shared-memory path
+//! that copy is most of its CPU (`bench/RESULTS.md`, the cost and profile areas). A kept map's
+//! price is the page tables of every page it touched, 2 MiB a GiB, for as long as the dataset
+//! stays open, and the file's touched pages counted in the process's `VmRSS` (they are the page
+//! cache's, shared, and evictable as before). It pays while the corpus is read from the page
+//! cache again and again; a corpus larger than memory is read from storage anyway, where the
+//! copy is not what limits. So an agent keeps maps of datasets up to a budget of bytes (by
+//! default half this host's memory) and reads the rest by `pread`: the first datasets opened
+//! take the budget, and one whose file would pass it is read the usual way for as long as it
+//! stays open. Plans read in a process of their own (a trainer, a DataLoader worker) share one
+//! budget of that process, set by `DQUANT_MAP_BUDGET`, by default the same half:
+//! Megatron-Core's own datasets map their files whole.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -29,9 +29,9 @@ Examples:
   #   worker_min_share_us = 200       # spread a batch's reads only in shares this slow (0: always)
   #   max_sessions = 256
   #   keep_datasets = 16              # datasets kept open while no session reads them
-  #   map_budget = 12884901888        # bytes of int32 datasets narrowed from maps kept with them
+  #   map_budget = 12884901888        # bytes of int32/uint16 datasets read from maps kept with them
   #                                   #   (default: half this host's memory; 0: pread only)
-  #   keep_maps = false               # true: maps of every int32 dataset, past the budget
+  #   keep_maps = false               # true: maps of every int32/uint16 dataset, past the budget
   #   keep_megatron_builds = 4        # Megatron-order builds (agent=) kept after their sessions end
   #   megatron_cache = \"/var/cache/dquant/megatron\" # their indices on disk (default: memory only)
   #   ticket_ttl_secs = 60            # how long an opened session waits for its data connection
@@ -139,14 +139,14 @@ pub struct Args {
     /// Sessions open at once [default: 256].
     #[arg(long, value_name = "N")]
     pub max_sessions: Option<usize>,
-    /// Narrow int32 datasets' tokens straight from a map of each kept while the dataset is
-    /// open, instead of copying them out of the page cache first, for datasets up to SIZE
-    /// bytes together (`8GiB`; 0: every token by pread). The price is page tables held as
-    /// long as the dataset (2 MiB a GiB touched), and the touched pages counted in the
+    /// Narrow int32 (and copy uint16) datasets' tokens straight from a map of each kept while
+    /// the dataset is open, instead of copying them out of the page cache first, for datasets up
+    /// to SIZE bytes together (`8GiB`; 0: every token by pread). The price is page tables held
+    /// as long as the dataset (2 MiB a GiB touched), and the touched pages counted in the
     /// agent's RSS [default: half this host's memory].
     #[arg(long, value_name = "SIZE", value_parser = crate::util::parse_size_or_zero)]
     pub map_budget: Option<usize>,
-    /// Keep maps of every int32 dataset, whatever the map budget.
+    /// Keep maps of every int32 and uint16 dataset, whatever the map budget.
     #[arg(long)]
     pub keep_maps: bool,
     /// An agent (HOST:PORT, as plans spell it in dquant://HOST:PORT/...) that plans may

@@ -1,9 +1,11 @@
 //! Batches narrowed straight from maps kept with their datasets (`LocalSource::keeping_map`,
 //! an agent's `map_budget`) are the batches read and narrowed the usual way: the same bytes and
 //! cursors for every output, shuffled or not, with the map really used for every batch; a
-//! token that does not fit fails at the same batch with the same error; a source without a
-//! map (a uint16 file) sends the whole pipeline back to the usual reads.
+//! token that does not fit fails at the same batch with the same error; a uint16 file is
+//! copied (or widened) from its map as a read would; a source without a map (a block file)
+//! sends the whole pipeline back to the usual reads.
 
+use std::io::IoSliceMut;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,6 +39,9 @@ impl TokenSource for Counted {
     fn stored_width(&self) -> Option<Width> {
         self.inner.stored_width()
     }
+    fn read_stored(&mut self, start: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<(), SourceError> {
+        self.inner.read_stored(start, bufs)
+    }
     fn narrow_kept(&self, ranges: &[Range<u64>], width: Width, out: &mut [u8]) -> bool {
         let done = self.inner.narrow_kept(ranges, width, out);
         if done {
@@ -50,8 +55,13 @@ impl TokenSource for Counted {
 /// A Megatron int32 dataset of 200 documents whose ids stay under `max` (one `big` id in the
 /// middle of the file, when given).
 fn int32(dir: &Path, name: &str, max: u32, big: Option<u32>) -> String {
+    megatron(dir, name, DType::I32, max, big)
+}
+
+/// A Megatron dataset of `dtype` as [`int32`] describes.
+fn megatron(dir: &Path, name: &str, dtype: DType, max: u32, big: Option<u32>) -> String {
     let path = dir.join(name);
-    let mut w = DatasetWriter::create(&path, OutputFormat::Megatron { dtype: DType::I32 }).unwrap();
+    let mut w = DatasetWriter::create(&path, OutputFormat::Megatron { dtype }).unwrap();
     let mut ix = DocIndexBuilder::new();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for d in 0..200 {
@@ -165,11 +175,51 @@ fn a_token_that_does_not_fit_fails_where_and_as_the_usual_read_fails() {
 }
 
 #[test]
+fn a_uint16_file_is_copied_from_its_map_as_it_is_read() {
+    // Into u16 each sample is a copy out of the map (the pipeline's stored-width path), into
+    // wider outputs a widening: the bytes a read gives, from the map every time.
+    let dir = tempfile::tempdir().unwrap();
+    let a = megatron(dir.path(), "a", DType::U16, 65_535, None);
+    let b = megatron(dir.path(), "b", DType::U16, 50_000, None);
+    for shuffle in [true, false] {
+        for output in [OutputDType::U16, OutputDType::I32, OutputDType::I64] {
+            let p = plan(&[&a, &b], shuffle, output);
+            let (want, err, none) = batches(&p, false);
+            assert_eq!((err, none), (None, [0, 0]));
+            let (got, err, [narrowed, _]) = batches(&p, true);
+            assert_eq!(err, None);
+            assert!(want.len() > 10, "{} batches", want.len());
+            assert!(got == want, "shuffle={shuffle} {output:?}: batches differ");
+            let samples: usize = want.iter().map(|(_, i)| i.samples).sum();
+            assert_eq!(narrowed, samples, "every sample from the kept maps");
+        }
+    }
+}
+
+/// The dataset at `src` written again as a block file (which keeps no map).
+fn block_copy(src: &str, dst: &Path) -> String {
+    let opts = dquant_storage::OpenOptions::default();
+    let ds = dquant_storage::Dataset::open(Path::new(src), &opts).unwrap();
+    let format = OutputFormat::Block {
+        codec: "u16+zstd:3".parse().unwrap(),
+        block_tokens: 4096,
+        vocab_size: 0,
+    };
+    let mut w = DatasetWriter::create(dst, format).unwrap();
+    ds.scan(1 << 16, |_, t| w.push(t)).unwrap();
+    w.finish(ds.index().unwrap()).unwrap();
+    dst.display().to_string()
+}
+
+#[test]
 fn a_source_without_a_map_sends_the_pipeline_back_to_the_usual_reads() {
     let dir = tempfile::tempdir().unwrap();
     let a = int32(dir.path(), "a", 60_000, None);
-    let u16 = dquant_testkit::fixture("r50k_uint16").display().to_string();
-    let p = plan(&[&a, &u16], true, OutputDType::I32);
+    let blocks = block_copy(
+        &int32(dir.path(), "b", 50_000, None),
+        &dir.path().join("b.dqb"),
+    );
+    let p = plan(&[&a, &blocks], true, OutputDType::I32);
     let (want, _, _) = batches(&p, false);
     let (got, err, [narrowed, _]) = batches(&p, true);
     assert_eq!(err, None);

@@ -1,5 +1,5 @@
-//! Narrowing an int32 dataset's tokens straight out of a map kept as long as the dataset is
-//! open: no copy out of the page cache.
+//! Narrowing an int32 dataset's tokens (or copying a uint16 one's) straight out of a map kept
+//! as long as the dataset is open: no copy out of the page cache first.
 //!
 //! Why: a `pread` copies every token out of the page cache before it is narrowed, so an agent
 //! that reads by `pread` pays the page-cache copy in full and then narrows (`bench/RESULTS.md`,
@@ -21,6 +21,14 @@
 //! then leaves it cached as a read in order would, and every later pass, by anyone, reads it
 //! 2-3x faster than from 4 KiB folios.
 //!
+//! A uint16 file (Megatron-Core's dtype for vocabularies under 65,500, GPT-2's among them) is
+//! kept mapped too: into `u16` a sample is a copy out of the map, into wider widths it is
+//! widened. By `pread` a shuffled plan made a syscall for each 8 KiB sample: an agent's
+//! shuffled shared-memory delivery of such a file went from 5.4-5.7 to 11.8-12.0 GB/s with
+//! the map, and in order from 16.2-17.2 to 19.2-21.2 (`dquant-offload-bench throughput
+//! zipf256m_u16 --cases memcpy,agent-shm,agent-shm-shuffled`, the two builds alternated, 2
+//! vCPU AMD EPYC).
+//!
 //! A file truncated under the map is an error, not a crash ([`crate::GuardedMap`]); anything
 //! that does not narrow cleanly (a token over the width, a file that shrank, a map refused)
 //! leaves the caller to read the ranges the usual way, which says exactly what is wrong.
@@ -36,17 +44,27 @@ use super::{Dataset, Source};
 use crate::{GuardedMap, MapBudget};
 
 impl Dataset {
-    /// The map of a plain little-endian int32 file kept with the dataset, made on first use
-    /// with bytes leased from `budget`; `None` for other formats, files with chunk sums
-    /// (every read is checked against them), objects in other stores, where no more maps can
-    /// be guarded, and where the budget had no room for the file at first use.
+    /// The dtype of a plain int32 or uint16 file (the dtypes a kept map serves); `None` for
+    /// other dtypes and other formats.
+    fn kept_dtype(&self) -> Option<DType> {
+        match self.source {
+            Source::Plain { dtype, .. } if matches!(dtype, DType::I32 | DType::U16) => Some(dtype),
+            _ => None,
+        }
+    }
+
+    /// The map of a plain little-endian int32 or uint16 file kept with the dataset, made on
+    /// first use with bytes leased from `budget`; `None` for other dtypes and formats, files
+    /// with chunk sums (every read is checked against them), objects in other stores, where
+    /// no more maps can be guarded, and where the budget had no room for the file at first
+    /// use.
     fn kept_map(&self, budget: &Arc<MapBudget>) -> Option<&GuardedMap> {
         self.kept
             .get_or_init(|| {
-                let int32 = matches!(self.source, Source::Plain { dtype: DType::I32, .. });
-                let file = self.plain_local_file().filter(|_| int32)?;
-                // The file is its int32 tokens.
-                let bytes = self.tokens().saturating_mul(4);
+                let dtype = self.kept_dtype()?;
+                let file = self.plain_local_file()?;
+                // The file is its tokens.
+                let bytes = self.tokens().saturating_mul(dtype.itemsize() as u64);
                 let Some(lease) = budget.lease(bytes) else {
                     tracing::info!(
                         path = %self.data_path.display(),
@@ -86,7 +104,7 @@ impl Dataset {
     /// fit (and, as every int32 read is, to be no negative value): `true` when done. `false`
     /// when there is no kept map (see above), `width` is not byte-aligned, or a range did not
     /// narrow cleanly: nothing is promised about `out` then, and the caller reads the ranges
-    /// as usual, which names what was wrong.
+    /// as usual, which names what was wrong. A uint16 file into `u16` is a copy.
     /// The map is made at the first call, if `budget` has room for the whole file then.
     pub fn narrow_kept(
         &self,
@@ -95,18 +113,15 @@ impl Dataset {
         out: &mut [u8],
         budget: &Arc<MapBudget>,
     ) -> bool {
-        let Some(bw) = width.byte_width() else {
+        let (Some(bw), Some(dtype)) = (width.byte_width(), self.kept_dtype()) else {
             return false;
         };
-        // A width that holds every u32 (`u32`, `i64`) would take a negative int32 as a large
-        // id: those tokens are checked on their own.
-        let unsigned = width.max_token() > i32::MAX as u32;
-        let fits = |t: &[u32]| !unsigned || max_token(t) <= i32::MAX as u32;
         let Some(map) = self.kept_map(budget) else {
             return false;
         };
+        let item = dtype.itemsize();
         let tokens = self.tokens();
-        let mut ahead = Ahead::new(map, ranges);
+        let mut ahead = Ahead::new(map, ranges, item);
         let mut rest = out;
         for r in ranges {
             let n = r.end.saturating_sub(r.start) as usize;
@@ -114,17 +129,10 @@ impl Dataset {
                 return false;
             }
             let (row, tail) = std::mem::take(&mut rest).split_at_mut(n * bw);
-            let bytes = r.start as usize * 4..r.end as usize * 4;
-            let narrowed = map.read(bytes, |b| {
-                let Ok(t) = bytemuck::try_cast_slice::<u8, u32>(b) else {
-                    return false;
-                };
-                t.chunks(STEP)
-                    .zip(row.chunks_mut(STEP * bw))
-                    .all(|(t, row)| {
-                        ahead.advance(t.len() as u64);
-                        fits(t) && encode_width(width, t, row).is_ok()
-                    })
+            let bytes = r.start as usize * item..r.end as usize * item;
+            let narrowed = map.read(bytes, |b| match dtype {
+                DType::U16 => from_u16(b, width, bw, row, &mut ahead),
+                _ => from_i32(b, width, bw, row, &mut ahead),
             });
             if narrowed.ok() != Some(true) {
                 return false;
@@ -135,48 +143,98 @@ impl Dataset {
     }
 }
 
+/// Narrows the int32 tokens of `b` into `row` (`width`'s `bw` bytes a token), [`STEP`] tokens at
+/// a time behind `ahead`: `false` when one does not fit (or is negative).
+fn from_i32(b: &[u8], width: Width, bw: usize, row: &mut [u8], ahead: &mut Ahead<'_>) -> bool {
+    let Ok(t) = bytemuck::try_cast_slice::<u8, u32>(b) else {
+        return false;
+    };
+    // A width that holds every u32 (`u32`, `i64`) would take a negative int32 as a large id:
+    // those tokens are checked on their own.
+    let unsigned = width.max_token() > i32::MAX as u32;
+    let fits = |t: &[u32]| !unsigned || max_token(t) <= i32::MAX as u32;
+    t.chunks(STEP)
+        .zip(row.chunks_mut(STEP * bw))
+        .all(|(t, row)| {
+            ahead.advance(t.len() as u64);
+            fits(t) && encode_width(width, t, row).is_ok()
+        })
+}
+
+/// The uint16 tokens of `b` into `row` (`width`'s `bw` bytes a token), [`STEP`] tokens at a time
+/// behind `ahead`: copied into `u16`, widened into wider widths (a stored value always fits
+/// them); `false` for a width narrower than 16 bits.
+fn from_u16(b: &[u8], width: Width, bw: usize, row: &mut [u8], ahead: &mut Ahead<'_>) -> bool {
+    if width == Width::U16 {
+        for (b, row) in b.chunks(STEP * 2).zip(row.chunks_mut(STEP * 2)) {
+            ahead.advance((b.len() / 2) as u64);
+            row.copy_from_slice(b);
+        }
+        return true;
+    }
+    let Ok(t) = bytemuck::try_cast_slice::<u8, u16>(b) else {
+        return false;
+    };
+    let mut wide = [0u32; STEP];
+    t.chunks(STEP)
+        .zip(row.chunks_mut(STEP * bw))
+        .all(|(t, row)| {
+            ahead.advance(t.len() as u64);
+            let wide = &mut wide[..t.len()];
+            for (w, &t) in wide.iter_mut().zip(t) {
+                *w = u32::from(t);
+            }
+            encode_width(width, wide, row).is_ok()
+        })
+}
+
 /// Tokens narrowed at a time, between two moves of the [`Ahead`] cursor.
 const STEP: usize = 256;
-/// How far the [`Ahead`] cursor runs ahead of the narrowing, in tokens (8 KiB of int32).
-/// Measured with `cargo bench -p dquant-storage --bench read_paths -- kept_map` on a 2 vCPU
-/// AMD EPYC VM, shuffled samples in G tokens/s: 3.2 without a cursor; 256-token steps 5.0,
-/// 5.4 and 5.2 at 4, 8 and 16 KiB ahead; 512-token steps 4.7 and 5.3 at 8 and 16 KiB. In
-/// order, 7.0-8.2 with each (7.1-7.4 for the kernel alone over the map).
-const AHEAD: u64 = 2048;
+/// How far the [`Ahead`] cursor runs ahead of the narrowing, in bytes of the file (2,048
+/// int32 tokens). Measured with `cargo bench -p dquant-storage --bench read_paths --
+/// kept_map` on a 2 vCPU AMD EPYC VM, shuffled int32 samples in G tokens/s: 3.2 without a
+/// cursor; 256-token steps 5.0, 5.4 and 5.2 at 4, 8 and 16 KiB ahead; 512-token steps 4.7
+/// and 5.3 at 8 and 16 KiB. In order, 7.0-8.2 with each (7.1-7.4 for the kernel alone over
+/// the map).
+const AHEAD: usize = 8 << 10;
 
-/// A cursor [`AHEAD`] tokens ahead of the narrowing over the ranges' tokens, back to back,
+/// A cursor [`AHEAD`] bytes ahead of the narrowing over the ranges' tokens, back to back,
 /// that prefetches what it passes over ([`crate::prefetch`]): the next sample's first lines
 /// are on their way while this one's last are narrowed.
 struct Ahead<'a> {
     map: &'a GuardedMap,
     ranges: &'a [Range<u64>],
+    /// Bytes a token.
+    item: usize,
     /// The range the cursor is in, and how far into it.
     next: usize,
     at: u64,
 }
 
 impl<'a> Ahead<'a> {
-    fn new(map: &'a GuardedMap, ranges: &'a [Range<u64>]) -> Self {
+    fn new(map: &'a GuardedMap, ranges: &'a [Range<u64>], item: usize) -> Self {
         let mut a = Ahead {
             map,
             ranges,
+            item,
             next: 0,
             at: 0,
         };
-        a.advance(AHEAD);
+        a.advance((AHEAD / item) as u64);
         a
     }
 
     /// Moves the cursor `n` tokens on, prefetching them. Ranges past the map, or backwards,
     /// prefetch nothing: the narrowing refuses them.
     fn advance(&mut self, mut n: u64) {
+        let item = self.item as u64;
         while n > 0 {
             let Some(r) = self.ranges.get(self.next) else {
                 return;
             };
             let from = r.start.saturating_add(self.at);
             let take = r.end.saturating_sub(from).min(n);
-            let byte = |t: u64| usize::try_from(t.saturating_mul(4)).unwrap_or(usize::MAX);
+            let byte = |t: u64| usize::try_from(t.saturating_mul(item)).unwrap_or(usize::MAX);
             self.map.prefetch(byte(from)..byte(from + take));
             n -= take;
             self.at += take;
@@ -275,6 +333,50 @@ mod tests {
             .flat_map(|&t| i64::from(t).to_le_bytes())
             .collect();
         assert_eq!(long, want);
+    }
+
+    fn raw_u16(dir: &std::path::Path, tokens: &[u16]) -> Dataset {
+        let path = dir.join("toks16.bin");
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let opts = OpenOptions {
+            raw_dtype: Some(dquant_format::DType::U16),
+            eod: None,
+        };
+        Dataset::open(&path, &opts).unwrap()
+    }
+
+    #[test]
+    fn a_uint16_file_is_copied_or_widened_as_a_read_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<u16> = (0..20_000u32).map(|i| (i * 7919 % 65_536) as u16).collect();
+        let ds = raw_u16(dir.path(), &tokens);
+        // Overlapping, out of order, long enough to cross the cursor's steps.
+        let ranges = [100..4197, 4196..8293, 7..9, 15_000..20_000];
+        let all = MapBudget::unlimited();
+        let want: Vec<u32> = ranges
+            .iter()
+            .flat_map(|r| tokens[r.start as usize..r.end as usize].iter())
+            .map(|&t| u32::from(t))
+            .collect();
+        for width in [Width::U16, Width::U24, Width::I32, Width::I64] {
+            let bw = width.byte_width().unwrap();
+            let mut out = vec![0u8; want.len() * bw];
+            assert!(ds.narrow_kept(&ranges, width, &mut out, &all), "{width:?}");
+            let mut expect = vec![0u8; want.len() * bw];
+            dquant_codec::encode_width(width, &want, &mut expect).unwrap();
+            assert!(out == expect, "{width:?}: the bytes differ");
+        }
+        assert_eq!(
+            all.used(),
+            2 * 20_000,
+            "the map is the file's 2 bytes a token"
+        );
+        // Past the end, or too little room: refused, for the usual read to name.
+        let mut out = vec![0u8; 2 * 200];
+        assert!(!one(&ds, 19_900..20_100, Width::U16, &mut out));
+        assert!(!one(&ds, 0..201, Width::U16, &mut out));
+        assert!(!one(&ds, 0..100, Width::Bits(17), &mut out));
     }
 
     #[test]
