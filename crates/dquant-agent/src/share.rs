@@ -17,28 +17,27 @@
 //! the agent's host read them from one ring the agent writes once ([`broadcast`]).
 
 mod broadcast;
+mod produce;
 mod relay;
 mod window;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dquant_codec::kernels::store_plain;
 use dquant_codec::Decoder;
 use dquant_engine::{plain_codec, Pipeline};
 use dquant_plan::{OutputDType, WireCodec};
 use dquant_proto::v1::SubscriberEvent;
-use dquant_remote::shutdown_message;
 use dquant_transport::frame::{payload_crc, MAX_PAYLOAD};
 use dquant_transport::record::RECORD_HEADER_LEN;
-use dquant_transport::sink::record_room;
-use dquant_transport::{BatchHeader, BatchSink, SinkError};
+use dquant_transport::BatchHeader;
 
 use crate::events::Events;
 use crate::metrics::Meter;
-use crate::produce::{run, Outcome, Producer};
+use crate::produce::Outcome;
 
 pub(crate) use broadcast::serve_subscriber;
 pub(crate) use relay::{relay, FrameOutlet, RingOutlet};
@@ -474,7 +473,7 @@ impl Shares {
         let producer = stream.clone();
         std::thread::Builder::new()
             .name("dquant-share".into())
-            .spawn(move || produce(producer, new, &drain))
+            .spawn(move || produce::produce(producer, new, &drain))
             .map_err(|e| ShareError::Thread(e.to_string()))?;
         streams.insert(key, Arc::downgrade(&stream));
         Ok((sub, false))
@@ -503,125 +502,6 @@ impl From<End> for Outcome {
             End::Stopped(m) => Outcome::Stopped(m),
         }
     }
-}
-
-/// The producer thread: waits for the group, then runs the plan into the window until the
-/// end, a failure, a drain, or nobody left to deliver to.
-fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicBool) {
-    let deadline = Instant::now() + new.group_wait;
-    let mut w = stream.lock();
-    loop {
-        let n = w.subscribers();
-        if n == 0 {
-            drop(w);
-            return stream.end(End::Stopped("every subscriber left".into()));
-        }
-        if n >= new.group || Instant::now() >= deadline || drain.load(Ordering::Relaxed) {
-            break;
-        }
-        // A join notifies `room` under this lock: none is missed between check and wait.
-        w = stream
-            .room
-            .wait_timeout(w, RECHECK)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
-    }
-    drop(w);
-    let mut producer = Producer::new(new.pipeline, new.output, new.wire)
-        .with_meter(new.meter)
-        .with_faults(new.faults, crate::faults::Site::SharedStream)
-        .encoding_ahead(new.encode_budget);
-    let mut sink = WindowSink {
-        stream: stream.clone(),
-        drain,
-        buf: Vec::new(),
-    };
-    let never = AtomicBool::new(false);
-    let (outcome, stats) = run(&mut producer, &mut sink, &never, drain, Instant::now);
-    let end = match outcome {
-        Outcome::Finished => End::Finished,
-        // However it stopped, a drain delivers every record made, then where to resume.
-        _ if drain.load(Ordering::Relaxed) => {
-            End::Drained(shutdown_message(stream.lock().head().consumed))
-        }
-        outcome => End::from(outcome),
-    };
-    tracing::info!(
-        share = %stream.name,
-        tenant = %stream.tenant,
-        records = stats.records,
-        tokens = stats.tokens,
-        wire_bytes = stats.wire_bytes,
-        end = ?end,
-        "shared stream ended"
-    );
-    stream.end(end);
-}
-
-/// The producer's sink: each record goes into the window once it has room.
-struct WindowSink<'a> {
-    stream: Arc<SharedStream>,
-    drain: &'a AtomicBool,
-    buf: Vec<u8>,
-}
-
-impl BatchSink for WindowSink<'_> {
-    fn reserve(&mut self, len: usize) -> Result<&mut [u8], SinkError> {
-        let s = &self.stream;
-        let mut w = s.lock();
-        while !w.has_room() || w.subscribers() == 0 {
-            if w.subscribers() == 0 {
-                return Err(SinkError::Gone("every subscriber left".into()));
-            }
-            if self.drain.load(Ordering::Relaxed) {
-                return Err(SinkError::Gone("the agent is shutting down".into()));
-            }
-            w = s
-                .room
-                .wait_timeout(w, RECHECK)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        drop(w);
-        if self.buf.capacity() == 0 {
-            self.buf = s.spares.take();
-        }
-        record_room(&mut self.buf, len)
-    }
-
-    fn commit(&mut self, len: usize) -> Result<(), SinkError> {
-        let head: [u8; RECORD_HEADER_LEN] = self.buf[..RECORD_HEADER_LEN]
-            .try_into()
-            .map_err(|_| SinkError::Failed("a record shorter than its header".into()))?;
-        let h = BatchHeader::parse(&head).map_err(|e| SinkError::Failed(e.to_string()))?;
-        let mut record = std::mem::take(&mut self.buf);
-        record.truncate(len);
-        let s = &self.stream;
-        let slot = Arc::new(Slot {
-            wire: record,
-            tokens: h.tokens() as u64,
-            crcs: OnceLock::new(),
-            plain: OnceLock::new(),
-            spares: s.spares.clone(),
-        });
-        let to = Pos {
-            epoch: h.cursor_epoch,
-            consumed: h.cursor_consumed,
-        };
-        let pushed = s.lock().push(slot, to);
-        s.fresh.notify_all();
-        match pushed {
-            true => Ok(()),
-            false => Err(SinkError::Failed("the window lost its room".into())),
-        }
-    }
-
-    fn finish(&mut self) -> Result<(), SinkError> {
-        // The producer thread ends the stream with the run's outcome.
-        Ok(())
-    }
-
-    fn fail(&mut self, _message: &str) {}
 }
 
 #[cfg(test)]
