@@ -236,8 +236,7 @@ impl Carrier for RingConn {
             }
             Work::Subscriber { sub } if self.shared => {
                 let meter = Meter::off().with_tally(shared.events.tally(owner));
-                let flags = (&shared.draining, &*cancel);
-                serve_subscriber(sub, sink, &self.conn, flags, &meter)
+                serve_subscriber(sub, sink, &self.conn, &cancel, &meter)
             }
             w => {
                 let meter = w

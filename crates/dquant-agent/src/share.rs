@@ -14,7 +14,8 @@
 //! Records are made once in the plan's wire codec (what TCP subscribers get). A
 //! shared-memory subscriber needs them in the output dtype; that form is made from the wire
 //! record once, by whichever ring subscriber first needs it. Shared-memory subscribers on
-//! the agent's host read them from one ring the agent writes once ([`broadcast`]).
+//! the agent's host read them from one ring the producer writes once ([`broadcast`]); a
+//! record already in the output dtype is made straight in that ring.
 
 mod broadcast;
 mod produce;
@@ -22,7 +23,7 @@ mod relay;
 mod window;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
@@ -95,6 +96,9 @@ pub(crate) struct Slot {
     plain: OnceLock<Result<Option<Vec<u8>>, ShareError>>,
     /// Where `wire`'s buffer goes back to when the slot is dropped.
     spares: Arc<Spares>,
+    /// The record went only into the stream's shared ring (every subscriber read it there
+    /// when it was made): `wire` is empty ([`broadcast`]).
+    ring_only: bool,
 }
 
 impl Slot {
@@ -210,8 +214,8 @@ pub(crate) struct SharedStream {
     /// advances, joins or leaves): one waiter, so readers do not wake each other.
     room: Condvar,
     events: Arc<Events>,
-    /// The stream's shared ring, while it has a writer.
-    broadcast: Mutex<Weak<broadcast::Broadcast>>,
+    /// The stream's shared ring, while it has one.
+    broadcast: Mutex<broadcast::SharedRing>,
 }
 
 /// How long a blocked producer or subscriber sleeps before it looks at its flags again.
@@ -266,6 +270,16 @@ impl SharedStream {
         self.lock().index_of(session)
     }
 
+    /// Where subscriber `session` stands: the position before its next record (the head
+    /// when it is not subscribed).
+    fn position_of(&self, session: u64) -> Pos {
+        let w = self.lock();
+        match w.index_of(session) {
+            Some(i) => w.position_of(i),
+            None => w.head(),
+        }
+    }
+
     /// The lowest next record index of the subscribers `skip` does not pick.
     fn slowest_except(&self, skip: impl Fn(u64) -> bool) -> Option<u64> {
         self.lock().slowest_except(skip)
@@ -293,23 +307,14 @@ impl SharedStream {
         });
     }
 
-    /// What subscriber `session` gets next, waiting up to `wait` for the producer (or until
-    /// `woken` is set): the records ready for it, as many as `max_bytes` holds (at least
-    /// one), and the position after the first; or the end; or nothing yet.
-    fn next(
-        &self,
-        session: u64,
-        wait: Duration,
-        max_bytes: usize,
-        woken: Option<&AtomicBool>,
-    ) -> Option<Next<Vec<Arc<Slot>>>> {
+    /// What subscriber `session` gets next, waiting up to `wait` for the producer: the
+    /// records ready for it, as many as `max_bytes` holds (at least one), and the position
+    /// after the first; or the end; or nothing yet.
+    fn next(&self, session: u64, wait: Duration, max_bytes: usize) -> Option<Next<Vec<Arc<Slot>>>> {
         let w = self.lock();
-        let woken = || woken.is_some_and(|f| f.load(Ordering::Acquire));
         let (w, _) = self
             .fresh
-            .wait_timeout_while(w, wait, |w| {
-                matches!(w.next(session), Some(Next::Wait)) && !woken()
-            })
+            .wait_timeout_while(w, wait, |w| matches!(w.next(session), Some(Next::Wait)))
             .unwrap_or_else(PoisonError::into_inner);
         Some(match w.next(session)? {
             Next::Record(first, to) => {
@@ -330,6 +335,52 @@ impl SharedStream {
             Next::Wait => Next::Wait,
             Next::End(end) => Next::End(end),
         })
+    }
+
+    /// Pushes the record the producer made in the shared ring (`record`: its bytes there, a
+    /// batch of `tokens` ending at `to`) as the window's next, `sessions` (the ring's members
+    /// and writer, who have it) moved past it. The window keeps a copy only when a
+    /// subscriber outside `sessions` needs it; else the record is only the ring's. `false`:
+    /// not pushed (as [`Window::push`]).
+    fn push_from_ring(&self, record: &[u8], tokens: u64, to: Pos, sessions: &[u64]) -> bool {
+        let mut w = self.lock();
+        // Under the window's lock: a subscriber that joins after this sees the next record.
+        let outside = w.slowest_except(|id| sessions.contains(&id)).is_some();
+        let wire = if outside {
+            let mut copy = self.spares.take();
+            copy.clear();
+            copy.extend_from_slice(record);
+            copy
+        } else {
+            Vec::new()
+        };
+        let slot = Arc::new(Slot {
+            wire,
+            tokens,
+            crcs: OnceLock::new(),
+            plain: OnceLock::new(),
+            spares: self.spares.clone(),
+            ring_only: !outside,
+        });
+        let pushed = w.push(slot, to);
+        if pushed {
+            for &id in sessions {
+                w.advance_by(id, 1);
+            }
+        }
+        drop(w);
+        if outside {
+            self.fresh.notify_all();
+        }
+        pushed
+    }
+
+    /// Whether a subscriber outside `sessions` (a shared ring's members and writer) reads
+    /// the stream.
+    fn read_outside(&self, sessions: &[u64]) -> bool {
+        self.lock()
+            .slowest_except(|id| sessions.contains(&id))
+            .is_some()
     }
 
     fn advance(&self, session: u64, records: usize) {
@@ -462,7 +513,7 @@ impl Shares {
             spares: Arc::default(),
             room: Condvar::new(),
             events: events.clone(),
-            broadcast: Mutex::new(Weak::new()),
+            broadcast: Mutex::default(),
         });
         let sub = stream
             .join(session, None)

@@ -1,59 +1,78 @@
-//! A shared stream's ring for its subscribers on this host: one writer puts each record into
-//! it once, however many subscribers read it.
+//! A shared stream's ring for its subscribers on this host: the stream's producer writes
+//! each record into it once, however many subscribers read it.
 //!
 //! Without it, each shared-memory subscriber's connection thread copies every record into
 //! that subscriber's own ring ([`super::RingOutlet`]): a tensor-parallel group of 8 on one
 //! host costs the agent 8 copies (and 8 checksums) of every batch. With it, the first
 //! shared-memory subscriber of a stream starts a [`Broadcast`]: a ring the agent creates
-//! ([`RingProducer::create`]) with a reader block per subscriber, and a writer thread that
-//! relays the stream's window into it as any subscriber's relay does ([`super::relay`]). The
-//! writer is a silent subscriber of the window: it holds records like one but is not counted
-//! as one. Each subscriber gets a reader block starting at its own window position, as the
-//! agent's answer to the ring it offered ([`Answer`]), and the writer moves every member's
-//! window position along as it writes, so the window's pacing, the group wait and the
-//! subscriber events stay those of any subscriber.
+//! ([`RingProducer::create`]) with a reader block per subscriber, and its [`Writer`], which
+//! the stream's producer thread takes at its next record. From then on the producer writes
+//! the ring itself: a record in the ring's form (the output dtype, which the plan's wire
+//! codec is when no codec was asked for) is made straight into the ring's next slot, and the
+//! stream's window keeps a copy of it only for subscribers that do not read the ring (TCP,
+//! or a ring of their own); records in a wire codec are made for the window and put into the
+//! ring in the output dtype, once. The writer holds records like a subscriber of the window
+//! but is not counted as one. Each subscriber gets a reader block starting at its own window
+//! position, as the agent's answer to the ring it offered ([`Answer`]), and every member's
+//! window position moves along as the ring is written, so the window's pacing, the group
+//! wait and the subscriber events stay those of any subscriber.
 //!
-//! Who waits for whom: the writer waits for the slowest reader (the ring's rule), and keeps
-//! the slots that the stream's other subscribers still need ([`RingProducer::set_floor`]),
-//! so that members of a group who connect a little later still find their first batch in the
-//! ring. A subscriber that cannot join (its position is no longer in the ring, every reader
-//! block was handed out, or it asks for checksums this ring does not carry) is answered
-//! [`Answer::Own`] and relayed into its own ring as before.
+//! Why the producer and not a thread of the ring's own: that thread copied each record from
+//! the window into the ring and took a hand-off from the producer and one back for each, about
+//! a third of what a stream of 8 ring readers cost the agent beyond a lone stream's
+//! (`bench/RESULTS.md`, fanout and profile). Made in the ring, a record is written once.
 //!
-//! The writer owns the ring's producer; joins and leaves reach it through a mailbox it
-//! empties before each record and while it waits, so no lock is held while it waits. A
-//! subscriber whose position the writer has not reached yet (it joined at the stream's head
-//! while the ring's readers lag) waits in the mailbox until the writer gets there. A reader
-//! that stops reading holds up its group, as the slowest subscriber always does: ending it to
-//! free the others would overwrite batches it may still be reading in place.
+//! Who waits for whom: the producer waits for the ring's slowest reader (the ring's rule),
+//! and the ring keeps the slots that the stream's other subscribers still need
+//! ([`RingProducer::set_floor`]), so that members of a group who connect a little later still
+//! find their first batch in the ring. A subscriber that cannot join (its position is no
+//! longer in the ring, every reader block was handed out, or it asks for checksums this ring
+//! does not carry) is answered [`Answer::Own`] and relayed into its own ring from the window;
+//! a batch that went only into the shared ring (nobody outside it when it was made) is not in
+//! the window for it, and it is told so ([`super::relay`]).
+//!
+//! Joins and leaves reach the writer through a mailbox the producer empties before each
+//! record and while it waits (for room in the ring or the window, or for its group), so no
+//! lock is held while it waits. A subscriber whose position the ring has not reached yet
+//! waits in the mailbox until the ring gets there. A reader that stops reading holds up its
+//! group, as the slowest subscriber always does: ending it to free the others would overwrite
+//! batches it may still be reading in place.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
-use dquant_plan::OutputDType;
 use dquant_transport::ring::layout::MAX_READERS;
 use dquant_transport::ring::{Answer, RingError, RingFds, RingProducer};
 use dquant_transport::shm::RingSink;
 use dquant_transport::{FrameWriter, SinkError};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
-use super::relay::{each_plain, relay, Outlet, RingOutlet};
-use super::{End, SharedStream, Slot, StreamInfo, Subscription};
+use super::relay::{relay, RingOutlet};
+use super::{End, Next, Pos, SharedStream, StreamInfo, Subscription};
 use crate::metrics::Meter;
 use crate::produce::{Stats, TooLarge};
 use crate::serve_plan::ended;
 use crate::stream_error::StreamError;
 
-/// How long the writer waits for readers before it looks at its mailbox again.
-const STEP: Duration = Duration::from_millis(5);
-/// How long a subscriber waits for the writer to take it in.
+/// How long the producer waits for the ring's readers (or for room in the window, while a
+/// ring is written) before it looks at the mailbox again.
+pub(super) const STEP: Duration = Duration::from_millis(5);
+/// How long a subscriber waits for the producer to take it in.
 const JOIN_WAIT: Duration = Duration::from_secs(10);
 /// How often a member's connection thread looks at its session's flags.
 const WATCH: Duration = Duration::from_millis(250);
+
+/// A stream's shared ring, while it has one, and whether it may have another.
+#[derive(Default)]
+pub(crate) struct SharedRing {
+    current: Weak<Broadcast>,
+    /// The stream's producer is done: no ring starts any more.
+    closed: bool,
+}
 
 /// A stream's shared ring: the writer's mailbox and how it ended.
 pub(crate) struct Broadcast {
@@ -62,11 +81,10 @@ pub(crate) struct Broadcast {
     ended: OwnedFd,
     /// Set just before the ring ends (closed or aborted), before the end is known here.
     ending: AtomicBool,
-    /// Set when a join or a leave is posted, cleared when the writer reads its mail: ends the
-    /// writer's wait for records at once ([`Outlet::woken`]).
-    posted: AtomicBool,
     /// Whether the ring's batches carry their crc32c.
     checksums: bool,
+    /// The ring's writer, from the ring's start until the stream's producer takes it.
+    pending: Mutex<Option<Writer>>,
 }
 
 #[derive(Default)]
@@ -116,7 +134,6 @@ impl Broadcast {
             return false;
         }
         m.joins.push(join);
-        self.posted.store(true, Ordering::Release);
         true
     }
 
@@ -134,7 +151,6 @@ impl Broadcast {
     fn leave(&self, reader: u32) -> Stats {
         let mut m = self.mail();
         m.leaves.push(reader);
-        self.posted.store(true, Ordering::Release);
         match m.members.iter().position(|x| x.reader == reader) {
             Some(i) => m.members.swap_remove(i).stats,
             None => Stats::default(),
@@ -191,10 +207,10 @@ pub(crate) fn serve_subscriber(
     sub: Subscription,
     mut own: RingSink,
     conn: &UnixStream,
-    (drain, cancel): (&Arc<AtomicBool>, &AtomicBool),
+    cancel: &AtomicBool,
     meter: &Meter,
 ) -> Result<Stats, StreamError> {
-    let Some((b, reader, fds)) = join(&sub, &own, conn, drain) else {
+    let Some((b, reader, fds)) = join(&sub, &own, conn) else {
         Answer::Own
             .send(conn)
             .map_err(|e| StreamError::Stopped(e.to_string()))?;
@@ -290,7 +306,6 @@ fn join(
     sub: &Subscription,
     own: &RingSink,
     conn: &UnixStream,
-    drain: &Arc<AtomicBool>,
 ) -> Option<(Arc<Broadcast>, u32, RingFds)> {
     let stream = sub.stream();
     let (tx, rx) = sync_channel(1);
@@ -299,48 +314,46 @@ fn join(
         sock: conn.try_clone().ok()?,
         reply: tx,
     };
-    let mut slot = stream
+    let mut ring = stream
         .broadcast
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    let b = match slot.upgrade().filter(|b| b.end().is_none()) {
+    let b = match ring.current.upgrade().filter(|b| b.end().is_none()) {
         Some(b) if own.checksums() && !b.checksums => return None,
         Some(b) => {
-            drop(slot);
+            drop(ring);
             if !b.ask(join) {
                 return None;
             }
-            // The writer may wait for records: wake it to take the join in. Taking the
-            // window's lock first means it is either before its check of `posted` (and sees
-            // it) or already waiting (and is woken).
-            drop(stream.lock());
-            stream.fresh.notify_all();
             b
         }
+        None if ring.closed => return None,
         None => {
-            let b = start(stream, own, join, drain)?;
-            *slot = Arc::downgrade(&b);
+            let b = start(stream, own, join)?;
+            ring.current = Arc::downgrade(&b);
+            drop(ring);
             b
         }
     };
+    // The producer may wait (for room, or for its group): wake it to take the join (or the
+    // new ring) in. Taking the window's lock first means it is either before its wait (and
+    // looks at the mailbox after it, within a STEP) or already waiting (and is woken).
+    drop(stream.lock());
+    stream.room.notify_all();
     let (reader, fds) = b.answer(sub.session, rx)?;
     Some((b, reader, fds))
 }
 
-/// Starts the shared ring of `stream`, shaped as `own`, with `first` its first join.
-fn start(
-    stream: &Arc<SharedStream>,
-    own: &RingSink,
-    first: Join,
-    drain: &Arc<AtomicBool>,
-) -> Option<Arc<Broadcast>> {
+/// Starts the shared ring of `stream`, shaped as `own`, with `first` its first join; its
+/// writer waits in it for the stream's producer.
+fn start(stream: &Arc<SharedStream>, own: &RingSink, first: Join) -> Option<Arc<Broadcast>> {
     let layout = own.layout()?;
     let checksums = own.checksums();
     let producer =
         RingProducer::create(MAX_READERS, layout.slot_count, layout.slot_size, checksums)
             .map_err(|e| tracing::warn!(error = %e, "cannot create a shared ring"))
             .ok()?;
-    let (writer_sub, base) = (0..8).find_map(|_| {
+    let (sub, base) = (0..8).find_map(|_| {
         let id: u64 = rand::random();
         stream.join_silent_beside(id, first.session)
     })?;
@@ -352,87 +365,104 @@ fn start(
         }),
         ended,
         ending: AtomicBool::new(false),
-        posted: AtomicBool::new(false),
         checksums,
+        pending: Mutex::new(None),
     });
     let writer = Writer {
         b: b.clone(),
         producer: Some(producer),
-        stream: stream.clone(),
-        writer: writer_sub.session,
+        sub,
         base,
-        drain: drain.clone(),
         recent: std::collections::VecDeque::new(),
+        written: 0,
     };
-    let spawned = std::thread::Builder::new()
-        .name("dquant-ring-share".into())
-        .spawn(move || write(writer, writer_sub));
-    spawned.ok().map(|_| b)
+    *b.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(writer);
+    Some(b)
 }
 
-/// The writer thread: relays the window into the ring until the stream ends or no reader is
-/// left.
-fn write(mut w: Writer, sub: Subscription) {
-    let b = w.b.clone();
-    let never = AtomicBool::new(false);
-    let (outcome, stats) = relay(&sub, &mut w, &never, &Meter::off());
-    // The writer leaves the stream before its readers can see the end: a stream whose
-    // subscribers have all left is gone, and its name free again.
-    let share = sub.stream().name.clone();
-    drop(sub);
-    let end = End::from(outcome);
-    // Then the ring ends: closed, or each member's message on its socket before the ring is
-    // marked aborted.
-    b.ending.store(true, Ordering::Release);
-    match (&end, w.producer.take()) {
-        (End::Finished, Some(p)) => p.close(),
-        (End::Failed(m) | End::Drained(m), Some(p)) => {
-            // Only to members already sent their block: a message first would be taken for
-            // a refusal. The others write it themselves after their answer.
-            let mut mail = b.mail();
-            mail.message = Some(m.clone());
-            for x in mail.members.iter().filter(|x| x.answered) {
-                let _ = FrameWriter::new(&x.sock).fail(m);
-            }
-            drop(mail);
-            drop(p);
-        }
-        _ => {}
+/// The stream's producer is done (its stream ended as `end`): no ring starts any more, and
+/// one whose writer it never took ends as the stream did.
+pub(super) fn close(stream: Arc<SharedStream>, end: &End) {
+    let pending = {
+        let mut ring = stream
+            .broadcast
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        ring.closed = true;
+        ring.current.upgrade().and_then(|b| {
+            b.pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+        })
+    };
+    drop(stream);
+    if let Some(w) = pending {
+        w.end(end.clone());
     }
-    drop(w);
-    tracing::info!(%share, records = stats.records, end = ?end, "shared ring ended");
-    b.finish(end);
 }
 
-/// The writer's side: the ring's producer, and where ring batch 0 is in the window.
-struct Writer {
+/// A shared ring's writing side, on the stream's producer thread: the ring's producer, and
+/// where ring batch 0 is in the window.
+pub(super) struct Writer {
     b: Arc<Broadcast>,
     /// `None` once closed or failed.
     producer: Option<RingProducer>,
-    stream: Arc<SharedStream>,
     /// The writer's own (silent) window subscription.
-    writer: u64,
+    sub: Subscription,
     /// The window index of ring batch 0.
     base: u64,
-    drain: Arc<AtomicBool>,
     /// Tokens and bytes of the batches the ring may still hold, oldest first.
     recent: std::collections::VecDeque<(u64, u64)>,
+    /// Batches written, for the log.
+    written: u64,
 }
 
 impl Writer {
+    /// The writer of `stream`'s shared ring, when it has one its producer has not taken yet.
+    pub(super) fn take(stream: &SharedStream) -> Option<Writer> {
+        let ring = stream
+            .broadcast
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let b = ring.current.upgrade()?;
+        drop(ring);
+        let w = b
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        w
+    }
+
     fn producer(&mut self) -> Result<&mut RingProducer, SinkError> {
         self.producer
             .as_mut()
             .ok_or_else(|| SinkError::Gone("the shared ring has ended".into()))
     }
 
+    /// Whether the ring's slots hold the stream's largest record in the output dtype.
+    pub(super) fn fits(&self, info: &StreamInfo) -> Result<(), TooLarge> {
+        let max = self
+            .producer
+            .as_ref()
+            .map_or(0, |p| p.layout().slot_size as usize);
+        if info.plain_room > max {
+            return Err(TooLarge {
+                max,
+                room: info.plain_room,
+                output: self.sub.stream().output,
+            });
+        }
+        Ok(())
+    }
+
     /// Takes in the joins and leaves the mailbox holds. The joins are answered under the
     /// mailbox's lock (see [`Broadcast::answer`]); one whose batch the ring has not reached
     /// yet stays there.
-    fn read_mail(&mut self) {
+    pub(super) fn read_mail(&mut self) {
         let b = self.b.clone();
         let mut m = b.mail();
-        b.posted.store(false, Ordering::Release);
         let Some(p) = self.producer.as_mut() else {
             return;
         };
@@ -450,7 +480,7 @@ impl Writer {
     /// still holds that batch; returns it when the ring has not reached it yet. A refused
     /// join is dropped: its subscriber reads its own ring.
     fn admit(&mut self, j: Join, members: &mut Vec<Member>) -> Option<Join> {
-        let index = self.stream.index_of(j.session)?;
+        let index = self.sub.stream().index_of(j.session)?;
         let start = index.checked_sub(self.base)?;
         let p = self.producer.as_mut()?;
         let head = p.published();
@@ -478,7 +508,9 @@ impl Writer {
             p.end_reader(reader);
             return None;
         }
-        self.stream.advance_each(std::iter::once(j.session), behind);
+        self.sub
+            .stream()
+            .advance_each(std::iter::once(j.session), behind);
         members.push(Member {
             session: j.session,
             reader,
@@ -497,22 +529,25 @@ impl Writer {
     fn floor(&self) -> Option<u64> {
         // Lock order: the mailbox, then the window (as in `admit`).
         let m = self.b.mail();
-        let writer = self.writer;
+        let writer = self.sub.session;
         let slowest = self
-            .stream
+            .sub
+            .stream()
             .slowest_except(|id| id == writer || m.members.iter().any(|x| x.session == id))?;
         slowest.checked_sub(self.base)
     }
 
-    /// Writes `record` as the ring's next batch, waiting for room.
-    fn put(&mut self, record: &[u8]) -> Result<(), SinkError> {
+    /// Waits for the ring's next slot to be free: the mailbox read, and the ring's floor
+    /// set, every [`STEP`]. `Err` when every reader left (and nobody is joining), the ring
+    /// failed, or `drain` was set (the ring is not ended for it: the stream ends so).
+    pub(super) fn wait_room(&mut self, drain: &AtomicBool) -> Result<(), SinkError> {
         loop {
             self.read_mail();
             let floor = self.floor();
             let p = self.producer()?;
             p.set_floor(floor);
             match p.reserve_timeout(STEP).map(|_| ()) {
-                Ok(()) => break,
+                Ok(()) => return Ok(()),
                 Err(RingError::Timeout(_)) => {}
                 Err(RingError::ConsumerGone) => {
                     if self.b.mail().joins.is_empty() {
@@ -521,32 +556,127 @@ impl Writer {
                 }
                 Err(e) => return Err(SinkError::Failed(e.to_string())),
             }
-            if self.drain.load(Ordering::Relaxed) {
-                return Err(SinkError::Failed("the agent is shutting down".into()));
+            if drain.load(Ordering::Relaxed) {
+                return Err(SinkError::Gone("the agent is shutting down".into()));
             }
         }
-        let p = self.producer()?;
-        let mut slot = p.reserve_timeout(Duration::ZERO).map_err(sink_error)?;
-        slot[..record.len()].copy_from_slice(record);
-        slot.commit(record.len()).map_err(sink_error)
+    }
+
+    /// The ring's next slot, free ([`Writer::wait_room`] returned).
+    pub(super) fn room(&mut self) -> Result<&mut [u8], SinkError> {
+        let slot = self
+            .producer()?
+            .reserve_timeout(Duration::ZERO)
+            .map_err(sink_error)?;
+        Ok(slot.into_mut())
+    }
+
+    /// Publishes the first `len` bytes of [`Writer::room`] as the ring's next batch.
+    pub(super) fn commit(&mut self, len: usize) -> Result<(), SinkError> {
+        let slot = self
+            .producer()?
+            .reserve_timeout(Duration::ZERO)
+            .map_err(sink_error)?;
+        slot.commit(len).map_err(sink_error)
+    }
+
+    /// Writes `record` as the ring's next batch, waiting for room.
+    fn put(&mut self, record: &[u8], drain: &AtomicBool) -> Result<(), SinkError> {
+        self.wait_room(drain)?;
+        self.room()?[..record.len()].copy_from_slice(record);
+        self.commit(record.len())
+    }
+
+    /// Where the ring's batches end in the stream: the position after the last it has.
+    pub(super) fn position(&self) -> Pos {
+        self.sub.stream().position_of(self.sub.session)
+    }
+
+    /// The window sessions that have every batch the ring has: its members and the writer.
+    pub(super) fn sessions(&self) -> Vec<u64> {
+        let m = self.b.mail();
+        let mut s: Vec<u64> = m.members.iter().map(|x| x.session).collect();
+        s.push(self.sub.session);
+        s
     }
 
     /// Every member has the batch just written, of `tokens` tokens and `bytes` bytes.
-    fn delivered(&mut self, tokens: u64, bytes: u64) {
+    pub(super) fn written(&mut self, tokens: u64, bytes: u64) {
         let slots = self.producer.as_ref().map_or(0, |p| p.layout().slot_count) as usize;
         if self.recent.len() >= slots {
             self.recent.pop_front();
         }
         self.recent.push_back((tokens, bytes));
+        self.written += 1;
         let mut m = self.b.mail();
         for x in &mut m.members {
             x.stats.records += 1;
             x.stats.tokens += tokens;
             x.stats.wire_bytes += bytes;
         }
-        // Lock order: the mailbox, then the window (as in `admit`).
-        self.stream
-            .advance_each(m.members.iter().map(|x| x.session), 1);
+    }
+
+    /// Puts the window's records the ring does not have yet into it, in the output dtype
+    /// (the records made before the producer took the ring, or made for the window). `Err`
+    /// as [`Writer::wait_room`], or when a record cannot go into the ring.
+    pub(super) fn catch_up(&mut self, drain: &AtomicBool) -> Result<(), SinkError> {
+        let stream = self.sub.stream().clone();
+        let output = stream.output;
+        loop {
+            let Some(Next::Record(run, _)) =
+                stream.next(self.sub.session, Duration::ZERO, usize::MAX)
+            else {
+                return Ok(());
+            };
+            for slot in &run {
+                if slot.ring_only {
+                    return Err(SinkError::Failed(
+                        "a batch the ring needs went only into the stream's previous shared \
+                         ring; subscribe at the stream's current cursor"
+                            .into(),
+                    ));
+                }
+                let record = slot
+                    .plain(output)
+                    .map_err(|e| SinkError::Failed(e.to_string()))?;
+                self.put(record, drain)?;
+                self.written(slot.tokens, record.len() as u64);
+                stream.advance_each(self.sessions().into_iter(), 1);
+            }
+        }
+    }
+
+    /// The ring ends as `end` says: closed, or each member's message on its socket before
+    /// the ring is marked aborted. The writer leaves the stream first: a stream whose
+    /// subscribers have all left is gone, and its name free again.
+    pub(super) fn end(self, end: End) {
+        let Writer {
+            b,
+            producer,
+            sub,
+            written,
+            ..
+        } = self;
+        let share = sub.stream().name.clone();
+        drop(sub);
+        b.ending.store(true, Ordering::Release);
+        match (&end, producer) {
+            (End::Finished, Some(p)) => p.close(),
+            (End::Failed(m) | End::Drained(m), Some(p)) => {
+                // Only to members already sent their block: a message first would be taken
+                // for a refusal. The others write it themselves after their answer.
+                let mut mail = b.mail();
+                mail.message = Some(m.clone());
+                for x in mail.members.iter().filter(|x| x.answered) {
+                    let _ = FrameWriter::new(&x.sock).fail(m);
+                }
+                drop(mail);
+                drop(p);
+            }
+            _ => {}
+        }
+        tracing::info!(%share, records = written, end = ?end, "shared ring ended");
+        b.finish(end);
     }
 }
 
@@ -555,56 +685,4 @@ fn sink_error(e: RingError) -> SinkError {
         RingError::ConsumerGone => SinkError::Gone("every reader left".into()),
         e => SinkError::Failed(e.to_string()),
     }
-}
-
-impl Outlet for Writer {
-    fn fits(&self, info: &StreamInfo, output: OutputDType) -> Result<(), TooLarge> {
-        let max = self
-            .producer
-            .as_ref()
-            .map_or(0, |p| p.layout().slot_size as usize);
-        if info.plain_room > max {
-            return Err(TooLarge {
-                max,
-                room: info.plain_room,
-                output,
-            });
-        }
-        Ok(())
-    }
-
-    fn run_bytes(&self) -> usize {
-        0
-    }
-
-    fn deliver(
-        &mut self,
-        slots: &[Arc<Slot>],
-        output: OutputDType,
-    ) -> Result<(u64, usize), SinkError> {
-        each_plain(slots, output, |slot, record| {
-            self.put(record)?;
-            self.delivered(slot.tokens, record.len() as u64);
-            Ok(())
-        })
-    }
-
-    fn idle(&mut self, _: Instant) -> Result<(), SinkError> {
-        self.read_mail();
-        Ok(())
-    }
-
-    /// A join (or a leave) is read as soon as it is posted, not at the next recheck.
-    fn woken(&self) -> Option<&AtomicBool> {
-        Some(&self.b.posted)
-    }
-
-    /// The ring is closed once the writer has left the stream ([`write`]).
-    fn finish(&mut self) -> Result<(), SinkError> {
-        Ok(())
-    }
-
-    /// Each member finds the message on its socket, then the ring aborted after its
-    /// batches, once the writer has left the stream ([`write`]).
-    fn fail(&mut self, _message: &str) {}
 }

@@ -7,8 +7,9 @@
 //!   record, or per 1 MiB of a larger one) in the wire codec, straight from the window's
 //!   memory, in one vectored write; their checksums are computed once for every subscriber
 //!   ([`super::Slot`]). The only per-subscriber cost is the socket write itself.
-//! - [`RingOutlet`] (shared memory): each record, in the output dtype, is copied into the
-//!   subscriber's ring through its [`BatchSink`].
+//! - [`RingOutlet`] (shared memory, for a subscriber that does not read the stream's shared
+//!   ring): each record, in the output dtype, is copied into the subscriber's ring through
+//!   its [`BatchSink`].
 //!
 //! The relay ends as the stream ends (every record, then the end or the stream's error), or
 //! when its consumer goes away or is closed; either way its [`Subscription`] drops and the
@@ -48,11 +49,6 @@ pub(crate) trait Outlet {
     ) -> Result<(u64, usize), SinkError>;
     /// Hands on what is held while no record is at hand.
     fn idle(&mut self, now: Instant) -> Result<(), SinkError>;
-    /// A flag that, once set, ends a wait for records early so that [`Outlet::idle`] runs
-    /// (work for it came in); `None`: only records, the end or the recheck end the wait.
-    fn woken(&self) -> Option<&AtomicBool> {
-        None
-    }
     fn finish(&mut self) -> Result<(), SinkError>;
     fn fail(&mut self, message: &str);
 }
@@ -195,10 +191,16 @@ pub(crate) fn relay(
         if cancel.load(Ordering::Relaxed) {
             return (Outcome::Stopped("closed by the client".into()), stats);
         }
-        let step = match stream.next(sub.session, wait, out.run_bytes(), out.woken()) {
-            Some(Next::Record(run, _)) => out
-                .deliver(&run, stream.output)
-                .map(|(tokens, bytes)| (run.len(), tokens, bytes)),
+        let step = match stream.next(sub.session, wait, out.run_bytes()) {
+            Some(Next::Record(run, _)) => match in_window(run, &stream.name) {
+                Ok(run) => out
+                    .deliver(&run, stream.output)
+                    .map(|(tokens, bytes)| (run.len(), tokens, bytes)),
+                Err(m) => {
+                    out.fail(&m);
+                    return (Outcome::Failed(m), stats);
+                }
+            },
             Some(Next::Wait) => {
                 wait = RECHECK;
                 match out.idle(Instant::now()) {
@@ -225,6 +227,25 @@ pub(crate) fn relay(
                 return (Outcome::Failed(m), stats);
             }
         }
+    }
+}
+
+/// The records of `run` up to the first that went only into the stream's shared ring
+/// (whose bytes the window does not have); `Err` with the subscriber's message when the
+/// first did. Such a record was made while every subscriber read the shared ring, so only a
+/// subscriber that joined behind the stream's head, and not in the ring, meets one.
+fn in_window(mut run: Vec<Arc<Slot>>, share: &str) -> Result<Vec<Arc<Slot>>, String> {
+    match run.iter().position(|s| s.ring_only) {
+        Some(0) => Err(format!(
+            "share {share:?}: the batches at this subscriber's cursor went only into the \
+             stream's shared ring, which this subscriber does not read; subscribe at the \
+             stream's current cursor"
+        )),
+        Some(i) => {
+            run.truncate(i);
+            Ok(run)
+        }
+        None => Ok(run),
     }
 }
 

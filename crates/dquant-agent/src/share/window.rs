@@ -176,7 +176,7 @@ impl<R: Clone> Window<R> {
     }
 
     /// The position before record `index` (held, or the next to be made).
-    fn position_of(&self, index: u64) -> Pos {
+    pub fn position_of(&self, index: u64) -> Pos {
         let i = index.saturating_sub(self.base) as usize;
         self.entries.get(i).map_or(self.head, |e| e.from)
     }

@@ -1,11 +1,12 @@
 //! Graceful shutdown of a real `dquant serve` process: SIGTERM mid-stream gives every
-//! consumer (TCP and shared memory) the cursor to resume from after its last batch, the
+//! consumer (TCP, shared memory, a shared stream's ring) the cursor to resume from after its
+//! last batch, the
 //! agent removes its socket file and exits 0, and resuming at that cursor on a new agent
 //! gives exactly the uninterrupted stream.
 
 use std::time::{Duration, Instant};
 
-use dquant_client::{open, open_at, ClientError, Offload, Reader};
+use dquant_client::{open, open_at, open_shared, ClientError, Offload, Reader, Share};
 use dquant_plan::{Cursor, OutputDType, Plan, Source};
 use dquant_testkit::process::AgentProcess;
 use dquant_testkit::stream::drain;
@@ -116,6 +117,57 @@ fn sigterm_mid_stream_gives_every_consumer_its_resume_cursor() {
     assert_eq!(got_tcp.len(), whole.len());
     assert_eq!(xxh3(&got_tcp), xxh3(&whole));
     assert_eq!(xxh3(&got_shm), xxh3(&whole));
+}
+
+/// The readers of a shared stream's ring (the records made in it) get where the ring ends
+/// as their resume cursor, the same for all, and resuming there gives the whole stream.
+#[test]
+fn sigterm_mid_stream_gives_a_shared_rings_readers_their_resume_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    copy_fixture("r50k_uint16", &root.join("r50k"));
+    let sock = dir.path().join("agent.sock");
+    let root_arg = format!("fx={}", root.display());
+    let args = ["--root", &root_arg, "--prefetch-frames", "1"];
+    let mut agent = AgentProcess::start(
+        BIN,
+        &[&args[..], &["--socket", sock.to_str().unwrap()]].concat(),
+    );
+    let mut p = plan("fx/r50k");
+    p.wire_codec = "u16".into();
+    let mut local = plan(root.join("r50k").to_str().unwrap());
+    local.wire_codec = "u16".into();
+    let whole = drain(&mut Reader::local(&local, Cursor::START).unwrap()).0;
+
+    let share = Share {
+        name: "job7/dp0".into(),
+        group: 2,
+    };
+    let s = sock.to_str().unwrap();
+    let mut a = open_shared(s, &p, Cursor::START, &share).unwrap();
+    let mut b = open_shared(s, &p, Cursor::START, &share).unwrap();
+    assert!(a.reads_shared_ring() && b.reads_shared_ring());
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    // In turns: the ring waits for its slowest reader.
+    for _ in 0..20 {
+        take(&mut a, 1, &mut got_a);
+        take(&mut b, 1, &mut got_b);
+    }
+    agent.signal(libc::SIGTERM);
+    let at_a = until_shutdown(&mut a, &mut got_a);
+    let at_b = until_shutdown(&mut b, &mut got_b);
+    assert_eq!(at_a, at_b, "one ring, one end");
+    assert!((20 * 8..100 * 9 * 8).contains(&at_a), "{at_a}");
+    let status = wait_exit(&mut agent, Duration::from_secs(15));
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+
+    let fresh = AgentProcess::start(BIN, &args);
+    rest(&fresh.uri, &p, at_a, &mut got_a);
+    rest(&fresh.uri, &p, at_b, &mut got_b);
+    assert_eq!(got_a.len(), whole.len());
+    assert_eq!(xxh3(&got_a), xxh3(&whole));
+    assert_eq!(xxh3(&got_b), xxh3(&whole));
 }
 
 #[test]

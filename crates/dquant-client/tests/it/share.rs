@@ -33,17 +33,32 @@ fn share(group: u32) -> Share {
 /// Several epochs in a compressed wire codec: TCP subscribers get the lz4 records, ring
 /// subscribers the output dtype made from them.
 fn shared_plan() -> Plan {
+    shared_plan_in("auto+lz4")
+}
+
+/// The wire codecs of a shared stream: records made for the window and converted once for
+/// its shared ring (lz4), and records in the output dtype, made in the ring itself (i32).
+const CODECS: [&str; 2] = ["auto+lz4", "i32"];
+
+/// [`shared_plan`] in wire codec `codec`.
+fn shared_plan_in(codec: &str) -> Plan {
     let mut p = plan(&[("r50k.dqb", 0.7), ("wide", 0.3)], 255, 4);
     p.epochs = Some(2);
-    p.wire_codec = "auto+lz4".into();
+    p.wire_codec = codec.into();
     p
 }
 
 #[test]
 fn four_subscribers_over_tcp_and_shm_get_the_stream_a_single_consumer_gets() {
+    for codec in CODECS {
+        four_subscribers(codec);
+    }
+}
+
+fn four_subscribers(codec: &str) {
     let c = Corpus::new();
     let (agent, sock) = c.agent_with_socket();
-    let p = shared_plan();
+    let p = shared_plan_in(codec);
     let want = local(&c, &p, Cursor::START);
     let tcp = agent.uri();
     // Two open the plan as the stream (the first makes it, the second joins it), two
@@ -62,7 +77,7 @@ fn four_subscribers_over_tcp_and_shm_get_the_stream_a_single_consumer_gets() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (i, g) in got.iter().enumerate() {
-        assert_eq!(g, &want, "subscriber {i}");
+        assert_eq!(g, &want, "{codec}: subscriber {i}");
     }
     wait_idle(&agent);
     // The name is free again once everyone has left.
@@ -75,9 +90,15 @@ fn four_subscribers_over_tcp_and_shm_get_the_stream_a_single_consumer_gets() {
 
 #[test]
 fn shm_subscribers_on_the_agents_host_read_one_ring_the_agent_writes_once() {
+    for codec in CODECS {
+        shm_subscribers(codec);
+    }
+}
+
+fn shm_subscribers(codec: &str) {
     let c = Corpus::new();
     let (agent, sock) = c.agent_with_socket();
-    let p = shared_plan();
+    let p = shared_plan_in(codec);
     let want = local(&c, &p, Cursor::START);
     let verify = format!("{sock}?verify=true");
     let readers = [
@@ -102,9 +123,9 @@ fn shm_subscribers_on_the_agents_host_read_one_ring_the_agent_writes_once() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let shared: Vec<bool> = got.iter().map(|g| g.0).collect();
-    assert_eq!(shared, [true, true, true, true, false]);
+    assert_eq!(shared, [true, true, true, true, false], "{codec}");
     for (i, (_, g)) in got.iter().enumerate() {
-        assert_eq!(g, &want, "subscriber {i}");
+        assert_eq!(g, &want, "{codec}: subscriber {i}");
     }
     wait_idle(&agent);
 }
@@ -119,9 +140,15 @@ fn a_subscriber_closed_mid_stream_leaves_the_others_streams_whole() {
 }
 
 fn closed_mid_stream(over_shm: bool) {
+    for codec in CODECS {
+        closed_mid_stream_in(over_shm, codec);
+    }
+}
+
+fn closed_mid_stream_in(over_shm: bool, codec: &str) {
     let c = Corpus::new();
     let (agent, sock) = c.agent_with_socket();
-    let p = shared_plan();
+    let p = shared_plan_in(codec);
     let want = local(&c, &p, Cursor::START);
     let tcp = agent.uri();
     let a = open_shared(&tcp, &p, Cursor::START, &share(3)).unwrap();
@@ -139,8 +166,8 @@ fn closed_mid_stream(over_shm: bool) {
         drop(quitter);
         (a.join().unwrap(), b.join().unwrap())
     });
-    assert_eq!(got.0, want);
-    assert_eq!(got.1, want);
+    assert_eq!(got.0, want, "{codec}");
+    assert_eq!(got.1, want, "{codec}");
 }
 
 #[test]
@@ -151,8 +178,69 @@ fn a_late_joiner_starts_at_the_current_cursor_and_an_earlier_one_is_refused() {
         late_joiner(codec, false);
     }
     // Over shared memory: the late joiner reads the stream's shared ring from the stream's
-    // head, which the ring's writer may not have reached yet.
-    late_joiner("auto+lz4", true);
+    // head, which the ring may not have reached yet (records made for the window), or has
+    // (records made in the ring).
+    for codec in CODECS {
+        late_joiner(codec, true);
+    }
+}
+
+/// A batch made in the shared ring while every subscriber read it there is not in the
+/// window for a subscriber outside the ring that joins behind the stream's head: it is told
+/// so, and the ring's reader gets the whole stream.
+#[test]
+fn a_batch_only_the_shared_ring_has_is_refused_to_a_subscriber_outside_it() {
+    let c = Corpus::new();
+    let mut cfg = c.config();
+    cfg.share_window_batches = 64;
+    cfg.prefetch_frames = 1;
+    let sock = c.root().with_file_name("agent.sock");
+    cfg.socket = Some(sock.clone());
+    let agent = dquant_agent::start(cfg).unwrap();
+    let mut p = shared_plan_in("i32");
+    p.epochs = Some(50);
+    let want = local(&c, &p, Cursor::START);
+    let first = open_shared(&sock.display().to_string(), &p, Cursor::START, &share(1)).unwrap();
+    assert!(first.reads_shared_ring());
+    let mut first = first;
+    let mut head = Vec::new();
+    let mut cursors = Vec::new();
+    for _ in 0..80 {
+        let b = first.next_batch().unwrap().unwrap();
+        head.extend_from_slice(b.tokens.as_bytes());
+        cursors.push(first.cursor());
+    }
+    // The producer takes the ring in before the window (64 batches) is full, so batch 77 was
+    // made in the ring alone, and is still in the window, as a place in the stream only.
+    let behind = subscribe(&agent.uri(), "job42/dp3", Some(&cursors[75])).unwrap();
+    let (err, rest) = std::thread::scope(|s| {
+        let rest = s.spawn(move || drain(&mut first).0);
+        (drain_err(behind), rest.join().unwrap())
+    });
+    assert_eq!(
+        err,
+        "share \"job42/dp3\": the batches at this subscriber's cursor went only into the \
+         stream's shared ring, which this subscriber does not read; subscribe at the stream's \
+         current cursor"
+    );
+    head.extend_from_slice(&rest);
+    assert_eq!(
+        xxh3(&head),
+        want.0,
+        "the ring's reader gets the whole stream"
+    );
+    wait_idle(&agent);
+}
+
+/// Reads `r` to its end, which must be an error: its message.
+fn drain_err(mut r: Reader) -> String {
+    loop {
+        match r.next_batch() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(e) => return e.to_string(),
+        }
+    }
 }
 
 fn late_joiner(codec: &str, over_shm: bool) {
