@@ -73,6 +73,8 @@ pub(crate) struct Producer {
     wire: WireCodec,
     /// Room for the largest record: header and the largest payload a full batch can have.
     room: usize,
+    /// The same in the output dtype (a sink may ask for that form, [`Producer::step`]).
+    plain_room: usize,
     /// Where each batch made is counted (the agent's metrics, by tenant).
     meter: Meter,
     /// The cursor once every batch committed so far is consumed (batches encoded ahead are
@@ -89,6 +91,7 @@ impl Producer {
     pub fn new(pipeline: Box<Pipeline>, output: OutputDType, wire: WireCodec) -> Self {
         let plain = wire == WireCodec::Fixed(plain_codec(output));
         let room = record_room(&pipeline, output, wire);
+        let plain_room = plain_record_len(&pipeline, output);
         // Checks that cannot fail are skipped: a u16 dataset always fits a u16 wire.
         let encoder = (!plain).then(|| RecordEncoder::new(wire, pipeline.max_token_bound()));
         let delivered = pipeline.cursor();
@@ -100,6 +103,7 @@ impl Producer {
             level: None,
             wire,
             room,
+            plain_room,
             meter: Meter::off(),
             delivered,
             faults: (Faults::default(), Site::Session),
@@ -181,12 +185,21 @@ impl Producer {
     /// Makes the next batch record in `sink`. Room is reserved before the batch is taken
     /// from the pipeline, so a sink that is full ([`SinkError::Full`]) loses nothing: step
     /// again once it has room.
+    ///
+    /// A sink whose readers all take the output dtype ([`BatchSink::output_dtype_next`])
+    /// gets the batch in it, not in the wire codec, once the batches encoded ahead (taken
+    /// from the pipeline before it) are delivered.
     pub fn step(&mut self, sink: &mut dyn BatchSink) -> Result<Step, ProduceError> {
         if self.encoder.is_none() {
             return self.step_plain(sink);
         }
+        let plain = sink.output_dtype_next();
+        let queued = self.ahead.as_ref().map_or(0, EncodeAhead::in_flight);
+        if plain && queued == 0 {
+            return self.step_plain(sink);
+        }
         if self.ahead.is_some() {
-            return self.step_ahead(sink);
+            return self.step_ahead(sink, !plain);
         }
         sink.reserve(self.room)?;
         // Once a batch (room reserved: a step the sink refused is taken again).
@@ -205,13 +218,16 @@ impl Producer {
     }
 
     /// The next batch encoded ahead on the worker pool; the session's thread meanwhile takes
-    /// more batches from the pipeline (reads, packing, fit checks) for the pool.
-    fn step_ahead(&mut self, sink: &mut dyn BatchSink) -> Result<Step, ProduceError> {
+    /// more batches from the pipeline (reads, packing, fit checks) for the pool, when
+    /// `refill`.
+    fn step_ahead(&mut self, sink: &mut dyn BatchSink, refill: bool) -> Result<Step, ProduceError> {
         let room = sink.reserve(self.room)?;
         let Some(ahead) = self.ahead.as_mut() else {
             return Err(EngineError::Usage("a step ahead without workers".into()).into());
         };
-        ahead.fill(&mut self.pipeline, self.output.width());
+        if refill || ahead.in_flight() == 0 {
+            ahead.fill(&mut self.pipeline, self.output.width());
+        }
         let Some(next) = ahead.next_encoded() else {
             return Ok(Step::End);
         };
@@ -240,7 +256,7 @@ impl Producer {
     /// A batch in the output dtype, made where the record goes: from a dataset that stores
     /// that dtype, one read from the page cache into the transport's memory.
     fn step_plain(&mut self, sink: &mut dyn BatchSink) -> Result<Step, ProduceError> {
-        let room = sink.reserve(self.room)?;
+        let room = sink.reserve(self.plain_room)?;
         let Some((h, b)) = plain_record(&mut self.pipeline, self.output, room)? else {
             return Ok(Step::End);
         };

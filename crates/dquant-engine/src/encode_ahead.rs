@@ -161,6 +161,11 @@ impl EncodeAhead {
         })
     }
 
+    /// Batches taken from the pipeline and not delivered yet (they come before any other).
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Gives a delivered batch's buffers back for later batches.
     pub fn recycle(&mut self, e: Encoded) {
         if self.spare.len() < self.window {

@@ -48,6 +48,14 @@ pub trait BatchSink: Send {
         None
     }
 
+    /// Whether the next record is to be made in the consumer's output dtype whatever the
+    /// wire codec: every reader of it takes that form (a shared stream whose subscribers all
+    /// read its shared-memory ring, where a compressed record would only be decoded again).
+    /// Asked before each record; `false` by default.
+    fn output_dtype_next(&mut self) -> bool {
+        false
+    }
+
     /// Room for the next record, `len` bytes (the header and the largest payload it may
     /// have), contiguous. Waits while the transport is full (back-pressure). Reserving again
     /// without a commit returns the same room.

@@ -2,10 +2,11 @@
 //! window and, while the stream has one, its shared ring ([`super::broadcast`]).
 //!
 //! The producer takes a new ring's [`Writer`] at its next record and writes the ring from
-//! then on: records in the output dtype (a plan without a wire codec) are made straight in
-//! the ring's next slot, and the window gets a copy only for subscribers that do not read the
-//! ring; other records are made for the window and put into the ring once, converted. It
-//! reads the ring's mailbox (joins, leaves) before each record and while it waits.
+//! then on: records in the output dtype (a plan without a wire codec, or any plan while
+//! every subscriber reads the ring) are made straight in the ring's next slot, and the
+//! window gets a copy only for subscribers that do not read the ring; other records are made
+//! in the wire codec for the window and put into the ring once, decoded. It reads the ring's
+//! mailbox (joins, leaves) before each record and while it waits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError};
@@ -30,6 +31,7 @@ pub(super) fn produce(stream: Arc<SharedStream>, new: NewStream, drain: &AtomicB
         drain,
         buf: Vec::new(),
         plain: new.wire == WireCodec::Fixed(plain_codec(new.output)),
+        next_plain: false,
         ring: None,
         in_ring: false,
     };
@@ -116,8 +118,11 @@ struct WindowSink<'a> {
     stream: Arc<SharedStream>,
     drain: &'a AtomicBool,
     buf: Vec<u8>,
-    /// The records are the ring's form (the output dtype): they can be made in the ring.
+    /// The plan's records are the ring's form (the output dtype): they can be made in it.
     plain: bool,
+    /// The next record is made in the output dtype, whatever the wire codec
+    /// ([`BatchSink::output_dtype_next`]): every subscriber reads the ring.
+    next_plain: bool,
     /// The stream's shared ring, once the producer took its writer.
     ring: Option<Writer>,
     /// The room [`BatchSink::reserve`] gave last is the ring's next slot, not `buf`.
@@ -177,10 +182,18 @@ impl WindowSink<'_> {
         }
     }
 
+    /// Whether every subscriber reads the ring (which this producer writes).
+    fn all_in_ring(&self) -> bool {
+        self.ring
+            .as_ref()
+            .is_some_and(|w| !self.stream.read_outside(&w.sessions()))
+    }
+
     /// Whether the next record can be made in the ring: it is in the ring's form, and every
     /// subscriber reads the ring. Waits for the ring's room then; a ring that fails ends.
     fn ring_ready(&mut self) -> Result<bool, SinkError> {
-        let Some(w) = self.ring.as_mut().filter(|_| self.plain) else {
+        let plain = self.plain || self.next_plain;
+        let Some(w) = self.ring.as_mut().filter(|_| plain) else {
             return Ok(false);
         };
         if self.stream.read_outside(&w.sessions()) {
@@ -241,6 +254,15 @@ fn parse_header(record: &[u8]) -> Result<BatchHeader, SinkError> {
 }
 
 impl BatchSink for WindowSink<'_> {
+    /// While every subscriber reads the ring, records are made in the output dtype straight
+    /// in it, whatever the wire codec: nobody would read the wire form (a compressed record
+    /// would be decoded again for the ring).
+    fn output_dtype_next(&mut self) -> bool {
+        self.tend_ring();
+        self.next_plain = self.all_in_ring();
+        self.next_plain
+    }
+
     fn reserve(&mut self, len: usize) -> Result<&mut [u8], SinkError> {
         self.wait_for_window()?;
         self.tend_ring();
