@@ -73,23 +73,56 @@ fn wait_exit(agent: &mut AgentProcess, within: Duration) -> std::process::ExitSt
     }
 }
 
+/// An agent process serving a copy of the uint16 fixture as `fx/r50k`, over TCP and a Unix
+/// socket.
+struct Served {
+    dir: tempfile::TempDir,
+    root_arg: String,
+    agent: AgentProcess,
+}
+
+impl Served {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        copy_fixture("r50k_uint16", &root.join("r50k"));
+        let root_arg = format!("fx={}", root.display());
+        let sock = dir.path().join("agent.sock");
+        let args = ["--root", &root_arg, "--prefetch-frames", "1"];
+        let agent = AgentProcess::start(
+            BIN,
+            &[&args[..], &["--socket", sock.to_str().unwrap()]].concat(),
+        );
+        Served {
+            dir,
+            root_arg,
+            agent,
+        }
+    }
+
+    /// A fresh agent (TCP only) serving the same root.
+    fn again(&self) -> AgentProcess {
+        AgentProcess::start(BIN, &["--root", &self.root_arg, "--prefetch-frames", "1"])
+    }
+
+    fn sock(&self) -> std::path::PathBuf {
+        self.dir.path().join("agent.sock")
+    }
+
+    /// The bytes of [`plan`]'s whole stream, read in this process.
+    fn whole(&self) -> Vec<u8> {
+        let local = plan(self.dir.path().join("root/r50k").to_str().unwrap());
+        drain(&mut Reader::local(&local, Cursor::START).unwrap()).0
+    }
+}
+
 #[test]
 fn sigterm_mid_stream_gives_every_consumer_its_resume_cursor() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    copy_fixture("r50k_uint16", &root.join("r50k"));
-    let sock = dir.path().join("agent.sock");
-    let root_arg = format!("fx={}", root.display());
-    let args = ["--root", &root_arg, "--prefetch-frames", "1"];
-    let mut agent = AgentProcess::start(
-        BIN,
-        &[&args[..], &["--socket", sock.to_str().unwrap()]].concat(),
-    );
-
+    let mut served = Served::start();
+    let (sock, whole) = (served.sock(), served.whole());
+    let agent = &mut served.agent;
     let p = plan("fx/r50k");
-    let local = plan(root.join("r50k").to_str().unwrap());
-    let whole = drain(&mut Reader::local(&local, Cursor::START).unwrap()).0;
 
     let mut tcp = open(&agent.uri, &p, Offload::Yes).unwrap();
     let mut shm = open(sock.to_str().unwrap(), &p, Offload::Yes).unwrap();
@@ -104,14 +137,14 @@ fn sigterm_mid_stream_gives_every_consumer_its_resume_cursor() {
     for at in [at_tcp, at_shm] {
         assert!((20 * 8..100 * 9 * 8).contains(&at), "{at}");
     }
-    let status = wait_exit(&mut agent, Duration::from_secs(15));
+    let status = wait_exit(agent, Duration::from_secs(15));
     assert!(status.success(), "{status:?}\n{}", agent.log());
     assert!(!sock.exists(), "the socket file is left behind");
     let log = agent.log();
     assert!(log.contains("session drained"), "{log}");
 
     // Resuming each on a new agent at its cursor gives the uninterrupted stream.
-    let fresh = AgentProcess::start(BIN, &args);
+    let fresh = served.again();
     rest(&fresh.uri, &p, at_tcp, &mut got_tcp);
     rest(&fresh.uri, &p, at_shm, &mut got_shm);
     assert_eq!(got_tcp.len(), whole.len());
@@ -123,22 +156,12 @@ fn sigterm_mid_stream_gives_every_consumer_its_resume_cursor() {
 /// as their resume cursor, the same for all, and resuming there gives the whole stream.
 #[test]
 fn sigterm_mid_stream_gives_a_shared_rings_readers_their_resume_cursor() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    copy_fixture("r50k_uint16", &root.join("r50k"));
-    let sock = dir.path().join("agent.sock");
-    let root_arg = format!("fx={}", root.display());
-    let args = ["--root", &root_arg, "--prefetch-frames", "1"];
-    let mut agent = AgentProcess::start(
-        BIN,
-        &[&args[..], &["--socket", sock.to_str().unwrap()]].concat(),
-    );
+    let mut served = Served::start();
+    let (sock, whole) = (served.sock(), served.whole());
+    let agent = &mut served.agent;
+    // Made in the ring: the wire codec is the output dtype.
     let mut p = plan("fx/r50k");
     p.wire_codec = "u16".into();
-    let mut local = plan(root.join("r50k").to_str().unwrap());
-    local.wire_codec = "u16".into();
-    let whole = drain(&mut Reader::local(&local, Cursor::START).unwrap()).0;
 
     let share = Share {
         name: "job7/dp0".into(),
@@ -159,10 +182,10 @@ fn sigterm_mid_stream_gives_a_shared_rings_readers_their_resume_cursor() {
     let at_b = until_shutdown(&mut b, &mut got_b);
     assert_eq!(at_a, at_b, "one ring, one end");
     assert!((20 * 8..100 * 9 * 8).contains(&at_a), "{at_a}");
-    let status = wait_exit(&mut agent, Duration::from_secs(15));
+    let status = wait_exit(agent, Duration::from_secs(15));
     assert!(status.success(), "{status:?}\n{}", agent.log());
 
-    let fresh = AgentProcess::start(BIN, &args);
+    let fresh = served.again();
     rest(&fresh.uri, &p, at_a, &mut got_a);
     rest(&fresh.uri, &p, at_b, &mut got_b);
     assert_eq!(got_a.len(), whole.len());
