@@ -74,6 +74,14 @@ pub(crate) enum ShareError {
     /// A record of the stream cannot be made plain for a ring (a bug, or memory gone bad).
     #[error("a shared record: {0}")]
     BadRecord(String),
+    /// A subscriber outside the stream's shared ring met a batch only the ring has (made
+    /// while every subscriber read the ring): it joined behind the stream's head.
+    #[error(
+        "share {0:?}: the batches at this subscriber's cursor went only into the stream's \
+         shared ring, which this subscriber does not read; subscribe at the stream's current \
+         cursor"
+    )]
+    OnlyInRing(String),
 }
 
 /// Checks a share name: 1 to [`MAX_SHARE_NAME`] bytes of printable ASCII, no spaces.

@@ -26,7 +26,7 @@ use dquant_transport::{
     BatchSink, DataStream, FrameKind, FrameWriter, SinkError, WireError, MAX_FRAMES_AT_ONCE,
 };
 
-use super::{End, Next, Slot, Subscription, RECHECK};
+use super::{End, Next, ShareError, Slot, Subscription, RECHECK};
 use crate::metrics::Meter;
 use crate::produce::{Outcome, Stats, TooLarge};
 
@@ -196,7 +196,8 @@ pub(crate) fn relay(
                 Ok(run) => out
                     .deliver(&run, stream.output)
                     .map(|(tokens, bytes)| (run.len(), tokens, bytes)),
-                Err(m) => {
+                Err(e) => {
+                    let m = e.to_string();
                     out.fail(&m);
                     return (Outcome::Failed(m), stats);
                 }
@@ -234,13 +235,9 @@ pub(crate) fn relay(
 /// (whose bytes the window does not have); `Err` with the subscriber's message when the
 /// first did. Such a record was made while every subscriber read the shared ring, so only a
 /// subscriber that joined behind the stream's head, and not in the ring, meets one.
-fn in_window(mut run: Vec<Arc<Slot>>, share: &str) -> Result<Vec<Arc<Slot>>, String> {
+fn in_window(mut run: Vec<Arc<Slot>>, share: &str) -> Result<Vec<Arc<Slot>>, ShareError> {
     match run.iter().position(|s| s.ring_only) {
-        Some(0) => Err(format!(
-            "share {share:?}: the batches at this subscriber's cursor went only into the \
-             stream's shared ring, which this subscriber does not read; subscribe at the \
-             stream's current cursor"
-        )),
+        Some(0) => Err(ShareError::OnlyInRing(share.to_string())),
         Some(i) => {
             run.truncate(i);
             Ok(run)
