@@ -177,8 +177,8 @@ def render_area(r: dict, changed: list[str]) -> list[str]:
     ]
     if r.get("history"):
         out.append(f"- Write-up and earlier runs: [{r['history']}]({Path(r['history']).relative_to('bench')})")
-    if r.get("notes"):
-        out.append(f"- {r['notes']}")
+    # Notes in paragraphs (blank lines between them) render as one bullet each.
+    out += [f"- {p.strip()}" for p in (r.get("notes") or "").split("\n\n") if p.strip()]
     out += ["", "| figure | value | baseline (same run) | goal | met |", "|---|---:|---|---|:-:|"]
     for f in r["figures"]:
         value = f"{number(f['value'])} {f['unit']}".strip()

@@ -70,6 +70,13 @@ def test_goals_are_judged_from_the_value_and_the_table_is_current(repo):
     assert results(repo, "check").returncode == 0
 
 
+def test_notes_in_paragraphs_render_as_one_bullet_each(repo):
+    area(repo, FIGS, notes="Why it is slow.\n\nWhat was tried.\n\n")
+    assert results(repo, "render").returncode == 0
+    text = (repo / "bench" / "RESULTS.md").read_text()
+    assert "- Why it is slow.\n- What was tried.\n\n| figure |" in text
+
+
 def test_a_change_to_measured_code_makes_the_area_stale_until_rendered(repo):
     area(repo, FIGS)
     results(repo, "render")
