@@ -33,13 +33,17 @@ it had. A reader whose plan ends starts another pass. The checker: every finishe
 byte-identical to the plan read locally in one go (the same samples, each exactly once, in
 order), and the pass cut short at the end is a prefix of it.
 
-Reported: faults by kind; the flipped chunks and how many reads the corrupt replica refused; errors the readers saw, by cause (a replica fault while another
-replica served must never be one), with the last line of each: every one that is not a
-host-agent connection failure, and the first 50 of those; time until every reader moved on
-after each fault (p50, p99, by kind); bytes compared. Exit status 1 when a stream differs, a
-replica fault reached a reader, or no read met the corrupt replica's damage. However the run
-ends (an error, SIGINT, SIGTERM), every agent and reader it started is stopped. Standard library only; `bench/chaos/run.sh` builds the
-binary and calls this.
+Reported: faults by kind; the flipped chunks and how many reads the corrupt replica refused;
+the errors the readers saw, each classed by its cause from the fault log and the reader's
+endpoint (`verdict.py`: host-agent fault, reader fault, replica fault, unexplained), with the
+first 50 lines of each class (faults.json holds the whole fault log and every error); time
+until every reader moved on after each fault (p50, p99, by kind); bytes compared. Then the
+verdict, and exit status 1 when it fails: a stream differs, an error that is unexplained or
+a replica fault's, more than one resume of a reader for one host-agent fault, a reader that
+never finished a pass, no read meeting the corrupt replica's damage, or (under CI=true)
+partitions that could not be made; outside CI, the last is a warning. However the run ends
+(an error, SIGINT, SIGTERM), every agent and reader it started is stopped. Standard library
+only; `bench/chaos/run.sh` builds the binary and calls this.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ from typing import Dict, List, Optional, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
 import netns  # noqa: E402
+import verdict  # noqa: E402
 from benchlib import Agent  # noqa: E402
+from verdict import Fault, ReaderError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN = 2047
@@ -67,27 +73,7 @@ BATCH = 8
 ITEM = 2  # u16 output
 SAMPLE_BYTES = (SEQ_LEN + 1) * ITEM
 CHUNK = 1 << 20
-HOST_LINES = 50  # host-agent connection failures whose lines the report keeps (all counted)
 log = benchlib.logger("chaos")
-
-
-def classify(stderr: str) -> str:
-    """What a reader's error came from, by its message."""
-    if "every replica" in stderr or "no replica of" in stderr:
-        return "replicas"
-    host = ("shutting down", "draining", "connection refused", "Connection refused",
-            "reset", "closed", "broken pipe", "Broken pipe", "unavailable", "transport error",
-            "without an end frame", "timed out",
-            # the shared-memory ring's consumer, when the agent behind it dies
-            "agent went away",
-            # a reader started just before the host agent died: its socket is gone
-            "cannot reach agent",
-            # the host agent restarted between the reader's Open and its data connection:
-            # the new agent never opened that session
-            "or wrong ticket")
-    if any(h in stderr for h in host):
-        return "host agent"
-    return "other"
 
 
 class Reader:
@@ -95,14 +81,16 @@ class Reader:
 
     def __init__(self, idx: int, dquant: str, plan: Path, host: Agent, work: Path, shm: bool):
         self.idx, self.dquant, self.plan, self.host, self.work = idx, dquant, plan, host, work
+        self.name = f"{type(self).__name__} {idx}"
+        self.endpoint = host.name  # the agent it reads from, for the verdict
+        self.started = 0.0         # wall-clock start of the run in hand
         # Through the host's shared-memory ring (its Unix socket), or over TCP.
         self.address = host.socket if shm else f"dquant://{host.control}"
         self.proc: Optional[subprocess.Popen] = None
         self.pass_no = 0
         self.written = 0          # whole-sample bytes of this pass in finished segments
         self.segments: List[Path] = []
-        self.errors: Dict[str, int] = {}
-        self.error_lines: List[Tuple[str, str]] = []  # (cause, the error's last line)
+        self.errors: List[ReaderError] = []
         self.passes_ok = 0
         self.bytes_compared = 0
         self.mismatches: List[str] = []
@@ -115,6 +103,7 @@ class Reader:
         self.segments.append(seg)
         cursor = self.written // SAMPLE_BYTES
         self.err = open(self.work / f"r{self.idx}.err", "w+")
+        self.started = time.time()
         self.proc = subprocess.Popen(
             [self.dquant, "read", str(self.plan), "--agent", self.address,
              "--out", str(seg), "--cursor", str(cursor), "--quiet"],
@@ -135,34 +124,45 @@ class Reader:
                 f.truncate(whole)
         self.written += whole
 
-    def kill(self) -> None:
+    def kill(self) -> bool:
+        """SIGKILL of the reader; whether it was running."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
             self._close_segment()
             self.proc = None
+            return True
+        return False
 
-    def poll(self, reference: "Reference") -> Optional[str]:
-        """Handles an exit: a finished pass is checked and a new one begun, an error counted
-        by cause. Returns the cause of an error, if one ended the reader."""
+    def poll(self, reference: "Reference") -> None:
+        """Handles an exit: a finished pass is checked and a new one begun, an error kept
+        (for the verdict to class by cause)."""
         if self.proc is None or self.proc.poll() is None:
-            return None
+            return
         rc = self.proc.returncode
         self.proc = None
         self._close_segment()
-        self.err.seek(0)
-        stderr = self.err.read()
-        self.err.close()
         if rc == 0:
+            self.err.close()
             self._check_pass(reference, whole=True)
             self.pass_no += 1
             self.written, self.segments = 0, []
-            return None
-        cause = classify(stderr)
-        self.errors[cause] = self.errors.get(cause, 0) + 1
-        last = [l for l in stderr.splitlines() if l.strip()][-1:] or ["(no message)"]
-        self.error_lines.append((cause, f"{cause}: {last[0][:300]}"))
-        return cause
+            return
+        self._keep_error(rc)
+
+    def _keep_error(self, rc: int) -> None:
+        """The error that ended the run in hand, stamped with when its message was written
+        (the stderr file's mtime; when it wrote none, now), and its stderr file closed."""
+        now = time.time()
+        self.err.flush()
+        self.err.seek(0)
+        stderr = self.err.read()
+        written = os.fstat(self.err.fileno()).st_mtime
+        self.err.close()
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        at = written if lines and self.started <= written <= now else now
+        last = lines[-1][:300] if lines else f"(no message; exit {rc})"
+        self.errors.append(ReaderError(self.name, self.endpoint, self.started, at, rc, last))
 
     def _check_pass(self, reference: "Reference", whole: bool) -> None:
         h = hashlib.blake2b(digest_size=16)
@@ -211,6 +211,7 @@ class PyReader(Reader):
     def start(self) -> None:
         self.segments = [self.out()]
         self.err = open(self.work / f"py{self.idx}.err", "w+")
+        self.started = time.time()
         self.proc = subprocess.Popen(
             [self.python, str(Path(__file__).parent / "pyreader.py"), "--plan", str(self.plan),
              "--agent", self.address, "--out", str(self.out()), "--state", str(self.state())],
@@ -224,12 +225,15 @@ class PyReader(Reader):
     def _close_segment(self) -> None:
         """Nothing: the next start cuts the file back to its checkpoint."""
 
-    def kill(self) -> None:
-        """SIGKILL of the loader and its workers (its own process group)."""
+    def kill(self) -> bool:
+        """SIGKILL of the loader and its workers (its own process group); whether it was
+        running."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             self.proc = None
+            return True
+        return False
 
     def _check_pass(self, reference: "Reference", whole: bool) -> None:
         super()._check_pass(self.reference, whole)
@@ -270,6 +274,7 @@ class ShareGroup(Reader):
         for m in (0, 1):
             self.copies[m].append(segs[m])
         self.err = open(self.work / f"g{self.idx}.err", "w+")
+        self.started = time.time()
         opener = [self.dquant, "read", str(self.plan), "--agent", self.address, "--share", name,
                   "--group", "2", "--cursor", str(cursor), "--out", str(segs[0]), "--quiet"]
         joiner = [self.dquant, "subscribe", self.socket, name, "--cursor-json",
@@ -311,15 +316,18 @@ class ShareGroup(Reader):
                     extra -= cut
         self.written = keep
 
-    def kill(self) -> None:
+    def kill(self) -> bool:
+        """SIGKILL of both members; whether either was running."""
+        running = any(p is not None and p.poll() is None for p in self.procs)
         if any(p is not None for p in self.procs):
             self._stop_members()
             self._close_segment()
+        return running
 
-    def poll(self, reference: "Reference") -> Optional[str]:
+    def poll(self, reference: "Reference") -> None:
         codes = [p.poll() if p is not None else None for p in self.procs]
         if self.proc is None or all(c is None for c in codes):
-            return None
+            return
         if codes == [0, 0]:
             self.procs, self.proc = [None, None], None
             self.err.close()
@@ -328,19 +336,13 @@ class ShareGroup(Reader):
                 self._check_pass(reference, whole=True)
             self.pass_no += 1
             self.written, self.copies = 0, [[], []]
-            return None
-        if any(c not in (None, 0) for c in codes):
+            return
+        failed = next((c for c in codes if c not in (None, 0)), None)
+        if failed is not None:
             self._stop_members()
             self._close_segment()
-            self.err.seek(0)
-            stderr = self.err.read()
-            self.err.close()
-            cause = classify(stderr)
-            self.errors[cause] = self.errors.get(cause, 0) + 1
-            last = [l for l in stderr.splitlines() if l.strip()][-1:] or ["(no message)"]
-            self.error_lines.append((cause, f"{cause}: {last[0][:300]}"))
-            return cause
-        return None  # one member finished; the other is still reading its last batches
+            self._keep_error(failed)
+        # Else one member finished; the other is still reading its last batches.
 
     def finish(self, reference: "Reference") -> None:
         self.kill()
@@ -493,67 +495,85 @@ def main(argv: Optional[List[str]] = None) -> int:
     readers: List[Reader] = []
     flipped = corrupt_copy(a.data, work / "corrupt", a.corrupt, random.Random(a.seed)) \
         if a.corrupt else []
-    nets: List[netns.Netns] = []
-    if a.netns == "on" or (a.netns == "auto" and netns.available()):
-        try:
-            for k in range(3):
-                nets.append(netns.Netns(k))
-        except BaseException:
-            for n in nets:
-                n.close()
-            raise
-    elif a.netns == "auto":
-        log("not root or no `ip`: the replicas stay on loopback, and no link is cut")
+    nets, no_partitions = make_nets(a.netns)
+    fault_log: List[Fault] = []
+    upstream: Dict[str, List[str]] = {}
+    t0 = time.time()
     try:
-        faults, recover = soak(a, reference, py_reference, logs, work, agents, readers, nets)
+        faults, recover = soak(a, reference, py_reference, logs, work, agents, readers, nets,
+                               fault_log, upstream)
     finally:
         stop_all(agents, readers)
         for n in nets:
             n.close()
 
-    errors: Dict[str, int] = {}
-    for r in readers:
-        for k, v in r.errors.items():
-            errors[k] = errors.get(k, 0) + v
-    mismatches = [m for r in readers for m in r.mismatches]
-    lines = [x for r in readers for x in r.error_lines]
-    host_lines = [line for cause, line in lines if cause == "host agent"]
-    report = {
+    errors = [e for r in readers for e in r.errors]
+    verdict.classify_all(errors, fault_log, upstream)
+    report = make_report(a, reference, readers, errors, faults, recover, flipped, logs,
+                         py_reference is not None, no_partitions)
+    judged = verdict.judge(report, errors, fault_log, t0, verdict.in_ci())
+    report["verdict"] = {"failures": judged.failures, "warnings": judged.warnings}
+    (a.out / "report.json").write_text(json.dumps(report, indent=2))
+    (a.out / "faults.json").write_text(json.dumps(verdict.to_json(errors, fault_log, t0),
+                                                  indent=1))
+    (a.out / "figures.json").write_text(json.dumps({"figures": figures(report)}, indent=2))
+    print(render(report))
+    print(judged.text())
+    (work / "reference").unlink(missing_ok=True)
+    (work / "py_reference").unlink(missing_ok=True)
+    return 0 if judged.ok else 1
+
+
+def make_nets(mode: str) -> Tuple[List[netns.Netns], Optional[str]]:
+    """The replicas' network namespaces (--netns), and why there are none when partitions
+    cannot be made (None: they can, or --netns on, which raises instead)."""
+    if mode == "off":
+        return [], "--netns off"
+    if mode == "auto" and not netns.available():
+        why = "not root" if os.geteuid() != 0 else "no `ip` (iproute2)"
+        log(f"WARNING {why}: the replicas stay on loopback, and no link is cut")
+        return [], why
+    nets: List[netns.Netns] = []
+    try:
+        for k in range(3):
+            nets.append(netns.Netns(k))
+    except BaseException as e:
+        for n in nets:
+            n.close()
+        if mode == "on" or not isinstance(e, RuntimeError):
+            raise
+        log(f"WARNING no network namespace ({e}): the replicas stay on loopback, and no link "
+            "is cut")
+        return [], f"namespace creation failed: {e}"
+    return nets, None
+
+
+ERROR_LINES = 50  # errors of each cause whose lines the report keeps (faults.json has all)
+
+
+def make_report(a, reference: "Reference", readers: List[Reader], errors: List[ReaderError],
+                faults: Dict[str, int], recover: Dict[str, List[float]], flipped: List[str],
+                logs: Path, python: bool, no_partitions: Optional[str]) -> dict:
+    """What the run did and saw, for report.json, the figures and the verdict."""
+    most, _ = verdict.most_resumes(errors)
+    return {
         "minutes": a.minutes, "readers": a.readers, "shm_readers": min(a.shm_readers, a.readers),
-        "netns": bool(nets),
-        "python_readers": a.python_readers if py_reference else 0,
+        "netns": no_partitions is None, "partitions_unavailable": no_partitions,
+        "python_readers": a.python_readers if python else 0,
         "share_groups": a.share_groups,
         "seed": a.seed,
-        "pass_bytes": reference.size, "faults": faults, "reader_errors": errors,
+        "pass_bytes": reference.size, "faults": faults,
+        "reader_errors": verdict.counts(errors), "most_resumes_per_host_fault": most,
         "corrupt_chunks": flipped, "corrupt_reads_refused": refused_reads(logs, "replica2"),
         "passes_checked": sum(r.passes_ok for r in readers),
-        "passes_by_reader": {f"{type(r).__name__} {r.idx}": r.passes_ok for r in readers},
+        "passes_by_reader": {r.name: r.passes_ok for r in readers},
         "bytes_compared": sum(r.bytes_compared for r in readers),
         "recovery_s": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99)}
                        for k, v in sorted(recover.items())},
-        "mismatches": mismatches,
-        # Every error that is not a host-agent connection failure, then the first of those.
-        "error_lines": [line for cause, line in lines if cause != "host agent"]
-                       + host_lines[:HOST_LINES],
-        "host_agent_error_lines_left_out": max(0, len(host_lines) - HOST_LINES),
+        "mismatches": [m for r in readers for m in r.mismatches],
+        "error_lines": {c: [f"{e.reader}: {e.line}" for e in errors if e.cause == c][:ERROR_LINES]
+                        for c in verdict.CAUSES},
     }
-    (a.out / "report.json").write_text(json.dumps(report, indent=2))
-    (a.out / "figures.json").write_text(json.dumps({"figures": figures(report)}, indent=2))
-    print(render(report))
-    (work / "reference").unlink(missing_ok=True)
-    (work / "py_reference").unlink(missing_ok=True)
-    if report["passes_checked"] == 0:
-        log("no pass finished: nothing was checked whole (more --minutes, or fewer --samples)")
-        return 1
-    idle = [k for k, v in report["passes_by_reader"].items() if v == 0]
-    if idle and a.minutes >= 2:
-        log(f"no whole pass from {', '.join(idle)}: their kind was not checked whole")
-    # Flipped chunks that no read met would prove nothing.
-    unmet = bool(report["corrupt_chunks"]) and report["corrupt_reads_refused"] == 0
-    if unmet:
-        log("the corrupt replica refused no read: its damage was never met")
-    bad = bool(mismatches) or errors.get("replicas", 0) > 0 or unmet
-    return 1 if bad else 0
 
 
 TOKEN = "chaos-soak-host-token-0123456789"  # the host agent's, on the replicas' links
@@ -596,13 +616,17 @@ def start_cluster(a, logs: Path, work: Path, nets: List[netns.Netns],
 
 
 def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path, work: Path,
-         agents: List[Agent], readers: List[Reader], nets: List[netns.Netns]
+         agents: List[Agent], readers: List[Reader], nets: List[netns.Netns],
+         fault_log: List[Fault], upstream: Dict[str, List[str]]
          ) -> Tuple[Dict[str, int], Dict[str, List[float]]]:
     """The replicas, the host agent and the readers started (each put in `agents` or `readers`
-    first, for `stop_all`), --minutes of faults, and the passes in hand checked. Returns the
-    faults by kind and the recovery times by kind."""
+    first, for `stop_all`), --minutes of faults, and the passes in hand checked. Each fault
+    goes to `fault_log` (its time back filled in when its target serves again), and the
+    agents behind the host agent to `upstream`. Returns the faults by kind and the recovery
+    times by kind."""
     rng = random.Random(a.seed)
     replicas, host = start_cluster(a, logs, work, nets, agents)
+    upstream[host.name] = [r.name for r in replicas]
     authorities = ",".join(r.control for r in replicas)
     plan = work / "plan.json"
     write_plan(plan, [f"dquant://{authorities}/corpus/web", f"dquant://{authorities}/corpus/code"],
@@ -632,6 +656,13 @@ def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path,
         r.stop(signal.SIGTERM, wait=40)
         draining.discard(id(r))
         r.start()
+
+    def then_back(fault: Fault, act):
+        """`act` (a restart, a heal), then the fault's target stamped back."""
+        def run() -> None:
+            act()
+            fault.back = time.time()
+        return run
 
     def may_fault(victim: Agent) -> bool:
         return any(serving(c) for c in clean if c is not victim)
@@ -669,36 +700,49 @@ def soak(a, reference: Reference, py_reference: Optional[Reference], logs: Path,
             kinds += ["replica_partition"] * (2 if cuttable else 0)
             kind = rng.choice(kinds)
             before = [r.progress() for r in readers]
+            fault = Fault(kind, "", time.time())
             if kind == "replica_kill":
                 victim = rng.choice(killable)
+                fault.target = victim.name
                 victim.stop(signal.SIGKILL)
-                restarts.append((now + rng.uniform(0.2, 2.0), victim.start))
+                restarts.append((now + rng.uniform(0.2, 2.0), then_back(fault, victim.start)))
             elif kind == "replica_term":
                 # A graceful drain: its sessions end with "draining", and the host's reads of
                 # it move on; it is restarted once it has exited.
                 victim = rng.choice(killable)
+                fault.target = victim.name
                 victim.proc.send_signal(signal.SIGTERM)
                 draining.add(id(victim))
                 restarts.append((now + rng.uniform(0.2, 2.0),
-                                 lambda v=victim: restart_drained(v)))
+                                 then_back(fault, lambda v=victim: restart_drained(v))))
             elif kind == "replica_partition":
-                link = cut[id(rng.choice(cuttable))]
-                link.partition()
-                restarts.append((now + rng.uniform(*PARTITION_S), link.heal))
+                victim = rng.choice(cuttable)
+                fault.target = victim.name
+                cut[id(victim)].partition()
+                restarts.append((now + rng.uniform(*PARTITION_S),
+                                 then_back(fault, cut[id(victim)].heal)))
             elif kind in ("host_kill", "host_term"):
+                fault.target = host.name
                 host.stop(signal.SIGKILL if kind == "host_kill" else signal.SIGTERM, wait=40)
-                restarts.append((now + rng.uniform(0.1, 1.0), host.start))
+                restarts.append((now + rng.uniform(0.1, 1.0), then_back(fault, host.start)))
             else:
                 victim = rng.choice(readers)
-                victim.kill()
+                fault.target = victim.name
+                if victim.kill():
+                    fault.back = time.time()
+                else:
+                    fault = None  # it had ended already: nothing was killed
+            if fault is not None:
+                fault_log.append(fault)
             faults[kind] = faults.get(kind, 0) + 1
             pending.append((kind, now, before))
             next_fault = time.monotonic() + rng.uniform(0.3, 1.5)
         time.sleep(0.02)
 
-    for n in nets:
-        if n.partitioned:
-            n.heal()
+    for f in fault_log:
+        if f.kind == "replica_partition" and f.back is None:
+            cut[id(next(r for r in replicas if r.name == f.target))].heal()
+            f.back = time.time()
     log("faults over: checking the passes in hand")
     for r in readers:
         r.poll(reference)
@@ -724,11 +768,14 @@ def figures(r: dict) -> List[dict]:
     f, e, rec = r["faults"], r["reader_errors"], r["recovery_s"]
     host = f.get("host_kill", 0) + f.get("host_term", 0)
     readers = r["readers"] + r.get("python_readers", 0) + r.get("share_groups", 0)
+    replica = sum(f.get(k, 0) for k in ("replica_kill", "replica_term", "replica_partition"))
+    idle = [k for k, n in r["passes_by_reader"].items() if n == 0]
     out = [
-        {"name": "reader-visible errors caused by replica faults", "value": e.get("replicas", 0),
+        {"name": "reader-visible errors caused by replica faults",
+         "value": e[verdict.REPLICA_FAULT],
          "unit": "errors", "goal": "<= 0",
-         "baseline": f"{f.get('replica_kill', 0)} replica SIGKILLs in the same run, another "
-                     "replica serving at each"},
+         "baseline": f"{replica} replica faults in the same run ({f.get('replica_kill', 0)} "
+                     "SIGKILLs), another replica serving at each"},
         {"name": "streams that differ from the local read", "value": len(r["mismatches"]),
          "unit": "streams", "goal": "<= 0",
          "baseline": f"{r['passes_checked']} whole passes checked, "
@@ -738,9 +785,28 @@ def figures(r: dict) -> List[dict]:
          "baseline": f"{len(r['corrupt_chunks'])} chunks with a flipped bit in one replica's "
                      "copy, checked by the streams above"},
         {"name": "resumes per reader per host-agent fault",
-         "value": round(e.get("host agent", 0) / max(1, host * readers), 3),
+         "value": round(e[verdict.HOST_FAULT] / max(1, host * readers), 3),
          "unit": "resumes", "goal": "<= 1",
          "baseline": f"{host} host-agent faults (SIGKILL and SIGTERM), {readers} readers"},
+        {"name": "most resumes of one reader for one host-agent fault",
+         "value": r["most_resumes_per_host_fault"], "unit": "resumes", "goal": "<= 1",
+         "baseline": f"{e[verdict.HOST_FAULT]} reader errors laid to {host} host-agent faults"},
+        {"name": "reader errors no injected fault explains", "value": e[verdict.UNEXPLAINED],
+         "unit": "errors", "goal": "<= 0",
+         "baseline": f"{sum(e.values())} reader errors, each classed by the fault log"},
+        {"name": "reader errors caused by host-agent faults", "value": e[verdict.HOST_FAULT],
+         "unit": "errors", "goal": None,
+         "baseline": f"{host} host-agent SIGKILLs and SIGTERMs, {readers} readers"},
+        {"name": "reader errors caused by the reader's own SIGKILL",
+         "value": e[verdict.READER_FAULT], "unit": "errors", "goal": None,
+         "baseline": f"{f.get('reader_kill', 0)} reader SIGKILLs"},
+        {"name": "readers that never finished a pass", "value": len(idle), "unit": "readers",
+         "goal": "<= 0", "baseline": f"{len(r['passes_by_reader'])} readers"
+                                     + (f" ({', '.join(idle)} idle)" if idle else "")},
+        {"name": "replica links cut (partitions)", "value": f.get("replica_partition", 0),
+         "unit": "faults", "goal": ">= 1",
+         "baseline": (f"{replica} replica faults in all" if r["netns"]
+                      else f"partitions unavailable: {r['partitions_unavailable']}")},
     ]
     for kind, label in (("replica_kill", "a replica SIGKILL"), ("host_kill", "a host-agent SIGKILL")):
         if kind in rec:
@@ -760,9 +826,11 @@ def render(r: dict) -> str:
         rec = r["recovery_s"].get(k, {})
         lines.append(f"| {k} | {n} | {rec.get('p50', float('nan')):.2f} s | "
                      f"{rec.get('p99', float('nan')):.2f} s |")
-    lines += ["", "| errors readers saw, by cause | count |", "|---|---|"]
-    for k in ("replicas", "host agent", "other"):
-        lines.append(f"| {k} | {r['reader_errors'].get(k, 0)} |")
+    lines += ["", "| errors readers saw, by cause (from the fault log) | count |", "|---|---|"]
+    for k in verdict.CAUSES:
+        lines.append(f"| {k} | {r['reader_errors'][k]} |")
+    lines += ["", f"Most resumes of one reader for one host-agent fault: "
+              f"{r['most_resumes_per_host_fault']}."]
     lines += ["", f"Corrupt replica: {len(r['corrupt_chunks'])} chunks with a flipped bit, "
               f"{r['corrupt_reads_refused']} reads refused for them."]
     by = ", ".join(f"{k}: {v}" for k, v in r.get("passes_by_reader", {}).items())

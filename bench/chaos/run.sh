@@ -3,9 +3,11 @@
 # and readers through it, on loopback, with a fault every 0.3-1.5 s (SIGKILL of a replica
 # while another serves, SIGKILL or SIGTERM of the host agent, SIGKILL of a reader) for
 # --minutes; the third replica's copy has flipped bits that its chunk sums must catch. Every
-# reader's stream is checked against the plan read locally, byte for byte: exit status 1 when
-# one differs, a replica fault reached a reader, or no read met the flipped bits. See
-# bench/chaos/chaos.py.
+# reader's stream is checked against the plan read locally, byte for byte, and every reader
+# error is classed by its cause from the fault log (bench/chaos/verdict.py): exit status 1
+# when a stream differs, an error is unexplained or a replica fault's, a reader resumed more
+# than once for one host-agent fault or never finished a pass, no read met the flipped bits,
+# or (under CI=true) no replica link could be cut. See bench/chaos/chaos.py.
 #
 # Usage:
 #   bench/chaos/run.sh --minutes 2                 # what CI runs
