@@ -6,9 +6,10 @@
 #   fuzz/run.sh replay                     each target over its seeds only, no mutation (CI)
 #   fuzz/run.sh smoke [SECONDS]            each target SECONDS (default 6)
 #   fuzz/run.sh campaign RUNS [TARGET...]  each target RUNS executions, or FUZZ_MAX_TIME s;
-#                                          its log in fuzz/logs/<target>.log
-#   fuzz/run.sh record RUNS                the campaign's figures (fuzz/logs) into
-#                                          bench/results/fuzz.json and bench/RESULTS.md
+#                                          its log in fuzz/logs/<target>.log (not kept), its
+#                                          summary in fuzz/runs/<time>-<target>.json (kept)
+#   fuzz/run.sh record RUNS                the figures of the newest RUNS-run summaries
+#                                          (fuzz/runs) into bench/results/fuzz.json
 #   fuzz/run.sh build
 #   FUZZ_TARGETS="hello plan_json" fuzz/run.sh smoke   a subset
 #
@@ -110,28 +111,31 @@ case "${1:-}" in
     [ $# -gt 0 ] || set -- $TARGETS
     mkdir -p logs
     for t in "$@"; do
+      status=0
       {
         echo "== fuzz campaign: $t ($runs runs) $(date -u +%FT%TZ)"
         run "$t" -runs="$runs" ${FUZZ_MAX_TIME:+-max_total_time=$FUZZ_MAX_TIME} 2>&1
-      } | tee "logs/$t.log"
+      } | tee "logs/$t.log" || status=$?
+      # The run's summary, kept in git (fuzz/runs/), whether it passed or not: the log is not.
+      python3 figures.py summary "$t" "logs/$t.log" --runs "$runs" --corpus "corpus/$t" ||
+        status=1
+      if [ "$status" != 0 ]; then
+        echo "fuzz campaign: $t failed (exit $status); its inputs are in fuzz/artifacts/$t/" >&2
+        exit 1
+      fi
     done
-    echo "record the figures with: fuzz/run.sh record $runs"
+    echo "commit the summaries in fuzz/runs/, then record the figures with: fuzz/run.sh record $runs"
     ;;
   record)
     runs=${2:?record needs the run count of the campaign}
-    # shellcheck disable=SC2086
-    logs=$(for t in $TARGETS; do echo "logs/$t.log"; done)
     figures=$(mktemp)
+    # Each target's newest summary of a campaign of that many runs (fuzz/runs/).
     # shellcheck disable=SC2086
-    python3 figures.py --runs "$runs" $logs >"$figures"
-    # What the targets link, beyond fuzz/ itself: the parsers and the code they drive.
+    python3 figures.py figures --runs "$runs" $TARGETS >"$figures"
+    # depends_on (fuzz/ and the crates the targets link) comes from bench/results.py's RUNS.
     python3 ../bench/results.py record fuzz --figures "$figures" \
       --command "fuzz/run.sh campaign $runs (targets in two lanes), then fuzz/run.sh record $runs" \
-      --title "Fuzz campaign: every parser of untrusted bytes" \
-      --depends-on fuzz/fuzz_targets fuzz/src fuzz/seeds fuzz/run.sh fuzz/Cargo.toml \
-      crates/dquant-format/src crates/dquant-codec/src crates/dquant-transport/src \
-      crates/dquant-plan/src crates/dquant-engine/src crates/dquant-proto \
-      crates/dquant-agent/src/limits.rs crates/dquant-remote/src/source.rs
+      --title "Fuzz campaign: every parser of untrusted bytes"
     rm -f "$figures"
     ;;
   *)
