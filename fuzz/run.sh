@@ -132,10 +132,12 @@ case "${1:-}" in
     # Each target's newest summary of a campaign of that many runs (fuzz/runs/).
     # shellcheck disable=SC2086
     python3 figures.py figures --runs "$runs" $TARGETS >"$figures"
+    # shellcheck disable=SC2086
+    machine=$(python3 figures.py machine --runs "$runs" $TARGETS)
     # depends_on (fuzz/ and the crates the targets link) comes from bench/results.py's RUNS.
     python3 ../bench/results.py record fuzz --figures "$figures" \
       --command "fuzz/run.sh campaign $runs (targets in two lanes), then fuzz/run.sh record $runs" \
-      --title "Fuzz campaign: every parser of untrusted bytes"
+      --title "Fuzz campaign: every parser of untrusted bytes" --machine "$machine"
     rm -f "$figures"
     ;;
   *)
