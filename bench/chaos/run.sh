@@ -42,7 +42,5 @@ python3 bench/chaos/chaos.py --dquant "$REPO/target/release/dquant" --out "$OUT"
 if [[ $RECORD == 1 ]]; then
   python3 bench/results.py record chaos --figures "$OUT/figures.json" \
     --command "bench/chaos/run.sh $*" \
-    --title "Chaos soak: replicas, a host agent and readers under SIGKILL and SIGTERM" \
-    --depends-on bench/chaos crates/dquant-remote/src crates/dquant-agent/src \
-      crates/dquant-client/src crates/dquant-cli/src crates/dquant-transport/src
+    --title "Chaos soak: replicas, a host agent and readers under SIGKILL and SIGTERM"
 fi

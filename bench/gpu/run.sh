@@ -47,7 +47,6 @@ record() {
     --title "Batches into GPU memory: dquant's loaders on a trainer host with a GPU, against the host-to-device copies alone, and DataLoader workers with the cores they need" \
     --command "bench/gpu/run.sh prepare; bash bench/gpu/run.sh measure OUT (on the GPU host); bench/gpu/run.sh record OUT" \
     --machine "$(python3 bench/gpu/figures.py --machine "$dir/results.json")" \
-    --depends-on bench/gpu python/src python/python/dquant crates/dquant-client/src crates/dquant-engine/src crates/dquant-storage/src crates/dquant-transport/src crates/dquant-agent/src \
     --notes "$(python3 bench/gpu/figures.py --notes "$dir/results.json")"
   rm -f "$figures"
   { printf '\n## %s: gpu_feed\n\n- Machine: %s\n\n' "$(date -u +%Y-%m-%dT%H:%MZ)" \

@@ -83,10 +83,7 @@ if [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && $TENANTS == 1 && -f "$OUT/fig
   echo "bench/lab/run.sh: figures in bench/results/lab_tenants.json, table in bench/history/lab.md" >&2
 elif [[ $HELP == 0 && $SMOKE == 0 && $APPEND == 1 && -f "$OUT/figures.json" ]]; then
   # The servers' CPU per token comes from bench/harness/src/procs.rs.
-  python3 bench/results.py record lab --figures "$OUT/figures.json" --command "$DQUANT_LAB_COMMAND" \
-    --depends-on bench/lab/run.sh bench/harness/src/lab bench/harness/src/procs.rs \
-      crates/dquant-agent/src crates/dquant-remote/src crates/dquant-mount/src \
-      crates/dquant-objstore/src crates/dquant-codec/src crates/dquant-transport/src
+  python3 bench/results.py record lab --figures "$OUT/figures.json" --command "$DQUANT_LAB_COMMAND"
   cp "$OUT/lab.png" "$REPO/bench/lab/latest.png"
   echo "bench/lab/run.sh: figures in bench/results/lab.json, table in bench/history/lab.md, chart at bench/lab/latest.png" >&2
 fi

@@ -94,10 +94,7 @@ def main() -> None:
              f"{h['garbage_connections']} garbage connections to both ports. The bounds are the harness's, for the "
              f"sessions the agent had at its peak (its own metrics).")
     if not benchlib.record("hostile_load", fs, a.command, head + table + "\n\n",
-                           "--notes", notes,
-                           "--depends-on", "bench/load", "bench/harness/src/load", "crates/dquant-agent/src",
-                           "crates/dquant-cli/src/cmd/serve.rs", "crates/dquant-client/src",
-                           "crates/dquant-transport/src", "crates/dquant-engine/src", "crates/dquant-format/src"):
+                           "--notes", notes):
         sys.exit("bench/load/figures.py: the figures were not recorded (above: why)")
 
 

@@ -47,8 +47,5 @@ trap 'rm -f "$figures"' EXIT
 if [ "$RECORD" = 1 ]; then
   python3 bench/results.py record megatron --figures "$figures" \
     --command "bench/megatron/run.sh ${ARGS[*]}" \
-    --title "Megatron-order datasets: dquant.megatron against Megatron-Core's builder" \
-    --depends-on bench/megatron crates/dquant-megatron/src python/src python/python/dquant/megatron.py \
-      crates/dquant-agent/src/megatron.rs crates/dquant-client/src/megatron.rs \
-    --machine "2 vCPU AMD EPYC, 24 GiB"
+    --title "Megatron-order datasets: dquant.megatron against Megatron-Core's builder"
 fi

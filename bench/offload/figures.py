@@ -20,10 +20,6 @@ from benchlib import by_case_and_cache, figure, load_json  # noqa: E402
 
 TITLE = ("The offload agent end to end: throughput over TCP against a plain socket copy, agent "
          "memory against its limit, and time to first batch on 10 GiB against in-process")
-DEPENDS = ["bench/offload/run.sh", "bench/offload/figures.py", "bench/harness/src/throughput.rs",
-           "bench/harness/src/rss.rs", "bench/harness/src/ttfb.rs", "crates/dquant-agent/src",
-           "crates/dquant-client/src", "crates/dquant-transport/src", "crates/dquant-engine/src",
-           "crates/dquant-storage/src"]
 NOTES = ("Throughput ratios are the worst of the runs against a plain TCP copy of the same bytes "
          "in the same run (range in each baseline), on zipf1g_u16 (1 Gi Zipf tokens, Megatron "
          "u16), seq_len 4095, batch 16, u16 output and wire; memory and time to first batch "
@@ -98,7 +94,7 @@ def figures(out: Path) -> list[dict]:
 
 def main() -> int:
     return benchlib.figures_main("offload", __doc__, figures, 8,
-                                 ["--title", TITLE, "--depends-on", *DEPENDS, "--notes", NOTES])
+                                 ["--title", TITLE, "--notes", NOTES])
 
 
 if __name__ == "__main__":

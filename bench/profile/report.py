@@ -561,15 +561,9 @@ def main() -> int:
                  "shm, shm shuffled, TCP and TCP with zstd:1, beside the page-cache copy they are "
                  "held to; fan-out by scenario; the schedule at world 4096 × 1,000 sources; "
                  "Python's boundary outputs and DataLoader workers")
-        depends = ["bench/profile", "bench/harness/src", "crates/dquant-agent/src", "python/src",
-                   "python/python",
-                   "crates/dquant-engine/src", "crates/dquant-transport/src",
-                   "crates/dquant-storage/src", "crates/dquant-codec/src",
-                   "crates/dquant-plan/src", "crates/dquant-plan/benches",
-                   "crates/dquant-storage/benches"]
         heading = f"## {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}: profile\n\n"
         if not benchlib.record("profile", figs, a.command, heading + text + "\n", "--title", title,
-                               "--depends-on", *depends, "--notes", NOTES):
+                               "--notes", NOTES):
             return 1
     return 0
 

@@ -53,10 +53,7 @@ python3 bench/provenance/measure.py "$OUT" --figures
 if [[ $RECORD == 1 ]]; then
   python3 bench/results.py record provenance --figures "$OUT/figures.json" \
     --command "bench/provenance/run.sh --runs $RUNS" \
-    --machine "$(sed -n 's/Model name: *//p' "$OUT/machine.txt" | head -1), $(sed -n 's/^CPU(s): *//p' "$OUT/machine.txt") vCPU" \
     --title "Provenance at 10^10 samples: the blend's position without a replay, resume from a bare cursor, locate both ways, audit, and the cost of provenance in the batch" \
-    --depends-on bench/provenance crates/dquant-plan/src crates/dquant-client/src crates/dquant-cli/src/cmd/locate.rs \
-      crates/dquant-cli/src/cmd/audit.rs crates/dquant-engine/src crates/dquant-agent/src \
     --notes "Plans blend three Megatron fixtures (28 documents each) over 2·10^10 samples of 256 tokens. Times are wall-clock of the release CLI, process start and opening the sources included, best of the runs. The replay baseline is a plan whose renormalizing limits keep the climb out, read from a bare cursor at 10^7 and scaled linearly to 10^10. The throughput rows are dquant-offload-bench on 256 Mi Zipf tokens (130,646 documents) with provenance off and on, alternated."
 fi
 echo "wrote $OUT"

@@ -43,9 +43,6 @@ if [[ $RECORD == 1 ]]; then
   python3 bench/results.py record resume --figures "$OUT/figures.json" \
     --command "bench/resume/run.sh --runs $RUNS" \
     --machine "$(sed -n 's/^cpu: *//p' "$OUT/machine.txt"), $(sed -n 's/^nproc: *//p' "$OUT/machine.txt") vCPU" \
-    --depends-on bench/resume crates/dquant-plan/src crates/dquant-plan/benches/schedule.rs \
-      crates/dquant-cli/src/cmd/read.rs crates/dquant-cli/src/cmd/audit.rs crates/dquant-client/src \
-      crates/dquant-agent/src crates/dquant-engine/src \
     --notes "Criterion plan: weights 1, 2, …, n, 2⁶² samples, seq_len 4096; 'with counts' is iter_rank(cursor) plus the first batch of 8, the baseline 'replay' the per-sample cost of the seek a cursor without counts would make if it replayed (over 10⁶ samples, same run; a bare cursor climbs instead: the provenance area). End to end is the release dquant binary on 100 sources (the r50k_int32 fixture 100 times, weights 1..100, seq_len 255), a plan ending 8 samples after the cursor; the cursor's counts are dquant audit's at 10¹⁰. The schedule rows are criterion means at world 4096; 100 and 1,000 sources use the kinetic tournament, one source the O(1) jump."
 fi
 echo "wrote $OUT"

@@ -71,10 +71,7 @@ def main() -> None:
              "same bytes batch by batch into a ring-sized buffer. The ring alone: a producer process writes prebuilt "
              "batches (16 × 4096 u16 tokens + header) into the ring, the consumer reads every u64 word with the "
              "ring's crc32c on, or hands each batch on untouched with it off.")
-    if not benchlib.record("ring", fs, a.command, head + table + "\n\n", "--notes", notes,
-                           "--depends-on", "bench/ring", "bench/harness/src/throughput.rs", "bench/harness/src/ring.rs",
-                           "crates/dquant-transport/src", "crates/dquant-client/src", "crates/dquant-agent/src",
-                           "crates/dquant-engine/src"):
+    if not benchlib.record("ring", fs, a.command, head + table + "\n\n", "--notes", notes):
         sys.exit("bench/ring/figures.py: the figures were not recorded (above: why)")
 
 

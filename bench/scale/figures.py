@@ -22,9 +22,6 @@ from benchlib import by_case_and_cache, figure, load_json  # noqa: E402
 TITLE = ("Issue 15 at the corpus's scale (97 M documents, 3.2 G int32 tokens): open and first "
          "batch, agent memory by session count, resume and schedule cost, shuffled "
          "shared-memory delivery, and the lab's auto+zstd:1 link use with the worker pool")
-DEPENDS = ["bench/scale/run.sh", "bench/scale/figures.py", "bench/harness/src", "bench/lab/run.sh",
-           "crates/dquant-plan", "crates/dquant-agent/src", "crates/dquant-engine/src",
-           "crates/dquant-storage/src", "crates/dquant-transport/src"]
 NOTES = ("Corpus made by the run: dquant corpus zipf --tokens 3200000000 --mean-doc-len 32 "
          "--vocab 50257 --eod 50256 (about 97 M documents, a 12.8 GB .bin and a 1.9 GB .idx); "
          "open is dquant-offload-bench ttfb --repeats 3 --cold (plan seq_len 4095, batch 16, u16 "
@@ -185,7 +182,7 @@ def summary(out: Path) -> str:
 
 def main() -> int:
     return benchlib.figures_main("scale", __doc__, figures, 9,
-                                 ["--title", TITLE, "--depends-on", *DEPENDS, "--notes", NOTES],
+                                 ["--title", TITLE, "--notes", NOTES],
                                  summary)
 
 

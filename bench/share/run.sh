@@ -51,10 +51,5 @@ if [[ "${RECORD:-1}" == 1 ]]; then
   python3 bench/share/figures.py "$OUT" > "$OUT/figures.json"
   python3 bench/results.py record fanout --figures "$OUT/figures.json" \
     --command "RUNS=$RUNS READERS=$READERS SAMPLES=$SAMPLES bench/share/run.sh" \
-    --depends-on bench/share bench/harness/src/share.rs bench/harness/src/procs.rs \
-      crates/dquant-agent/src/share.rs \
-      crates/dquant-agent/src/share crates/dquant-agent/src/produce.rs \
-      crates/dquant-agent/src/config.rs crates/dquant-storage/src crates/dquant-engine/src \
-      crates/dquant-transport/src crates/dquant-client/src \
     --notes "Baseline: one lone reader (one session) in the same round; 8 sessions are 8 readers each opening the plan, 8 subscribers one stream opened with share (group 8). Medians of the rounds, on zipf256m_int32 (256 Mi Zipf ids, Megatron int32, warm page cache); plan seq_len 4095, batch 16, output u16; readers, agent and kernel copies share the machine's cores."
 fi

@@ -83,10 +83,7 @@ def main() -> None:
              "CPU), with the range in the baseline. There is no target; kernel TLS (kTLS), the way to close the "
              "gap, is not measured: the VM's kernel has no tls ULP.")
     if not benchlib.record("tls", fs, a.command, head + table + "\n\n",
-                           "--notes", "Dataset " + Path(doc["dataset"]).name + f" ({doc['plan']}). " + notes,
-                           "--depends-on", "bench/tls", "bench/harness/src/throughput.rs",
-                           "crates/dquant-transport/src", "crates/dquant-client/src",
-                           "crates/dquant-agent/src", "crates/dquant-engine/src"):
+                           "--notes", "Dataset " + Path(doc["dataset"]).name + f" ({doc['plan']}). " + notes):
         sys.exit("bench/tls/figures.py: the figures were not recorded (above: why)")
 
 

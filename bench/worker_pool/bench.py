@@ -183,10 +183,7 @@ def main() -> None:
     if not benchlib.record("worker_pool", figures(rows), a.command, head + t + "\n\n",
                            "--title", "The agent's worker pool: its cost where reads are fast (the page cache), "
                            "its gain where they wait (the disk), and compression ahead over TCP",
-                           "--notes", notes,
-                           "--depends-on", "bench/worker_pool", "bench/harness/src/throughput.rs",
-                           "crates/dquant-engine/src", "crates/dquant-agent/src",
-                           "crates/dquant-transport/src", "crates/dquant-client/src", "crates/dquant-codec/src"):
+                           "--notes", notes):
         sys.exit("bench/worker_pool/bench.py: the figures were not recorded (above: why)")
 
 
