@@ -30,8 +30,8 @@ A generated block, in README.md or docs/*.md, quotes figures of one area:
 
     <!-- generated:AREA figure="NAME" [digits=N] [unit=TEXT] -->…<!-- end generated -->
 
-NAME is a figure's name; `*` in it matches any text, and several figures render as their
-range, "min–max". digits=N gives N decimals (default: three significant digits, as in
+NAME is a figure's name; `*` in it matches any text up to a comma (one part of a name such as
+"TCP, 8 subscribers"), and several figures render as their range, "min–max". digits=N gives N decimals (default: three significant digits, as in
 RESULTS.md); unit=TEXT replaces the figures' unit ("" for none). "×" and "%" follow the value
 directly, other units after a space ("60 configs", "4.1 ms"). A stale area's figure renders
 with "(stale)" after it.
@@ -444,7 +444,7 @@ def block_spec(spec: str, where: str) -> dict[str, str]:
 
 
 def figures_matching(r: dict, pattern: str) -> list[dict]:
-    rx = re.compile(".*".join(re.escape(part) for part in pattern.split("*")) + r"\Z")
+    rx = re.compile("[^,]*".join(re.escape(part) for part in pattern.split("*")) + r"\Z")
     return [f for f in r["figures"] if rx.match(f["name"])]
 
 

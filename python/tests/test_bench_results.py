@@ -228,7 +228,9 @@ README = f"""# Scratch
 
 
 def test_a_changed_figure_fails_check_until_render_carries_it_into_the_readme(repo):
-    figs = FIGS + [{"name": "configs", "value": 57, "unit": "", "baseline": "", "goal": None}]
+    # `*` stays within one comma-separated part of a name: "r*" is not "rate, shuffled".
+    figs = FIGS + [{"name": "configs", "value": 57, "unit": "", "baseline": "", "goal": None},
+                   {"name": "rate, shuffled", "value": 9.5, "unit": "×", "baseline": "", "goal": None}]
     p = area(repo, figs)
     (repo / "README.md").write_text(README)
     (repo / "docs").mkdir()
