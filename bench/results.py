@@ -34,7 +34,7 @@ NAME is a figure's name; `*` in it matches any text up to a comma (one part of a
 "TCP, 8 subscribers"), and several figures render as their range, "min–max". digits=N gives N decimals (default: three significant digits, as in
 RESULTS.md); unit=TEXT replaces the figures' unit ("" for none). "×" and "%" follow the value
 directly, other units after a space ("60 configs", "4.1 ms"). A stale area's figure renders
-with "(stale)" after it.
+with "(stale)" after it. Written in backticks, `<!-- generated:…` is an example, not a block.
 
 A figure's `goal` is "<= X" or ">= X" (in the figure's unit) or null; whether it is met is
 computed here, in one place, never written by hand.
@@ -175,13 +175,13 @@ def reached(packages: dict[str, dict], start: str, dev: bool) -> set[str]:
     return seen
 
 
-def package_dir(packages: dict[str, dict], area: str, *, bin: str = "", name: str = "") -> str:
+def package_dir(packages: dict[str, dict], area: str, *, binary: str = "", name: str = "") -> str:
     for d, pkg in packages.items():
         if name and pkg["name"] == name:
             return d
-        if bin and any(bin == t["name"] and "bin" in t["kind"] for t in pkg["targets"]):
+        if binary and any(binary == t["name"] and "bin" in t["kind"] for t in pkg["targets"]):
             return d
-    what = f"binary {bin!r}" if bin else f"package {name!r}"
+    what = f"binary {binary!r}" if binary else f"package {name!r}"
     raise ResultError(f"{area}: RUNS names {what}, which no workspace in {MANIFESTS} has")
 
 
@@ -201,7 +201,7 @@ def derived_depends_on(area: str, packages: dict[str, dict]) -> list[str]:
                           "runs, and its depends_on is derived from that")
     dirs: set[str] = set()
     for b in runs.bins:
-        dirs |= reached(packages, package_dir(packages, area, bin=b), dev=False)
+        dirs |= reached(packages, package_dir(packages, area, binary=b), dev=False)
     for n in runs.benches:
         dirs |= reached(packages, package_dir(packages, area, name=n), dev=True)
     for n in runs.packages:
@@ -416,9 +416,11 @@ def render(results: list[dict], changed: dict[str, list[str]]) -> str:
 
 # ---------------------------------------------------------------- generated blocks in the docs
 
-BLOCK = re.compile(r"<!-- generated:(?P<area>[A-Za-z0-9_]*)(?P<spec>.*?)-->(?P<text>.*?)"
+# A block's opening right after a backtick is an example in a code span, not a block.
+BLOCK = re.compile(r"(?<!`)<!-- generated:(?P<area>[A-Za-z0-9_]*)(?P<spec>.*?)-->(?P<text>.*?)"
                    r"<!-- end generated -->")
 OPENING = "<!-- generated:"
+OPENINGS = re.compile(r"(?<!`)<!-- generated:")
 BLOCK_KEYS = {"figure", "digits", "unit"}
 # Units that follow the value with no space between.
 TIGHT_UNITS = {"×", "%"}
@@ -475,7 +477,7 @@ def render_blocks(doc: str, text: str, results: dict[str, dict],
     out: list[str] = []
     for n, line in enumerate(text.split("\n"), 1):
         where = f"{doc}:{n}"
-        if line.count(OPENING) != len(BLOCK.findall(line)):
+        if len(OPENINGS.findall(line)) != len(BLOCK.findall(line)):
             raise ResultError(f"{where}: a generated block without its <!-- end generated --> "
                               "on the same line")
 

@@ -243,6 +243,9 @@ def test_a_changed_figure_fails_check_until_render_carries_it_into_the_readme(re
     assert "| bare | " + block('figure="rate" digits=1 unit=""', "0.3") + " |" in readme
     guide = repo / "docs" / "guide.md"
     assert guide.read_text() == f"Fan-out costs {block('figure=cpu digits=1', '2.6×')}.\n"
+    # In a code span, the syntax is an example: left as it is, checked by nothing.
+    example = "Write `" + block('figure="NAME"', "…") + "` to quote a figure.\n"
+    (repo / "docs" / "how.md").write_text(example)
     assert results(repo, "check").returncode == 0
 
     doc = json.loads(p.read_text())
@@ -255,6 +258,7 @@ def test_a_changed_figure_fails_check_until_render_carries_it_into_the_readme(re
     assert results(repo, "render").returncode == 0
     assert "| one | " + block('figure="cpu"', "6.27×") + " |" in (repo / "README.md").read_text()
     assert guide.read_text() == f"Fan-out costs {block('figure=cpu digits=1', '6.3×')}.\n"
+    assert (repo / "docs" / "how.md").read_text() == example
     assert results(repo, "check").returncode == 0
 
     # The area's code changes: every figure quoted from it says so.
