@@ -141,8 +141,11 @@ def cargo_packages() -> dict[str, dict]:
     for manifest in MANIFESTS:
         if not (REPO / manifest).exists():
             continue
-        p = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline",
-                            "--manifest-path", str(REPO / manifest)], capture_output=True, text=True)
+        try:
+            p = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline",
+                                "--manifest-path", str(REPO / manifest)], capture_output=True, text=True)
+        except FileNotFoundError:
+            raise ResultError("cargo is not on PATH: depends_on is derived with `cargo metadata`") from None
         if p.returncode != 0:
             raise ResultError(f"cargo metadata --manifest-path {manifest}: {p.stderr.strip()}")
         for pkg in json.loads(p.stdout)["packages"]:
