@@ -44,4 +44,4 @@ fi
 
 echo "== pytest python/tests"
 cd "$here"
-exec "$venv/bin/python" -m pytest -q "$@"
+exec "$venv/bin/python" -m pytest -q -rs "$@"

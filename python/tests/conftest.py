@@ -44,11 +44,18 @@ def dquant_bin() -> Path:
 def require(component: str, present: bool, how: str) -> None:
     """Fails the test under CI=true when `component` (FUSE, a namespace, a server) is
     missing, since CI installs all of them and a test that checked nothing must not pass;
-    elsewhere skips it, saying why."""
+    elsewhere skips it, saying why (python/test.sh runs pytest with -rs, so the reason is in
+    the summary), and appends a line to $DQUANT_SKIP_LOG when it is set, as the Rust tests'
+    `dquant_testkit::require` does, for `.ci/run` to count."""
     if present:
         return
     if os.environ.get("CI") in ("true", "1"):
         pytest.fail(f"{component} is missing and CI=true: nothing can be checked ({how})")
+    log = os.environ.get("DQUANT_SKIP_LOG")
+    if log:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "a test").split(" ")[0]
+        with open(log, "a") as f:
+            f.write(f"SKIPPED {test}: {component} is missing ({how})\n")
     pytest.skip(f"*** {component} is missing ({how}) ***")
 
 

@@ -82,6 +82,11 @@ pub fn xxh3(bytes: &[u8]) -> u64 {
 /// installs every component and a test that checked nothing must not count as passed.
 /// Missing elsewhere (a developer's laptop), it returns `false` after a loud note, and the
 /// caller returns without asserting anything.
+///
+/// The note goes straight to the process's stderr, not through `eprintln!`, which the test
+/// harness captures and hides for a passing test; and when `DQUANT_SKIP_LOG` names a file,
+/// one line is appended to it, so that a runner (`.ci/run`) can count the tests that
+/// checked nothing.
 pub fn require(component: &str, present: bool, how: &str) -> bool {
     if present {
         return true;
@@ -90,11 +95,67 @@ pub fn require(component: &str, present: bool, how: &str) -> bool {
         !in_ci(),
         "{component} is missing and CI=true: this test cannot check anything without it ({how})"
     );
-    eprintln!("\n*** SKIPPED: {component} is missing ({how}); under CI=true this fails ***\n");
+    record_skip(component, how);
     false
+}
+
+/// Says loudly that the running test checked nothing for want of `component`, and appends
+/// the same line to `$DQUANT_SKIP_LOG` when it is set (see [`require`]).
+fn record_skip(component: &str, how: &str) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let line = skip_line(thread.name().unwrap_or("a test"), component, how);
+    // Written to the stream itself: libtest captures only the print macros.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** {line}; under CI=true this fails ***\n"
+    );
+    if let Some(log) = std::env::var_os("DQUANT_SKIP_LOG") {
+        let log = PathBuf::from(log);
+        if let Err(e) = append_line(&log, &line) {
+            panic!(
+                "recording the skip in DQUANT_SKIP_LOG={}: {e}",
+                log.display()
+            );
+        }
+    }
+}
+
+/// The one line a skip is told and counted by (`.ci/run` counts lines that start `SKIPPED `).
+fn skip_line(test: &str, component: &str, how: &str) -> String {
+    format!("SKIPPED {test}: {component} is missing ({how})")
+}
+
+fn append_line(path: &Path, line: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    // One write of the whole line, so that lines of tests running at once never interleave.
+    f.write_all(format!("{line}\n").as_bytes())
 }
 
 /// True when the `CI` environment variable says so (`true` or `1`), as in `.ci/run`.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skips_are_appended_one_line_each() {
+        let dir = std::env::temp_dir().join(format!("dquant-skip-log-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        append_line(&dir, &skip_line("a::b", "FUSE", "no /dev/fuse")).unwrap();
+        append_line(&dir, &skip_line("c", "ip", "not installed")).unwrap();
+        let text = std::fs::read_to_string(&dir).unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert_eq!(
+            text,
+            "SKIPPED a::b: FUSE is missing (no /dev/fuse)\nSKIPPED c: ip is missing (not installed)\n"
+        );
+    }
 }
