@@ -17,6 +17,13 @@ tag each batch carries, which :class:`DataLoader` removes before the batch reach
 is enough. A resumed loader also continues the order in which workers' batches interleave,
 so a resumed run sees exactly the stream the uninterrupted run would have seen.
 
+Under torchdata's ``StatefulDataLoader`` the loader keeps the position: in each worker,
+``state_dict()`` is that worker's sub-rank's cursor after the batch it just made, which the
+loader stores with the batch and hands back to the same worker's ``load_state_dict()`` on
+resume. Under torch's own ``DataLoader`` with workers nothing in the loop's process sees a
+batch's position, so ``state_dict()`` there raises rather than return the pass's start: a
+state that silently rewinds would repeat every batch since.
+
 Elastic resume. A job that restarts on another number of ranks or workers loads the list of
 every rank's state (``ds.load_state_dict([s0, s1, ...])``, or one state from
 :meth:`TokenDataset.merge_states`): the sub-ranks' cursors merge into one cursor, which lists
@@ -180,10 +187,18 @@ class TokenDataset(torch.utils.data.IterableDataset):
         # The cursor a fresh iteration starts every sub-rank at: the start, or a cursor merged
         # from a run on another topology.
         self._start: Dict[str, Any] = dict(_START)
-        # Set by dquant.torch.DataLoader: batches then carry their position to the main
-        # process.
+        # Set by dquant.torch.DataLoader while its pass runs: batches from workers then carry
+        # their position to the main process.
         self._tracked = False
-        self._warned = False
+        # Set (to 1) by a DataLoader worker that reads this dataset for a loader that does not
+        # track positions (torch's own, torchdata's StatefulDataLoader), cleared when this
+        # process knows the position again (a load, an in-process pass, a pass of dquant's
+        # DataLoader). Shared memory, so the copies in workers, forked or spawned, reach the
+        # loop's process: there it means state_dict() cannot know the position.
+        self._read_by_workers = torch.zeros(1, dtype=torch.uint8).share_memory_()
+        # In a worker: its sub-rank's stream ended, so the next pass (a persistent worker's
+        # next epoch) starts over, unless a state is loaded first.
+        self._pass_ended = False
         # What the last load_state_dict accepted.
         self.resume_note: Optional[str] = None
         # The in-process iteration's (slot, reader, workers), whose cursor is the loop's.
@@ -217,18 +232,35 @@ class TokenDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        if info is not None and not self._tracked and not self._warned:
-            self._warned = True
-            warnings.warn(
-                "dquant TokenDataset in DataLoader workers: state_dict() in the main process "
-                "only sees batches delivered through dquant.torch.DataLoader; use it instead "
-                "of torch.utils.data.DataLoader to checkpoint the data position",
-                stacklevel=2,
-            )
+        if info is None:
+            # The loop's own reader: this process sees every batch, and knows the position.
+            self._read_by_workers[0] = 0
+            return self._batches(0, 1, self._state_for(1)["cursors"][0], in_process=True)
+        if not self._tracked:
+            return self._worker_pass(info.id, info.num_workers)
+        state = self._state_for(info.num_workers)
+        slot = (info.id + state["next_slot"]) % info.num_workers
+        return self._batches(slot, info.num_workers, state["cursors"][slot], in_process=False)
+
+    def _worker_pass(self, worker: int, workers: int) -> Iterator[Dict[str, torch.Tensor]]:
+        """Worker ``worker`` of ``workers`` of a loader that does not track positions (torch's
+        own DataLoader, torchdata's StatefulDataLoader). The loop's process never sees where
+        this worker's batches stand, so the worker marks the dataset as read by workers (its
+        ``state_dict()`` there then raises), and keeps its own sub-rank's position:
+        StatefulDataLoader takes it with ``state_dict()`` here after each batch and gives it
+        back to this worker's ``load_state_dict()`` on resume. The worker's state names its
+        sub-rank (``slot``), so a resumed worker goes on with the same one."""
+        self._read_by_workers[0] = 1
+        if self._pass_ended:
+            # A persistent worker's next pass, after its stream ended: it starts over.
+            self._state, self._start, self._pass_ended = None, dict(_START), False
         state = self._state_for(workers)
-        slot = (worker + state["next_slot"]) % workers
-        return self._batches(slot, workers, state["cursors"][slot], in_process=info is None)
+        slot = state.get("slot")
+        if slot is None:
+            slot = (worker + state["next_slot"]) % workers
+            state = dict(state, slot=slot)
+        self._state = state
+        return self._batches(slot, workers, state["cursors"][slot], in_process=False)
 
     def _batches(
         self, slot: int, workers: int, cursor: Dict[str, Any], in_process: bool
@@ -239,10 +271,10 @@ class TokenDataset(torch.utils.data.IterableDataset):
         of the worker's shared memory."""
         reader = self._open(slot, workers, cursor)
         tag = not in_process and self._tracked
-        if in_process:
-            # The loop receives each batch as soon as it is yielded, so the reader's own
-            # cursor is the loop's position: state_dict() reads it when asked, rather than
-            # every batch paying for it.
+        if not tag:
+            # The loop (or, in a worker, StatefulDataLoader's snapshot) takes each batch as
+            # soon as it is yielded, so the reader's own cursor is the position: state_dict()
+            # reads it when asked, rather than every batch paying for it.
             self._live = (slot, reader, workers)
         handoff = not in_process and _handoff.enabled()
         arena = None
@@ -259,11 +291,13 @@ class TokenDataset(torch.utils.data.IterableDataset):
                     item = arena.put(item) or item
                 yield item
         finally:
-            if in_process:
+            if not tag:
                 self._sync_live(reader)
             reader.close()
         if in_process:
             self._finished()
+        elif not tag:
+            self._pass_ended = True
 
     def _open(self, slot: int, workers: int, cursor: Dict[str, Any]) -> "dquant.Reader":
         """A reader of sub-rank ``slot`` of ``workers``'s batches from ``cursor`` on."""
@@ -375,7 +409,15 @@ class TokenDataset(torch.utils.data.IterableDataset):
         resume exactly after the last batch it received. Plain data (JSON-serializable).
 
         Each sub-rank's cursor carries the blend's per-source counts when the plan runs in this
-        process, so a resume does not replay the blend from the first sample."""
+        process, so a resume does not replay the blend from the first sample.
+
+        Raises ``RuntimeError`` in the loop's process while workers of a loader that does not
+        track positions (torch's own ``DataLoader`` with ``num_workers > 0``, or torchdata's
+        ``StatefulDataLoader``, whose ``state_dict()`` holds the position instead) read the
+        dataset: this process never sees where their batches stand. In such a worker it is
+        that worker's own position, as StatefulDataLoader takes it."""
+        if self._read_by_workers[0] and torch.utils.data.get_worker_info() is None:
+            raise RuntimeError(_UNKNOWN_POSITION)
         self._sync_live()
         s = self._state if self._state is not None else self._fresh_state(0)
         return json.loads(json.dumps(s))
@@ -398,7 +440,12 @@ class TokenDataset(torch.utils.data.IterableDataset):
         if isinstance(state, (list, tuple)):
             state = TokenDataset.merge_states(state)
         s = _checked_state(state)
+        if "slot" in s and torch.utils.data.get_worker_info() is None:
+            raise ValueError(_worker_state_refused(s))
         self._live = self._ring_pass = None
+        self._pass_ended = False
+        if torch.utils.data.get_worker_info() is None:
+            self._read_by_workers[0] = 0  # this process knows the position again: this one
         plan = json.dumps(self.plan, sort_keys=True)
         if s["plan"] == plan:
             self.resume_note = "the plan is unchanged"
@@ -442,6 +489,9 @@ class TokenDataset(torch.utils.data.IterableDataset):
         checked = [_checked_state(s) for s in states]
         if not checked:
             raise ValueError("TokenDataset.merge_states: no states")
+        for s in checked:
+            if "slot" in s:
+                raise ValueError(_worker_state_refused(s))
         plan = checked[0]["plan"]
         if any(s["plan"] != plan for s in checked):
             raise ValueError("TokenDataset.merge_states: the states were saved for different plans")
@@ -449,6 +499,24 @@ class TokenDataset(torch.utils.data.IterableDataset):
 
 
 _START: Dict[str, Any] = {"epoch": 0, "consumed_samples": 0}
+
+_UNKNOWN_POSITION = (
+    "TokenDataset.state_dict: DataLoader worker processes read this dataset and the loop's "
+    "process never sees their batches' positions, so a state from here would rewind to where "
+    "the pass began. Checkpoint the position where it is known: dquant.torch.DataLoader(ds, "
+    "num_workers=N) keeps ds.state_dict() exact; with torchdata's StatefulDataLoader save "
+    "loader.state_dict() (it holds every worker's TokenDataset state) and resume with "
+    "loader.load_state_dict(); or read the dataset with num_workers=0"
+)
+
+
+def _worker_state_refused(s: Dict[str, Any]) -> str:
+    return (
+        f"TokenDataset.load_state_dict: this is the state of one DataLoader worker (sub-rank "
+        f"{s['slot']} of {s['num_workers']}), as torchdata's StatefulDataLoader keeps it inside "
+        "its own state_dict(): it knows that worker's position only. Resume it with "
+        "StatefulDataLoader.load_state_dict(loader_state)"
+    )
 
 
 def _loader_workers(n: int) -> int:
@@ -474,12 +542,15 @@ def _checked_state(state: Any) -> Dict[str, Any]:
             for c in s["cursors"]
         ]
         s["start"] = dict(state.get("start", _START))
+        if state.get("slot") is not None:
+            # One worker's state, as StatefulDataLoader keeps it (see TokenDataset._worker_pass).
+            s["slot"] = int(state["slot"])
         # What state_dict() gives after this resume is a current state, whatever was loaded.
         s["version"] = _STATE_VERSION
     except (KeyError, TypeError):
         raise ValueError(f"TokenDataset.load_state_dict: not a TokenDataset state: {state!r}") from None
     n = s["num_workers"]
-    if len(s["cursors"]) != n or not 0 <= s["next_slot"] < max(n, 1):
+    if len(s["cursors"]) != n or not 0 <= s["next_slot"] < max(n, 1) or not 0 <= s.get("slot", 0) < max(n, 1):
         raise ValueError("TokenDataset.load_state_dict: inconsistent state (cursors, next_slot)")
     return json.loads(json.dumps(s))
 
@@ -566,7 +637,6 @@ class DataLoader(torch.utils.data.DataLoader):
                 "the DataLoader's batch_size as None"
             )
         kwargs["batch_size"] = None
-        dataset._tracked = True
         # Before torch's __init__, which asks check_worker_number_rationality.
         self.torch_workers = torch_workers
         super().__init__(dataset, **kwargs)
@@ -597,12 +667,24 @@ class DataLoader(torch.utils.data.DataLoader):
             if why is not None:
                 _log.debug("dquant.torch.DataLoader: torch's workers run, for %s", why)
                 own = False
-        it = self._own_workers(workers) if own else super().__iter__()
-        for batch in it:
-            pos = batch.pop(_POSITION, None)
-            if pos is not None:
-                ds._delivered(int(pos["slot"]), json.loads(pos["cursor"]), workers)
-            yield batch if self._to_device is None else self._to_device(batch)
+        # The state this pass starts from, in this process as in the workers: a state saved
+        # with another number of workers becomes the merged cursor they all start at.
+        ds._state_for(workers)
+        # While this pass runs, workers made for it (torch's, started by super().__iter__(),
+        # or dquant's socket workers) get a copy that tags each batch with its position, and
+        # this process learns every position: the dataset's state_dict() is exact here. A
+        # copy torch's own DataLoader makes later, of the same dataset, is untracked again.
+        ds._tracked = True
+        ds._read_by_workers[0] = 0
+        try:
+            it = self._own_workers(workers) if own else super().__iter__()
+            for batch in it:
+                pos = batch.pop(_POSITION, None)
+                if pos is not None:
+                    ds._delivered(int(pos["slot"]), json.loads(pos["cursor"]), workers)
+                yield batch if self._to_device is None else self._to_device(batch)
+        finally:
+            ds._tracked = False
         if self.num_workers > 0:
             ds._finished()
 
