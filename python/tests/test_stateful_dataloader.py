@@ -23,7 +23,7 @@ import torch
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from conftest import plan
+from conftest import on_agent, plan
 from dquant.torch import DataLoader, TokenDataset
 
 UNKNOWN = (
@@ -175,6 +175,21 @@ def test_two_ranks_each_checkpointed_mid_prefetch_cover_the_plan_once(data, work
     all_ids, all_tokens = whole_pass(p)
     assert sorted(got_ids) == list(range(240)) == sorted(all_ids)
     assert Counter(got_tokens) == Counter(all_tokens)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_an_agent_s_sessions_in_workers_resume_mid_prefetch(data, agent, transport):
+    """Each worker reads its sub-rank as a session of an agent, which runs ahead of the worker
+    as well: the worker's state is still the position after the batch it handed over."""
+    p = blend(data, samples=150)
+    remote = on_agent(p, data)
+    target = agent.socket if transport == "shm" else agent.uri
+    ds_kw = {"agent": target, "transport": transport}
+    head, rest, prefetched = head_then_resume(remote, 2, 11, ds_kw=ds_kw)
+    assert prefetched >= 2
+    full = list(loader(TokenDataset(p), 2))
+    assert ids(head, p) + ids(rest, p) == ids(full, p)
+    assert sorted(ids(full, p)) == list(range(150))
 
 
 def test_a_snapshot_every_few_steps_replays_to_the_exact_position(data):
