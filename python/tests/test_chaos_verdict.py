@@ -180,3 +180,19 @@ def test_every_cause_is_counted_and_recorded_as_a_figure():
     assert figs["replica links cut (partitions)"]["value"] == 0
     assert figs["replica links cut (partitions)"]["baseline"] == \
         "partitions unavailable: not root"
+
+
+def test_partitions_that_cannot_be_made_are_a_reason_the_verdict_sees(monkeypatch):
+    assert chaos.make_nets("off") == ([], "--netns off")
+    monkeypatch.setattr(chaos.netns, "available", lambda: False)
+    nets, why = chaos.make_nets("auto")
+    assert nets == [] and why in ("not root", "no `ip` (iproute2)")
+    monkeypatch.setattr(chaos.netns, "available", lambda: True)
+
+    def refused(k):
+        raise RuntimeError("ip netns add dqc1n0: Operation not permitted")
+    monkeypatch.setattr(chaos.netns, "Netns", refused)
+    assert chaos.make_nets("auto") == \
+        ([], "namespace creation failed: ip netns add dqc1n0: Operation not permitted")
+    with pytest.raises(RuntimeError, match="Operation not permitted"):
+        chaos.make_nets("on")
