@@ -152,7 +152,9 @@ class Reader:
 
     def _keep_error(self, rc: int) -> None:
         """The error that ended the run in hand, stamped with when its message was written
-        (the stderr file's mtime; when it wrote none, now), and its stderr file closed."""
+        (the stderr file's mtime, which the kernel's coarse clock may put a few ms before the
+        run's start: then its start; when it wrote none, now, which can be late when the
+        loop was held by a drain), and its stderr file closed."""
         now = time.time()
         self.err.flush()
         self.err.seek(0)
@@ -160,7 +162,7 @@ class Reader:
         written = os.fstat(self.err.fileno()).st_mtime
         self.err.close()
         lines = [line for line in stderr.splitlines() if line.strip()]
-        at = written if lines and self.started <= written <= now else now
+        at = min(max(written, self.started), now) if lines else now
         last = lines[-1][:300] if lines else f"(no message; exit {rc})"
         self.errors.append(ReaderError(self.name, self.endpoint, self.started, at, rc, last))
 
