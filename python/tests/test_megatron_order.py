@@ -3,13 +3,19 @@
 Every test builds the same config twice, with ``BlendedMegatronDatasetBuilder`` +
 ``GPTDataset`` (the megatron-core that requirements-test.txt pins) and with
 ``dquant.megatron.build_train_valid_test_datasets``, and compares whole dicts (keys, dtypes,
-shapes, values) at every index of small datasets and at random ones of large ones. The
-sources are the Megatron-written fixtures plus datasets written here with Megatron's
-``IndexedDatasetBuilder``: tiny documents, many documents, several sequences per document.
+shapes, values) at every index, in order, of the splits the tests say so of, and elsewhere at
+distinct random indices plus each split's first and last. Every comparison records how many
+indices of each split it compared (``COVERAGE``); ``bench/megatron/equivalence.sh`` records
+the counts as the ``megatron_equivalence`` area, which the README quotes. The sources are
+the Megatron-written fixtures plus datasets written here with Megatron's
+``IndexedDatasetBuilder``: tiny documents, many documents, several sequences per document,
+and fifty small sources for a blend of fifty.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import shutil
 import warnings
@@ -54,25 +60,67 @@ def corpora(data, tmp_path_factory):
         "many": write("many", np.minimum(rng.zipf(1.5, size=3000), 400) + 1),
         "multiseq": write("multiseq", rng.integers(2, 60, size=200), seqs_per_doc=2),
         "u16": write("u16", rng.integers(5, 90, size=150), vocab=60000, dtype=np.uint16),
+        # Fifty small sources of 20 to 60 documents each, for a blend of fifty.
+        **{f"s{i:02}": write(f"s{i:02}", rng.integers(3, 120, size=rng.integers(20, 61)))
+           for i in range(50)},
     }
 
 
+# What each comparison covered: one record a config, written out by `_coverage` below.
+COVERAGE: list = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _coverage():
+    """After the module: every config's compared indices per split, as JSON lines, to
+    $DQUANT_MEGATRON_COVERAGE when it is set (bench/megatron/equivalence.sh records them)."""
+    yield
+    out = os.environ.get("DQUANT_MEGATRON_COVERAGE")
+    if out:
+        with open(out, "w") as f:
+            for rec in COVERAGE:
+                f.write(json.dumps(rec) + "\n")
+
+
 def compare(num_samples, samples=60, seed=0, **kw):
-    """Builds both ways and compares; returns dquant's datasets."""
+    """Builds both ways and compares ``samples`` distinct random indices of every split and
+    its first and last (``samples=None``: every index, in order); records the coverage and
+    returns dquant's datasets."""
     kw.setdefault("eod", EOD)
     config = dm._gpt_dataset_config(**kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert dm.check(samples=samples, seed=seed, num_samples=num_samples, config=config) == "identical"
-    return dm.build_train_valid_test_datasets(config=config, num_samples=num_samples)
+        ours = dm.build_train_valid_test_datasets(config=config, num_samples=num_samples)
+        theirs = dm.megatron_core_datasets(config, num_samples)
+    _record(ours, dm.compare_splits(ours, theirs, samples, seed))
+    return ours
+
+
+def _record(ours, compared):
+    COVERAGE.append({
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+        "splits": [None if d is None else len(d) for d in ours],
+        "compared": compared,
+    })
+
+
+def covered(rec, at_least=100):
+    """Whether every non-empty split of a recorded config compared ``at_least`` indices."""
+    return all(c >= at_least for n, c in zip(rec["splits"], rec["compared"]) if n)
+
+
+def whole(rec):
+    """Whether a recorded config compared every index of every split."""
+    return all(c == n for n, c in zip(rec["splits"], rec["compared"]) if n is not None)
 
 
 def test_one_source_one_epoch_every_index(corpora):
     train, valid, test = compare(
-        [None, None, None], samples=10_000,
+        [None, None, None], samples=None,
         blend=([corpora["int32"]], None), split="90,7,3", sequence_length=64, random_seed=1234,
     )
     assert len(train) > 1000 and len(valid) > 0 and len(test) > 0
+    assert COVERAGE[-1]["compared"] == [len(train), len(valid), len(test)]
     item = train[5]
     assert list(item) == ["tokens", "labels", "attention_mask", "loss_mask", "position_ids"]
     assert item["tokens"].dtype == torch.int64 and item["tokens"].shape == (64,)
@@ -97,6 +145,54 @@ def test_separate_final_epoch_both_ways(corpora, extra_samples):
     n = 2 * per_epoch + extra_samples
     compare([n, None, None], samples=400,
             blend=([corpora["tiny"]], None), split="1", sequence_length=5, random_seed=9)
+
+
+FIFTY = [f"s{i:02}" for i in range(50)]
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_a_blend_of_fifty_sources(corpora, weighted):
+    """Weighted: the greedy blend over fifty sources in three splits. Unweighted: the
+    exhaustive blend, each source in proportion to its size, in one split (with three, some
+    small source's valid split is empty, a zero weight both sides refuse)."""
+    weights = [1 + (i * 37 % 11) / 4 for i in range(50)] if weighted else None
+    sizes = [6000, 400, 200] if weighted else [None, None, None]
+    compare(sizes, samples=300, blend=([corpora[n] for n in FIFTY], weights),
+            split="90,7,3" if weighted else "1", sequence_length=24, random_seed=50)
+    assert covered(COVERAGE[-1])
+
+
+def _epoch(corpora, name, sequence_length, seed):
+    """Samples in one epoch of source ``name``'s train split (``split="1"``)."""
+    return len(dm.build_train_valid_test_datasets(
+        blend=([corpora[name]], None), split="1", sequence_length=sequence_length,
+        random_seed=seed, num_samples=[None, None, None], eod=EOD)[0])
+
+
+@pytest.mark.parametrize("epochs", [1, 2, 5])
+@pytest.mark.parametrize("off", [-1, 0, 1])
+def test_num_samples_within_one_of_an_epoch_boundary(corpora, epochs, off):
+    per_epoch = _epoch(corpora, "multiseq", 16, 31)
+    compare([epochs * per_epoch + off, None, None], samples=None,
+            blend=([corpora["multiseq"]], None), split="1", sequence_length=16, random_seed=31)
+    assert whole(COVERAGE[-1])
+
+
+def test_num_samples_within_one_of_an_epoch_boundary_in_a_blend(corpora):
+    per_epoch = _epoch(corpora, "tiny", 8, 2)
+    for n in (per_epoch - 1, per_epoch, per_epoch + 1, 3 * per_epoch + 1):
+        compare([n, 20, 20], samples=400, blend=([corpora["tiny"], corpora["multiseq"]], [2, 1]),
+                split="80,10,10", sequence_length=8, random_seed=2)
+
+
+@pytest.mark.parametrize("extra", [True, False])
+def test_sequence_length_one(corpora, extra):
+    compare([3000, 200, 100], samples=400, blend=([corpora["tiny"], corpora["int32"]], [1, 1]),
+            split="90,7,3", sequence_length=1, random_seed=6, add_extra_token_to_sequence=extra,
+            reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True)
+    compare([None, None, None], samples=None, blend=([corpora["multiseq"]], None), split="1",
+            sequence_length=1, random_seed=6, add_extra_token_to_sequence=extra)
+    assert whole(COVERAGE[-1])
 
 
 def test_tiny_documents_and_tiny_sequences(corpora):
@@ -156,49 +252,84 @@ def test_surplus_and_masks_and_no_extra_token(corpora):
     )
 
 
+# What the seeded draw of test_random_configs gives: configs drawn until forty were compared;
+# of those compared, how many compared 100 indices or more of every non-empty split, and how
+# many every index of every split; configs both sides refuse, and configs whose requested
+# samples lie in documents with no tokens (Megatron-Core loops forever there, so nothing runs
+# it). A change to the draw or to what either side accepts changes these numbers: a test
+# that compared less says so here.
+RANDOM_CONFIGS = {"drawn": 54, "compared": 40, "covered": 18, "whole": 1, "refused": 1,
+                  "no_tokens": 13}
+
+
+def _random_config(rng, corpora):
+    names = [n for n in corpora if n not in FIFTY]
+    k = rng.choice([1, 1, 2, 3, 5])
+    prefixes = [corpora[rng.choice(names)] for _ in range(k)]
+    weights = None if rng.random() < 0.4 else [rng.uniform(0.05, 3) for _ in range(k)]
+    if weights is None and rng.random() < 0.5:
+        sizes = [None, None, None]
+    else:
+        sizes = [rng.randint(1, 20_000), rng.randint(1, 500), rng.randint(1, 200)]
+    split = ",".join(str(rng.choice([0, 1, 5, 30, 90, 969])) for _ in range(3))
+    if split in ("0,0,0",) or split.split(",")[0] == "0":
+        split = "90,5,5"
+    kw = dict(
+        blend=(prefixes, weights), split=split,
+        sequence_length=rng.choice([2, 3, 8, 31, 64, 257]), random_seed=rng.randrange(2**32),
+        reset_position_ids=rng.random() < 0.3, reset_attention_mask=rng.random() < 0.3,
+        eod_mask_loss=rng.random() < 0.3, add_extra_token_to_sequence=rng.random() < 0.8,
+        mid_level_dataset_surplus=rng.choice([0.005, 0.05, 0.5]),
+        create_attention_mask=rng.random() < 0.5,
+    )
+    return sizes, kw
+
+
 def test_random_configs(corpora):
-    """Forty configs drawn at random over every knob (a seeded draw: rerunnable)."""
+    """Configs drawn at random over every knob (a seeded draw: rerunnable) until forty were
+    compared; each compares 150 distinct random indices of every split besides its first and
+    last, or every index of a split that small. The outcome of every draw is counted and
+    asserted."""
     rng = random.Random(2026)
-    names = list(corpora)
-    for _ in range(40):
-        k = rng.choice([1, 1, 2, 3, 5])
-        prefixes = [corpora[rng.choice(names)] for _ in range(k)]
-        weights = None if rng.random() < 0.4 else [rng.uniform(0.05, 3) for _ in range(k)]
-        if weights is None and rng.random() < 0.5:
-            sizes = [None, None, None]
-        else:
-            sizes = [rng.randint(1, 20_000), rng.randint(1, 500), rng.randint(1, 200)]
-        split = ",".join(str(rng.choice([0, 1, 5, 30, 90, 969])) for _ in range(3))
-        if split in ("0,0,0",) or split.split(",")[0] == "0":
-            split = "90,5,5"
-        kw = dict(
-            blend=(prefixes, weights), split=split,
-            sequence_length=rng.choice([2, 3, 8, 31, 64, 257]), random_seed=rng.randrange(2**32),
-            reset_position_ids=rng.random() < 0.3, reset_attention_mask=rng.random() < 0.3,
-            eod_mask_loss=rng.random() < 0.3, add_extra_token_to_sequence=rng.random() < 0.8,
-            mid_level_dataset_surplus=rng.choice([0.005, 0.05, 0.5]),
-            create_attention_mask=rng.random() < 0.5,
-        )
+    outcome = dict.fromkeys(RANDOM_CONFIGS, 0)
+    while outcome["compared"] < RANDOM_CONFIGS["compared"] and outcome["drawn"] < 200:
+        sizes, kw = _random_config(rng, corpora)
+        outcome["drawn"] += 1
         try:
-            compare(sizes, samples=40, seed=rng.randrange(1000), **kw)
+            compare(sizes, samples=150, seed=rng.randrange(1000), **kw)
         except ValueError as e:
             if "hold no tokens" in str(e):
-                continue  # Megatron-Core loops forever there: nothing to run it against
+                outcome["no_tokens"] += 1
+                continue
             # dquant refuses what Megatron-Core cannot build: Megatron must fail too.
             with pytest.raises((AssertionError, IndexError, ValueError, ZeroDivisionError)):
                 dm.megatron_core_datasets(dm._gpt_dataset_config(eod=EOD, **kw), sizes)
+            outcome["refused"] += 1
+            continue
+        outcome["compared"] += 1
+        outcome["covered"] += covered(COVERAGE[-1])
+        outcome["whole"] += whole(COVERAGE[-1])
+    assert outcome == RANDOM_CONFIGS
 
 
-def test_restart_at_any_consumed_samples_needs_only_the_index(corpora):
+def test_restart_at_any_consumed_samples_is_megatrons_batch(corpora):
     """A job resumes at consumed_samples by indexing: the dataset rebuilt from the config
-    alone gives the same samples from there on, as Megatron's does."""
+    alone gives, from there on, the whole batches Megatron-Core's own dataset gives."""
     kw = dict(blend=([corpora["int32"], corpora["many"]], [1.0, 1.0]), split="90,8,2",
-              sequence_length=32, random_seed=77, num_samples=[4000, 40, 40], eod=EOD)
-    first, _, _ = dm.build_train_valid_test_datasets(**kw)
-    again, _, _ = dm.build_train_valid_test_datasets(**kw)
-    for consumed in (0, 1, 1237, 3999):
-        a, b = first.get_batch(range(consumed, min(consumed + 8, 4000))), again[consumed]
-        assert torch.equal(a["tokens"][0], b["tokens"])
+              sequence_length=32, random_seed=77, eod=EOD)
+    num_samples = [4000, 40, 40]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(**kw), num_samples)[0]
+    for consumed in (0, 1, 1237, 3992, 3999):
+        again = dm.build_train_valid_test_datasets(num_samples=num_samples, **kw)[0]
+        for start in range(consumed, min(consumed + 24, len(theirs)), 8):
+            idx = list(range(start, min(start + 8, len(theirs))))
+            got = again.get_batch(idx)
+            want = torch.utils.data.default_collate([theirs[i] for i in idx])
+            assert list(got) == list(want)
+            for k in want:
+                assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), (start, k)
 
 
 def test_get_batch_is_the_stack_of_items(corpora):
@@ -306,15 +437,16 @@ def named(kw):
     return out
 
 
-def compare_agent(address, num_samples, samples=40, seed=0, **kw):
+def compare_agent(address, num_samples, samples=150, seed=0, **kw):
     """Megatron-Core's datasets built here, dquant's by the agent at ``address``: compared
-    at random indices; returns dquant's."""
+    at distinct random indices of every split and its first and last (every index of a
+    split that small); records the coverage and returns both."""
     kw.setdefault("eod", EOD)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(**kw), num_samples)
     ours = dm.build_train_valid_test_datasets(agent=address, num_samples=num_samples, **named(kw))
-    dm.compare_splits(ours, theirs, samples, seed)
+    _record(ours, dm.compare_splits(ours, theirs, samples, seed))
     return ours, theirs
 
 

@@ -134,11 +134,12 @@ impl GptIndex {
         p: &GptParams,
         max_entries: u64,
     ) -> Result<Self, MegatronError> {
-        if p.sequence_length < 2 {
-            return Err(MegatronError::Config(format!(
-                "sequence_length must be at least 2, not {}",
-                p.sequence_length
-            )));
+        // Megatron-Core builds samples of one token too (its sample index divides by the
+        // length); zero would divide by zero there.
+        if p.sequence_length == 0 {
+            return Err(MegatronError::Config(
+                "sequence_length must be at least 1, not 0".into(),
+            ));
         }
         let docs = usize::try_from(documents.start).unwrap_or(usize::MAX)
             ..usize::try_from(documents.end).unwrap_or(usize::MAX);

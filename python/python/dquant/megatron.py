@@ -420,15 +420,15 @@ class MegatronDataset(torch.utils.data.Dataset):
 
 
 def check(
-    samples: int = 200,
+    samples: Optional[int] = 200,
     seed: int = 0,
     num_samples: Sequence[Optional[int]] = (None, None, None),
     config: Any = None,
     **kwargs: Any,
 ) -> str:
-    """Compares dquant with the installed Megatron-Core on this config, at ``samples`` random
-    indices of every split (and the first and last): returns ``"identical"`` or raises
-    ``AssertionError`` naming the first difference. The config is a ``GPTDatasetConfig`` or
+    """Compares dquant with the installed Megatron-Core on this config, at ``samples`` distinct
+    random indices of every split and its first and last (``samples=None``: every index, in
+    order): returns ``"identical"`` or raises ``AssertionError`` naming the first difference. The config is a ``GPTDatasetConfig`` or
     ``build_train_valid_test_datasets``'s keyword arguments (then ``eod`` is required).
     """
     if config is None:
@@ -439,22 +439,37 @@ def check(
     return "identical"
 
 
-def compare_splits(ours, theirs, samples: int = 200, seed: int = 0) -> None:
+def compare_splits(ours, theirs, samples: Optional[int] = 200, seed: int = 0) -> List[Optional[int]]:
     """Compares two ``(train, valid, test)`` triples (dquant's, Megatron-Core's) at
-    ``samples`` random indices of every split, and the first and last; raises
-    ``AssertionError`` naming the first difference."""
+    ``samples`` distinct random indices of every split and its first and last, or, with
+    ``samples=None`` (or a split no larger than ``samples``), at every index in order; raises
+    ``AssertionError`` naming the first difference. Returns how many indices each split
+    compared (``None`` for a split neither side has)."""
     rng = _random.Random(seed)
+    compared: List[Optional[int]] = []
     for name, a, b in zip(("train", "valid", "test"), ours, theirs):
         if (a is None) != (b is None):
             raise AssertionError(f"{name}: dquant gives {a!r}, Megatron-Core {b!r}")
         if a is None:
+            compared.append(None)
             continue
         if len(a) != len(b):
             raise AssertionError(f"{name}: dquant has {len(a)} samples, Megatron-Core {len(b)}")
-        n = len(a)
-        picks = sorted({0, n - 1, *(rng.randrange(n) for _ in range(samples))}) if n else []
+        picks = _picks(len(a), samples, rng)
         for i in picks:
             _compare_items(f"{name}[{i}]", a[i], b[i])
+        compared.append(len(picks))
+    return compared
+
+
+def _picks(n: int, samples: Optional[int], rng: "_random.Random") -> List[int]:
+    """The indices of an ``n``-sample split that a comparison reads, in order: all of them
+    when ``samples`` is None or covers the split, else the first, the last and ``samples``
+    distinct others drawn by ``rng``."""
+    if samples is None or n <= samples + 2:
+        return list(range(n))
+    inner = rng.sample(range(1, n - 1), samples)
+    return [0, *sorted(inner), n - 1]
 
 
 def megatron_core_datasets(config: Any, num_samples: Sequence[Optional[int]]):
@@ -575,7 +590,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--reset-attention-mask", action="store_true")
     p.add_argument("--eod-mask-loss", action="store_true")
     p.add_argument("--mid-level-dataset-surplus", type=float, default=0.005)
-    p.add_argument("--samples", type=int, default=200, help="random indices per split [200]")
+    p.add_argument("--samples", type=int, default=200,
+                   help="distinct random indices per split, besides its first and last [200]")
+    p.add_argument("--every-index", action="store_true",
+                   help="compare every index of every split, in order (slow on large splits)")
     args = p.parse_args(argv)
     if args.train_samples is None and args.train_iters is None:
         p.error("give --train-samples or --train-iters")
@@ -584,7 +602,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     num_samples = kw.pop("num_samples")
     print(f"config: {kw}\nnum_samples: {num_samples}", flush=True)
     try:
-        print(check(samples=args.samples, num_samples=num_samples, eod=args.eod, **kw))
+        print(check(samples=None if args.every_index else args.samples, num_samples=num_samples, eod=args.eod, **kw))
     except AssertionError as e:
         print(f"different: {e}")
         return 1

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""What python/tests/test_megatron_order.py compared with Megatron-Core's own builder, as the
+figures of the `megatron_equivalence` area: read from the coverage lines the test module
+writes to $DQUANT_MEGATRON_COVERAGE (one JSON object per config: its splits' lengths and how
+many indices of each it compared). The README quotes these through generated blocks, so the
+claim "compared over N configs" is the count the tests made, never a typed number.
+
+    coverage.py COVERAGE.jsonl --figures OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+AT_LEAST = 100
+
+
+def figures(records: list[dict]) -> list[dict]:
+    def nonempty(r):
+        return [(n, c) for n, c in zip(r["splits"], r["compared"]) if n]
+
+    def is_covered(r):
+        return all(c >= AT_LEAST for _, c in nonempty(r))
+
+    def is_whole(r):
+        return all(c == n for n, c in nonempty(r))
+
+    def each_split(r):
+        return all(c >= min(n, AT_LEAST) for n, c in nonempty(r))
+
+    covered = [r for r in records if is_covered(r)]
+    whole = [r for r in records if is_whole(r)]
+    either = [r for r in records if each_split(r)]
+    random_ = [r for r in records if r["test"].endswith("::test_random_configs")]
+    samples = sum(c for r in records for c in r["compared"] if c)
+
+    def fig(name, value, unit, baseline):
+        return {"name": name, "value": value, "unit": unit, "baseline": baseline, "goal": None}
+
+    return [
+        fig("configs compared with Megatron-Core's builder", len(records), "configs",
+            "every config of test_megatron_order.py that both sides build"),
+        fig(f"configs whose every non-empty split compared {AT_LEAST} or more indices",
+            len(covered), "configs", "the configs compared"),
+        fig("configs compared at every index of every split", len(whole), "configs",
+            "the configs compared"),
+        fig(f"configs whose every non-empty split compared {AT_LEAST} indices or all it has",
+            len(either), "configs", "the configs compared"),
+        fig("configs drawn at random and compared", len(random_), "configs",
+            "test_random_configs' seeded draw"),
+        fig("samples compared (whole dicts)", samples, "samples", "all configs"),
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("coverage", type=Path)
+    p.add_argument("--figures", type=Path, required=True)
+    a = p.parse_args()
+    records = [json.loads(line) for line in a.coverage.read_text().splitlines() if line.strip()]
+    if not records:
+        raise SystemExit(f"{a.coverage}: no coverage records (did the tests run?)")
+    a.figures.write_text(json.dumps({"figures": figures(records)}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
