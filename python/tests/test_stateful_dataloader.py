@@ -26,6 +26,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from conftest import on_agent, plan
 from dquant.torch import DataLoader, TokenDataset
 
+# torchdata 0.11 calls torch.set_vital, which torch 2.15 deprecates, in every loader's __init__.
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+
 UNKNOWN = (
     "TokenDataset.state_dict: DataLoader worker processes read this dataset and the loop's "
     "process never sees their batches' positions, so a state from here would rewind to where "
