@@ -92,13 +92,25 @@ def compare(num_samples, samples=60, seed=0, **kw):
         warnings.simplefilter("ignore")
         ours = dm.build_train_valid_test_datasets(config=config, num_samples=num_samples)
         theirs = dm.megatron_core_datasets(config, num_samples)
-    _record(ours, dm.compare_splits(ours, theirs, samples, seed))
+    _record(ours, dm.compare_splits(ours, theirs, samples, seed), num_samples, kw)
     return ours
 
 
-def _record(ours, compared):
+def _record(ours, compared, num_samples, kw):
+    """One comparison's coverage; ``config`` names the config whatever the path to its
+    sources (a temporary directory here, ``data/`` on the agent), so that a config compared
+    in-process and through an agent counts once."""
+    def named(v):
+        if isinstance(v, str) and os.sep in v:
+            return Path(v).name
+        if isinstance(v, (list, tuple)):
+            return [named(x) for x in v]
+        return v
+
+    config = {k: named(v) for k, v in sorted(kw.items())}
     COVERAGE.append({
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+        "config": json.dumps([list(num_samples), config], sort_keys=True),
         "splits": [None if d is None else len(d) for d in ours],
         "compared": compared,
     })
@@ -446,7 +458,7 @@ def compare_agent(address, num_samples, samples=150, seed=0, **kw):
         warnings.simplefilter("ignore")
         theirs = dm.megatron_core_datasets(dm._gpt_dataset_config(**kw), num_samples)
     ours = dm.build_train_valid_test_datasets(agent=address, num_samples=num_samples, **named(kw))
-    _record(ours, dm.compare_splits(ours, theirs, samples, seed))
+    _record(ours, dm.compare_splits(ours, theirs, samples, seed), num_samples, kw)
     return ours, theirs
 
 
