@@ -45,6 +45,7 @@ mod serve_ranges;
 mod sessions;
 mod share;
 mod start;
+mod stream_end;
 mod stream_error;
 mod stream_level;
 

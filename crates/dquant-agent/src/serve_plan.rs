@@ -15,9 +15,10 @@ use dquant_transport::{BatchSink, DataStream, FrameWriter};
 
 use crate::faults::Site;
 use crate::metrics::Meter;
-use crate::produce::{run, Outcome, Producer, Stats};
+use crate::produce::{run, Producer, Stats};
 use crate::sessions::Work;
 use crate::share::{relay, FrameOutlet, RingOutlet};
+use crate::stream_end::ended;
 use crate::stream_error::StreamError;
 use crate::Shared;
 
@@ -98,14 +99,4 @@ pub(crate) fn stream_in_memory(
         .with_faults(shared.faults.clone(), Site::Session);
     let (outcome, stats) = run(&mut producer, sink, cancel, &shared.draining, Instant::now);
     ended(outcome, stats)
-}
-
-/// A stream's outcome as its session's result (`value` when it finished).
-pub(crate) fn ended<T>(outcome: Outcome, value: T) -> Result<T, StreamError> {
-    match outcome {
-        Outcome::Finished => Ok(value),
-        Outcome::Stopped(m) => Err(StreamError::Stopped(m)),
-        Outcome::Failed(m) => Err(StreamError::Failed(m)),
-        Outcome::Drained(m) => Err(StreamError::Drained(m)),
-    }
 }

@@ -55,7 +55,7 @@ use super::relay::{relay, RingOutlet};
 use super::{End, Next, Pos, SharedStream, StreamInfo, Subscription};
 use crate::metrics::Meter;
 use crate::produce::{Stats, TooLarge};
-use crate::serve_plan::ended;
+use crate::stream_end::ended;
 use crate::stream_error::StreamError;
 
 /// How long the producer waits for the ring's readers (or for room in the window, while a
