@@ -6,9 +6,11 @@
 //!   file or inline) is exempt: a model checker's step function reads best as one match.
 //! - No `Result<_, String>` in a library's product code: each layer has its error type (the
 //!   `dquant` binary, an edge, may use plain messages).
-//! - No circle of `use`s between the files of one crate (`crate::a` in `b.rs` and `crate::b`
-//!   in `a.rs`, or longer), except those in [`ALLOWED_CIRCLES`], each explained in its module
-//!   doc. Test modules do not count.
+//! - No circle of imports between the files of one crate (`crate::a` in `b.rs` and `crate::b`
+//!   in `a.rs`, or longer; every path form counts, see [`import_graph`]), except those in
+//!   [`ALLOWED_CIRCLES`], each explained in its module doc. Test modules do not count. One
+//!   circle is a module's own business ([`reported_circles`]): a child using the module it is
+//!   part of (`super::X`) while that module uses the child, all inside one module's files.
 //! - One tokio runtime per process: no product code but `dquant-runtime` builds one.
 //! - One integration-test binary per crate (`tests/it/main.rs` when it has several
 //!   concerns), except those in [`SEPARATE_TEST_BINARIES`], each with its reason.
@@ -297,76 +299,256 @@ fn module_path(src: &Path, f: &Path) -> Vec<String> {
     parts
 }
 
-/// The files of one crate that each file imports from (`crate::` and `super::` paths, and
-/// `use crate::{..}` groups), outside test code, by module path.
-fn import_graph(src: &Path, files: &[PathBuf]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
-    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(src, f)).collect();
-    let longest = |parts: &[String]| -> Option<Vec<String>> {
-        (1..=parts.len())
+/// A crate's import graph: each file's module path to the files it imports from.
+type Graph = BTreeMap<Vec<String>, BTreeSet<Vec<String>>>;
+
+/// The files of one crate, read as [`import_graph`] reads them: module path and product code
+/// (blanked, test code dropped).
+fn crate_modules(src: &Path, files: &[PathBuf]) -> Vec<(Vec<String>, String)> {
+    files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            (module_path(src, f), product_code(&text))
+        })
+        .collect()
+}
+
+/// `text` blanked, with its test code's lines left empty.
+fn product_code(text: &str) -> String {
+    let (blanked, test) = lex(text);
+    blanked
+        .lines()
+        .zip(&test)
+        .map(|(l, t)| {
+            if *t {
+                "\n".to_string()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}
+
+/// The files of one crate that each file imports from, by module path: every path that starts
+/// at `crate`, `self`, `super` (any number of times) or one of the file's own `mod` children,
+/// whether in a `use` (`pub use` re-exports too, `{..}` groups expanded however nested) or
+/// inline in code (`crate::x::f()`, `super::x::Y`), resolved to the longest module path that
+/// is a file of the crate.
+///
+/// Decisions: a parent's `mod child;` is not an edge by itself (every child would otherwise
+/// be in a circle with a parent it uses); a parent naming `child::X`, a re-export included, is.
+/// A path is read as written: `super::X` is an edge to the parent's file even when the parent
+/// only re-exports `X` from a sibling (import it from the sibling instead). The crate root
+/// (`lib.rs`, `main.rs`) is no one's import: it is the crate's face, which declares and
+/// re-exports every module, and its own items are the crate's shared context. Paths through a
+/// `use`d alias (`use crate::a; a::X`) need no resolving: the `use` is already the edge.
+fn import_graph(modules: &[(Vec<String>, String)]) -> Graph {
+    let known: BTreeSet<&Vec<String>> = modules.iter().map(|(m, _)| m).collect();
+    // Never the empty path: the crate root is no one's import.
+    let longest = |path: &[String]| -> Option<Vec<String>> {
+        (1..=path.len())
             .rev()
-            .map(|k| parts[..k].to_vec())
-            .find(|m| modules.contains(m))
+            .map(|k| path[..k].to_vec())
+            .find(|m| known.contains(m))
     };
-    let mut graph = BTreeMap::new();
-    for f in files {
-        let me = module_path(src, f);
-        let text = std::fs::read_to_string(f).unwrap_or_default();
-        let (blanked, test) = lex(&text);
-        let code: String = blanked
-            .lines()
-            .zip(&test)
-            .filter(|(_, t)| !**t)
-            .map(|(l, _)| format!("{l}\n"))
+    let mut graph = Graph::new();
+    for (me, code) in modules {
+        let children = mod_children(code);
+        let mut to: BTreeSet<Vec<String>> = named_paths(code)
+            .iter()
+            .filter_map(|p| absolute(p, me, &children))
+            .filter_map(|p| longest(&p))
             .collect();
-        let mut to = BTreeSet::new();
-        for path in paths_after(&code, "crate::") {
-            to.extend(longest(&path));
-        }
-        let parent = if me.is_empty() {
-            vec![]
-        } else {
-            me[..me.len() - 1].to_vec()
-        };
-        for path in paths_after(&code, "super::") {
-            to.extend(longest(&[parent.clone(), path].concat()));
-        }
-        to.remove(&me);
-        to.remove(&Vec::new());
-        graph.insert(me, to);
+        to.remove(me);
+        graph.insert(me.clone(), to);
     }
     graph
 }
 
-/// The `::`-separated paths that follow each `prefix` in `code`, a `{..}` group after it
-/// expanded into one path per item.
-fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    for (at, _) in code.match_indices(prefix) {
-        if at > 0 && code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+/// The modules `code` declares (`mod x;`, or inline `mod x { .. }`, which `absolute` then
+/// resolves into the file itself).
+fn mod_children(code: &str) -> BTreeSet<String> {
+    let b = code.as_bytes();
+    let mut out = BTreeSet::new();
+    for (at, _) in code.match_indices("mod ") {
+        if at > 0 && is_ident(b[at - 1]) {
             continue;
         }
-        let rest = &code[at + prefix.len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let body = &group[..group.find('}').unwrap_or(group.len())];
-            for item in body.split(',') {
-                out.push(segments(item.trim()));
+        let mut p = PathReader { s: b, i: at + 4 };
+        p.skip_ws();
+        if let Some(name) = p.ident() {
+            p.skip_ws();
+            if matches!(p.peek(), Some(b';' | b'{')) {
+                out.insert(name);
             }
-        } else {
-            out.push(segments(rest));
         }
     }
     out
 }
 
-fn segments(s: &str) -> Vec<String> {
-    let end = s
-        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-        .unwrap_or(s.len());
-    s[..end]
-        .split("::")
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-        .collect()
+/// `path` made absolute (from the crate root) as module `me` with `children` reads it, or
+/// `None` when it names something outside the crate (another crate, `std`, a local item).
+fn absolute(path: &[String], me: &[String], children: &BTreeSet<String>) -> Option<Vec<String>> {
+    let (first, rest) = path.split_first()?;
+    match first.as_str() {
+        "crate" => Some(rest.to_vec()),
+        "self" => Some([me, rest].concat()),
+        "super" => {
+            let mut base = me.to_vec();
+            base.pop()?;
+            let supers = rest.iter().take_while(|s| *s == "super").count();
+            for _ in 0..supers {
+                base.pop()?;
+            }
+            Some([&base[..], &rest[supers..]].concat())
+        }
+        c if children.contains(c) => Some([me, path].concat()),
+        _ => None,
+    }
+}
+
+/// Every `::` path in `code` from where it starts (a `use` tree's `{..}` groups expanded into
+/// one path per leaf, `self` in a group meaning the group's prefix), as written.
+fn named_paths(code: &str) -> Vec<Vec<String>> {
+    let mut p = PathReader {
+        s: code.as_bytes(),
+        i: 0,
+    };
+    let mut out = Vec::new();
+    while p.i < p.s.len() {
+        let starts = is_ident(p.s[p.i])
+            && (p.i == 0 || !(is_ident(p.s[p.i - 1]) || matches!(p.s[p.i - 1], b':' | b'\'')));
+        if !starts {
+            p.i += 1;
+            continue;
+        }
+        let at = p.i;
+        let first = p.ident().unwrap_or_default();
+        if first == "use" {
+            p.skip_ws();
+            if p.peek() == Some(b'{') {
+                p.tree(&[], &mut out);
+            }
+        } else if p.s[p.i..].starts_with(b"::") {
+            p.i = at;
+            p.tree(&[], &mut out);
+        }
+    }
+    out
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// A cursor over blanked code that reads paths and `use` trees.
+struct PathReader<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl PathReader<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while self.peek().is_some_and(|b| b.is_ascii_whitespace()) {
+            self.i += 1;
+        }
+    }
+
+    fn ident(&mut self) -> Option<String> {
+        let start = self.i;
+        while self.peek().is_some_and(is_ident) {
+            self.i += 1;
+        }
+        (self.i > start).then(|| String::from_utf8_lossy(&self.s[start..self.i]).into_owned())
+    }
+
+    /// One tree after `prefix`: `a::b::c`, `a::{tree, ..}`, `a::*`, `a as b`; each leaf's
+    /// whole path pushed to `out`.
+    fn tree(&mut self, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        self.skip_ws();
+        match self.peek() {
+            Some(b'{') => return self.group(prefix, out),
+            Some(b'*') => {
+                self.i += 1;
+                return out.push(prefix.to_vec());
+            }
+            _ => {}
+        }
+        let Some(id) = self.ident() else {
+            return out.push(prefix.to_vec());
+        };
+        let mut path = prefix.to_vec();
+        if id != "self" || prefix.is_empty() {
+            path.push(id);
+        }
+        if self.s[self.i..].starts_with(b"::") {
+            self.i += 2;
+            self.tree(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+
+    /// `{tree, tree as x, ..}` after `prefix`, the cursor on its `{`.
+    fn group(&mut self, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        self.i += 1;
+        loop {
+            self.skip_ws();
+            if matches!(self.peek(), None | Some(b'}')) {
+                self.i += 1;
+                return;
+            }
+            let before = self.i;
+            self.tree(prefix, out);
+            self.skip_ws();
+            if self.s[self.i..].starts_with(b"as ") {
+                self.i += 3;
+                self.skip_ws();
+                self.ident();
+                self.skip_ws();
+            }
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                _ if self.i == before => self.i += 1,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The circles of `graph` that break the rule. A circle that leaves one module's files (a
+/// file and its descendants) counts whole. Inside one module's files, a child's use of its
+/// ancestors (`super::X`: the module it is part of, whose private items Rust lets it see) is
+/// its context, not an import: the parent keeps the types its children share and re-exports
+/// what they make. Without those edges, a circle left there (siblings using each other) counts.
+fn reported_circles(graph: &Graph) -> Vec<Vec<Vec<String>>> {
+    let mut out = Vec::new();
+    for c in circles(graph) {
+        let in_one_module = c.iter().any(|top| c.iter().all(|m| m.starts_with(top)));
+        if !in_one_module {
+            out.push(c);
+            continue;
+        }
+        let members: BTreeSet<&Vec<String>> = c.iter().collect();
+        let inner: Graph = c
+            .iter()
+            .map(|m| {
+                let to = graph[m]
+                    .iter()
+                    .filter(|t| members.contains(t) && !m.starts_with(t))
+                    .cloned()
+                    .collect();
+                (m.clone(), to)
+            })
+            .collect();
+        out.extend(circles(&inner));
+    }
+    out
 }
 
 /// The strongly connected components of more than one node (Tarjan's algorithm).
@@ -611,39 +793,55 @@ fn one_integration_test_binary_per_crate() {
     );
 }
 
+/// A reported circle: its files' module paths (`a::b`), and the edges between them (`a -> b`).
+type NamedCircle = (Vec<String>, Vec<String>);
+
+/// Each reported circle of `graph`, named for the message that asks to break it.
+fn named_circles(graph: &Graph) -> Vec<NamedCircle> {
+    let name = |m: &Vec<String>| m.join("::");
+    reported_circles(graph)
+        .into_iter()
+        .map(|c| {
+            let edges = c
+                .iter()
+                .flat_map(|m| {
+                    graph[m]
+                        .iter()
+                        .filter(|t| c.contains(t))
+                        .map(move |t| format!("{} -> {}", name(m), name(t)))
+                })
+                .collect();
+            (c.iter().map(name).collect(), edges)
+        })
+        .collect()
+}
+
 #[test]
 fn no_import_circles_between_a_crates_files() {
-    let mut found: HashMap<String, Vec<Vec<String>>> = HashMap::new();
+    let mut found: HashMap<String, Vec<NamedCircle>> = HashMap::new();
     for (dir, _) in source_dirs() {
         let mut files = Vec::new();
         rust_files(&dir, &mut files);
         let tests = test_files(&files);
         files.retain(|f| !tests.contains(f));
-        let graph = import_graph(&dir, &files);
-        let names = circles(&graph)
-            .into_iter()
-            .map(|c| c.into_iter().map(|m| m.join("::")).collect())
-            .collect();
-        found.insert(rel(&dir), names);
+        let graph = import_graph(&crate_modules(&dir, &files));
+        found.insert(rel(&dir), named_circles(&graph));
     }
+    let is = |m: &[&str], c: &[String]| m.iter().copied().eq(c.iter().map(String::as_str));
     let mut unexpected = Vec::new();
     for (dir, cs) in &found {
-        for c in cs {
-            let allowed = ALLOWED_CIRCLES
-                .iter()
-                .any(|(d, m)| d == dir && m.iter().copied().eq(c.iter().map(String::as_str)));
-            if !allowed {
-                unexpected.push(format!("{dir}: {}", c.join(" <-> ")));
+        for (c, edges) in cs {
+            if !ALLOWED_CIRCLES.iter().any(|(d, m)| d == dir && is(m, c)) {
+                unexpected.push(format!("{dir}: {} ({})", c.join(" <-> "), edges.join(", ")));
             }
         }
     }
     let gone: Vec<_> = ALLOWED_CIRCLES
         .iter()
         .filter(|(d, m)| {
-            !found.get(*d).is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| m.iter().copied().eq(c.iter().map(String::as_str)))
-            })
+            !found
+                .get(*d)
+                .is_some_and(|cs| cs.iter().any(|(c, _)| is(m, c)))
         })
         .collect();
     assert!(
@@ -704,14 +902,113 @@ fn the_checker_measures_functions_and_finds_circles() {
         circles(&graph(&[("a", "b"), ("b", "c")])),
         Vec::<Vec<String>>::new()
     );
-    assert_eq!(
-        paths_after(
-            &blank_literals("use crate::{a::X, b};\nlet y = super::c::f(); // crate::d\n"),
-            "crate::"
+    the_checker_resolves_every_import_form();
+}
+
+/// The edges [`import_graph`] finds from module `me` (its text `code`) in a crate whose other
+/// files are `others`, by module path (`a::b`).
+fn edges_from(me: &str, code: &str, others: &[&str]) -> Vec<String> {
+    let path = |m: &str| -> Vec<String> { m.split("::").map(str::to_string).collect() };
+    let mut modules: Vec<_> = others.iter().map(|m| (path(m), String::new())).collect();
+    modules.push((path(me), product_code(code)));
+    let graph = import_graph(&modules);
+    graph[&path(me)].iter().map(|m| m.join("::")).collect()
+}
+
+fn the_checker_resolves_every_import_form() {
+    let crate_ = ["a", "a::kid", "a::b", "a::b::c", "d", "q", "q::r"];
+    let cases: &[(&str, &str, &[&str])] = &[
+        // `self::`, and a `mod` child used through `self` or by its name.
+        ("a", "mod kid;\nuse self::kid::K;\n", &["a::kid"]),
+        ("a", "mod kid;\nuse kid::K;\n", &["a::kid"]),
+        // Declaring a child is not an import; nor is a name that is no child of this file.
+        ("a", "pub mod kid;\nuse b::B;\nfn f() { q::r(); }\n", &[]),
+        // `super::`, twice, from a nested file; `super` alone (a glob).
+        ("a::b::c", "use super::super::kid::K;\n", &["a::kid"]),
+        ("a::b::c", "use super::*;\n", &["a::b"]),
+        ("a::b", "use super::super::d::D;\n", &["d"]),
+        // Nested groups, `self` in a group, `as` renames, several lines.
+        (
+            "d",
+            "use crate::{\n    a::{self, b::{c::C as X, B}},\n    q::r::R,\n};\n",
+            &["a", "a::b", "a::b::c", "q::r"],
         ),
-        vec![
-            vec!["a".to_string(), "X".to_string()],
-            vec!["b".to_string()]
-        ]
+        // A group right after `use`.
+        ("a::b", "use {crate::q, super::kid};\n", &["a::kid", "q"]),
+        // Paths inline in code, with no `use`: calls, types, turbofish, `$crate` in a macro.
+        (
+            "d",
+            "fn f(x: crate::q::r::R) { super::a::kid::g::<u8>(); }\nmacro_rules! m { () => { $crate::a::b::h() }; }\n",
+            &["a::b", "a::kid", "q::r"],
+        ),
+        // Re-exports, `pub(crate)` and a child's group with `self`.
+        ("a", "mod kid;\npub(crate) use kid::{self as k, K};\n", &["a::kid"]),
+        ("d", "pub use crate::q::r::R;\n", &["q::r"]),
+        // Not imports: comments, strings, test code, other crates' paths that end alike,
+        // `pub(crate)`, and the crate root.
+        (
+            "d",
+            "// crate::a\nconst S: &str = \"crate::q\";\nuse dquant_x::q::r;\npub(crate) fn f() { other::a::kid(); crate::main(); }\n#[cfg(test)]\nmod tests {\n    use crate::a::b;\n}\n",
+            &[],
+        ),
+    ];
+    for (me, code, want) in cases {
+        let others: Vec<&str> = crate_.iter().copied().filter(|m| m != me).collect();
+        assert_eq!(edges_from(me, code, &others), *want, "{me}: {code}");
+    }
+
+    // The agent's circle as it stood: the parent's re-export of its child is its edge.
+    let agent = [
+        (
+            "serve_plan",
+            "use crate::sessions::Work;\nuse crate::share::{relay, FrameOutlet};\npub(crate) fn ended() {}\n",
+        ),
+        ("sessions", "pub enum Work { Subscriber { sub: crate::share::Subscription } }\n"),
+        ("share", "mod broadcast;\nmod produce;\npub(crate) use broadcast::serve_subscriber;\n"),
+        ("share::broadcast", "use super::{End, SharedStream};\nuse crate::serve_plan::ended;\n"),
+        ("share::produce", "use super::broadcast::{close, Writer};\n"),
+        ("metrics", "pub struct Meter;\n"),
+    ];
+    let modules: Vec<_> = agent
+        .iter()
+        .map(|(m, c)| (m.split("::").map(str::to_string).collect(), product_code(c)))
+        .collect();
+    let found: Vec<Vec<String>> = reported_circles(&import_graph(&modules))
+        .into_iter()
+        .map(|c| c.into_iter().map(|m| m.join("::")).collect())
+        .collect();
+    assert_eq!(
+        found,
+        vec![vec!["serve_plan", "sessions", "share", "share::broadcast"]]
+    );
+
+    // Inside one module's files a child may use its ancestors; siblings may not use each
+    // other, and a circle that leaves the module counts whole.
+    let reported = |edges: &[(&str, &str)]| -> Vec<Vec<String>> {
+        let path = |m: &str| -> Vec<String> { m.split("::").map(str::to_string).collect() };
+        let mut g = Graph::new();
+        for (a, b) in edges {
+            g.entry(path(a)).or_default().insert(path(b));
+            g.entry(path(b)).or_default();
+        }
+        let names = reported_circles(&g).into_iter();
+        names
+            .map(|c| c.iter().map(|m| m.join("::")).collect())
+            .collect()
+    };
+    let family = [
+        ("r", "r::a"),
+        ("r::a", "r"),
+        ("r::a::x", "r"),
+        ("r", "r::a::x"),
+    ];
+    assert_eq!(reported(&family), Vec::<Vec<String>>::new());
+    assert_eq!(
+        reported(&[family.as_slice(), &[("r::a", "r::b"), ("r::b", "r::a")]].concat()),
+        vec![vec!["r::a", "r::b"]]
+    );
+    assert_eq!(
+        reported(&[("r::a", "r"), ("r", "o"), ("o", "r::a")]),
+        vec![vec!["o", "r", "r::a"]]
     );
 }
