@@ -263,3 +263,101 @@ fn ended(out: &mut dyn Outlet, end: End) -> Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::OnceLock;
+
+    use dquant_transport::frame::HEADER_LEN;
+    use dquant_transport::{BufferPool, DataStream, FrameReader};
+
+    use super::*;
+
+    /// A slot holding `wire` (the outlet sends it as it is: any bytes do).
+    fn slot(wire: Vec<u8>) -> Arc<Slot> {
+        Arc::new(Slot {
+            wire,
+            tokens: 7,
+            crcs: OnceLock::new(),
+            plain: OnceLock::new(),
+            spares: Arc::default(),
+            ring_only: false,
+        })
+    }
+
+    /// A TCP subscriber's outlet, and the socket its frames arrive on.
+    fn subscriber(listener: &TcpListener) -> (FrameOutlet, TcpStream) {
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (theirs, _) = listener.accept().unwrap();
+        let out = FrameOutlet::new(FrameWriter::new(DataStream::plain(theirs)));
+        (out, ours)
+    }
+
+    /// Reads `sock`, counting the bytes in `n`.
+    struct Counted<'a>(&'a TcpStream, &'a Cell<u64>);
+
+    impl Read for Counted<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.read(buf)?;
+            self.1.set(self.1.get() + n as u64);
+            Ok(n)
+        }
+    }
+
+    /// Every data frame's payload on `sock` up to its end frame, and every byte the socket
+    /// carried until it closed.
+    fn frames(sock: TcpStream) -> (Vec<Vec<u8>>, u64) {
+        let n = Cell::new(0);
+        let mut r = FrameReader::new(Counted(&sock, &n));
+        let pool = BufferPool::new(1, MAX_PAYLOAD);
+        let mut buf = pool.get();
+        let mut got = Vec::new();
+        while r.next_into(&mut buf).unwrap() {
+            got.push(buf.to_vec());
+        }
+        let mut rest = Vec::new();
+        Counted(&sock, &n).read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{} bytes after the end frame", rest.len());
+        (got, n.get())
+    }
+
+    /// What sharing promises a TCP subscriber: the window's wire records themselves, each
+    /// chunk one frame, and nothing more on its socket (no record made again for it in
+    /// another form, none sent twice), whatever the number of subscribers.
+    #[test]
+    fn each_tcp_subscriber_gets_the_records_wire_bytes_once() {
+        let pattern =
+            |n: usize, k: u8| -> Vec<u8> { (0..n).map(|i| (i as u8).wrapping_mul(k)).collect() };
+        let run = vec![
+            slot(pattern(128 << 10, 3)),
+            slot(pattern(MAX_PAYLOAD + 5, 5)),
+            slot(pattern(100, 7)),
+        ];
+        let want: Vec<Vec<u8>> = run
+            .iter()
+            .flat_map(|s| s.wire.chunks(MAX_PAYLOAD).map(<[u8]>::to_vec))
+            .collect();
+        assert_eq!(want.len(), 4);
+        // Each chunk's frame, and the end frame (no payload).
+        let wire = want.iter().map(|c| HEADER_LEN + c.len()).sum::<usize>() + HEADER_LEN;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let subs: Vec<_> = (0..8).map(|_| subscriber(&listener)).collect();
+        std::thread::scope(|s| {
+            let mut readers = Vec::new();
+            for (mut out, sock) in subs {
+                readers.push(s.spawn(move || frames(sock)));
+                let delivered = out.deliver(&run, OutputDType::U16).unwrap();
+                assert_eq!(delivered, (21, (128 << 10) + MAX_PAYLOAD + 105));
+                out.finish().unwrap();
+            }
+            for r in readers {
+                let (got, bytes) = r.join().unwrap();
+                assert_eq!(got, want);
+                assert_eq!(bytes, wire as u64);
+            }
+        });
+    }
+}
