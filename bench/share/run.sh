@@ -35,11 +35,14 @@ machine_info "$OUT/machine.txt"
 DS="$(zipf256m "$DATA" "$DQ")"
 
 # The plan's wire codec: u16 (narrowing only: delivery costs more than making a batch) and
-# auto+zstd:3 on TCP (compression: making a batch costs more than delivering it).
+# auto+zstd:3 on TCP (compression: making a batch costs more than delivering it). The u16
+# TCP run also times bare loopback sends of the lone reader's bytes (--bare-sends): each TCP
+# subscriber costs one, the floor its agent CPU is compared with.
 for t in tcp shm tcp-zstd; do
   args=("$DS" --readers "$READERS" --runs "$RUNS")
   case "$t" in
     tcp-zstd) args+=(--transport tcp --wire-codec auto+zstd:3 --samples $(( SAMPLES / 4 ))) ;;
+    tcp) args+=(--transport tcp --samples "$SAMPLES" --bare-sends) ;;
     *) args+=(--transport "$t" --samples "$SAMPLES") ;;
   esac
   echo "== $t: ${args[*]}"

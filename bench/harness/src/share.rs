@@ -8,7 +8,15 @@
 //! left out (`null`). The issue's targets: the shared stream's agent CPU and bytes
 //! read at most 1.2× the lone reader's, each subscriber at least 0.8× the lone reader's
 //! throughput.
+//!
+//! Over TCP each subscriber needs one socket send of the stream, and on loopback that send
+//! (the kernel's copy and TCP path) can cost more than making the batch did: the shared
+//! stream's CPU then cannot come near the lone reader's. `--bare-sends` measures what such
+//! sends cost alone, with nothing made, so the stream's CPU is also set against its floor:
+//! the lone reader's plus N - 1 more sends.
 
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -17,7 +25,7 @@ use dquant_client::{AgentUri, Credentials, Reader, Share};
 use dquant_plan::{Cursor, Plan};
 use serde_json::json;
 
-use crate::procs::{self, AgentProc};
+use crate::procs::{self, AgentProc, SendMode};
 use crate::report::{f, median, Table};
 use crate::PlanOpts;
 
@@ -49,6 +57,12 @@ pub struct Args {
     /// Rounds of the three scenarios.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Also measure, each round, what the kernel's TCP sends of the lone reader's bytes cost
+    /// alone: one sender, and one per reader ([`bare_sends`]). For a wire codec that sends
+    /// the tokens as they are delivered (u16 to u16): then each subscriber's share of the
+    /// agent's CPU is compared with one such send.
+    #[arg(long)]
+    pub bare_sends: bool,
     #[command(flatten)]
     pub out: crate::report::JsonOpts,
 }
@@ -191,6 +205,57 @@ fn measure(
     Ok(m)
 }
 
+/// CPU seconds that `n` senders writing `bytes` each over loopback TCP take, each a process
+/// of its own (this binary's `send --mode raw`: 1 MiB writes, no framing, no checksum) read
+/// by a thread here: the kernel's part of delivering a stream to `n` TCP readers, with
+/// nothing made. A TCP subscriber of a shared stream costs the agent one such send.
+fn bare_sends(n: usize, bytes: u64) -> Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let children = (0..n)
+        .map(|_| procs::spawn_sender(addr, bytes, 1 << 20, SendMode::Raw))
+        .collect::<Result<Vec<_>>>()?;
+    let socks = (0..n)
+        .map(|_| listener.accept().map(|(s, _)| s))
+        .collect::<std::io::Result<Vec<TcpStream>>>()?;
+    let got = std::thread::scope(|s| {
+        let readers: Vec<_> = socks
+            .into_iter()
+            .map(|sock| s.spawn(move || read_all(sock)))
+            .collect();
+        readers
+            .into_iter()
+            .map(|h| h.join().expect("bare reader thread"))
+            .collect::<Result<Vec<u64>>>()
+    })?;
+    let mut cpu = 0.0;
+    for c in children {
+        let (ok, t) = procs::wait_with_cpu(c)?;
+        if !ok {
+            bail!("a bare sender failed");
+        }
+        cpu += t.as_secs_f64();
+    }
+    if let Some(short) = got.iter().find(|&&g| g != bytes) {
+        bail!("a bare reader got {short} bytes of {bytes}");
+    }
+    Ok(cpu)
+}
+
+/// Reads `sock` to its end into one 1 MiB buffer; returns the bytes read.
+fn read_all(mut sock: TcpStream) -> Result<u64> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        match sock.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => n += k as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 pub fn run(a: &Args) -> Result<()> {
     let ds = a.plan.dataset()?;
     if a.readers < 2 || a.runs == 0 {
@@ -211,11 +276,20 @@ pub fn run(a: &Args) -> Result<()> {
     let plan = a.plan.plan(&ds.remote(), true);
     let n = a.readers;
     let mut rows: Vec<(How, Measured)> = Vec::new();
+    let mut bare: Vec<(f64, f64)> = Vec::new();
     for run in 0..a.runs {
         for how in [How::Lone, How::Sessions, How::Shared] {
             let k = if how == How::Lone { 1 } else { n };
             let m = measure(&agent, &uri, &plan, how, k, run)?;
             rows.push((how, m));
+        }
+        if a.bare_sends {
+            let bytes = rows[rows.len() - 3].1.delivered;
+            // A sender process's own start and end, left out of each send.
+            let start = bare_sends(1, 0)?;
+            let one = bare_sends(1, bytes)? - start;
+            let all = bare_sends(n, bytes)? - start * n as f64;
+            bare.push((one, all));
         }
     }
     let sum = rows[0].1.sums[0];
@@ -225,7 +299,7 @@ pub fn run(a: &Args) -> Result<()> {
             m.sums
         );
     }
-    report(a, &rows)
+    report(a, &rows, &bare)
 }
 
 /// Each scenario's round: when it ran (CLOCK_MONOTONIC seconds, the agent's 200 ms to finish
@@ -240,7 +314,20 @@ fn windows(rows: &[(How, Measured)]) -> serde_json::Value {
         .collect()
 }
 
-fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
+/// The bare sends' medians (one sender, `n` senders), and the shared stream's agent CPU
+/// against its floor: the lone reader's plus what `n - 1` more sends of its bytes cost.
+fn floor(bare: &[(f64, f64)], lone: f64, shared: f64) -> serde_json::Value {
+    if bare.is_empty() {
+        return serde_json::Value::Null;
+    }
+    let one = median(&bare.iter().map(|b| b.0).collect::<Vec<_>>());
+    let all = median(&bare.iter().map(|b| b.1).collect::<Vec<_>>());
+    let floor = lone + (all - one);
+    json!({"one_cpu_s": one, "readers_cpu_s": all, "shared_floor_cpu_s": floor,
+        "shared_cpu_vs_floor": shared / floor})
+}
+
+fn report(a: &Args, rows: &[(How, Measured)], bare: &[(f64, f64)]) -> Result<()> {
     let pick = |how: How, f: &dyn Fn(&Measured) -> f64| -> f64 {
         median(
             &rows
@@ -294,6 +381,7 @@ fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
             "bytes_per_s": rate(How::Shared), "slowest_bytes_per_s": slowest(How::Shared),
             "shared_ring_readers": pick(How::Shared, &|m| m.ring_readers as f64)},
         "windows": windows(rows),
+        "bare_sends": floor(bare, c1, cpu(How::Shared)),
         "targets": {
             "shared_cpu_vs_lone": cpu(How::Shared) / c1,
             "shared_read_vs_lone": read(How::Shared) / r1,
@@ -312,6 +400,16 @@ fn report(a: &Args, rows: &[(How, Measured)]) -> Result<()> {
         procs::loadavg()
     );
     t.print();
+    if let Some(f) = v["bare_sends"].as_object() {
+        println!(
+            "bare loopback sends of the lone reader's bytes: 1 sender {:.2} CPU-s, {n} senders \
+             {:.2}; {n} subscribers' agent CPU {:.2}x the lone reader's plus {} more sends",
+            f["one_cpu_s"].as_f64().unwrap_or(f64::NAN),
+            f["readers_cpu_s"].as_f64().unwrap_or(f64::NAN),
+            f["shared_cpu_vs_floor"].as_f64().unwrap_or(f64::NAN),
+            n - 1
+        );
+    }
     if a.transport == "shm" {
         let k = pick(How::Shared, &|m| m.ring_readers as f64);
         println!("{k:.0} of the {n} subscribers read the stream's shared ring");
