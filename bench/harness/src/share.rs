@@ -63,6 +63,11 @@ pub struct Args {
     /// agent's CPU is compared with one such send.
     #[arg(long)]
     pub bare_sends: bool,
+    /// An argument for the agent process (this binary's `agent`), after the bench's own
+    /// (repeatable): e.g. `--agent-arg=--map-budget --agent-arg=0` has it read every token by
+    /// pread, as agents did before they kept maps.
+    #[arg(long, allow_hyphen_values = true)]
+    pub agent_arg: Vec<String>,
     #[command(flatten)]
     pub out: crate::report::JsonOpts,
 }
@@ -262,10 +267,11 @@ pub fn run(a: &Args) -> Result<()> {
         bail!("--readers must be at least 2 and --runs at least 1");
     }
     procs::warm_file(&ds.bin())?;
-    let flags: Vec<String> = match a.window {
+    let mut flags: Vec<String> = match a.window {
         Some(w) => vec!["--share-window-batches".into(), w.to_string()],
         None => Vec::new(),
     };
+    flags.extend(a.agent_arg.iter().cloned());
     let shm = a.transport == "shm";
     let agent = AgentProc::spawn_flags(&ds.dir, dquant_agent::DEFAULT_PREFETCH, shm, &flags)?;
     let target = match (&a.transport[..], &agent.socket) {
