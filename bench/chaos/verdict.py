@@ -8,10 +8,12 @@ reached a reader through such a message passed. Here the cause comes from the fa
 (the agent it reads from, and the agents behind that one), by time alone:
 
 - the reader's own process was killed by the soak, within its run: "reader fault";
-- the agent the reader talks to was killed or drained, the error came after the fault began
-  and no later than `LATE` s after that agent served again, and the reader's run began no
-  later than `SETTLE` s after it came back: "host-agent fault" (one more run failing within
-  the settle time counts as a second resume for the same fault, which the verdict refuses);
+- the agent the reader talks to was killed or drained, and either the reader's run met the
+  fault (began before it, failed after it began and no later than `LATE` s after that agent
+  served again: its connection was to the process that died or drained), or the run began
+  after the fault and failed within `SETTLE` s of the agent coming back (at the restart; a
+  second resume for the same fault, which the verdict refuses): "host-agent fault". A run
+  that began on the restarted agent and failed later is not that fault's;
 - else an agent behind the endpoint (a replica) was down, drained or cut off around the
   error: "replica fault", which must never reach a reader;
 - else "unexplained".
@@ -91,7 +93,7 @@ def classify(err: ReaderError, faults: List[Fault],
            and err.started <= f.at <= err.at + SLACK]
     if own:
         return READER_FAULT, own[-1]
-    i = _latest(faults, err, [err.endpoint], late=LATE, settle=SETTLE)
+    i = _endpoint_fault(faults, err)
     if i is not None:
         return HOST_FAULT, i
     i = _latest(faults, err, upstream.get(err.endpoint, []), late=LATE)
@@ -100,13 +102,26 @@ def classify(err: ReaderError, faults: List[Fault],
     return UNEXPLAINED, None
 
 
-def _latest(faults: List[Fault], err: ReaderError, targets: List[str], late: float,
-            settle: float = math.inf) -> Optional[int]:
+def _latest(faults: List[Fault], err: ReaderError, targets: List[str],
+            late: float) -> Optional[int]:
     """The last fault on one of `targets` that began before the error and whose target came
-    back no earlier than `late` s before it, on a run begun by `settle` s after it came back."""
+    back no earlier than `late` s before it."""
     hits = [i for i, f in enumerate(faults) if f.target in targets and f.kind != "reader_kill"
-            and f.at <= err.at + SLACK and err.at <= f.until() + late
-            and err.started <= f.until() + settle]
+            and f.at <= err.at + SLACK and err.at <= f.until() + late]
+    return hits[-1] if hits else None
+
+
+def _endpoint_fault(faults: List[Fault], err: ReaderError) -> Optional[int]:
+    """The last fault of the reader's endpoint that its run met (began before it, failed
+    after it began and by `LATE` s after the endpoint was back), or that it began after and
+    failed within `SETTLE` s of the endpoint coming back."""
+    def laid(f: Fault) -> bool:
+        if f.target != err.endpoint or f.kind == "reader_kill" or f.at > err.at + SLACK:
+            return False
+        if err.started <= f.at + SLACK:
+            return err.at <= f.until() + LATE
+        return err.at <= f.until() + SETTLE
+    hits = [i for i, f in enumerate(faults) if laid(f)]
     return hits[-1] if hits else None
 
 

@@ -51,6 +51,16 @@ def test_a_replica_fault_worded_like_a_host_failure_is_not_excused():
     assert cause(err(7.0, line="error: timed out"), faults) == (REPLICA_FAULT, 0)
 
 
+def test_a_run_begun_on_the_restarted_host_agent_is_not_excused_by_its_fault():
+    # The host agent was back at 10.5 s; the reader began at 10.6 s, on the new process. Its
+    # error 3 s later, while a replica was down, is the replica's.
+    faults = [fault("host_kill", "host", 10.0, 10.5), fault("replica_kill", "replica1", 12.0, 13.0)]
+    assert cause(err(13.5, started=10.6), faults) == (REPLICA_FAULT, 1)
+    # Within the settle time it is the host fault's (a second resume for it, if the run before
+    # failed for it too).
+    assert cause(err(11.4, started=10.6), faults) == (HOST_FAULT, 0)
+
+
 def test_a_message_naming_the_replicas_accuses_them_even_in_a_host_fault():
     faults = [fault("host_kill", "host", 10.0, 10.5)]
     assert cause(err(10.1, line="error: every replica of corpus/web failed"), faults) == \
