@@ -31,8 +31,8 @@ A generated block, in README.md or docs/*.md, quotes figures of one area:
     <!-- generated:AREA figure="NAME" [digits=N] [unit=TEXT] -->…<!-- end generated -->
 
 NAME is a figure's name; `*` in it matches any text up to a comma (one part of a name such as
-"TCP, 8 subscribers"), and several figures render as their range, "min–max". digits=N gives N decimals (default: three significant digits, as in
-RESULTS.md); unit=TEXT replaces the figures' unit ("" for none). "×" and "%" follow the value
+"TCP, 8 subscribers"), and several figures render as their range, "min–max". digits=N gives
+N decimals (default: three significant digits, as in RESULTS.md); unit=TEXT replaces the figures' unit ("" for none). "×" and "%" follow the value
 directly, other units after a space ("60 configs", "4.1 ms"). A stale area's figure renders
 with "(stale)" after it. Written in backticks, `<!-- generated:…` is an example, not a block.
 
@@ -220,32 +220,40 @@ def derived_depends_on(area: str, packages: dict[str, dict]) -> list[str]:
     return sorted(set(paths + extra))
 
 
+def stale_depends_on(results: list[dict]) -> list[tuple[dict, list[str]]]:
+    """Each result whose stored depends_on is not the one derived now, with the derived one."""
+    packages = cargo_packages()
+    wants = ((r, derived_depends_on(r["area"], packages)) for r in results)
+    return [(r, want) for r, want in wants if r["depends_on"] != want]
+
+
 def check_depends_on(results: list[dict]) -> list[str]:
     """Each result whose stored depends_on is not the one derived now, with the difference."""
-    packages = cargo_packages()
     out = []
-    for r in results:
-        want = derived_depends_on(r["area"], packages)
-        if r["depends_on"] != want:
-            missing = sorted(set(want) - set(r["depends_on"]))
-            extra = sorted(set(r["depends_on"]) - set(want))
-            out.append(f"bench/results/{r['area']}.json: depends_on is not the derived one "
-                       f"(missing {missing}, not reached {extra}): run `bench/results.py derive`")
+    for r, want in stale_depends_on(results):
+        missing = sorted(set(want) - set(r["depends_on"]))
+        extra = sorted(set(r["depends_on"]) - set(want))
+        out.append(f"bench/results/{r['area']}.json: depends_on is not the derived one "
+                   f"(missing {missing}, not reached {extra}): run `bench/results.py derive`")
     return out
 
 
 def derive(results: list[dict]) -> list[str]:
     """Writes each result's depends_on as derived now; the areas whose list changed."""
-    packages = cargo_packages()
     changed = []
-    for r in results:
-        want = derived_depends_on(r["area"], packages)
-        if r["depends_on"] != want:
-            r["depends_on"] = want
-            path = RESULTS / f"{r['area']}.json"
-            path.write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n")
-            changed.append(r["area"])
+    for r, want in stale_depends_on(results):
+        r["depends_on"] = want
+        write_result(r)
+        changed.append(r["area"])
     return changed
+
+
+def write_result(r: dict) -> Path:
+    """`r` as bench/results/AREA.json, in the one layout every writer uses."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{r['area']}.json"
+    path.write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n")
+    return path
 
 
 # ---------------------------------------------------------------- reading and checking
@@ -590,9 +598,7 @@ def record(a: argparse.Namespace) -> None:
         HISTORY.mkdir(exist_ok=True)
         with open(HISTORY / f"{a.area}.jsonl", "a") as h:
             h.write(json.dumps(old, ensure_ascii=False) + "\n")
-    RESULTS.mkdir(exist_ok=True)
-    path.write_text(json.dumps(new, indent=2, ensure_ascii=False) + "\n")
-    load(path)
+    load(write_result(new))
     write_everything(load_all())
     print(f"bench/results.py: {path.relative_to(REPO)} recorded; bench/RESULTS.md and the "
           "generated blocks rendered")
