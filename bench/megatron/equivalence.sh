@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Megatron equivalence coverage (issue 70): runs python/tests/test_megatron_order.py, which
 # compares dquant.megatron with Megatron-Core's own builder config by config, and records how
-# many configs and samples it compared (bench/megatron/coverage.py) as the
+# many configs and samples it compared (bench/megatron/compared.py) as the
 # `megatron_equivalence` area, which the README quotes through generated blocks.
 #
 # Usage:
@@ -17,7 +17,7 @@ coverage=$(mktemp --suffix .jsonl)
 figures=$(mktemp --suffix .json)
 trap 'rm -f "$coverage" "$figures"' EXIT
 DQUANT_MEGATRON_COVERAGE="$coverage" python/test.sh tests/test_megatron_order.py
-python3 bench/megatron/coverage.py "$coverage" --figures "$figures"
+python3 bench/megatron/compared.py "$coverage" --figures "$figures"
 cat "$figures"
 if [ "$RECORD" = 1 ]; then
   python3 bench/results.py record megatron_equivalence --figures "$figures" \

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -25,7 +26,13 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from dquant import megatron as dm
+
+# What a comparison's coverage record says (covered, whole) is read in one place, by the
+# script that records the counts.
+sys.path.insert(0, str(REPO / "bench" / "megatron"))
+from compared import covered, whole  # noqa: E402
 
 EOD = 50256
 
@@ -114,16 +121,6 @@ def _record(ours, compared, num_samples, kw):
         "splits": [None if d is None else len(d) for d in ours],
         "compared": compared,
     })
-
-
-def covered(rec, at_least=100):
-    """Whether every non-empty split of a recorded config compared ``at_least`` indices."""
-    return all(c >= at_least for n, c in zip(rec["splits"], rec["compared"]) if n)
-
-
-def whole(rec):
-    """Whether a recorded config compared every index of every split."""
-    return all(c == n for n, c in zip(rec["splits"], rec["compared"]) if n is not None)
 
 
 def test_one_source_one_epoch_every_index(corpora):

@@ -5,7 +5,7 @@ writes to $DQUANT_MEGATRON_COVERAGE (one JSON object per config: its splits' len
 many indices of each it compared). The README quotes these through generated blocks, so the
 claim "compared over N configs" is the count the tests made, never a typed number.
 
-    coverage.py COVERAGE.jsonl --figures OUT.json
+    compared.py COVERAGE.jsonl --figures OUT.json
 """
 
 from __future__ import annotations
@@ -17,21 +17,29 @@ from pathlib import Path
 AT_LEAST = 100
 
 
+def nonempty(rec: dict) -> list[tuple[int, int]]:
+    """A record's (samples, compared) for each split with samples."""
+    return [(n, c) for n, c in zip(rec["splits"], rec["compared"]) if n]
+
+
+def covered(rec: dict, at_least: int = AT_LEAST) -> bool:
+    """Whether every non-empty split of a recorded config compared ``at_least`` indices."""
+    return all(c >= at_least for _, c in nonempty(rec))
+
+
+def whole(rec: dict) -> bool:
+    """Whether a recorded config compared every index of every split."""
+    return all(c == n for n, c in nonempty(rec))
+
+
+def each_split(rec: dict) -> bool:
+    """Whether every non-empty split compared AT_LEAST indices, or all it has when fewer."""
+    return all(c >= min(n, AT_LEAST) for n, c in nonempty(rec))
+
+
 def figures(records: list[dict]) -> list[dict]:
-    def nonempty(r):
-        return [(n, c) for n, c in zip(r["splits"], r["compared"]) if n]
-
-    def is_covered(r):
-        return all(c >= AT_LEAST for _, c in nonempty(r))
-
-    def is_whole(r):
-        return all(c == n for n, c in nonempty(r))
-
-    def each_split(r):
-        return all(c >= min(n, AT_LEAST) for n, c in nonempty(r))
-
-    covered = [r for r in records if is_covered(r)]
-    whole = [r for r in records if is_whole(r)]
+    covered_ = [r for r in records if covered(r)]
+    whole_ = [r for r in records if whole(r)]
     either = [r for r in records if each_split(r)]
     random_ = [r for r in records if r["test"].endswith("::test_random_configs")]
     samples = sum(c for r in records for c in r["compared"] if c)
@@ -46,15 +54,15 @@ def figures(records: list[dict]) -> list[dict]:
         fig("comparisons (a config built both ways, in-process or through an agent)",
             len(records), "comparisons", "the configs compared"),
         fig(f"comparisons whose every non-empty split compared {AT_LEAST} or more indices",
-            len(covered), "comparisons", "the comparisons"),
-        fig("comparisons at every index of every split", len(whole), "comparisons",
+            len(covered_), "comparisons", "the comparisons"),
+        fig("comparisons at every index of every split", len(whole_), "comparisons",
             "the comparisons"),
         fig(f"comparisons whose every non-empty split compared {AT_LEAST} indices or all it has",
             len(either), "comparisons", "the comparisons"),
         fig("configs drawn at random and compared", len(random_), "configs",
             "test_random_configs' seeded draw"),
         fig(f"configs drawn at random whose every non-empty split compared {AT_LEAST} or more "
-            "indices", len([r for r in random_ if is_covered(r)]), "configs",
+            "indices", len([r for r in random_ if covered(r)]), "configs",
             "the configs drawn at random and compared (test_random_configs asserts it)"),
         fig("samples compared (whole dicts)", samples, "samples", "all configs"),
     ]
